@@ -1,0 +1,16 @@
+//! knit's shared language: the documents users and components exchange, the
+//! names every part agrees on (phases, error codes), and their validation.
+//!
+//! Pure data and validation, no I/O: everything else in knit depends on this
+//! crate and it depends on nothing of knit.
+
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod phase;
+pub mod validate;
+
+pub use config::*;
+pub use error::{ApiError, FieldError};
+pub use events::*;
+pub use phase::{ErrorCode, PhaseName};

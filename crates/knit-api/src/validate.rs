@@ -1,0 +1,681 @@
+//! Validation of SPEC §4's rules. Every check appends to one list so that a
+//! user sees all their mistakes at once.
+
+use crate::config::*;
+use crate::error::{ApiError, FieldError};
+use std::collections::BTreeMap;
+use std::fmt::Display;
+
+/// Collects field errors under a path prefix.
+#[derive(Debug, Default)]
+pub struct Errors {
+    pub list: Vec<FieldError>,
+}
+
+impl Errors {
+    pub fn add(&mut self, field: impl Into<String>, value: impl Display, rule: impl Into<String>) {
+        self.list.push(FieldError {
+            field: field.into(),
+            value: value.to_string(),
+            rule: rule.into(),
+        });
+    }
+
+    pub fn range(&mut self, field: &str, value: i64, min: i64, max: i64) {
+        if value < min || value > max {
+            self.add(field, value, format!("must be in [{min}, {max}]"));
+        }
+    }
+
+    pub fn one_of(&mut self, field: &str, value: &str, allowed: &[&str]) {
+        if !allowed.contains(&value) {
+            self.add(
+                field,
+                quoted(value),
+                format!("must be one of {}", allowed.join("|")),
+            );
+        }
+    }
+
+    pub fn into_result(self) -> Result<(), ApiError> {
+        if self.list.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::Invalid(self.list))
+        }
+    }
+}
+
+fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+impl NodeConfig {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut e = Errors::default();
+        if self.api_version != API_VERSION {
+            e.add("apiVersion", quoted(&self.api_version), format!("must be {API_VERSION}"));
+        }
+        if self.kind != "NodeConfig" {
+            e.add("kind", quoted(&self.kind), "must be NodeConfig");
+        }
+        self.cluster.validate("cluster", &mut e);
+        self.node.validate("node", &mut e);
+        self.kubernetes.validate("kubernetes", &mut e);
+        self.kubelet.validate("kubelet", &mut e);
+        self.containerd.validate("containerd", &mut e);
+        self.os.validate("os", &mut e);
+        self.data_disk.validate("dataDisk", &mut e);
+        if self.join.timeout_seconds < 1 || self.join.timeout_seconds > 3600 {
+            e.add("join.timeoutSeconds", self.join.timeout_seconds, "must be in [1, 3600]");
+        }
+        e.into_result()
+    }
+}
+
+impl ClusterAccess {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        if let Some(endpoint) = &self.endpoint {
+            if !endpoint.starts_with("https://") {
+                e.add(format!("{at}.endpoint"), quoted(endpoint), "must be an https:// URL");
+            }
+        }
+        if let Some(pin) = &self.ca_pin {
+            if !is_ca_pin(pin) {
+                e.add(format!("{at}.caPin"), quoted(pin), "must be sha256:<64 lowercase hex digits>");
+            }
+        }
+        if let Some(token) = &self.bootstrap_token {
+            if !is_bootstrap_token(token) {
+                // Never echo a secret back: show its shape only.
+                e.add(
+                    format!("{at}.bootstrapToken"),
+                    format!("<{} chars>", token.len()),
+                    "must match [a-z0-9]{6}.[a-z0-9]{16}",
+                );
+            }
+        }
+        if let Some(url) = &self.report_url {
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                e.add(format!("{at}.reportUrl"), quoted(url), "must be an http(s):// URL");
+            }
+        }
+    }
+}
+
+pub fn is_ca_pin(pin: &str) -> bool {
+    pin.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+pub fn is_bootstrap_token(token: &str) -> bool {
+    let ok = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    match token.split_once('.') {
+        Some((id, secret)) => ok(id, 6) && ok(secret, 16),
+        None => false,
+    }
+}
+
+impl NodeIdentity {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        if let Some(ip) = &self.ip {
+            if ip.parse::<std::net::IpAddr>().is_err() {
+                e.add(format!("{at}.ip"), quoted(ip), "must be an IPv4 or IPv6 address");
+            }
+        }
+        if let Some(name) = &self.name {
+            if !is_dns_subdomain(name) {
+                e.add(
+                    format!("{at}.name"),
+                    quoted(name),
+                    "must be a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253 chars, alphanumeric at both ends",
+                );
+            }
+        }
+        if let Some(rule) = &self.custom_name {
+            rule.validate(&format!("{at}.customName"), e);
+        }
+        validate_labels(&format!("{at}.labels"), &self.labels, e);
+        validate_taints(&format!("{at}.taints"), &self.taints, e);
+    }
+}
+
+/// DNS-1123 subdomain, as Kubernetes requires for object names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+impl CustomNodeName {
+    /// Rules of SPEC §1 3.1. The total length is checked with the longest IPv4
+    /// address (15 chars) and the shortest (7), so a rule valid here is valid
+    /// for every node of the pool.
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        if self.prefix.is_empty() {
+            e.add(format!("{at}.prefix"), quoted(""), "is required");
+        } else if let Err(rule) = check_name_part(&self.prefix) {
+            e.add(format!("{at}.prefix"), quoted(&self.prefix), rule);
+        }
+        if !self.suffix.is_empty() {
+            if let Err(rule) = check_name_part(&self.suffix) {
+                e.add(format!("{at}.suffix"), quoted(&self.suffix), rule);
+            }
+        }
+        let longest = self.prefix.len() + 15 + self.suffix.len();
+        if longest > 64 {
+            e.add(
+                at,
+                quoted(&self.render("255.255.255.255")),
+                "prefix + node IP + suffix must be at most 64 characters",
+            );
+        }
+    }
+
+    /// The full-name rule for one concrete name (2–64 chars, lowercase
+    /// alphanumeric at both ends).
+    pub fn check_rendered(name: &str) -> Result<(), String> {
+        if name.len() < 2 || name.len() > 64 {
+            return Err("must be 2 to 64 characters".to_string());
+        }
+        let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
+            return Err("must start and end with a lowercase letter or digit".to_string());
+        }
+        Ok(())
+    }
+}
+
+fn check_name_part(part: &str) -> Result<(), String> {
+    if !part.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
+        return Err("may hold only letters, digits, '-' and '.'".to_string());
+    }
+    if !part.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err("must start with a letter".to_string());
+    }
+    if part.ends_with('-') || part.ends_with('.') {
+        return Err("must not end with '-' or '.'".to_string());
+    }
+    if part.contains("--") || part.contains("..") || part.contains("-.") || part.contains(".-") {
+        return Err("must not hold consecutive '-' or '.'".to_string());
+    }
+    Ok(())
+}
+
+/// Label and taint keys: `[prefix/]name` (SPEC §4).
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if name.is_empty() || name.len() > 63 {
+        return Err("name part must be 1 to 63 characters".to_string());
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err("name part may hold only [A-Za-z0-9-_.]".to_string());
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return Err("name part must start and end with a letter or digit".to_string());
+    }
+    if let Some(prefix) = prefix {
+        if !is_dns_subdomain(prefix) {
+            return Err("prefix must be a DNS subdomain of at most 253 characters".to_string());
+        }
+    }
+    Ok(())
+}
+
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    if value.len() > 63 {
+        return Err("must be at most 63 characters".to_string());
+    }
+    if value.is_empty() {
+        return Ok(());
+    }
+    if !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err("may hold only [A-Za-z0-9-_.]".to_string());
+    }
+    if !value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !value.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return Err("must start and end with a letter or digit".to_string());
+    }
+    Ok(())
+}
+
+/// Kubernetes reserves these prefixes, except the two node-facing ones.
+fn reserved_label_prefix(key: &str) -> bool {
+    let Some((prefix, _)) = key.rsplit_once('/') else {
+        return false;
+    };
+    let allowed = ["kubelet.kubernetes.io", "node.kubernetes.io"];
+    if allowed.iter().any(|a| prefix == *a || prefix.ends_with(&format!(".{a}"))) {
+        return false;
+    }
+    ["kubernetes.io", "k8s.io"]
+        .iter()
+        .any(|r| prefix == *r || prefix.ends_with(&format!(".{r}")))
+}
+
+pub fn validate_labels(at: &str, labels: &BTreeMap<String, String>, e: &mut Errors) {
+    for (key, value) in labels {
+        if let Err(rule) = check_label_key(key) {
+            e.add(format!("{at}[{key}]"), quoted(key), format!("key {rule}"));
+        } else if reserved_label_prefix(key) {
+            e.add(
+                format!("{at}[{key}]"),
+                quoted(key),
+                "key uses a reserved prefix (kubernetes.io/, k8s.io/); only kubelet.kubernetes.io/ and node.kubernetes.io/ are allowed",
+            );
+        }
+        if let Err(rule) = check_label_value(value) {
+            e.add(format!("{at}[{key}]"), quoted(value), format!("value {rule}"));
+        }
+    }
+}
+
+pub fn validate_taints(at: &str, taints: &[Taint], e: &mut Errors) {
+    for (i, taint) in taints.iter().enumerate() {
+        if let Err(rule) = check_label_key(&taint.key) {
+            e.add(format!("{at}[{i}].key"), quoted(&taint.key), rule);
+        }
+        if let Err(rule) = check_label_value(&taint.value) {
+            e.add(format!("{at}[{i}].value"), quoted(&taint.value), rule);
+        }
+        e.one_of(
+            &format!("{at}[{i}].effect"),
+            &taint.effect,
+            &["NoSchedule", "NoExecute", "PreferNoSchedule"],
+        );
+    }
+}
+
+impl KubernetesPackage {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        if parse_kube_version(&self.version).is_none_or(|(major, minor, _)| major != 1 || minor < 20) {
+            e.add(
+                format!("{at}.version"),
+                quoted(&self.version),
+                "must be a Kubernetes version 1.20.0 or later, written MAJOR.MINOR.PATCH",
+            );
+        }
+        if let Some(sum) = &self.sha256 {
+            if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+                e.add(format!("{at}.sha256"), quoted(sum), "must be 64 hex digits");
+            }
+        }
+        if let Some(url) = &self.url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                e.add(format!("{at}.url"), quoted(url), "must be an http(s):// URL");
+            }
+        }
+        if let Some(dir) = &self.dir {
+            if !dir.starts_with('/') {
+                e.add(format!("{at}.dir"), quoted(dir), "must be an absolute path");
+            }
+        }
+        e.range(&format!("{at}.downloadAttempts"), self.download_attempts, 1, 10);
+    }
+}
+
+/// `1.31.4` or `v1.31.4` → (1, 31, 4).
+pub fn parse_kube_version(v: &str) -> Option<(u32, u32, u32)> {
+    let mut it = v.strip_prefix('v').unwrap_or(v).split('.');
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    let patch = it.next()?.parse().ok()?;
+    if it.next().is_some() {
+        return None;
+    }
+    Some((major, minor, patch))
+}
+
+/// `100ms`, `1s`, `1m30s` → milliseconds (the Go duration subset kubelet takes here).
+pub fn parse_duration_ms(s: &str) -> Option<u64> {
+    let mut total: u64 = 0;
+    let mut rest = s;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return None,
+        };
+        total = total.checked_add(n.checked_mul(factor)?)?;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
+}
+
+/// Kubernetes quantity as bytes, for the forms used here (`100Mi`, `1Gi`, `500M`, `1024`).
+pub fn parse_quantity_bytes(s: &str) -> Option<u64> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..split].parse().ok()?;
+    let factor: u64 = match &s[split..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(factor)
+}
+
+/// An eviction threshold value: a percentage or a quantity.
+fn is_threshold(v: &str) -> bool {
+    match v.strip_suffix('%') {
+        Some(p) => p.parse::<f64>().is_ok_and(|p| (0.0..=100.0).contains(&p)),
+        None => parse_quantity_bytes(v).is_some(),
+    }
+}
+
+const EVICTION_SIGNALS: &[&str] = &[
+    "memory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "containerfs.available",
+    "containerfs.inodesFree",
+    "pid.available",
+];
+
+impl KubeletConfig {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        let f = |name: &str| format!("{at}.{name}");
+        e.range(&f("eventRecordQPS"), self.event_record_qps, 1, 50);
+        e.range(&f("eventBurst"), self.event_burst, 1, 100);
+        e.range(&f("kubeAPIQPS"), self.kube_api_qps, 1, 50);
+        e.range(&f("kubeAPIBurst"), self.kube_api_burst, 1, 100);
+        e.range(&f("registryPullQPS"), self.registry_pull_qps, 1, 50);
+        e.range(&f("registryBurst"), self.registry_burst, 1, 100);
+        for (burst_name, burst, qps_name, qps) in [
+            ("eventBurst", self.event_burst, "eventRecordQPS", self.event_record_qps),
+            ("kubeAPIBurst", self.kube_api_burst, "kubeAPIQPS", self.kube_api_qps),
+            ("registryBurst", self.registry_burst, "registryPullQPS", self.registry_pull_qps),
+        ] {
+            if burst < qps {
+                e.add(f(burst_name), burst, format!("must be >= {qps_name} ({qps})"));
+            }
+        }
+        e.range(&f("imageGCHighThresholdPercent"), self.image_gc_high_threshold_percent, 60, 95);
+        e.range(&f("imageGCLowThresholdPercent"), self.image_gc_low_threshold_percent, 30, 90);
+        if self.image_gc_high_threshold_percent <= self.image_gc_low_threshold_percent {
+            e.add(
+                f("imageGCHighThresholdPercent"),
+                self.image_gc_high_threshold_percent,
+                format!(
+                    "must be greater than imageGCLowThresholdPercent ({})",
+                    self.image_gc_low_threshold_percent
+                ),
+            );
+        }
+        e.range(&f("containerLogMaxFiles"), self.container_log_max_files, 2, 10);
+        if parse_quantity_bytes(&self.container_log_max_size).is_none_or(|b| b == 0) {
+            e.add(
+                f("containerLogMaxSize"),
+                quoted(&self.container_log_max_size),
+                "must be a positive quantity such as 100Mi",
+            );
+        }
+        e.one_of(&f("cpuManagerPolicy"), &self.cpu_manager_policy, &["none", "static"]);
+        e.one_of(&f("memoryManagerPolicy"), &self.memory_manager_policy, &["None", "Static"]);
+        e.one_of(
+            &f("topologyManagerPolicy"),
+            &self.topology_manager_policy,
+            &["none", "restricted", "best-effort", "single-numa-node"],
+        );
+        if self.pod_pids_limit < -1 || self.pod_pids_limit == 0 {
+            e.add(f("podPidsLimit"), self.pod_pids_limit, "must be -1 (unlimited) or positive");
+        }
+        e.range(&f("readOnlyPort"), self.read_only_port, 0, 65535);
+        e.range(&f("port"), self.port, 1, 65535);
+        e.range(&f("maxPods"), self.max_pods, 1, 2000);
+        match parse_duration_ms(&self.cpu_cfs_quota_period) {
+            Some(ms) if (1..=1000).contains(&ms) => {}
+            _ => e.add(
+                f("cpuCFSQuotaPeriod"),
+                quoted(&self.cpu_cfs_quota_period),
+                "must be a duration in [1ms, 1s]",
+            ),
+        }
+        for (i, sysctl) in self.allowed_unsafe_sysctls.iter().enumerate() {
+            let prefixes = ["kernel.shm", "kernel.msg", "kernel.sem", "fs.mqueue.", "net."];
+            if !prefixes.iter().any(|p| sysctl.starts_with(p)) {
+                e.add(
+                    format!("{at}.allowedUnsafeSysctls[{i}]"),
+                    quoted(sysctl),
+                    "must start with kernel.shm, kernel.msg, kernel.sem, fs.mqueue. or net.",
+                );
+            }
+        }
+        for (name, map) in [("evictionHard", &self.eviction_hard), ("evictionSoft", &self.eviction_soft)] {
+            for (signal, value) in map {
+                if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+                    e.add(
+                        format!("{at}.{name}[{signal}]"),
+                        quoted(signal),
+                        format!("must be an eviction signal: {}", EVICTION_SIGNALS.join(", ")),
+                    );
+                }
+                if !is_threshold(value) {
+                    e.add(
+                        format!("{at}.{name}[{signal}]"),
+                        quoted(value),
+                        "must be a percentage (e.g. 10%) or a quantity (e.g. 300Mi)",
+                    );
+                }
+            }
+        }
+        for (signal, grace) in &self.eviction_soft_grace_period {
+            if !self.eviction_soft.contains_key(signal) {
+                e.add(
+                    format!("{at}.evictionSoftGracePeriod[{signal}]"),
+                    quoted(grace),
+                    "needs a matching evictionSoft threshold",
+                );
+            }
+            if parse_duration_ms(grace).is_none() {
+                e.add(
+                    format!("{at}.evictionSoftGracePeriod[{signal}]"),
+                    quoted(grace),
+                    "must be a duration such as 1m30s",
+                );
+            }
+        }
+        for signal in self.eviction_soft.keys() {
+            if !self.eviction_soft_grace_period.contains_key(signal) {
+                e.add(
+                    format!("{at}.evictionSoft[{signal}]"),
+                    quoted(signal),
+                    "needs a matching evictionSoftGracePeriod",
+                );
+            }
+        }
+        for (name, map) in [("kubeReserved", &self.kube_reserved), ("systemReserved", &self.system_reserved)] {
+            for (resource, quantity) in map {
+                if !["cpu", "memory", "ephemeral-storage", "pid"].contains(&resource.as_str()) {
+                    e.add(
+                        format!("{at}.{name}[{resource}]"),
+                        quoted(resource),
+                        "must be one of cpu|memory|ephemeral-storage|pid",
+                    );
+                }
+                let cpu_ok = resource == "cpu"
+                    && quantity
+                        .strip_suffix('m')
+                        .unwrap_or(quantity)
+                        .parse::<f64>()
+                        .is_ok();
+                if !cpu_ok && parse_quantity_bytes(quantity).is_none() {
+                    e.add(format!("{at}.{name}[{resource}]"), quoted(quantity), "must be a quantity");
+                }
+            }
+        }
+        for (flag, _) in &self.customized_args {
+            if flag.starts_with('-') || flag.is_empty() || flag.contains(char::is_whitespace) {
+                e.add(
+                    format!("{at}.customizedArgs[{flag}]"),
+                    quoted(flag),
+                    "must be a flag name without leading dashes or spaces",
+                );
+            }
+        }
+    }
+}
+
+impl ContainerdConfig {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        let f = |name: &str| format!("{at}.{name}");
+        e.range(&f("maxConcurrentDownloads"), self.max_concurrent_downloads, 1, 20);
+        check_limit(&f("limitCore"), &self.limit_core, 0, e);
+        check_limit(&f("limitNoFile"), &self.limit_no_file, 1024, e);
+        check_limit(&f("limitMemLock"), &self.limit_mem_lock, 65536, e);
+        for (registry, mirrors) in &self.registry_mirrors {
+            if registry.is_empty() || registry.contains('/') && !registry.contains(':') && registry.contains("://") {
+                e.add(format!("{at}.registryMirrors"), quoted(registry), "key must be a registry host");
+            }
+            if mirrors.is_empty() {
+                e.add(format!("{at}.registryMirrors[{registry}]"), "[]", "must list at least one mirror");
+            }
+            for (i, mirror) in mirrors.iter().enumerate() {
+                if !(mirror.starts_with("http://") || mirror.starts_with("https://")) {
+                    e.add(
+                        format!("{at}.registryMirrors[{registry}][{i}]"),
+                        quoted(mirror),
+                        "must be an http:// or https:// URL",
+                    );
+                }
+            }
+        }
+        for (i, registry) in self.insecure_registries.iter().enumerate() {
+            if registry.is_empty() || registry.contains("://") || registry.contains(char::is_whitespace) {
+                e.add(
+                    format!("{at}.insecureRegistries[{i}]"),
+                    quoted(registry),
+                    "must be a registry host[:port] without scheme",
+                );
+            }
+        }
+        if self.sandbox_image.is_empty() {
+            e.add(f("sandboxImage"), quoted(""), "must name an image");
+        }
+    }
+}
+
+fn check_limit(field: &str, limit: &Limit, min: i64, e: &mut Errors) {
+    match limit {
+        Limit::Number(n) if *n < min => e.add(field, n, format!("must be >= {min} or \"infinity\"")),
+        Limit::Text(t) if t != "infinity" => {
+            e.add(field, quoted(t), format!("must be a number >= {min} or \"infinity\""))
+        }
+        _ => {}
+    }
+}
+
+/// Keys whose values must be non-negative integers.
+const INTEGER_SYSCTLS: &[&str] = &[
+    "fs.file-max",
+    "fs.nr_open",
+    "fs.inotify.max_user_watches",
+    "fs.inotify.max_user_instances",
+    "kernel.pid_max",
+    "vm.max_map_count",
+    "net.core.somaxconn",
+    "net.core.netdev_max_backlog",
+    "net.core.rmem_max",
+    "net.core.wmem_max",
+    "net.ipv4.tcp_max_syn_backlog",
+    "net.ipv4.neigh.default.gc_thresh2",
+    "net.ipv4.neigh.default.gc_thresh3",
+];
+
+impl OsConfig {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        for (key, value) in &self.sysctl {
+            let key_ok = !key.is_empty()
+                && key.contains('.')
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
+            if !key_ok {
+                e.add(format!("{at}.sysctl"), quoted(key), "key must be a sysctl name like net.core.somaxconn");
+            }
+            if value.is_empty() || value.contains('\n') {
+                e.add(format!("{at}.sysctl[{key}]"), quoted(value), "must be a single-line, non-empty value");
+            }
+            if INTEGER_SYSCTLS.contains(&key.as_str()) && value.parse::<u64>().is_err() {
+                e.add(format!("{at}.sysctl[{key}]"), quoted(value), "must be a non-negative integer");
+            }
+            if ["net.ipv4.tcp_slow_start_after_idle", "net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"]
+                .contains(&key.as_str())
+                && !["0", "1"].contains(&value.as_str())
+            {
+                e.add(format!("{at}.sysctl[{key}]"), quoted(value), "must be 0 or 1");
+            }
+        }
+        let all = self.effective_sysctls();
+        let num = |k: &str| all.get(k).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(nr_open), Some(file_max)) = (num("fs.nr_open"), num("fs.file-max")) {
+            if nr_open >= file_max {
+                e.add(
+                    format!("{at}.sysctl[fs.nr_open]"),
+                    nr_open,
+                    format!("must be less than fs.file-max ({file_max})"),
+                );
+            }
+        }
+        if let Some(v) = &self.transparent_huge_page.enabled {
+            e.one_of(&format!("{at}.transparentHugePage.enabled"), v, &["always", "never", "madvise"]);
+        }
+        if let Some(v) = &self.transparent_huge_page.defrag {
+            e.one_of(
+                &format!("{at}.transparentHugePage.defrag"),
+                v,
+                &["always", "defer", "madvise", "defer+madvise", "never"],
+            );
+        }
+    }
+}
+
+impl DataDiskConfig {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        if !self.mount_target.starts_with('/') || self.mount_target == "/" || self.mount_target.contains("..") {
+            e.add(
+                format!("{at}.mountTarget"),
+                quoted(&self.mount_target),
+                "must be an absolute path other than / without '..'",
+            );
+        }
+        if let Some(device) = &self.device {
+            if !device.starts_with("/dev/") {
+                e.add(format!("{at}.device"), quoted(device), "must be a path under /dev/");
+            }
+        }
+        if self.device.is_some() && self.serial.is_some() {
+            e.add(format!("{at}.serial"), "set", "give either device or serial, not both");
+        }
+    }
+}

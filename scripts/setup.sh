@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what knit and its tests need on a fresh Debian machine. Idempotent.
+# Run as root. Add a package here when a test or the main job needs it.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: must run as root (it installs Debian packages)" >&2
+    exit 1
+fi
+
+PACKAGES=(
+    e2fsprogs xfsprogs util-linux iproute2 kmod   # disks, mounts, namespaces, veth, tc
+    containerd runc                                 # the real container runtime inside instances
+    docker-registry                                 # the local OCI registry (snapshot tests)
+    python3                                         # user-data composition parse check
+    curl ca-certificates
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup.sh: installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Debian starts services on install where it can; knit runs its own instances
+# of them, so the host copies must not hold the sockets or ports.
+for svc in containerd docker-registry; do
+    if pgrep -x "$svc" >/dev/null 2>&1 && [ -x "/etc/init.d/$svc" ]; then
+        "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+    fi
+done
+
+if ! command -v cargo >/dev/null; then
+    echo "setup.sh: cargo not found: install a Rust toolchain (rustup) first" >&2
+    exit 1
+fi
+if ! command -v cargo-nextest >/dev/null; then
+    cargo install --locked cargo-nextest
+fi
+modprobe loop 2>/dev/null || true
+modprobe overlay 2>/dev/null || true

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The one command that sets up and runs every test: unit, integration (real
+# loop devices, mounts, namespaces) and end-to-end suites. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+echo "== format and lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== build"
+cargo build --workspace --all-targets --locked
+
+echo "== tests"
+# Tests that touch loop devices, mounts or namespaces create their own, with
+# unique names, and remove them; they are safe to run in parallel.
+cargo nextest run --workspace --locked --no-fail-fast

@@ -103,6 +103,9 @@ pub struct ClusterAccess {
     /// Control-plane URL that receives phase events.
     pub report_url: Option<String>,
     pub report_token: Option<String>,
+    /// CA (PEM) of the control plane, trusted for `reportUrl` and an https
+    /// package URL. Distinct from the cluster CA.
+    pub control_plane_ca_cert: Option<String>,
 }
 
 /// Who the node is.

@@ -8,9 +8,11 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod phase;
+pub mod pool;
 pub mod validate;
 
 pub use config::*;
 pub use error::{ApiError, FieldError};
 pub use events::*;
 pub use phase::{ErrorCode, PhaseName};
+pub use pool::*;

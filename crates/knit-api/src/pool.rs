@@ -1,0 +1,980 @@
+//! The documents the control plane manages: `kind: NodePool` (SPEC §4, the
+//! template nodes are made from plus a desired count) and `kind: Cluster`
+//! (one per server: version, region, VPC, quota, network).
+//!
+//! They reuse the node-level parts of [`NodeConfig`] (kubelet, containerd, OS
+//! parameters, labels, taints, custom node name) and their validators, so a
+//! pool that validates here yields NodeConfigs that validate on the node.
+//! Enumerations are kept as strings so that a wrong value is reported with its
+//! field and rule (HTTP 422) instead of a parse error.
+
+use crate::config::*;
+use crate::error::{ApiError, FieldError};
+use crate::validate::{validate_labels, validate_taints, Errors};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Largest composed user data a provider accepts (ECS: 32 KB raw).
+pub const USER_DATA_LIMIT_BYTES: usize = 32 * 1024;
+/// Node quota of the "basic" edition (SPEC §2).
+pub const BASIC_NODE_QUOTA: i64 = 10;
+/// Node quota of the "pro" edition.
+pub const PRO_NODE_QUOTA: i64 = 5000;
+pub const DEFAULT_JOIN_TIMEOUT_SECONDS: i64 = 900;
+pub const MAX_DATA_DISKS: usize = 64;
+
+fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// `metadata` of a managed object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ObjectMeta {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodePool {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NodePoolSpec,
+}
+
+impl NodePool {
+    pub fn new(name: &str, spec: NodePoolSpec) -> NodePool {
+        NodePool {
+            api_version: API_VERSION.to_string(),
+            kind: "NodePool".to_string(),
+            metadata: ObjectMeta {
+                name: name.to_string(),
+                labels: BTreeMap::new(),
+            },
+            spec,
+        }
+    }
+
+    /// Parse YAML or JSON and validate; every invalid field at once.
+    pub fn from_yaml(text: &str) -> Result<NodePool, ApiError> {
+        let pool: NodePool = serde_yaml::from_str(text).map_err(|e| ApiError::Parse {
+            what: "NodePool".to_string(),
+            message: e.to_string(),
+        })?;
+        pool.validate()?;
+        Ok(pool)
+    }
+
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut e = Errors::default();
+        check_header(&self.api_version, &self.kind, "NodePool", &mut e);
+        check_object_name("metadata.name", &self.metadata.name, &mut e);
+        validate_labels("metadata.labels", &self.metadata.labels, &mut e);
+        self.spec.validate("spec", &mut e);
+        e.into_result()
+    }
+
+    /// Rules for replacing `old` by `self` (same name): hardening is fixed at
+    /// creation (SPEC §1 3.7), and so is the pool type.
+    pub fn validate_update(&self, old: &NodePool) -> Result<(), ApiError> {
+        let mut e = Errors::default();
+        if self.spec.hardening != old.spec.hardening {
+            e.add(
+                "spec.hardening.profile",
+                quoted(hardening_name(self.spec.hardening.profile)),
+                format!(
+                    "cannot be changed after the pool is created (it is {:?})",
+                    hardening_name(old.spec.hardening.profile)
+                ),
+            );
+        }
+        if self.spec.pool_type != old.spec.pool_type {
+            e.add(
+                "spec.type",
+                quoted(&self.spec.pool_type),
+                format!(
+                    "cannot be changed after the pool is created (it is {:?})",
+                    old.spec.pool_type
+                ),
+            );
+        }
+        e.into_result()
+    }
+}
+
+fn hardening_name(p: HardeningProfile) -> &'static str {
+    match p {
+        HardeningProfile::None => "none",
+        HardeningProfile::Os => "os",
+        HardeningProfile::MlpsL3 => "mlps-l3",
+    }
+}
+
+fn check_header(api_version: &str, kind: &str, want_kind: &str, e: &mut Errors) {
+    if api_version != API_VERSION {
+        e.add(
+            "apiVersion",
+            quoted(api_version),
+            format!("must be {API_VERSION}"),
+        );
+    }
+    if kind != want_kind {
+        e.add("kind", quoted(kind), format!("must be {want_kind}"));
+    }
+}
+
+/// Object names are DNS-1123 labels: they appear in instance and node names.
+fn check_object_name(field: &str, name: &str, e: &mut Errors) {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        e.add(
+            field,
+            quoted(name),
+            "must be 1 to 63 lowercase letters, digits or '-', alphanumeric at both ends",
+        );
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NodePoolSpec {
+    /// regular | auto-scaling | auto-mode.
+    #[serde(rename = "type")]
+    pub pool_type: String,
+    /// Desired node count.
+    pub replicas: i64,
+    /// Bounds for an auto-scaling pool.
+    pub scaling: Option<ScalingSpec>,
+    /// Instance types, in order of preference.
+    pub instance_types: Vec<String>,
+    /// Base OS image. On the local cloud: `host` (the host's root, read only)
+    /// or an absolute path to an image directory.
+    pub image: String,
+    pub zone: Option<String>,
+    /// normal | enterprise.
+    pub security_group_type: String,
+    pub system_disk: SystemDisk,
+    pub data_disks: Vec<PoolDataDisk>,
+    pub login: Login,
+    pub custom_node_name: Option<CustomNodeName>,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    /// Runs before knit's initialization (SPEC §1 step 2).
+    pub pre_user_data: String,
+    /// Runs after initialization, in parallel with readiness (step 4).
+    pub user_data: String,
+    pub kubelet: KubeletConfig,
+    pub containerd: ContainerdConfig,
+    pub os: OsConfig,
+    pub components: OptionalComponents,
+    /// Fixed at creation.
+    pub hardening: Hardening,
+    /// Register nodes with the `knit.dev/user-data-pending:NoSchedule` taint
+    /// until user data succeeds.
+    pub user_data_scheduling_gate: bool,
+    /// A node not Ready this long after its instance was created is failed.
+    pub join_timeout_seconds: i64,
+    /// Replace a node that failed to initialize.
+    pub auto_replace: bool,
+}
+
+impl Default for NodePoolSpec {
+    fn default() -> Self {
+        NodePoolSpec {
+            pool_type: "regular".to_string(),
+            replicas: 0,
+            scaling: None,
+            instance_types: vec!["ecs.g7.large".to_string()],
+            image: "host".to_string(),
+            zone: None,
+            security_group_type: "normal".to_string(),
+            system_disk: SystemDisk::default(),
+            data_disks: Vec::new(),
+            login: Login::default(),
+            custom_node_name: None,
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            pre_user_data: String::new(),
+            user_data: String::new(),
+            kubelet: KubeletConfig::default(),
+            containerd: ContainerdConfig::default(),
+            os: OsConfig::default(),
+            components: OptionalComponents::default(),
+            hardening: Hardening::default(),
+            user_data_scheduling_gate: false,
+            join_timeout_seconds: DEFAULT_JOIN_TIMEOUT_SECONDS,
+            auto_replace: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ScalingSpec {
+    pub min: i64,
+    pub max: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SystemDisk {
+    pub category: String,
+    #[serde(rename = "sizeGiB")]
+    pub size_gib: i64,
+}
+
+impl Default for SystemDisk {
+    fn default() -> Self {
+        SystemDisk {
+            category: "cloud_essd".to_string(),
+            size_gib: 40,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PoolDataDisk {
+    pub category: String,
+    /// Ignored when the disk comes from a snapshot.
+    #[serde(rename = "sizeGiB")]
+    pub size_gib: i64,
+    /// virtio (`vdb` …) | nvme (`nvme1n1` …).
+    pub interface: String,
+    /// ext4 | xfs.
+    pub fs_type: String,
+    pub snapshot_id: Option<String>,
+    /// Let the agent format a blank disk and mount it as the runtime home.
+    pub auto_format: bool,
+    pub mount_target: Option<String>,
+}
+
+impl Default for PoolDataDisk {
+    fn default() -> Self {
+        PoolDataDisk {
+            category: "cloud_essd".to_string(),
+            size_gib: 40,
+            interface: "virtio".to_string(),
+            fs_type: "ext4".to_string(),
+            snapshot_id: None,
+            auto_format: true,
+            mount_target: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Login {
+    pub key_pair: Option<String>,
+    pub password: Option<String>,
+}
+
+const DISK_CATEGORIES: &[&str] = &[
+    "cloud",
+    "cloud_efficiency",
+    "cloud_ssd",
+    "cloud_essd",
+    "cloud_essd_entry",
+    "cloud_auto",
+];
+
+impl NodePoolSpec {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        let f = |name: &str| format!("{at}.{name}");
+        e.one_of(
+            &f("type"),
+            &self.pool_type,
+            &["regular", "auto-scaling", "auto-mode"],
+        );
+        if self.replicas < 0 || self.replicas > PRO_NODE_QUOTA {
+            e.add(
+                f("replicas"),
+                self.replicas,
+                format!("must be in [0, {PRO_NODE_QUOTA}]"),
+            );
+        }
+        match (&self.scaling, self.pool_type.as_str()) {
+            (Some(s), "auto-scaling") => {
+                if s.min < 0 || s.max > PRO_NODE_QUOTA {
+                    e.add(
+                        f("scaling"),
+                        format!("{}..{}", s.min, s.max),
+                        format!("min and max must be in [0, {PRO_NODE_QUOTA}]"),
+                    );
+                }
+                if s.min > s.max {
+                    e.add(
+                        f("scaling.min"),
+                        s.min,
+                        format!("must be <= scaling.max ({})", s.max),
+                    );
+                }
+                if self.replicas < s.min || self.replicas > s.max {
+                    e.add(
+                        f("replicas"),
+                        self.replicas,
+                        format!(
+                            "must be in [scaling.min, scaling.max] = [{}, {}]",
+                            s.min, s.max
+                        ),
+                    );
+                }
+            }
+            (None, "auto-scaling") => e.add(
+                f("scaling"),
+                "null",
+                "is required when type is auto-scaling",
+            ),
+            (Some(_), _) => e.add(
+                f("scaling"),
+                "set",
+                "is allowed only when type is auto-scaling",
+            ),
+            (None, _) => {}
+        }
+        if self.instance_types.is_empty() || self.instance_types.len() > 10 {
+            e.add(
+                f("instanceTypes"),
+                self.instance_types.len(),
+                "must list 1 to 10 instance types",
+            );
+        }
+        let mut seen = BTreeSet::new();
+        for (i, t) in self.instance_types.iter().enumerate() {
+            let ok = !t.is_empty()
+                && t.len() <= 64
+                && t.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'
+                });
+            if !ok {
+                e.add(
+                    format!("{at}.instanceTypes[{i}]"),
+                    quoted(t),
+                    "must be an instance type name like ecs.g7.large",
+                );
+            }
+            if !seen.insert(t) {
+                e.add(
+                    format!("{at}.instanceTypes[{i}]"),
+                    quoted(t),
+                    "is listed twice",
+                );
+            }
+        }
+        if !(self.image == "host" || self.image.starts_with('/')) || self.image.contains("..") {
+            e.add(
+                f("image"),
+                quoted(&self.image),
+                "must be \"host\" or an absolute path without '..'",
+            );
+        }
+        if let Some(zone) = &self.zone {
+            if zone.is_empty() || zone.contains(char::is_whitespace) {
+                e.add(f("zone"), quoted(zone), "must be a zone id without spaces");
+            }
+        }
+        e.one_of(
+            &f("securityGroupType"),
+            &self.security_group_type,
+            &["normal", "enterprise"],
+        );
+        e.one_of(
+            &f("systemDisk.category"),
+            &self.system_disk.category,
+            DISK_CATEGORIES,
+        );
+        e.range(
+            &f("systemDisk.sizeGiB"),
+            self.system_disk.size_gib,
+            20,
+            2048,
+        );
+        self.validate_data_disks(at, e);
+        self.validate_login(at, e);
+        if let Some(rule) = &self.custom_node_name {
+            rule.validate(&f("customNodeName"), e);
+        }
+        validate_labels(&f("labels"), &self.labels, e);
+        validate_taints(&f("taints"), &self.taints, e);
+        for (name, script) in [
+            ("preUserData", &self.pre_user_data),
+            ("userData", &self.user_data),
+        ] {
+            if script.len() > USER_DATA_LIMIT_BYTES {
+                e.add(
+                    f(name),
+                    format!("<{} bytes>", script.len()),
+                    format!("must be at most {USER_DATA_LIMIT_BYTES} bytes"),
+                );
+            }
+            if script.contains('\0') {
+                e.add(f(name), "<binary>", "must be text without NUL bytes");
+            }
+        }
+        self.kubelet.validate(&f("kubelet"), e);
+        self.containerd.validate(&f("containerd"), e);
+        self.os.validate(&f("os"), e);
+        e.range(
+            &f("joinTimeoutSeconds"),
+            self.join_timeout_seconds,
+            60,
+            7200,
+        );
+    }
+
+    fn validate_data_disks(&self, at: &str, e: &mut Errors) {
+        if self.data_disks.len() > MAX_DATA_DISKS {
+            e.add(
+                format!("{at}.dataDisks"),
+                self.data_disks.len(),
+                format!("must hold at most {MAX_DATA_DISKS} disks"),
+            );
+        }
+        let mut targets = BTreeSet::new();
+        for (i, d) in self.data_disks.iter().enumerate() {
+            let f = |name: &str| format!("{at}.dataDisks[{i}].{name}");
+            e.one_of(&f("category"), &d.category, DISK_CATEGORIES);
+            if d.snapshot_id.is_none() {
+                e.range(&f("sizeGiB"), d.size_gib, 40, 32768);
+            }
+            e.one_of(&f("interface"), &d.interface, &["virtio", "nvme"]);
+            e.one_of(&f("fsType"), &d.fs_type, &["ext4", "xfs"]);
+            if let Some(id) = &d.snapshot_id {
+                let ok = !id.is_empty()
+                    && id.len() <= 128
+                    && id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                if !ok {
+                    e.add(
+                        f("snapshotId"),
+                        quoted(id),
+                        "must be a snapshot id of letters, digits, '-' or '_'",
+                    );
+                }
+            }
+            if let Some(t) = &d.mount_target {
+                if !t.starts_with('/') || t == "/" || t.contains("..") {
+                    e.add(
+                        f("mountTarget"),
+                        quoted(t),
+                        "must be an absolute path other than / without '..'",
+                    );
+                } else if !targets.insert(t.clone()) {
+                    e.add(f("mountTarget"), quoted(t), "is used by another data disk");
+                }
+            }
+        }
+    }
+
+    fn validate_login(&self, at: &str, e: &mut Errors) {
+        match (&self.login.key_pair, &self.login.password) {
+            (Some(_), Some(_)) => e.add(
+                format!("{at}.login"),
+                "keyPair and password",
+                "give either keyPair or password, not both",
+            ),
+            (Some(k), None) => {
+                let ok = !k.is_empty() && k.len() <= 128 && !k.contains(char::is_whitespace);
+                if !ok {
+                    e.add(
+                        format!("{at}.login.keyPair"),
+                        quoted(k),
+                        "must be a key pair name (1-128 chars, no spaces)",
+                    );
+                }
+            }
+            (None, Some(p)) => {
+                if let Err(rule) = check_password(p) {
+                    // Never echo a secret back.
+                    e.add(
+                        format!("{at}.login.password"),
+                        format!("<{} chars>", p.chars().count()),
+                        rule,
+                    );
+                }
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// Node quota use of this pool: the most nodes it may hold.
+    pub fn max_nodes(&self) -> i64 {
+        match &self.scaling {
+            Some(s) if self.pool_type == "auto-scaling" => s.max.max(self.replicas),
+            _ => self.replicas,
+        }
+    }
+}
+
+/// ECS password rule: 8–30 characters, at least three of: lowercase,
+/// uppercase, digits, special characters.
+pub fn check_password(p: &str) -> Result<(), String> {
+    let n = p.chars().count();
+    if !(8..=30).contains(&n) {
+        return Err("must be 8 to 30 characters".to_string());
+    }
+    const SPECIAL: &str = "()`~!@#$%^&*-_+=|{}[]:;'<>,.?/";
+    if let Some(c) = p
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || SPECIAL.contains(*c)))
+    {
+        return Err(format!(
+            "holds a character that is not allowed ({:?})",
+            c.escape_debug().to_string()
+        ));
+    }
+    let classes = [
+        p.chars().any(|c| c.is_ascii_lowercase()),
+        p.chars().any(|c| c.is_ascii_uppercase()),
+        p.chars().any(|c| c.is_ascii_digit()),
+        p.chars().any(|c| SPECIAL.contains(c)),
+    ];
+    if classes.iter().filter(|x| **x).count() < 3 {
+        return Err(
+            "must hold at least 3 of: lowercase, uppercase, digits, special characters".to_string(),
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClusterSpec,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            api_version: API_VERSION.to_string(),
+            kind: "Cluster".to_string(),
+            metadata: ObjectMeta {
+                name: "knit".to_string(),
+                labels: BTreeMap::new(),
+            },
+            spec: ClusterSpec::default(),
+        }
+    }
+}
+
+impl Cluster {
+    pub fn from_yaml(text: &str) -> Result<Cluster, ApiError> {
+        let cluster: Cluster = serde_yaml::from_str(text).map_err(|e| ApiError::Parse {
+            what: "Cluster".to_string(),
+            message: e.to_string(),
+        })?;
+        cluster.validate()?;
+        Ok(cluster)
+    }
+
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut e = Errors::default();
+        check_header(&self.api_version, &self.kind, "Cluster", &mut e);
+        check_object_name("metadata.name", &self.metadata.name, &mut e);
+        validate_labels("metadata.labels", &self.metadata.labels, &mut e);
+        self.spec.validate("spec", &mut e);
+        e.into_result()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ClusterSpec {
+    pub kubernetes_version: String,
+    pub region: String,
+    pub vpc: String,
+    /// basic | pro.
+    pub edition: String,
+    /// Overrides the edition's node quota.
+    pub node_quota: Option<i64>,
+    /// CIDRs allowed to reach the API server.
+    pub api_server_whitelist: Vec<String>,
+    pub network: ClusterNetwork,
+    /// embedded (served by knit) | external (a real cluster via kubeconfig).
+    pub api_server: String,
+    /// Path of the kubeconfig for an external API server.
+    pub kubeconfig: Option<String>,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        ClusterSpec {
+            kubernetes_version: DEFAULT_KUBERNETES_VERSION.to_string(),
+            region: "local".to_string(),
+            vpc: "vpc-local".to_string(),
+            edition: "basic".to_string(),
+            node_quota: None,
+            api_server_whitelist: vec!["0.0.0.0/0".to_string()],
+            network: ClusterNetwork::default(),
+            api_server: "embedded".to_string(),
+            kubeconfig: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ClusterNetwork {
+    /// terway | flannel.
+    pub plugin: String,
+    /// Terway: shared | exclusive ENI mode.
+    pub terway_eni_mode: String,
+    pub pod_cidr: String,
+    pub service_cidr: String,
+    pub ipv6: bool,
+}
+
+impl Default for ClusterNetwork {
+    fn default() -> Self {
+        ClusterNetwork {
+            plugin: "flannel".to_string(),
+            terway_eni_mode: "shared".to_string(),
+            pod_cidr: "172.20.0.0/16".to_string(),
+            service_cidr: "192.168.0.0/16".to_string(),
+            ipv6: false,
+        }
+    }
+}
+
+impl ClusterSpec {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        let f = |name: &str| format!("{at}.{name}");
+        let pkg = KubernetesPackage {
+            version: self.kubernetes_version.clone(),
+            ..KubernetesPackage::default()
+        };
+        let mut pkg_errors = Errors::default();
+        pkg.validate("x", &mut pkg_errors);
+        if !pkg_errors.list.is_empty() {
+            e.add(
+                f("kubernetesVersion"),
+                quoted(&self.kubernetes_version),
+                "must be a Kubernetes version 1.20.0 or later, written MAJOR.MINOR.PATCH",
+            );
+        }
+        for (name, value) in [("region", &self.region), ("vpc", &self.vpc)] {
+            let ok = !value.is_empty()
+                && value.len() <= 64
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                e.add(
+                    f(name),
+                    quoted(value),
+                    "must be 1 to 64 letters, digits, '-' or '_'",
+                );
+            }
+        }
+        e.one_of(&f("edition"), &self.edition, &["basic", "pro"]);
+        if let Some(q) = self.node_quota {
+            e.range(&f("nodeQuota"), q, 1, PRO_NODE_QUOTA);
+        }
+        for (i, cidr) in self.api_server_whitelist.iter().enumerate() {
+            if parse_cidr(cidr).is_none() {
+                e.add(
+                    format!("{at}.apiServerWhitelist[{i}]"),
+                    quoted(cidr),
+                    "must be a CIDR such as 10.0.0.0/8",
+                );
+            }
+        }
+        e.one_of(
+            &f("network.plugin"),
+            &self.network.plugin,
+            &["terway", "flannel"],
+        );
+        e.one_of(
+            &f("network.terwayEniMode"),
+            &self.network.terway_eni_mode,
+            &["shared", "exclusive"],
+        );
+        for (name, cidr) in [
+            ("network.podCidr", &self.network.pod_cidr),
+            ("network.serviceCidr", &self.network.service_cidr),
+        ] {
+            if parse_cidr(cidr).is_none() {
+                e.add(
+                    f(name),
+                    quoted(cidr),
+                    "must be a CIDR such as 172.20.0.0/16",
+                );
+            }
+        }
+        if let (Some(a), Some(b)) = (
+            parse_cidr(&self.network.pod_cidr),
+            parse_cidr(&self.network.service_cidr),
+        ) {
+            if a.overlaps(&b) {
+                e.add(
+                    f("network.serviceCidr"),
+                    quoted(&self.network.service_cidr),
+                    format!(
+                        "must not overlap network.podCidr ({})",
+                        self.network.pod_cidr
+                    ),
+                );
+            }
+        }
+        e.one_of(&f("apiServer"), &self.api_server, &["embedded", "external"]);
+        match (self.api_server.as_str(), &self.kubeconfig) {
+            ("external", None) => e.add(
+                f("kubeconfig"),
+                "null",
+                "is required when apiServer is external",
+            ),
+            (_, Some(k)) if !k.starts_with('/') => {
+                e.add(f("kubeconfig"), quoted(k), "must be an absolute path")
+            }
+            _ => {}
+        }
+    }
+
+    /// The node quota in force: the explicit one, else the edition's.
+    pub fn effective_node_quota(&self) -> i64 {
+        self.node_quota.unwrap_or(if self.edition == "pro" {
+            PRO_NODE_QUOTA
+        } else {
+            BASIC_NODE_QUOTA
+        })
+    }
+
+    /// Whether `ip` is inside one of the API-server whitelist's CIDRs.
+    pub fn whitelist_allows(&self, ip: std::net::IpAddr) -> bool {
+        self.api_server_whitelist
+            .iter()
+            .filter_map(|c| parse_cidr(c))
+            .any(|c| c.contains(ip))
+    }
+}
+
+/// An IPv4 or IPv6 network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    fn bits(ip: std::net::IpAddr) -> (u128, u8) {
+        match ip {
+            std::net::IpAddr::V4(v4) => (u128::from(u32::from(v4)), 32),
+            std::net::IpAddr::V6(v6) => (u128::from(v6), 128),
+        }
+    }
+
+    fn mask(width: u8, prefix: u8) -> u128 {
+        if prefix == 0 {
+            0
+        } else {
+            (u128::MAX << (128 - u32::from(prefix))) >> (128 - u32::from(width))
+        }
+    }
+
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let (net, width) = Cidr::bits(self.addr);
+        let (other, other_width) = Cidr::bits(ip);
+        width == other_width
+            && (net & Cidr::mask(width, self.prefix)) == (other & Cidr::mask(width, self.prefix))
+    }
+
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        let shorter = if self.prefix <= other.prefix {
+            self
+        } else {
+            other
+        };
+        let longer = if self.prefix <= other.prefix {
+            other
+        } else {
+            self
+        };
+        shorter.contains(longer.addr)
+    }
+}
+
+pub fn parse_cidr(s: &str) -> Option<Cidr> {
+    let (addr, prefix) = s.split_once('/')?;
+    let addr: std::net::IpAddr = addr.parse().ok()?;
+    let prefix: u8 = prefix.parse().ok()?;
+    let width = if addr.is_ipv4() { 32 } else { 128 };
+    (prefix <= width).then_some(Cidr { addr, prefix })
+}
+
+/// Renders a list of field errors as one line each; used by CLIs.
+pub fn render_field_errors(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  - {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors_of(pool: &NodePool) -> Vec<FieldError> {
+        match pool.validate() {
+            Err(ApiError::Invalid(list)) => list,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_pool_is_valid() {
+        let pool = NodePool::from_yaml("apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: workers}\nspec: {replicas: 3}\n").unwrap();
+        assert_eq!(pool.spec.replicas, 3);
+        assert_eq!(pool.spec.join_timeout_seconds, DEFAULT_JOIN_TIMEOUT_SECONDS);
+    }
+
+    #[test]
+    fn every_invalid_field_is_listed() {
+        let mut pool = NodePool::new("Bad_Name", NodePoolSpec::default());
+        pool.spec.replicas = -1;
+        pool.spec.pool_type = "spot".to_string();
+        pool.spec.data_disks = vec![PoolDataDisk {
+            size_gib: 10,
+            fs_type: "btrfs".into(),
+            ..Default::default()
+        }];
+        pool.spec.login.password = Some("short".to_string());
+        pool.spec.kubelet.event_burst = 1000;
+        pool.spec.taints = vec![Taint {
+            key: "a".into(),
+            value: String::new(),
+            effect: "Never".into(),
+        }];
+        let errors = errors_of(&pool);
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        for want in [
+            "metadata.name",
+            "spec.replicas",
+            "spec.type",
+            "spec.dataDisks[0].sizeGiB",
+            "spec.dataDisks[0].fsType",
+            "spec.login.password",
+            "spec.kubelet.eventBurst",
+            "spec.taints[0].effect",
+        ] {
+            assert!(fields.contains(&want), "{want} missing from {fields:?}");
+        }
+        let password = errors
+            .iter()
+            .find(|e| e.field == "spec.login.password")
+            .unwrap();
+        assert!(
+            !password.value.contains("short"),
+            "password echoed: {password:?}"
+        );
+    }
+
+    #[test]
+    fn snapshot_disk_ignores_size_and_scaling_rules_hold() {
+        let mut spec = NodePoolSpec {
+            data_disks: vec![PoolDataDisk {
+                size_gib: 0,
+                snapshot_id: Some("snap-1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut e = Errors::default();
+        spec.validate("spec", &mut e);
+        assert!(e.list.is_empty(), "{:?}", e.list);
+
+        spec.pool_type = "auto-scaling".to_string();
+        spec.scaling = Some(ScalingSpec { min: 2, max: 1 });
+        let mut e = Errors::default();
+        spec.validate("spec", &mut e);
+        let fields: Vec<&str> = e.list.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"spec.scaling.min"), "{fields:?}");
+        assert!(fields.contains(&"spec.replicas"), "{fields:?}");
+    }
+
+    #[test]
+    fn hardening_and_type_are_immutable() {
+        let old = NodePool::new("p", NodePoolSpec::default());
+        let mut new = old.clone();
+        new.spec.hardening.profile = HardeningProfile::MlpsL3;
+        new.spec.pool_type = "auto-mode".to_string();
+        match new.validate_update(&old) {
+            Err(ApiError::Invalid(list)) => {
+                assert_eq!(list.len(), 2);
+                assert_eq!(list[0].field, "spec.hardening.profile");
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        assert!(old.validate_update(&old).is_ok());
+    }
+
+    #[test]
+    fn passwords() {
+        assert!(check_password("Abcdef12").is_ok());
+        assert!(check_password("abcdefgh").is_err());
+        assert!(check_password("Ab1").is_err());
+        assert!(check_password("abcdef1!").is_ok());
+        assert!(check_password("abc def1!A").is_err());
+    }
+
+    #[test]
+    fn cluster_defaults_and_errors() {
+        let c = Cluster::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.spec.effective_node_quota(), BASIC_NODE_QUOTA);
+        assert!(c.spec.whitelist_allows("10.213.0.5".parse().unwrap()));
+
+        let mut bad = Cluster::default();
+        bad.spec.kubernetes_version = "1.19.0".into();
+        bad.spec.api_server_whitelist = vec!["10.0.0.0/33".into()];
+        bad.spec.network.plugin = "calico".into();
+        bad.spec.network.service_cidr = "172.20.5.0/24".into();
+        match bad.validate() {
+            Err(ApiError::Invalid(list)) => {
+                let fields: Vec<&str> = list.iter().map(|e| e.field.as_str()).collect();
+                assert_eq!(
+                    fields,
+                    vec![
+                        "spec.kubernetesVersion",
+                        "spec.apiServerWhitelist[0]",
+                        "spec.network.plugin",
+                        "spec.network.serviceCidr"
+                    ]
+                );
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cidr_math() {
+        let c = parse_cidr("10.213.0.0/24").unwrap();
+        assert!(c.contains("10.213.0.200".parse().unwrap()));
+        assert!(!c.contains("10.213.1.1".parse().unwrap()));
+        assert!(!c.contains("::1".parse().unwrap()));
+        assert!(parse_cidr("0.0.0.0/0")
+            .unwrap()
+            .contains("8.8.8.8".parse().unwrap()));
+        assert!(parse_cidr("10.0.0.0/8").unwrap().overlaps(&c));
+        assert!(parse_cidr("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+    }
+}

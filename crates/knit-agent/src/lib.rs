@@ -1,1 +1,17 @@
-//! knit-agent
+//! knit-agent: takes a machine from a bare OS to a joined, configured node
+//! as a journal of idempotent phases (SPEC §1).
+
+pub mod disk;
+pub mod engine;
+pub mod error;
+pub mod host;
+pub mod identity;
+pub mod journal;
+pub mod log;
+pub mod markers;
+pub mod phases;
+pub mod report;
+pub mod services;
+pub mod tls;
+
+pub use error::{AgentError, Result};

@@ -1,1 +1,215 @@
-fn main() {}
+//! `knit-agent`: initialize this machine as a Kubernetes node.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use knit_agent::engine::{self, InitOptions};
+use knit_agent::host::Host;
+use knit_agent::journal::Journal;
+use knit_agent::AgentError;
+use knit_api::{ErrorCode, NodeConfig, PhaseName};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "knit-agent",
+    version,
+    about = "knit's node agent: initializes a machine step by step and joins it to the cluster"
+)]
+struct Cli {
+    /// Resolve every absolute path under DIR (tests, images, sandboxes).
+    #[arg(long, global = true, default_value = "/")]
+    root: PathBuf,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Json,
+    Text,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every phase; resumes from the journal when run again.
+    Init {
+        #[arg(long)]
+        config: PathBuf,
+        /// Rerun this phase even if it is done.
+        #[arg(long, value_name = "NAME")]
+        force_phase: Option<String>,
+    },
+    /// Show what init would do, changing nothing.
+    Plan {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Show each phase's outcome from the journal.
+    Status {
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Forget the journal (mounted disks and installed files stay).
+    Reset,
+}
+
+fn load_config(path: &PathBuf) -> Result<NodeConfig, AgentError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        AgentError::new(
+            ErrorCode::FailConfig,
+            format!("cannot read config {}: {e}", path.display()),
+        )
+    })?;
+    NodeConfig::from_yaml(&text)
+        .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("{}: {e}", path.display())))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("KNIT_LOG").unwrap_or_else(|_| "warn".into());
+    match cli.log_format {
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("knit-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), AgentError> {
+    match cli.command {
+        Command::Init {
+            config,
+            force_phase,
+        } => {
+            let host = Host::new(&cli.root);
+            let config = load_config(&config).inspect_err(|e| {
+                host.log.line("init", &e.to_string());
+                host.log.record_error(e);
+            })?;
+            let force_phase = match force_phase {
+                Some(name) => Some(PhaseName::parse(&name).ok_or_else(|| {
+                    let names: Vec<&str> = PhaseName::ALL.iter().map(|p| p.as_str()).collect();
+                    AgentError::new(
+                        ErrorCode::FailConfig,
+                        format!(
+                            "--force-phase {name}: not a phase; phases are {}",
+                            names.join(", ")
+                        ),
+                    )
+                })?),
+                None => None,
+            };
+            let journal = engine::init(&host, &config, &InitOptions { force_phase })?;
+            print_status(&journal);
+            Ok(())
+        }
+        Command::Plan { config, output } => {
+            let config = load_config(&config)?;
+            let host = Host::without_log(&cli.root);
+            let plan = engine::plan(&host, &config)?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&plan).unwrap_or_default()
+                ),
+                Output::Text => {
+                    println!("node: {}", plan.node_name);
+                    let disk = &plan.data_disk;
+                    println!(
+                        "data disk: {} {} ({})",
+                        disk.action,
+                        disk.device.as_deref().unwrap_or("-"),
+                        disk.reason
+                    );
+                    println!("{:<24} {:<6} REASON", "PHASE", "ACTION");
+                    for phase in &plan.phases {
+                        println!(
+                            "{:<24} {:<6} {}",
+                            phase.name.as_str(),
+                            phase.action,
+                            phase.reason
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Status { output } => {
+            let host = Host::without_log(&cli.root);
+            let journal = Journal::load(&host)?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&journal).unwrap_or_default()
+                ),
+                Output::Text => print_status(&journal),
+            }
+            Ok(())
+        }
+        Command::Reset => {
+            let host = Host::without_log(&cli.root);
+            let path = Journal::path(&host);
+            match std::fs::remove_file(&path) {
+                Ok(()) => println!("journal {} removed", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("no journal at {}", path.display())
+                }
+                Err(e) => {
+                    return Err(AgentError::new(
+                        ErrorCode::FailJournal,
+                        format!("remove {}: {e}", path.display()),
+                    ))
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_status(journal: &Journal) {
+    println!("{:<24} {:<8} {:>9}  REASON", "PHASE", "RESULT", "DURATION");
+    for name in PhaseName::ALL {
+        match journal.phases.get(&name) {
+            Some(r) => {
+                let result = format!("{:?}", r.outcome).to_lowercase();
+                let reason = match (&r.error_code, &r.reason) {
+                    (Some(code), Some(reason)) => format!("{code}: {reason}"),
+                    (_, Some(reason)) => reason.clone(),
+                    _ => String::new(),
+                };
+                println!(
+                    "{:<24} {:<8} {:>7}ms  {}",
+                    name.as_str(),
+                    result,
+                    r.duration_ms,
+                    reason
+                );
+            }
+            None => println!("{:<24} {:<8} {:>9}  ", name.as_str(), "pending", "-"),
+        }
+    }
+}

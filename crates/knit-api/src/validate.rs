@@ -54,7 +54,11 @@ impl NodeConfig {
     pub fn validate(&self) -> Result<(), ApiError> {
         let mut e = Errors::default();
         if self.api_version != API_VERSION {
-            e.add("apiVersion", quoted(&self.api_version), format!("must be {API_VERSION}"));
+            e.add(
+                "apiVersion",
+                quoted(&self.api_version),
+                format!("must be {API_VERSION}"),
+            );
         }
         if self.kind != "NodeConfig" {
             e.add("kind", quoted(&self.kind), "must be NodeConfig");
@@ -67,7 +71,11 @@ impl NodeConfig {
         self.os.validate("os", &mut e);
         self.data_disk.validate("dataDisk", &mut e);
         if self.join.timeout_seconds < 1 || self.join.timeout_seconds > 3600 {
-            e.add("join.timeoutSeconds", self.join.timeout_seconds, "must be in [1, 3600]");
+            e.add(
+                "join.timeoutSeconds",
+                self.join.timeout_seconds,
+                "must be in [1, 3600]",
+            );
         }
         e.into_result()
     }
@@ -77,12 +85,20 @@ impl ClusterAccess {
     pub fn validate(&self, at: &str, e: &mut Errors) {
         if let Some(endpoint) = &self.endpoint {
             if !endpoint.starts_with("https://") {
-                e.add(format!("{at}.endpoint"), quoted(endpoint), "must be an https:// URL");
+                e.add(
+                    format!("{at}.endpoint"),
+                    quoted(endpoint),
+                    "must be an https:// URL",
+                );
             }
         }
         if let Some(pin) = &self.ca_pin {
             if !is_ca_pin(pin) {
-                e.add(format!("{at}.caPin"), quoted(pin), "must be sha256:<64 lowercase hex digits>");
+                e.add(
+                    format!("{at}.caPin"),
+                    quoted(pin),
+                    "must be sha256:<64 lowercase hex digits>",
+                );
             }
         }
         if let Some(token) = &self.bootstrap_token {
@@ -97,7 +113,11 @@ impl ClusterAccess {
         }
         if let Some(url) = &self.report_url {
             if !(url.starts_with("https://") || url.starts_with("http://")) {
-                e.add(format!("{at}.reportUrl"), quoted(url), "must be an http(s):// URL");
+                e.add(
+                    format!("{at}.reportUrl"),
+                    quoted(url),
+                    "must be an http(s):// URL",
+                );
             }
         }
     }
@@ -105,13 +125,18 @@ impl ClusterAccess {
 
 pub fn is_ca_pin(pin: &str) -> bool {
     pin.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
 pub fn is_bootstrap_token(token: &str) -> bool {
     let ok = |s: &str, n: usize| {
-        s.len() == n && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
     };
     match token.split_once('.') {
         Some((id, secret)) => ok(id, 6) && ok(secret, 16),
@@ -123,7 +148,11 @@ impl NodeIdentity {
     pub fn validate(&self, at: &str, e: &mut Errors) {
         if let Some(ip) = &self.ip {
             if ip.parse::<std::net::IpAddr>().is_err() {
-                e.add(format!("{at}.ip"), quoted(ip), "must be an IPv4 or IPv6 address");
+                e.add(
+                    format!("{at}.ip"),
+                    quoted(ip),
+                    "must be an IPv4 or IPv6 address",
+                );
             }
         }
         if let Some(name) = &self.name {
@@ -150,7 +179,9 @@ pub fn is_dns_subdomain(s: &str) -> bool {
         && s.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -187,7 +218,8 @@ impl CustomNodeName {
         if name.len() < 2 || name.len() > 64 {
             return Err("must be 2 to 64 characters".to_string());
         }
-        let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        let ends_ok =
+            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
         if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
             return Err("must start and end with a lowercase letter or digit".to_string());
         }
@@ -196,7 +228,10 @@ impl CustomNodeName {
 }
 
 fn check_name_part(part: &str) -> Result<(), String> {
-    if !part.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
+    if !part
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
         return Err("may hold only letters, digits, '-' and '.'".to_string());
     }
     if !part.starts_with(|c: char| c.is_ascii_alphabetic()) {
@@ -220,7 +255,10 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 63 {
         return Err("name part must be 1 to 63 characters".to_string());
     }
-    if !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
         return Err("name part may hold only [A-Za-z0-9-_.]".to_string());
     }
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric())
@@ -243,7 +281,10 @@ pub fn check_label_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Ok(());
     }
-    if !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+    if !value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
         return Err("may hold only [A-Za-z0-9-_.]".to_string());
     }
     if !value.starts_with(|c: char| c.is_ascii_alphanumeric())
@@ -260,7 +301,10 @@ fn reserved_label_prefix(key: &str) -> bool {
         return false;
     };
     let allowed = ["kubelet.kubernetes.io", "node.kubernetes.io"];
-    if allowed.iter().any(|a| prefix == *a || prefix.ends_with(&format!(".{a}"))) {
+    if allowed
+        .iter()
+        .any(|a| prefix == *a || prefix.ends_with(&format!(".{a}")))
+    {
         return false;
     }
     ["kubernetes.io", "k8s.io"]
@@ -280,7 +324,11 @@ pub fn validate_labels(at: &str, labels: &BTreeMap<String, String>, e: &mut Erro
             );
         }
         if let Err(rule) = check_label_value(value) {
-            e.add(format!("{at}[{key}]"), quoted(value), format!("value {rule}"));
+            e.add(
+                format!("{at}[{key}]"),
+                quoted(value),
+                format!("value {rule}"),
+            );
         }
     }
 }
@@ -303,7 +351,9 @@ pub fn validate_taints(at: &str, taints: &[Taint], e: &mut Errors) {
 
 impl KubernetesPackage {
     pub fn validate(&self, at: &str, e: &mut Errors) {
-        if parse_kube_version(&self.version).is_none_or(|(major, minor, _)| major != 1 || minor < 20) {
+        if parse_kube_version(&self.version)
+            .is_none_or(|(major, minor, _)| major != 1 || minor < 20)
+        {
             e.add(
                 format!("{at}.version"),
                 quoted(&self.version),
@@ -317,7 +367,11 @@ impl KubernetesPackage {
         }
         if let Some(url) = &self.url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                e.add(format!("{at}.url"), quoted(url), "must be an http(s):// URL");
+                e.add(
+                    format!("{at}.url"),
+                    quoted(url),
+                    "must be an http(s):// URL",
+                );
             }
         }
         if let Some(dir) = &self.dir {
@@ -325,7 +379,12 @@ impl KubernetesPackage {
                 e.add(format!("{at}.dir"), quoted(dir), "must be an absolute path");
             }
         }
-        e.range(&format!("{at}.downloadAttempts"), self.download_attempts, 1, 10);
+        e.range(
+            &format!("{at}.downloadAttempts"),
+            self.download_attempts,
+            1,
+            10,
+        );
     }
 }
 
@@ -352,7 +411,9 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
         let digits = rest.find(|c: char| !c.is_ascii_digit())?;
         let n: u64 = rest[..digits].parse().ok()?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let factor = match &rest[..unit_len] {
             "ms" => 1,
             "s" => 1000,
@@ -414,16 +475,45 @@ impl KubeletConfig {
         e.range(&f("registryPullQPS"), self.registry_pull_qps, 1, 50);
         e.range(&f("registryBurst"), self.registry_burst, 1, 100);
         for (burst_name, burst, qps_name, qps) in [
-            ("eventBurst", self.event_burst, "eventRecordQPS", self.event_record_qps),
-            ("kubeAPIBurst", self.kube_api_burst, "kubeAPIQPS", self.kube_api_qps),
-            ("registryBurst", self.registry_burst, "registryPullQPS", self.registry_pull_qps),
+            (
+                "eventBurst",
+                self.event_burst,
+                "eventRecordQPS",
+                self.event_record_qps,
+            ),
+            (
+                "kubeAPIBurst",
+                self.kube_api_burst,
+                "kubeAPIQPS",
+                self.kube_api_qps,
+            ),
+            (
+                "registryBurst",
+                self.registry_burst,
+                "registryPullQPS",
+                self.registry_pull_qps,
+            ),
         ] {
             if burst < qps {
-                e.add(f(burst_name), burst, format!("must be >= {qps_name} ({qps})"));
+                e.add(
+                    f(burst_name),
+                    burst,
+                    format!("must be >= {qps_name} ({qps})"),
+                );
             }
         }
-        e.range(&f("imageGCHighThresholdPercent"), self.image_gc_high_threshold_percent, 60, 95);
-        e.range(&f("imageGCLowThresholdPercent"), self.image_gc_low_threshold_percent, 30, 90);
+        e.range(
+            &f("imageGCHighThresholdPercent"),
+            self.image_gc_high_threshold_percent,
+            60,
+            95,
+        );
+        e.range(
+            &f("imageGCLowThresholdPercent"),
+            self.image_gc_low_threshold_percent,
+            30,
+            90,
+        );
         if self.image_gc_high_threshold_percent <= self.image_gc_low_threshold_percent {
             e.add(
                 f("imageGCHighThresholdPercent"),
@@ -434,7 +524,12 @@ impl KubeletConfig {
                 ),
             );
         }
-        e.range(&f("containerLogMaxFiles"), self.container_log_max_files, 2, 10);
+        e.range(
+            &f("containerLogMaxFiles"),
+            self.container_log_max_files,
+            2,
+            10,
+        );
         if parse_quantity_bytes(&self.container_log_max_size).is_none_or(|b| b == 0) {
             e.add(
                 f("containerLogMaxSize"),
@@ -442,15 +537,27 @@ impl KubeletConfig {
                 "must be a positive quantity such as 100Mi",
             );
         }
-        e.one_of(&f("cpuManagerPolicy"), &self.cpu_manager_policy, &["none", "static"]);
-        e.one_of(&f("memoryManagerPolicy"), &self.memory_manager_policy, &["None", "Static"]);
+        e.one_of(
+            &f("cpuManagerPolicy"),
+            &self.cpu_manager_policy,
+            &["none", "static"],
+        );
+        e.one_of(
+            &f("memoryManagerPolicy"),
+            &self.memory_manager_policy,
+            &["None", "Static"],
+        );
         e.one_of(
             &f("topologyManagerPolicy"),
             &self.topology_manager_policy,
             &["none", "restricted", "best-effort", "single-numa-node"],
         );
         if self.pod_pids_limit < -1 || self.pod_pids_limit == 0 {
-            e.add(f("podPidsLimit"), self.pod_pids_limit, "must be -1 (unlimited) or positive");
+            e.add(
+                f("podPidsLimit"),
+                self.pod_pids_limit,
+                "must be -1 (unlimited) or positive",
+            );
         }
         e.range(&f("readOnlyPort"), self.read_only_port, 0, 65535);
         e.range(&f("port"), self.port, 1, 65535);
@@ -464,7 +571,13 @@ impl KubeletConfig {
             ),
         }
         for (i, sysctl) in self.allowed_unsafe_sysctls.iter().enumerate() {
-            let prefixes = ["kernel.shm", "kernel.msg", "kernel.sem", "fs.mqueue.", "net."];
+            let prefixes = [
+                "kernel.shm",
+                "kernel.msg",
+                "kernel.sem",
+                "fs.mqueue.",
+                "net.",
+            ];
             if !prefixes.iter().any(|p| sysctl.starts_with(p)) {
                 e.add(
                     format!("{at}.allowedUnsafeSysctls[{i}]"),
@@ -473,13 +586,19 @@ impl KubeletConfig {
                 );
             }
         }
-        for (name, map) in [("evictionHard", &self.eviction_hard), ("evictionSoft", &self.eviction_soft)] {
+        for (name, map) in [
+            ("evictionHard", &self.eviction_hard),
+            ("evictionSoft", &self.eviction_soft),
+        ] {
             for (signal, value) in map {
                 if !EVICTION_SIGNALS.contains(&signal.as_str()) {
                     e.add(
                         format!("{at}.{name}[{signal}]"),
                         quoted(signal),
-                        format!("must be an eviction signal: {}", EVICTION_SIGNALS.join(", ")),
+                        format!(
+                            "must be an eviction signal: {}",
+                            EVICTION_SIGNALS.join(", ")
+                        ),
                     );
                 }
                 if !is_threshold(value) {
@@ -516,7 +635,10 @@ impl KubeletConfig {
                 );
             }
         }
-        for (name, map) in [("kubeReserved", &self.kube_reserved), ("systemReserved", &self.system_reserved)] {
+        for (name, map) in [
+            ("kubeReserved", &self.kube_reserved),
+            ("systemReserved", &self.system_reserved),
+        ] {
             for (resource, quantity) in map {
                 if !["cpu", "memory", "ephemeral-storage", "pid"].contains(&resource.as_str()) {
                     e.add(
@@ -532,7 +654,11 @@ impl KubeletConfig {
                         .parse::<f64>()
                         .is_ok();
                 if !cpu_ok && parse_quantity_bytes(quantity).is_none() {
-                    e.add(format!("{at}.{name}[{resource}]"), quoted(quantity), "must be a quantity");
+                    e.add(
+                        format!("{at}.{name}[{resource}]"),
+                        quoted(quantity),
+                        "must be a quantity",
+                    );
                 }
             }
         }
@@ -551,16 +677,31 @@ impl KubeletConfig {
 impl ContainerdConfig {
     pub fn validate(&self, at: &str, e: &mut Errors) {
         let f = |name: &str| format!("{at}.{name}");
-        e.range(&f("maxConcurrentDownloads"), self.max_concurrent_downloads, 1, 20);
+        e.range(
+            &f("maxConcurrentDownloads"),
+            self.max_concurrent_downloads,
+            1,
+            20,
+        );
         check_limit(&f("limitCore"), &self.limit_core, 0, e);
         check_limit(&f("limitNoFile"), &self.limit_no_file, 1024, e);
         check_limit(&f("limitMemLock"), &self.limit_mem_lock, 65536, e);
         for (registry, mirrors) in &self.registry_mirrors {
-            if registry.is_empty() || registry.contains('/') && !registry.contains(':') && registry.contains("://") {
-                e.add(format!("{at}.registryMirrors"), quoted(registry), "key must be a registry host");
+            if registry.is_empty()
+                || registry.contains('/') && !registry.contains(':') && registry.contains("://")
+            {
+                e.add(
+                    format!("{at}.registryMirrors"),
+                    quoted(registry),
+                    "key must be a registry host",
+                );
             }
             if mirrors.is_empty() {
-                e.add(format!("{at}.registryMirrors[{registry}]"), "[]", "must list at least one mirror");
+                e.add(
+                    format!("{at}.registryMirrors[{registry}]"),
+                    "[]",
+                    "must list at least one mirror",
+                );
             }
             for (i, mirror) in mirrors.iter().enumerate() {
                 if !(mirror.starts_with("http://") || mirror.starts_with("https://")) {
@@ -573,7 +714,10 @@ impl ContainerdConfig {
             }
         }
         for (i, registry) in self.insecure_registries.iter().enumerate() {
-            if registry.is_empty() || registry.contains("://") || registry.contains(char::is_whitespace) {
+            if registry.is_empty()
+                || registry.contains("://")
+                || registry.contains(char::is_whitespace)
+            {
                 e.add(
                     format!("{at}.insecureRegistries[{i}]"),
                     quoted(registry),
@@ -589,10 +733,14 @@ impl ContainerdConfig {
 
 fn check_limit(field: &str, limit: &Limit, min: i64, e: &mut Errors) {
     match limit {
-        Limit::Number(n) if *n < min => e.add(field, n, format!("must be >= {min} or \"infinity\"")),
-        Limit::Text(t) if t != "infinity" => {
-            e.add(field, quoted(t), format!("must be a number >= {min} or \"infinity\""))
+        Limit::Number(n) if *n < min => {
+            e.add(field, n, format!("must be >= {min} or \"infinity\""))
         }
+        Limit::Text(t) if t != "infinity" => e.add(
+            field,
+            quoted(t),
+            format!("must be a number >= {min} or \"infinity\""),
+        ),
         _ => {}
     }
 }
@@ -619,21 +767,43 @@ impl OsConfig {
         for (key, value) in &self.sysctl {
             let key_ok = !key.is_empty()
                 && key.contains('.')
-                && key.chars().all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
             if !key_ok {
-                e.add(format!("{at}.sysctl"), quoted(key), "key must be a sysctl name like net.core.somaxconn");
+                e.add(
+                    format!("{at}.sysctl"),
+                    quoted(key),
+                    "key must be a sysctl name like net.core.somaxconn",
+                );
             }
             if value.is_empty() || value.contains('\n') {
-                e.add(format!("{at}.sysctl[{key}]"), quoted(value), "must be a single-line, non-empty value");
+                e.add(
+                    format!("{at}.sysctl[{key}]"),
+                    quoted(value),
+                    "must be a single-line, non-empty value",
+                );
             }
             if INTEGER_SYSCTLS.contains(&key.as_str()) && value.parse::<u64>().is_err() {
-                e.add(format!("{at}.sysctl[{key}]"), quoted(value), "must be a non-negative integer");
+                e.add(
+                    format!("{at}.sysctl[{key}]"),
+                    quoted(value),
+                    "must be a non-negative integer",
+                );
             }
-            if ["net.ipv4.tcp_slow_start_after_idle", "net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"]
-                .contains(&key.as_str())
+            if [
+                "net.ipv4.tcp_slow_start_after_idle",
+                "net.ipv4.ip_forward",
+                "net.bridge.bridge-nf-call-iptables",
+            ]
+            .contains(&key.as_str())
                 && !["0", "1"].contains(&value.as_str())
             {
-                e.add(format!("{at}.sysctl[{key}]"), quoted(value), "must be 0 or 1");
+                e.add(
+                    format!("{at}.sysctl[{key}]"),
+                    quoted(value),
+                    "must be 0 or 1",
+                );
             }
         }
         let all = self.effective_sysctls();
@@ -648,7 +818,11 @@ impl OsConfig {
             }
         }
         if let Some(v) = &self.transparent_huge_page.enabled {
-            e.one_of(&format!("{at}.transparentHugePage.enabled"), v, &["always", "never", "madvise"]);
+            e.one_of(
+                &format!("{at}.transparentHugePage.enabled"),
+                v,
+                &["always", "never", "madvise"],
+            );
         }
         if let Some(v) = &self.transparent_huge_page.defrag {
             e.one_of(
@@ -662,7 +836,10 @@ impl OsConfig {
 
 impl DataDiskConfig {
     pub fn validate(&self, at: &str, e: &mut Errors) {
-        if !self.mount_target.starts_with('/') || self.mount_target == "/" || self.mount_target.contains("..") {
+        if !self.mount_target.starts_with('/')
+            || self.mount_target == "/"
+            || self.mount_target.contains("..")
+        {
             e.add(
                 format!("{at}.mountTarget"),
                 quoted(&self.mount_target),
@@ -671,11 +848,19 @@ impl DataDiskConfig {
         }
         if let Some(device) = &self.device {
             if !device.starts_with("/dev/") {
-                e.add(format!("{at}.device"), quoted(device), "must be a path under /dev/");
+                e.add(
+                    format!("{at}.device"),
+                    quoted(device),
+                    "must be a path under /dev/",
+                );
             }
         }
         if self.device.is_some() && self.serial.is_some() {
-            e.add(format!("{at}.serial"), "set", "give either device or serial, not both");
+            e.add(
+                format!("{at}.serial"),
+                "set",
+                "give either device or serial, not both",
+            );
         }
     }
 }

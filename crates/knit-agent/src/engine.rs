@@ -1,0 +1,330 @@
+//! The phase engine: inspect, act only if needed, record, report.
+
+use crate::error::{AgentError, Result};
+use crate::host::Host;
+use crate::identity::NodeFacts;
+use crate::journal::{Journal, PhaseRecord};
+use crate::log::now_ms;
+use crate::phases;
+use crate::report::Reporter;
+use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
+use serde::Serialize;
+use std::time::Instant;
+
+/// What a phase's inspection concluded, with the reason shown to users.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Work to do.
+    Run(String),
+    /// Not applicable or turned off (config, marker, environment).
+    Skip(String),
+    /// The machine is already in the wanted state.
+    Done(String),
+}
+
+impl Decision {
+    pub fn reason(&self) -> &str {
+        match self {
+            Decision::Run(r) | Decision::Skip(r) | Decision::Done(r) => r,
+        }
+    }
+
+    pub fn action(&self) -> &'static str {
+        match self {
+            Decision::Run(_) => "run",
+            Decision::Skip(_) => "skip",
+            Decision::Done(_) => "done",
+        }
+    }
+}
+
+/// Everything a phase may use.
+pub struct Ctx<'a> {
+    pub host: &'a Host,
+    pub config: &'a NodeConfig,
+    pub node: NodeFacts,
+    pub journal: Journal,
+}
+
+impl Ctx<'_> {
+    pub fn save_journal(&self) -> Result<()> {
+        self.journal.save(self.host)
+    }
+}
+
+pub trait Phase {
+    fn name(&self) -> PhaseName;
+    /// Looks at the machine and decides; changes nothing.
+    fn inspect(&self, ctx: &Ctx) -> Result<Decision>;
+    /// Acts; called only after `inspect` said `Run`. Returns a summary line.
+    fn run(&self, ctx: &mut Ctx) -> Result<String>;
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedPhase {
+    pub name: PhaseName,
+    pub action: &'static str,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub node_name: String,
+    pub data_disk: phases::data_disk::DiskPlan,
+    pub phases: Vec<PlannedPhase>,
+}
+
+pub struct InitOptions {
+    /// Rerun this phase even if the journal says it is done.
+    pub force_phase: Option<PhaseName>,
+}
+
+/// Builds the context shared by `plan` and `init`.
+pub fn context<'a>(host: &'a Host, config: &'a NodeConfig) -> Result<Ctx<'a>> {
+    let journal = Journal::load(host)?;
+    let node = NodeFacts::compute(host, config)?;
+    Ok(Ctx {
+        host,
+        config,
+        node,
+        journal,
+    })
+}
+
+/// `knit-agent plan`: every phase's decision, and the data-disk choice, with
+/// nothing changed on the machine.
+pub fn plan(host: &Host, config: &NodeConfig) -> Result<Plan> {
+    let ctx = context(host, config)?;
+    let mut planned = Vec::new();
+    for phase in phases::all() {
+        let decision = if ctx.journal.is_done(phase.name()) {
+            match phase.inspect(&ctx)? {
+                Decision::Run(why) => Decision::Run(format!("journal says done but: {why}")),
+                other => other,
+            }
+        } else {
+            phase.inspect(&ctx)?
+        };
+        planned.push(PlannedPhase {
+            name: phase.name(),
+            action: decision.action(),
+            reason: decision.reason().to_string(),
+        });
+    }
+    Ok(Plan {
+        node_name: ctx.node.name.clone(),
+        data_disk: phases::data_disk::plan(&ctx)?,
+        phases: planned,
+    })
+}
+
+/// `knit-agent init`: runs every phase in order, stopping at the first failure.
+pub fn init(host: &Host, config: &NodeConfig, options: &InitOptions) -> Result<Journal> {
+    let mut ctx = match context(host, config) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            host.log.line("init", &format!("cannot start: {e}"));
+            host.log.record_error(&e);
+            return Err(e);
+        }
+    };
+    let reporter = Reporter::new(config, &ctx.node);
+    host.log.line(
+        "init",
+        &format!(
+            "initializing node {} (agent {})",
+            ctx.node.name,
+            env!("CARGO_PKG_VERSION")
+        ),
+    );
+    ctx.journal.node_name = Some(ctx.node.name.clone());
+    for phase in phases::all() {
+        let name = phase.name();
+        let result = run_phase(&mut ctx, phase.as_ref(), options, &reporter);
+        if let Err(error) = result {
+            host.log.line(name.as_str(), &format!("failed: {error}"));
+            host.log.record_error(&error);
+            let _ = ctx.save_journal();
+            reporter.flush();
+            return Err(error);
+        }
+    }
+    host.log.clear_error();
+    host.log
+        .line("init", &format!("node {} initialized", ctx.node.name));
+    reporter.flush();
+    Ok(ctx.journal)
+}
+
+fn run_phase(
+    ctx: &mut Ctx,
+    phase: &dyn Phase,
+    options: &InitOptions,
+    reporter: &Reporter,
+) -> Result<()> {
+    let name = phase.name();
+    let started_at = now_ms();
+    let clock = Instant::now();
+    let command_before = ctx.host.command_time();
+    let forced = options.force_phase == Some(name);
+    let decision = match phase.inspect(ctx) {
+        Ok(Decision::Done(why)) if forced => Decision::Run(format!("forced rerun ({why})")),
+        Ok(Decision::Skip(why)) if forced => Decision::Skip(format!("forced, but: {why}")),
+        Ok(decision) => decision,
+        Err(e) => return fail(ctx, name, started_at, clock, command_before, e, reporter),
+    };
+    match decision {
+        Decision::Skip(reason) => {
+            ctx.host
+                .log
+                .line(name.as_str(), &format!("skipped: {reason}"));
+            record(
+                ctx,
+                name,
+                PhaseOutcome::Skipped,
+                Some(reason),
+                None,
+                started_at,
+                clock,
+                command_before,
+                reporter,
+            )
+        }
+        Decision::Done(reason) => {
+            ctx.host
+                .log
+                .line(name.as_str(), &format!("already done: {reason}"));
+            record(
+                ctx,
+                name,
+                PhaseOutcome::Done,
+                Some(reason),
+                None,
+                started_at,
+                clock,
+                command_before,
+                reporter,
+            )
+        }
+        Decision::Run(reason) => {
+            ctx.host
+                .log
+                .line(name.as_str(), &format!("start: {reason}"));
+            reporter.send(event(
+                ctx,
+                name,
+                PhaseOutcome::Started,
+                None,
+                None,
+                started_at,
+                None,
+            ));
+            match phase.run(ctx) {
+                Ok(summary) => {
+                    ctx.host
+                        .log
+                        .line(name.as_str(), &format!("done: {summary}"));
+                    record(
+                        ctx,
+                        name,
+                        PhaseOutcome::Done,
+                        Some(summary),
+                        None,
+                        started_at,
+                        clock,
+                        command_before,
+                        reporter,
+                    )
+                }
+                Err(e) => fail(ctx, name, started_at, clock, command_before, e, reporter),
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    ctx: &mut Ctx,
+    name: PhaseName,
+    outcome: PhaseOutcome,
+    reason: Option<String>,
+    error: Option<&AgentError>,
+    started_at: u64,
+    clock: Instant,
+    command_before: std::time::Duration,
+    reporter: &Reporter,
+) -> Result<()> {
+    let duration_ms = clock.elapsed().as_millis() as u64;
+    let command_ms = ctx
+        .host
+        .command_time()
+        .saturating_sub(command_before)
+        .as_millis() as u64;
+    ctx.journal.phases.insert(
+        name,
+        PhaseRecord {
+            outcome,
+            reason: reason.clone(),
+            error_code: error.map(|e| e.code),
+            started_at_ms: started_at,
+            duration_ms,
+            command_ms,
+        },
+    );
+    ctx.save_journal()?;
+    reporter.send(event(
+        ctx,
+        name,
+        outcome,
+        reason,
+        error,
+        now_ms(),
+        Some(duration_ms),
+    ));
+    Ok(())
+}
+
+fn fail(
+    ctx: &mut Ctx,
+    name: PhaseName,
+    started_at: u64,
+    clock: Instant,
+    command_before: std::time::Duration,
+    error: AgentError,
+    reporter: &Reporter,
+) -> Result<()> {
+    record(
+        ctx,
+        name,
+        PhaseOutcome::Failed,
+        Some(error.message.clone()),
+        Some(&error),
+        started_at,
+        clock,
+        command_before,
+        reporter,
+    )?;
+    Err(error)
+}
+
+fn event(
+    ctx: &Ctx,
+    phase: PhaseName,
+    outcome: PhaseOutcome,
+    reason: Option<String>,
+    error: Option<&AgentError>,
+    at_ms: u64,
+    duration_ms: Option<u64>,
+) -> PhaseEvent {
+    PhaseEvent {
+        node: ctx.node.name.clone(),
+        instance_id: ctx.node.instance_id.clone(),
+        phase,
+        outcome,
+        reason,
+        error_code: error.map(|e| e.code),
+        at_ms,
+        duration_ms,
+    }
+}

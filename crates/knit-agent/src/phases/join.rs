@@ -1,0 +1,21 @@
+//! Scaffold, being written in this session.
+
+use crate::engine::{Ctx, Decision, Phase};
+use crate::error::Result;
+use knit_api::PhaseName;
+
+pub struct Join;
+
+impl Phase for Join {
+    fn name(&self) -> PhaseName {
+        PhaseName::Join
+    }
+
+    fn inspect(&self, _ctx: &Ctx) -> Result<Decision> {
+        Ok(Decision::Skip("not implemented yet".to_string()))
+    }
+
+    fn run(&self, _ctx: &mut Ctx) -> Result<String> {
+        Ok(String::new())
+    }
+}

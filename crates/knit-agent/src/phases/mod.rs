@@ -1,0 +1,27 @@
+//! The nine phases, in the order they run.
+
+pub mod base_packages;
+pub mod components;
+pub mod data_disk;
+pub mod hardening;
+pub mod join;
+pub mod node_identity;
+pub mod optional;
+pub mod os_config;
+pub mod time_sync;
+
+use crate::engine::Phase;
+
+pub fn all() -> Vec<Box<dyn Phase>> {
+    vec![
+        Box::new(time_sync::TimeSync),
+        Box::new(node_identity::NodeIdentityPhase),
+        Box::new(data_disk::DataDisk),
+        Box::new(components::KubernetesComponents),
+        Box::new(optional::OptionalComponentsPhase),
+        Box::new(join::Join),
+        Box::new(base_packages::BasePackagesPhase),
+        Box::new(os_config::OsConfigPhase),
+        Box::new(hardening::HardeningPhase),
+    ]
+}

@@ -278,7 +278,7 @@ impl Phase for DataDisk {
                 finish_mounts(ctx, &entry.dev_id)?;
                 format!("completed bind mounts for {}", entry.dev_id)
             }
-            Choice::Format(disk, _, reason) => {
+            Choice::Format(disk, reason) => {
                 format_disk(ctx, &disk, fs_type)?;
                 mount_disk(ctx, &disk, fs_type)?;
                 keep_container_data(ctx)?;

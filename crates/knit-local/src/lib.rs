@@ -1,1 +1,21 @@
-//! knit-local
+//! knit-local: the local cloud. Sandbox machines on one Linux host, each with
+//! its own mount/UTS/IPC/PID/network namespaces, an overlayfs root over a
+//! read-only base root whose upper layer lives on the instance's system disk,
+//! a private `/dev` with its own loop-backed disks under cloud names, a veth
+//! into a host bridge, a metadata endpoint and a cloud-init compatible
+//! user-data runner. See docs/local-cloud.md.
+
+pub mod boot;
+pub mod cloud;
+pub mod error;
+pub mod loopdev;
+pub mod metadata;
+pub mod model;
+pub mod net;
+pub mod run;
+pub mod state;
+pub mod userdata;
+
+pub use cloud::{require_root, Cloud, Config, DownReport};
+pub use error::{LocalError, Result};
+pub use model::*;

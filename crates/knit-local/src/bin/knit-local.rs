@@ -1,0 +1,275 @@
+//! `knit-local`: the local cloud's CLI (the verbs `knit local …` wraps), and
+//! the hidden helpers it runs as PID 1 of an instance and as the metadata server.
+
+use clap::{Parser, Subcommand};
+use knit_local::{Cloud, Config, DiskInterface, DiskSpec, LocalError, Quantity, Template};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "knit-local",
+    about = "knit's local cloud: sandbox machines on this host"
+)]
+struct Cli {
+    #[arg(
+        long,
+        env = "KNIT_LOCAL_STATE_DIR",
+        default_value = "/var/lib/knit/local",
+        global = true
+    )]
+    state_dir: PathBuf,
+    #[arg(
+        long,
+        env = "KNIT_LOCAL_BRIDGE",
+        default_value = "knit0",
+        global = true
+    )]
+    bridge: String,
+    #[arg(
+        long,
+        env = "KNIT_LOCAL_SUBNET",
+        default_value = "10.213.0.0/24",
+        global = true
+    )]
+    subnet: String,
+    #[arg(
+        long,
+        env = "KNIT_LOCAL_METADATA_PORT",
+        default_value_t = 80,
+        global = true
+    )]
+    metadata_port: u16,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create and boot an instance from a template (YAML/JSON file, `-` for stdin).
+    Create {
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    Start {
+        id: String,
+    },
+    Stop {
+        id: String,
+    },
+    Reboot {
+        id: String,
+    },
+    /// New system layer from the base root; data disks kept with new ids.
+    Reimage {
+        id: String,
+        /// File with the new user data.
+        #[arg(long)]
+        user_data: Option<PathBuf>,
+    },
+    Delete {
+        id: String,
+    },
+    List,
+    Describe {
+        id: String,
+    },
+    /// Run a command inside a running instance.
+    Exec {
+        id: String,
+        #[arg(trailing_var_arg = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Print the user-data runner's result record (waits up to --timeout seconds).
+    UserDataResult {
+        id: String,
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Shape (or with no --mbit, unshape) a running instance's link.
+    Shape {
+        id: String,
+        #[arg(long)]
+        mbit: Option<u32>,
+    },
+    #[command(subcommand)]
+    Disk(DiskCmd),
+    #[command(subcommand)]
+    Snapshot(SnapCmd),
+    /// Remove every leftover of this state directory: processes, loop devices, veths, namespaces, bridge, state.
+    Down,
+    #[command(name = "__boot", hide = true)]
+    Boot {
+        spec: PathBuf,
+    },
+    #[command(name = "__metadata", hide = true)]
+    Metadata {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum DiskCmd {
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(long, value_parser = ["virtio", "nvme"], default_value = "virtio")]
+        interface: String,
+        #[arg(long)]
+        snapshot: Option<String>,
+        #[arg(long)]
+        format: Option<String>,
+    },
+    List,
+    Delete {
+        id: String,
+    },
+    Attach {
+        disk: String,
+        instance: String,
+    },
+    Detach {
+        disk: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapCmd {
+    Create { disk: String },
+    List,
+    Delete { id: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Boot { spec } => return ExitCode::from(knit_local::boot::shim_main(&spec) as u8),
+        Cmd::Metadata { listen } => {
+            return match knit_local::metadata::serve(cli.state_dir.clone(), listen) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("knit-local metadata: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error[{}]: {e}", e.code());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print<T: serde::Serialize>(v: &T) -> Result<(), LocalError> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| LocalError::Parse {
+        what: "output".into(),
+        message: e.to_string(),
+    })?;
+    println!("{s}");
+    Ok(())
+}
+
+fn read_input(path: &PathBuf) -> Result<String, LocalError> {
+    let mut s = String::new();
+    let r = if path.as_os_str() == "-" {
+        std::io::stdin().read_to_string(&mut s).map(|_| ())
+    } else {
+        std::fs::read_to_string(path).map(|t| s = t)
+    };
+    r.map_err(|source| LocalError::Io {
+        context: "cannot read",
+        path: path.clone(),
+        source,
+    })?;
+    Ok(s)
+}
+
+fn run(cli: Cli) -> Result<(), LocalError> {
+    let cloud = Cloud::open(Config {
+        state_dir: cli.state_dir,
+        bridge: cli.bridge,
+        subnet: cli.subnet,
+        metadata_port: cli.metadata_port,
+        helper: None,
+    })?;
+    match cli.cmd {
+        Cmd::Create { file } => print(&cloud.create(&Template::parse(&read_input(&file)?)?)?),
+        Cmd::Start { id } => print(&cloud.start(&id)?),
+        Cmd::Stop { id } => print(&cloud.stop(&id)?),
+        Cmd::Reboot { id } => print(&cloud.reboot(&id)?),
+        Cmd::Reimage { id, user_data } => {
+            let ud = user_data.map(|p| read_input(&p)).transpose()?;
+            print(&cloud.reimage(&id, ud)?)
+        }
+        Cmd::Delete { id } => cloud.delete(&id),
+        Cmd::List => {
+            for i in cloud.list()? {
+                let r = &i.record;
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    r.id,
+                    r.hostname,
+                    if i.alive { "running" } else { "stopped" },
+                    r.private_ip,
+                    r.template.instance_type
+                );
+            }
+            Ok(())
+        }
+        Cmd::Describe { id } => print(&cloud.describe(&id)?),
+        Cmd::Exec { id, argv } => {
+            let status =
+                cloud
+                    .exec_command(&id, &argv)?
+                    .status()
+                    .map_err(|source| LocalError::Io {
+                        context: "cannot run",
+                        path: "nsenter".into(),
+                        source,
+                    })?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::UserDataResult { id, timeout } => {
+            print(&cloud.wait_user_data(&id, std::time::Duration::from_secs(timeout))?)
+        }
+        Cmd::Shape { id, mbit } => cloud.set_bandwidth(&id, mbit),
+        Cmd::Disk(d) => match d {
+            DiskCmd::Create {
+                name,
+                size,
+                interface,
+                snapshot,
+                format,
+            } => print(&cloud.disk_create(&DiskSpec {
+                name,
+                size: size.map(Quantity::Text),
+                interface: if interface == "nvme" {
+                    DiskInterface::Nvme
+                } else {
+                    DiskInterface::Virtio
+                },
+                snapshot,
+                format,
+            })?),
+            DiskCmd::List => print(&cloud.disks()?),
+            DiskCmd::Delete { id } => cloud.disk_delete(&id),
+            DiskCmd::Attach { disk, instance } => print(&cloud.disk_attach(&disk, &instance)?),
+            DiskCmd::Detach { disk } => print(&cloud.disk_detach(&disk)?),
+        },
+        Cmd::Snapshot(s) => match s {
+            SnapCmd::Create { disk } => print(&cloud.snapshot_create(&disk)?),
+            SnapCmd::List => print(&cloud.snapshots()?),
+            SnapCmd::Delete { id } => cloud.snapshot_delete(&id),
+        },
+        Cmd::Down => print(&cloud.down()?),
+        Cmd::Boot { .. } | Cmd::Metadata { .. } => Ok(()),
+    }
+}

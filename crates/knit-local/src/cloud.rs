@@ -1,0 +1,1033 @@
+//! The local cloud's operations: create, start, stop, reboot, reimage,
+//! delete, list, describe, exec, disks, snapshots and `down`.
+
+use crate::boot::{BootDisk, BootSpec};
+use crate::error::{IoContext, LocalError, Result};
+use crate::loopdev;
+use crate::model::*;
+use crate::net::{self, Subnet, Veth};
+use crate::state::{self, new_id, now, proc_ref, StateDir};
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Where and how the local cloud lives on this host.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub state_dir: PathBuf,
+    pub bridge: String,
+    pub subnet: String,
+    /// Port of the metadata endpoint on the bridge's gateway address.
+    pub metadata_port: u16,
+    /// The `knit-local` binary (runs PID 1 and the metadata server); found
+    /// next to the current executable when not given.
+    pub helper: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from("/var/lib/knit/local"),
+            bridge: "knit0".into(),
+            subnet: "10.213.0.0/24".into(),
+            metadata_port: 80,
+            helper: None,
+        }
+    }
+}
+
+/// How long create/start waits for PID 1 to report ready.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stop waits for PID 1 to end its processes before killing them.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What `down` released.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownReport {
+    pub instances: usize,
+    pub processes_killed: usize,
+    pub loop_devices: usize,
+    pub mounts: usize,
+    pub links: usize,
+    pub namespaces: usize,
+    pub errors: Vec<String>,
+}
+
+pub struct Cloud {
+    cfg: Config,
+    subnet: Subnet,
+    state: StateDir,
+}
+
+pub fn require_root() -> Result<()> {
+    let uid = nix::unistd::geteuid();
+    if uid.is_root() {
+        Ok(())
+    } else {
+        Err(LocalError::NotRoot { uid: uid.as_raw() })
+    }
+}
+
+impl Cloud {
+    pub fn open(cfg: Config) -> Result<Cloud> {
+        require_root()?;
+        let subnet = Subnet::parse(&cfg.subnet).ok_or_else(|| {
+            LocalError::invalid(
+                "subnet",
+                format!("{:?}", cfg.subnet),
+                "must be an IPv4 CIDR like 10.213.0.0/24",
+            )
+        })?;
+        let state = StateDir::open(&cfg.state_dir)?;
+        if let Some(n) = state.network()? {
+            if n.bridge != cfg.bridge || n.subnet != subnet.to_string() {
+                return Err(LocalError::invalid(
+                    "bridge/subnet",
+                    format!("{}/{}", cfg.bridge, subnet),
+                    format!("must match the state directory's network ({} {}); run `down` first to change it", n.bridge, n.subnet),
+                ));
+            }
+        }
+        Ok(Cloud { cfg, subnet, state })
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        self.state.root()
+    }
+
+    fn helper(&self) -> Result<PathBuf> {
+        if let Some(h) = &self.cfg.helper {
+            return Ok(h.clone());
+        }
+        let exe =
+            std::env::current_exe().ctx("cannot find current executable", "/proc/self/exe")?;
+        if exe.file_name().is_some_and(|n| n == "knit-local") {
+            return Ok(exe);
+        }
+        let sibling = exe.with_file_name("knit-local");
+        if sibling.exists() {
+            return Ok(sibling);
+        }
+        Err(LocalError::invalid(
+            "helper",
+            format!("{:?}", sibling),
+            "the knit-local binary must exist next to this program or be set in Config.helper",
+        ))
+    }
+
+    /// Test fault injection: `KNIT_LOCAL_PAUSE_AFTER=step` stops here until killed.
+    fn checkpoint(step: &str) {
+        if std::env::var("KNIT_LOCAL_PAUSE_AFTER").is_ok_and(|s| s == step) {
+            eprintln!("knit-local: paused after {step}");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+
+    // ---- network -------------------------------------------------------
+
+    fn ensure_network(&self) -> Result<NetworkRecord> {
+        let mut rec = match self.state.network()? {
+            Some(n) => n,
+            None => {
+                net::check_network(&self.cfg.bridge, &self.cfg.subnet)?;
+                if net::link_exists(&self.cfg.bridge) {
+                    return Err(LocalError::Busy {
+                        what: format!("bridge {}", self.cfg.bridge),
+                        message: format!(
+                            "it exists but is not managed by {}; pick another bridge name",
+                            self.state.root().display()
+                        ),
+                    });
+                }
+                let gateway = self.gateway()?;
+                let n = NetworkRecord {
+                    bridge: self.cfg.bridge.clone(),
+                    subnet: self.subnet.to_string(),
+                    gateway: gateway.to_string(),
+                    metadata_port: self.cfg.metadata_port,
+                    metadata: None,
+                };
+                self.state.put_network(&n)?;
+                n
+            }
+        };
+        if !net::link_exists(&rec.bridge) {
+            net::create_bridge(&rec.bridge, self.gateway()?, self.subnet.prefix)?;
+        }
+        if !rec.metadata.is_some_and(|m| m.alive()) {
+            rec.metadata = Some(self.spawn_metadata(&rec)?);
+            self.state.put_network(&rec)?;
+        }
+        Ok(rec)
+    }
+
+    fn gateway(&self) -> Result<std::net::Ipv4Addr> {
+        self.subnet.host(1).ok_or_else(|| {
+            LocalError::invalid(
+                "subnet",
+                format!("{:?}", self.cfg.subnet),
+                "must hold at least a gateway and one instance",
+            )
+        })
+    }
+
+    fn spawn_metadata(&self, n: &NetworkRecord) -> Result<ProcRef> {
+        let listen = format!("{}:{}", n.gateway, n.metadata_port);
+        let log = self.state.root().join("metadata.log");
+        let log_file = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .ctx("cannot open", &log)?;
+        let mut cmd = Command::new(self.helper()?);
+        cmd.arg("__metadata")
+            .arg("--state-dir")
+            .arg(self.state.root())
+            .arg("--listen")
+            .arg(&listen)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .ctx("cannot start metadata server", self.helper()?)?;
+        let pid = child.id() as i32;
+        let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
+            LocalError::invalid("metadataPort", n.metadata_port, "must form a valid address")
+        })?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(LocalError::Boot {
+                    id: "metadata".into(),
+                    message: format!("metadata server exited ({status}); see {}", log.display()),
+                });
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(LocalError::Boot {
+                    id: "metadata".into(),
+                    message: format!("metadata server not listening on {listen} after 10s"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = proc_ref(pid).ok_or_else(|| LocalError::Boot {
+            id: "metadata".into(),
+            message: "metadata server vanished".into(),
+        })?;
+        std::thread::spawn(move || child.wait());
+        Ok(r)
+    }
+
+    // ---- create ----------------------------------------------------------
+
+    pub fn create(&self, tpl: &Template) -> Result<Instance> {
+        tpl.validate()?;
+        let mut missing = Vec::new();
+        for (i, d) in tpl.disks.iter().enumerate() {
+            if let Some(s) = &d.snapshot {
+                if self.state.snapshot(s).is_err() {
+                    missing.push(knit_api::FieldError {
+                        field: format!("disks[{i}].snapshot"),
+                        value: format!("{s:?}"),
+                        rule: "must name an existing snapshot".into(),
+                    });
+                }
+            }
+        }
+        if !missing.is_empty() {
+            return Err(LocalError::Invalid(missing));
+        }
+        let os = tpl
+            .attributes
+            .os
+            .clone()
+            .unwrap_or_else(|| OsInfo::from_root(&tpl.base_root));
+
+        let mut rec = {
+            let _lock = self.state.lock()?;
+            self.ensure_network()?;
+            let id = new_id("i-")?;
+            let ip = self.free_ip()?;
+            let o = ip.octets();
+            let mut rec = InstanceRecord {
+                hostname: tpl
+                    .hostname
+                    .clone()
+                    .or_else(|| tpl.name.clone())
+                    .unwrap_or_else(|| id.clone()),
+                state: InstanceState::Creating,
+                template: tpl.clone(),
+                os,
+                private_ip: ip.to_string(),
+                mac: format!("02:00:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]),
+                veth: format!("kv{}", &id[2..]),
+                netns: format!("knit-{id}"),
+                system_disk_size: tpl.system_disk_size.bytes().unwrap_or(0),
+                disks: Vec::new(),
+                init: None,
+                shim: None,
+                created_at: now(),
+                boots: 0,
+                last_boot_ms: None,
+                id,
+            };
+            self.state.put_instance(&rec)?;
+            let mut used = BTreeSet::new();
+            for d in &tpl.disks {
+                let disk = self.new_disk_record(d, Some((&rec.id, &mut used)))?;
+                self.state.put_disk(&disk)?;
+                rec.disks.push(disk.id);
+            }
+            self.state.put_instance(&rec)?;
+            rec
+        };
+        Self::checkpoint("record");
+        let made = self.make_disks(&rec, tpl).and_then(|_| {
+            Self::checkpoint("disks");
+            self.boot(&mut rec)
+        });
+        if let Err(e) = made {
+            let _ = self.destroy(&rec.id);
+            return Err(e);
+        }
+        self.view(rec)
+    }
+
+    fn free_ip(&self) -> Result<std::net::Ipv4Addr> {
+        let used: BTreeSet<String> = self
+            .state
+            .instances()?
+            .into_iter()
+            .map(|r| r.private_ip)
+            .collect();
+        (2..)
+            .map_while(|n| self.subnet.host(n))
+            .find(|ip| !used.contains(&ip.to_string()))
+            .ok_or_else(|| LocalError::Busy {
+                what: format!("subnet {}", self.subnet),
+                message: "no free address left".into(),
+            })
+    }
+
+    fn new_disk_record(
+        &self,
+        d: &DiskSpec,
+        attach: Option<(&str, &mut BTreeSet<String>)>,
+    ) -> Result<DiskRecord> {
+        let id = new_id("d-")?;
+        let size = match (&d.size, &d.snapshot) {
+            (Some(q), _) => q.bytes().unwrap_or(0),
+            (None, Some(s)) => self.state.snapshot(s)?.size,
+            (None, None) => 0,
+        };
+        let (attached_to, device) = match attach {
+            Some((inst, used)) => {
+                let dev = device_name(d.interface, used).ok_or_else(|| {
+                    LocalError::invalid("disks", used.len(), "too many disks of this interface")
+                })?;
+                used.insert(dev.clone());
+                (Some(inst.to_string()), Some(dev))
+            }
+            None => (None, None),
+        };
+        Ok(DiskRecord {
+            serial: id[2..].to_string(),
+            id,
+            name: d.name.clone(),
+            size,
+            interface: d.interface,
+            attached_to,
+            device,
+            from_snapshot: d.snapshot.clone(),
+            created_at: now(),
+        })
+    }
+
+    fn make_disks(&self, rec: &InstanceRecord, tpl: &Template) -> Result<()> {
+        self.make_system_disk(rec)?;
+        for (id, spec) in rec.disks.iter().zip(&tpl.disks) {
+            self.make_disk_file(&self.state.disk(id)?, spec)?;
+        }
+        Ok(())
+    }
+
+    fn make_system_disk(&self, rec: &InstanceRecord) -> Result<()> {
+        let file = self.state.system_disk_file(&rec.id);
+        state::remove_file(&file)?;
+        loopdev::create_sparse(&file, rec.system_disk_size)?;
+        loopdev::mkfs(&file, "ext4")
+    }
+
+    fn make_disk_file(&self, disk: &DiskRecord, spec: &DiskSpec) -> Result<()> {
+        let file = self.state.disk_file(&disk.id);
+        std::fs::create_dir_all(self.state.disk_dir(&disk.id))
+            .ctx("cannot create", self.state.disk_dir(&disk.id))?;
+        match &spec.snapshot {
+            Some(s) => {
+                loopdev::copy_disk(&self.state.snapshot_file(s), &file)?;
+                let len = std::fs::metadata(&file).ctx("cannot stat", &file)?.len();
+                if disk.size > len {
+                    std::fs::File::options()
+                        .write(true)
+                        .open(&file)
+                        .and_then(|f| f.set_len(disk.size))
+                        .ctx("cannot grow", &file)?;
+                }
+            }
+            None => loopdev::create_sparse(&file, disk.size)?,
+        }
+        if let Some(fs) = &spec.format {
+            loopdev::mkfs(&file, fs)?;
+        }
+        Ok(())
+    }
+
+    // ---- boot / halt -------------------------------------------------------
+
+    fn boot(&self, rec: &mut InstanceRecord) -> Result<()> {
+        let n = self.ensure_network()?;
+        let system_disk = loopdev::attach(&self.state.system_disk_file(&rec.id))?;
+        let mut disks: Vec<BootDisk> = Vec::new();
+        for id in &rec.disks {
+            let d = self.state.disk(id)?;
+            let dev = loopdev::attach(&self.state.disk_file(id))?;
+            disks.push(dev.boot_disk(d.device.as_deref().unwrap_or("vdz")));
+        }
+        Self::checkpoint("loops");
+        net::netns_add(&rec.netns)?;
+        let ip = rec.private_ip.parse().map_err(|_| LocalError::State {
+            path: self.state.instance_dir(&rec.id),
+            message: format!("bad privateIp {}", rec.private_ip),
+        })?;
+        Veth {
+            host: &rec.veth,
+            netns: &rec.netns,
+            bridge: &n.bridge,
+            mac: &rec.mac,
+            ip,
+            prefix: self.subnet.prefix,
+            gateway: self.gateway()?,
+        }
+        .create()?;
+        if let Some(mbit) = rec.template.bandwidth_mbit {
+            net::shape(&rec.veth, &rec.netns, Some(mbit))?;
+        }
+        Self::checkpoint("network");
+
+        let dir = self.state.instance_dir(&rec.id);
+        let spec = BootSpec {
+            id: rec.id.clone(),
+            hostname: rec.hostname.clone(),
+            base_root: rec.template.base_root.clone(),
+            instance_dir: dir.clone(),
+            hide: vec![self.state.root().to_path_buf()],
+            system_disk,
+            disks,
+            user_data: rec.template.user_data.clone(),
+            runner: rec.template.user_data_runner,
+            os_override: rec.template.attributes.os.clone(),
+            swap: rec.template.attributes.swap,
+        };
+        let spec_path = dir.join("boot.json");
+        state::write_json(&spec_path, &spec)?;
+        let console = dir.join("console.log");
+        let console_file = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&console)
+            .ctx("cannot open", &console)?;
+        let netns = std::fs::File::open(net::netns_path(&rec.netns))
+            .ctx("cannot open", net::netns_path(&rec.netns))?;
+        let netns_fd = netns.as_raw_fd();
+        let mut cmd = Command::new(self.helper()?);
+        cmd.arg("__boot")
+            .arg(&spec_path)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(console_file);
+        // SAFETY: only raw syscalls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0
+                    || libc::setns(netns_fd, libc::CLONE_NEWNET) != 0
+                    || libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::CLONE_NEWPID)
+                        != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .ctx("cannot start instance init", self.helper()?)?;
+        drop(netns);
+        rec.shim = proc_ref(child.id() as i32);
+        let stdout = child.stdout.take();
+        let (tx, rx) = mpsc::channel::<Option<String>>();
+        std::thread::spawn(move || {
+            if let Some(out) = stdout {
+                for line in std::io::BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(Some(line)).is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = tx.send(None);
+        });
+        let fail = |message: String| LocalError::Boot {
+            id: rec.id.clone(),
+            message: format!("{message} (console: {})", console.display()),
+        };
+        let mut init = None;
+        loop {
+            let left = BOOT_TIMEOUT.saturating_sub(started.elapsed());
+            match rx.recv_timeout(left) {
+                Ok(Some(line)) => {
+                    if let Some(pid) = line
+                        .strip_prefix("pid ")
+                        .and_then(|p| p.trim().parse().ok())
+                    {
+                        init = proc_ref(pid);
+                    } else if line == "ready" {
+                        break;
+                    } else if let Some(msg) = line.strip_prefix("error ") {
+                        return Err(fail(msg.to_string()));
+                    }
+                }
+                Ok(None) => return Err(fail("init exited before it was ready".into())),
+                Err(_) => return Err(fail(format!("not ready after {}s", BOOT_TIMEOUT.as_secs()))),
+            }
+        }
+        std::thread::spawn(move || child.wait());
+        rec.init = init;
+        rec.state = InstanceState::Running;
+        rec.boots += 1;
+        rec.last_boot_ms = Some(started.elapsed().as_millis() as u64);
+        self.state.put_instance(rec)?;
+        Self::checkpoint("spawn");
+        Ok(())
+    }
+
+    /// Ends every process of the instance and releases its network and loop
+    /// devices; the files (disks, system layer) stay.
+    fn halt(&self, rec: &mut InstanceRecord) -> Result<usize> {
+        let mut killed = 0;
+        if let Some(init) = rec.init.filter(|i| i.alive()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(init.pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while init.alive() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // Whatever is still in the instance's network namespace is ours.
+        for _ in 0..100 {
+            let pids = net::pids_in_netns(&rec.netns);
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                if nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .is_ok()
+                {
+                    killed += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(shim) = rec.shim.filter(|s| s.alive()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(shim.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        net::delete_link(&rec.veth)?;
+        net::netns_del(&rec.netns)?;
+        loopdev::detach_file(&self.state.system_disk_file(&rec.id))?;
+        for id in &rec.disks {
+            loopdev::detach_file(&self.state.disk_file(id))?;
+        }
+        rec.init = None;
+        rec.shim = None;
+        Ok(killed)
+    }
+
+    // ---- lifecycle ---------------------------------------------------------
+
+    fn running(&self, id: &str, action: &'static str) -> Result<InstanceRecord> {
+        let rec = self.state.instance(id)?;
+        if rec.state != InstanceState::Running || !rec.init.is_some_and(|i| i.alive()) {
+            return Err(LocalError::WrongState {
+                id: id.into(),
+                state: if rec.state == InstanceState::Running {
+                    "running (but its init is gone)".into()
+                } else {
+                    rec.state.to_string()
+                },
+                action,
+                wanted: "running",
+            });
+        }
+        Ok(rec)
+    }
+
+    pub fn start(&self, id: &str) -> Result<Instance> {
+        let mut rec = self.state.instance(id)?;
+        if rec.init.is_some_and(|i| i.alive()) {
+            return Err(LocalError::WrongState {
+                id: id.into(),
+                state: rec.state.to_string(),
+                action: "start",
+                wanted: "stopped",
+            });
+        }
+        // Leftovers of an instance whose init died on its own.
+        self.halt(&mut rec)?;
+        if let Err(e) = self.boot(&mut rec) {
+            let _ = self.halt(&mut rec);
+            rec.state = InstanceState::Stopped;
+            let _ = self.state.put_instance(&rec);
+            return Err(e);
+        }
+        self.view(rec)
+    }
+
+    pub fn stop(&self, id: &str) -> Result<Instance> {
+        let mut rec = self.state.instance(id)?;
+        if rec.state == InstanceState::Stopped {
+            return Err(LocalError::WrongState {
+                id: id.into(),
+                state: rec.state.to_string(),
+                action: "stop",
+                wanted: "running",
+            });
+        }
+        self.halt(&mut rec)?;
+        rec.state = InstanceState::Stopped;
+        self.state.put_instance(&rec)?;
+        self.view(rec)
+    }
+
+    pub fn reboot(&self, id: &str) -> Result<Instance> {
+        self.running(id, "reboot")?;
+        self.stop(id)?;
+        self.start(id)
+    }
+
+    /// New system layer from the base root, data disks kept under new ids,
+    /// new user data (when given); the instance is booted afterwards.
+    pub fn reimage(&self, id: &str, user_data: Option<String>) -> Result<Instance> {
+        let mut rec = self.state.instance(id)?;
+        self.halt(&mut rec)?;
+        rec.state = InstanceState::Stopped;
+        if user_data.is_some() {
+            rec.template.user_data = user_data;
+        }
+        self.state.put_instance(&rec)?;
+        self.make_system_disk(&rec)?;
+        let mut renamed = Vec::new();
+        for old in &rec.disks {
+            let mut d = self.state.disk(old)?;
+            let new = new_id("d-")?;
+            std::fs::rename(self.state.disk_dir(old), self.state.disk_dir(&new))
+                .ctx("cannot rename", self.state.disk_dir(old))?;
+            d.serial = new[2..].to_string();
+            d.id = new.clone();
+            self.state.put_disk(&d)?;
+            renamed.push(new);
+        }
+        rec.disks = renamed;
+        self.state.put_instance(&rec)?;
+        self.start(id)
+    }
+
+    pub fn delete(&self, id: &str) -> Result<()> {
+        self.state.instance(id)?;
+        self.destroy(id).map(|_| ())
+    }
+
+    /// Releases everything of an instance, whatever its state.
+    fn destroy(&self, id: &str) -> Result<usize> {
+        let mut rec = self.state.instance(id)?;
+        let killed = self.halt(&mut rec)?;
+        for d in &rec.disks {
+            state::remove_dir_all(&self.state.disk_dir(d))?;
+        }
+        state::remove_dir_all(&self.state.instance_dir(id))?;
+        Ok(killed)
+    }
+
+    pub fn list(&self) -> Result<Vec<Instance>> {
+        self.state
+            .instances()?
+            .into_iter()
+            .map(|r| self.view(r))
+            .collect()
+    }
+
+    pub fn describe(&self, id: &str) -> Result<Instance> {
+        self.view(self.state.instance(id)?)
+    }
+
+    fn view(&self, record: InstanceRecord) -> Result<Instance> {
+        let data_disks = record
+            .disks
+            .iter()
+            .map(|d| self.state.disk(d))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Instance {
+            alive: record.init.is_some_and(|i| i.alive()),
+            record,
+            data_disks,
+        })
+    }
+
+    /// A command that runs `argv` inside the instance (all its namespaces, its
+    /// root, a clean environment); the caller decides about stdio.
+    pub fn exec_command(&self, id: &str, argv: &[String]) -> Result<Command> {
+        let rec = self.running(id, "exec")?;
+        let pid = rec.init.map(|i| i.pid).unwrap_or(0).to_string();
+        let mut cmd = Command::new("nsenter");
+        cmd.args([
+            "-t",
+            &pid,
+            "-m",
+            "-u",
+            "-i",
+            "-n",
+            "-p",
+            "-r",
+            "-w",
+            "--",
+            "/usr/bin/env",
+            "-i",
+        ])
+        .arg(format!("PATH={}", crate::userdata::PATH_ENV))
+        .args(["HOME=/root", "LANG=C.UTF-8", "TERM=xterm"])
+        .args(argv);
+        Ok(cmd)
+    }
+
+    /// Runs `argv` inside the instance and returns its output.
+    pub fn exec(&self, id: &str, argv: &[String]) -> Result<std::process::Output> {
+        let mut cmd = self.exec_command(id, argv)?;
+        cmd.stdin(Stdio::null())
+            .output()
+            .ctx("cannot run nsenter", "nsenter")
+    }
+
+    /// The user-data runner's result record, once it has finished.
+    pub fn user_data_result(&self, id: &str) -> Result<Option<serde_json::Value>> {
+        let rec = self.running(id, "read user-data result")?;
+        let path = PathBuf::from(format!(
+            "/proc/{}/root{}",
+            rec.init.map(|i| i.pid).unwrap_or(0),
+            crate::userdata::RESULT
+        ));
+        state::read_opt(&path)
+    }
+
+    /// Waits for the user-data runner to finish and returns its result record.
+    pub fn wait_user_data(&self, id: &str, timeout: Duration) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = self.user_data_result(id)? {
+                return Ok(v);
+            }
+            if Instant::now() > deadline {
+                return Err(LocalError::Boot {
+                    id: id.into(),
+                    message: format!("user data still running after {}s", timeout.as_secs()),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Changes (or with `None` removes) the shaping of a running instance's link.
+    pub fn set_bandwidth(&self, id: &str, mbit: Option<u32>) -> Result<()> {
+        if mbit == Some(0) {
+            return Err(LocalError::invalid(
+                "bandwidthMbit",
+                0,
+                "must be > 0 (omit it for an unshaped link)",
+            ));
+        }
+        let mut rec = self.running(id, "shape")?;
+        net::shape(&rec.veth, &rec.netns, mbit)?;
+        rec.template.bandwidth_mbit = mbit;
+        self.state.put_instance(&rec)
+    }
+
+    // ---- disks and snapshots ------------------------------------------------
+
+    pub fn snapshot_create(&self, disk_id: &str) -> Result<SnapshotRecord> {
+        let disk = self.state.disk(disk_id)?;
+        let mut snap = SnapshotRecord {
+            id: new_id("s-")?,
+            source_disk: disk.id.clone(),
+            size: disk.size,
+            method: "pending".into(),
+            created_at: now(),
+        };
+        self.state.put_snapshot(&snap)?;
+        match loopdev::copy_disk(
+            &self.state.disk_file(disk_id),
+            &self.state.snapshot_file(&snap.id),
+        ) {
+            Ok(m) => snap.method = m.into(),
+            Err(e) => {
+                let _ = state::remove_dir_all(&self.state.snapshot_dir(&snap.id));
+                return Err(e);
+            }
+        }
+        self.state.put_snapshot(&snap)?;
+        Ok(snap)
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
+        self.state.snapshots()
+    }
+
+    pub fn snapshot_delete(&self, id: &str) -> Result<()> {
+        self.state.snapshot(id)?;
+        state::remove_dir_all(&self.state.snapshot_dir(id))
+    }
+
+    /// A detached disk (blank, formatted, or from a snapshot).
+    pub fn disk_create(&self, spec: &DiskSpec) -> Result<DiskRecord> {
+        let tpl = Template {
+            disks: vec![spec.clone()],
+            ..Template::default()
+        };
+        tpl.validate()?;
+        if let Some(s) = &spec.snapshot {
+            self.state.snapshot(s)?;
+        }
+        let disk = self.new_disk_record(spec, None)?;
+        self.state.put_disk(&disk)?;
+        if let Err(e) = self.make_disk_file(&disk, spec) {
+            let _ = state::remove_dir_all(&self.state.disk_dir(&disk.id));
+            return Err(e);
+        }
+        Ok(disk)
+    }
+
+    pub fn disks(&self) -> Result<Vec<DiskRecord>> {
+        self.state.disks()
+    }
+
+    pub fn disk_delete(&self, id: &str) -> Result<()> {
+        let d = self.state.disk(id)?;
+        if let Some(i) = d.attached_to {
+            return Err(LocalError::Busy {
+                what: format!("disk {id}"),
+                message: format!("attached to {i}; detach it first"),
+            });
+        }
+        state::remove_dir_all(&self.state.disk_dir(id))
+    }
+
+    pub fn disk_attach(&self, disk_id: &str, instance_id: &str) -> Result<DiskRecord> {
+        let _lock = self.state.lock()?;
+        let mut d = self.state.disk(disk_id)?;
+        let mut rec = self.state.instance(instance_id)?;
+        if let Some(i) = &d.attached_to {
+            return Err(LocalError::Busy {
+                what: format!("disk {disk_id}"),
+                message: format!("already attached to {i}"),
+            });
+        }
+        let mut used: BTreeSet<String> = rec
+            .disks
+            .iter()
+            .filter_map(|x| self.state.disk(x).ok()?.device)
+            .collect();
+        let dev = device_name(d.interface, &mut used).ok_or_else(|| LocalError::Busy {
+            what: format!("instance {instance_id}"),
+            message: "no free device name left".into(),
+        })?;
+        d.attached_to = Some(instance_id.into());
+        d.device = Some(dev.clone());
+        self.state.put_disk(&d)?;
+        rec.disks.push(d.id.clone());
+        self.state.put_instance(&rec)?;
+        if let Some(init) = rec.init.filter(|i| i.alive()) {
+            let loop_dev = loopdev::attach(&self.state.disk_file(disk_id))?;
+            crate::boot::add_disk_node(
+                Path::new(&format!("/proc/{}/root/dev", init.pid)),
+                &loop_dev.boot_disk(&dev),
+            )?;
+        }
+        Ok(d)
+    }
+
+    pub fn disk_detach(&self, disk_id: &str) -> Result<DiskRecord> {
+        let _lock = self.state.lock()?;
+        let mut d = self.state.disk(disk_id)?;
+        let Some(inst) = d.attached_to.clone() else {
+            return Err(LocalError::WrongState {
+                id: disk_id.into(),
+                state: "detached".into(),
+                action: "detach",
+                wanted: "attached",
+            });
+        };
+        let mut rec = self.state.instance(&inst)?;
+        let file = self.state.disk_file(disk_id);
+        if let Some(init) = rec.init.filter(|i| i.alive()) {
+            for (dev, _) in loopdev::backed_under(&file) {
+                let rdev = std::os::unix::fs::MetadataExt::rdev(
+                    &std::fs::metadata(&dev).ctx("cannot stat", &dev)?,
+                );
+                let num = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+                let info = std::fs::read_to_string(format!("/proc/{}/mountinfo", init.pid))
+                    .unwrap_or_default();
+                if info
+                    .lines()
+                    .any(|l| l.split_whitespace().nth(2) == Some(num.as_str()))
+                {
+                    return Err(LocalError::Busy {
+                        what: format!("disk {disk_id}"),
+                        message: format!("mounted inside {inst}; unmount it there first"),
+                    });
+                }
+            }
+            if let Some(name) = &d.device {
+                let node = PathBuf::from(format!("/proc/{}/root/dev/{name}", init.pid));
+                state::remove_file(&node)?;
+            }
+            loopdev::detach_file(&file)?;
+        }
+        rec.disks.retain(|x| x != disk_id);
+        self.state.put_instance(&rec)?;
+        d.attached_to = None;
+        d.device = None;
+        self.state.put_disk(&d)?;
+        Ok(d)
+    }
+
+    // ---- down ---------------------------------------------------------------
+
+    /// Removes everything this state directory ever made: processes, loop
+    /// devices, veths, namespaces, the bridge, the metadata server, and the
+    /// state itself. Safe after a crash at any point.
+    pub fn down(&self) -> Result<DownReport> {
+        let mut report = DownReport::default();
+        let root = self.state.root().to_path_buf();
+        let _lock = self.state.lock()?;
+        for mut rec in self.state.instances()? {
+            report.instances += 1;
+            report.links += usize::from(net::link_exists(&rec.veth));
+            report.namespaces += usize::from(net::netns_path(&rec.netns).exists());
+            match self.halt(&mut rec) {
+                Ok(k) => report.processes_killed += k,
+                Err(e) => report.errors.push(format!("{}: {e}", rec.id)),
+            }
+        }
+        for (dev, _) in loopdev::backed_under(&root) {
+            report.loop_devices += 1;
+            if let Err(e) = loopdev::detach(&dev) {
+                report.errors.push(e.to_string());
+            }
+        }
+        // knit-local mounts nothing on the host; anything under the state
+        // directory was left by hand or by a foreign tool, and must go first.
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|m| Path::new(m).starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            report.mounts += 1;
+            if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
+                report.errors.push(format!("umount {m}: {e}"));
+            }
+        }
+        if let Some(n) = self.state.network()? {
+            if let Some(m) = n.metadata.filter(|m| m.alive()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(m.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                report.processes_killed += 1;
+            }
+            if net::link_exists(&n.bridge) {
+                report.links += 1;
+                if let Err(e) = net::delete_link(&n.bridge) {
+                    report.errors.push(e.to_string());
+                }
+            }
+        }
+        if report.errors.is_empty() {
+            state::remove_dir_all(&root)?;
+        }
+        Ok(report)
+    }
+}
+
+/// First free cloud device name for the interface.
+fn device_name(iface: DiskInterface, used: &mut BTreeSet<String>) -> Option<String> {
+    match iface {
+        DiskInterface::Virtio => (b'b'..=b'z')
+            .map(|c| format!("vd{}", c as char))
+            .find(|n| !used.contains(n)),
+        DiskInterface::Nvme => (0..32)
+            .map(|i| format!("nvme{i}n1"))
+            .find(|n| !used.contains(n)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_follow_the_interface() {
+        let mut used = BTreeSet::new();
+        assert_eq!(
+            device_name(DiskInterface::Virtio, &mut used).as_deref(),
+            Some("vdb")
+        );
+        used.insert("vdb".into());
+        assert_eq!(
+            device_name(DiskInterface::Virtio, &mut used).as_deref(),
+            Some("vdc")
+        );
+        assert_eq!(
+            device_name(DiskInterface::Nvme, &mut used).as_deref(),
+            Some("nvme0n1")
+        );
+    }
+}

@@ -10,6 +10,7 @@ fi
 
 PACKAGES=(
     e2fsprogs xfsprogs util-linux iproute2 kmod   # disks, mounts, namespaces, veth, tc
+    fdisk attr                                    # partition tables and xattrs in data-disk tests
     containerd runc                                 # the real container runtime inside instances
     docker-registry                                 # the local OCI registry (snapshot tests)
     python3                                         # user-data composition parse check

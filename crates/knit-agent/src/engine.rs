@@ -78,6 +78,8 @@ pub struct Plan {
 pub struct InitOptions {
     /// Rerun this phase even if the journal says it is done.
     pub force_phase: Option<PhaseName>,
+    /// Stop after this phase (debugging, staged rollouts, tests).
+    pub stop_after: Option<PhaseName>,
 }
 
 /// Builds the context shared by `plan` and `init`.
@@ -148,6 +150,13 @@ pub fn init(host: &Host, config: &NodeConfig, options: &InitOptions) -> Result<J
             let _ = ctx.save_journal();
             reporter.flush();
             return Err(error);
+        }
+        if options.stop_after == Some(name) {
+            host.log.clear_error();
+            host.log
+                .line("init", &format!("stopping after {name} as asked"));
+            reporter.flush();
+            return Ok(ctx.journal);
         }
     }
     host.log.clear_error();

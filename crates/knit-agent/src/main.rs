@@ -47,6 +47,9 @@ enum Command {
         /// Rerun this phase even if it is done.
         #[arg(long, value_name = "NAME")]
         force_phase: Option<String>,
+        /// Stop after this phase.
+        #[arg(long, value_name = "NAME")]
+        stop_after: Option<String>,
     },
     /// Show what init would do, changing nothing.
     Plan {
@@ -104,26 +107,18 @@ fn run(cli: Cli) -> Result<(), AgentError> {
         Command::Init {
             config,
             force_phase,
+            stop_after,
         } => {
             let host = Host::new(&cli.root);
             let config = load_config(&config).inspect_err(|e| {
                 host.log.line("init", &e.to_string());
                 host.log.record_error(e);
             })?;
-            let force_phase = match force_phase {
-                Some(name) => Some(PhaseName::parse(&name).ok_or_else(|| {
-                    let names: Vec<&str> = PhaseName::ALL.iter().map(|p| p.as_str()).collect();
-                    AgentError::new(
-                        ErrorCode::FailConfig,
-                        format!(
-                            "--force-phase {name}: not a phase; phases are {}",
-                            names.join(", ")
-                        ),
-                    )
-                })?),
-                None => None,
+            let options = InitOptions {
+                force_phase: parse_phase("--force-phase", force_phase)?,
+                stop_after: parse_phase("--stop-after", stop_after)?,
             };
-            let journal = engine::init(&host, &config, &InitOptions { force_phase })?;
+            let journal = engine::init(&host, &config, &options)?;
             print_status(&journal);
             Ok(())
         }
@@ -188,6 +183,20 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             Ok(())
         }
     }
+}
+
+fn parse_phase(flag: &str, name: Option<String>) -> Result<Option<PhaseName>, AgentError> {
+    let Some(name) = name else { return Ok(None) };
+    PhaseName::parse(&name).map(Some).ok_or_else(|| {
+        let names: Vec<&str> = PhaseName::ALL.iter().map(|p| p.as_str()).collect();
+        AgentError::new(
+            ErrorCode::FailConfig,
+            format!(
+                "{flag} {name}: not a phase; phases are {}",
+                names.join(", ")
+            ),
+        )
+    })
 }
 
 fn print_status(journal: &Journal) {

@@ -182,20 +182,11 @@ impl KubernetesPackage {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ReservedMemory {
     pub numa_node: i64,
     pub limits: BTreeMap<String, String>,
-}
-
-impl Default for ReservedMemory {
-    fn default() -> Self {
-        ReservedMemory {
-            numa_node: 0,
-            limits: BTreeMap::new(),
-        }
-    }
 }
 
 /// kubelet parameters, named as in `KubeletConfiguration` (SPEC §4).

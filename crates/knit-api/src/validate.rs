@@ -662,7 +662,7 @@ impl KubeletConfig {
                 }
             }
         }
-        for (flag, _) in &self.customized_args {
+        for flag in self.customized_args.keys() {
             if flag.starts_with('-') || flag.is_empty() || flag.contains(char::is_whitespace) {
                 e.add(
                     format!("{at}.customizedArgs[{flag}]"),

@@ -61,7 +61,7 @@ fn uuid_string(b: &[u8]) -> String {
     )
 }
 
-fn at<'a>(buf: &'a [u8], offset: usize, len: usize) -> Option<&'a [u8]> {
+fn at(buf: &[u8], offset: usize, len: usize) -> Option<&[u8]> {
     buf.get(offset..offset + len)
 }
 

@@ -1,1 +1,24 @@
-//! knit-server
+//! knit-server: the control plane. It stores node pools and the cluster spec
+//! (SQLite), serves a REST API over TLS, reconciles pools into instances
+//! through a [`provider::Provider`], composes each instance's user data,
+//! exchanges one-time tokens for NodeConfigs, receives the agents' phase
+//! reports, and serves the package mirror.
+
+pub mod api;
+pub mod bootstrap;
+pub mod client;
+pub mod control;
+pub mod error;
+pub mod metrics;
+pub mod mirror;
+pub mod openapi;
+pub mod pki;
+pub mod provider;
+pub mod reconcile;
+pub mod server;
+pub mod store;
+pub mod userdata;
+
+pub use control::{ControlPlane, Settings};
+pub use error::{Result, ServerError};
+pub use server::{start, Server};

@@ -1,0 +1,742 @@
+//! The REST API. `/api/v1/*` and `/metrics` need the admin token; the
+//! bootstrap and report endpoints take their own per-instance tokens; the
+//! package mirror, `/healthz` and `/openapi.json` are public (they hold no
+//! secret: the mirror serves the same binaries to every node).
+
+use crate::bootstrap::{node_config, NodeConfigInput, PackageRef};
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::metrics::PoolGauge;
+use crate::pki;
+use crate::reconcile::counts_toward_pool;
+use crate::store::{now_ms, state, NodeRecord, PoolRecord, Redeem};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use knit_api::{ApiError, Cluster, FieldError, NodePool, PhaseEvent, PhaseOutcome};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+type Cp = Arc<ControlPlane>;
+
+/// The TCP peer of a request, set by the connection loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+impl IntoResponse for ServerError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({
+            "code": self.code(),
+            "message": self.to_string(),
+            "errors": self.field_errors(),
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+pub fn router(cp: Cp) -> Router {
+    let admin = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/v1/cluster", get(get_cluster).put(put_cluster))
+        .route("/api/v1/pools", get(list_pools).post(create_pool))
+        .route(
+            "/api/v1/pools/:name",
+            get(get_pool).put(apply_pool).delete(delete_pool),
+        )
+        .route("/api/v1/pools/:name/scale", post(scale_pool))
+        .route("/api/v1/instances", get(list_instances))
+        .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/nodes/:name", get(get_node).delete(delete_node))
+        .route("/api/v1/nodes/:name/logs", get(node_logs))
+        .route("/api/v1/events", get(list_events))
+        .route("/api/v1/snapshots", get(list_snapshots))
+        .route("/api/v1/jointokens", get(list_join_tokens))
+        .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
+    Router::new()
+        .merge(admin)
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/openapi.json",
+            get(|| async { Json(crate::openapi::document()) }),
+        )
+        .route("/mirror/*path", get(mirror_file))
+        .route("/bootstrap/v1/config", post(bootstrap))
+        .route("/report/v1/events", post(report))
+        .with_state(cp)
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+async fn require_admin(State(cp): State<Cp>, request: Request, next: Next) -> Response {
+    match bearer(request.headers()) {
+        Some(token) if pki::secrets_equal(token, &cp.admin_token) => next.run(request).await,
+        Some(_) => {
+            ServerError::Unauthorized("the bearer token is not this server's admin token".into())
+                .into_response()
+        }
+        None => ServerError::Unauthorized(
+            "send the admin token as `Authorization: Bearer <token>`".into(),
+        )
+        .into_response(),
+    }
+}
+
+// ---- views
+
+fn pool_view(cp: &ControlPlane, record: &PoolRecord) -> Result<Value> {
+    let name = &record.pool.metadata.name;
+    let instances = cp.store.instances(Some(name))?;
+    let nodes: Vec<NodeRecord> = cp
+        .store
+        .nodes()?
+        .into_iter()
+        .filter(|n| &n.pool == name)
+        .collect();
+    let count = |s: &str| instances.iter().filter(|i| i.state == s).count();
+    let mut view =
+        serde_json::to_value(&record.pool).map_err(|e| ServerError::Internal(e.to_string()))?;
+    view["metadata"]["creationTimestampMs"] = json!(record.created_ms);
+    view["status"] = json!({
+        "desired": record.pool.spec.replicas,
+        "instances": instances.iter().filter(|i| counts_toward_pool(&i.state)).count(),
+        "pending": count(state::PENDING) + count(state::CREATING),
+        "running": count(state::RUNNING),
+        "failed": count(state::FAILED),
+        "deletingInstances": count(state::DELETING),
+        "initialized": nodes.iter().filter(|n| node_initialized(n)).count(),
+        "ready": nodes.iter().filter(|n| n.status == "Ready").count(),
+        "deleting": record.deleting,
+    });
+    Ok(view)
+}
+
+/// The agent finished its last phase (or a phase failed: it stops there).
+pub fn node_initialized(n: &NodeRecord) -> bool {
+    n.phase.as_deref() == Some("hardening")
+        && matches!(n.phase_outcome.as_deref(), Some("done") | Some("skipped"))
+}
+
+fn node_view(cp: &ControlPlane, node: &NodeRecord, with_timeline: bool) -> Result<Value> {
+    let instance = cp.store.instance(&node.instance)?;
+    let mut view = serde_json::to_value(node).map_err(|e| ServerError::Internal(e.to_string()))?;
+    view["initialized"] = json!(node_initialized(node));
+    view["providerId"] = json!(instance.as_ref().and_then(|i| i.provider_id.clone()));
+    view["ip"] = json!(instance.as_ref().and_then(|i| i.ip.clone()));
+    if with_timeline {
+        view["timeline"] = serde_json::to_value(cp.store.timeline(&node.name)?)
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
+    }
+    Ok(view)
+}
+
+// ---- cluster
+
+async fn get_cluster(State(cp): State<Cp>) -> Result<Json<Cluster>> {
+    Ok(Json(cp.cluster_doc()?))
+}
+
+async fn put_cluster(State(cp): State<Cp>, body: String) -> Result<Json<Cluster>> {
+    let cluster = Cluster::from_yaml(&body)?;
+    let used: i64 = cp
+        .store
+        .pools()?
+        .iter()
+        .filter(|p| !p.deleting)
+        .map(|p| p.pool.spec.max_nodes())
+        .sum();
+    let quota = cluster.spec.effective_node_quota();
+    if used > quota {
+        return Err(ServerError::QuotaExceeded {
+            requested: used,
+            quota,
+        });
+    }
+    cp.store.put_cluster(&cluster)?;
+    cp.store.add_event(
+        "Normal",
+        "Cluster",
+        &cluster.metadata.name,
+        "Updated",
+        "cluster spec replaced",
+    )?;
+    Ok(Json(cluster))
+}
+
+// ---- pools
+
+/// Sum of every pool's node count with `pool` replaced, against the quota.
+fn check_quota(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
+    let quota = cp.cluster_doc()?.spec.effective_node_quota();
+    let others: i64 = cp
+        .store
+        .pools()?
+        .iter()
+        .filter(|p| !p.deleting && p.pool.metadata.name != pool.metadata.name)
+        .map(|p| p.pool.spec.max_nodes())
+        .sum();
+    let requested = others + pool.spec.max_nodes();
+    if requested > quota {
+        return Err(ServerError::QuotaExceeded { requested, quota });
+    }
+    Ok(())
+}
+
+async fn list_pools(State(cp): State<Cp>) -> Result<Json<Value>> {
+    let items = cp
+        .store
+        .pools()?
+        .iter()
+        .map(|r| pool_view(&cp, r))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Json(json!({ "items": items })))
+}
+
+async fn get_pool(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json<Value>> {
+    let record = cp
+        .store
+        .pool(&name)?
+        .ok_or(ServerError::NotFound { kind: "pool", name })?;
+    Ok(Json(pool_view(&cp, &record)?))
+}
+
+async fn create_pool(State(cp): State<Cp>, body: String) -> Result<(StatusCode, Json<Value>)> {
+    let pool = NodePool::from_yaml(&body)?;
+    check_quota(&cp, &pool)?;
+    cp.store.insert_pool(&pool)?;
+    let name = pool.metadata.name.clone();
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        &name,
+        "Created",
+        &format!("pool created with {} replica(s)", pool.spec.replicas),
+    )?;
+    cp.wake();
+    let record = cp
+        .store
+        .pool(&name)?
+        .ok_or(ServerError::NotFound { kind: "pool", name })?;
+    Ok((StatusCode::CREATED, Json(pool_view(&cp, &record)?)))
+}
+
+/// Create or replace (`knit apply`).
+async fn apply_pool(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    body: String,
+) -> Result<(StatusCode, Json<Value>)> {
+    let pool = NodePool::from_yaml(&body)?;
+    if pool.metadata.name != name {
+        return Err(ApiError::Invalid(vec![FieldError {
+            field: "metadata.name".into(),
+            value: format!("{:?}", pool.metadata.name),
+            rule: format!("must match the name in the URL ({name:?})"),
+        }])
+        .into());
+    }
+    check_quota(&cp, &pool)?;
+    let status = match cp.store.pool(&name)? {
+        Some(old) if old.deleting => {
+            return Err(ServerError::Conflict(format!(
+                "pool {name:?} is being deleted"
+            )))
+        }
+        Some(old) => {
+            pool.validate_update(&old.pool)?;
+            cp.store.update_pool(&pool)?;
+            cp.store
+                .add_event("Normal", "NodePool", &name, "Updated", "pool spec replaced")?;
+            StatusCode::OK
+        }
+        None => {
+            cp.store.insert_pool(&pool)?;
+            cp.store.add_event(
+                "Normal",
+                "NodePool",
+                &name,
+                "Created",
+                &format!("pool created with {} replica(s)", pool.spec.replicas),
+            )?;
+            StatusCode::CREATED
+        }
+    };
+    cp.wake();
+    let record = cp
+        .store
+        .pool(&name)?
+        .ok_or(ServerError::NotFound { kind: "pool", name })?;
+    Ok((status, Json(pool_view(&cp, &record)?)))
+}
+
+async fn delete_pool(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Value>)> {
+    cp.store.mark_pool_deleting(&name)?;
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        &name,
+        "Deleting",
+        "scaling to 0, then removing the pool",
+    )?;
+    cp.wake();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "name": name, "deleting": true })),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScaleRequest {
+    replicas: i64,
+    #[serde(default = "yes")]
+    release: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn scale_pool(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>> {
+    let request: ScaleRequest = serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+        what: "scale request".into(),
+        message: e.to_string(),
+    })?;
+    let record = cp.store.pool(&name)?.ok_or_else(|| ServerError::NotFound {
+        kind: "pool",
+        name: name.clone(),
+    })?;
+    if record.deleting {
+        return Err(ServerError::Conflict(format!(
+            "pool {name:?} is being deleted"
+        )));
+    }
+    let mut pool = record.pool.clone();
+    let from = pool.spec.replicas;
+    pool.spec.replicas = request.replicas;
+    pool.validate()?;
+    check_quota(&cp, &pool)?;
+    cp.store.update_pool(&pool)?;
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        &name,
+        "Scaled",
+        &format!("replicas {from} -> {}", request.replicas),
+    )?;
+    cp.plan_pool(&name, request.release).await?;
+    let record = cp
+        .store
+        .pool(&name)?
+        .ok_or(ServerError::NotFound { kind: "pool", name })?;
+    Ok(Json(pool_view(&cp, &record)?))
+}
+
+// ---- instances, nodes, events, snapshots, tokens
+
+async fn list_instances(State(cp): State<Cp>) -> Result<Json<Value>> {
+    Ok(Json(json!({ "items": cp.store.instances(None)? })))
+}
+
+async fn list_nodes(State(cp): State<Cp>) -> Result<Json<Value>> {
+    let items = cp
+        .store
+        .nodes()?
+        .iter()
+        .map(|n| node_view(&cp, n, false))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Json(json!({ "items": items })))
+}
+
+async fn get_node(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json<Value>> {
+    let node = cp
+        .store
+        .node(&name)?
+        .ok_or(ServerError::NotFound { kind: "node", name })?;
+    Ok(Json(node_view(&cp, &node, true)?))
+}
+
+#[derive(Debug, Deserialize)]
+struct DeleteNodeQuery {
+    #[serde(default = "yes")]
+    release: bool,
+}
+
+/// Removes one node (by node or instance name) from its pool; the pool's
+/// desired count drops by one so it is not replaced.
+async fn delete_node(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    Query(q): Query<DeleteNodeQuery>,
+) -> Result<(StatusCode, Json<Value>)> {
+    let instance_name = match cp.store.node(&name)? {
+        Some(node) => node.instance,
+        None => match cp.store.instance(&name)? {
+            Some(i) => i.name,
+            None => return Err(ServerError::NotFound { kind: "node", name }),
+        },
+    };
+    let instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "instance",
+            name: instance_name.clone(),
+        })?;
+    if !counts_toward_pool(&instance.state) {
+        return Err(ServerError::Conflict(format!(
+            "{name:?} is already {}",
+            instance.state
+        )));
+    }
+    {
+        let _guard = cp.plan_lock.lock().await;
+        if let Some(record) = cp.store.pool(&instance.pool)? {
+            let mut pool = record.pool;
+            pool.spec.replicas = (pool.spec.replicas - 1).max(0);
+            cp.store.update_pool(&pool)?;
+        }
+        cp.store.add_delete_intents(
+            &instance.pool,
+            std::slice::from_ref(&instance.name),
+            q.release,
+        )?;
+    }
+    cp.store.add_event(
+        "Normal",
+        "Node",
+        &name,
+        "Removing",
+        &format!(
+            "removing {} from pool {} ({})",
+            instance.name,
+            instance.pool,
+            if q.release {
+                "release"
+            } else {
+                "keep instance"
+            }
+        ),
+    )?;
+    cp.wake();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "instance": instance.name, "release": q.release })),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    #[serde(default)]
+    file: Option<String>,
+}
+
+/// Log files of a node, read through the provider.
+pub const LOG_FILES: &[(&str, &str)] = &[
+    ("init", "/var/log/ack-deploy.log"),
+    ("user-data", "/var/log/cloud-init-output.log"),
+    ("error-code", "/var/log/ack-deploy-error-code.log"),
+    ("error-msg", "/var/log/ack-deploy-error-msg.log"),
+];
+
+async fn node_logs(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response> {
+    let which = q.file.unwrap_or_else(|| "init".to_string());
+    let Some((_, path)) = LOG_FILES.iter().find(|(k, _)| *k == which) else {
+        return Err(ApiError::Invalid(vec![FieldError {
+            field: "file".into(),
+            value: format!("{which:?}"),
+            rule: format!(
+                "must be one of {}",
+                LOG_FILES
+                    .iter()
+                    .map(|(k, _)| *k)
+                    .collect::<Vec<_>>()
+                    .join("|")
+            ),
+        }])
+        .into());
+    };
+    let instance_name = match cp.store.node(&name)? {
+        Some(node) => node.instance,
+        None => name.clone(),
+    };
+    let instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or(ServerError::NotFound { kind: "node", name })?;
+    let id = instance.provider_id.ok_or_else(|| {
+        ServerError::Conflict(format!("instance {} is not created yet", instance.name))
+    })?;
+    let bytes = cp.provider()?.read_file(&id, path).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+async fn list_events(State(cp): State<Cp>, Query(q): Query<EventsQuery>) -> Result<Json<Value>> {
+    Ok(Json(
+        json!({ "items": cp.store.events(q.limit.unwrap_or(500).clamp(1, 10_000))? }),
+    ))
+}
+
+async fn list_snapshots(State(cp): State<Cp>) -> Result<Json<Value>> {
+    Ok(Json(json!({ "items": cp.store.snapshots()? })))
+}
+
+async fn list_join_tokens(State(cp): State<Cp>) -> Result<Json<Value>> {
+    Ok(Json(json!({ "items": cp.store.join_tokens()? })))
+}
+
+async fn metrics(State(cp): State<Cp>) -> Result<Response> {
+    let nodes = cp.store.nodes()?;
+    let mut gauges = Vec::new();
+    for record in cp.store.pools()? {
+        let name = record.pool.metadata.name.clone();
+        let actual = cp
+            .store
+            .instances(Some(&name))?
+            .iter()
+            .filter(|i| counts_toward_pool(&i.state))
+            .count() as i64;
+        let ready = nodes
+            .iter()
+            .filter(|n| n.pool == name && n.status == "Ready")
+            .count() as i64;
+        gauges.push(PoolGauge {
+            pool: name,
+            desired: record.pool.spec.replicas,
+            actual,
+            ready,
+        });
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        cp.metrics.render(&gauges),
+    )
+        .into_response())
+}
+
+// ---- package mirror
+
+async fn mirror_file(State(cp): State<Cp>, Path(path): Path<String>) -> Result<Response> {
+    // Only plain relative components: nothing outside the mirror is served.
+    let clean = path
+        .split('/')
+        .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\'));
+    let not_found = || ServerError::NotFound {
+        kind: "mirror file",
+        name: path.clone(),
+    };
+    if !clean {
+        return Err(not_found());
+    }
+    let full = cp.mirror_dir.join(&path);
+    let file = match tokio::fs::File::open(&full).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(e) => return Err(ServerError::io(format!("open {}", full.display()), e)),
+    };
+    let meta = file
+        .metadata()
+        .await
+        .map_err(|e| ServerError::io(format!("stat {}", full.display()), e))?;
+    if !meta.is_file() {
+        return Err(not_found());
+    }
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, meta.len().to_string()),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+// ---- bootstrap and reports
+
+async fn bootstrap(
+    State(cp): State<Cp>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let peer = peer
+        .map(|Extension(Peer(p))| p.to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let Some(token) = bearer(&headers) else {
+        cp.metrics.bootstrap_refused();
+        tracing::warn!(%peer, "bootstrap refused: no token");
+        return Err(ServerError::TokenRefused("no bearer token".into()));
+    };
+    let refuse = |instance: Option<&str>, why: String| -> Result<Response> {
+        cp.metrics.bootstrap_refused();
+        tracing::warn!(%peer, reason = %why, "bootstrap refused");
+        cp.store.add_event(
+            "Warning",
+            "Instance",
+            instance.unwrap_or("-"),
+            "BootstrapRefused",
+            &format!("{why} (from {peer})"),
+        )?;
+        Err(ServerError::TokenRefused(why))
+    };
+    let now = now_ms();
+    let (instance_name, pool_name) =
+        match cp.store.redeem_join_token(&pki::token_hash(token), now)? {
+            Redeem::Ok { instance, pool } => (instance, pool),
+            Redeem::Unknown => return refuse(None, "unknown token".into()),
+            Redeem::Used { instance, used_ms } => {
+                return refuse(
+                    Some(&instance),
+                    format!("token already used {} s ago", (now - used_ms) / 1000),
+                )
+            }
+            Redeem::Expired {
+                instance,
+                expires_ms,
+            } => {
+                return refuse(
+                    Some(&instance),
+                    format!("token expired {} s ago", (now - expires_ms) / 1000),
+                )
+            }
+        };
+    let mut instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or_else(|| ServerError::Conflict(format!("instance {instance_name} was removed")))?;
+    let pool = cp
+        .store
+        .pool(&pool_name)?
+        .ok_or_else(|| ServerError::Conflict(format!("pool {pool_name} was removed")))?;
+    let cluster = cp.cluster_doc()?;
+    if instance.ip.is_none() {
+        // Instances reach the server directly over the bridge: the peer is
+        // the instance's own address.
+        if let Ok(addr) = peer.parse::<SocketAddr>() {
+            instance.ip = Some(addr.ip().to_string());
+        }
+    }
+    let report_token = pki::random_hex(32)?;
+    cp.store
+        .set_report_token_hash(&instance.name, &pki::token_hash(&report_token))?;
+    let join = cp.cluster.join_material(&pool_name, &instance.name).await?;
+    let version = cluster.spec.kubernetes_version.clone();
+    let tarball = format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz");
+    let config = node_config(NodeConfigInput {
+        cluster: &cluster,
+        pool: &pool.pool,
+        instance: &instance,
+        join,
+        package: PackageRef {
+            url: format!("{}/mirror/{tarball}", cp.advertise_url),
+            sha256: cp.mirror_sha256(&tarball)?,
+        },
+        report_url: format!("{}/report/v1/events", cp.advertise_url),
+        report_token,
+        control_plane_ca_pem: cp.ca_pem.clone(),
+    });
+    config.validate().map_err(|e| {
+        ServerError::Internal(format!(
+            "the NodeConfig made for {instance_name} does not validate: {e}"
+        ))
+    })?;
+    cp.store.add_event(
+        "Normal",
+        "Instance",
+        &instance_name,
+        "Bootstrapped",
+        &format!("NodeConfig sent to {peer}"),
+    )?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/yaml")],
+        config.to_yaml(),
+    )
+        .into_response())
+}
+
+async fn report(State(cp): State<Cp>, headers: HeaderMap, body: Bytes) -> Result<StatusCode> {
+    let token =
+        bearer(&headers).ok_or_else(|| ServerError::Unauthorized("no bearer token".into()))?;
+    let instance = cp
+        .store
+        .instance_by_report_token(&pki::token_hash(token))?
+        .ok_or_else(|| ServerError::Unauthorized("unknown report token".into()))?;
+    let event: PhaseEvent = serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+        what: "PhaseEvent".into(),
+        message: e.to_string(),
+    })?;
+    if let Some(id) = &instance.provider_id {
+        if &event.instance_id != id {
+            return Err(ServerError::Unauthorized(format!(
+                "this report token belongs to instance {id}, not {}",
+                event.instance_id
+            )));
+        }
+    }
+    cp.store.record_phase_event(&instance, &event)?;
+    if let Some(ms) = event.duration_ms {
+        if event.outcome != PhaseOutcome::Started {
+            cp.metrics.phase_duration(event.phase.as_str(), ms);
+        }
+    }
+    match event.outcome {
+        PhaseOutcome::Failed => cp.store.add_event(
+            "Warning",
+            "Node",
+            &event.node,
+            "PhaseFailed",
+            &format!(
+                "{} failed{}: {}",
+                event.phase,
+                event
+                    .error_code
+                    .map(|c| format!(" ({c})"))
+                    .unwrap_or_default(),
+                event.reason.as_deref().unwrap_or("no reason given")
+            ),
+        )?,
+        PhaseOutcome::Done | PhaseOutcome::Skipped
+            if event.phase == knit_api::PhaseName::Hardening =>
+        {
+            cp.store.add_event(
+                "Normal",
+                "Node",
+                &event.node,
+                "Initialized",
+                "every phase finished",
+            )?
+        }
+        _ => {}
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,209 @@
+//! What a new instance receives: its NodeConfig (from cluster + pool +
+//! instance), and the seam to the cluster that supplies endpoint, CA, pin
+//! and a bootstrap token per node.
+
+use crate::error::Result;
+use crate::store::InstanceRecord;
+use async_trait::async_trait;
+use knit_api::{
+    Cluster, ClusterAccess, DataDiskConfig, FsType, JoinSettings, KubernetesPackage, NodeConfig,
+    NodeIdentity, NodePool, Taint, UserDataGate, DEFAULT_DATA_DISK_MOUNT, USER_DATA_GATE_TAINT,
+};
+
+/// Label every node gets: the pool it came from.
+pub const POOL_LABEL: &str = "knit.dev/pool";
+
+/// How a node joins the cluster (SPEC §4, join protocol).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinMaterial {
+    pub endpoint: String,
+    pub ca_pem: String,
+    /// `sha256:<hex of the CA's SPKI>`.
+    pub ca_pin: String,
+    pub bootstrap_token: String,
+}
+
+/// The cluster side, as the control plane needs it. The embedded cluster
+/// (knit-cluster) or a real cluster implement it.
+#[async_trait]
+pub trait ClusterJoin: Send + Sync {
+    /// Join material for one node of `pool`; `None` when no cluster is attached.
+    async fn join_material(&self, pool: &str, node_hint: &str) -> Result<Option<JoinMaterial>>;
+    /// Cordon, drain and delete a node before its instance goes.
+    async fn remove_node(&self, node: &str) -> Result<()>;
+    /// NotReady | Ready | Unknown, when the cluster knows the node.
+    async fn node_status(&self, node: &str) -> Result<Option<String>>;
+}
+
+/// No cluster attached: nodes get no join material (their `join` phase
+/// fails with its own error), removal and status are no-ops. Used until the
+/// embedded cluster is wired in; the server says so at start.
+pub struct NoCluster;
+
+#[async_trait]
+impl ClusterJoin for NoCluster {
+    async fn join_material(&self, _pool: &str, _node_hint: &str) -> Result<Option<JoinMaterial>> {
+        Ok(None)
+    }
+    async fn remove_node(&self, _node: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn node_status(&self, _node: &str) -> Result<Option<String>> {
+        Ok(None)
+    }
+}
+
+/// The package the node installs from the mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageRef {
+    pub url: String,
+    pub sha256: Option<String>,
+}
+
+/// Everything the NodeConfig is made from.
+pub struct NodeConfigInput<'a> {
+    pub cluster: &'a Cluster,
+    pub pool: &'a NodePool,
+    pub instance: &'a InstanceRecord,
+    pub join: Option<JoinMaterial>,
+    pub package: PackageRef,
+    pub report_url: String,
+    pub report_token: String,
+    pub control_plane_ca_pem: String,
+}
+
+/// Builds one instance's NodeConfig. Pure: the result is validated by the
+/// caller with the same validator the agent runs.
+pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
+    let spec = &input.pool.spec;
+    let mut labels = spec.labels.clone();
+    labels.insert(POOL_LABEL.to_string(), input.pool.metadata.name.clone());
+    let mut taints = spec.taints.clone();
+    if spec.user_data_scheduling_gate && !taints.iter().any(|t| t.key == USER_DATA_GATE_TAINT) {
+        taints.push(Taint {
+            key: USER_DATA_GATE_TAINT.to_string(),
+            value: String::new(),
+            effect: "NoSchedule".to_string(),
+        });
+    }
+    // SPEC §1 3.1: the runtime disk is the last data disk; its settings
+    // decide the filesystem and the mount target.
+    let data_disk = match spec.data_disks.last() {
+        Some(disk) => DataDiskConfig {
+            enabled: disk.auto_format || disk.snapshot_id.is_some(),
+            fs_type: if disk.fs_type == "xfs" {
+                FsType::Xfs
+            } else {
+                FsType::Ext4
+            },
+            mount_target: disk
+                .mount_target
+                .clone()
+                .unwrap_or_else(|| DEFAULT_DATA_DISK_MOUNT.to_string()),
+            ..DataDiskConfig::default()
+        },
+        None => DataDiskConfig::default(),
+    };
+    let join = input.join;
+    NodeConfig {
+        cluster: ClusterAccess {
+            endpoint: join.as_ref().map(|j| j.endpoint.clone()),
+            ca_cert: join.as_ref().map(|j| j.ca_pem.clone()),
+            ca_pin: join.as_ref().map(|j| j.ca_pin.clone()),
+            bootstrap_token: join.as_ref().map(|j| j.bootstrap_token.clone()),
+            report_url: Some(input.report_url),
+            report_token: Some(input.report_token),
+            control_plane_ca_cert: Some(input.control_plane_ca_pem),
+        },
+        node: NodeIdentity {
+            region: Some(input.cluster.spec.region.clone()),
+            instance_id: input.instance.provider_id.clone(),
+            ip: input.instance.ip.clone(),
+            name: None,
+            custom_name: spec.custom_node_name.clone(),
+            labels,
+            taints,
+        },
+        kubernetes: KubernetesPackage {
+            version: input.cluster.spec.kubernetes_version.clone(),
+            url: Some(input.package.url),
+            sha256: input.package.sha256,
+            ..KubernetesPackage::default()
+        },
+        kubelet: spec.kubelet.clone(),
+        containerd: spec.containerd.clone(),
+        os: spec.os.clone(),
+        data_disk,
+        components: spec.components.clone(),
+        hardening: spec.hardening.clone(),
+        user_data: UserDataGate {
+            scheduling_gate: spec.user_data_scheduling_gate,
+        },
+        // The agent's own join wait is bounded at one hour; the pool's
+        // timeout (instance creation to Ready) is enforced by the server.
+        join: JoinSettings {
+            timeout_seconds: spec.join_timeout_seconds.clamp(1, 3600),
+        },
+        ..NodeConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knit_api::{NodePoolSpec, PoolDataDisk};
+
+    #[test]
+    fn node_config_from_pool_validates_and_carries_the_pool() {
+        let mut spec = NodePoolSpec {
+            user_data_scheduling_gate: true,
+            join_timeout_seconds: 7200,
+            ..Default::default()
+        };
+        spec.data_disks = vec![
+            PoolDataDisk::default(),
+            PoolDataDisk {
+                fs_type: "xfs".into(),
+                ..Default::default()
+            },
+        ];
+        let pool = NodePool::new("workers", spec);
+        let cluster = Cluster::default();
+        let instance = InstanceRecord {
+            name: "workers-abcde".into(),
+            pool: "workers".into(),
+            provider_id: Some("i-123".into()),
+            state: "Running".into(),
+            ip: Some("10.213.0.7".into()),
+            instance_type: "ecs.g7.large".into(),
+            report_token_hash: None,
+            last_error: None,
+            created_ms: 0,
+            updated_ms: 0,
+        };
+        let config = node_config(NodeConfigInput {
+            cluster: &cluster,
+            pool: &pool,
+            instance: &instance,
+            join: None,
+            package: PackageRef {
+                url: "https://10.213.0.1:7443/mirror/pkg/kubernetes/".into(),
+                sha256: Some("ab".repeat(32)),
+            },
+            report_url: "https://10.213.0.1:7443/report/v1/events".into(),
+            report_token: "t".into(),
+            control_plane_ca_pem: "pem".into(),
+        });
+        config.validate().unwrap();
+        assert_eq!(config.node.labels[POOL_LABEL], "workers");
+        assert!(config
+            .node
+            .taints
+            .iter()
+            .any(|t| t.key == USER_DATA_GATE_TAINT));
+        assert_eq!(config.data_disk.fs_type, FsType::Xfs);
+        assert!(config.data_disk.enabled);
+        assert_eq!(config.join.timeout_seconds, 3600);
+        assert_eq!(config.node.instance_id.as_deref(), Some("i-123"));
+    }
+}

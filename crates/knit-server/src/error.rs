@@ -1,0 +1,110 @@
+//! The one error type of knit-server, with stable codes and HTTP statuses.
+
+use knit_api::{ApiError, FieldError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Api(#[from] ApiError),
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} {name:?} already exists")]
+    AlreadyExists { kind: &'static str, name: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("missing or wrong credentials: {0}")]
+    Unauthorized(String),
+    #[error("bootstrap token refused: {0}")]
+    TokenRefused(String),
+    #[error("composed user data is {size} bytes, over the limit of {limit} bytes (pre-user-data {pre} bytes, knit stub {stub} bytes, user-data {user} bytes): shorten the pool's scripts")]
+    UserDataTooLarge {
+        size: usize,
+        limit: usize,
+        pre: usize,
+        stub: usize,
+        user: usize,
+    },
+    #[error(
+        "cluster node quota exceeded: {requested} nodes requested across pools, quota is {quota}"
+    )]
+    QuotaExceeded { requested: i64, quota: i64 },
+    #[error("store: {0}")]
+    Store(#[from] rusqlite::Error),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("certificates: {0}")]
+    Pki(String),
+    #[error("provider {provider}: {message}")]
+    Provider { provider: String, message: String },
+    #[error("package: {0}")]
+    Package(String),
+    #[error("request to the knit server failed: {0}")]
+    Client(String),
+    /// An error answer of the knit server, as the client received it.
+    #[error("{message} [{code}]")]
+    Remote {
+        status: u16,
+        code: String,
+        message: String,
+        errors: Vec<FieldError>,
+    },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ServerError {
+    /// Stable code shown to users and in API error bodies. Never rename one.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServerError::Api(e) => e.code(),
+            ServerError::NotFound { .. } => "NotFound",
+            ServerError::AlreadyExists { .. } => "AlreadyExists",
+            ServerError::Conflict(_) => "Conflict",
+            ServerError::Unauthorized(_) => "Unauthorized",
+            ServerError::TokenRefused(_) => "TokenRefused",
+            ServerError::UserDataTooLarge { .. } => "UserDataTooLarge",
+            ServerError::QuotaExceeded { .. } => "QuotaExceeded",
+            ServerError::Store(_) => "StoreError",
+            ServerError::Io { .. } => "IoError",
+            ServerError::Pki(_) => "PkiError",
+            ServerError::Provider { .. } => "ProviderError",
+            ServerError::Package(_) => "PackageError",
+            ServerError::Client(_) => "ClientError",
+            ServerError::Remote { .. } => "RemoteError",
+            ServerError::Internal(_) => "InternalError",
+        }
+    }
+
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ServerError::Api(ApiError::Parse { .. }) => 400,
+            ServerError::Api(ApiError::Invalid(_)) => 422,
+            ServerError::UserDataTooLarge { .. } | ServerError::QuotaExceeded { .. } => 422,
+            ServerError::NotFound { .. } => 404,
+            ServerError::AlreadyExists { .. } | ServerError::Conflict(_) => 409,
+            ServerError::Unauthorized(_) | ServerError::TokenRefused(_) => 401,
+            _ => 500,
+        }
+    }
+
+    /// The invalid fields, for 422 bodies.
+    pub fn field_errors(&self) -> &[FieldError] {
+        match self {
+            ServerError::Api(ApiError::Invalid(list)) => list,
+            _ => &[],
+        }
+    }
+
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> ServerError {
+        ServerError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ServerError>;

@@ -1,0 +1,302 @@
+//! Assembling the package mirror (`knit package build`): the Kubernetes
+//! package tarball in ACK's `pkg/kubernetes` layout, the agent binary, and
+//! sha256 files beside each, plus a `SHA256SUMS` index.
+
+use crate::error::{Result, ServerError};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Images the local package set lists as system images (`images.txt`).
+pub const DEFAULT_SYSTEM_IMAGES: &[&str] = &[
+    "registry.k8s.io/pause:3.10",
+    "registry.k8s.io/kube-proxy:v1.31.4",
+    "docker.io/flannel/flannel:v0.26.1",
+];
+
+#[derive(Debug, Clone)]
+pub struct PackageBuild {
+    pub mirror_dir: PathBuf,
+    pub kubernetes_version: String,
+    /// Shipped as `bin/kubelet` (on the local cloud: knit-kubelet-sim).
+    pub kubelet: PathBuf,
+    pub agent: PathBuf,
+    /// (name in `bin/`, source path), e.g. ("containerd", /usr/bin/containerd).
+    pub runtime_bins: Vec<(String, PathBuf)>,
+    pub containerd_version: String,
+    pub images: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorSummary {
+    pub tarball: PathBuf,
+    pub tarball_sha256: String,
+    pub tarball_bytes: u64,
+    pub agent_sha256: String,
+    pub files: BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PackageManifest<'a> {
+    version: &'a str,
+    containerd_version: &'a str,
+    files: &'a BTreeMap<String, String>,
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> ServerError {
+    move |e| ServerError::io(what, e)
+}
+
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path).map_err(io(format!("open {}", path.display())))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(io(format!("read {}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn write_sha_beside(path: &Path, sum: &str) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let side = PathBuf::from(format!("{}.sha256", path.display()));
+    std::fs::write(&side, format!("{sum}  {name}\n"))
+        .map_err(io(format!("write {}", side.display())))
+}
+
+fn append(
+    builder: &mut tar::Builder<impl std::io::Write>,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+) -> Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(mode);
+    // Fixed owner and time: the same inputs give the same tarball.
+    header.set_mtime(0);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, name, data)
+        .map_err(io(format!("add {name} to the tarball")))
+}
+
+pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
+    if knit_api::validate::parse_kube_version(&b.kubernetes_version).is_none() {
+        return Err(ServerError::Package(format!(
+            "kubernetes version {:?} is not MAJOR.MINOR.PATCH",
+            b.kubernetes_version
+        )));
+    }
+    let pkg_dir = b.mirror_dir.join("pkg/kubernetes");
+    let bin_dir = b.mirror_dir.join("bin");
+    for d in [&pkg_dir, &bin_dir] {
+        std::fs::create_dir_all(d).map_err(io(format!("create {}", d.display())))?;
+    }
+    let mut inputs: Vec<(String, PathBuf)> = vec![("bin/kubelet".to_string(), b.kubelet.clone())];
+    for (name, path) in &b.runtime_bins {
+        inputs.push((format!("bin/{name}"), path.clone()));
+    }
+    for (name, path) in &inputs {
+        if !path.is_file() {
+            return Err(ServerError::Package(format!(
+                "{name}: {} is not a file",
+                path.display()
+            )));
+        }
+    }
+    if !b.agent.is_file() {
+        return Err(ServerError::Package(format!(
+            "knit-agent: {} is not a file",
+            b.agent.display()
+        )));
+    }
+
+    // Agent: copied, then its digest beside it.
+    let agent_dst = bin_dir.join("knit-agent");
+    let agent_tmp = bin_dir.join(".knit-agent.tmp");
+    std::fs::copy(&b.agent, &agent_tmp).map_err(io(format!("copy {}", b.agent.display())))?;
+    std::fs::rename(&agent_tmp, &agent_dst)
+        .map_err(io(format!("rename to {}", agent_dst.display())))?;
+    let agent_sha256 = sha256_file(&agent_dst)?;
+    write_sha_beside(&agent_dst, &agent_sha256)?;
+
+    // Tarball: pkg/kubernetes/{bin/*, images.txt, knit-package.json}.
+    let tarball = pkg_dir.join(format!(
+        "kubernetes-{}-linux-amd64.tar.gz",
+        b.kubernetes_version
+    ));
+    let tmp = pkg_dir.join(".tarball.tmp");
+    let out = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        out,
+        flate2::Compression::fast(),
+    ));
+    let mut files = BTreeMap::new();
+    for (name, path) in &inputs {
+        let data = std::fs::read(path).map_err(io(format!("read {}", path.display())))?;
+        files.insert(name.clone(), hex::encode(Sha256::digest(&data)));
+        append(
+            &mut builder,
+            &format!("pkg/kubernetes/{name}"),
+            &data,
+            0o755,
+        )?;
+    }
+    let images = b
+        .images
+        .iter()
+        .map(|i| format!("{i}\n"))
+        .collect::<String>();
+    files.insert(
+        "images.txt".to_string(),
+        hex::encode(Sha256::digest(images.as_bytes())),
+    );
+    append(
+        &mut builder,
+        "pkg/kubernetes/images.txt",
+        images.as_bytes(),
+        0o644,
+    )?;
+    let manifest = serde_json::to_vec_pretty(&PackageManifest {
+        version: &b.kubernetes_version,
+        containerd_version: &b.containerd_version,
+        files: &files,
+    })
+    .map_err(|e| ServerError::Internal(e.to_string()))?;
+    append(
+        &mut builder,
+        "pkg/kubernetes/knit-package.json",
+        &manifest,
+        0o644,
+    )?;
+    let gz = builder
+        .into_inner()
+        .map_err(io("finish the tarball".into()))?;
+    gz.finish().map_err(io("finish the gzip stream".into()))?;
+    std::fs::rename(&tmp, &tarball).map_err(io(format!("rename to {}", tarball.display())))?;
+    let tarball_sha256 = sha256_file(&tarball)?;
+    write_sha_beside(&tarball, &tarball_sha256)?;
+    let tarball_bytes = std::fs::metadata(&tarball)
+        .map_err(io(format!("stat {}", tarball.display())))?
+        .len();
+
+    write_index(&b.mirror_dir)?;
+    Ok(MirrorSummary {
+        tarball,
+        tarball_sha256,
+        tarball_bytes,
+        agent_sha256,
+        files,
+    })
+}
+
+/// `SHA256SUMS` over every served file (not the `.sha256` files).
+fn write_index(mirror: &Path) -> Result<()> {
+    let mut lines = Vec::new();
+    for sub in ["bin", "pkg/kubernetes"] {
+        let dir = mirror.join(sub);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| !n.ends_with(".sha256") && !n.starts_with('.'))
+            .collect();
+        names.sort();
+        for name in names {
+            let sum = sha256_file(&dir.join(&name))?;
+            lines.push(format!("{sum}  {sub}/{name}\n"));
+        }
+    }
+    let path = mirror.join("SHA256SUMS");
+    std::fs::write(&path, lines.concat()).map_err(io(format!("write {}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_the_contract_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = dir.path().join("kubelet-src");
+        let agent = dir.path().join("agent-src");
+        std::fs::write(&kubelet, b"#!/bin/sh\necho kubelet\n").unwrap();
+        std::fs::write(&agent, b"agent bytes").unwrap();
+        let mirror = dir.path().join("mirror");
+        let summary = build(&PackageBuild {
+            mirror_dir: mirror.clone(),
+            kubernetes_version: "1.31.4".into(),
+            kubelet,
+            agent,
+            runtime_bins: vec![],
+            containerd_version: "1.7.24".into(),
+            images: vec!["registry.k8s.io/pause:3.10".into()],
+        })
+        .unwrap();
+        let tarball = mirror.join("pkg/kubernetes/kubernetes-1.31.4-linux-amd64.tar.gz");
+        assert_eq!(summary.tarball, tarball);
+        let side = std::fs::read_to_string(format!("{}.sha256", tarball.display())).unwrap();
+        assert!(side.starts_with(&summary.tarball_sha256));
+        assert_eq!(sha256_file(&tarball).unwrap(), summary.tarball_sha256);
+
+        // Read it back with the tar crate and check the manifest's digests.
+        let file = std::fs::File::open(&tarball).unwrap();
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+        let mut seen = BTreeMap::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().to_string_lossy().to_string();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            seen.insert(path, data);
+        }
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&seen["pkg/kubernetes/knit-package.json"]).unwrap();
+        assert_eq!(manifest["version"], "1.31.4");
+        assert_eq!(manifest["containerdVersion"], "1.7.24");
+        let kubelet_sum = hex::encode(Sha256::digest(&seen["pkg/kubernetes/bin/kubelet"]));
+        assert_eq!(manifest["files"]["bin/kubelet"], kubelet_sum);
+        assert_eq!(
+            seen["pkg/kubernetes/images.txt"],
+            b"registry.k8s.io/pause:3.10\n"
+        );
+
+        let sums = std::fs::read_to_string(mirror.join("SHA256SUMS")).unwrap();
+        assert!(sums.contains(&format!("{}  bin/knit-agent", summary.agent_sha256)));
+        assert!(sums.contains("pkg/kubernetes/kubernetes-1.31.4-linux-amd64.tar.gz"));
+    }
+
+    #[test]
+    fn missing_input_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = build(&PackageBuild {
+            mirror_dir: dir.path().join("m"),
+            kubernetes_version: "1.31.4".into(),
+            kubelet: dir.path().join("nope"),
+            agent: dir.path().join("nope2"),
+            runtime_bins: vec![],
+            containerd_version: String::new(),
+            images: vec![],
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("bin/kubelet"), "{err}");
+    }
+}

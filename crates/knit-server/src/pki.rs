@@ -1,0 +1,224 @@
+//! The control plane's own CA (made at first start), its serving
+//! certificate, and the secrets kept in the state directory.
+//!
+//! This CA is distinct from the cluster CA: nodes trust it for the package
+//! mirror, the bootstrap endpoint and phase reports.
+
+use crate::error::{Result, ServerError};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+const CA_CN: &str = "knit control plane CA";
+
+fn pki_err(e: impl std::fmt::Display) -> ServerError {
+    ServerError::Pki(e.to_string())
+}
+
+/// Writes a file readable by its owner only (keys, tokens).
+pub fn write_secret(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| ServerError::io(format!("create {}", tmp.display()), e))?;
+    f.write_all(data)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| ServerError::io(format!("write {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| ServerError::io(format!("rename to {}", path.display()), e))
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ServerError::io(format!("read {}", path.display()), e))
+}
+
+/// 32 random bytes, hex: admin and report tokens.
+pub fn random_hex(bytes: usize) -> Result<String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::getrandom(&mut buf).map_err(|e| ServerError::Internal(format!("random: {e}")))?;
+    Ok(hex::encode(buf))
+}
+
+/// Random string over `[a-z0-9]`, as bootstrap tokens use.
+pub fn random_lower_alnum(len: usize) -> Result<String> {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut out = String::with_capacity(len);
+    let mut buf = [0u8; 64];
+    while out.len() < len {
+        getrandom::getrandom(&mut buf)
+            .map_err(|e| ServerError::Internal(format!("random: {e}")))?;
+        // Rejection sampling keeps the distribution uniform (252 = 7 * 36).
+        for b in buf {
+            if b < 252 && out.len() < len {
+                out.push(ALPHABET[(b % 36) as usize] as char);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Stored form of a bearer secret: only its hash is kept in the database.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Equal-time comparison for secrets.
+pub fn secrets_equal(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+pub struct Pki {
+    pub ca_pem: String,
+    ca_key: KeyPair,
+}
+
+fn ca_params() -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, CA_CN);
+    dn.push(DnType::OrganizationName, "knit");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2124, 1, 1);
+    Ok(params)
+}
+
+impl Pki {
+    /// Loads the CA from `dir`, creating it at first start.
+    pub fn load_or_create(dir: &Path) -> Result<Pki> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
+        let cert_path = dir.join("ca.pem");
+        let key_path = dir.join("ca.key");
+        if cert_path.exists() && key_path.exists() {
+            let ca_key = KeyPair::from_pem(&read(&key_path)?).map_err(pki_err)?;
+            return Ok(Pki {
+                ca_pem: read(&cert_path)?,
+                ca_key,
+            });
+        }
+        let ca_key = KeyPair::generate().map_err(pki_err)?;
+        let cert = ca_params()?.self_signed(&ca_key).map_err(pki_err)?;
+        write_secret(&key_path, ca_key.serialize_pem().as_bytes())?;
+        std::fs::write(&cert_path, cert.pem())
+            .map_err(|e| ServerError::io(format!("write {}", cert_path.display()), e))?;
+        Ok(Pki {
+            ca_pem: cert.pem(),
+            ca_key,
+        })
+    }
+
+    /// A serving certificate for `hosts` (IP addresses or DNS names), signed
+    /// by the CA. Made afresh at each start so that new addresses are covered.
+    pub fn server_config(&self, hosts: &[String]) -> Result<Arc<rustls::ServerConfig>> {
+        // The issuer object is rebuilt from the same key and name; a
+        // certificate it signs verifies against the stored CA certificate.
+        let issuer = ca_params()?.self_signed(&self.ca_key).map_err(pki_err)?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "knit server");
+        for host in hosts {
+            let san = match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName(host.clone().try_into().map_err(pki_err)?),
+            };
+            if !params.subject_alt_names.contains(&san) {
+                params.subject_alt_names.push(san);
+            }
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().map_err(pki_err)?;
+        let cert = params
+            .signed_by(&key, &issuer, &self.ca_key)
+            .map_err(pki_err)?;
+        let chain = vec![CertificateDer::from(cert.der().to_vec())];
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(pki_err)?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(pki_err)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+/// Reads the admin token from `path`, creating it (mode 0600) if absent.
+pub fn load_or_create_token(path: &Path) -> Result<String> {
+    if path.exists() {
+        return Ok(read(path)?.trim().to_string());
+    }
+    let token = random_hex(32)?;
+    write_secret(path, format!("{token}\n").as_bytes())?;
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn ca_is_made_once_and_token_file_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Pki::load_or_create(dir.path()).unwrap();
+        let b = Pki::load_or_create(dir.path()).unwrap();
+        assert_eq!(a.ca_pem, b.ca_pem);
+        assert!(b
+            .server_config(&["127.0.0.1".into(), "localhost".into()])
+            .is_ok());
+        let mode = std::fs::metadata(dir.path().join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        let token_path = dir.path().join("admin-token");
+        let t1 = load_or_create_token(&token_path).unwrap();
+        let t2 = load_or_create_token(&token_path).unwrap();
+        assert_eq!(t1, t2);
+        assert_eq!(t1.len(), 64);
+        let mode = std::fs::metadata(&token_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn random_tokens_have_the_bootstrap_shape() {
+        let id = random_lower_alnum(6).unwrap();
+        let secret = random_lower_alnum(16).unwrap();
+        assert!(knit_api::validate::is_bootstrap_token(&format!(
+            "{id}.{secret}"
+        )));
+        assert_ne!(random_hex(16).unwrap(), random_hex(16).unwrap());
+        assert!(secrets_equal("abc", "abc"));
+        assert!(!secrets_equal("abc", "abd"));
+        assert!(!secrets_equal("abc", "abcd"));
+    }
+}

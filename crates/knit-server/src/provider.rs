@@ -1,0 +1,93 @@
+//! Where instances come from. The reconciler speaks only this trait; the
+//! local cloud (knit-local) is the implementation that exists today.
+
+use crate::error::Result;
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Tag every knit-made instance carries: the pool it belongs to.
+pub const TAG_POOL: &str = "knit.dev/pool";
+/// Tag carrying knit's own instance name (the store's key), so that an
+/// instance made just before a crash is found again by name.
+pub const TAG_NAME: &str = "knit.dev/name";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskTemplate {
+    pub size_gib: i64,
+    /// virtio | nvme.
+    pub interface: String,
+    pub snapshot_id: Option<String>,
+}
+
+/// Everything a provider needs to make one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceTemplate {
+    /// knit's name for the instance; unique, chosen before creation.
+    pub name: String,
+    pub instance_type: String,
+    /// `host` or an image directory.
+    pub image: String,
+    pub system_disk_gib: i64,
+    pub data_disks: Vec<DiskTemplate>,
+    pub user_data: String,
+    pub region: String,
+    pub zone: Option<String>,
+    pub vpc: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderInstance {
+    /// The provider's instance id (`i-…`).
+    pub id: String,
+    /// knit's name (the `knit.dev/name` tag), when the instance carries one.
+    pub name: Option<String>,
+    /// Provider's state word (e.g. Running, Stopped).
+    pub state: String,
+    pub ip: Option<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderSnapshot {
+    pub id: String,
+    pub size_bytes: u64,
+}
+
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// Short name for messages and events (`local`).
+    fn name(&self) -> &str;
+    async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance>;
+    async fn get(&self, id: &str) -> Result<Option<ProviderInstance>>;
+    async fn list(&self) -> Result<Vec<ProviderInstance>>;
+    async fn start(&self, id: &str) -> Result<()>;
+    async fn stop(&self, id: &str) -> Result<()>;
+    /// New system disk from the base image, data disks kept, new user data.
+    async fn reimage(&self, id: &str, user_data: &str) -> Result<()>;
+    async fn delete(&self, id: &str) -> Result<()>;
+    /// A file from inside the instance (`knit logs`).
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>>;
+    /// Snapshot of one data disk of a (stopped) instance, by its index
+    /// among the instance's data disks.
+    async fn snapshot_create(
+        &self,
+        id: &str,
+        data_disk_index: usize,
+        name: &str,
+    ) -> Result<ProviderSnapshot>;
+    async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()>;
+
+    /// The instance knit named `name`, if the provider has it.
+    async fn find_by_name(&self, name: &str) -> Result<Option<ProviderInstance>> {
+        Ok(self.list().await?.into_iter().find(|i| {
+            i.name.as_deref() == Some(name)
+                || i.tags.get(TAG_NAME).map(String::as_str) == Some(name)
+        }))
+    }
+}

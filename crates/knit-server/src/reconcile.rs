@@ -1,0 +1,572 @@
+//! The pool reconciler. Planning (desired vs actual → which instances to
+//! create or remove) is a pure function; executing a plan writes intents to
+//! the store first and only then calls the provider, with bounded
+//! parallelism, retries with backoff, and an event for every outcome.
+
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::pki;
+use crate::provider::{DiskTemplate, InstanceTemplate, ProviderInstance, TAG_NAME, TAG_POOL};
+use crate::store::{now_ms, state, InstanceRecord, IntentRecord};
+use crate::userdata;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a pool needs now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub create: usize,
+    /// Instances to remove, in the order chosen.
+    pub delete: Vec<String>,
+}
+
+/// States that count toward a pool's actual size.
+pub fn counts_toward_pool(s: &str) -> bool {
+    matches!(
+        s,
+        state::PENDING | state::CREATING | state::RUNNING | state::FAILED
+    )
+}
+
+/// Desired vs actual for one pool. Scale-in removes, in this order: instances
+/// not yet created, failed ones, ones being created, then running ones newest
+/// first (SPEC: newest first unless the user names the node).
+pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
+    let active: Vec<&InstanceRecord> = instances
+        .iter()
+        .filter(|i| counts_toward_pool(&i.state))
+        .collect();
+    if active.len() < desired {
+        return Plan {
+            create: desired - active.len(),
+            delete: Vec::new(),
+        };
+    }
+    let excess = active.len() - desired;
+    if excess == 0 {
+        return Plan::default();
+    }
+    let rank = |s: &str| match s {
+        state::PENDING => 0,
+        state::FAILED => 1,
+        state::CREATING => 2,
+        _ => 3,
+    };
+    let mut victims = active;
+    victims.sort_by(|a, b| {
+        rank(&a.state)
+            .cmp(&rank(&b.state))
+            .then(b.created_ms.cmp(&a.created_ms))
+            .then(b.name.cmp(&a.name))
+    });
+    Plan {
+        create: 0,
+        delete: victims
+            .into_iter()
+            .take(excess)
+            .map(|i| i.name.clone())
+            .collect(),
+    }
+}
+
+/// `<pool>-<5 random chars>`: unique, short, a valid hostname label.
+fn new_instance_name(pool: &str) -> Result<String> {
+    Ok(format!("{pool}-{}", pki::random_lower_alnum(5)?))
+}
+
+fn backoff_ms(attempts: i64) -> i64 {
+    let exp = attempts.clamp(0, 6) as u32;
+    (1000i64 << exp).min(60_000)
+}
+
+impl ControlPlane {
+    /// Plans every pool and writes the resulting intents. Serialized with the
+    /// API's own planning so two planners never double-count.
+    pub async fn plan_all(&self) -> Result<()> {
+        let started = Instant::now();
+        let _guard = self.plan_lock.lock().await;
+        for record in self.store.pools()? {
+            let name = record.pool.metadata.name.clone();
+            let desired = if record.deleting {
+                0
+            } else {
+                record.pool.spec.replicas.max(0) as usize
+            };
+            let instances = self.store.instances(Some(&name))?;
+            let p = plan(desired, &instances);
+            self.apply_plan(&record.pool, &p, true)?;
+            if record.deleting && instances.is_empty() {
+                self.store.remove_pool(&name)?;
+                self.store.add_event(
+                    "Normal",
+                    "NodePool",
+                    &name,
+                    "Deleted",
+                    "pool deleted: no instances left",
+                )?;
+            }
+        }
+        self.metrics
+            .reconcile_duration(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Plans one pool now (after a scale request) with the caller's choice
+    /// of releasing or keeping removed instances.
+    pub async fn plan_pool(&self, pool_name: &str, release: bool) -> Result<Plan> {
+        let _guard = self.plan_lock.lock().await;
+        let record = self
+            .store
+            .pool(pool_name)?
+            .ok_or_else(|| ServerError::NotFound {
+                kind: "pool",
+                name: pool_name.to_string(),
+            })?;
+        let instances = self.store.instances(Some(pool_name))?;
+        let p = plan(record.pool.spec.replicas.max(0) as usize, &instances);
+        self.apply_plan(&record.pool, &p, release)?;
+        self.wake.notify_one();
+        Ok(p)
+    }
+
+    fn apply_plan(&self, pool: &knit_api::NodePool, p: &Plan, release: bool) -> Result<()> {
+        let name = &pool.metadata.name;
+        if p.create > 0 {
+            let instance_type = pool
+                .spec
+                .instance_types
+                .first()
+                .cloned()
+                .unwrap_or_default();
+            let mut names = Vec::with_capacity(p.create);
+            for _ in 0..p.create {
+                names.push((new_instance_name(name)?, instance_type.clone()));
+            }
+            self.store.add_create_intents(name, &names)?;
+            self.store.add_event(
+                "Normal",
+                "NodePool",
+                name,
+                "ScaleOut",
+                &format!(
+                    "creating {} instance(s): {}",
+                    p.create,
+                    names
+                        .iter()
+                        .map(|n| n.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )?;
+        }
+        if !p.delete.is_empty() {
+            let added = self.store.add_delete_intents(name, &p.delete, release)?;
+            if added > 0 {
+                self.store.add_event(
+                    "Normal",
+                    "NodePool",
+                    name,
+                    "ScaleIn",
+                    &format!(
+                        "{} instance(s): {}",
+                        if release {
+                            "releasing"
+                        } else {
+                            "detaching (instance kept)"
+                        },
+                        p.delete.join(", ")
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts every pending intent that is due, at most `parallelism` at a
+    /// time, never two for the same instance.
+    pub fn dispatch(self: &Arc<Self>) -> Result<()> {
+        let Some(_provider) = &self.provider else {
+            return Ok(());
+        };
+        let now = now_ms();
+        let intents = self.store.pending_intents()?;
+        for intent in intents {
+            if intent.next_attempt_ms > now {
+                continue;
+            }
+            {
+                let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+                if in_flight.contains(&intent.instance) {
+                    continue;
+                }
+                in_flight.insert(intent.instance.clone());
+            }
+            let cp = Arc::clone(self);
+            tokio::spawn(async move {
+                // The permit bounds provider calls across all pools.
+                let permit = cp.parallelism.clone().acquire_owned().await;
+                let instance = intent.instance.clone();
+                if let Err(e) = cp.run_intent(&intent).await {
+                    tracing::warn!(instance = %instance, error = %e, "intent failed");
+                }
+                drop(permit);
+                cp.in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&instance);
+                cp.wake.notify_one();
+            });
+        }
+        Ok(())
+    }
+
+    async fn run_intent(&self, intent: &IntentRecord) -> Result<()> {
+        // Re-read: the intent may have been cancelled while it waited.
+        if self.store.intent_status(intent.id)?.as_deref() != Some("pending") {
+            return Ok(());
+        }
+        match intent.action.as_str() {
+            "create" => self.run_create(intent).await,
+            "delete" => self.run_delete(intent).await,
+            other => self.store.finish_intent(
+                intent.id,
+                "failed",
+                Some(&format!("unknown action {other}")),
+            ),
+        }
+    }
+
+    async fn run_create(&self, intent: &IntentRecord) -> Result<()> {
+        let provider = self.provider()?;
+        let Some(instance) = self.store.instance(&intent.instance)? else {
+            return self
+                .store
+                .finish_intent(intent.id, "cancelled", Some("instance record gone"));
+        };
+        let Some(pool) = self.store.pool(&intent.pool)? else {
+            return self
+                .store
+                .finish_intent(intent.id, "cancelled", Some("pool gone"));
+        };
+        self.store
+            .set_instance_state(&instance.name, state::CREATING, None)?;
+        // Restart safety: an instance made before a crash is adopted, not
+        // made twice.
+        if let Some(existing) = provider.find_by_name(&instance.name).await? {
+            self.adopt(
+                intent,
+                &instance,
+                &existing,
+                "Adopted",
+                "found at the provider after a restart",
+            )?;
+            return Ok(());
+        }
+        let outcome = match self.instance_template(&pool.pool, &instance).await {
+            Ok(template) => provider.create(&template).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(created) => {
+                if self.store.intent_status(intent.id)?.as_deref() != Some("pending") {
+                    // Cancelled by a scale-in meanwhile: the delete intent
+                    // that cancelled it will find the instance by name.
+                    self.store
+                        .set_instance_state(&instance.name, state::DELETING, None)?;
+                    return Ok(());
+                }
+                self.adopt(intent, &instance, &created, "Created", "created")?;
+                self.metrics.instance_created(&intent.pool);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.instance_create_failed(&intent.pool);
+                let message = e.to_string();
+                // Nothing half-made stays behind.
+                if let Ok(Some(partial)) = provider.find_by_name(&instance.name).await {
+                    let _ = provider.delete(&partial.id).await;
+                }
+                let attempts = intent.attempts + 1;
+                if attempts >= self.settings.max_create_attempts {
+                    self.store
+                        .set_instance_state(&instance.name, state::FAILED, Some(&message))?;
+                    self.store
+                        .finish_intent(intent.id, "failed", Some(&message))?;
+                    self.store.add_event(
+                        "Warning",
+                        "Instance",
+                        &instance.name,
+                        "CreateFailed",
+                        &format!("gave up after {attempts} attempt(s): {message}"),
+                    )?;
+                } else {
+                    let delay = backoff_ms(attempts);
+                    self.store.set_instance_state(
+                        &instance.name,
+                        state::PENDING,
+                        Some(&message),
+                    )?;
+                    self.store
+                        .retry_intent(intent.id, attempts, now_ms() + delay, &message)?;
+                    self.store.add_event(
+                        "Warning",
+                        "Instance",
+                        &instance.name,
+                        "CreateRetry",
+                        &format!(
+                            "attempt {attempts} failed, retrying in {} s: {message}",
+                            delay / 1000
+                        ),
+                    )?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn adopt(
+        &self,
+        intent: &IntentRecord,
+        instance: &InstanceRecord,
+        found: &ProviderInstance,
+        reason: &str,
+        what: &str,
+    ) -> Result<()> {
+        self.store
+            .set_instance_created(&instance.name, &found.id, found.ip.as_deref())?;
+        self.store.finish_intent(intent.id, "done", None)?;
+        self.store.add_event(
+            "Normal",
+            "Instance",
+            &instance.name,
+            reason,
+            &format!(
+                "{what}: {} ({})",
+                found.id,
+                found.ip.as_deref().unwrap_or("no IP yet")
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn instance_template(
+        &self,
+        pool: &knit_api::NodePool,
+        instance: &InstanceRecord,
+    ) -> Result<InstanceTemplate> {
+        let cluster = self.cluster_doc()?;
+        let agent_sha256 = self.mirror_sha256("bin/knit-agent")?.ok_or_else(|| {
+            ServerError::Package(format!(
+                "the package mirror ({}) has no bin/knit-agent: run `knit package build`",
+                self.mirror_dir.display()
+            ))
+        })?;
+        let token = self.issue_join_token(&instance.name, &pool.metadata.name)?;
+        let mirror_url = format!("{}/mirror", self.advertise_url);
+        let bootstrap_url = format!("{}/bootstrap/v1/config", self.advertise_url);
+        let stub = userdata::agent_stub(&userdata::StubParams {
+            mirror_url: &mirror_url,
+            agent_sha256: &agent_sha256,
+            bootstrap_url: &bootstrap_url,
+            join_token: &token,
+            ca_pem: &self.ca_pem,
+        });
+        let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
+        let mut tags = std::collections::BTreeMap::new();
+        tags.insert(TAG_POOL.to_string(), pool.metadata.name.clone());
+        tags.insert(TAG_NAME.to_string(), instance.name.clone());
+        Ok(InstanceTemplate {
+            name: instance.name.clone(),
+            instance_type: instance.instance_type.clone(),
+            image: pool.spec.image.clone(),
+            system_disk_gib: pool.spec.system_disk.size_gib,
+            data_disks: pool
+                .spec
+                .data_disks
+                .iter()
+                .map(|d| DiskTemplate {
+                    size_gib: d.size_gib,
+                    interface: d.interface.clone(),
+                    snapshot_id: d.snapshot_id.clone(),
+                })
+                .collect(),
+            user_data,
+            region: cluster.spec.region.clone(),
+            zone: pool.spec.zone.clone(),
+            vpc: cluster.spec.vpc.clone(),
+            tags,
+        })
+    }
+
+    /// A one-time token bound to one instance; only its hash is stored.
+    pub fn issue_join_token(&self, instance: &str, pool: &str) -> Result<String> {
+        let token_id = pki::random_lower_alnum(6)?;
+        let token = format!("{token_id}{}", pki::random_hex(16)?);
+        let ttl = self.settings.join_token_ttl.as_millis() as i64;
+        self.store
+            .add_join_token(&pki::token_hash(&token), &token_id, instance, pool, ttl)?;
+        Ok(token)
+    }
+
+    async fn run_delete(&self, intent: &IntentRecord) -> Result<()> {
+        let provider = self.provider()?;
+        let instance = self.store.instance(&intent.instance)?;
+        let found = match instance.as_ref().and_then(|i| i.provider_id.clone()) {
+            Some(id) => match provider.get(&id).await? {
+                Some(found) => Some(found),
+                None => provider.find_by_name(&intent.instance).await?,
+            },
+            None => provider.find_by_name(&intent.instance).await?,
+        };
+        for node in self
+            .store
+            .nodes()?
+            .into_iter()
+            .filter(|n| n.instance == intent.instance)
+        {
+            self.cluster.remove_node(&node.name).await?;
+        }
+        let outcome = match &found {
+            Some(found) if intent.release => provider.delete(&found.id).await,
+            Some(found) => provider.stop(&found.id).await,
+            None => Ok(()),
+        };
+        if let Err(e) = outcome {
+            let attempts = intent.attempts + 1;
+            let delay = backoff_ms(attempts);
+            self.store
+                .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
+            self.store.add_event(
+                "Warning",
+                "Instance",
+                &intent.instance,
+                "DeleteRetry",
+                &format!(
+                    "attempt {attempts} failed, retrying in {} s: {e}",
+                    delay / 1000
+                ),
+            )?;
+            return Err(e);
+        }
+        if intent.release {
+            self.store.remove_instance(&intent.instance)?;
+            self.store.add_event(
+                "Normal",
+                "Instance",
+                &intent.instance,
+                "Released",
+                &match found {
+                    Some(f) => format!("instance {} released", f.id),
+                    None => "never created at the provider; record removed".to_string(),
+                },
+            )?;
+        } else {
+            self.store
+                .set_instance_state(&intent.instance, state::DETACHED, None)?;
+            self.store.add_event(
+                "Normal",
+                "Instance",
+                &intent.instance,
+                "Detached",
+                "removed from the pool; instance stopped and kept",
+            )?;
+        }
+        self.store.finish_intent(intent.id, "done", None)?;
+        self.metrics.instance_deleted(&intent.pool);
+        Ok(())
+    }
+
+    /// The reconcile loop: plan, dispatch, sleep until woken or the interval.
+    pub async fn run_reconciler(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        if self.provider.is_none() {
+            tracing::warn!("no provider configured: pools are stored but no instance is created");
+            return;
+        }
+        loop {
+            if let Err(e) = self.plan_all().await {
+                tracing::error!(error = %e, "planning failed");
+            }
+            if let Err(e) = self.dispatch() {
+                tracing::error!(error = %e, "dispatch failed");
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
+            }
+        }
+    }
+
+    /// Instance names with work in flight (for tests and status).
+    pub fn in_flight(&self) -> HashSet<String> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(name: &str, st: &str, created_ms: i64) -> InstanceRecord {
+        InstanceRecord {
+            name: name.into(),
+            pool: "p".into(),
+            provider_id: None,
+            state: st.into(),
+            ip: None,
+            instance_type: "t".into(),
+            report_token_hash: None,
+            last_error: None,
+            created_ms,
+            updated_ms: created_ms,
+        }
+    }
+
+    #[test]
+    fn scale_out_counts_pending_and_failed() {
+        let list = vec![
+            inst("a", state::RUNNING, 1),
+            inst("b", state::PENDING, 2),
+            inst("c", state::FAILED, 3),
+        ];
+        assert_eq!(
+            plan(5, &list),
+            Plan {
+                create: 2,
+                delete: vec![]
+            }
+        );
+        assert_eq!(plan(3, &list), Plan::default());
+    }
+
+    #[test]
+    fn deleting_and_detached_do_not_count() {
+        let list = vec![inst("a", state::DELETING, 1), inst("b", state::DETACHED, 2)];
+        assert_eq!(plan(1, &list).create, 1);
+    }
+
+    #[test]
+    fn scale_in_prefers_uncreated_then_failed_then_newest() {
+        let list = vec![
+            inst("old", state::RUNNING, 1),
+            inst("new", state::RUNNING, 9),
+            inst("mid", state::RUNNING, 5),
+            inst("bad", state::FAILED, 2),
+            inst("wait", state::PENDING, 3),
+        ];
+        assert_eq!(plan(1, &list).delete, vec!["wait", "bad", "new", "mid"]);
+        assert_eq!(plan(3, &list).delete, vec!["wait", "bad"]);
+        assert_eq!(plan(0, &list).delete.len(), 5);
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff_ms(1), 2000);
+        assert_eq!(backoff_ms(2), 4000);
+        assert_eq!(backoff_ms(10), 60_000);
+    }
+}

@@ -1,0 +1,1023 @@
+//! The control plane's state: one SQLite database, schema versioned by
+//! `PRAGMA user_version` and migrated forward at open.
+//!
+//! Every intent (create or delete an instance) is written here before the
+//! reconciler acts on it, so a server killed at any point resumes from the
+//! database without losing or duplicating an instance.
+
+use crate::error::{Result, ServerError};
+use knit_api::{Cluster, NodePool, PhaseEvent};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+/// Ordered migrations; entry `i` takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE cluster (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    doc TEXT NOT NULL
+);
+CREATE TABLE pools (
+    name TEXT PRIMARY KEY,
+    doc TEXT NOT NULL,
+    deleting INTEGER NOT NULL DEFAULT 0,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+CREATE TABLE instances (
+    name TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    provider_id TEXT,
+    state TEXT NOT NULL,
+    ip TEXT,
+    instance_type TEXT NOT NULL,
+    report_token_hash TEXT,
+    last_error TEXT,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+CREATE INDEX instances_pool ON instances (pool);
+CREATE TABLE nodes (
+    name TEXT PRIMARY KEY,
+    instance TEXT NOT NULL,
+    pool TEXT NOT NULL,
+    status TEXT NOT NULL,
+    phase TEXT,
+    phase_outcome TEXT,
+    error_code TEXT,
+    error TEXT,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+CREATE TABLE timeline (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT NOT NULL,
+    instance TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    error_code TEXT,
+    at_ms INTEGER NOT NULL,
+    duration_ms INTEGER
+);
+CREATE INDEX timeline_node ON timeline (node);
+CREATE TABLE join_tokens (
+    token_hash TEXT PRIMARY KEY,
+    token_id TEXT NOT NULL,
+    instance TEXT NOT NULL,
+    pool TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    used_ms INTEGER
+);
+CREATE TABLE snapshots (
+    id TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    kubernetes_version TEXT NOT NULL,
+    containerd_version TEXT NOT NULL,
+    images TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    object_kind TEXT NOT NULL,
+    object_name TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE TABLE intents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    action TEXT NOT NULL,
+    instance TEXT NOT NULL,
+    pool TEXT NOT NULL,
+    release INTEGER NOT NULL DEFAULT 1,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_ms INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+CREATE INDEX intents_status ON intents (status);
+"#];
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Instance lifecycle as the control plane sees it.
+pub mod state {
+    /// Intent written, not yet sent to the provider.
+    pub const PENDING: &str = "Pending";
+    /// Provider call in flight; on restart the provider is asked whether it exists.
+    pub const CREATING: &str = "Creating";
+    pub const RUNNING: &str = "Running";
+    /// Creation failed more times than allowed; kept for inspection.
+    pub const FAILED: &str = "Failed";
+    pub const DELETING: &str = "Deleting";
+    /// Removed from its pool with the instance kept (`--release=false`).
+    pub const DETACHED: &str = "Detached";
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRecord {
+    pub pool: NodePool,
+    pub deleting: bool,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceRecord {
+    pub name: String,
+    pub pool: String,
+    pub provider_id: Option<String>,
+    pub state: String,
+    pub ip: Option<String>,
+    pub instance_type: String,
+    #[serde(skip)]
+    pub report_token_hash: Option<String>,
+    pub last_error: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRecord {
+    pub name: String,
+    pub instance: String,
+    pub pool: String,
+    pub status: String,
+    pub phase: Option<String>,
+    pub phase_outcome: Option<String>,
+    pub error_code: Option<String>,
+    pub error: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimelineEntry {
+    pub phase: String,
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub error_code: Option<String>,
+    pub at_ms: i64,
+    pub duration_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventRecord {
+    pub id: i64,
+    pub at_ms: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub object_kind: String,
+    pub object_name: String,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IntentRecord {
+    pub id: i64,
+    pub action: String,
+    pub instance: String,
+    pub pool: String,
+    pub release: bool,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_ms: i64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub pool: String,
+    pub kubernetes_version: String,
+    pub containerd_version: String,
+    pub images: Vec<String>,
+    pub size_bytes: i64,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenRecord {
+    pub token_id: String,
+    pub instance: String,
+    pub pool: String,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+    pub used_ms: Option<i64>,
+}
+
+/// What redeeming a join token found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redeem {
+    Ok { instance: String, pool: String },
+    Unknown,
+    Used { instance: String, used_ms: i64 },
+    Expired { instance: String, expires_ms: i64 },
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| ServerError::Internal(format!("encode: {e}")))
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T> {
+    serde_json::from_str(text)
+        .map_err(|e| ServerError::Internal(format!("stored document is unreadable: {e}")))
+}
+
+const INSTANCE_COLUMNS: &str =
+    "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms";
+
+fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
+    Ok(InstanceRecord {
+        name: r.get(0)?,
+        pool: r.get(1)?,
+        provider_id: r.get(2)?,
+        state: r.get(3)?,
+        ip: r.get(4)?,
+        instance_type: r.get(5)?,
+        report_token_hash: r.get(6)?,
+        last_error: r.get(7)?,
+        created_ms: r.get(8)?,
+        updated_ms: r.get(9)?,
+    })
+}
+
+const NODE_COLUMNS: &str =
+    "name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms";
+
+fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
+    Ok(NodeRecord {
+        name: r.get(0)?,
+        instance: r.get(1)?,
+        pool: r.get(2)?,
+        status: r.get(3)?,
+        phase: r.get(4)?,
+        phase_outcome: r.get(5)?,
+        error_code: r.get(6)?,
+        error: r.get(7)?,
+        created_ms: r.get(8)?,
+        updated_ms: r.get(9)?,
+    })
+}
+
+fn intent_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<IntentRecord> {
+    Ok(IntentRecord {
+        id: r.get(0)?,
+        action: r.get(1)?,
+        instance: r.get(2)?,
+        pool: r.get(3)?,
+        release: r.get::<_, i64>(4)? != 0,
+        status: r.get(5)?,
+        attempts: r.get(6)?,
+        next_attempt_ms: r.get(7)?,
+        last_error: r.get(8)?,
+    })
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store> {
+        let conn = Connection::open(path)?;
+        Store::init(conn)
+    }
+
+    pub fn open_in_memory() -> Result<Store> {
+        Store::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Store> {
+        // WAL: readers do not block the writer; NORMAL sync is durable across
+        // a process kill (only an OS crash may lose the last transaction).
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        migrate(&mut conn)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite consistent (every
+        // change is a transaction), so a poisoned lock is safe to reuse.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .conn()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    // ---- cluster
+
+    pub fn cluster(&self) -> Result<Option<Cluster>> {
+        let doc: Option<String> = self
+            .conn()
+            .query_row("SELECT doc FROM cluster WHERE id = 1", [], |r| r.get(0))
+            .optional()?;
+        doc.map(|d| from_json(&d)).transpose()
+    }
+
+    pub fn put_cluster(&self, cluster: &Cluster) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO cluster (id, doc) VALUES (1, ?1) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc",
+            params![to_json(cluster)?],
+        )?;
+        Ok(())
+    }
+
+    // ---- pools
+
+    pub fn insert_pool(&self, pool: &NodePool) -> Result<()> {
+        let now = now_ms();
+        let changed = self.conn().execute(
+            "INSERT INTO pools (name, doc, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?3) ON CONFLICT(name) DO NOTHING",
+            params![pool.metadata.name, to_json(pool)?, now],
+        )?;
+        if changed == 0 {
+            return Err(ServerError::AlreadyExists {
+                kind: "pool",
+                name: pool.metadata.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn update_pool(&self, pool: &NodePool) -> Result<()> {
+        let changed = self.conn().execute(
+            "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
+            params![pool.metadata.name, to_json(pool)?, now_ms()],
+        )?;
+        if changed == 0 {
+            return Err(ServerError::NotFound {
+                kind: "pool",
+                name: pool.metadata.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn pool(&self, name: &str) -> Result<Option<PoolRecord>> {
+        let row: Option<(String, i64, i64, i64)> = self
+            .conn()
+            .query_row(
+                "SELECT doc, deleting, created_ms, updated_ms FROM pools WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        row.map(|(doc, deleting, created_ms, updated_ms)| {
+            Ok(PoolRecord {
+                pool: from_json(&doc)?,
+                deleting: deleting != 0,
+                created_ms,
+                updated_ms,
+            })
+        })
+        .transpose()
+    }
+
+    pub fn pools(&self) -> Result<Vec<PoolRecord>> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT doc, deleting, created_ms, updated_ms FROM pools ORDER BY name")?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        rows.into_iter()
+            .map(|(doc, deleting, created_ms, updated_ms)| {
+                Ok(PoolRecord {
+                    pool: from_json(&doc)?,
+                    deleting: deleting != 0,
+                    created_ms,
+                    updated_ms,
+                })
+            })
+            .collect()
+    }
+
+    /// Marks a pool for deletion: the reconciler scales it to zero and then
+    /// removes the row.
+    pub fn mark_pool_deleting(&self, name: &str) -> Result<()> {
+        let changed = self.conn().execute(
+            "UPDATE pools SET deleting = 1, updated_ms = ?2 WHERE name = ?1",
+            params![name, now_ms()],
+        )?;
+        if changed == 0 {
+            return Err(ServerError::NotFound {
+                kind: "pool",
+                name: name.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn remove_pool(&self, name: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM pools WHERE name = ?1", params![name])?;
+        Ok(())
+    }
+
+    // ---- instances and intents
+
+    /// Records new instances of a pool and their create intents in one
+    /// transaction: either all exist or none.
+    pub fn add_create_intents(&self, pool: &str, names: &[(String, String)]) -> Result<()> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for (name, instance_type) in names {
+            tx.execute(
+                "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                params![name, pool, state::PENDING, instance_type, now],
+            )?;
+            tx.execute(
+                "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES ('create', ?1, ?2, 'pending', ?3, ?3)",
+                params![name, pool, now],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Marks instances for deletion and records their delete intents. An
+    /// instance that already has a pending intent is left alone.
+    pub fn add_delete_intents(&self, pool: &str, names: &[String], release: bool) -> Result<usize> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut added = 0;
+        for name in names {
+            // A pending create of the same instance is superseded by the delete.
+            tx.execute(
+                "UPDATE intents SET status = 'cancelled', updated_ms = ?2 WHERE instance = ?1 AND action = 'create' AND status = 'pending'",
+                params![name, now],
+            )?;
+            let exists: bool = tx
+                .query_row(
+                    "SELECT 1 FROM intents WHERE instance = ?1 AND action = 'delete' AND status = 'pending'",
+                    params![name],
+                    |_| Ok(true),
+                )
+                .optional()?
+                .unwrap_or(false);
+            if exists {
+                continue;
+            }
+            tx.execute(
+                "UPDATE instances SET state = ?2, updated_ms = ?3 WHERE name = ?1",
+                params![name, state::DELETING, now],
+            )?;
+            tx.execute(
+                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES ('delete', ?1, ?2, ?3, 'pending', ?4, ?4)",
+                params![name, pool, release as i64, now],
+            )?;
+            added += 1;
+        }
+        tx.commit()?;
+        Ok(added)
+    }
+
+    pub fn pending_intents(&self) -> Result<Vec<IntentRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = 'pending' ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map([], intent_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn intent_status(&self, id: i64) -> Result<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT status FROM intents WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    pub fn finish_intent(&self, id: i64, status: &str, error: Option<&str>) -> Result<()> {
+        self.conn().execute(
+            "UPDATE intents SET status = ?2, last_error = ?3, updated_ms = ?4 WHERE id = ?1",
+            params![id, status, error, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn retry_intent(
+        &self,
+        id: i64,
+        attempts: i64,
+        next_attempt_ms: i64,
+        error: &str,
+    ) -> Result<()> {
+        self.conn().execute(
+            "UPDATE intents SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4, updated_ms = ?5 WHERE id = ?1",
+            params![id, attempts, next_attempt_ms, error, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn instances(&self, pool: Option<&str>) -> Result<Vec<InstanceRecord>> {
+        let conn = self.conn();
+        let sql = format!(
+            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE (?1 IS NULL OR pool = ?1) ORDER BY created_ms, name"
+        );
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt
+            .query_map(params![pool], instance_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn instance(&self, name: &str) -> Result<Option<InstanceRecord>> {
+        let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE name = ?1");
+        Ok(self
+            .conn()
+            .query_row(&sql, params![name], instance_row)
+            .optional()?)
+    }
+
+    pub fn set_instance_state(&self, name: &str, state: &str, error: Option<&str>) -> Result<()> {
+        self.conn().execute(
+            "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
+            params![name, state, error, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_instance_created(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ip: Option<&str>,
+    ) -> Result<()> {
+        self.conn().execute(
+            "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
+            params![name, provider_id, ip, state::RUNNING, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_report_token_hash(&self, name: &str, hash: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE instances SET report_token_hash = ?2, updated_ms = ?3 WHERE name = ?1",
+            params![name, hash, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn instance_by_report_token(&self, hash: &str) -> Result<Option<InstanceRecord>> {
+        let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE report_token_hash = ?1");
+        Ok(self
+            .conn()
+            .query_row(&sql, params![hash], instance_row)
+            .optional()?)
+    }
+
+    /// Forgets a released instance, its node and its timeline.
+    pub fn remove_instance(&self, name: &str) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
+        tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
+        tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    // ---- join tokens
+
+    pub fn add_join_token(
+        &self,
+        token_hash: &str,
+        token_id: &str,
+        instance: &str,
+        pool: &str,
+        ttl_ms: i64,
+    ) -> Result<()> {
+        let now = now_ms();
+        self.conn().execute(
+            "INSERT INTO join_tokens (token_hash, token_id, instance, pool, created_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![token_hash, token_id, instance, pool, now, now + ttl_ms],
+        )?;
+        Ok(())
+    }
+
+    /// Single use: the first redeem of a live token wins, atomically.
+    pub fn redeem_join_token(&self, token_hash: &str, now: i64) -> Result<Redeem> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let row: Option<(String, String, i64, Option<i64>)> = tx
+            .query_row(
+                "SELECT instance, pool, expires_ms, used_ms FROM join_tokens WHERE token_hash = ?1",
+                params![token_hash],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let outcome = match row {
+            None => Redeem::Unknown,
+            Some((instance, _, _, Some(used_ms))) => Redeem::Used { instance, used_ms },
+            Some((instance, _, expires_ms, None)) if expires_ms <= now => Redeem::Expired {
+                instance,
+                expires_ms,
+            },
+            Some((instance, pool, _, None)) => {
+                tx.execute(
+                    "UPDATE join_tokens SET used_ms = ?2 WHERE token_hash = ?1",
+                    params![token_hash, now],
+                )?;
+                Redeem::Ok { instance, pool }
+            }
+        };
+        tx.commit()?;
+        Ok(outcome)
+    }
+
+    pub fn join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT token_id, instance, pool, created_ms, expires_ms, used_ms FROM join_tokens ORDER BY created_ms",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(JoinTokenRecord {
+                    token_id: r.get(0)?,
+                    instance: r.get(1)?,
+                    pool: r.get(2)?,
+                    created_ms: r.get(3)?,
+                    expires_ms: r.get(4)?,
+                    used_ms: r.get(5)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    // ---- nodes and their timeline
+
+    /// Appends a phase event and updates the node's current phase; the node
+    /// row is created by its first event.
+    pub fn record_phase_event(&self, instance: &InstanceRecord, event: &PhaseEvent) -> Result<()> {
+        let outcome = serde_json::to_value(event.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let error_code = event.error_code.map(|c| c.as_str().to_string());
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO timeline (node, instance, phase, outcome, reason, error_code, at_ms, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                event.node,
+                instance.name,
+                event.phase.as_str(),
+                outcome,
+                event.reason,
+                error_code,
+                event.at_ms as i64,
+                event.duration_ms.map(|d| d as i64)
+            ],
+        )?;
+        let failed = outcome == "failed";
+        tx.execute(
+            "INSERT INTO nodes (name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, 'NotReady', ?4, ?5, ?6, ?7, ?8, ?8)
+             ON CONFLICT(name) DO UPDATE SET phase = excluded.phase, phase_outcome = excluded.phase_outcome,
+               error_code = CASE WHEN ?9 THEN excluded.error_code ELSE nodes.error_code END,
+               error = CASE WHEN ?9 THEN excluded.error ELSE nodes.error END,
+               updated_ms = excluded.updated_ms",
+            params![
+                event.node,
+                instance.name,
+                instance.pool,
+                event.phase.as_str(),
+                outcome,
+                error_code,
+                if failed { event.reason.clone() } else { None },
+                now,
+                failed
+            ],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn set_node_status(&self, name: &str, status: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE nodes SET status = ?2, updated_ms = ?3 WHERE name = ?1",
+            params![name, status, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let conn = self.conn();
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY created_ms, name");
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt
+            .query_map([], node_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE name = ?1");
+        Ok(self
+            .conn()
+            .query_row(&sql, params![name], node_row)
+            .optional()?)
+    }
+
+    pub fn timeline(&self, node: &str) -> Result<Vec<TimelineEntry>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT phase, outcome, reason, error_code, at_ms, duration_ms FROM timeline WHERE node = ?1 ORDER BY at_ms, id",
+        )?;
+        let rows = stmt
+            .query_map(params![node], |r| {
+                Ok(TimelineEntry {
+                    phase: r.get(0)?,
+                    outcome: r.get(1)?,
+                    reason: r.get(2)?,
+                    error_code: r.get(3)?,
+                    at_ms: r.get(4)?,
+                    duration_ms: r.get(5)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    // ---- events
+
+    pub fn add_event(
+        &self,
+        event_type: &str,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO events (at_ms, type, object_kind, object_name, reason, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![now_ms(), event_type, kind, name, reason, message],
+        )?;
+        Ok(())
+    }
+
+    /// The newest `limit` events, oldest first.
+    pub fn events(&self, limit: i64) -> Result<Vec<EventRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, at_ms, type, object_kind, object_name, reason, message FROM
+               (SELECT * FROM events ORDER BY id DESC LIMIT ?1) ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map(params![limit], |r| {
+                Ok(EventRecord {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    event_type: r.get(2)?,
+                    object_kind: r.get(3)?,
+                    object_name: r.get(4)?,
+                    reason: r.get(5)?,
+                    message: r.get(6)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    // ---- snapshots
+
+    pub fn add_snapshot(&self, s: &SnapshotRecord) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO snapshots (id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![s.id, s.pool, s.kubernetes_version, s.containerd_version, to_json(&s.images)?, s.size_bytes, s.created_ms],
+        )?;
+        Ok(())
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms FROM snapshots ORDER BY created_ms",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, i64>(6)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        rows.into_iter()
+            .map(
+                |(
+                    id,
+                    pool,
+                    kubernetes_version,
+                    containerd_version,
+                    images,
+                    size_bytes,
+                    created_ms,
+                )| {
+                    Ok(SnapshotRecord {
+                        id,
+                        pool,
+                        kubernetes_version,
+                        containerd_version,
+                        images: from_json(&images)?,
+                        size_bytes,
+                        created_ms,
+                    })
+                },
+            )
+            .collect()
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if current > known {
+        return Err(ServerError::Internal(format!(
+            "the database has schema version {current}, newer than this knit server knows ({known}): use a newer knit"
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knit_api::{NodePoolSpec, PhaseName, PhaseOutcome};
+
+    #[test]
+    fn migrates_an_empty_database_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("knit.db");
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        store
+            .insert_pool(&NodePool::new("a", NodePoolSpec::default()))
+            .unwrap();
+        drop(store);
+        let again = Store::open(&path).unwrap();
+        assert_eq!(again.pools().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("knit.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "user_version", 99).unwrap();
+        }
+        let err = Store::open(&path).err().unwrap();
+        assert!(err.to_string().contains("schema version 99"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_pool_is_refused() {
+        let store = Store::open_in_memory().unwrap();
+        let pool = NodePool::new("a", NodePoolSpec::default());
+        store.insert_pool(&pool).unwrap();
+        assert_eq!(
+            store.insert_pool(&pool).unwrap_err().code(),
+            "AlreadyExists"
+        );
+    }
+
+    #[test]
+    fn join_tokens_are_single_use_and_expire() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .add_join_token("h1", "abcdef", "i-1", "p", 60_000)
+            .unwrap();
+        store
+            .add_join_token("h2", "ghijkl", "i-2", "p", -1)
+            .unwrap();
+        let now = now_ms();
+        assert_eq!(
+            store.redeem_join_token("h1", now).unwrap(),
+            Redeem::Ok {
+                instance: "i-1".into(),
+                pool: "p".into()
+            }
+        );
+        assert!(matches!(
+            store.redeem_join_token("h1", now).unwrap(),
+            Redeem::Used { .. }
+        ));
+        assert!(matches!(
+            store.redeem_join_token("h2", now).unwrap(),
+            Redeem::Expired { .. }
+        ));
+        assert_eq!(
+            store.redeem_join_token("nope", now).unwrap(),
+            Redeem::Unknown
+        );
+    }
+
+    #[test]
+    fn intents_and_timeline() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .add_create_intents(
+                "p",
+                &[("p-a".into(), "t".into()), ("p-b".into(), "t".into())],
+            )
+            .unwrap();
+        assert_eq!(store.pending_intents().unwrap().len(), 2);
+        // Deleting a not-yet-created instance cancels its create.
+        assert_eq!(
+            store
+                .add_delete_intents("p", &["p-b".into()], true)
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            store
+                .add_delete_intents("p", &["p-b".into()], true)
+                .unwrap(),
+            0
+        );
+        let pending = store.pending_intents().unwrap();
+        let actions: Vec<(&str, &str)> = pending
+            .iter()
+            .map(|i| (i.action.as_str(), i.instance.as_str()))
+            .collect();
+        assert_eq!(actions, vec![("create", "p-a"), ("delete", "p-b")]);
+
+        let instance = store.instance("p-a").unwrap().unwrap();
+        let event = PhaseEvent {
+            node: "local.i-1".into(),
+            instance_id: "i-1".into(),
+            phase: PhaseName::DataDisk,
+            outcome: PhaseOutcome::Failed,
+            reason: Some("no disk".into()),
+            error_code: Some(knit_api::ErrorCode::FailDataDiskNotFound),
+            at_ms: 5,
+            duration_ms: Some(3),
+        };
+        store.record_phase_event(&instance, &event).unwrap();
+        let node = store.node("local.i-1").unwrap().unwrap();
+        assert_eq!(node.error_code.as_deref(), Some("FailDataDiskNotFound"));
+        assert_eq!(node.phase_outcome.as_deref(), Some("failed"));
+        assert_eq!(store.timeline("local.i-1").unwrap().len(), 1);
+        store.remove_instance("p-a").unwrap();
+        assert!(store.node("local.i-1").unwrap().is_none());
+    }
+}

@@ -1,0 +1,322 @@
+//! User-data composition (SPEC §1 step 1): a cloud-init compatible MIME
+//! multipart of (1) the pool's pre-user-data, (2) knit's stub that fetches
+//! and runs the agent, (3) the pool's user-data. Pure functions: same input,
+//! same bytes.
+
+use crate::error::{Result, ServerError};
+use base64::Engine;
+use knit_api::USER_DATA_LIMIT_BYTES;
+use sha2::{Digest, Sha256};
+
+/// Where the agent keeps what the stub fetched, inside the instance.
+pub const BOOTSTRAP_DIR: &str = "/var/lib/knit/bootstrap";
+
+/// What the knit stub needs to know.
+#[derive(Debug, Clone)]
+pub struct StubParams<'a> {
+    /// Package mirror base URL (`<base>/bin/knit-agent` is fetched).
+    pub mirror_url: &'a str,
+    /// Hex sha256 of the mirror's `knit-agent`.
+    pub agent_sha256: &'a str,
+    /// Full URL of the bootstrap endpoint.
+    pub bootstrap_url: &'a str,
+    /// One-time token exchanged for the NodeConfig.
+    pub join_token: &'a str,
+    /// The control plane's CA (PEM), trusted by curl for both URLs.
+    pub ca_pem: &'a str,
+}
+
+/// The knit initialization script (part 2).
+pub fn agent_stub(p: &StubParams<'_>) -> String {
+    let ca = p.ca_pem.trim_end();
+    let mirror = p.mirror_url.trim_end_matches('/');
+    format!(
+        r#"#!/bin/bash
+# knit initialization: fetch knit-agent from the package mirror, verify its
+# sha256, exchange the one-time token for this instance's NodeConfig, run it.
+set -euo pipefail
+dir={BOOTSTRAP_DIR}
+mkdir -p "$dir"
+chmod 700 "$dir"
+cat > "$dir/control-plane-ca.pem" <<'KNIT_CA_EOF'
+{ca}
+KNIT_CA_EOF
+fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-connrefused --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" "$@"; }}
+fetch -o "$dir/knit-agent.part" '{mirror}/bin/knit-agent'
+if ! echo '{sha}  '"$dir/knit-agent.part" | sha256sum -c --status -; then
+    echo "knit: knit-agent from {mirror}/bin/knit-agent does not match sha256 {sha}" >&2
+    exit 1
+fi
+chmod 755 "$dir/knit-agent.part"
+mv "$dir/knit-agent.part" "$dir/knit-agent"
+umask 077
+fetch -X POST -H 'Authorization: Bearer {token}' -o "$dir/node-config.yaml" '{bootstrap}'
+"$dir/knit-agent" init --config "$dir/node-config.yaml"
+"#,
+        sha = p.agent_sha256,
+        token = p.join_token,
+        bootstrap = p.bootstrap_url,
+    )
+}
+
+/// One part of the multipart document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Part {
+    filename: &'static str,
+    content_type: &'static str,
+    body: String,
+}
+
+/// A script as cloud-init will run it: `#cloud-config` stays a config part,
+/// a `#!` script stays as is, anything else gets `#!/bin/bash`.
+fn part(filename: &'static str, script: &str) -> Option<Part> {
+    if script.trim().is_empty() {
+        return None;
+    }
+    let (content_type, body) = if script.starts_with("#cloud-config") {
+        ("text/cloud-config", script.to_string())
+    } else if script.starts_with("#!") {
+        ("text/x-shellscript", script.to_string())
+    } else {
+        ("text/x-shellscript", format!("#!/bin/bash\n{script}"))
+    };
+    let body = if body.ends_with('\n') {
+        body
+    } else {
+        format!("{body}\n")
+    };
+    Some(Part {
+        filename,
+        content_type,
+        body,
+    })
+}
+
+/// Composes the instance's user data; refuses a result over the provider's
+/// 32 KB limit with the size of each part.
+pub fn compose(pre_user_data: &str, stub: &str, user_data: &str) -> Result<String> {
+    let parts: Vec<Part> = [
+        part("01-pre-user-data", pre_user_data),
+        part("02-knit-init", stub),
+        part("03-user-data", user_data),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+
+    let mut hasher = Sha256::new();
+    for p in &parts {
+        hasher.update(p.body.as_bytes());
+    }
+    let digest = hex::encode(hasher.finalize());
+    // The boundary must not occur in any part; derive it from the content
+    // and lengthen it in the (pathological) case it does.
+    let mut boundary = format!("==knit-{}==", &digest[..24]);
+    let mut extra = 24;
+    while parts.iter().any(|p| p.body.contains(&boundary)) && extra < digest.len() {
+        extra += 8;
+        boundary = format!("==knit-{}==", &digest[..extra]);
+    }
+
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Content-Type: multipart/mixed; boundary=\"{boundary}\"\nMIME-Version: 1.0\n\n"
+    ));
+    for p in &parts {
+        // The line break before a boundary belongs to the delimiter (RFC
+        // 2046), so one more keeps each script's own final newline.
+        out.push_str(&format!("\n--{boundary}\n"));
+        if p.body.is_ascii() {
+            out.push_str(&format!(
+                "Content-Type: {}; charset=\"us-ascii\"\n",
+                p.content_type
+            ));
+            out.push_str("MIME-Version: 1.0\nContent-Transfer-Encoding: 7bit\n");
+            out.push_str(&format!(
+                "Content-Disposition: attachment; filename=\"{}\"\n\n",
+                p.filename
+            ));
+            out.push_str(&p.body);
+        } else {
+            // 8-bit text is base64-encoded so every byte survives transport.
+            out.push_str(&format!(
+                "Content-Type: {}; charset=\"utf-8\"\n",
+                p.content_type
+            ));
+            out.push_str("MIME-Version: 1.0\nContent-Transfer-Encoding: base64\n");
+            out.push_str(&format!(
+                "Content-Disposition: attachment; filename=\"{}\"\n\n",
+                p.filename
+            ));
+            let encoded = base64::engine::general_purpose::STANDARD.encode(p.body.as_bytes());
+            for line in encoded.as_bytes().chunks(76) {
+                out.push_str(&String::from_utf8_lossy(line));
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str(&format!("\n--{boundary}--\n"));
+
+    if out.len() > USER_DATA_LIMIT_BYTES {
+        return Err(ServerError::UserDataTooLarge {
+            size: out.len(),
+            limit: USER_DATA_LIMIT_BYTES,
+            pre: pre_user_data.len(),
+            stub: stub.len(),
+            user: user_data.len(),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBfixedTESTcertificateBODYforGOLDENfilesONLY\n-----END CERTIFICATE-----\n";
+
+    fn stub() -> String {
+        agent_stub(&StubParams {
+            mirror_url: "https://10.213.0.1:7443/mirror/",
+            agent_sha256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            bootstrap_url: "https://10.213.0.1:7443/bootstrap/v1/config",
+            join_token: "0123456789abcdef0123456789abcdef",
+            ca_pem: CA,
+        })
+    }
+
+    fn golden(name: &str, actual: &str) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(name);
+        if std::env::var_os("KNIT_UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run with KNIT_UPDATE_GOLDEN=1 to create)",
+                path.display()
+            )
+        });
+        assert_eq!(actual, expected, "output differs from {}", path.display());
+    }
+
+    #[test]
+    fn golden_three_parts() {
+        let out = compose(
+            "yum install -y htop\ntouch /var/.skip-yum",
+            &stub(),
+            "#!/bin/sh\necho hello",
+        )
+        .unwrap();
+        golden("userdata-three-parts.txt", &out);
+    }
+
+    #[test]
+    fn golden_stub_only() {
+        let out = compose("", &stub(), "  \n").unwrap();
+        golden("userdata-stub-only.txt", &out);
+    }
+
+    #[test]
+    fn golden_utf8_and_cloud_config() {
+        let out = compose(
+            "#cloud-config\nruncmd:\n  - echo hi\n",
+            &stub(),
+            "echo 'héllo wörld ✓'",
+        )
+        .unwrap();
+        golden("userdata-utf8-cloud-config.txt", &out);
+    }
+
+    #[test]
+    fn shebang_is_added_only_when_missing() {
+        let out = compose("echo pre", &stub(), "#!/usr/bin/env python3\nprint(1)").unwrap();
+        assert!(out.contains("#!/bin/bash\necho pre\n"));
+        assert!(out.contains("#!/usr/bin/env python3\nprint(1)\n"));
+        assert!(!out.contains("#!/bin/bash\n#!/usr/bin/env python3"));
+    }
+
+    #[test]
+    fn over_the_limit_is_refused_with_sizes() {
+        let big = "x".repeat(USER_DATA_LIMIT_BYTES);
+        let err = compose("", &stub(), &big).unwrap_err();
+        assert_eq!(err.code(), "UserDataTooLarge");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("user-data {} bytes", big.len())),
+            "{text}"
+        );
+        assert!(text.contains("limit of 32768 bytes"), "{text}");
+    }
+
+    #[test]
+    fn boundary_never_occurs_in_a_part() {
+        let s = stub();
+        let first = compose("", &s, "echo").unwrap();
+        let boundary = first
+            .lines()
+            .next()
+            .unwrap()
+            .split('"')
+            .nth(1)
+            .unwrap()
+            .to_string();
+        // A user-data that contains the boundary it would have been given.
+        let tricky = format!("echo {boundary}");
+        let out = compose("", &s, &tricky).unwrap();
+        let new_boundary = out.lines().next().unwrap().split('"').nth(1).unwrap();
+        assert!(!tricky.contains(new_boundary));
+        assert_eq!(out.matches(&format!("\n--{new_boundary}\n")).count(), 2);
+    }
+
+    /// Parses the composed document with Python's `email` package exactly as
+    /// cloud-init's user-data processor walks it, and compares every part.
+    #[test]
+    fn python_email_parses_it_like_cloud_init() {
+        let pre = "touch /var/.skip-yum";
+        let user = "echo 'héllo' > /tmp/user-data-ran";
+        let out = compose(pre, &stub(), user).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("user-data");
+        std::fs::write(&file, &out).unwrap();
+        let script = r#"
+import email, json, sys
+raw = open(sys.argv[1], 'rb').read()
+msg = email.message_from_string(raw.decode('utf-8'))
+assert msg.is_multipart(), 'not multipart'
+parts = []
+for part in msg.walk():
+    if part.get_content_maintype() == 'multipart':
+        continue
+    parts.append({'type': part.get_content_type(), 'filename': part.get_filename(),
+                  'payload': part.get_payload(decode=True).decode('utf-8')})
+print(json.dumps(parts))
+"#;
+        let output = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(&file)
+            .output()
+            .expect("python3 is required (scripts/setup.sh installs it)");
+        assert!(
+            output.status.success(),
+            "python3 failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let parts: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(parts.len(), 3);
+        let expect = [
+            ("01-pre-user-data", format!("#!/bin/bash\n{pre}\n")),
+            ("02-knit-init", stub()),
+            ("03-user-data", format!("#!/bin/bash\n{user}\n")),
+        ];
+        for (part, (filename, payload)) in parts.iter().zip(expect) {
+            assert_eq!(part["type"], "text/x-shellscript");
+            assert_eq!(part["filename"], filename);
+            assert_eq!(part["payload"].as_str().unwrap(), payload);
+        }
+    }
+}

@@ -1,1 +1,408 @@
-//! knit-cluster
+//! knit's embedded Kubernetes API subset: the part of a Kubernetes control
+//! plane that nodes and `kubectl` talk to when no kube-apiserver exists.
+//!
+//! It serves HTTPS with a cluster CA generated at first start (persisted in
+//! the data dir), authenticates bootstrap tokens, client certificates and an
+//! admin credential, stores objects durably in SQLite with one increasing
+//! resourceVersion, supports list + watch with bookmarks, and runs the
+//! controllers joining needs: kubelet-client CSR approval and signing,
+//! `cluster-info` JWS signing, and node lifecycle (stale Lease → Unknown).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), knit_cluster::ClusterError> {
+//! use std::time::Duration;
+//! let cfg = knit_cluster::ClusterConfig::new("/var/lib/knit/cluster", "0.0.0.0:6443".parse().unwrap());
+//! let cluster = knit_cluster::EmbeddedCluster::start(cfg).await?;
+//! let token = cluster.create_bootstrap_token(Some("node-1"), Duration::from_secs(3600), &[])?;
+//! println!("{} {} {}", cluster.endpoint(), cluster.ca_pin(), token.token());
+//! cluster.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod admission;
+mod api;
+mod auth;
+mod controllers;
+mod error;
+mod patch;
+mod pki;
+mod resources;
+mod selector;
+mod store;
+mod table;
+mod tokens;
+mod util;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+
+pub use controllers::{KUBELET_CLIENT_SIGNER, NOT_READY_TAINT, UNREACHABLE_TAINT};
+pub use error::{ApiStatus, ClusterError};
+pub use pki::spki_pin;
+pub use tokens::BootstrapToken;
+
+/// How the embedded cluster runs.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Holds the CA (`pki/`), the store (`cluster.db`) and `admin.kubeconfig`.
+    pub data_dir: PathBuf,
+    /// Where to listen, e.g. `0.0.0.0:6443`, or port 0 for an ephemeral one.
+    pub listen: SocketAddr,
+    /// Host or IP clients use; defaults to the listen IP, or 127.0.0.1 when
+    /// listening on all addresses.
+    pub advertise_address: Option<String>,
+    /// More names/IPs for the serving certificate.
+    pub extra_sans: Vec<String>,
+    /// Lifetime of kubelet client certificates issued from CSRs.
+    pub cert_ttl: Duration,
+    /// A node whose Lease is older than this goes Ready=Unknown (40 s in
+    /// Kubernetes).
+    pub node_grace_period: Duration,
+    /// Interval of BOOKMARK events on watches that allow them.
+    pub bookmark_interval: Duration,
+}
+
+impl ClusterConfig {
+    pub fn new(data_dir: impl Into<PathBuf>, listen: SocketAddr) -> ClusterConfig {
+        ClusterConfig {
+            data_dir: data_dir.into(),
+            listen,
+            advertise_address: None,
+            extra_sans: Vec::new(),
+            cert_ttl: Duration::from_secs(365 * 24 * 3600),
+            node_grace_period: Duration::from_secs(40),
+            bookmark_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Stops a running cluster; cheap to clone.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<watch::Sender<bool>>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+pub struct EmbeddedCluster {
+    endpoint: String,
+    local_addr: SocketAddr,
+    ca: Arc<pki::Ca>,
+    store: Arc<store::Store>,
+    admin_kubeconfig: PathBuf,
+    shutdown: ShutdownHandle,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl EmbeddedCluster {
+    /// Open (or initialize) the data dir, bind, and serve until shut down.
+    pub async fn start(cfg: ClusterConfig) -> Result<EmbeddedCluster, ClusterError> {
+        let pki_dir = cfg.data_dir.join("pki");
+        create_private_dir(&cfg.data_dir)?;
+        create_private_dir(&pki_dir)?;
+        let ca = Arc::new(pki::Ca::load_or_create(&pki_dir)?);
+        let store = Arc::new(store::Store::open(&cfg.data_dir.join("cluster.db"))?);
+        for ns in resources::NAMESPACES {
+            if store.get("namespaces", "", ns)?.is_none() {
+                store.create(
+                    "namespaces",
+                    "",
+                    json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": ns}, "status": {"phase": "Active"}}),
+                )?;
+            }
+        }
+
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|e| ClusterError::io(cfg.listen.to_string(), e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| ClusterError::io(cfg.listen.to_string(), e))?;
+        let host = cfg.advertise_address.clone().unwrap_or_else(|| {
+            if cfg.listen.ip().is_unspecified() {
+                "127.0.0.1".into()
+            } else {
+                cfg.listen.ip().to_string()
+            }
+        });
+        let host_port = match host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => format!("[{host}]:{}", local_addr.port()),
+            _ => format!("{host}:{}", local_addr.port()),
+        };
+        let endpoint = format!("https://{host_port}");
+
+        let mut sans: Vec<String> = vec![
+            host.clone(),
+            "127.0.0.1".into(),
+            "localhost".into(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+        ];
+        if !cfg.listen.ip().is_unspecified() {
+            sans.push(cfg.listen.ip().to_string());
+        }
+        sans.extend(cfg.extra_sans.iter().cloned());
+        sans.sort();
+        sans.dedup();
+        let (server_cert, server_key) =
+            ca.issue_server(&sans, Duration::from_secs(365 * 24 * 3600))?;
+        let tls = tls_config(ca.cert_pem(), &server_cert, &server_key)?;
+
+        let admin_kubeconfig = cfg.data_dir.join("admin.kubeconfig");
+        let (admin_cert, admin_key) = ca.issue_client(
+            "kubernetes-admin",
+            &[auth::MASTERS],
+            Duration::from_secs(365 * 24 * 3600),
+        )?;
+        pki::write_private_file(
+            &admin_kubeconfig,
+            &kubeconfig(&endpoint, ca.cert_pem(), &admin_cert, &admin_key),
+        )?;
+
+        let (tx, rx) = watch::channel(false);
+        let shutdown = ShutdownHandle(Arc::new(tx));
+        let controllers = controllers::Controllers {
+            store: store.clone(),
+            ca: ca.clone(),
+            endpoint: endpoint.clone(),
+            cert_ttl: cfg.cert_ttl,
+            grace: cfg.node_grace_period,
+        };
+        controllers.sync_cluster_info()?;
+        let state = Arc::new(api::AppState {
+            store: store.clone(),
+            server_address: host_port,
+            bookmark_interval: cfg.bookmark_interval,
+            shutdown: rx.clone(),
+        });
+        let app = axum::Router::new().fallback(api::handle).with_state(state);
+        let tasks = vec![
+            tokio::spawn(controllers.run(rx.clone())),
+            tokio::spawn(serve(
+                listener,
+                tokio_rustls::TlsAcceptor::from(tls),
+                app,
+                rx,
+            )),
+        ];
+        tracing::info!(%endpoint, ca_pin = ca.pin(), "embedded cluster API serving");
+        Ok(EmbeddedCluster {
+            endpoint,
+            local_addr,
+            ca,
+            store,
+            admin_kubeconfig,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// `https://host:port` clients use.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The cluster CA certificate (PEM).
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
+    }
+
+    /// `sha256:<hex of the CA's SubjectPublicKeyInfo>`.
+    pub fn ca_pin(&self) -> &str {
+        self.ca.pin()
+    }
+
+    /// kubeconfig with a `system:masters` client certificate.
+    pub fn admin_kubeconfig_path(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// Mint a bootstrap token (`[a-z0-9]{6}.[a-z0-9]{16}`) valid for `ttl`,
+    /// stored as a kube-system Secret. With `node_name`, the CSR approver
+    /// only approves a client certificate for that node name. Extra groups
+    /// must start with `system:bootstrappers:`.
+    pub fn create_bootstrap_token(
+        &self,
+        node_name: Option<&str>,
+        ttl: Duration,
+        extra_groups: &[String],
+    ) -> Result<BootstrapToken, ClusterError> {
+        if let Some(bad) = extra_groups.iter().find(|g| !tokens::valid_extra_group(g)) {
+            return Err(ClusterError::Config(format!(
+                "extra group {bad:?} must match system:bootstrappers:[a-z0-9:-]+"
+            )));
+        }
+        if let Some(n) = node_name.filter(|n| !knit_api::validate::is_dns_subdomain(n)) {
+            return Err(ClusterError::Config(format!(
+                "node name {n:?} is not a DNS subdomain"
+            )));
+        }
+        let token = tokens::new_token(node_name, ttl);
+        self.store.create(
+            "secrets",
+            "kube-system",
+            tokens::token_secret(&token, extra_groups),
+        )?;
+        Ok(token)
+    }
+
+    /// Revoke a token (its Secret is deleted); unknown ids are not an error.
+    pub fn delete_bootstrap_token(&self, id: &str) -> Result<(), ClusterError> {
+        match self
+            .store
+            .delete("secrets", "kube-system", &tokens::secret_name(id))
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Stop serving and wait for the server and controllers to end.
+    pub async fn shutdown(self) {
+        self.shutdown.shutdown();
+        for t in self.tasks {
+            // A task that panicked is already over; nothing to clean.
+            let _ = t.await;
+        }
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), ClusterError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| ClusterError::io(dir, e))
+}
+
+/// A kubeconfig with embedded CA and client certificate.
+pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "knit", "cluster": {"server": server, "certificate-authority-data": STANDARD.encode(ca_pem)}}],
+        "users": [{"name": "kubernetes-admin", "user": {
+            "client-certificate-data": STANDARD.encode(cert_pem),
+            "client-key-data": STANDARD.encode(key_pem)}}],
+        "contexts": [{"name": "kubernetes-admin@knit", "context": {"cluster": "knit", "user": "kubernetes-admin"}}],
+        "current-context": "kubernetes-admin@knit",
+    });
+    serde_yaml::to_string(&doc).unwrap_or_default()
+}
+
+fn tls_config(
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<Arc<rustls::ServerConfig>, ClusterError> {
+    let tls_err = |e: &dyn std::fmt::Display| ClusterError::Tls(e.to_string());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        roots
+            .add(c.map_err(|e| tls_err(&e))?)
+            .map_err(|e| tls_err(&e))?;
+    }
+    // Client certificates are optional: bootstrap tokens and anonymous
+    // discovery come without one. Presented ones must chain to the CA.
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| tls_err(&e))?;
+    let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_err(&e))?;
+    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+        .map_err(|e| tls_err(&e))?
+        .ok_or_else(|| ClusterError::Tls("no private key in serving key PEM".into()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(&e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .map_err(|e| tls_err(&e))?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let ident = api::PeerIdentity(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| pki::cert_identity(c)),
+            );
+            let svc = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ident.clone());
+                    app.clone().oneshot(req.map(axum::body::Body::new))
+                },
+            );
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+            tokio::select! {
+                r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },
+                _ = stop.changed() => {}
+            }
+        });
+    }
+}

@@ -1,0 +1,302 @@
+//! What the server sets and checks on writes: server-owned fields on
+//! create, and per-kind validation (422 with every invalid field listed).
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use knit_api::validate::{check_label_key, check_label_value, is_dns_subdomain};
+use serde_json::{json, Value};
+
+use crate::auth::Identity;
+use crate::error::ApiStatus;
+use crate::resources::ResourceDef;
+use crate::{pki, tokens, util};
+
+const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+const CONDITION_STATUSES: &[&str] = &["True", "False", "Unknown"];
+
+/// Server-owned fields on create.
+pub fn prepare_create(def: &ResourceDef, obj: &mut Value, who: &Identity) {
+    match def.kind {
+        "CertificateSigningRequest" => {
+            // Who asked is recorded by the server, never taken from the body.
+            let spec = util::field_mut(obj, "spec");
+            spec.insert("username".into(), json!(who.user));
+            spec.insert("groups".into(), json!(who.groups));
+            spec.remove("uid");
+            obj["status"] = json!({});
+        }
+        "Secret" => fold_string_data(obj),
+        _ => {}
+    }
+}
+
+/// `stringData` is a write-only convenience: fold it into `data`.
+pub fn fold_string_data(obj: &mut Value) {
+    if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|o| o.remove("stringData")) {
+        let data = util::field_mut(obj, "data");
+        for (k, v) in sd {
+            if let Some(s) = v.as_str() {
+                data.insert(k, Value::String(STANDARD.encode(s)));
+            }
+        }
+    }
+}
+
+pub fn validate(def: &ResourceDef, obj: &Value) -> Result<(), ApiStatus> {
+    let mut errs: Vec<(String, String)> = Vec::new();
+    let mut bad = |f: &str, m: String| errs.push((f.to_string(), m));
+    let name = util::name_of(obj);
+    if name.is_empty() {
+        bad(
+            "metadata.name",
+            "Required value: name or generateName is required".into(),
+        );
+    } else if !is_dns_subdomain(name) {
+        bad(
+            "metadata.name",
+            format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"),
+        );
+    }
+    if let Some(labels) = obj["metadata"].get("labels") {
+        match labels.as_object() {
+            Some(m) => {
+                for (k, v) in m {
+                    if let Err(e) = check_label_key(k) {
+                        bad("metadata.labels", format!("Invalid value: {k:?}: {e}"));
+                    }
+                    match v.as_str() {
+                        Some(s) => {
+                            if let Err(e) = check_label_value(s) {
+                                bad(
+                                    &format!("metadata.labels.{k}"),
+                                    format!("Invalid value: {s:?}: {e}"),
+                                );
+                            }
+                        }
+                        None => bad(&format!("metadata.labels.{k}"), "must be a string".into()),
+                    }
+                }
+            }
+            None if labels.is_null() => {}
+            None => bad("metadata.labels", "must be a map of strings".into()),
+        }
+    }
+    match def.kind {
+        "Node" => validate_node(obj, &mut bad),
+        "Lease" => {
+            let d = &obj["spec"]["leaseDurationSeconds"];
+            if !d.is_null() && d.as_i64().is_none_or(|s| s <= 0) {
+                bad(
+                    "spec.leaseDurationSeconds",
+                    format!("Invalid value: {d}: must be greater than 0"),
+                );
+            }
+            for f in ["renewTime", "acquireTime"] {
+                let t = &obj["spec"][f];
+                if !t.is_null() && t.as_str().and_then(util::parse_time).is_none() {
+                    bad(
+                        &format!("spec.{f}"),
+                        format!("Invalid value: {t}: must be an RFC 3339 time"),
+                    );
+                }
+            }
+        }
+        "CertificateSigningRequest" => validate_csr(obj, &mut bad),
+        "Secret" => validate_secret(obj, &mut bad),
+        _ => {}
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiStatus::invalid(def.kind, name, errs))
+    }
+}
+
+fn validate_node(obj: &Value, bad: &mut impl FnMut(&str, String)) {
+    let taints = &obj["spec"]["taints"];
+    if let Some(list) = taints.as_array() {
+        let mut seen = std::collections::HashSet::new();
+        for (i, t) in list.iter().enumerate() {
+            let at = format!("spec.taints[{i}]");
+            let key = t["key"].as_str().unwrap_or("");
+            if let Err(e) = check_label_key(key) {
+                bad(&format!("{at}.key"), format!("Invalid value: {key:?}: {e}"));
+            }
+            if let Some(v) = t.get("value").and_then(Value::as_str) {
+                if let Err(e) = check_label_value(v) {
+                    bad(&format!("{at}.value"), format!("Invalid value: {v:?}: {e}"));
+                }
+            }
+            let effect = t["effect"].as_str().unwrap_or("");
+            if !TAINT_EFFECTS.contains(&effect) {
+                bad(
+                    &format!("{at}.effect"),
+                    format!("Unsupported value: {effect:?}: supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\""),
+                );
+            }
+            if !seen.insert((key.to_string(), effect.to_string())) {
+                bad(
+                    &format!("{at}"),
+                    format!("Duplicate value: taint {key}:{effect}"),
+                );
+            }
+        }
+    } else if !taints.is_null() {
+        bad("spec.taints", "must be a list".into());
+    }
+    let u = &obj["spec"]["unschedulable"];
+    if !u.is_null() && !u.is_boolean() {
+        bad(
+            "spec.unschedulable",
+            format!("Invalid value: {u}: must be a boolean"),
+        );
+    }
+    if let Some(conds) = obj["status"]["conditions"].as_array() {
+        for (i, c) in conds.iter().enumerate() {
+            if c["type"].as_str().is_none_or(str::is_empty) {
+                bad(
+                    &format!("status.conditions[{i}].type"),
+                    "Required value".into(),
+                );
+            }
+            let s = c["status"].as_str().unwrap_or("");
+            if !CONDITION_STATUSES.contains(&s) {
+                bad(
+                    &format!("status.conditions[{i}].status"),
+                    format!("Unsupported value: {s:?}: supported values: \"True\", \"False\", \"Unknown\""),
+                );
+            }
+        }
+    }
+}
+
+fn validate_csr(obj: &Value, bad: &mut impl FnMut(&str, String)) {
+    let spec = &obj["spec"];
+    match spec["request"].as_str().map(|r| STANDARD.decode(r)) {
+        None => bad("spec.request", "Required value".into()),
+        Some(Err(e)) => bad("spec.request", format!("Invalid value: not base64: {e}")),
+        Some(Ok(pem)) => {
+            let parsed = String::from_utf8(pem)
+                .map_err(|e| e.to_string())
+                .and_then(|p| pki::parse_csr(&p).map_err(|e| e.to_string()));
+            if let Err(e) = parsed {
+                bad("spec.request", format!("Invalid value: {e}"));
+            }
+        }
+    }
+    let signer = spec["signerName"].as_str().unwrap_or("");
+    if signer.is_empty() {
+        bad("spec.signerName", "Required value".into());
+    } else if !signer.contains('/') {
+        bad("spec.signerName", format!("Invalid value: {signer:?}: must be a fully qualified domain and path of the form 'example.com/signer-name'"));
+    }
+    if spec["usages"]
+        .as_array()
+        .is_none_or(|u| u.is_empty() || u.iter().any(|x| !x.is_string()))
+    {
+        bad("spec.usages", "Required value: a list of key usages".into());
+    }
+    let exp = &spec["expirationSeconds"];
+    if !exp.is_null() && exp.as_i64().is_none_or(|s| s < 600) {
+        bad("spec.expirationSeconds", format!("Invalid value: {exp}: may not specify a duration less than 600 seconds (10 minutes)"));
+    }
+    if let Some(conds) = obj["status"]["conditions"].as_array() {
+        let has = |t: &str| conds.iter().any(|c| c["type"] == t);
+        if has("Approved") && has("Denied") {
+            bad(
+                "status.conditions",
+                "Forbidden: Approved and Denied conditions are mutually exclusive".into(),
+            );
+        }
+        for (i, c) in conds.iter().enumerate() {
+            let t = c["type"].as_str().unwrap_or("");
+            if !["Approved", "Denied", "Failed"].contains(&t) {
+                bad(
+                    &format!("status.conditions[{i}].type"),
+                    format!("Unsupported value: {t:?}"),
+                );
+            }
+        }
+    }
+}
+
+fn validate_secret(obj: &Value, bad: &mut impl FnMut(&str, String)) {
+    if let Some(data) = obj["data"].as_object() {
+        for (k, v) in data {
+            if v.as_str().is_none_or(|s| STANDARD.decode(s).is_err()) {
+                bad(
+                    &format!("data[{k}]"),
+                    "Invalid value: must be base64-encoded bytes".into(),
+                );
+            }
+        }
+    }
+    if obj["type"].as_str() != Some(tokens::SECRET_TYPE) {
+        return;
+    }
+    let ns = util::namespace_of(obj);
+    if ns != "kube-system" {
+        bad(
+            "metadata.namespace",
+            format!("Invalid value: {ns:?}: bootstrap tokens live in kube-system"),
+        );
+    }
+    let id = tokens::data_field(obj, "token-id").unwrap_or_default();
+    let secret = tokens::data_field(obj, "token-secret").unwrap_or_default();
+    if !knit_api::validate::is_bootstrap_token(&format!("{id}.{secret}")) {
+        bad(
+            "data",
+            "Invalid value: token-id must match [a-z0-9]{6} and token-secret [a-z0-9]{16}".into(),
+        );
+    } else if util::name_of(obj) != tokens::secret_name(&id) {
+        bad(
+            "metadata.name",
+            format!(
+                "Invalid value: must be {:?} for token-id {id:?}",
+                tokens::secret_name(&id)
+            ),
+        );
+    }
+    if let Some(groups) = tokens::data_field(obj, "auth-extra-groups") {
+        for g in groups.split(',') {
+            if !tokens::valid_extra_group(g.trim()) {
+                bad(
+                    "data[auth-extra-groups]",
+                    format!("Invalid value: {g:?}: must start with \"system:bootstrappers:\""),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::by_kind;
+
+    #[test]
+    fn node_taints_and_labels_are_checked() {
+        let node = by_kind("Node").unwrap();
+        let ok = json!({"metadata": {"name": "n1", "labels": {"pool": "a"}}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
+        validate(node, &ok).unwrap();
+        let bad = json!({"metadata": {"name": "N_1", "labels": {"-x": "a"}}, "spec": {"taints": [{"key": "k", "effect": "Sometimes"}]}});
+        let err = validate(node, &bad).unwrap_err();
+        assert_eq!(err.code, 422);
+        let causes = err.details.unwrap()["causes"].as_array().unwrap().len();
+        assert_eq!(causes, 3, "{}", err.message);
+    }
+
+    #[test]
+    fn csr_request_must_verify_and_usernames_come_from_the_server() {
+        let csr = by_kind("CertificateSigningRequest").unwrap();
+        let mut obj = json!({"metadata": {"name": "c"}, "spec": {"request": STANDARD.encode("junk"), "signerName": "kubernetes.io/kube-apiserver-client-kubelet", "usages": ["client auth"], "username": "system:masters"}});
+        let who = Identity {
+            user: "system:bootstrap:abcdef".into(),
+            groups: vec!["system:bootstrappers".into()],
+        };
+        prepare_create(csr, &mut obj, &who);
+        assert_eq!(obj["spec"]["username"], "system:bootstrap:abcdef");
+        let err = validate(csr, &obj).unwrap_err();
+        assert!(err.message.contains("spec.request"), "{}", err.message);
+    }
+}

@@ -1,0 +1,725 @@
+//! The HTTP API: routing of Kubernetes paths, authentication, authorization
+//! and the verbs (get, list, watch, create, update, patch, delete).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, mpsc, watch};
+
+use crate::auth::{self, Identity, Scope, Verb};
+use crate::error::ApiStatus;
+use crate::resources::{self, ResourceDef};
+use crate::selector::Selector;
+use crate::store::{Change, Store};
+use crate::table::{self, Include};
+use crate::{admission, patch, tokens, util};
+
+/// Largest request body accepted (Kubernetes' limit is 3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+pub struct AppState {
+    pub store: Arc<Store>,
+    pub server_address: String,
+    pub bookmark_interval: Duration,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// CN and O of the verified client certificate of this connection.
+#[derive(Clone, Debug, Default)]
+pub struct PeerIdentity(pub Option<(String, Vec<String>)>);
+
+impl IntoResponse for ApiStatus {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        json_response(code, &self.body())
+    }
+}
+
+fn json_response(code: StatusCode, v: &Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let peer = parts
+        .extensions
+        .get::<PeerIdentity>()
+        .cloned()
+        .unwrap_or_default();
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiStatus::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                e.to_string(),
+            )
+            .into_response()
+        }
+    };
+    let query: HashMap<String, String> =
+        parts.uri.query().map(url_decode_pairs).unwrap_or_default();
+    let method = parts.method.clone();
+    let path = parts.uri.path().to_string();
+    let result = serve(&st, &method, &path, &query, &parts.headers, &peer, body).await;
+    let response = result.unwrap_or_else(IntoResponse::into_response);
+    tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
+    response
+}
+
+fn url_decode_pairs(q: &str) -> HashMap<String, String> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn authenticate(
+    st: &AppState,
+    headers: &HeaderMap,
+    peer: &PeerIdentity,
+) -> Result<Identity, ApiStatus> {
+    if let Some(h) = headers.get(header::AUTHORIZATION) {
+        let bad = || ApiStatus::unauthorized("Unauthorized: invalid bearer token");
+        let token = h
+            .to_str()
+            .map_err(|_| bad())?
+            .strip_prefix("Bearer ")
+            .ok_or_else(bad)?
+            .trim();
+        if !knit_api::validate::is_bootstrap_token(token) {
+            return Err(bad());
+        }
+        let (id, secret) = token.split_once('.').ok_or_else(bad)?;
+        let stored = st
+            .store
+            .get("secrets", "kube-system", &tokens::secret_name(id))?;
+        let extra = tokens::verify(stored.as_ref(), secret)?;
+        let mut groups = vec![tokens::BOOTSTRAPPERS.to_string()];
+        groups.extend(extra);
+        groups.push("system:authenticated".into());
+        return Ok(Identity {
+            user: format!("system:bootstrap:{id}"),
+            groups,
+        });
+    }
+    if let Some((cn, orgs)) = &peer.0 {
+        let mut groups = orgs.clone();
+        groups.push("system:authenticated".into());
+        return Ok(Identity {
+            user: cn.clone(),
+            groups,
+        });
+    }
+    Ok(Identity::anonymous())
+}
+
+struct Target {
+    def: &'static ResourceDef,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+enum Route {
+    Info(Value),
+    Discovery(Value),
+    Resource(Target),
+}
+
+fn route(st: &AppState, path: &str) -> Result<Route, ApiStatus> {
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let nf = || {
+        ApiStatus::not_found(format!(
+            "the server could not find the requested resource ({path})"
+        ))
+    };
+    let (group, version, rest) = match segs.as_slice() {
+        ["version"] => return Ok(Route::Info(resources::version_doc())),
+        ["healthz" | "livez" | "readyz"] => return Ok(Route::Info(json!("ok"))),
+        ["api"] => {
+            return Ok(Route::Discovery(resources::api_versions(
+                &st.server_address,
+            )))
+        }
+        ["apis"] => return Ok(Route::Discovery(resources::api_group_list())),
+        ["apis", g] => return resources::api_group(g).map(Route::Discovery).ok_or_else(nf),
+        ["api", v] => {
+            return resources::resource_list("", v)
+                .map(Route::Discovery)
+                .ok_or_else(nf)
+        }
+        ["apis", g, v] => {
+            return resources::resource_list(g, v)
+                .map(Route::Discovery)
+                .ok_or_else(nf)
+        }
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(nf()),
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..] => (Some(ns.to_string()), (*plural, tail)),
+        [plural, tail @ ..] => (None, (*plural, tail)),
+        [] => return Err(nf()),
+    };
+    let (plural, tail) = rest;
+    let def = resources::find(group, version, plural).ok_or_else(nf)?;
+    if ns.is_some() && !def.namespaced {
+        return Err(nf());
+    }
+    let (name, sub) = match tail {
+        [] => (None, None),
+        [name] => (Some(name.to_string()), None),
+        [name, sub] => {
+            if !def.subresources.iter().any(|(s, _)| s == sub) {
+                return Err(nf());
+            }
+            (Some(name.to_string()), Some(sub.to_string()))
+        }
+        _ => return Err(nf()),
+    };
+    Ok(Route::Resource(Target { def, ns, name, sub }))
+}
+
+async fn serve(
+    st: &Arc<AppState>,
+    method: &Method,
+    path: &str,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    peer: &PeerIdentity,
+    body: Bytes,
+) -> Result<Response, ApiStatus> {
+    let who = authenticate(st, headers, peer)?;
+    let t = match route(st, path)? {
+        Route::Info(v) => return Ok(json_response(StatusCode::OK, &v)),
+        Route::Discovery(v) => {
+            if who.is_anonymous() {
+                return Err(ApiStatus::unauthorized("Unauthorized"));
+            }
+            return Ok(json_response(StatusCode::OK, &v));
+        }
+        Route::Resource(t) => t,
+    };
+    let ctx = Ctx {
+        st,
+        who: &who,
+        t: &t,
+        query,
+        headers,
+    };
+    match (method.as_str(), &t.name) {
+        ("GET", None) if is_true(query.get("watch")) => ctx.watch(),
+        ("GET", None) => ctx.list(),
+        ("GET", Some(name)) => ctx.get(name),
+        ("POST", None) => ctx.create(&body),
+        ("PUT", Some(name)) => ctx.update(name, &body),
+        ("PATCH", Some(name)) => ctx.patch(name, &body),
+        ("DELETE", Some(name)) => ctx.delete(name),
+        (m, _) => Err(ApiStatus::method_not_allowed(format!(
+            "method {m} is not supported on {path}"
+        ))),
+    }
+}
+
+fn is_true(v: Option<&String>) -> bool {
+    matches!(v.map(String::as_str), Some("true" | "1"))
+}
+
+struct Ctx<'a> {
+    st: &'a Arc<AppState>,
+    who: &'a Identity,
+    t: &'a Target,
+    query: &'a HashMap<String, String>,
+    headers: &'a HeaderMap,
+}
+
+impl Ctx<'_> {
+    fn ns(&self) -> &str {
+        self.t.ns.as_deref().unwrap_or("")
+    }
+
+    fn authorize(&self, verb: Verb, name: Option<&str>) -> Result<Scope, ApiStatus> {
+        if self.t.def.namespaced && self.t.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch)
+        {
+            return Err(ApiStatus::not_found(format!(
+                "{} must be addressed in a namespace",
+                self.t.def.plural
+            )));
+        }
+        if !self.t.def.verbs.contains(&verb.as_str()) {
+            return Err(ApiStatus::method_not_allowed(format!(
+                "{} does not support {}",
+                self.t.def.plural,
+                verb.as_str()
+            )));
+        }
+        auth::authorize(
+            self.who,
+            &auth::Request {
+                verb,
+                def: self.t.def,
+                namespace: self.t.ns.as_deref(),
+                name,
+                subresource: self.t.sub.as_deref(),
+            },
+        )
+    }
+
+    fn not_found(&self, name: &str) -> ApiStatus {
+        let d = self.t.def;
+        ApiStatus::not_found(format!(
+            "{}{} \"{name}\" not found",
+            d.plural,
+            group_suffix(d)
+        ))
+        .with_details(json!({"name": name, "group": d.group, "kind": d.plural}))
+    }
+
+    fn wants_table(&self) -> bool {
+        self.headers
+            .get(header::ACCEPT)
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(|a| a.contains("as=Table"))
+    }
+
+    fn selector(&self) -> Result<Selector, ApiStatus> {
+        Selector::parse(
+            self.query.get("labelSelector").map(String::as_str),
+            self.query.get("fieldSelector").map(String::as_str),
+        )
+    }
+
+    fn get(&self, name: &str) -> Result<Response, ApiStatus> {
+        let scope = self.authorize(Verb::Get, Some(name))?;
+        let obj = self
+            .st
+            .store
+            .get(self.t.def.plural, self.ns(), name)?
+            .filter(|o| visible(&scope, o))
+            .ok_or_else(|| self.not_found(name))?;
+        if self.wants_table() {
+            let rv = util::rv_of(&obj).unwrap_or(0);
+            let include = Include::parse(self.query.get("includeObject").map(String::as_str));
+            return Ok(json_response(
+                StatusCode::OK,
+                &table::table(self.t.def, &[obj], rv, include),
+            ));
+        }
+        Ok(json_response(StatusCode::OK, &obj))
+    }
+
+    fn list(&self) -> Result<Response, ApiStatus> {
+        let selector = self.selector()?;
+        let scope = self.authorize(Verb::List, selector.pinned_name())?;
+        let (items, rv) = self
+            .st
+            .store
+            .list(self.t.def.plural, self.t.ns.as_deref())?;
+        let items: Vec<Value> = items
+            .into_iter()
+            .filter(|o| visible(&scope, o) && selector.matches(o))
+            .collect();
+        if self.wants_table() {
+            let include = Include::parse(self.query.get("includeObject").map(String::as_str));
+            return Ok(json_response(
+                StatusCode::OK,
+                &table::table(self.t.def, &items, rv, include),
+            ));
+        }
+        let d = self.t.def;
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({
+                "kind": format!("{}List", d.kind),
+                "apiVersion": d.api_version(),
+                "metadata": {"resourceVersion": rv.to_string()},
+                "items": items,
+            }),
+        ))
+    }
+
+    fn parse_body(&self, body: &[u8]) -> Result<Value, ApiStatus> {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiStatus::bad_request(format!("request body is not valid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(ApiStatus::bad_request("request body must be a JSON object"));
+        }
+        let d = self.t.def;
+        if let Some(k) = v["kind"].as_str() {
+            if k != d.kind {
+                return Err(ApiStatus::bad_request(format!(
+                    "kind {k} does not match the resource {} ({})",
+                    d.plural, d.kind
+                )));
+            }
+        }
+        if let Some(a) = v["apiVersion"].as_str() {
+            if a != d.api_version() {
+                return Err(ApiStatus::bad_request(format!(
+                    "apiVersion {a} is not served here; use {}",
+                    d.api_version()
+                )));
+            }
+        }
+        let body_ns = util::namespace_of(&v);
+        if d.namespaced && !body_ns.is_empty() && body_ns != self.ns() {
+            return Err(ApiStatus::bad_request(format!(
+                "the namespace of the object ({body_ns}) does not match the namespace on the request ({})",
+                self.ns()
+            )));
+        }
+        Ok(v)
+    }
+
+    /// Kind, apiVersion and namespace as the server stores them.
+    fn normalize(&self, obj: &mut Value) {
+        let d = self.t.def;
+        obj["kind"] = json!(d.kind);
+        obj["apiVersion"] = json!(d.api_version());
+        let meta = util::meta_mut(obj);
+        if d.namespaced {
+            meta.insert("namespace".into(), json!(self.ns()));
+        } else {
+            meta.remove("namespace");
+        }
+    }
+
+    fn create(&self, body: &[u8]) -> Result<Response, ApiStatus> {
+        if self.t.sub.is_some() {
+            return Err(ApiStatus::method_not_allowed(
+                "create is not supported on subresources",
+            ));
+        }
+        let mut obj = self.parse_body(body)?;
+        if util::name_of(&obj).is_empty() {
+            if let Some(prefix) = obj["metadata"]["generateName"].as_str().map(str::to_string) {
+                util::meta_mut(&mut obj).insert(
+                    "name".into(),
+                    json!(format!("{prefix}{}", util::random_alnum(5))),
+                );
+            }
+        }
+        self.normalize(&mut obj);
+        let name = util::name_of(&obj).to_string();
+        self.authorize(Verb::Create, Some(&name))?;
+        if self.t.def.namespaced && self.st.store.get("namespaces", "", self.ns())?.is_none() {
+            return Err(ApiStatus::not_found(format!(
+                "namespaces \"{}\" not found",
+                self.ns()
+            )));
+        }
+        admission::prepare_create(self.t.def, &mut obj, self.who);
+        admission::validate(self.t.def, &obj)?;
+        let created = self.st.store.create(self.t.def.plural, self.ns(), obj)?;
+        Ok(json_response(StatusCode::CREATED, &created))
+    }
+
+    /// Merge a write into the current object according to the subresource:
+    /// the main resource never changes status; `status` changes only status;
+    /// `approval` only the CSR's conditions.
+    fn scoped(&self, current: &Value, mut next: Value) -> Value {
+        let has_status = self.t.def.subresources.iter().any(|(s, _)| *s == "status");
+        match self.t.sub.as_deref() {
+            None if has_status => {
+                match current.get("status") {
+                    Some(s) => next["status"] = s.clone(),
+                    None => {
+                        if let Some(o) = next.as_object_mut() {
+                            o.remove("status");
+                        }
+                    }
+                }
+                next
+            }
+            None => next,
+            Some("approval") => {
+                let mut out = current.clone();
+                util::field_mut(&mut out, "status")
+                    .insert("conditions".into(), next["status"]["conditions"].clone());
+                out
+            }
+            Some(_) => {
+                let mut out = current.clone();
+                out["status"] = next["status"].take();
+                out
+            }
+        }
+    }
+
+    fn update(&self, name: &str, body: &[u8]) -> Result<Response, ApiStatus> {
+        let mut obj = self.parse_body(body)?;
+        let body_name = util::name_of(&obj);
+        if !body_name.is_empty() && body_name != name {
+            return Err(ApiStatus::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        self.authorize(Verb::Update, Some(name))?;
+        self.normalize(&mut obj);
+        util::meta_mut(&mut obj).insert("name".into(), json!(name));
+        let expected =
+            match obj["metadata"]["resourceVersion"].as_str() {
+                None | Some("") => None,
+                Some(s) => Some(s.parse::<u64>().map_err(|_| {
+                    ApiStatus::bad_request(format!("invalid resourceVersion {s:?}"))
+                })?),
+            };
+        if self.t.def.kind == "Secret" {
+            admission::fold_string_data(&mut obj);
+        }
+        let def = self.t.def;
+        let updated = self
+            .st
+            .store
+            .update(def.plural, self.ns(), name, expected, |current| {
+                let next = self.scoped(current, obj);
+                admission::validate(def, &next)?;
+                Ok(next)
+            })
+            .map_err(|e| {
+                if e.code == 404 {
+                    self.not_found(name)
+                } else {
+                    e
+                }
+            })?;
+        Ok(json_response(StatusCode::OK, &updated))
+    }
+
+    fn patch(&self, name: &str, body: &[u8]) -> Result<Response, ApiStatus> {
+        self.authorize(Verb::Patch, Some(name))?;
+        let ctype = self
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|c| c.to_str().ok())
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let p: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiStatus::bad_request(format!("patch is not valid JSON: {e}")))?;
+        let expected =
+            match p["metadata"]["resourceVersion"].as_str() {
+                Some(s) if !s.is_empty() => Some(s.parse::<u64>().map_err(|_| {
+                    ApiStatus::bad_request(format!("invalid resourceVersion {s:?}"))
+                })?),
+                _ => None,
+            };
+        let def = self.t.def;
+        let updated = self
+            .st
+            .store
+            .update(def.plural, self.ns(), name, expected, |current| {
+                let mut next = current.clone();
+                match ctype.as_str() {
+                    "application/merge-patch+json" => patch::merge_patch(&mut next, &p),
+                    "application/strategic-merge-patch+json" => patch::strategic_merge_patch(&mut next, &p)?,
+                    "application/json-patch+json" => patch::json_patch(&mut next, &p)?,
+                    other => {
+                        return Err(ApiStatus::unsupported_media(format!(
+                            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+                        )))
+                    }
+                }
+                if !next.is_object() {
+                    return Err(ApiStatus::bad_request("patch must leave an object"));
+                }
+                if self.t.def.kind == "Secret" {
+                    admission::fold_string_data(&mut next);
+                }
+                let next = self.scoped(current, next);
+                admission::validate(def, &next)?;
+                Ok(next)
+            })
+            .map_err(|e| if e.code == 404 { self.not_found(name) } else { e })?;
+        Ok(json_response(StatusCode::OK, &updated))
+    }
+
+    fn delete(&self, name: &str) -> Result<Response, ApiStatus> {
+        if self.t.sub.is_some() {
+            return Err(ApiStatus::method_not_allowed(
+                "delete is not supported on subresources",
+            ));
+        }
+        self.authorize(Verb::Delete, Some(name))?;
+        let gone = self
+            .st
+            .store
+            .delete(self.t.def.plural, self.ns(), name)
+            .map_err(|e| {
+                if e.code == 404 {
+                    self.not_found(name)
+                } else {
+                    e
+                }
+            })?;
+        Ok(json_response(StatusCode::OK, &gone))
+    }
+
+    fn watch(&self) -> Result<Response, ApiStatus> {
+        let selector = self.selector()?;
+        let scope = self.authorize(Verb::Watch, selector.pinned_name())?;
+        let from =
+            match self.query.get("resourceVersion").map(String::as_str) {
+                None | Some("") | Some("0") => None,
+                Some(s) => Some(s.parse::<u64>().map_err(|_| {
+                    ApiStatus::bad_request(format!("invalid resourceVersion {s:?}"))
+                })?),
+            };
+        let timeout = self
+            .query
+            .get("timeoutSeconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(1800);
+        let bookmarks = is_true(self.query.get("allowWatchBookmarks"));
+        let def = self.t.def;
+        let ns = self.t.ns.clone();
+        let start = self.st.store.watch(def.plural, ns.as_deref(), from)?;
+        let interval = self.st.bookmark_interval;
+        let mut shutdown = self.st.shutdown.clone();
+        let (tx, rx) = mpsc::channel::<Bytes>(256);
+        tokio::spawn(async move {
+            let send_change = |c: &Change| {
+                let ok = c.resource == def.plural
+                    && ns.as_deref().is_none_or(|n| n == c.namespace)
+                    && visible(&scope, &c.object)
+                    && selector.matches(&c.object);
+                ok.then(|| line(&json!({"type": c.kind.as_str(), "object": &*c.object})))
+            };
+            let mut progress = start.rv;
+            for c in &start.initial {
+                if let Some(l) = send_change(c) {
+                    if tx.send(l).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let mut feed = start.feed;
+            let deadline = tokio::time::sleep(Duration::from_secs(timeout));
+            tokio::pin!(deadline);
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            loop {
+                let out = tokio::select! {
+                    _ = &mut deadline => break,
+                    _ = shutdown.changed() => break,
+                    _ = tick.tick(), if bookmarks => Some(line(&json!({
+                        "type": "BOOKMARK",
+                        "object": {"kind": def.kind, "apiVersion": def.api_version(),
+                                   "metadata": {"resourceVersion": progress.to_string()}},
+                    }))),
+                    r = feed.recv() => match r {
+                        Ok(c) => {
+                            progress = c.rv;
+                            send_change(&c)
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            // Too slow a reader: end with 410 so it relists.
+                            let status = ApiStatus::gone("watch fell behind; list again");
+                            let _ = tx.send(line(&json!({"type": "ERROR", "object": status.body()}))).await;
+                            break;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    },
+                };
+                if let Some(l) = out {
+                    if tx.send(l).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+        });
+        Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CACHE_CONTROL, "no-cache, private")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|e| ApiStatus::internal(e.to_string()).into_response()))
+    }
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn group_suffix(d: &ResourceDef) -> String {
+    if d.group.is_empty() {
+        String::new()
+    } else {
+        format!(".{}", d.group)
+    }
+}
+
+fn visible(scope: &Scope, obj: &Value) -> bool {
+    match scope {
+        Scope::All => true,
+        Scope::Named(n) => util::name_of(obj) == n,
+        Scope::OwnCsrs(user) => obj["spec"]["username"].as_str() == Some(user),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_decoding() {
+        let q = url_decode_pairs(
+            "labelSelector=a%3Db%2Cc&fieldSelector=metadata.name%3Dn1&watch=1&x=%zz",
+        );
+        assert_eq!(q["labelSelector"], "a=b,c");
+        assert_eq!(q["fieldSelector"], "metadata.name=n1");
+        assert_eq!(q["x"], "%zz");
+    }
+}

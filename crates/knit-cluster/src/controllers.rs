@@ -1,0 +1,505 @@
+//! Built-in controllers: the kubelet-client CSR approver and signer, the
+//! bootstrap signer of `cluster-info` with the token cleaner, and the node
+//! lifecycle controller (stale Lease → Ready=Unknown + unreachable taints).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, watch};
+
+use crate::error::ClusterError;
+use crate::pki::Ca;
+use crate::store::{EventType, Store};
+use crate::{auth, tokens, util};
+
+pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+const CSRS: &str = "certificatesigningrequests";
+/// How often expired tokens are removed and cluster-info re-signed.
+const TOKEN_SWEEP: Duration = Duration::from_secs(30);
+
+pub struct Controllers {
+    pub store: Arc<Store>,
+    pub ca: Arc<Ca>,
+    pub endpoint: String,
+    pub cert_ttl: Duration,
+    pub grace: Duration,
+}
+
+impl Controllers {
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut feed = self.store.subscribe();
+        self.resync();
+        let monitor = (self.grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let mut node_tick = tokio::time::interval(monitor);
+        let mut token_tick = tokio::time::interval(TOKEN_SWEEP);
+        loop {
+            let result = tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = node_tick.tick() => self.check_nodes(),
+                _ = token_tick.tick() => self.sweep_tokens(),
+                r = feed.recv() => match r {
+                    Ok(c) => match (c.resource.as_str(), c.kind) {
+                        (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
+                        ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
+                        ("nodes", EventType::Deleted) => self.collect_lease(&c.name),
+                        _ => Ok(()),
+                    },
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        self.resync();
+                        Ok(())
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            };
+            if let Err(e) = result {
+                tracing::warn!(code = e.code(), error = %e, "controller step failed; retried on the next change or tick");
+            }
+        }
+    }
+
+    fn resync(&self) {
+        let csrs = self.store.list(CSRS, None).map(|(items, _)| items);
+        let result = csrs.and_then(|items| {
+            for c in items {
+                self.reconcile_csr(util::name_of(&c))?;
+            }
+            self.sync_cluster_info()
+        });
+        if let Err(e) = result {
+            tracing::warn!(code = e.code(), error = %e, "controller resync failed");
+        }
+    }
+
+    // ---- CSR approver and signer ----
+
+    pub fn reconcile_csr(&self, name: &str) -> Result<(), ClusterError> {
+        let Some(csr) = self.store.get(CSRS, "", name)? else {
+            return Ok(());
+        };
+        let signer = csr["spec"]["signerName"].as_str().unwrap_or("");
+        let has = |t: &str| {
+            csr["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == t && c["status"] != "False"))
+        };
+        let issued = csr["status"]["certificate"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty());
+        if has("Denied")
+            || has("Failed")
+            || issued
+            || (signer != KUBELET_CLIENT_SIGNER && signer != CLIENT_SIGNER)
+        {
+            return Ok(());
+        }
+        let pem = STANDARD
+            .decode(csr["spec"]["request"].as_str().unwrap_or(""))
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
+        let subject_problem = if signer == KUBELET_CLIENT_SIGNER {
+            kubelet_subject_problem(&csr, &pem)
+        } else {
+            None
+        };
+        if !has("Approved") {
+            if signer != KUBELET_CLIENT_SIGNER {
+                return Ok(()); // an admin approves these by hand
+            }
+            match self.approval(&csr, subject_problem.as_deref()) {
+                Decision::Pending => return Ok(()),
+                Decision::Deny(why) => {
+                    return self.add_condition(name, "Denied", "KnitDenied", &why)
+                }
+                Decision::Approve(why) => {
+                    self.add_condition(name, "Approved", "AutoApproved", &why)?
+                }
+            }
+        }
+        if let Some(problem) = subject_problem {
+            return self.add_condition(name, "Failed", "SignerValidationFailure", &problem);
+        }
+        let mut ttl = self.cert_ttl;
+        if let Some(s) = csr["spec"]["expirationSeconds"].as_u64() {
+            ttl = ttl.min(Duration::from_secs(s));
+        }
+        let cert = match self.ca.sign_client_csr(&pem, ttl) {
+            Ok(c) => c,
+            Err(e) => {
+                return self.add_condition(
+                    name,
+                    "Failed",
+                    "SignerValidationFailure",
+                    &e.to_string(),
+                )
+            }
+        };
+        self.store
+            .update(CSRS, "", name, None, |cur| {
+                let mut next = cur.clone();
+                util::field_mut(&mut next, "status")
+                    .insert("certificate".into(), json!(STANDARD.encode(&cert)));
+                Ok(next)
+            })
+            .map_err(ClusterError::Api)?;
+        tracing::info!(csr = name, signer, "issued certificate");
+        Ok(())
+    }
+
+    fn approval(&self, csr: &Value, subject_problem: Option<&str>) -> Decision {
+        let user = csr["spec"]["username"].as_str().unwrap_or("");
+        let groups: Vec<&str> = csr["spec"]["groups"]
+            .as_array()
+            .map(|g| g.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let cn = util_cn(csr);
+        let node = cn.strip_prefix(auth::NODE_PREFIX).unwrap_or("");
+        if let Some(token_id) = user.strip_prefix("system:bootstrap:") {
+            if !groups.contains(&tokens::BOOTSTRAPPERS) {
+                return Decision::Pending;
+            }
+            if let Some(p) = subject_problem {
+                return Decision::Deny(p.to_string());
+            }
+            let secret =
+                match self
+                    .store
+                    .get("secrets", "kube-system", &tokens::secret_name(token_id))
+                {
+                    Ok(Some(s)) => s,
+                    Ok(None) => {
+                        return Decision::Deny(format!(
+                            "bootstrap token {token_id} no longer exists"
+                        ))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading bootstrap token for CSR approval");
+                        return Decision::Pending;
+                    }
+                };
+            if let Err(why) = tokens::check_usable(&secret, "usage-bootstrap-authentication") {
+                return Decision::Deny(format!("bootstrap token {token_id}: {why}"));
+            }
+            return match tokens::bound_node(&secret) {
+                Some(bound) if bound != node => Decision::Deny(format!(
+                    "bootstrap token {token_id} was issued for node {bound:?}, not {node:?}"
+                )),
+                _ => Decision::Approve(format!("knit approved: kubelet client certificate for node {node:?} requested with bootstrap token {token_id}")),
+            };
+        }
+        if user == cn && groups.contains(&auth::NODES) && subject_problem.is_none() {
+            return Decision::Approve(format!(
+                "knit approved: node {node:?} renewing its own client certificate"
+            ));
+        }
+        Decision::Pending
+    }
+
+    fn add_condition(
+        &self,
+        name: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        let now = util::now_rfc3339();
+        self.store
+            .update(CSRS, "", name, None, |cur| {
+                let mut next = cur.clone();
+                let status = util::field_mut(&mut next, "status");
+                let conds = status.entry("conditions").or_insert_with(|| json!([]));
+                if let Some(list) = conds.as_array_mut() {
+                    list.push(json!({
+                        "type": kind, "status": "True", "reason": reason, "message": message,
+                        "lastUpdateTime": now, "lastTransitionTime": now,
+                    }));
+                }
+                Ok(next)
+            })
+            .map_err(ClusterError::Api)?;
+        tracing::info!(csr = name, condition = kind, message, "CSR decision");
+        Ok(())
+    }
+
+    // ---- bootstrap signer and token cleaner ----
+
+    pub fn sync_cluster_info(&self) -> Result<(), ClusterError> {
+        let kubeconfig = tokens::cluster_info_kubeconfig(&self.endpoint, self.ca.cert_pem());
+        let mut data = serde_json::Map::new();
+        data.insert("kubeconfig".into(), json!(kubeconfig));
+        let (secrets, _) = self.store.list("secrets", Some("kube-system"))?;
+        for s in &secrets {
+            if tokens::check_usable(s, "usage-bootstrap-signing").is_err() {
+                continue;
+            }
+            if let (Some(id), Some(secret)) = (
+                tokens::data_field(s, "token-id"),
+                tokens::data_field(s, "token-secret"),
+            ) {
+                data.insert(
+                    format!("jws-kubeconfig-{id}"),
+                    json!(tokens::jws_detached(&kubeconfig, &id, &secret)),
+                );
+            }
+        }
+        let data = Value::Object(data);
+        let cm = json!({
+            "kind": "ConfigMap", "apiVersion": "v1",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": data,
+        });
+        match self
+            .store
+            .update("configmaps", "kube-public", "cluster-info", None, |cur| {
+                let mut next = cur.clone();
+                next["data"] = data.clone();
+                Ok(next)
+            }) {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 404 => self
+                .store
+                .create("configmaps", "kube-public", cm)
+                .map(|_| ())
+                .map_err(ClusterError::Api),
+            Err(e) => Err(ClusterError::Api(e)),
+        }
+    }
+
+    fn sweep_tokens(&self) -> Result<(), ClusterError> {
+        let (secrets, _) = self.store.list("secrets", Some("kube-system"))?;
+        for s in secrets {
+            if s["type"].as_str() != Some(tokens::SECRET_TYPE) {
+                continue;
+            }
+            let expired = tokens::data_field(&s, "expiration")
+                .and_then(|e| util::parse_time(&e))
+                .is_some_and(|t| t <= util::now());
+            if expired {
+                let name = util::name_of(&s);
+                match self.store.delete("secrets", "kube-system", name) {
+                    Ok(_) => tracing::info!(secret = name, "deleted expired bootstrap token"),
+                    Err(e) if e.code == 404 => {}
+                    Err(e) => return Err(ClusterError::Api(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- node lifecycle ----
+
+    /// Node leases are owned by their Node: delete follows.
+    fn collect_lease(&self, node: &str) -> Result<(), ClusterError> {
+        match self.store.delete("leases", "kube-node-lease", node) {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 404 => Ok(()),
+            Err(e) => Err(ClusterError::Api(e)),
+        }
+    }
+
+    pub fn check_nodes(&self) -> Result<(), ClusterError> {
+        let (nodes, _) = self.store.list("nodes", None)?;
+        let (leases, _) = self.store.list("leases", Some("kube-node-lease"))?;
+        let now = util::now();
+        for node in nodes {
+            let name = util::name_of(&node).to_string();
+            let lease = leases.iter().find(|l| util::name_of(l) == name);
+            let last = lease
+                .and_then(|l| l["spec"]["renewTime"].as_str())
+                .or_else(|| node["metadata"]["creationTimestamp"].as_str())
+                .and_then(util::parse_time);
+            let stale = last
+                .is_none_or(|t| (now - t).whole_milliseconds() > self.grace.as_millis() as i128);
+            if stale == (ready_of(&node) == Some("Unknown")) && taints_match(&node) {
+                continue;
+            }
+            let result = self.store.update("nodes", "", &name, None, |cur| {
+                let mut next = cur.clone();
+                if stale && ready_of(&next) != Some("Unknown") {
+                    mark_unknown(&mut next);
+                    tracing::warn!(node = %name, grace = ?self.grace, "node lease not renewed within the grace period: Ready=Unknown");
+                }
+                set_condition_taints(&mut next);
+                Ok(next)
+            });
+            match result {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(ClusterError::Api(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Decision {
+    Approve(String),
+    Deny(String),
+    Pending,
+}
+
+fn util_cn(csr: &Value) -> String {
+    let pem = STANDARD
+        .decode(csr["spec"]["request"].as_str().unwrap_or(""))
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default();
+    crate::pki::parse_csr(&pem)
+        .map(|s| s.common_name)
+        .unwrap_or_default()
+}
+
+/// Why a CSR does not qualify for the kubelet client signer, if it does not.
+fn kubelet_subject_problem(csr: &Value, pem: &str) -> Option<String> {
+    let subject = match crate::pki::parse_csr(pem) {
+        Ok(s) => s,
+        Err(e) => return Some(e.to_string()),
+    };
+    if !subject.common_name.starts_with(auth::NODE_PREFIX)
+        || subject.common_name.len() == auth::NODE_PREFIX.len()
+    {
+        return Some(format!(
+            "subject CN {:?} must be system:node:<name>",
+            subject.common_name
+        ));
+    }
+    if subject.organizations != [auth::NODES] {
+        return Some(format!(
+            "subject O {:?} must be exactly [\"system:nodes\"]",
+            subject.organizations
+        ));
+    }
+    if subject.has_sans {
+        return Some(
+            "kubelet client certificates may not request subject alternative names".into(),
+        );
+    }
+    let allowed = ["digital signature", "key encipherment", "client auth"];
+    let usages: Vec<&str> = csr["spec"]["usages"]
+        .as_array()
+        .map(|u| u.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if !usages.contains(&"client auth") || usages.iter().any(|u| !allowed.contains(u)) {
+        return Some(format!(
+            "usages {usages:?} must include \"client auth\" and only {allowed:?}"
+        ));
+    }
+    None
+}
+
+fn ready_of(node: &Value) -> Option<&str> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?["status"]
+        .as_str()
+}
+
+fn mark_unknown(node: &mut Value) {
+    let now = util::now_rfc3339();
+    let status = util::field_mut(node, "status");
+    let conds = status.entry("conditions").or_insert_with(|| json!([]));
+    let Some(list) = conds.as_array_mut() else {
+        return;
+    };
+    if !list.iter().any(|c| c["type"] == "Ready") {
+        list.push(json!({"type": "Ready"}));
+    }
+    for c in list.iter_mut() {
+        if c["status"] != "Unknown" {
+            c["lastTransitionTime"] = json!(now);
+        }
+        c["status"] = json!("Unknown");
+        c["reason"] = json!("NodeStatusUnknown");
+        c["message"] = json!("Kubelet stopped posting node status.");
+    }
+}
+
+/// The taints the Ready condition implies: unreachable for Unknown,
+/// not-ready for False, none for True.
+fn wanted_taint(node: &Value) -> Option<&'static str> {
+    match ready_of(node) {
+        Some("True") => None,
+        Some("False") => Some(NOT_READY_TAINT),
+        _ => Some(UNREACHABLE_TAINT),
+    }
+}
+
+fn taints_match(node: &Value) -> bool {
+    let want = wanted_taint(node);
+    let empty = Vec::new();
+    let taints = node["spec"]["taints"].as_array().unwrap_or(&empty);
+    [UNREACHABLE_TAINT, NOT_READY_TAINT].iter().all(|k| {
+        let present = taints.iter().filter(|t| t["key"] == *k).count();
+        if want == Some(k) {
+            present == 2
+        } else {
+            present == 0
+        }
+    })
+}
+
+fn set_condition_taints(node: &mut Value) {
+    let want = wanted_taint(node);
+    let now = util::now_rfc3339();
+    let spec = util::field_mut(node, "spec");
+    let taints = spec.entry("taints").or_insert_with(|| json!([]));
+    let Some(list) = taints.as_array_mut() else {
+        return;
+    };
+    list.retain(|t| {
+        let k = t["key"].as_str().unwrap_or("");
+        !((k == UNREACHABLE_TAINT || k == NOT_READY_TAINT) && Some(k) != want)
+    });
+    if let Some(k) = want {
+        for effect in ["NoSchedule", "NoExecute"] {
+            if !list.iter().any(|t| t["key"] == k && t["effect"] == effect) {
+                let mut t = json!({"key": k, "effect": effect});
+                if effect == "NoExecute" {
+                    t["timeAdded"] = json!(now);
+                }
+                list.push(t);
+            }
+        }
+    }
+    if list.is_empty() {
+        spec.remove("taints");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn condition_taints_follow_ready() {
+        let mut n = json!({"spec": {"taints": [{"key": "pool", "effect": "NoSchedule"}]},
+                           "status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+        assert!(!taints_match(&n));
+        set_condition_taints(&mut n);
+        assert!(taints_match(&n));
+        assert_eq!(n["spec"]["taints"].as_array().unwrap().len(), 3);
+        mark_unknown(&mut n);
+        assert_eq!(ready_of(&n), Some("Unknown"));
+        set_condition_taints(&mut n);
+        let keys: Vec<&str> = n["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, vec!["pool", UNREACHABLE_TAINT, UNREACHABLE_TAINT]);
+        n["status"]["conditions"][0]["status"] = json!("True");
+        set_condition_taints(&mut n);
+        assert_eq!(
+            n["spec"]["taints"],
+            json!([{"key": "pool", "effect": "NoSchedule"}])
+        );
+    }
+}

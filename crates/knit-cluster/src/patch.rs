@@ -1,0 +1,309 @@
+//! JSON merge patch (RFC 7386) and Kubernetes strategic merge patch for the
+//! fields nodes and clients patch: lists of conditions and addresses merge
+//! by `type`, owner references by `uid`; other lists (taints) are replaced,
+//! as in the Kubernetes Go types.
+
+use serde_json::{Map, Value};
+
+use crate::error::ApiStatus;
+
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+fn merge_key(field: &str) -> Option<&'static str> {
+    match field {
+        "conditions" | "addresses" => Some("type"),
+        "ownerReferences" => Some("uid"),
+        "volumesAttached" => Some("name"),
+        _ => None,
+    }
+}
+
+pub fn strategic_merge_patch(target: &mut Value, patch: &Value) -> Result<(), ApiStatus> {
+    let Value::Object(p) = patch else {
+        return Err(ApiStatus::bad_request(
+            "strategic merge patch must be a JSON object",
+        ));
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(t) = target else {
+        return Ok(());
+    };
+    match p.get("$patch").and_then(Value::as_str) {
+        Some("replace") => {
+            let mut replaced = p.clone();
+            replaced.remove("$patch");
+            *t = replaced;
+            return Ok(());
+        }
+        Some("delete") => {
+            t.clear();
+            return Ok(());
+        }
+        Some(other) => {
+            return Err(ApiStatus::bad_request(format!(
+                "unknown patch directive $patch: {other}"
+            )))
+        }
+        None => {}
+    }
+    for (k, v) in p {
+        if k == "$patch" || k == "$retainKeys" || k.starts_with("$setElementOrder/") {
+            continue;
+        }
+        if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
+            if let (Some(Value::Array(list)), Value::Array(gone)) = (t.get_mut(field), v) {
+                list.retain(|x| !gone.contains(x));
+            }
+            continue;
+        }
+        if v.is_null() {
+            t.remove(k);
+            continue;
+        }
+        match (t.get_mut(k), v, merge_key(k)) {
+            (Some(Value::Array(cur)), Value::Array(items), Some(key)) => {
+                merge_list(cur, items, key)?
+            }
+            (Some(cur @ Value::Object(_)), Value::Object(_), _) => strategic_merge_patch(cur, v)?,
+            (_, Value::Array(items), Some(key)) => {
+                let mut fresh = Vec::new();
+                merge_list(&mut fresh, items, key)?;
+                t.insert(k.clone(), Value::Array(fresh));
+            }
+            _ => {
+                let mut fresh = Value::Null;
+                if v.is_object() {
+                    strategic_merge_patch(&mut fresh, v)?;
+                } else {
+                    fresh = v.clone();
+                }
+                t.insert(k.clone(), fresh);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) -> Result<(), ApiStatus> {
+    for item in items {
+        let Some(id) = item.get(key).cloned() else {
+            return Err(ApiStatus::bad_request(format!(
+                "list element without merge key {key:?}"
+            )));
+        };
+        let pos = cur.iter().position(|c| c.get(key) == Some(&id));
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (pos, delete) {
+            (Some(i), true) => {
+                cur.remove(i);
+            }
+            (None, true) => {}
+            (Some(i), false) => strategic_merge_patch(&mut cur[i], item)?,
+            (None, false) => {
+                let mut fresh = Value::Null;
+                strategic_merge_patch(&mut fresh, item)?;
+                cur.push(fresh);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// JSON patch (RFC 6902): add, remove, replace, test, move, copy.
+pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), ApiStatus> {
+    let ops = ops
+        .as_array()
+        .ok_or_else(|| ApiStatus::bad_request("JSON patch must be an array of operations"))?;
+    for op in ops {
+        let kind = op["op"].as_str().unwrap_or("");
+        let path = op["path"]
+            .as_str()
+            .ok_or_else(|| ApiStatus::bad_request("JSON patch operation without path"))?;
+        let fail = |why: &str| {
+            ApiStatus::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!("JSON patch {kind} {path}: {why}"),
+            )
+        };
+        match kind {
+            "add" | "replace" => {
+                if kind == "replace" && target.pointer(path).is_none() {
+                    return Err(fail("path does not exist"));
+                }
+                insert(target, path, op["value"].clone(), kind == "add").map_err(|e| fail(&e))?
+            }
+            "remove" => {
+                remove(target, path).ok_or_else(|| fail("path does not exist"))?;
+            }
+            "test" => {
+                if target.pointer(path) != Some(&op["value"]) {
+                    return Err(fail("test failed"));
+                }
+            }
+            "move" | "copy" => {
+                let from = op["from"].as_str().ok_or_else(|| fail("missing from"))?;
+                let v = if kind == "move" {
+                    remove(target, from)
+                } else {
+                    target.pointer(from).cloned()
+                };
+                insert(
+                    target,
+                    path,
+                    v.ok_or_else(|| fail("from does not exist"))?,
+                    true,
+                )
+                .map_err(|e| fail(&e))?
+            }
+            other => {
+                return Err(ApiStatus::bad_request(format!(
+                    "unknown JSON patch op {other:?}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("~1", "/").replace("~0", "~")
+}
+
+fn split(path: &str) -> Option<(&str, String)> {
+    let (parent, last) = path.rsplit_once('/')?;
+    Some((parent, unescape(last)))
+}
+
+fn insert(target: &mut Value, path: &str, value: Value, add: bool) -> Result<(), String> {
+    if path.is_empty() {
+        *target = value;
+        return Ok(());
+    }
+    let (parent, last) = split(path).ok_or("invalid path")?;
+    match target.pointer_mut(parent).ok_or("parent does not exist")? {
+        Value::Object(m) => {
+            m.insert(last, value);
+            Ok(())
+        }
+        Value::Array(a) if last == "-" => {
+            a.push(value);
+            Ok(())
+        }
+        Value::Array(a) => {
+            let i: usize = last.parse().map_err(|_| "invalid array index")?;
+            if add && i <= a.len() {
+                a.insert(i, value);
+            } else if !add && i < a.len() {
+                a[i] = value;
+            } else {
+                return Err("array index out of range".into());
+            }
+            Ok(())
+        }
+        _ => Err("parent is not an object or array".into()),
+    }
+}
+
+fn remove(target: &mut Value, path: &str) -> Option<Value> {
+    let (parent, last) = split(path)?;
+    match target.pointer_mut(parent)? {
+        Value::Object(m) => m.remove(&last),
+        Value::Array(a) => {
+            let i: usize = last.parse().ok()?;
+            (i < a.len()).then(|| a.remove(i))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn merge_patch_sets_and_removes() {
+        let mut n = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}});
+        merge_patch(
+            &mut n,
+            &json!({"metadata": {"labels": {"a": null, "c": "3"}}, "spec": {"unschedulable": true}}),
+        );
+        assert_eq!(n["metadata"]["labels"], json!({"b": "2", "c": "3"}));
+        assert_eq!(n["spec"]["unschedulable"], json!(true));
+        assert_eq!(n["spec"]["taints"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn strategic_merges_conditions_by_type_and_replaces_taints() {
+        let mut n = json!({
+            "spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "KubeletNotReady"},
+                {"type": "DiskPressure", "status": "False"}
+            ]}
+        });
+        strategic_merge_patch(
+            &mut n,
+            &json!({
+                "spec": {"taints": [{"key": "b", "effect": "NoExecute"}]},
+                "status": {
+                    "$setElementOrder/conditions": [{"type": "DiskPressure"}, {"type": "Ready"}],
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"},
+                                   {"type": "DiskPressure", "$patch": "delete"}]
+                }
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            n["spec"]["taints"],
+            json!([{"key": "b", "effect": "NoExecute"}])
+        );
+        assert_eq!(
+            n["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True", "reason": "KubeletReady"}])
+        );
+        assert!(strategic_merge_patch(
+            &mut n,
+            &json!({"status": {"conditions": [{"status": "x"}]}})
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn json_patch_ops() {
+        let mut n = json!({"metadata": {"labels": {"a/b": "1"}}, "spec": {"taints": []}});
+        json_patch(&mut n, &json!([
+            {"op": "add", "path": "/spec/taints/-", "value": {"key": "k", "effect": "NoSchedule"}},
+            {"op": "remove", "path": "/metadata/labels/a~1b"},
+            {"op": "test", "path": "/spec/taints/0/key", "value": "k"}
+        ])).unwrap();
+        assert_eq!(n["metadata"]["labels"], json!({}));
+        assert_eq!(n["spec"]["taints"][0]["key"], "k");
+        let err = json_patch(
+            &mut n,
+            &json!([{"op": "replace", "path": "/nope", "value": 1}]),
+        )
+        .unwrap_err();
+        assert_eq!(err.code, 422);
+    }
+}

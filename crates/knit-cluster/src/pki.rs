@@ -1,0 +1,333 @@
+//! The cluster CA: generated at first start, persisted in the data dir, and
+//! used to sign the serving certificate, the admin credential and approved
+//! kubelet CSRs.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, Certificate, CertificateParams, CertificateSigningRequestParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use ring::digest;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::error::ClusterError;
+use crate::util;
+
+pub struct Ca {
+    cert_pem: String,
+    /// The CA as rcgen needs it for signing (same name, key and key id).
+    issuer: Certificate,
+    key: KeyPair,
+    pin: String,
+}
+
+/// Subject of a parsed, signature-checked CSR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrSubject {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    /// DNS names, IPs or emails requested: kubelet client CSRs must have none.
+    pub has_sans: bool,
+}
+
+impl Ca {
+    pub fn load_or_create(dir: &Path) -> Result<Ca, ClusterError> {
+        let cert_path = dir.join("ca.crt");
+        let key_path = dir.join("ca.key");
+        if cert_path.exists() && key_path.exists() {
+            let cert_pem =
+                std::fs::read_to_string(&cert_path).map_err(|e| ClusterError::io(&cert_path, e))?;
+            let key_pem =
+                std::fs::read_to_string(&key_path).map_err(|e| ClusterError::io(&key_path, e))?;
+            let key = KeyPair::from_pem(&key_pem)?;
+            let issuer = CertificateParams::from_ca_cert_pem(&cert_pem)?.self_signed(&key)?;
+            let pin = spki_pin(&cert_pem)?;
+            return Ok(Ca {
+                cert_pem,
+                issuer,
+                key,
+                pin,
+            });
+        }
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kubernetes");
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "knit");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = util::now();
+        params.not_before = now - time::Duration::minutes(5);
+        params.not_after = now + time::Duration::days(3650);
+        params.serial_number = Some(serial());
+        let issuer = params.self_signed(&key)?;
+        let cert_pem = issuer.pem();
+        write_private(&key_path, &key.serialize_pem())?;
+        std::fs::write(&cert_path, &cert_pem).map_err(|e| ClusterError::io(&cert_path, e))?;
+        let pin = spki_pin(&cert_pem)?;
+        Ok(Ca {
+            cert_pem,
+            issuer,
+            key,
+            pin,
+        })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// `sha256:<hex>` of the CA's SubjectPublicKeyInfo, as kubeadm pins it.
+    pub fn pin(&self) -> &str {
+        &self.pin
+    }
+
+    /// Serving certificate for the API server with the given names/IPs.
+    pub fn issue_server(
+        &self,
+        sans: &[String],
+        ttl: Duration,
+    ) -> Result<(String, String), ClusterError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| match s.parse::<std::net::IpAddr>() {
+                Ok(ip) => Ok(SanType::IpAddress(ip)),
+                Err(_) => s.clone().try_into().map(SanType::DnsName),
+            })
+            .collect::<Result<_, _>>()?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        self.finish(params, ttl, &key)
+            .map(|pem| (pem, key.serialize_pem()))
+    }
+
+    /// A client certificate and its new key (the admin credential).
+    pub fn issue_client(
+        &self,
+        cn: &str,
+        orgs: &[&str],
+        ttl: Duration,
+    ) -> Result<(String, String), ClusterError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        for o in orgs {
+            params.distinguished_name.push(DnType::OrganizationName, *o);
+        }
+        client_usages(&mut params);
+        self.finish(params, ttl, &key)
+            .map(|pem| (pem, key.serialize_pem()))
+    }
+
+    /// Sign a CSR (PEM) for client authentication. The subject is taken from
+    /// the request (already checked by the caller); everything else is ours.
+    pub fn sign_client_csr(&self, csr_pem: &str, ttl: Duration) -> Result<String, ClusterError> {
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| ClusterError::Cert(format!("CSR: {e}")))?;
+        let subject = parse_csr(csr_pem)?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, subject.common_name);
+        for o in subject.organizations {
+            params.distinguished_name.push(DnType::OrganizationName, o);
+        }
+        client_usages(&mut params);
+        let (not_before, not_after) = validity(ttl);
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(serial());
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&csr.public_key, &self.issuer, &self.key)?;
+        Ok(cert.pem())
+    }
+
+    fn finish(
+        &self,
+        mut params: CertificateParams,
+        ttl: Duration,
+        key: &KeyPair,
+    ) -> Result<String, ClusterError> {
+        let (not_before, not_after) = validity(ttl);
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(serial());
+        params.use_authority_key_identifier_extension = true;
+        Ok(params.signed_by(key, &self.issuer, &self.key)?.pem())
+    }
+}
+
+fn client_usages(params: &mut CertificateParams) {
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+}
+
+/// Back-dated a little, as Kubernetes does, to absorb clock skew.
+fn validity(ttl: Duration) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = util::now();
+    (now - time::Duration::minutes(5), now + ttl)
+}
+
+fn serial() -> SerialNumber {
+    let mut b = util::random_bytes::<16>();
+    b[0] &= 0x7f; // positive
+    SerialNumber::from_slice(&b)
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<(), ClusterError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| ClusterError::io(path, e))?;
+    f.write_all(contents.as_bytes())
+        .map_err(|e| ClusterError::io(path, e))
+}
+
+pub(crate) fn write_private_file(path: &Path, contents: &str) -> Result<(), ClusterError> {
+    write_private(path, contents)
+}
+
+fn pem_der(pem: &str, what: &str) -> Result<Vec<u8>, ClusterError> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+        .map_err(|e| ClusterError::Cert(format!("{what} is not PEM: {e}")))?;
+    Ok(p.contents)
+}
+
+pub fn spki_pin(cert_pem: &str) -> Result<String, ClusterError> {
+    let der = pem_der(cert_pem, "certificate")?;
+    let (_, cert) =
+        X509Certificate::from_der(&der).map_err(|e| ClusterError::Cert(e.to_string()))?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(digest::digest(&digest::SHA256, cert.public_key().raw))
+    ))
+}
+
+/// Parse a PEM CSR and check its self-signature.
+pub fn parse_csr(pem: &str) -> Result<CsrSubject, ClusterError> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    let der = pem_der(pem, "CSR")?;
+    let (_, csr) = X509CertificationRequest::from_der(&der)
+        .map_err(|e| ClusterError::Cert(format!("CSR: {e}")))?;
+    csr.verify_signature()
+        .map_err(|e| ClusterError::Cert(format!("CSR signature does not verify: {e}")))?;
+    let subject = &csr.certification_request_info.subject;
+    let common_name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|c| c.as_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let organizations = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    let has_sans = csr.requested_extensions().into_iter().flatten().any(|e| {
+        matches!(
+            e,
+            x509_parser::extensions::ParsedExtension::SubjectAlternativeName(_)
+        )
+    });
+    Ok(CsrSubject {
+        common_name,
+        organizations,
+        has_sans,
+    })
+}
+
+/// CN and O of a (TLS-verified) client certificate.
+pub fn cert_identity(der: &[u8]) -> Option<(String, Vec<String>)> {
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let subject = cert.subject();
+    let cn = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let orgs = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    Some((cn, orgs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca_persists_and_signs_csrs_it_can_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create(dir.path()).unwrap();
+        let again = Ca::load_or_create(dir.path()).unwrap();
+        assert_eq!(ca.cert_pem(), again.cert_pem());
+        assert_eq!(ca.pin(), again.pin());
+        assert!(knit_api::validate::is_ca_pin(ca.pin()));
+
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(DnType::CommonName, "system:node:n1");
+        p.distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        let csr = p.serialize_request(&key).unwrap().pem().unwrap();
+        let subject = parse_csr(&csr).unwrap();
+        assert_eq!(subject.common_name, "system:node:n1");
+        assert_eq!(subject.organizations, vec!["system:nodes".to_string()]);
+        assert!(!subject.has_sans);
+
+        // Signed by the reloaded CA; verified against the original CA cert.
+        let pem = again
+            .sign_client_csr(&csr, Duration::from_secs(60))
+            .unwrap();
+        let der = pem_der(&pem, "cert").unwrap();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        let ca_der = pem_der(ca.cert_pem(), "ca").unwrap();
+        let (_, ca_cert) = X509Certificate::from_der(&ca_der).unwrap();
+        cert.verify_signature(Some(ca_cert.public_key())).unwrap();
+        assert_eq!(cert_identity(&der).unwrap().0, "system:node:n1");
+    }
+
+    #[test]
+    fn tampered_csr_is_rejected() {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(DnType::CommonName, "system:node:n1");
+        let csr = p.serialize_request(&key).unwrap();
+        let mut der = csr.der().to_vec();
+        let n = der.len();
+        der[n - 3] ^= 0xff; // inside the signature
+        let pem = format!(
+            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, der)
+        );
+        assert!(parse_csr(&pem).is_err());
+    }
+}

@@ -1,0 +1,319 @@
+//! Server-side printing (`meta.k8s.io/v1 Table`), which `kubectl get` asks
+//! for: the columns kube-apiserver prints for each kind, `-o wide` ones with
+//! priority 1.
+
+use serde_json::{json, Value};
+
+use crate::resources::ResourceDef;
+use crate::util::{human_age, parse_time};
+
+/// What each row carries besides its cells (`includeObject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Include {
+    None,
+    Metadata,
+    Object,
+}
+
+impl Include {
+    pub fn parse(s: Option<&str>) -> Include {
+        match s {
+            Some("None") => Include::None,
+            Some("Object") => Include::Object,
+            _ => Include::Metadata,
+        }
+    }
+}
+
+fn col(name: &str, ty: &str, priority: u8, description: &str) -> Value {
+    let format = if name == "Name" { "name" } else { "" };
+    json!({"name": name, "type": ty, "format": format, "description": description, "priority": priority})
+}
+
+fn age(obj: &Value) -> String {
+    human_age(
+        obj["metadata"]["creationTimestamp"]
+            .as_str()
+            .and_then(parse_time),
+    )
+}
+
+pub fn table(def: &ResourceDef, items: &[Value], rv: u64, include: Include) -> Value {
+    let columns = columns(def.kind);
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            let mut row = json!({"cells": cells(def.kind, o)});
+            match include {
+                Include::None => {}
+                Include::Object => row["object"] = o.clone(),
+                Include::Metadata => {
+                    row["object"] = json!({
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": o["metadata"],
+                    })
+                }
+            }
+            row
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": rv.to_string()},
+        "columnDefinitions": columns,
+        "rows": rows,
+    })
+}
+
+fn columns(kind: &str) -> Vec<Value> {
+    let name = col(
+        "Name",
+        "string",
+        0,
+        "Name must be unique within a namespace.",
+    );
+    let age = col("Age", "string", 0, "CreationTimestamp is a timestamp representing the server time when this object was created.");
+    match kind {
+        "Node" => vec![
+            name,
+            col("Status", "string", 0, "The status of the node"),
+            col("Roles", "string", 0, "The roles of the node"),
+            age,
+            col(
+                "Version",
+                "string",
+                0,
+                "Kubelet Version reported by the node.",
+            ),
+            col(
+                "Internal-IP",
+                "string",
+                1,
+                "List of internal IPs of the node.",
+            ),
+            col(
+                "External-IP",
+                "string",
+                1,
+                "List of external IPs of the node.",
+            ),
+            col(
+                "OS-Image",
+                "string",
+                1,
+                "OS Image reported by the node from /etc/os-release.",
+            ),
+            col(
+                "Kernel-Version",
+                "string",
+                1,
+                "Kernel Version reported by the node from 'uname -r'.",
+            ),
+            col(
+                "Container-Runtime",
+                "string",
+                1,
+                "Container Runtime Version reported by the node.",
+            ),
+        ],
+        "CertificateSigningRequest" => vec![
+            name,
+            age,
+            col(
+                "SignerName",
+                "string",
+                0,
+                "Name of the signer that will issue the certificate.",
+            ),
+            col(
+                "Requestor",
+                "string",
+                0,
+                "Name of the user who created the request.",
+            ),
+            col(
+                "RequestedDuration",
+                "string",
+                0,
+                "Requested validity duration of the certificate.",
+            ),
+            col(
+                "Condition",
+                "string",
+                0,
+                "Approval and issuance state of the request.",
+            ),
+        ],
+        "Lease" => vec![
+            name,
+            col("Holder", "string", 0, "Holder identity of the lease."),
+            age,
+        ],
+        "Secret" => vec![
+            name,
+            col("Type", "string", 0, "The type of the secret"),
+            col("Data", "string", 0, "The number of entries in the data"),
+            age,
+        ],
+        "ConfigMap" => vec![
+            name,
+            col("Data", "string", 0, "Number of data entries"),
+            age,
+        ],
+        "Namespace" => vec![
+            name,
+            col("Status", "string", 0, "The status of the namespace"),
+            age,
+        ],
+        _ => vec![name, age],
+    }
+}
+
+fn cells(kind: &str, o: &Value) -> Vec<Value> {
+    let name = json!(o["metadata"]["name"]);
+    match kind {
+        "Node" => {
+            let addr = |t: &str| {
+                o["status"]["addresses"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|x| x["type"] == t))
+                    .and_then(|x| x["address"].as_str())
+                    .unwrap_or("<none>")
+                    .to_string()
+            };
+            let info = &o["status"]["nodeInfo"];
+            let s = |v: &Value| {
+                v.as_str()
+                    .filter(|x| !x.is_empty())
+                    .unwrap_or("<unknown>")
+                    .to_string()
+            };
+            vec![
+                name,
+                json!(node_status(o)),
+                json!(node_roles(o)),
+                json!(age(o)),
+                json!(s(&info["kubeletVersion"])),
+                json!(addr("InternalIP")),
+                json!(addr("ExternalIP")),
+                json!(s(&info["osImage"])),
+                json!(s(&info["kernelVersion"])),
+                json!(s(&info["containerRuntimeVersion"])),
+            ]
+        }
+        "CertificateSigningRequest" => {
+            let duration = o["spec"]["expirationSeconds"]
+                .as_i64()
+                .map(|s| format!("{}m", s / 60))
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                name,
+                json!(age(o)),
+                json!(o["spec"]["signerName"]),
+                json!(o["spec"]["username"]),
+                json!(duration),
+                json!(csr_condition(o)),
+            ]
+        }
+        "Lease" => vec![
+            name,
+            json!(o["spec"]["holderIdentity"].as_str().unwrap_or("")),
+            json!(age(o)),
+        ],
+        "Secret" => vec![
+            name,
+            json!(o["type"].as_str().unwrap_or("Opaque")),
+            json!(o["data"].as_object().map_or(0, |d| d.len())),
+            json!(age(o)),
+        ],
+        "ConfigMap" => vec![
+            name,
+            json!(o["data"].as_object().map_or(0, |d| d.len())),
+            json!(age(o)),
+        ],
+        "Namespace" => vec![name, json!("Active"), json!(age(o))],
+        _ => vec![name, json!(age(o))],
+    }
+}
+
+/// `Ready`, `NotReady`, `Unknown`, with `,SchedulingDisabled` when cordoned.
+pub fn node_status(o: &Value) -> String {
+    let ready = o["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str());
+    let mut s = match ready {
+        Some("True") => "Ready".to_string(),
+        Some("False") => "NotReady".to_string(),
+        _ => "Unknown".to_string(),
+    };
+    if o["spec"]["unschedulable"] == json!(true) {
+        s.push_str(",SchedulingDisabled");
+    }
+    s
+}
+
+fn node_roles(o: &Value) -> String {
+    let mut roles: Vec<&str> = o["metadata"]["labels"]
+        .as_object()
+        .map(|l| {
+            l.keys()
+                .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                .filter(|r| !r.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort_unstable();
+    if roles.is_empty() {
+        "<none>".into()
+    } else {
+        roles.join(",")
+    }
+}
+
+fn csr_condition(o: &Value) -> String {
+    let conds = o["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut parts: Vec<String> = conds
+        .iter()
+        .filter(|c| c["status"] != "False")
+        .filter_map(|c| c["type"].as_str().map(str::to_string))
+        .collect();
+    if parts.is_empty() {
+        parts.push("Pending".into());
+    }
+    if o["status"]["certificate"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty())
+    {
+        parts.push("Issued".into());
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_rows_carry_status_and_wide_columns() {
+        let def = crate::resources::by_kind("Node").unwrap();
+        let n = json!({
+            "metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/worker": ""}},
+            "spec": {"unschedulable": true},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]}
+        });
+        let t = table(def, &[n], 7, Include::Metadata);
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(cells[1], "Ready,SchedulingDisabled");
+        assert_eq!(cells[2], "worker");
+        assert_eq!(cells[5], "10.0.0.5");
+        assert_eq!(t["columnDefinitions"][5]["priority"], 1);
+        assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    }
+}

@@ -41,10 +41,16 @@ pub struct BootSpec {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct BootDisk {
+    /// Cloud name: `vdb`, `nvme0n1`.
     pub device: String,
     pub major: u64,
     pub minor: u64,
+    /// The loop device's kernel name, for its sysfs entry.
+    pub loop_name: String,
+    /// Name under /dev/disk/by-id: `virtio-SERIAL` or `nvme-SERIAL`.
+    pub by_id: String,
 }
 
 /// Seconds PID 1 gives its processes between SIGTERM and SIGKILL on stop.
@@ -205,21 +211,26 @@ fn setup(spec: &BootSpec) -> Result<()> {
         nosuid | MsFlags::MS_RDONLY,
         None,
     )?;
-    // sysfs is not namespaced for block devices: hide the host's disks.
-    for d in ["block", "class/block", "dev/block"] {
+    // sysfs is not namespaced for block devices: replace its block indexes
+    // by ones that list only the instance's disks (links to the real loop
+    // devices' entries, under their cloud names).
+    for d in SYS_BLOCK_DIRS {
         let p = sys_dir.join(d);
         if p.is_dir() {
             mnt(
                 "tmpfs",
                 &p,
                 Some("tmpfs"),
-                nosuid | MsFlags::MS_RDONLY,
-                Some("size=4k,mode=755"),
+                nosuid,
+                Some("size=64k,mode=755"),
             )?;
         }
     }
 
-    make_dev(&root.join("dev"), &spec.disks)?;
+    make_dev(&root.join("dev"))?;
+    for d in &spec.disks {
+        add_disk(&root, d)?;
+    }
 
     let run = root.join("run");
     mkdirs(&run)?;
@@ -307,7 +318,7 @@ fn write_file(p: &Path, text: &str) -> Result<()> {
 }
 
 /// A private /dev: the basics and the instance's own disks, nothing of the host.
-fn make_dev(dev: &Path, disks: &[BootDisk]) -> Result<()> {
+fn make_dev(dev: &Path) -> Result<()> {
     mkdirs(dev)?;
     mnt(
         "tmpfs",
@@ -334,9 +345,7 @@ fn make_dev(dev: &Path, disks: &[BootDisk]) -> Result<()> {
         )
         .sys(|| format!("mknod {}", p.display()))?;
     }
-    for d in disks {
-        add_disk_node(dev, d)?;
-    }
+    mkdirs(&dev.join("disk/by-id"))?;
     let pts = dev.join("pts");
     mkdirs(&pts)?;
     mnt(
@@ -376,16 +385,54 @@ fn make_dev(dev: &Path, disks: &[BootDisk]) -> Result<()> {
     Ok(())
 }
 
-/// Block node for one disk; also used by the host to hot-attach (through /proc/PID/root/dev).
-pub fn add_disk_node(dev: &Path, d: &BootDisk) -> Result<()> {
-    let p = dev.join(&d.device);
+const SYS_BLOCK_DIRS: [&str; 3] = ["block", "class/block", "dev/block"];
+
+/// The links that make one disk visible the way a cloud VM shows it:
+/// `/dev/disk/by-id/…` and the sysfs block indexes.
+fn disk_links(d: &BootDisk) -> Vec<(PathBuf, String)> {
+    let sys = format!("/sys/devices/virtual/block/{}", d.loop_name);
+    vec![
+        (
+            PathBuf::from("dev/disk/by-id").join(&d.by_id),
+            format!("../../{}", d.device),
+        ),
+        (PathBuf::from("sys/block").join(&d.device), sys.clone()),
+        (
+            PathBuf::from("sys/class/block").join(&d.device),
+            sys.clone(),
+        ),
+        (
+            PathBuf::from("sys/dev/block").join(format!("{}:{}", d.major, d.minor)),
+            sys,
+        ),
+    ]
+}
+
+/// Block node and links for one disk under an instance root; the host uses
+/// it to hot-attach, through /proc/PID/root.
+pub fn add_disk(root: &Path, d: &BootDisk) -> Result<()> {
+    let p = root.join("dev").join(&d.device);
     mknod(
         &p,
         SFlag::S_IFBLK,
         Mode::from_bits_truncate(0o660),
         makedev(d.major, d.minor),
     )
-    .sys(|| format!("mknod {}", p.display()))
+    .sys(|| format!("mknod {}", p.display()))?;
+    for (link, target) in disk_links(d) {
+        let at = root.join(link);
+        std::os::unix::fs::symlink(&target, &at).ctx("cannot link", &at)?;
+    }
+    Ok(())
+}
+
+/// Undoes [`add_disk`].
+pub fn remove_disk(root: &Path, d: &BootDisk) -> Result<()> {
+    crate::state::remove_file(&root.join("dev").join(&d.device))?;
+    for (link, _) in disk_links(d) {
+        crate::state::remove_file(&root.join(link))?;
+    }
+    Ok(())
 }
 
 extern "C" fn wake(_: libc::c_int) {}
@@ -480,12 +527,22 @@ fn shutdown(set: &SigSet) -> i32 {
     0
 }
 
-impl LoopDev {
-    pub fn boot_disk(&self, device: &str) -> BootDisk {
+impl BootDisk {
+    pub fn new(dev: &LoopDev, disk: &crate::model::DiskRecord) -> BootDisk {
+        let kind = match disk.interface {
+            crate::model::DiskInterface::Virtio => "virtio",
+            crate::model::DiskInterface::Nvme => "nvme",
+        };
         BootDisk {
-            device: device.into(),
-            major: self.major,
-            minor: self.minor,
+            device: disk.device.clone().unwrap_or_default(),
+            major: dev.major,
+            minor: dev.minor,
+            loop_name: dev
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            by_id: format!("{kind}-{}", disk.serial),
         }
     }
 }

@@ -411,7 +411,7 @@ impl Cloud {
         for id in &rec.disks {
             let d = self.state.disk(id)?;
             let dev = loopdev::attach(&self.state.disk_file(id))?;
-            disks.push(dev.boot_disk(d.device.as_deref().unwrap_or("vdz")));
+            disks.push(BootDisk::new(&dev, &d));
         }
         Self::checkpoint("loops");
         net::netns_add(&rec.netns)?;
@@ -883,9 +883,9 @@ impl Cloud {
         self.state.put_instance(&rec)?;
         if let Some(init) = rec.init.filter(|i| i.alive()) {
             let loop_dev = loopdev::attach(&self.state.disk_file(disk_id))?;
-            crate::boot::add_disk_node(
-                Path::new(&format!("/proc/{}/root/dev", init.pid)),
-                &loop_dev.boot_disk(&dev),
+            crate::boot::add_disk(
+                Path::new(&format!("/proc/{}/root", init.pid)),
+                &BootDisk::new(&loop_dev, &d),
             )?;
         }
         Ok(d)
@@ -906,10 +906,8 @@ impl Cloud {
         let file = self.state.disk_file(disk_id);
         if let Some(init) = rec.init.filter(|i| i.alive()) {
             for (dev, _) in loopdev::backed_under(&file) {
-                let rdev = std::os::unix::fs::MetadataExt::rdev(
-                    &std::fs::metadata(&dev).ctx("cannot stat", &dev)?,
-                );
-                let num = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+                let ld = loopdev::LoopDev::of(&dev)?;
+                let num = format!("{}:{}", ld.major, ld.minor);
                 let info = std::fs::read_to_string(format!("/proc/{}/mountinfo", init.pid))
                     .unwrap_or_default();
                 if info
@@ -921,10 +919,10 @@ impl Cloud {
                         message: format!("mounted inside {inst}; unmount it there first"),
                     });
                 }
-            }
-            if let Some(name) = &d.device {
-                let node = PathBuf::from(format!("/proc/{}/root/dev/{name}", init.pid));
-                state::remove_file(&node)?;
+                crate::boot::remove_disk(
+                    Path::new(&format!("/proc/{}/root", init.pid)),
+                    &BootDisk::new(&ld, &d),
+                )?;
             }
             loopdev::detach_file(&file)?;
         }

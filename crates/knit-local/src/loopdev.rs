@@ -15,21 +15,26 @@ pub struct LoopDev {
 
 pub fn attach(file: &Path) -> Result<LoopDev> {
     let out = run("losetup", &["--find", "--show", &file.to_string_lossy()])?;
-    let path = PathBuf::from(out.trim());
-    let meta = std::fs::metadata(&path).ctx("cannot stat", &path)?;
-    if !meta.file_type().is_block_device() {
-        return Err(LocalError::Command {
-            command: format!("losetup --find --show {}", file.display()),
-            status: "bad output".into(),
-            stderr: format!("{} is not a block device", path.display()),
-        });
+    LoopDev::of(Path::new(out.trim()))
+}
+
+impl LoopDev {
+    /// The device number of an existing loop device node.
+    pub fn of(path: &Path) -> Result<LoopDev> {
+        let meta = std::fs::metadata(path).ctx("cannot stat", path)?;
+        if !meta.file_type().is_block_device() {
+            return Err(LocalError::Busy {
+                what: path.display().to_string(),
+                message: "is not a block device".into(),
+            });
+        }
+        let rdev = meta.rdev();
+        Ok(LoopDev {
+            path: path.to_path_buf(),
+            major: libc::major(rdev) as u64,
+            minor: libc::minor(rdev) as u64,
+        })
     }
-    let rdev = meta.rdev();
-    Ok(LoopDev {
-        path,
-        major: libc::major(rdev) as u64,
-        minor: libc::minor(rdev) as u64,
-    })
 }
 
 pub fn detach(dev: &Path) -> Result<()> {

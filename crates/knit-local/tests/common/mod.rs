@@ -1,0 +1,158 @@
+//! A local cloud of its own per test: unique state directory, bridge and
+//! subnet; `down` on drop (success, failure and panic alike).
+
+#![allow(dead_code)]
+
+use knit_local::{Cloud, Config, Instance, Template};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_knit-local");
+
+pub struct TestCloud {
+    pub cloud: Cloud,
+    pub dir: PathBuf,
+    pub bridge: String,
+    pub subnet: String,
+    _tmp: tempfile::TempDir,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A name/subnet unique to this process and call.
+pub fn unique() -> (String, String) {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let x = std::process::id() * 8 + n % 8;
+    let bridge = format!("kt{:x}{n}", std::process::id());
+    let subnet = format!("10.{}.{}.0/24", 100 + (x / 256) % 150, x % 256);
+    (bridge, subnet)
+}
+
+impl TestCloud {
+    pub fn new() -> TestCloud {
+        let (bridge, subnet) = unique();
+        let tmp = tempfile::Builder::new()
+            .prefix("knit-local-test-")
+            .tempdir()
+            .expect("tempdir");
+        let dir = tmp.path().join("state");
+        let cloud = Cloud::open(Config {
+            state_dir: dir.clone(),
+            bridge: bridge.clone(),
+            subnet: subnet.clone(),
+            metadata_port: 80,
+            helper: Some(PathBuf::from(BIN)),
+        })
+        .expect("open cloud (are we root?)");
+        TestCloud {
+            cloud,
+            dir,
+            bridge,
+            subnet,
+            _tmp: tmp,
+        }
+    }
+
+    pub fn gateway(&self) -> String {
+        let base = self.subnet.trim_end_matches(".0/24");
+        format!("{base}.1")
+    }
+
+    pub fn create(&self, yaml: &str) -> Instance {
+        self.cloud
+            .create(&Template::parse(yaml).expect("template"))
+            .expect("create")
+    }
+
+    /// `sh -c script` inside; panics with the output unless it succeeds.
+    pub fn sh(&self, id: &str, script: &str) -> String {
+        let out = self.sh_out(id, script);
+        assert!(
+            out.status.success(),
+            "`{script}` in {id} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn sh_out(&self, id: &str, script: &str) -> Output {
+        self.cloud
+            .exec(id, &["/bin/sh".into(), "-c".into(), script.into()])
+            .expect("exec")
+    }
+
+    /// The CLI against this cloud's state directory.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        cli_env(&self.dir, &self.bridge, &self.subnet)
+            .args(args)
+            .output()
+            .expect("run knit-local")
+    }
+}
+
+pub fn cli_env(dir: &Path, bridge: &str, subnet: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("KNIT_LOCAL_STATE_DIR", dir)
+        .env("KNIT_LOCAL_BRIDGE", bridge)
+        .env("KNIT_LOCAL_SUBNET", subnet);
+    c
+}
+
+impl Drop for TestCloud {
+    fn drop(&mut self) {
+        match self.cloud.down() {
+            Ok(r) if r.errors.is_empty() => {}
+            Ok(r) => eprintln!("down left errors: {:?}", r.errors),
+            Err(e) => eprintln!("down failed: {e}"),
+        }
+    }
+}
+
+/// What a state directory may have left on the host; all must be empty.
+#[derive(Debug, Default, PartialEq)]
+pub struct Leftovers {
+    pub loop_devices: Vec<String>,
+    pub mounts: Vec<String>,
+    pub links: Vec<String>,
+    pub netns: Vec<String>,
+    pub processes: Vec<String>,
+    pub state_dir_exists: bool,
+}
+
+pub fn leftovers(dir: &Path, links: &[String], netns: &[String]) -> Leftovers {
+    let mut l = Leftovers::default();
+    for (dev, file) in knit_local::loopdev::backed_under(dir) {
+        l.loop_devices
+            .push(format!("{} {}", dev.display(), file.display()));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in info.lines() {
+        if line.contains(&*dir.to_string_lossy()) {
+            l.mounts.push(line.to_string());
+        }
+    }
+    for link in links {
+        if Path::new("/sys/class/net").join(link).exists() {
+            l.links.push(link.clone());
+        }
+    }
+    for ns in netns {
+        if Path::new("/run/netns").join(ns).exists() {
+            l.netns.push(ns.clone());
+        }
+    }
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(&*dir.to_string_lossy()) && !cmd.contains("cargo") {
+                l.processes
+                    .push(format!("{} {cmd}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    l.state_dir_exists = dir.exists();
+    l
+}

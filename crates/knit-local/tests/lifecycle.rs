@@ -1,0 +1,272 @@
+//! The local cloud's lifecycle on real loop devices, namespaces, overlayfs
+//! and a real bridge. Run as root.
+
+mod common;
+
+use common::{leftovers, TestCloud};
+use knit_local::InstanceState;
+use std::time::Duration;
+
+const MULTIPART: &str = r#"userData: |
+  Content-Type: multipart/mixed; boundary="==B=="
+  MIME-Version: 1.0
+
+  --==B==
+  Content-Type: text/x-shellscript; charset="us-ascii"
+  Content-Disposition: attachment; filename="first.sh"
+
+  #!/bin/sh
+  echo first > /root/order
+  curl -sf http://GATEWAY/latest/meta-data/instance-id > /root/md-id
+  curl -sf http://GATEWAY/latest/meta-data/disks/ > /root/md-disks
+  curl -sf http://GATEWAY/latest/user-data | head -1 > /root/md-ud
+  --==B==
+  Content-Type: text/cloud-config
+
+  #cloud-config
+  runcmd: [touch, /root/never]
+  --==B==
+  Content-Type: text/x-shellscript
+
+  #!/bin/sh
+  echo second >> /root/order
+  echo to-the-log
+  exit 3
+  --==B==
+  Content-Type: text/x-shellscript
+
+  #!/bin/sh
+  echo third >> /root/order
+  --==B==--
+"#;
+
+#[test]
+fn boot_runs_user_data_in_order_with_metadata_and_cloud_disks() {
+    let t = TestCloud::new();
+    let yaml = format!(
+        "name: web-1\ninstanceType: ecs.g7.large\nsystemDiskSize: 1Gi\ndisks:\n- {{name: data, size: 256Mi, interface: nvme}}\n- {{name: logs, size: 128Mi}}\n- {{name: more, size: 128Mi}}\n{}",
+        MULTIPART.replace("GATEWAY", &t.gateway())
+    );
+    let inst = t.create(&yaml);
+    let id = inst.record.id.clone();
+    assert!(inst.alive);
+    let devices: Vec<_> = inst
+        .data_disks
+        .iter()
+        .map(|d| d.device.clone().unwrap())
+        .collect();
+    assert_eq!(devices, ["nvme0n1", "vdb", "vdc"]);
+
+    let result = t
+        .cloud
+        .wait_user_data(&id, Duration::from_secs(60))
+        .unwrap();
+    let parts = result["knit"]["parts"].as_array().unwrap();
+    let names: Vec<_> = parts
+        .iter()
+        .map(|p| {
+            (
+                p["filename"].as_str().unwrap(),
+                p["exitCode"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(names, [("first.sh", 0), ("part-003", 3), ("part-004", 0)]);
+    assert_eq!(result["knit"]["failedPart"], "part-003");
+    assert_eq!(result["v1"]["errors"][0], "part-003: exited with 3");
+    assert!(result["knit"]["skipped"][0]
+        .as_str()
+        .unwrap()
+        .contains("text/cloud-config"));
+
+    assert_eq!(t.sh(&id, "cat /root/order"), "first\nsecond\nthird\n");
+    assert_eq!(t.sh(&id, "cat /root/md-id"), id);
+    assert!(t
+        .sh(&id, "cat /root/md-disks")
+        .contains(&inst.data_disks[0].id));
+    assert_eq!(
+        t.sh(&id, "cat /root/md-ud"),
+        "Content-Type: multipart/mixed; boundary=\"==B==\"\n"
+    );
+    assert!(t
+        .sh(&id, "cat /var/log/cloud-init-output.log")
+        .contains("to-the-log"));
+    assert!(!t.sh_out(&id, "test -e /root/never").status.success());
+
+    // Cloud names in /dev, /dev/disk/by-id and sysfs; no host disk anywhere.
+    let dev = t.sh(&id, "ls /dev");
+    for d in &devices {
+        assert!(dev.lines().any(|l| l == d), "{d} missing from /dev: {dev}");
+    }
+    assert!(
+        !dev.lines()
+            .any(|l| l.starts_with("loop") || l == "vda" || l == "sda"),
+        "{dev}"
+    );
+    assert_eq!(
+        t.sh(&id, "ls /sys/block | sort | tr '\\n' ' '"),
+        "nvme0n1 vdb vdc "
+    );
+    let by_id = t.sh(&id, "ls /dev/disk/by-id");
+    assert!(
+        by_id.contains(&format!("nvme-{}", inst.data_disks[0].serial)),
+        "{by_id}"
+    );
+    assert!(
+        by_id.contains(&format!("virtio-{}", inst.data_disks[1].serial)),
+        "{by_id}"
+    );
+    assert_eq!(
+        t.sh(&id, "cat /sys/block/nvme0n1/size").trim(),
+        (256 * 2048).to_string()
+    );
+
+    // Own UTS and PID namespaces: its hostname, and our init as PID 1.
+    assert_eq!(t.sh(&id, "hostname").trim(), "web-1");
+    assert!(t
+        .sh(&id, "cat /proc/1/cmdline | tr '\\0' ' '")
+        .contains("__boot"));
+    // The host sees none of the instance's mounts.
+    assert!(leftovers(&t.dir, &[], &[]).mounts.is_empty());
+
+    // Metadata paths from inside.
+    let md = |p: &str| {
+        t.sh(
+            &id,
+            &format!("curl -sf http://{}/latest/meta-data/{p}", t.gateway()),
+        )
+    };
+    assert_eq!(md("instance/instance-type"), "ecs.g7.large");
+    assert_eq!(md("private-ipv4"), inst.record.private_ip);
+    assert_eq!(md("region-id"), "local");
+    assert_eq!(
+        md(&format!("disks/{}/device", inst.data_disks[0].id)),
+        "/dev/nvme0n1"
+    );
+    assert_eq!(
+        md(&format!("disks/{}/serial", inst.data_disks[1].id)),
+        inst.data_disks[1].serial
+    );
+}
+
+#[test]
+fn stop_start_keeps_everything_and_reimage_keeps_only_data_disks() {
+    let t = TestCloud::new();
+    let inst = t.create("systemDiskSize: 1Gi\ndisks:\n- {name: data, size: 128Mi, format: ext4}\nuserData: \"#!/bin/sh\\necho v1 > /root/ud\\n\"\n");
+    let id = inst.record.id.clone();
+    let old_disk = inst.data_disks[0].id.clone();
+    t.cloud
+        .wait_user_data(&id, Duration::from_secs(60))
+        .unwrap();
+    t.sh(&id, "echo system > /etc/knit-marker && mount /dev/vdb /mnt && echo data > /mnt/file && umount /mnt");
+
+    let stopped = t.cloud.stop(&id).unwrap();
+    assert_eq!(stopped.record.state, InstanceState::Stopped);
+    assert!(!stopped.alive);
+    assert!(t.cloud.exec(&id, &["true".into()]).is_err());
+    assert!(
+        knit_local::loopdev::backed_under(&t.dir).is_empty(),
+        "stop must release loop devices"
+    );
+
+    t.cloud.start(&id).unwrap();
+    assert_eq!(t.sh(&id, "cat /etc/knit-marker"), "system\n");
+    assert_eq!(
+        t.sh(&id, "mount /dev/vdb /mnt && cat /mnt/file && umount /mnt"),
+        "data\n"
+    );
+    // User data ran once per instance, not again on start.
+    let r = t
+        .cloud
+        .wait_user_data(&id, Duration::from_secs(60))
+        .unwrap();
+    assert!(r["knit"]["skipped"][0]
+        .as_str()
+        .unwrap()
+        .contains("already ran"));
+
+    let re = t
+        .cloud
+        .reimage(&id, Some("#!/bin/sh\necho v2 > /root/ud\n".into()))
+        .unwrap();
+    assert_eq!(re.data_disks.len(), 1);
+    assert_ne!(
+        re.data_disks[0].id, old_disk,
+        "reimage gives data disks new ids"
+    );
+    assert_eq!(re.data_disks[0].device.as_deref(), Some("vdb"));
+    assert!(t.cloud.disks().unwrap().iter().all(|d| d.id != old_disk));
+    t.cloud
+        .wait_user_data(&id, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(t.sh(&id, "cat /root/ud"), "v2\n");
+    assert!(
+        !t.sh_out(&id, "test -e /etc/knit-marker").status.success(),
+        "system layer must be new"
+    );
+    assert_eq!(
+        t.sh(&id, "mount /dev/vdb /mnt && cat /mnt/file && umount /mnt"),
+        "data\n"
+    );
+    assert!(t
+        .sh(&id, "ls /dev/disk/by-id")
+        .contains(&re.data_disks[0].serial));
+
+    t.cloud.reboot(&id).unwrap();
+    assert_eq!(t.sh(&id, "cat /root/ud"), "v2\n");
+}
+
+#[test]
+fn snapshot_copies_a_disk_and_disks_hot_attach() {
+    let t = TestCloud::new();
+    let a = t.create("systemDiskSize: 1Gi\ndisks:\n- {name: data, size: 128Mi, format: ext4}\n");
+    let b = t.create("systemDiskSize: 1Gi\n");
+    let (a_id, b_id) = (a.record.id.clone(), b.record.id.clone());
+    t.sh(&a_id, "mount /dev/vdb /mnt && head -c 3000000 /dev/urandom > /mnt/blob && sha256sum /mnt/blob | cut -c1-64 > /mnt/sum && umount /mnt");
+    let sum = t.sh(
+        &a_id,
+        "mount -o ro /dev/vdb /mnt && cat /mnt/sum && umount /mnt",
+    );
+
+    let snap = t.cloud.snapshot_create(&a.data_disks[0].id).unwrap();
+    assert!(["reflink", "sparse-copy"].contains(&snap.method.as_str()));
+    assert_eq!(t.cloud.snapshots().unwrap().len(), 1);
+    let disk = t
+        .cloud
+        .disk_create(&knit_local::DiskSpec {
+            name: "restored".into(),
+            size: None,
+            interface: knit_local::DiskInterface::Nvme,
+            snapshot: Some(snap.id.clone()),
+            format: None,
+        })
+        .unwrap();
+    assert_eq!(disk.size, 128 << 20);
+    let attached = t.cloud.disk_attach(&disk.id, &b_id).unwrap();
+    assert_eq!(attached.device.as_deref(), Some("nvme0n1"));
+    assert_eq!(
+        t.sh(
+            &b_id,
+            "mount /dev/nvme0n1 /mnt && sha256sum /mnt/blob | cut -c1-64"
+        ),
+        sum
+    );
+    let busy = t.cloud.disk_detach(&disk.id).unwrap_err();
+    assert_eq!(busy.code(), "LocalBusy", "{busy}");
+    t.sh(&b_id, "umount /mnt");
+    t.cloud.disk_detach(&disk.id).unwrap();
+    assert!(!t.sh(&b_id, "ls /dev /sys/block").contains("nvme0n1"));
+    t.cloud.disk_delete(&disk.id).unwrap();
+    t.cloud.snapshot_delete(&snap.id).unwrap();
+    assert!(t.cloud.snapshots().unwrap().is_empty());
+
+    t.cloud.delete(&a_id).unwrap();
+    assert_eq!(t.cloud.list().unwrap().len(), 1);
+    assert!(
+        t.cloud.disks().unwrap().is_empty(),
+        "delete releases the instance's disks"
+    );
+    let err = t.cloud.describe(&a_id).unwrap_err();
+    assert_eq!(err.code(), "LocalNotFound");
+    assert!(err.to_string().contains(&a_id));
+}

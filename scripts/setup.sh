@@ -15,6 +15,7 @@ PACKAGES=(
     docker-registry                                 # the local OCI registry (snapshot tests)
     python3                                         # user-data composition parse check
     curl ca-certificates
+    iputils-ping                                    # instances ping each other (knit-local tests)
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
 )
 

@@ -1,6 +1,1180 @@
-//! `knit`: the command-line interface.
+//! `knit`: the command-line interface. kubectl's conventions: verbs, kinds,
+//! `-f FILE`, `-o wide|json|yaml`.
 
-fn main() {
-    eprintln!("knit: not built yet");
-    std::process::exit(2);
+mod output;
+mod wait;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use knit_server::client::{Client, ClientConfig};
+use knit_server::control::{Settings, DEFAULT_PORT};
+use knit_server::ServerError;
+use output::{age, cell, duration, table};
+use serde::Deserialize as _;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The one error type of the CLI.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("{0}")]
+    Server(#[from] ServerError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    fn code(&self) -> String {
+        match self {
+            CliError::Server(ServerError::Remote { code, .. }) => code.clone(),
+            CliError::Server(e) => e.code().to_string(),
+            CliError::Usage(_) => "Usage".into(),
+            CliError::Io { .. } => "IoError".into(),
+            CliError::Failed(_) => "Failed".into(),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, CliError>;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CliError {
+    let what = what.into();
+    move |source| CliError::Io { what, source }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "knit",
+    version,
+    about = "knit: node pools for Kubernetes, on the local cloud or your own"
+)]
+struct Cli {
+    /// Client config (server URL, admin token, CA); default $KNIT_CONFIG or ~/.knit/config.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    #[value(alias = "cluster")]
+    Clusters,
+    #[value(alias = "pool", alias = "nodepool", alias = "nodepools", alias = "np")]
+    Pools,
+    #[value(alias = "node", alias = "no")]
+    Nodes,
+    #[value(alias = "instance")]
+    Instances,
+    #[value(alias = "snapshot")]
+    Snapshots,
+    #[value(alias = "event", alias = "ev")]
+    Events,
+    #[value(alias = "jointoken")]
+    Jointokens,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum One {
+    #[value(alias = "pools", alias = "nodepool")]
+    Pool,
+    #[value(alias = "nodes")]
+    Node,
+}
+
+#[derive(Args, Clone)]
+struct ServerOpts {
+    /// Database, CA, admin token and package mirror.
+    #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
+    state_dir: PathBuf,
+    /// Where to listen; instances must reach it (all addresses by default).
+    #[arg(long, default_value_t = format!("0.0.0.0:{DEFAULT_PORT}"))]
+    listen: String,
+    /// Host instances use to reach the server (default: the local cloud's gateway).
+    #[arg(long)]
+    advertise_address: Option<String>,
+    /// local: the local cloud; none: store and API only, no instance is made.
+    #[arg(long, default_value = "local", value_parser = ["local", "none"])]
+    provider: String,
+    /// Provider calls in flight at once.
+    #[arg(long, default_value_t = 4)]
+    parallelism: usize,
+    /// Lifetime of a bootstrap token, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    join_token_ttl: u64,
+    #[arg(
+        long,
+        env = "KNIT_LOCAL_STATE_DIR",
+        default_value = "/var/lib/knit/local"
+    )]
+    local_state_dir: PathBuf,
+    #[arg(long, env = "KNIT_LOCAL_BRIDGE", default_value = "knit0")]
+    local_bridge: String,
+    #[arg(long, env = "KNIT_LOCAL_SUBNET", default_value = "10.213.0.0/24")]
+    local_subnet: String,
+    #[arg(long, env = "KNIT_LOCAL_METADATA_PORT", default_value_t = 80)]
+    local_metadata_port: u16,
+}
+
+#[derive(Subcommand)]
+enum ServerAction {
+    /// Create the state directory, CA and admin token, and write the client config.
+    Init(ServerOpts),
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a server with embedded defaults in the background and write the client config.
+    Up(ServerOpts),
+    /// Run the server in the foreground.
+    Server {
+        #[command(subcommand)]
+        action: Option<ServerAction>,
+        #[command(flatten)]
+        opts: ServerOpts,
+        /// Also write the client config for this server.
+        #[arg(long)]
+        write_config: bool,
+    },
+    /// List resources.
+    Get {
+        kind: Kind,
+        name: Option<String>,
+        #[arg(short = 'o', long)]
+        output: Option<Format>,
+    },
+    /// Show one pool or node in detail (a node's phase timeline).
+    Describe { kind: One, name: String },
+    /// Create the resources in a file (NodePool, Cluster); `-` reads stdin.
+    Create {
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// Create or update the resources in a file.
+    Apply {
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// Set a pool's desired node count.
+    Scale {
+        kind: One,
+        name: String,
+        #[arg(long)]
+        replicas: i64,
+        /// Follow the nodes until every one is initialized (or failed).
+        #[arg(long)]
+        wait: bool,
+        /// Release removed instances (false: stop and keep them).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        release: bool,
+        /// Give up waiting after this many seconds.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
+    },
+    /// Delete a pool (scaled to 0 first) or remove a node from its pool.
+    Delete {
+        kind: One,
+        name: String,
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        release: bool,
+    },
+    /// A node's log, read from the instance through the provider.
+    Logs {
+        kind: One,
+        name: String,
+        /// init | user-data | error-code | error-msg
+        #[arg(long, default_value = "init")]
+        file: String,
+    },
+    /// Delete every pool, wait for the instances to go, stop the server `knit up` started.
+    Down {
+        /// Only stop the server; pools and instances stay.
+        #[arg(long)]
+        keep_instances: bool,
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Package mirror.
+    Package {
+        #[command(subcommand)]
+        action: PackageAction,
+    },
+    /// The local cloud's verbs (runs the knit-local program installed beside knit).
+    Local {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PackageAction {
+    /// Assemble the package mirror from what this machine has.
+    Build {
+        #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
+        state_dir: PathBuf,
+        #[arg(long, default_value = knit_api::DEFAULT_KUBERNETES_VERSION)]
+        kubernetes_version: String,
+        /// The agent binary (default: knit-agent beside knit).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Shipped as bin/kubelet (default: knit-kubelet-sim beside knit).
+        #[arg(long)]
+        kubelet: Option<PathBuf>,
+        /// Leave containerd, its shim, ctr and runc out of the tarball.
+        #[arg(long)]
+        no_runtime: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error [{}]: {e}", e.code());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_path(cli_config: &Option<PathBuf>) -> Result<PathBuf> {
+    match cli_config {
+        Some(p) => Ok(p.clone()),
+        None => Ok(ClientConfig::default_path()?),
+    }
+}
+
+fn client(cli_config: &Option<PathBuf>) -> Result<Client> {
+    let config = ClientConfig::load(&config_path(cli_config)?)?;
+    Ok(Client::new(&config)?)
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Up(opts) => up(&cli.config, opts),
+        Cmd::Server {
+            action: Some(ServerAction::Init(opts)),
+            ..
+        } => server_init(&cli.config, &opts),
+        Cmd::Server {
+            action: None,
+            opts,
+            write_config,
+        } => serve(&cli.config, opts, write_config),
+        Cmd::Get { kind, name, output } => {
+            get(&client(&cli.config)?, kind, name.as_deref(), output)
+        }
+        Cmd::Describe { kind, name } => describe(&client(&cli.config)?, kind, &name),
+        Cmd::Create { file } => submit(&client(&cli.config)?, &file, false),
+        Cmd::Apply { file } => submit(&client(&cli.config)?, &file, true),
+        Cmd::Scale {
+            kind,
+            name,
+            replicas,
+            wait,
+            release,
+            timeout,
+        } => {
+            if kind != One::Pool {
+                return Err(CliError::Usage(
+                    "only pools scale: knit scale pool NAME --replicas N".into(),
+                ));
+            }
+            let c = client(&cli.config)?;
+            let body = serde_json::json!({ "replicas": replicas, "release": release }).to_string();
+            c.call("POST", &format!("/api/v1/pools/{name}/scale"), Some(&body))?;
+            println!("nodepool/{name} scaled to {replicas}");
+            if wait {
+                return wait::scale(&c, &name, Duration::from_secs(timeout));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Delete {
+            kind,
+            name,
+            release,
+        } => {
+            let c = client(&cli.config)?;
+            match kind {
+                One::Pool => {
+                    c.call("DELETE", &format!("/api/v1/pools/{name}"), None)?;
+                    println!("nodepool/{name} deleted (scaling to 0, then removed)");
+                }
+                One::Node => {
+                    c.call(
+                        "DELETE",
+                        &format!("/api/v1/nodes/{name}?release={release}"),
+                        None,
+                    )?;
+                    println!(
+                        "node/{name} deleted ({})",
+                        if release {
+                            "instance released"
+                        } else {
+                            "instance kept"
+                        }
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Logs { kind, name, file } => {
+            if kind != One::Node {
+                return Err(CliError::Usage(
+                    "logs are per node: knit logs node NAME".into(),
+                ));
+            }
+            let text =
+                client(&cli.config)?.get_text(&format!("/api/v1/nodes/{name}/logs?file={file}"))?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Down {
+            keep_instances,
+            timeout,
+        } => down(&cli.config, keep_instances, Duration::from_secs(timeout)),
+        Cmd::Package { action } => package(action),
+        Cmd::Local { args } => local(&args),
+    }
+}
+
+// ---- server
+
+fn settings(opts: &ServerOpts) -> Result<Settings> {
+    let mut s = Settings::new(opts.state_dir.clone());
+    s.listen = opts.listen.parse().map_err(|_| {
+        CliError::Usage(format!("--listen {:?}: must be ADDRESS:PORT", opts.listen))
+    })?;
+    s.advertise_host = opts.advertise_address.clone();
+    s.parallelism = opts.parallelism.max(1);
+    s.join_token_ttl = Duration::from_secs(opts.join_token_ttl);
+    Ok(s)
+}
+
+/// The URL a CLI on this machine uses for a listen address.
+fn local_url(listen: &str) -> Result<String> {
+    let addr: std::net::SocketAddr = listen
+        .parse()
+        .map_err(|_| CliError::Usage(format!("--listen {listen:?}: must be ADDRESS:PORT")))?;
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    Ok(format!("https://{host}:{}", addr.port()))
+}
+
+fn server_init(cli_config: &Option<PathBuf>, opts: &ServerOpts) -> Result<ExitCode> {
+    let s = settings(opts)?;
+    std::fs::create_dir_all(&s.state_dir)
+        .map_err(io(format!("create {}", s.state_dir.display())))?;
+    let pki = knit_server::pki::Pki::load_or_create(&s.pki_dir())?;
+    let token = knit_server::pki::load_or_create_token(&s.admin_token_path())?;
+    let path = config_path(cli_config)?;
+    ClientConfig {
+        server: local_url(&opts.listen)?,
+        token,
+        ca_cert: pki.ca_pem,
+        state_dir: Some(s.state_dir.display().to_string()),
+        pid: None,
+    }
+    .save(&path)?;
+    println!(
+        "state in {}; client config written to {}",
+        s.state_dir.display(),
+        path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let s = settings(&opts)?;
+    let provider: Option<Arc<dyn knit_server::provider::Provider>> = match opts.provider.as_str() {
+        "local" => Some(Arc::new(knit_server::local::LocalProvider::new(
+            knit_local::Config {
+                state_dir: opts.local_state_dir.clone(),
+                bridge: opts.local_bridge.clone(),
+                subnet: opts.local_subnet.clone(),
+                metadata_port: opts.local_metadata_port,
+                helper: None,
+            },
+        )?)),
+        _ => None,
+    };
+    let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;
+    runtime.block_on(async move {
+        // The embedded cluster is not wired in yet: nodes get no join material.
+        let server =
+            knit_server::start(s, provider, Arc::new(knit_server::bootstrap::NoCluster)).await?;
+        if write_config {
+            let path = config_path(cli_config)?;
+            ClientConfig {
+                server: server.local_url.clone(),
+                token: server.admin_token().to_string(),
+                ca_cert: server.ca_pem().to_string(),
+                state_dir: Some(opts.state_dir.display().to_string()),
+                pid: Some(std::process::id()),
+            }
+            .save(&path)?;
+        }
+        eprintln!(
+            "knit server on {} (instances use {})",
+            server.local_url, server.control.advertise_url
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(io("install SIGTERM handler"))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("knit server stopping");
+        server.shutdown().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
+    let path = config_path(cli_config)?;
+    if let Ok(existing) = ClientConfig::load(&path) {
+        if let Some(pid) = existing.pid.filter(|p| is_our_server(*p)) {
+            println!(
+                "a knit server is already running (pid {pid}); config {}",
+                path.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    std::fs::create_dir_all(&opts.state_dir)
+        .map_err(io(format!("create {}", opts.state_dir.display())))?;
+    let log_path = opts.state_dir.join("server.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(io(format!("open {}", log_path.display())))?;
+    let log2 = log.try_clone().map_err(io("dup log"))?;
+    let exe = std::env::current_exe().map_err(io("find the knit executable"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("server")
+        .arg("--state-dir")
+        .arg(&opts.state_dir)
+        .args(["--listen", &opts.listen, "--provider", &opts.provider])
+        .args(["--parallelism", &opts.parallelism.to_string()])
+        .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])
+        .arg("--local-state-dir")
+        .arg(&opts.local_state_dir)
+        .args([
+            "--local-bridge",
+            &opts.local_bridge,
+            "--local-subnet",
+            &opts.local_subnet,
+        ])
+        .args([
+            "--local-metadata-port",
+            &opts.local_metadata_port.to_string(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    if let Some(a) = &opts.advertise_address {
+        cmd.args(["--advertise-address", a]);
+    }
+    // The server outlives this command: its own session, no terminal.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(io("start the knit server"))?;
+    let pid = child.id();
+    let pki_ca = opts.state_dir.join("pki/ca.pem");
+    let token_path = opts.state_dir.join("admin-token");
+    let url = local_url(&opts.listen)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(CliError::Failed(format!(
+                "the server exited ({status}); see {}",
+                log_path.display()
+            )));
+        }
+        if let (Ok(ca), Ok(token)) = (
+            std::fs::read_to_string(&pki_ca),
+            std::fs::read_to_string(&token_path),
+        ) {
+            let config = ClientConfig {
+                server: url.clone(),
+                token: token.trim().to_string(),
+                ca_cert: ca,
+                state_dir: Some(opts.state_dir.display().to_string()),
+                pid: Some(pid),
+            };
+            if let Ok(c) = Client::new(&config) {
+                if matches!(c.raw("GET", "/healthz", None), Ok((200, _))) {
+                    config.save(&path)?;
+                    println!(
+                        "knit server running (pid {pid}) at {url}; log {}; config {}",
+                        log_path.display(),
+                        path.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: pid is the child we just started.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            return Err(CliError::Failed(format!(
+                "the server did not answer within 30 s; see {}",
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// True when `pid` runs `knit server` (so a recycled PID is never signalled).
+fn is_our_server(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"knit"))
+                && args.get(1).is_some_and(|a| *a == b"server")
+        })
+        .unwrap_or(false)
+}
+
+fn down(cli_config: &Option<PathBuf>, keep_instances: bool, timeout: Duration) -> Result<ExitCode> {
+    let path = config_path(cli_config)?;
+    let mut config = ClientConfig::load(&path)?;
+    let c = Client::new(&config)?;
+    if !keep_instances {
+        let pools = c.get("/api/v1/pools")?;
+        for p in pools["items"].as_array().into_iter().flatten() {
+            let name = cell(&p["metadata"]["name"]);
+            c.call("DELETE", &format!("/api/v1/pools/{name}"), None)?;
+            println!("nodepool/{name} deleted");
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let instances = c.get("/api/v1/instances")?;
+            let left: Vec<String> = instances["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|i| i["state"] != "Detached")
+                .map(|i| cell(&i["name"]))
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(CliError::Failed(format!(
+                    "instances still present after {} s: {}",
+                    timeout.as_secs(),
+                    left.join(", ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    match config.pid {
+        Some(pid) if is_our_server(pid) => {
+            // SAFETY: signalling the server process this config recorded, checked above.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while Path::new(&format!("/proc/{pid}")).exists()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            println!("knit server (pid {pid}) stopped");
+        }
+        Some(pid) => println!("knit server (pid {pid}) is not running"),
+        None => println!("this config has no server started by `knit up`; nothing to stop"),
+    }
+    config.pid = None;
+    config.save(&path)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---- get / describe
+
+fn list_path(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Clusters => "/api/v1/cluster",
+        Kind::Pools => "/api/v1/pools",
+        Kind::Nodes => "/api/v1/nodes",
+        Kind::Instances => "/api/v1/instances",
+        Kind::Snapshots => "/api/v1/snapshots",
+        Kind::Events => "/api/v1/events",
+        Kind::Jointokens => "/api/v1/jointokens",
+    }
+}
+
+fn name_of(kind: Kind, item: &Value) -> String {
+    match kind {
+        Kind::Clusters | Kind::Pools => cell(&item["metadata"]["name"]),
+        Kind::Snapshots => cell(&item["id"]),
+        Kind::Jointokens => cell(&item["tokenId"]),
+        Kind::Events => cell(&item["id"]),
+        _ => cell(&item["name"]),
+    }
+}
+
+fn get(c: &Client, kind: Kind, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+    let answer = c.get(list_path(kind))?;
+    let mut items: Vec<Value> = match kind {
+        Kind::Clusters => vec![answer],
+        _ => answer["items"].as_array().cloned().unwrap_or_default(),
+    };
+    if let Some(n) = name {
+        items.retain(|i| name_of(kind, i) == n);
+        if items.is_empty() {
+            return Err(CliError::Failed(format!(
+                "{} {n:?} not found",
+                list_path(kind).rsplit('/').next().unwrap_or("")
+            )));
+        }
+    }
+    let doc = if name.is_some() && items.len() == 1 {
+        items[0].clone()
+    } else {
+        serde_json::json!({ "items": items })
+    };
+    match format {
+        Some(Format::Json) => print!("{}", output::json(&doc)),
+        Some(Format::Yaml) => print!("{}", output::yaml(&doc)),
+        wide => print!("{}", render_table(kind, &items, wide == Some(Format::Wide))),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render_table(kind: Kind, items: &[Value], wide: bool) -> String {
+    let now = knit_server::store::now_ms();
+    let ms = |v: &Value| v.as_i64().unwrap_or(now);
+    let (headers, rows): (Vec<&str>, Vec<Vec<String>>) = match kind {
+        Kind::Clusters => (
+            vec![
+                "NAME",
+                "VERSION",
+                "REGION",
+                "EDITION",
+                "QUOTA",
+                "NETWORK",
+                "API-SERVER",
+            ],
+            items
+                .iter()
+                .map(|i| {
+                    let s = &i["spec"];
+                    let quota = s["nodeQuota"].as_i64().unwrap_or(if s["edition"] == "pro" {
+                        5000
+                    } else {
+                        10
+                    });
+                    vec![
+                        cell(&i["metadata"]["name"]),
+                        cell(&s["kubernetesVersion"]),
+                        cell(&s["region"]),
+                        cell(&s["edition"]),
+                        quota.to_string(),
+                        cell(&s["network"]["plugin"]),
+                        cell(&s["apiServer"]),
+                    ]
+                })
+                .collect(),
+        ),
+        Kind::Pools => {
+            let mut h = vec![
+                "NAME",
+                "TYPE",
+                "DESIRED",
+                "INSTANCES",
+                "RUNNING",
+                "INITIALIZED",
+                "READY",
+                "AGE",
+            ];
+            if wide {
+                h.extend(["FAILED", "INSTANCE-TYPES", "IMAGE", "DELETING"]);
+            }
+            let rows = items
+                .iter()
+                .map(|i| {
+                    let st = &i["status"];
+                    let mut r = vec![
+                        cell(&i["metadata"]["name"]),
+                        cell(&i["spec"]["type"]),
+                        cell(&st["desired"]),
+                        cell(&st["instances"]),
+                        cell(&st["running"]),
+                        cell(&st["initialized"]),
+                        cell(&st["ready"]),
+                        age(ms(&i["metadata"]["creationTimestampMs"]), now),
+                    ];
+                    if wide {
+                        let types: Vec<String> = i["spec"]["instanceTypes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(cell)
+                            .collect();
+                        r.extend([
+                            cell(&st["failed"]),
+                            types.join(","),
+                            cell(&i["spec"]["image"]),
+                            cell(&st["deleting"]),
+                        ]);
+                    }
+                    r
+                })
+                .collect();
+            (h, rows)
+        }
+        Kind::Nodes => {
+            let mut h = vec!["NAME", "STATUS", "POOL", "PHASE", "INITIALIZED", "AGE"];
+            if wide {
+                h.extend(["INSTANCE", "PROVIDER-ID", "INTERNAL-IP", "ERROR"]);
+            }
+            let rows = items
+                .iter()
+                .map(|i| {
+                    let phase = format!("{}/{}", cell(&i["phase"]), cell(&i["phaseOutcome"]));
+                    let mut r = vec![
+                        cell(&i["name"]),
+                        cell(&i["status"]),
+                        cell(&i["pool"]),
+                        phase,
+                        cell(&i["initialized"]),
+                        age(ms(&i["createdMs"]), now),
+                    ];
+                    if wide {
+                        r.extend([
+                            cell(&i["instance"]),
+                            cell(&i["providerId"]),
+                            cell(&i["ip"]),
+                            cell(&i["errorCode"]),
+                        ]);
+                    }
+                    r
+                })
+                .collect();
+            (h, rows)
+        }
+        Kind::Instances => {
+            let mut h = vec!["NAME", "POOL", "STATE", "PROVIDER-ID", "IP", "AGE"];
+            if wide {
+                h.extend(["TYPE", "LAST-ERROR"]);
+            }
+            let rows = items
+                .iter()
+                .map(|i| {
+                    let mut r = vec![
+                        cell(&i["name"]),
+                        cell(&i["pool"]),
+                        cell(&i["state"]),
+                        cell(&i["providerId"]),
+                        cell(&i["ip"]),
+                        age(ms(&i["createdMs"]), now),
+                    ];
+                    if wide {
+                        r.extend([cell(&i["instanceType"]), cell(&i["lastError"])]);
+                    }
+                    r
+                })
+                .collect();
+            (h, rows)
+        }
+        Kind::Snapshots => (
+            vec!["ID", "POOL", "KUBERNETES", "CONTAINERD", "SIZE", "AGE"],
+            items
+                .iter()
+                .map(|i| {
+                    vec![
+                        cell(&i["id"]),
+                        cell(&i["pool"]),
+                        cell(&i["kubernetesVersion"]),
+                        cell(&i["containerdVersion"]),
+                        format!("{}Mi", i["sizeBytes"].as_i64().unwrap_or(0) >> 20),
+                        age(ms(&i["createdMs"]), now),
+                    ]
+                })
+                .collect(),
+        ),
+        Kind::Events => (
+            vec!["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+            items
+                .iter()
+                .map(|i| {
+                    vec![
+                        age(ms(&i["atMs"]), now),
+                        cell(&i["type"]),
+                        cell(&i["reason"]),
+                        format!(
+                            "{}/{}",
+                            cell(&i["objectKind"]).to_lowercase(),
+                            cell(&i["objectName"])
+                        ),
+                        cell(&i["message"]),
+                    ]
+                })
+                .collect(),
+        ),
+        Kind::Jointokens => (
+            vec!["TOKEN-ID", "INSTANCE", "POOL", "EXPIRES", "USED"],
+            items
+                .iter()
+                .map(|i| {
+                    let expires = i["expiresMs"].as_i64().unwrap_or(0);
+                    vec![
+                        cell(&i["tokenId"]),
+                        cell(&i["instance"]),
+                        cell(&i["pool"]),
+                        if expires > now {
+                            format!("in {}", age(now, expires))
+                        } else {
+                            "expired".into()
+                        },
+                        if i["usedMs"].is_null() {
+                            "no".into()
+                        } else {
+                            format!("{} ago", age(ms(&i["usedMs"]), now))
+                        },
+                    ]
+                })
+                .collect(),
+        ),
+    };
+    if rows.is_empty() {
+        return "No resources found.\n".to_string();
+    }
+    table(&headers, &rows)
+}
+
+fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
+    let now = knit_server::store::now_ms();
+    match kind {
+        One::Node => {
+            let n = c.get(&format!("/api/v1/nodes/{name}"))?;
+            println!("Name:          {}", cell(&n["name"]));
+            println!("Pool:          {}", cell(&n["pool"]));
+            println!(
+                "Instance:      {} ({})",
+                cell(&n["instance"]),
+                cell(&n["providerId"])
+            );
+            println!("Internal IP:   {}", cell(&n["ip"]));
+            println!("Status:        {}", cell(&n["status"]));
+            println!("Initialized:   {}", cell(&n["initialized"]));
+            if !n["errorCode"].is_null() {
+                println!(
+                    "Error:         {} {}",
+                    cell(&n["errorCode"]),
+                    cell(&n["error"])
+                );
+            }
+            println!(
+                "Age:           {}",
+                age(n["createdMs"].as_i64().unwrap_or(now), now)
+            );
+            println!("Phase timeline:");
+            let timeline = n["timeline"].as_array().cloned().unwrap_or_default();
+            let first = timeline
+                .first()
+                .and_then(|t| t["atMs"].as_i64())
+                .unwrap_or(0);
+            let rows: Vec<Vec<String>> = timeline
+                .iter()
+                .filter(|t| t["outcome"] != "started")
+                .map(|t| {
+                    let at = t["atMs"].as_i64().unwrap_or(first);
+                    let d = t["durationMs"].as_i64();
+                    vec![
+                        format!("+{}", duration(at - d.unwrap_or(0) - first)),
+                        cell(&t["phase"]),
+                        cell(&t["outcome"]),
+                        d.map(duration).unwrap_or_else(|| "-".into()),
+                        match (&t["errorCode"], &t["reason"]) {
+                            (Value::Null, Value::Null) => String::new(),
+                            (Value::Null, r) => cell(r),
+                            (code, r) => format!(
+                                "{} {}",
+                                cell(code),
+                                if r.is_null() { String::new() } else { cell(r) }
+                            ),
+                        },
+                    ]
+                })
+                .collect();
+            if rows.is_empty() {
+                println!("  (no reports yet)");
+            } else {
+                for line in table(
+                    &["  START", "PHASE", "OUTCOME", "DURATION", "DETAIL"],
+                    &rows,
+                )
+                .lines()
+                {
+                    println!("  {}", line.trim_start());
+                }
+            }
+            let running: Vec<String> = timeline
+                .iter()
+                .filter(|t| t["outcome"] == "started")
+                .filter(|s| {
+                    !timeline
+                        .iter()
+                        .any(|t| t["phase"] == s["phase"] && t["outcome"] != "started")
+                })
+                .map(|s| {
+                    format!(
+                        "{} (running for {})",
+                        cell(&s["phase"]),
+                        duration(now - s["atMs"].as_i64().unwrap_or(now))
+                    )
+                })
+                .collect();
+            if !running.is_empty() {
+                println!("In progress:   {}", running.join(", "));
+            }
+        }
+        One::Pool => {
+            let p = c.get(&format!("/api/v1/pools/{name}"))?;
+            let mut spec = p.clone();
+            if let Some(obj) = spec.as_object_mut() {
+                obj.remove("status");
+            }
+            print!("{}", output::yaml(&spec));
+            println!("status:");
+            for (k, v) in p["status"].as_object().into_iter().flatten() {
+                println!("  {k}: {v}");
+            }
+            let instances = c.get("/api/v1/instances")?;
+            let mine: Vec<Value> = instances["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|i| i["pool"] == name)
+                .cloned()
+                .collect();
+            println!("Instances:");
+            print!("{}", render_table(Kind::Instances, &mine, true));
+            let events = c.get("/api/v1/events?limit=1000")?;
+            let instance_names: Vec<String> = mine.iter().map(|i| cell(&i["name"])).collect();
+            let related: Vec<Value> = events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| {
+                    e["objectName"] == name || instance_names.contains(&cell(&e["objectName"]))
+                })
+                .cloned()
+                .collect();
+            println!("Events:");
+            print!(
+                "{}",
+                render_table(
+                    Kind::Events,
+                    &related[related.len().saturating_sub(20)..],
+                    false
+                )
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---- create / apply
+
+fn read_input(file: &Path) -> Result<String> {
+    if file == Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(io("read stdin"))?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(file).map_err(io(format!("read {}", file.display())))
+}
+
+fn submit(c: &Client, file: &Path, apply: bool) -> Result<ExitCode> {
+    let text = read_input(file)?;
+    let mut failed = false;
+    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let value = serde_yaml::Value::deserialize(doc)
+            .map_err(|e| CliError::Usage(format!("{}: document {}: {e}", file.display(), i + 1)))?;
+        if value.is_null() {
+            continue;
+        }
+        let body = serde_yaml::to_string(&value).map_err(|e| CliError::Usage(e.to_string()))?;
+        let kind = value
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("")
+            .to_string();
+        let name = value
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or("")
+            .to_string();
+        let outcome = match kind.as_str() {
+            "NodePool" if apply => c
+                .call("PUT", &format!("/api/v1/pools/{name}"), Some(&body))
+                .map(|_| "configured"),
+            "NodePool" => c
+                .call("POST", "/api/v1/pools", Some(&body))
+                .map(|_| "created"),
+            "Cluster" => c
+                .call("PUT", "/api/v1/cluster", Some(&body))
+                .map(|_| "configured"),
+            other => {
+                eprintln!(
+                    "error: document {}: kind {other:?} is not NodePool or Cluster",
+                    i + 1
+                );
+                failed = true;
+                continue;
+            }
+        };
+        match outcome {
+            Ok(what) => println!("{}/{name} {what}", kind.to_lowercase()),
+            Err(e) => {
+                eprintln!(
+                    "error [{}]: {}/{name}: {e}",
+                    remote_code(&e),
+                    kind.to_lowercase()
+                );
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn remote_code(e: &ServerError) -> String {
+    match e {
+        ServerError::Remote { code, .. } => code.clone(),
+        other => other.code().to_string(),
+    }
+}
+
+// ---- package, local
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(io("find the knit executable"))?;
+    Ok(exe.with_file_name(name))
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn package(action: PackageAction) -> Result<ExitCode> {
+    let PackageAction::Build {
+        state_dir,
+        kubernetes_version,
+        agent,
+        kubelet,
+        no_runtime,
+    } = action;
+    let agent = match agent {
+        Some(a) => a,
+        None => sibling("knit-agent")?,
+    };
+    let kubelet = match kubelet {
+        Some(k) => k,
+        None => sibling("knit-kubelet-sim")?,
+    };
+    let mut runtime_bins = Vec::new();
+    let mut containerd_version = String::new();
+    if !no_runtime {
+        for name in ["containerd", "containerd-shim-runc-v2", "ctr", "runc"] {
+            let path = which(name).ok_or_else(|| {
+                CliError::Failed(format!("{name} is not installed (apt-get install containerd runc), or pass --no-runtime"))
+            })?;
+            runtime_bins.push((name.to_string(), path));
+        }
+        let out = std::process::Command::new(&runtime_bins[0].1)
+            .arg("--version")
+            .output()
+            .map_err(io("run containerd --version"))?;
+        // "containerd github.com/containerd/containerd 1.6.20~ds1 …": the third word.
+        containerd_version = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or("")
+            .to_string();
+    }
+    let summary = knit_server::mirror::build(&knit_server::mirror::PackageBuild {
+        mirror_dir: Settings::new(state_dir).mirror_dir(),
+        kubernetes_version,
+        kubelet,
+        agent,
+        runtime_bins,
+        containerd_version,
+        images: knit_server::mirror::DEFAULT_SYSTEM_IMAGES
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    })?;
+    println!(
+        "{} ({} MiB, sha256 {})\nknit-agent sha256 {}",
+        summary.tarball.display(),
+        summary.tarball_bytes >> 20,
+        summary.tarball_sha256,
+        summary.agent_sha256
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn local(args: &[String]) -> Result<ExitCode> {
+    let program = sibling("knit-local")?;
+    if !program.is_file() {
+        return Err(CliError::Failed(format!(
+            "{} is missing: build the knit-local crate",
+            program.display()
+        )));
+    }
+    let status = std::process::Command::new(&program)
+        .args(args)
+        .status()
+        .map_err(io(format!("run {}", program.display())))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
+        None => ExitCode::FAILURE,
+    })
 }

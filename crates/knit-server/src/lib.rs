@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod client;
 pub mod control;
 pub mod error;
+pub mod local;
 pub mod metrics;
 pub mod mirror;
 pub mod openapi;

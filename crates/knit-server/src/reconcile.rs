@@ -254,14 +254,28 @@ impl ControlPlane {
         // Restart safety: an instance made before a crash is adopted, not
         // made twice.
         if let Some(existing) = provider.find_by_name(&instance.name).await? {
-            self.adopt(
-                intent,
-                &instance,
-                &existing,
-                "Adopted",
-                "found at the provider after a restart",
+            if existing.state.eq_ignore_ascii_case("running") {
+                self.adopt(
+                    intent,
+                    &instance,
+                    &existing,
+                    "Adopted",
+                    "found at the provider after a restart",
+                )?;
+                return Ok(());
+            }
+            // Half-made when the server died: release it and make it again.
+            provider.delete(&existing.id).await?;
+            self.store.add_event(
+                "Normal",
+                "Instance",
+                &instance.name,
+                "Recreating",
+                &format!(
+                    "{} was left {} by an interrupted create; released",
+                    existing.id, existing.state
+                ),
             )?;
-            return Ok(());
         }
         let outcome = match self.instance_template(&pool.pool, &instance).await {
             Ok(template) => provider.create(&template).await,

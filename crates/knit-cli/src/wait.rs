@@ -1,0 +1,152 @@
+//! `knit scale … --wait`: one line per instance of the pool (state, node,
+//! current phase, elapsed), redrawn in place on a terminal, until every node
+//! is initialized or Ready, or something failed.
+
+use crate::output::{cell, duration, table};
+use crate::{CliError, Result};
+use knit_server::client::Client;
+use serde_json::Value;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+const COUNTED: &[&str] = &["Pending", "Creating", "Running", "Failed"];
+
+struct Snapshot {
+    lines: String,
+    done: bool,
+    failures: Vec<String>,
+}
+
+fn look(c: &Client, pool: &str) -> Result<Snapshot> {
+    let p = c.get(&format!("/api/v1/pools/{pool}"))?;
+    let desired = p["spec"]["replicas"].as_u64().unwrap_or(0) as usize;
+    let instances = c.get("/api/v1/instances")?;
+    let nodes = c.get("/api/v1/nodes")?;
+    let now = knit_server::store::now_ms();
+    let mine: Vec<&Value> = instances["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["pool"] == pool)
+        .collect();
+    let node_of = |name: &Value| {
+        nodes["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| &n["instance"] == name)
+            .cloned()
+    };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let mut settled = 0;
+    for i in &mine {
+        let state = cell(&i["state"]);
+        let node = node_of(&i["name"]);
+        let (node_name, phase, status, finished) = match &node {
+            Some(n) => {
+                let finished = n["initialized"] == true || n["status"] == "Ready";
+                if n["phaseOutcome"] == "failed" {
+                    failures.push(format!(
+                        "{}: phase {} failed: {} {}",
+                        cell(&n["name"]),
+                        cell(&n["phase"]),
+                        cell(&n["errorCode"]),
+                        cell(&n["error"])
+                    ));
+                }
+                (
+                    cell(&n["name"]),
+                    format!("{}/{}", cell(&n["phase"]), cell(&n["phaseOutcome"])),
+                    cell(&n["status"]),
+                    finished,
+                )
+            }
+            None => ("-".into(), "-".into(), "-".into(), false),
+        };
+        if state == "Failed" {
+            failures.push(format!("{}: {}", cell(&i["name"]), cell(&i["lastError"])));
+        }
+        let end = if finished {
+            node.as_ref()
+                .and_then(|n| n["updatedMs"].as_i64())
+                .unwrap_or(now)
+        } else {
+            now
+        };
+        if state == "Running" && finished {
+            settled += 1;
+        }
+        rows.push(vec![
+            cell(&i["name"]),
+            state,
+            node_name,
+            phase,
+            status,
+            duration(end - i["createdMs"].as_i64().unwrap_or(now)),
+        ]);
+    }
+    let counted = mine
+        .iter()
+        .filter(|i| COUNTED.contains(&i["state"].as_str().unwrap_or("")))
+        .count();
+    let leaving = mine.iter().any(|i| i["state"] == "Deleting");
+    let done = counted == desired && settled == desired && !leaving;
+    let header = format!("nodepool/{pool}: {settled}/{desired} initialized\n");
+    let lines = if rows.is_empty() {
+        header
+    } else {
+        header
+            + &table(
+                &["INSTANCE", "STATE", "NODE", "PHASE", "STATUS", "ELAPSED"],
+                &rows,
+            )
+    };
+    Ok(Snapshot {
+        lines,
+        done,
+        failures,
+    })
+}
+
+pub fn scale(c: &Client, pool: &str, timeout: Duration) -> Result<ExitCode> {
+    // SAFETY: isatty only inspects the descriptor.
+    let tty = unsafe { libc::isatty(1) } == 1;
+    let deadline = Instant::now() + timeout;
+    let mut shown_lines = 0;
+    let mut last = String::new();
+    let mut stdout = std::io::stdout();
+    loop {
+        let s = look(c, pool)?;
+        if tty {
+            if shown_lines > 0 {
+                // Move up over the previous block and clear it.
+                let _ = write!(stdout, "\x1b[{shown_lines}A\x1b[J");
+            }
+            let _ = write!(stdout, "{}", s.lines);
+            shown_lines = s.lines.lines().count();
+        } else if s.lines != last {
+            let _ = write!(stdout, "{}", s.lines);
+        }
+        let _ = stdout.flush();
+        last = s.lines;
+        if !s.failures.is_empty() {
+            return Err(CliError::Failed(format!(
+                "pool {pool}:\n  {}",
+                s.failures.join("\n  ")
+            )));
+        }
+        if s.done {
+            println!("nodepool/{pool} reached its desired count");
+            return Ok(ExitCode::SUCCESS);
+        }
+        if Instant::now() > deadline {
+            return Err(CliError::Failed(format!(
+                "pool {pool} not settled after {} s",
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

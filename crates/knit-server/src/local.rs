@@ -1,0 +1,256 @@
+//! The local cloud (knit-local) as a [`Provider`]: real sandbox instances on
+//! this host. knit-local's API is blocking (namespaces, loop devices, mounts),
+//! so every call runs on tokio's blocking pool.
+
+use crate::error::{Result, ServerError};
+use crate::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, TAG_NAME};
+use async_trait::async_trait;
+use knit_local::{Cloud, DiskInterface, DiskSpec, Instance, LocalError, Quantity, Template};
+use std::sync::Arc;
+
+pub struct LocalProvider {
+    cloud: Arc<Cloud>,
+}
+
+impl LocalProvider {
+    pub fn new(config: knit_local::Config) -> Result<LocalProvider> {
+        let cloud = Cloud::open(config).map_err(err)?;
+        Ok(LocalProvider {
+            cloud: Arc::new(cloud),
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Cloud) -> knit_local::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let cloud = self.cloud.clone();
+        tokio::task::spawn_blocking(move || f(&cloud))
+            .await
+            .map_err(|e| ServerError::Internal(format!("local cloud task: {e}")))?
+            .map_err(err)
+    }
+}
+
+fn err(e: LocalError) -> ServerError {
+    ServerError::Provider {
+        provider: "local".to_string(),
+        message: format!("{e} [{}]", e.code()),
+    }
+}
+
+/// The local cloud's template for a pool's instance.
+pub fn local_template(t: &InstanceTemplate) -> Template {
+    let mut attributes = knit_local::Attributes {
+        region_id: t.region.clone(),
+        vpc_id: t.vpc.clone(),
+        tags: t.tags.clone(),
+        ..Default::default()
+    };
+    if let Some(zone) = &t.zone {
+        attributes.zone_id = zone.clone();
+    }
+    Template {
+        name: Some(t.name.clone()),
+        hostname: Some(t.name.clone()),
+        instance_type: t.instance_type.clone(),
+        base_root: if t.image == "host" {
+            "/".into()
+        } else {
+            t.image.clone().into()
+        },
+        system_disk_size: Quantity::Text(format!("{}Gi", t.system_disk_gib)),
+        disks: t
+            .data_disks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DiskSpec {
+                name: format!("data{i}"),
+                // A disk from a snapshot takes the snapshot's size.
+                size: d
+                    .snapshot_id
+                    .is_none()
+                    .then(|| Quantity::Text(format!("{}Gi", d.size_gib))),
+                interface: if d.interface == "nvme" {
+                    DiskInterface::Nvme
+                } else {
+                    DiskInterface::Virtio
+                },
+                snapshot: d.snapshot_id.clone(),
+                format: None,
+            })
+            .collect(),
+        user_data: Some(t.user_data.clone()),
+        attributes,
+        ..Template::default()
+    }
+}
+
+fn view(i: &Instance) -> ProviderInstance {
+    let r = &i.record;
+    let mut state = r.state.to_string();
+    if state == "running" && !i.alive {
+        // Recorded as running but its PID 1 is gone (host crash, kill).
+        state = "dead".to_string();
+    }
+    ProviderInstance {
+        id: r.id.clone(),
+        name: r
+            .template
+            .attributes
+            .tags
+            .get(TAG_NAME)
+            .cloned()
+            .or_else(|| r.template.name.clone()),
+        state,
+        ip: Some(r.private_ip.clone()),
+        tags: r.template.attributes.tags.clone(),
+    }
+}
+
+fn not_found_is_none<T>(r: knit_local::Result<T>) -> knit_local::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(LocalError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait]
+impl Provider for LocalProvider {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
+        let tpl = local_template(template);
+        self.blocking(move |c| c.create(&tpl))
+            .await
+            .map(|i| view(&i))
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<ProviderInstance>> {
+        let id = id.to_string();
+        Ok(self
+            .blocking(move |c| not_found_is_none(c.describe(&id)))
+            .await?
+            .map(|i| view(&i)))
+    }
+
+    async fn list(&self) -> Result<Vec<ProviderInstance>> {
+        Ok(self
+            .blocking(|c| c.list())
+            .await?
+            .iter()
+            .map(view)
+            .collect())
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.blocking(move |c| c.start(&id)).await.map(|_| ())
+    }
+
+    async fn stop(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.blocking(move |c| c.stop(&id)).await.map(|_| ())
+    }
+
+    async fn reimage(&self, id: &str, user_data: &str) -> Result<()> {
+        let (id, user_data) = (id.to_string(), user_data.to_string());
+        self.blocking(move |c| c.reimage(&id, Some(user_data)))
+            .await
+            .map(|_| ())
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.blocking(move |c| c.delete(&id)).await
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
+        let (id, path) = (id.to_string(), path.to_string());
+        let output = self
+            .blocking(move |c| c.exec(&id, &["cat".to_string(), "--".to_string(), path]))
+            .await?;
+        if !output.status.success() {
+            return Err(ServerError::Provider {
+                provider: "local".into(),
+                message: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            });
+        }
+        Ok(output.stdout)
+    }
+
+    async fn snapshot_create(
+        &self,
+        id: &str,
+        data_disk_index: usize,
+        _name: &str,
+    ) -> Result<ProviderSnapshot> {
+        let id = id.to_string();
+        let snap = self
+            .blocking(move |c| {
+                let instance = c.describe(&id)?;
+                let disk = instance.data_disks.get(data_disk_index).ok_or_else(|| {
+                    LocalError::NotFound {
+                        kind: "data disk",
+                        id: format!("{id} #{data_disk_index}"),
+                    }
+                })?;
+                c.snapshot_create(&disk.id)
+            })
+            .await?;
+        Ok(ProviderSnapshot {
+            id: snap.id,
+            size_bytes: snap.size,
+        })
+    }
+
+    async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()> {
+        let id = snapshot_id.to_string();
+        self.blocking(move |c| c.snapshot_delete(&id)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::DiskTemplate;
+
+    #[test]
+    fn template_maps_pool_settings() {
+        let t = InstanceTemplate {
+            name: "workers-abcde".into(),
+            instance_type: "ecs.g7.large".into(),
+            image: "host".into(),
+            system_disk_gib: 40,
+            data_disks: vec![
+                DiskTemplate {
+                    size_gib: 40,
+                    interface: "nvme".into(),
+                    snapshot_id: None,
+                },
+                DiskTemplate {
+                    size_gib: 0,
+                    interface: "virtio".into(),
+                    snapshot_id: Some("s-1".into()),
+                },
+            ],
+            user_data: "#!/bin/bash\n".into(),
+            region: "local".into(),
+            zone: Some("local-b".into()),
+            vpc: "vpc-local".into(),
+            tags: [(TAG_NAME.to_string(), "workers-abcde".to_string())]
+                .into_iter()
+                .collect(),
+        };
+        let l = local_template(&t);
+        l.validate().unwrap();
+        assert_eq!(l.disks[0].interface, DiskInterface::Nvme);
+        assert_eq!(l.disks[1].size, None);
+        assert_eq!(l.disks[1].snapshot.as_deref(), Some("s-1"));
+        assert_eq!(l.attributes.zone_id, "local-b");
+        assert_eq!(l.system_disk_size.bytes(), Some(40 << 30));
+    }
+}

@@ -1,1 +1,239 @@
-//! knit-kubelet-sim
+//! knit-kubelet-sim: knit's kubelet stand-in for the local cloud, where no
+//! kubelet binary exists. It does toward the API server what kubelet does
+//! — TLS bootstrap, Node registration, Lease heartbeats, NodeReady from the
+//! container runtime's CRI status and the CNI config — and runs no pods.
+//! It is not kubelet and says so in `--version` and in its node info.
+
+pub mod certs;
+pub mod client;
+pub mod config;
+pub mod cri;
+pub mod error;
+pub mod files;
+pub mod flags;
+pub mod kubeconfig;
+pub mod node;
+
+use std::time::{Duration, Instant};
+
+use client::Client;
+use config::KubeletConfig;
+use error::SimError;
+use flags::Flags;
+use kubeconfig::Kubeconfig;
+use node::NodeAgent;
+
+/// How long TLS bootstrap waits for the CSR to be approved.
+const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
+/// How long start-up retries an API server that cannot be reached.
+const CONNECT_RETRY: Duration = Duration::from_secs(15 * 60);
+
+pub fn version_line() -> String {
+    format!(
+        "Kubernetes v{} (knit-kubelet-sim {}: knit's kubelet stand-in for the local cloud; not kubelet, runs no pods)",
+        knit_api::DEFAULT_KUBERNETES_VERSION,
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+pub const HELP: &str = "\
+knit-kubelet-sim: knit's kubelet stand-in (not kubelet). Invoked like kubelet:
+
+  --bootstrap-kubeconfig=FILE   kubeconfig with server, CA and bootstrap token
+  --kubeconfig=FILE             written after TLS bootstrap (default /etc/kubernetes/kubelet.conf)
+  --config=FILE                 KubeletConfiguration (kubelet.config.k8s.io/v1beta1)
+  --hostname-override=NAME      node name
+  --node-ip=IP                  InternalIP address
+  --provider-id=ID              spec.providerID
+  --node-labels=k=v,...         labels to register with
+  --register-with-taints=k=v:Effect,...
+  --container-runtime-endpoint=unix:///run/containerd/containerd.sock
+  --cert-dir=DIR                client certificates (default /var/lib/kubelet/pki)
+  --root-dir=DIR                (accepted; default /var/lib/kubelet)
+knit only:
+  --cni-conf-dir=DIR            CNI configs to require (default /etc/cni/net.d)
+  --lightweight                 no CRI/CNI checks: Ready once registered (load tests)
+Other kubelet flags are accepted and ignored with a warning.
+";
+
+/// Whether an error is worth retrying (the server not up yet) rather than
+/// final (refused credentials, a CA that does not match).
+fn retryable(e: &SimError) -> bool {
+    match e {
+        SimError::Transport { message, .. } => {
+            let m = message.to_lowercase();
+            !(m.contains("certificate")
+                || m.contains("unknownissuer")
+                || m.contains("invalid peer"))
+        }
+        SimError::Api { code, .. } => *code >= 500 || *code == 429,
+        _ => false,
+    }
+}
+
+fn with_retry<T>(what: &str, mut f: impl FnMut() -> Result<T, SimError>) -> Result<T, SimError> {
+    let start = Instant::now();
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if retryable(&e) && start.elapsed() < CONNECT_RETRY => {
+                tracing::warn!(code = e.code(), error = %e, "{what} failed; retrying");
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn node_name(flags: &Flags) -> Result<String, SimError> {
+    let name = match &flags.hostname_override {
+        Some(n) => n.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_err(|e| SimError::io("/proc/sys/kernel/hostname", e))?
+            .trim()
+            .to_string(),
+    }
+    .to_lowercase();
+    if !knit_api::validate::is_dns_subdomain(&name) {
+        return Err(SimError::Flags(format!(
+            "node name {name:?} is not a DNS subdomain"
+        )));
+    }
+    Ok(name)
+}
+
+/// A client for kubelet.conf, bootstrapping it first when it is missing or
+/// its certificate is no longer valid.
+fn client_credentials(
+    flags: &Flags,
+    cfg: &KubeletConfig,
+    name: &str,
+) -> Result<Kubeconfig, SimError> {
+    if flags.kubeconfig.exists() {
+        match Kubeconfig::load(&flags.kubeconfig) {
+            Ok(kc)
+                if certs::load_current(&flags.cert_dir).is_some()
+                    && kc.client_cert_pem.is_some() =>
+            {
+                tracing::info!(kubeconfig = %flags.kubeconfig.display(), "using existing client certificate");
+                return Ok(kc);
+            }
+            Ok(_) => {
+                tracing::info!("existing kubeconfig has no valid client certificate; bootstrapping")
+            }
+            Err(e) => tracing::warn!(error = %e, "existing kubeconfig unreadable; bootstrapping"),
+        }
+    }
+    let boot_path = flags.bootstrap_kubeconfig.as_ref().ok_or_else(|| {
+        SimError::Flags(
+            "no valid --kubeconfig and no --bootstrap-kubeconfig to bootstrap one".into(),
+        )
+    })?;
+    let boot = Kubeconfig::load(boot_path)?;
+    let client = Client::new(&boot, cfg.kube_api_qps, cfg.kube_api_burst)?;
+    tracing::info!(
+        server = client.server(),
+        node = name,
+        "TLS bootstrap with the bootstrap token"
+    );
+    let (cert, key) = with_retry("TLS bootstrap", || certs::request(&client, name, CSR_WAIT))?;
+    let current = certs::store(&flags.cert_dir, &cert, &key)?;
+    kubeconfig::write_kubelet_conf(&flags.kubeconfig, &boot.server, &boot.ca_pem, &current)?;
+    tracing::info!(kubeconfig = %flags.kubeconfig.display(), "wrote kubelet kubeconfig");
+    Kubeconfig::load(&flags.kubeconfig)
+}
+
+/// Jitter in [0, 1) for the rotation deadline, different per process.
+fn jitter() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    ((nanos ^ std::process::id().wrapping_mul(2_654_435_761)) % 1000) as f64 / 1000.0
+}
+
+/// Run until killed: bootstrap, register, then heartbeat and report.
+pub fn run(flags: Flags) -> Result<(), SimError> {
+    for f in &flags.ignored {
+        tracing::warn!(flag = %f, "flag not used by the kubelet stand-in; ignored");
+    }
+    let cfg = match &flags.config {
+        Some(p) => KubeletConfig::load(p)?,
+        None => KubeletConfig::default(),
+    };
+    tracing::info!(address = %cfg.address, port = cfg.port, qps = cfg.kube_api_qps, burst = cfg.kube_api_burst, "{}", version_line());
+    let name = node_name(&flags)?;
+    let mut kc = client_credentials(&flags, &cfg, &name)?;
+    let (qps, burst) = (cfg.kube_api_qps, cfg.kube_api_burst);
+    let mut client = Client::new(&kc, qps, burst)?;
+    let mut agent = NodeAgent::new(name.clone(), flags.clone(), cfg)?;
+    with_retry("registering the node", || agent.register(&client))?;
+
+    let jitter = jitter();
+    let mut rotate_at = rotation_deadline(&kc, jitter)?;
+    let mut next_lease = Instant::now();
+    let mut next_status = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= next_lease {
+            if let Err(e) = agent.renew_lease(&client) {
+                tracing::warn!(code = e.code(), error = %e, "lease renewal failed");
+            }
+            next_lease = now + agent.lease_interval();
+        }
+        if now >= next_status {
+            if let Err(e) = agent.sync_status(&client) {
+                tracing::warn!(code = e.code(), error = %e, "node status update failed");
+            }
+            next_status = now + agent.status_interval();
+        }
+        if rotate_at.is_some_and(|t| time::OffsetDateTime::now_utc() >= t) {
+            match rotate(&flags, &client, &name, &kc) {
+                Ok(fresh) => {
+                    client = Client::new(&fresh, qps, burst)?;
+                    rotate_at = rotation_deadline(&fresh, jitter)?;
+                    kc = fresh;
+                }
+                Err(e) => {
+                    tracing::warn!(code = e.code(), error = %e, "client certificate rotation failed; retrying")
+                }
+            }
+        }
+        let wake = next_lease.min(next_status);
+        std::thread::sleep(
+            wake.saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1)),
+        );
+    }
+}
+
+fn rotation_deadline(
+    kc: &Kubeconfig,
+    jitter: f64,
+) -> Result<Option<time::OffsetDateTime>, SimError> {
+    Ok(kc
+        .client_cert_pem
+        .as_deref()
+        .map(certs::Credentials::from_bundle)
+        .transpose()?
+        .map(|c| c.rotation_deadline(jitter)))
+}
+
+/// New key and CSR authenticated with the current certificate; the server
+/// approves a node renewing its own identity.
+fn rotate(
+    flags: &Flags,
+    client: &Client,
+    name: &str,
+    kc: &Kubeconfig,
+) -> Result<Kubeconfig, SimError> {
+    tracing::info!(
+        node = name,
+        "rotating the client certificate before it expires"
+    );
+    let (cert, key) = certs::request(client, name, CSR_WAIT)?;
+    let current = certs::store(&flags.cert_dir, &cert, &key)?;
+    kubeconfig::write_kubelet_conf(&flags.kubeconfig, &kc.server, &kc.ca_pem, &current)?;
+    tracing::info!("client certificate rotated");
+    Kubeconfig::load(&flags.kubeconfig)
+}

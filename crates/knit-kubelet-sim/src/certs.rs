@@ -1,0 +1,183 @@
+//! kubelet's client certificate: TLS bootstrap (CSR with the bootstrap
+//! token), the `kubelet-client-current.pem` layout in the cert dir, and
+//! rotation before expiry (CSR with the current certificate).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use rcgen::{CertificateParams, DnType, KeyPair};
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::client::Client;
+use crate::error::SimError;
+use crate::files::write_private;
+
+pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub const CURRENT: &str = "kubelet-client-current.pem";
+const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+
+/// A client certificate with its key and validity.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+impl Credentials {
+    /// Parse a PEM bundle holding the certificate and its key.
+    pub fn from_bundle(pem: &str) -> Result<Credentials, SimError> {
+        let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+            .map_err(|e| SimError::Cert(format!("no certificate in bundle: {e}")))?;
+        let cert = p.parse_x509().map_err(|e| SimError::Cert(e.to_string()))?;
+        let validity = cert.validity();
+        let key_start = pem
+            .find("-----BEGIN EC PRIVATE KEY-----")
+            .or_else(|| pem.find("-----BEGIN PRIVATE KEY-----"))
+            .or_else(|| pem.find("-----BEGIN RSA PRIVATE KEY-----"))
+            .ok_or_else(|| SimError::Cert("no private key in bundle".into()))?;
+        let cert_end = pem
+            .find("-----END CERTIFICATE-----")
+            .map(|i| i + "-----END CERTIFICATE-----".len())
+            .unwrap_or(0);
+        Ok(Credentials {
+            cert_pem: format!("{}\n", pem[..cert_end].trim()),
+            key_pem: pem[key_start..].to_string(),
+            not_before: validity.not_before.to_datetime(),
+            not_after: validity.not_after.to_datetime(),
+        })
+    }
+
+    pub fn valid_now(&self) -> bool {
+        let now = OffsetDateTime::now_utc();
+        self.not_before <= now && now < self.not_after
+    }
+
+    /// Like kubelet: rotate somewhere between 70 % and 90 % of the lifetime
+    /// (jittered so a fleet does not rotate at once).
+    pub fn rotation_deadline(&self, jitter: f64) -> OffsetDateTime {
+        let life = self.not_after - self.not_before;
+        self.not_before + life * (0.7 + 0.2 * jitter.clamp(0.0, 1.0))
+    }
+}
+
+/// The current credentials in `cert_dir`, if present, parseable and valid.
+pub fn load_current(cert_dir: &Path) -> Option<Credentials> {
+    let pem = std::fs::read_to_string(cert_dir.join(CURRENT)).ok()?;
+    Credentials::from_bundle(&pem)
+        .ok()
+        .filter(Credentials::valid_now)
+}
+
+/// Write `kubelet-client-<time>.pem` and point `kubelet-client-current.pem`
+/// at it, as kubelet's certificate store does.
+pub fn store(cert_dir: &Path, cert_pem: &str, key_pem: &str) -> Result<PathBuf, SimError> {
+    let stamp = OffsetDateTime::now_utc()
+        .format(time::macros::format_description!(
+            "[year]-[month]-[day]-[hour]-[minute]-[second]-[subsecond digits:6]"
+        ))
+        .map_err(|e| SimError::Cert(e.to_string()))?;
+    let file = cert_dir.join(format!("kubelet-client-{stamp}.pem"));
+    write_private(&file, format!("{}{}", cert_pem, key_pem).as_bytes())?;
+    let current = cert_dir.join(CURRENT);
+    let tmp = cert_dir.join(format!(".{CURRENT}.tmp"));
+    let _ = std::fs::remove_file(&tmp); // a leftover from a crash, if any
+    std::os::unix::fs::symlink(&file, &tmp).map_err(|e| SimError::io(&tmp, e))?;
+    std::fs::rename(&tmp, &current).map_err(|e| SimError::io(&current, e))?;
+    Ok(current)
+}
+
+/// Send a kubelet client CSR for `node` and wait for the certificate.
+pub fn request(client: &Client, node: &str, limit: Duration) -> Result<(String, String), SimError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node}"));
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    let csr_pem = params.serialize_request(&key)?.pem()?;
+    let body = json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"generateName": "csr-"},
+        "spec": {
+            "request": STANDARD.encode(&csr_pem),
+            "signerName": SIGNER,
+            "usages": ["digital signature", "client auth"],
+        },
+    });
+    let created = client.post(CSR_PATH, &body)?;
+    if !created.ok() {
+        return Err(created.error("creating the certificate signing request"));
+    }
+    let name = created.body["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    tracing::info!(csr = %name, node, "certificate signing request sent; waiting for approval");
+    let start = Instant::now();
+    loop {
+        let r = client.get(&format!("{CSR_PATH}/{name}"))?;
+        if !r.ok() {
+            return Err(r.error("reading the certificate signing request"));
+        }
+        let status = &r.body["status"];
+        for c in status["conditions"].as_array().into_iter().flatten() {
+            if c["type"] == "Denied" || c["type"] == "Failed" {
+                return Err(SimError::CsrRejected {
+                    name,
+                    outcome: c["type"].as_str().unwrap_or("").to_lowercase(),
+                    message: c["message"].as_str().unwrap_or("").to_string(),
+                });
+            }
+        }
+        if let Some(cert) = status["certificate"].as_str().filter(|c| !c.is_empty()) {
+            let pem = STANDARD
+                .decode(cert)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .ok_or_else(|| {
+                    SimError::Cert(format!("CSR {name}: certificate is not base64 PEM"))
+                })?;
+            tracing::info!(csr = %name, "client certificate issued");
+            return Ok((pem, key.serialize_pem()));
+        }
+        if start.elapsed() > limit {
+            return Err(SimError::Cert(format!(
+                "CSR {name} not approved within {limit:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_points_current_at_the_newest_bundle() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.not_before = OffsetDateTime::now_utc() - time::Duration::minutes(1);
+        p.not_after = OffsetDateTime::now_utc() + time::Duration::hours(1);
+        let cert = p.self_signed(&key).unwrap();
+        store(dir.path(), &cert.pem(), &key.serialize_pem()).unwrap();
+        let creds = load_current(dir.path()).unwrap();
+        assert_eq!(creds.cert_pem.trim(), cert.pem().trim());
+        assert!(creds.key_pem.contains("PRIVATE KEY"));
+        let d = creds.rotation_deadline(0.5);
+        assert!(d > creds.not_before && d < creds.not_after);
+        assert!(std::fs::symlink_metadata(dir.path().join(CURRENT))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+}

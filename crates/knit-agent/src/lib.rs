@@ -9,9 +9,12 @@ pub mod identity;
 pub mod journal;
 pub mod log;
 pub mod markers;
+pub mod package;
 pub mod phases;
+pub mod render;
 pub mod report;
 pub mod services;
+pub mod supervise;
 pub mod tls;
 
 pub use error::{AgentError, Result};

@@ -33,6 +33,20 @@ pub fn http_agent(ca_pem: Option<&str>, timeout: Duration) -> Result<ureq::Agent
     let Some(pem) = ca_pem else {
         return Ok(builder.build());
     };
+    let roots = roots_from_pem(pem)?;
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(builder.tls_config(Arc::new(config)).build())
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots_from_pem(pem: &str) -> Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in parse_pem_certs(pem)? {
         roots.add(cert).map_err(|e| {
@@ -42,12 +56,184 @@ pub fn http_agent(ca_pem: Option<&str>, timeout: Duration) -> Result<ureq::Agent
             )
         })?;
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+    Ok(roots)
+}
+
+/// An HTTPS agent that trusts exactly `ca_pem` and authenticates with a
+/// client certificate (the kubelet's, from its kubeconfig).
+pub fn client_cert_agent(
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+    timeout: Duration,
+) -> Result<ureq::Agent> {
+    let certs = parse_pem_certs(cert_pem)?;
+    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+        .ok()
+        .flatten()
+        .ok_or_else(|| AgentError::new(ErrorCode::FailConfig, "PEM holds no usable private key"))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("TLS setup: {e}")))?
+        .with_root_certificates(roots_from_pem(ca_pem)?)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| {
+            AgentError::new(
+                ErrorCode::FailConfig,
+                format!("unusable client certificate: {e}"),
+            )
+        })?;
+    Ok(ureq::AgentBuilder::new()
+        .timeout_connect(timeout)
+        .timeout(timeout * 6)
+        .tls_config(Arc::new(config))
+        .build())
+}
+
+/// `sha256:<hex>` of a certificate's SubjectPublicKeyInfo (kubeadm's CA pin).
+pub fn spki_pin(der: &[u8]) -> Result<String> {
+    use sha2::Digest;
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("invalid certificate: {e}")))?;
+    let digest = sha2::Sha256::digest(cert.tbs_certificate.subject_pki.raw);
+    Ok(format!("sha256:{}", hex::encode(digest)))
+}
+
+/// Accepts the CA bundle if one of its certificates has the pinned key.
+pub fn check_ca_pin(ca_pem: &str, pin: &str, what: &str) -> Result<()> {
+    let want = pin.trim().to_lowercase();
+    let mut seen = Vec::new();
+    for cert in parse_pem_certs(ca_pem)? {
+        let got = spki_pin(&cert)?;
+        if got == want {
+            return Ok(());
+        }
+        seen.push(got);
+    }
+    Err(AgentError::new(
+        ErrorCode::FailJoin,
+        format!(
+            "{what} has public-key pin {}, but cluster.caPin is {want}: refusing to trust it \
+             (check caPin against `knit cluster` output, or that the endpoint is the right cluster)",
+            seen.join(", ")
+        ),
     ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("TLS setup: {e}")))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(builder.tls_config(Arc::new(config)).build())
+}
+
+/// Trusts any server: only for fetching `cluster-info`, whose CA is then
+/// accepted solely if it matches the pin.
+#[derive(Debug)]
+struct AcceptAnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+pub const CLUSTER_INFO_PATH: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
+
+/// Discovers the cluster CA from the `cluster-info` ConfigMap (anonymous,
+/// unverified TLS), accepts it only if it matches `pin`, then checks that the
+/// endpoint really serves a certificate of that CA. Returns the CA PEM.
+pub fn discover_ca(endpoint: &str, pin: &str, timeout: Duration) -> Result<String> {
+    use base64::Engine;
+    let url = format!("{}{CLUSTER_INFO_PATH}", endpoint.trim_end_matches('/'));
+    let join_error = |what: String| AgentError::new(ErrorCode::FailJoin, what);
+    let provider = provider();
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| join_error(format!("TLS setup: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider)))
+        .with_no_client_auth();
+    let insecure = ureq::AgentBuilder::new()
+        .timeout_connect(timeout)
+        .timeout(timeout * 6)
+        .tls_config(Arc::new(config))
+        .build();
+    let body: serde_json::Value = insecure
+        .get(&url)
+        .call()
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.into_json().map_err(|e| e.to_string()))
+        .map_err(|e| {
+            join_error(format!(
+                "cannot read cluster-info from {url} to discover the cluster CA: {e}; \
+                 check the endpoint and that the node reaches it (or set cluster.caCert)"
+            ))
+        })?;
+    let kubeconfig = body["data"]["kubeconfig"].as_str().ok_or_else(|| {
+        join_error(format!(
+            "{url}: the cluster-info ConfigMap has no data.kubeconfig"
+        ))
+    })?;
+    let kubeconfig: serde_yaml::Value = serde_yaml::from_str(kubeconfig)
+        .map_err(|e| join_error(format!("{url}: data.kubeconfig is not a kubeconfig: {e}")))?;
+    let ca_data = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .ok_or_else(|| {
+            join_error(format!(
+                "{url}: data.kubeconfig has no clusters[0].cluster.certificate-authority-data"
+            ))
+        })?;
+    let ca_pem = base64::engine::general_purpose::STANDARD
+        .decode(ca_data.trim())
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| {
+            join_error(format!(
+                "{url}: certificate-authority-data is not base64 PEM"
+            ))
+        })?;
+    check_ca_pin(&ca_pem, pin, &format!("the CA served by {url}"))?;
+    // The pinned CA must also be the one the endpoint's certificate chains to.
+    http_agent(Some(&ca_pem), timeout)?
+        .get(&url)
+        .call()
+        .map_err(|e| {
+            join_error(format!(
+                "{endpoint} does not present a certificate of the pinned CA: {e}"
+            ))
+        })?;
+    Ok(ca_pem)
 }

@@ -1,21 +1,302 @@
-//! Scaffold, being written in this session.
+//! `kubernetes-components`: get the Kubernetes package (data-disk cache
+//! first, then `kubernetes.dir`, then `kubernetes.url`), verify it, cache it
+//! on the data disk, install its binaries and render the kubelet's and
+//! containerd's configuration. Starting them is `join`'s work.
+//!
+//! Cluster access (CA, bootstrap kubeconfig) is rendered by `join`, which
+//! owns everything that talks to the cluster.
 
+use crate::disk::mounts::mounted_at;
 use crate::engine::{Ctx, Decision, Phase};
-use crate::error::Result;
-use knit_api::PhaseName;
+use crate::error::{AgentError, Context, Result};
+use crate::host::Host;
+use crate::package::{self, Package, Source};
+use crate::render::{self, RuntimeOptions};
+use crate::services;
+use crate::tls;
+use knit_api::{ErrorCode, NodeConfig, PhaseName};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const SCOPE: &str = "kubernetes-components";
+/// What this phase installed, to verify on a rerun.
+pub const STAMP_FILE: &str = "/var/lib/knit/kubernetes.json";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Stamp {
+    version: String,
+    /// Node-absolute path → sha256.
+    binaries: BTreeMap<String, String>,
+    /// Digest of every input of the rendered files.
+    config_sha256: String,
+}
 
 pub struct KubernetesComponents;
+
+/// The runtime options for this host: systemd cgroups only under systemd.
+pub fn runtime_options(host: &Host, config: &NodeConfig) -> RuntimeOptions {
+    RuntimeOptions::new(config, services::uses_systemd(host))
+}
+
+/// The rendered files, node-absolute path → (content, mode).
+fn rendered_files(ctx: &Ctx) -> Result<BTreeMap<String, (String, u32)>> {
+    let host = ctx.host;
+    let options = runtime_options(host, ctx.config);
+    let mut files = BTreeMap::new();
+    files.insert(
+        render::KUBELET_CONFIG.to_string(),
+        (render::kubelet_config(host, ctx.config, options), 0o644),
+    );
+    files.insert(
+        render::CUSTOMIZED_ARGS.to_string(),
+        (render::customized_args_file(ctx.config), 0o644),
+    );
+    files.insert(
+        render::CONTAINERD_CONFIG.to_string(),
+        (
+            render::containerd_config(host, &ctx.config.containerd, options),
+            0o644,
+        ),
+    );
+    for (registry, text) in render::registry_hosts(&ctx.config.containerd)? {
+        files.insert(
+            format!("{}/{registry}/hosts.toml", render::CONTAINERD_CERTS_D),
+            (text, 0o644),
+        );
+    }
+    Ok(files)
+}
+
+fn config_digest(ctx: &Ctx) -> Result<String> {
+    let files = rendered_files(ctx)?;
+    let mut hasher = Sha256::new();
+    for (path, (text, mode)) in &files {
+        hasher.update(format!("{path}\0{mode}\0{}\0", text.len()));
+        hasher.update(text.as_bytes());
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn read_stamp(host: &Host) -> Option<Stamp> {
+    serde_json::from_str(&host.read(STAMP_FILE)?).ok()
+}
+
+/// Why the installed state differs from the wanted one, if it does.
+fn installed_state_problem(ctx: &Ctx) -> Result<Option<String>> {
+    let version = &ctx.config.kubernetes.version;
+    let Some(stamp) = read_stamp(ctx.host) else {
+        return Ok(Some(format!("Kubernetes {version} is not installed")));
+    };
+    if &stamp.version != version {
+        return Ok(Some(format!(
+            "installed Kubernetes {}, wanted {version}",
+            stamp.version
+        )));
+    }
+    for (path, want) in &stamp.binaries {
+        match package::sha256_file(&ctx.host.path(path)) {
+            Ok(got) if &got == want => {}
+            Ok(_) => return Ok(Some(format!("{path} was modified"))),
+            Err(e) => return Ok(Some(format!("{path}: {e}"))),
+        }
+    }
+    let files = rendered_files(ctx)?;
+    for (path, (text, _)) in &files {
+        if ctx.host.read(path).as_deref() != Some(text.as_str()) {
+            return Ok(Some(format!("{path} differs from the configuration")));
+        }
+    }
+    if stamp.config_sha256 != config_digest(ctx)? {
+        return Ok(Some(
+            "the kubelet/containerd configuration changed".to_string(),
+        ));
+    }
+    Ok(None)
+}
 
 impl Phase for KubernetesComponents {
     fn name(&self) -> PhaseName {
         PhaseName::KubernetesComponents
     }
 
-    fn inspect(&self, _ctx: &Ctx) -> Result<Decision> {
-        Ok(Decision::Skip("not implemented yet".to_string()))
+    fn inspect(&self, ctx: &Ctx) -> Result<Decision> {
+        Ok(match installed_state_problem(ctx)? {
+            Some(reason) => Decision::Run(reason),
+            None => Decision::Done(format!(
+                "Kubernetes {} installed and configured",
+                ctx.config.kubernetes.version
+            )),
+        })
     }
 
-    fn run(&self, _ctx: &mut Ctx) -> Result<String> {
-        Ok(String::new())
+    fn run(&self, ctx: &mut Ctx) -> Result<String> {
+        let host = ctx.host;
+        let version = ctx.config.kubernetes.version.clone();
+        let cache_abs = package::cache_dir(&ctx.config.data_disk.mount_target);
+        let package = match package::check_cache(host, &cache_abs, &version) {
+            Ok(package) => {
+                host.log.line(
+                    SCOPE,
+                    &format!("using cached kubernetes {version} from {cache_abs}"),
+                );
+                ctx.journal.package_cache_hit = Some(true);
+                package
+            }
+            Err(reason) => {
+                host.log
+                    .line(SCOPE, &format!("check cached kubernetes failed: {reason}"));
+                ctx.journal.package_cache_hit = Some(false);
+                let package = fetch(ctx)?;
+                if let Source::Download { bytes, .. } = &package.source {
+                    ctx.journal.package_bytes_downloaded += bytes;
+                }
+                package
+            }
+        };
+        let result = install(ctx, &package, &cache_abs);
+        // The staging copy is only needed until the binaries are installed.
+        if package.dir.starts_with(host.path(package::STAGING_DIR)) {
+            let _ = std::fs::remove_dir_all(&package.dir);
+        }
+        result
     }
+}
+
+/// The package from `kubernetes.dir`, else `kubernetes.url`.
+fn fetch(ctx: &Ctx) -> Result<Package> {
+    let k = &ctx.config.kubernetes;
+    if let Some(dir) = &k.dir {
+        if let Some(package) = package::from_dir(ctx.host, k, dir)? {
+            return Ok(package);
+        }
+        let missing = format!(
+            "kubernetes.dir {dir} holds neither {} nor {}/{}",
+            k.tarball_name(),
+            package::PACKAGE_PREFIX,
+            package::PACKAGE_MANIFEST
+        );
+        if k.url.is_none() {
+            return Err(AgentError::new(ErrorCode::FailDownloadKubernetes, missing));
+        }
+        ctx.host
+            .log
+            .line(SCOPE, &format!("{missing}: trying kubernetes.url"));
+    }
+    let Some(url) = &k.url else {
+        return Err(AgentError::new(
+            ErrorCode::FailDownloadKubernetes,
+            "no Kubernetes package source: set kubernetes.url (a mirror) or kubernetes.dir (a local directory)",
+        ));
+    };
+    // An https mirror may be the control plane, whose CA the config carries.
+    let agent = tls::http_agent(
+        ctx.config.cluster.control_plane_ca_cert.as_deref(),
+        Duration::from_secs(10),
+    )?;
+    package::download(ctx.host, k, url, &agent)
+}
+
+fn install(ctx: &Ctx, package: &Package, cache_abs: &str) -> Result<String> {
+    let host = ctx.host;
+    let target = &ctx.config.data_disk.mount_target;
+    if package.source != Source::Cache {
+        // Only a mounted data disk keeps the cache (and its snapshots carry it).
+        if mounted_at(&host.host_path(target)).is_some() {
+            match package::write_cache(host, cache_abs, package) {
+                Ok(()) => host.log.line(
+                    SCOPE,
+                    &format!(
+                        "cached kubernetes {} in {cache_abs}",
+                        package.manifest.version
+                    ),
+                ),
+                Err(e) => host
+                    .log
+                    .line(SCOPE, &format!("cannot write the cache (continuing): {e}")),
+            }
+        } else {
+            host.log.line(
+                SCOPE,
+                &format!("no data disk mounted at {target}: package not cached"),
+            );
+        }
+    }
+    let binaries = package::install_binaries(host, package)?;
+    if host.find_program("containerd").is_none() {
+        return Err(AgentError::new(
+            ErrorCode::FailInstallComponents,
+            format!(
+                "containerd not found: the package from {} has no bin/containerd and none is installed \
+                 in /usr/local/bin, /usr/bin or /usr/sbin{}",
+                package.source,
+                if host.is_live() { String::new() } else { format!(" under {}", host.root().display()) }
+            ),
+        ));
+    }
+    for dir in [
+        render::KUBELET_CERT_DIR,
+        "/etc/kubernetes/manifests",
+        "/var/log/knit",
+    ] {
+        host.create_dir(dir)?;
+    }
+    let files = rendered_files(ctx)?;
+    remove_stale_registry_hosts(host, &files)?;
+    for (path, (text, mode)) in &files {
+        host.write_file(path, text.as_bytes(), *mode)
+            .map_err(|e| AgentError::new(ErrorCode::FailInstallComponents, e.message))?;
+    }
+    let stamp = Stamp {
+        version: package.manifest.version.clone(),
+        binaries: binaries.clone(),
+        config_sha256: config_digest(ctx)?,
+    };
+    let text = serde_json::to_vec_pretty(&stamp)
+        .context(ErrorCode::FailInstallComponents, || {
+            "encode install stamp".to_string()
+        })?;
+    host.write_file(STAMP_FILE, &text, 0o644)?;
+    let names: Vec<&str> = binaries
+        .keys()
+        .filter_map(|p| p.rsplit('/').next())
+        .collect();
+    let from = match &package.source {
+        Source::Download { url, bytes } => format!("{url} ({bytes} bytes)"),
+        other => other.to_string(),
+    };
+    Ok(format!(
+        "Kubernetes {} from {from}: installed {}; rendered {} files",
+        package.manifest.version,
+        names.join(", "),
+        files.len()
+    ))
+}
+
+/// Removes `certs.d/<registry>` directories this agent wrote for registries
+/// no longer configured; directories written by others are kept.
+fn remove_stale_registry_hosts(host: &Host, files: &BTreeMap<String, (String, u32)>) -> Result<()> {
+    let certs_d = host.path(render::CONTAINERD_CERTS_D);
+    let Ok(entries) = std::fs::read_dir(&certs_d) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let abs = format!("{}/{name}/hosts.toml", render::CONTAINERD_CERTS_D);
+        if files.contains_key(&abs) {
+            continue;
+        }
+        let ours = host
+            .read(&abs)
+            .is_some_and(|text| text.starts_with(render::MANAGED_HEADER));
+        if ours {
+            std::fs::remove_dir_all(entry.path())
+                .context(ErrorCode::FailInstallComponents, || {
+                    format!("remove stale {}", entry.path().display())
+                })?;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,582 @@
+//! The Kubernetes package (`kubernetes-<version>-linux-amd64.tar.gz`, holding
+//! `pkg/kubernetes/`): found in the data-disk cache, a local directory or a
+//! mirror URL; verified by sha256 (tarball and every file); cached on the data
+//! disk; its binaries installed.
+//!
+//! Everything streams through fixed buffers: a 100 MB kubelet never sits in
+//! memory.
+
+use crate::error::{AgentError, Context, Result};
+use crate::host::Host;
+use knit_api::{ErrorCode, KubernetesPackage};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+/// The cache directory inside the data disk (SPEC §3, ACK's layout).
+pub const CACHE_SUBDIR: &str = "ack/kubernetes";
+pub const CACHE_MANIFEST: &str = "knit-cache.json";
+pub const PACKAGE_MANIFEST: &str = "knit-package.json";
+pub const PACKAGE_PREFIX: &str = "pkg/kubernetes";
+pub const BIN_DIR: &str = "/usr/local/bin";
+/// Downloads and unpacked packages, removed after installation.
+pub const STAGING_DIR: &str = "/var/lib/knit/staging";
+
+/// `knit-package.json` inside the tarball.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageManifest {
+    pub version: String,
+    #[serde(default)]
+    pub containerd_version: Option<String>,
+    /// Path relative to `pkg/kubernetes/` → sha256 (hex).
+    pub files: BTreeMap<String, String>,
+}
+
+/// `knit-cache.json` beside the cached files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheManifest {
+    pub version: String,
+    /// Empty when the package came unpacked from a local directory.
+    pub tarball_sha256: String,
+    pub files: BTreeMap<String, String>,
+}
+
+/// Where a verified package came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Cache,
+    LocalDir(String),
+    LocalTarball(String),
+    Download { url: String, bytes: u64 },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Cache => write!(f, "the data-disk cache"),
+            Source::LocalDir(dir) => write!(f, "{dir}"),
+            Source::LocalTarball(path) => write!(f, "{path}"),
+            Source::Download { url, .. } => write!(f, "{url}"),
+        }
+    }
+}
+
+/// A verified, unpacked package.
+#[derive(Debug, Clone)]
+pub struct Package {
+    /// Host path of the directory with the content of `pkg/kubernetes/`.
+    pub dir: PathBuf,
+    pub manifest: PackageManifest,
+    pub tarball_sha256: String,
+    pub source: Source,
+}
+
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A manifest path must stay inside the package: plain relative components.
+fn safe_relative(rel: &str) -> bool {
+    !rel.is_empty()
+        && Path::new(rel)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Checks every listed file against its sha256. `Err` is the reason.
+pub fn verify_files(
+    dir: &Path,
+    files: &BTreeMap<String, String>,
+) -> std::result::Result<(), String> {
+    if !files.contains_key("bin/kubelet") {
+        return Err("the manifest lists no bin/kubelet".to_string());
+    }
+    for (rel, want) in files {
+        if !safe_relative(rel) {
+            return Err(format!("manifest path {rel:?} leaves the package"));
+        }
+        let path = dir.join(rel);
+        let got = sha256_file(&path).map_err(|e| format!("{rel}: {e}"))?;
+        if !got.eq_ignore_ascii_case(want) {
+            return Err(format!("{rel}: sha256 {got}, manifest says {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// The cache's node-absolute directory for a data-disk mount target.
+pub fn cache_dir(mount_target: &str) -> String {
+    format!("{}/{CACHE_SUBDIR}", mount_target.trim_end_matches('/'))
+}
+
+/// A valid cache of `version`, or the reason it cannot be used.
+pub fn check_cache(
+    host: &Host,
+    cache_abs: &str,
+    version: &str,
+) -> std::result::Result<Package, String> {
+    let dir = host.path(cache_abs);
+    if !dir.is_dir() {
+        return Err(format!("no cache at {cache_abs}"));
+    }
+    let manifest_path = dir.join(CACHE_MANIFEST);
+    let text = fs::read_to_string(&manifest_path)
+        .map_err(|e| format!("cannot read {cache_abs}/{CACHE_MANIFEST}: {e}"))?;
+    let cache: CacheManifest = serde_json::from_str(&text)
+        .map_err(|e| format!("{cache_abs}/{CACHE_MANIFEST} is corrupt: {e}"))?;
+    if cache.version != version {
+        return Err(format!(
+            "cache holds version {}, this node wants {version}",
+            cache.version
+        ));
+    }
+    verify_files(&dir, &cache.files).map_err(|e| format!("cache corrupt: {e}"))?;
+    Ok(Package {
+        dir,
+        manifest: PackageManifest {
+            version: cache.version,
+            containerd_version: None,
+            files: cache.files,
+        },
+        tarball_sha256: cache.tarball_sha256,
+        source: Source::Cache,
+    })
+}
+
+/// Reads and checks `knit-package.json` of an unpacked package.
+fn read_unpacked(
+    dir: &Path,
+    version: &str,
+    source: Source,
+    tarball_sha256: String,
+) -> Result<Package> {
+    let manifest_path = dir.join(PACKAGE_MANIFEST);
+    let text = fs::read_to_string(&manifest_path)
+        .context(ErrorCode::FailInstallComponents, || {
+            format!("package {source} has no readable {PACKAGE_PREFIX}/{PACKAGE_MANIFEST}")
+        })?;
+    let manifest: PackageManifest =
+        serde_json::from_str(&text).context(ErrorCode::FailInstallComponents, || {
+            format!(
+                "{} is not a valid package manifest",
+                manifest_path.display()
+            )
+        })?;
+    if manifest.version != version {
+        return Err(AgentError::new(
+            ErrorCode::FailInstallComponents,
+            format!(
+                "package {source} holds Kubernetes {}, kubernetes.version is {version}",
+                manifest.version
+            ),
+        ));
+    }
+    verify_files(dir, &manifest.files).map_err(|reason| {
+        AgentError::new(
+            ErrorCode::FailChecksumMismatch,
+            format!("package {source}: {reason}; nothing installed"),
+        )
+    })?;
+    Ok(Package {
+        dir: dir.to_path_buf(),
+        manifest,
+        tarball_sha256,
+        source,
+    })
+}
+
+/// Unpacks `pkg/kubernetes/` of a tarball into `dest` (emptied first).
+/// Entries outside `pkg/kubernetes/`, or leaving it, are ignored or refused.
+pub fn unpack(tarball: &Path, dest: &Path) -> Result<()> {
+    let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
+    let _ = fs::remove_dir_all(dest);
+    fs::create_dir_all(dest).map_err(|e| fail(format!("create {}: {e}", dest.display())))?;
+    let file = File::open(tarball).map_err(|e| fail(format!("open {}: {e}", tarball.display())))?;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let entries = archive
+        .entries()
+        .map_err(|e| fail(format!("read {}: {e}", tarball.display())))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| fail(format!("read {}: {e}", tarball.display())))?;
+        let path = entry
+            .path()
+            .map_err(|e| fail(format!("{}: bad entry name: {e}", tarball.display())))?
+            .into_owned();
+        let path = path.strip_prefix(".").unwrap_or(&path);
+        let Ok(rel) = path.strip_prefix(PACKAGE_PREFIX) else {
+            continue;
+        };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+            return Err(fail(format!(
+                "{}: entry {} leaves {PACKAGE_PREFIX}/",
+                tarball.display(),
+                path.display()
+            )));
+        }
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_dir()) {
+            // Links could point anywhere: the package holds plain files only.
+            continue;
+        }
+        let target = dest.join(rel);
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| fail(format!("create {}: {e}", parent.display())))?;
+        }
+        entry
+            .unpack(&target)
+            .map_err(|e| fail(format!("unpack {}: {e}", target.display())))?;
+    }
+    Ok(())
+}
+
+/// The tarball's URL from `kubernetes.url` (a full URL or a directory).
+pub fn tarball_url(package: &KubernetesPackage, url: &str) -> String {
+    if url.ends_with(".tar.gz") || url.ends_with(".tgz") {
+        url.to_string()
+    } else {
+        format!("{}/{}", url.trim_end_matches('/'), package.tarball_name())
+    }
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The first word of a `.sha256` sidecar (`<hex>` or `<hex>  <name>`).
+fn parse_sidecar(text: &str) -> Option<String> {
+    let word = text.split_whitespace().next()?;
+    is_sha256(word).then(|| word.to_lowercase())
+}
+
+fn transient(error: &ureq::Error) -> bool {
+    match error {
+        ureq::Error::Status(code, _) => *code >= 500 || *code == 408 || *code == 429,
+        ureq::Error::Transport(_) => true,
+    }
+}
+
+/// Downloads `url` into `dest`, hashing as it streams. Returns (bytes, sha256).
+fn fetch(
+    agent: &ureq::Agent,
+    url: &str,
+    dest: &Path,
+) -> std::result::Result<(u64, String), (bool, String)> {
+    let response = agent
+        .get(url)
+        .call()
+        .map_err(|e| (transient(&e), e.to_string()))?;
+    let mut reader = response.into_reader();
+    let mut file =
+        File::create(dest).map_err(|e| (false, format!("create {}: {e}", dest.display())))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut bytes = 0u64;
+    loop {
+        let n = reader
+            .read(&mut buf)
+            .map_err(|e| (true, format!("reading the body after {bytes} bytes: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n])
+            .map_err(|e| (false, format!("write {}: {e}", dest.display())))?;
+        bytes += n as u64;
+    }
+    file.sync_all()
+        .map_err(|e| (false, format!("fsync {}: {e}", dest.display())))?;
+    Ok((bytes, hex::encode(hasher.finalize())))
+}
+
+/// The expected digest: `kubernetes.sha256`, else the `.sha256` sidecar.
+fn expected_sha256(
+    host: &Host,
+    agent: &ureq::Agent,
+    package: &KubernetesPackage,
+    url: &str,
+) -> Result<String> {
+    if let Some(sha) = &package.sha256 {
+        return Ok(sha.to_lowercase());
+    }
+    let sidecar = format!("{url}.sha256");
+    host.log.line(
+        "kubernetes-components",
+        &format!("kubernetes.sha256 not set: fetching {sidecar}"),
+    );
+    let text = agent
+        .get(&sidecar)
+        .call()
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.into_string().map_err(|e| e.to_string()))
+        .map_err(|e| {
+            AgentError::new(
+                ErrorCode::FailDownloadKubernetes,
+                format!(
+                    "no checksum for {url}: kubernetes.sha256 is not set and {sidecar} could not be fetched ({e}); \
+                     set kubernetes.sha256 or publish the .sha256 file beside the tarball"
+                ),
+            )
+        })?;
+    parse_sidecar(&text).ok_or_else(|| {
+        AgentError::new(
+            ErrorCode::FailDownloadKubernetes,
+            format!("{sidecar} does not start with a sha256 hex digest"),
+        )
+    })
+}
+
+/// Downloads and verifies the tarball, then unpacks it into the staging area.
+pub fn download(
+    host: &Host,
+    package: &KubernetesPackage,
+    url: &str,
+    agent: &ureq::Agent,
+) -> Result<Package> {
+    let url = tarball_url(package, url);
+    let expected = expected_sha256(host, agent, package, &url)?;
+    let staging = host.path(STAGING_DIR);
+    fs::create_dir_all(&staging).context(ErrorCode::FailDownloadKubernetes, || {
+        format!("create {}", staging.display())
+    })?;
+    let tarball = staging.join(package.tarball_name());
+    let attempts = package.download_attempts.max(1) as u32;
+    let mut last_error = String::new();
+    let mut downloaded = None;
+    for attempt in 1..=attempts {
+        host.log.line(
+            "kubernetes-components",
+            &format!("download {url} (attempt {attempt}/{attempts})"),
+        );
+        match fetch(agent, &url, &tarball) {
+            Ok(done) => {
+                downloaded = Some(done);
+                break;
+            }
+            Err((retry, e)) => {
+                host.log.line(
+                    "kubernetes-components",
+                    &format!("download {url} failed: {e}"),
+                );
+                last_error = e;
+                if !retry {
+                    break;
+                }
+                if attempt < attempts {
+                    std::thread::sleep(Duration::from_secs(1 << (attempt - 1).min(4)));
+                }
+            }
+        }
+    }
+    let Some((bytes, got)) = downloaded else {
+        let _ = fs::remove_file(&tarball);
+        return Err(AgentError::new(
+            ErrorCode::FailDownloadKubernetes,
+            format!(
+                "cannot download {url} ({attempts} attempt(s)): {last_error}; check kubernetes.url and that the node reaches the mirror"
+            ),
+        ));
+    };
+    if got != expected {
+        let _ = fs::remove_file(&tarball);
+        return Err(AgentError::new(
+            ErrorCode::FailChecksumMismatch,
+            format!("{url}: sha256 is {got}, expected {expected}; nothing installed"),
+        ));
+    }
+    let source = Source::Download {
+        url: url.clone(),
+        bytes,
+    };
+    let dest = staging.join(format!("kubernetes-{}", package.version));
+    let unpacked =
+        unpack(&tarball, &dest).and_then(|()| read_unpacked(&dest, &package.version, source, got));
+    let _ = fs::remove_file(&tarball);
+    if unpacked.is_err() {
+        let _ = fs::remove_dir_all(&dest);
+    }
+    unpacked
+}
+
+/// A package from `kubernetes.dir` (node-absolute): the tarball, or an
+/// unpacked `pkg/kubernetes`. `None` when the directory holds neither.
+pub fn from_dir(host: &Host, package: &KubernetesPackage, dir: &str) -> Result<Option<Package>> {
+    let base = dir.trim_end_matches('/');
+    let tarball_abs = format!("{base}/{}", package.tarball_name());
+    let tarball = host.path(&tarball_abs);
+    if tarball.is_file() {
+        let got = sha256_file(&tarball).context(ErrorCode::FailInstallComponents, || {
+            format!("read {tarball_abs}")
+        })?;
+        let sidecar = host.read(&format!("{tarball_abs}.sha256"));
+        let expected = match (&package.sha256, sidecar) {
+            (Some(sha), _) => Some(sha.to_lowercase()),
+            (None, Some(text)) => Some(parse_sidecar(&text).ok_or_else(|| {
+                AgentError::new(
+                    ErrorCode::FailInstallComponents,
+                    format!("{tarball_abs}.sha256 does not start with a sha256 hex digest"),
+                )
+            })?),
+            (None, None) => None,
+        };
+        match expected {
+            Some(want) if want != got => {
+                return Err(AgentError::new(
+                    ErrorCode::FailChecksumMismatch,
+                    format!("{tarball_abs}: sha256 is {got}, expected {want}; nothing installed"),
+                ))
+            }
+            Some(_) => {}
+            None => host.log.line(
+                "kubernetes-components",
+                &format!("no sha256 for {tarball_abs}: trusting the local directory (its files are still checked against {PACKAGE_MANIFEST})"),
+            ),
+        }
+        let dest = host.path(&format!("{STAGING_DIR}/kubernetes-{}", package.version));
+        unpack(&tarball, &dest)?;
+        return read_unpacked(
+            &dest,
+            &package.version,
+            Source::LocalTarball(tarball_abs),
+            got,
+        )
+        .map(Some);
+    }
+    let unpacked_abs = format!("{base}/{PACKAGE_PREFIX}");
+    let unpacked = host.path(&unpacked_abs);
+    if unpacked.join(PACKAGE_MANIFEST).is_file() {
+        return read_unpacked(
+            &unpacked,
+            &package.version,
+            Source::LocalDir(unpacked_abs),
+            String::new(),
+        )
+        .map(Some);
+    }
+    Ok(None)
+}
+
+/// Copies `src` (a directory tree of plain files) to `dest`.
+fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(dest)?;
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let to = dest.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &to)?;
+        } else if kind.is_file() {
+            fs::copy(entry.path(), &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the package to the data-disk cache, replacing any other version.
+/// The new cache appears whole or not at all (copy aside, then rename).
+pub fn write_cache(host: &Host, cache_abs: &str, package: &Package) -> Result<()> {
+    let dest = host.path(cache_abs);
+    let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
+    let parent = dest.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let tmp = parent.join(".kubernetes.knit-tmp");
+    let old = parent.join(".kubernetes.knit-old");
+    let _ = fs::remove_dir_all(&tmp);
+    let _ = fs::remove_dir_all(&old);
+    copy_tree(&package.dir, &tmp)
+        .map_err(|e| fail(format!("copy the package to {}: {e}", tmp.display())))?;
+    let manifest = CacheManifest {
+        version: package.manifest.version.clone(),
+        tarball_sha256: package.tarball_sha256.clone(),
+        files: package.manifest.files.clone(),
+    };
+    let text = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| fail(format!("encode cache manifest: {e}")))?;
+    crate::host::write_atomic(&tmp.join(CACHE_MANIFEST), &text, 0o644)?;
+    if dest.exists() {
+        fs::rename(&dest, &old).map_err(|e| fail(format!("move aside {}: {e}", dest.display())))?;
+    }
+    fs::rename(&tmp, &dest).map_err(|e| fail(format!("rename into {}: {e}", dest.display())))?;
+    let _ = fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// Installs every `bin/*` file of the package into `/usr/local/bin`
+/// (copy aside + rename, so a running binary is replaced atomically).
+/// Returns node-absolute path → sha256.
+pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<String, String>> {
+    let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
+    let bin_dir = host.path(BIN_DIR);
+    fs::create_dir_all(&bin_dir).map_err(|e| fail(format!("create {}: {e}", bin_dir.display())))?;
+    let mut installed = BTreeMap::new();
+    for (rel, sha) in &package.manifest.files {
+        let Some(name) = rel.strip_prefix("bin/") else {
+            continue;
+        };
+        if name.contains('/') {
+            continue;
+        }
+        let dest = bin_dir.join(name);
+        let tmp = bin_dir.join(format!(".{name}.knit-tmp"));
+        fs::copy(package.dir.join(rel), &tmp)
+            .and_then(|_| {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+            })
+            .and_then(|()| File::open(&tmp).and_then(|f| f.sync_all()))
+            .and_then(|()| fs::rename(&tmp, &dest))
+            .map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                fail(format!("install {}: {e}", dest.display()))
+            })?;
+        installed.insert(format!("{BIN_DIR}/{name}"), sha.clone());
+    }
+    Ok(installed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tarball_url_from_directory_or_file() {
+        let p = KubernetesPackage::default();
+        assert_eq!(
+            tarball_url(&p, "http://m/k8s/"),
+            format!("http://m/k8s/{}", p.tarball_name())
+        );
+        assert_eq!(tarball_url(&p, "http://m/x.tar.gz"), "http://m/x.tar.gz");
+    }
+
+    #[test]
+    fn sidecar_parsing() {
+        let hex = "a".repeat(64);
+        assert_eq!(parse_sidecar(&format!("{hex}  k.tar.gz\n")), Some(hex));
+        assert_eq!(parse_sidecar("nothex"), None);
+    }
+
+    #[test]
+    fn manifest_paths_must_stay_inside() {
+        assert!(safe_relative("bin/kubelet"));
+        assert!(!safe_relative("../etc/passwd"));
+        assert!(!safe_relative("/etc/passwd"));
+    }
+}

@@ -1,0 +1,219 @@
+//! The agent's own service supervisor (`knit-agent supervise <name>`), used
+//! where systemd does not run the node. One supervisor per service: it runs
+//! the service from the spec `services::ensure_running` wrote, restarts it
+//! with backoff when it exits (`Restart=always`), applies its resource
+//! limits, appends its output to the log file, and on SIGTERM stops the
+//! service and exits.
+
+use crate::error::{AgentError, Context, Result};
+use crate::host::Host;
+use crate::log::rfc3339_now;
+use crate::services::{main_pid_file, pid_file, spec_file, ServiceSpec};
+use knit_api::ErrorCode;
+use nix::sys::resource::{setrlimit, Resource, RLIM_INFINITY};
+use nix::sys::signal::{kill, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::unistd::{fork, setsid, ForkResult, Pid};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// A run this long resets the restart backoff (the service was healthy).
+const HEALTHY_RUN: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Time the service gets between SIGTERM and SIGKILL (systemd's TimeoutStopSec).
+const STOP_GRACE: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(50);
+
+/// Entry point of `knit-agent --root <root> supervise <name>`. Must be called
+/// while the process is single-threaded (first thing in `main`): it forks.
+pub fn run(root: &Path, name: &str) -> Result<()> {
+    let host = Host::without_log(root);
+    let spec_path = spec_file(name);
+    let text = host.read(&spec_path).ok_or_else(|| {
+        AgentError::new(
+            ErrorCode::FailCommand,
+            format!(
+                "no service definition at {} (services are started by `knit-agent init`)",
+                host.host_path(&spec_path)
+            ),
+        )
+    })?;
+    let spec: ServiceSpec = serde_json::from_str(&text).context(ErrorCode::FailCommand, || {
+        format!("service definition {}", host.host_path(&spec_path))
+    })?;
+    // SAFETY: the caller guarantees a single-threaded process, so the child
+    // may keep running Rust code after fork.
+    match unsafe { fork() }.context(ErrorCode::FailCommand, || "fork".to_string())? {
+        ForkResult::Parent { .. } => return Ok(()),
+        ForkResult::Child => {}
+    }
+    // A session of its own: no controlling terminal, no signals from the
+    // agent's process group.
+    let _ = setsid();
+    let code = match supervise(&host, &spec) {
+        Ok(()) => 0,
+        Err(e) => {
+            log_line(&host, &spec, &format!("supervisor failed: {e}"));
+            1
+        }
+    };
+    remove(&host, &pid_file(&spec.name));
+    std::process::exit(code);
+}
+
+fn supervise(host: &Host, spec: &ServiceSpec) -> Result<()> {
+    let action = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { nix::sys::signal::sigaction(signal, &action) }
+            .context(ErrorCode::FailCommand, || {
+                format!("install {signal} handler")
+            })?;
+    }
+    apply_limits(host, spec);
+    host.write_file(
+        &pid_file(&spec.name),
+        format!("{}\n", std::process::id()).as_bytes(),
+        0o644,
+    )?;
+    let mut backoff = Duration::from_secs(1);
+    while !STOP.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        match start(host, spec) {
+            Ok(mut child) => {
+                let pid = child.id();
+                let _ = host.write_file(
+                    &main_pid_file(&spec.name),
+                    format!("{pid}\n").as_bytes(),
+                    0o644,
+                );
+                log_line(host, spec, &format!("started {} (pid {pid})", spec.name));
+                let status = loop {
+                    if STOP.load(Ordering::SeqCst) {
+                        terminate(host, spec, &mut child);
+                        remove(host, &main_pid_file(&spec.name));
+                        return Ok(());
+                    }
+                    match child.try_wait() {
+                        Ok(Some(status)) => break status.to_string(),
+                        Ok(None) => std::thread::sleep(POLL),
+                        Err(e) => break format!("cannot be waited for: {e}"),
+                    }
+                };
+                remove(host, &main_pid_file(&spec.name));
+                log_line(host, spec, &format!("{} exited: {status}", spec.name));
+            }
+            Err(e) => log_line(host, spec, &format!("cannot start {}: {e}", spec.name)),
+        }
+        if started.elapsed() >= HEALTHY_RUN {
+            backoff = Duration::from_secs(1);
+        }
+        log_line(
+            host,
+            spec,
+            &format!("restarting {} in {}s", spec.name, backoff.as_secs()),
+        );
+        let until = Instant::now() + backoff;
+        while Instant::now() < until && !STOP.load(Ordering::SeqCst) {
+            std::thread::sleep(POLL);
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+    Ok(())
+}
+
+fn open_log(host: &Host, spec: &ServiceSpec) -> std::io::Result<File> {
+    let path = host.path(&spec.log_file);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+fn log_line(host: &Host, spec: &ServiceSpec, message: &str) {
+    if let Ok(mut file) = open_log(host, spec) {
+        let _ = writeln!(file, "{} [knit-supervise] {message}", rfc3339_now());
+    }
+}
+
+fn start(host: &Host, spec: &ServiceSpec) -> std::io::Result<Child> {
+    let out = open_log(host, spec)?;
+    let err = out.try_clone()?;
+    Command::new(&spec.exec[0])
+        .args(&spec.exec[1..])
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+}
+
+/// Limits are set on the supervisor and inherited by the service. Raising a
+/// hard limit needs privilege; a limit that cannot be set is logged, as
+/// systemd would, and the service still starts.
+fn apply_limits(host: &Host, spec: &ServiceSpec) {
+    for (resource, name, value) in [
+        (Resource::RLIMIT_NOFILE, "LimitNOFILE", spec.limit_nofile),
+        (Resource::RLIMIT_CORE, "LimitCORE", spec.limit_core),
+        (Resource::RLIMIT_MEMLOCK, "LimitMEMLOCK", spec.limit_memlock),
+    ] {
+        let limit = match value {
+            Some(v) => v,
+            // The kernel caps open files at fs.nr_open; systemd maps infinity to it.
+            None if resource == Resource::RLIMIT_NOFILE => {
+                std::fs::read_to_string("/proc/sys/fs/nr_open")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(1_048_576)
+            }
+            None => RLIM_INFINITY,
+        };
+        if let Err(e) = setrlimit(resource, limit, limit) {
+            let shown = value.map_or("infinity".to_string(), |v| v.to_string());
+            log_line(host, spec, &format!("cannot apply {name}={shown}: {e}"));
+        }
+    }
+}
+
+fn terminate(host: &Host, spec: &ServiceSpec, child: &mut Child) {
+    let pid = Pid::from_raw(child.id() as i32);
+    log_line(host, spec, &format!("stopping {} (pid {pid})", spec.name));
+    let _ = kill(pid, Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+            log_line(host, spec, &format!("{} stopped", spec.name));
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+    log_line(
+        host,
+        spec,
+        &format!(
+            "{} ignored SIGTERM for {}s: killing",
+            spec.name,
+            STOP_GRACE.as_secs()
+        ),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn remove(host: &Host, abs: &str) {
+    let _ = std::fs::remove_file(host.path(abs));
+}

@@ -1,0 +1,330 @@
+//! kubernetes-components: package download (real HTTP server on loopback),
+//! sha256 verification, the data-disk cache (hit and every kind of miss),
+//! installation. Each test runs a full `init` on a node tree.
+
+mod components_support;
+
+use components_support::*;
+use knit_agent::package;
+use knit_api::{ErrorCode, PhaseName, PhaseOutcome};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const KUBELET: &[u8] = b"#!/bin/sh\nexec sleep 100000\n";
+const CTR_STANDIN: &[u8] = b"#!/bin/sh\necho containerd stand-in\n";
+
+fn tarball_path(version: &str) -> String {
+    format!("/kubernetes-{version}-linux-amd64.tar.gz")
+}
+
+/// Serves the tarball and its `.sha256` sidecar (when given).
+fn mirror(tarball: &Path, sidecar: Option<String>) -> Server {
+    let body = std::fs::read(tarball).unwrap();
+    let name = format!("/{}", tarball.file_name().unwrap().to_string_lossy());
+    Server::http(move |req| {
+        if req.path == name {
+            Response::ok(body.clone())
+        } else if req.path == format!("{name}.sha256") {
+            match &sidecar {
+                Some(s) => Response::ok(s.clone()),
+                None => Response::status(404),
+            }
+        } else {
+            Response::status(404)
+        }
+    })
+}
+
+fn package_files() -> Vec<(&'static str, &'static [u8])> {
+    vec![("bin/kubelet", KUBELET), ("bin/containerd", CTR_STANDIN)]
+}
+
+/// Writes a valid cache of `version` at the default data-disk target.
+fn seed_cache(node: &Node, version: &str, files: &[(&str, &[u8])]) -> std::path::PathBuf {
+    let dir = node.path("/var/lib/container/ack/kubernetes");
+    let mut hashes = BTreeMap::new();
+    for (rel, data) in files {
+        let path = dir.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, data).unwrap();
+        hashes.insert(rel.to_string(), sha256_hex(data));
+    }
+    let manifest = serde_json::json!({"version": version, "tarballSha256": "", "files": hashes});
+    std::fs::write(dir.join("knit-cache.json"), manifest.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn checksum_mismatch_is_refused_and_nothing_installed() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    // Wrong digest in the config, then a wrong `.sha256` sidecar.
+    for (configured, sidecar) in [
+        (Some("0".repeat(64)), Some(sha.clone())),
+        (None, Some(format!("{}  x.tar.gz\n", "f".repeat(64)))),
+    ] {
+        let node = Node::new();
+        let server = mirror(&tarball, sidecar);
+        let mut config = base_config();
+        config.kubernetes.url = Some(server.url("http"));
+        config.kubernetes.sha256 = configured;
+        let err = node.init(&config).unwrap_err();
+        assert_eq!(err.code, ErrorCode::FailChecksumMismatch, "{err}");
+        assert!(err.message.contains(&server.url("http")), "{err}");
+        assert!(err.message.contains(&sha), "actual digest named: {err}");
+        assert!(!node.path("/usr/local/bin/kubelet").exists());
+        assert!(!node.path("/var/lib/kubelet/config.yaml").exists());
+        let staging = node.path(package::STAGING_DIR);
+        let leftovers = std::fs::read_dir(&staging).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(leftovers, 0, "staging area emptied");
+        let record = &node.journal().phases[&PhaseName::KubernetesComponents];
+        assert_eq!(record.outcome, PhaseOutcome::Failed);
+        assert_eq!(record.error_code, Some(ErrorCode::FailChecksumMismatch));
+    }
+}
+
+#[test]
+fn download_with_sidecar_installs_and_rerun_is_done() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    let node = Node::new();
+    let server = mirror(&tarball, Some(format!("{sha}  {}\n", tarball.display())));
+    let mut config = base_config();
+    // A directory URL: the agent appends the tarball's name.
+    config.kubernetes.url = Some(format!("{}/", server.url("http")));
+    let journal = node.init(&config).expect("init");
+    assert!(node.log().contains(
+        "check cached kubernetes failed: no cache at /var/lib/container/ack/kubernetes"
+    ));
+    assert_eq!(journal.package_cache_hit, Some(false));
+    let size = std::fs::metadata(&tarball).unwrap().len();
+    assert_eq!(journal.package_bytes_downloaded, size);
+    assert_eq!(server.count(&tarball_path(VERSION)), 1);
+    assert_eq!(server.count(&format!("{}.sha256", tarball_path(VERSION))), 1);
+    let installed = node.path("/usr/local/bin/kubelet");
+    assert_eq!(std::fs::read(&installed).unwrap(), KUBELET);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    assert_eq!(
+        std::fs::read(node.path("/usr/local/bin/containerd")).unwrap(),
+        CTR_STANDIN
+    );
+    // No data disk is mounted: nothing is cached.
+    assert!(!node.path("/var/lib/container/ack/kubernetes").exists());
+    assert!(node.log().contains("package not cached"));
+
+    // A rerun verifies and finds everything in place: no download.
+    node.init(&config).expect("rerun");
+    let record = &node.journal().phases[&PhaseName::KubernetesComponents];
+    assert_eq!(record.outcome, PhaseOutcome::Done);
+    assert!(record.reason.as_deref().unwrap().contains("installed and configured"));
+    assert_eq!(server.count(&tarball_path(VERSION)), 1);
+
+    // A modified binary is noticed and reinstalled.
+    std::fs::write(&installed, b"tampered").unwrap();
+    node.init(&config).expect("repair");
+    assert_eq!(std::fs::read(&installed).unwrap(), KUBELET);
+    assert_eq!(server.count(&tarball_path(VERSION)), 2);
+}
+
+#[test]
+fn cache_hit_downloads_nothing() {
+    let node = Node::new();
+    let cache = seed_cache(&node, VERSION, &package_files());
+    let server = Server::http(|_| Response::status(500));
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    let journal = node.init(&config).expect("init");
+    assert_eq!(server.total(), 0, "the mirror is never asked");
+    assert_eq!(journal.package_cache_hit, Some(true));
+    assert_eq!(journal.package_bytes_downloaded, 0);
+    assert!(!node.log().contains("check cached kubernetes failed"));
+    assert!(node.log().contains("using cached kubernetes 1.31.4"));
+    assert_eq!(
+        std::fs::read(node.path("/usr/local/bin/kubelet")).unwrap(),
+        std::fs::read(cache.join("bin/kubelet")).unwrap()
+    );
+}
+
+#[test]
+fn cache_miss_reasons_are_logged_and_the_package_downloaded() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    type Spoil = fn(&Path);
+    let cases: [(&str, Spoil, &str); 4] = [
+        (
+            "corrupt file",
+            |cache| std::fs::write(cache.join("bin/kubelet"), b"bit rot").unwrap(),
+            "check cached kubernetes failed: cache corrupt: bin/kubelet: sha256 ",
+        ),
+        (
+            "missing file",
+            |cache| std::fs::remove_file(cache.join("bin/kubelet")).unwrap(),
+            "check cached kubernetes failed: cache corrupt: bin/kubelet: No such file",
+        ),
+        (
+            "corrupt manifest",
+            |cache| std::fs::write(cache.join("knit-cache.json"), b"{\"version\":").unwrap(),
+            "check cached kubernetes failed: /var/lib/container/ack/kubernetes/knit-cache.json is corrupt",
+        ),
+        (
+            "other version",
+            |_| {},
+            "check cached kubernetes failed: cache holds version 1.30.2, this node wants 1.31.4",
+        ),
+    ];
+    for (case, spoil, line) in cases {
+        let node = Node::new();
+        let version = if case == "other version" { "1.30.2" } else { VERSION };
+        let cache = seed_cache(&node, version, &package_files());
+        spoil(&cache);
+        let server = mirror(&tarball, None);
+        let mut config = base_config();
+        config.kubernetes.url = Some(server.url("http"));
+        config.kubernetes.sha256 = Some(sha.clone());
+        let journal = node.init(&config).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(node.log().contains(line), "{case}: log lacks {line:?}:\n{}", node.log());
+        assert_eq!(server.count(&tarball_path(VERSION)), 1, "{case}");
+        assert_eq!(journal.package_cache_hit, Some(false), "{case}");
+        assert_eq!(
+            std::fs::read(node.path("/usr/local/bin/kubelet")).unwrap(),
+            KUBELET,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn download_fills_the_cache_on_a_mounted_data_disk() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    let node = Node::new();
+    // A real mount at the data-disk target (tmpfs stands in for the disk).
+    let target = node.path("/var/lib/container");
+    std::fs::create_dir_all(&target).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &target,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=64m"),
+    )
+    .expect("mount tmpfs");
+    // A stale cache of another version is replaced.
+    seed_cache(&node, "1.30.2", &[("bin/kubelet", b"old")]);
+    let server = mirror(&tarball, None);
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    config.kubernetes.sha256 = Some(sha.clone());
+    node.init(&config).expect("init");
+    let cache = target.join("ack/kubernetes");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("knit-cache.json")).unwrap()).unwrap();
+    assert_eq!(manifest["version"], VERSION);
+    assert_eq!(manifest["tarballSha256"], sha);
+    assert_eq!(manifest["files"]["bin/kubelet"], sha256_hex(KUBELET));
+    assert_eq!(std::fs::read(cache.join("bin/kubelet")).unwrap(), KUBELET);
+    assert!(cache.join("images.txt").is_file());
+
+    // The next initialization of this disk (e.g. from a snapshot) uses it.
+    std::fs::remove_file(node.path("/usr/local/bin/kubelet")).unwrap();
+    let journal = node
+        .init_forcing(&config, Some(PhaseName::KubernetesComponents))
+        .expect("rerun");
+    assert_eq!(journal.package_cache_hit, Some(true));
+    assert_eq!(server.count(&tarball_path(VERSION)), 1);
+    assert_eq!(
+        std::fs::read(node.path("/usr/local/bin/kubelet")).unwrap(),
+        KUBELET
+    );
+}
+
+#[test]
+fn transient_errors_are_retried_then_reported() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    let body = std::fs::read(&tarball).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    // The first answer is a 503, the second the tarball.
+    let server = Server::http(move |_| {
+        if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+            Response::status(503)
+        } else {
+            Response::ok(body.clone())
+        }
+    });
+    let node = Node::new();
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    config.kubernetes.sha256 = Some(sha);
+    config.kubernetes.download_attempts = 3;
+    node.init(&config).expect("init after a retry");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(node.log().contains("503"));
+
+    // A mirror that never has the package: every attempt, then a clear error.
+    let node = Node::new();
+    let missing = Server::http(|_| Response::status(404));
+    config.kubernetes.url = Some(missing.url("http"));
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailDownloadKubernetes);
+    assert!(err.message.contains(&format!(
+        "{}{}",
+        missing.url("http"),
+        tarball_path(VERSION)
+    )));
+    // 404 is not transient: one request only.
+    assert_eq!(missing.count(&tarball_path(VERSION)), 1);
+}
+
+#[test]
+fn local_directory_sources() {
+    let work = tempfile::tempdir().unwrap();
+    // An unpacked pkg/kubernetes inside the node's tree, no digest configured.
+    let node = Node::new();
+    let (tarball, _) = build_package(work.path(), VERSION, &package_files());
+    let dir = node.path("/opt/knit-packages");
+    package::unpack(&tarball, &dir.join("pkg/kubernetes")).unwrap();
+    let mut config = base_config();
+    config.kubernetes.dir = Some("/opt/knit-packages".into());
+    node.init(&config).expect("init from a local directory");
+    assert_eq!(
+        std::fs::read(node.path("/usr/local/bin/kubelet")).unwrap(),
+        KUBELET
+    );
+
+    // A tampered file in that directory is caught by knit-package.json.
+    let node = Node::new();
+    let dir = node.path("/opt/knit-packages");
+    package::unpack(&tarball, &dir.join("pkg/kubernetes")).unwrap();
+    std::fs::write(dir.join("pkg/kubernetes/bin/kubelet"), b"evil").unwrap();
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailChecksumMismatch);
+    assert!(err.message.contains("bin/kubelet"), "{err}");
+    assert!(!node.path("/usr/local/bin/kubelet").exists());
+
+    // The tarball in the directory, checked against its `.sha256` file.
+    let node = Node::new();
+    let dir = node.path("/opt/knit-packages");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&tarball, dir.join(tarball.file_name().unwrap())).unwrap();
+    std::fs::write(
+        dir.join(format!("{}.sha256", tarball.file_name().unwrap().to_string_lossy())),
+        "1".repeat(64),
+    )
+    .unwrap();
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailChecksumMismatch);
+
+    // No source at all.
+    let node = Node::new();
+    let err = node.init(&base_config()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailDownloadKubernetes);
+    assert!(err.message.contains("kubernetes.url"), "{err}");
+}

@@ -135,10 +135,7 @@ fn validate_node(obj: &Value, bad: &mut impl FnMut(&str, String)) {
                 );
             }
             if !seen.insert((key.to_string(), effect.to_string())) {
-                bad(
-                    &format!("{at}"),
-                    format!("Duplicate value: taint {key}:{effect}"),
-                );
+                bad(&at, format!("Duplicate value: taint {key}:{effect}"));
             }
         }
     } else if !taints.is_null() {

@@ -182,10 +182,12 @@ fn client_usages(params: &mut CertificateParams) {
     ];
 }
 
-/// Back-dated a little, as Kubernetes does, to absorb clock skew.
+/// Back-dated a little, as Kubernetes does, to absorb clock skew; at most a
+/// quarter of the lifetime, so short test lifetimes still rotate in time.
 fn validity(ttl: Duration) -> (time::OffsetDateTime, time::OffsetDateTime) {
     let now = util::now();
-    (now - time::Duration::minutes(5), now + ttl)
+    let back = (ttl / 4).min(Duration::from_secs(300));
+    (now - back, now + ttl)
 }
 
 fn serial() -> SerialNumber {

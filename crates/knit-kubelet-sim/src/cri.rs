@@ -77,8 +77,9 @@ impl Runtime {
             Ok(c) => RuntimeServiceClient::new(c),
             Err(e) => {
                 return down(&format!(
-                    "rpc error: code = Unavailable desc = connection error: dial unix {}: {e}",
-                    self.socket.display()
+                    "rpc error: code = Unavailable desc = connection error: dial unix {}: {}",
+                    self.socket.display(),
+                    chain(&e)
                 ))
             }
         };
@@ -133,6 +134,18 @@ impl Runtime {
             problems,
         }
     }
+}
+
+/// An error with its causes, `outer: inner: root`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// kubelet needs a network config before pods can run.

@@ -1,0 +1,429 @@
+//! End to end: the embedded cluster on 127.0.0.1, the real
+//! `knit-kubelet-sim` binary, and a real containerd started by the test
+//! (own root, state and socket in a temp dir; killed by PID).
+
+#[path = "../../knit-cluster/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use common::{blocking, wait_for, Client};
+use knit_cluster::{ClusterConfig, EmbeddedCluster};
+use serde_json::Value;
+
+const SIM: &str = env!("CARGO_BIN_EXE_knit-kubelet-sim");
+
+/// A child process killed (by its PID) when dropped, also on panic.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on the PID of our own child; no memory is shared.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig}) failed");
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    /// Wait for exit (bounded); the exit status and the log.
+    fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let st = wait_for("process exit", limit, || self.child.try_wait().unwrap());
+        (st, self.log())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // A stopped process must be continued to die promptly.
+        // SAFETY: as in `signal`.
+        let _ = unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        self.kill();
+    }
+}
+
+fn spawn(bin: &str, args: &[String], log: PathBuf) -> Proc {
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+    Proc { child, log }
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(bin))
+        .find(|p| p.is_file())
+}
+
+/// Our own containerd: root, state, sockets and CNI dir under `dir`.
+fn start_containerd(dir: &Path, cni: &Path) -> Proc {
+    let bin = which("containerd").expect("containerd checked by the caller");
+    let cfg = dir.join("containerd.toml");
+    let d = dir.display();
+    std::fs::write(
+        &cfg,
+        format!(
+            "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
+             [grpc]\n  address = \"{d}/containerd.sock\"\n[ttrpc]\n  address = \"{d}/containerd-ttrpc.sock\"\n\
+             [debug]\n  address = \"\"\n[metrics]\n  address = \"\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_tcp_service = true\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    conf_dir = \"{}\"\n    bin_dir = \"{d}/cni-bin\"\n",
+            cni.display()
+        ),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(dir.join("containerd.sock"));
+    let p = spawn(
+        bin.to_str().unwrap(),
+        &["--config".into(), cfg.display().to_string()],
+        dir.join("containerd.log"),
+    );
+    wait_for("containerd socket", Duration::from_secs(60), || {
+        dir.join("containerd.sock").exists().then_some(())
+    });
+    p
+}
+
+fn bootstrap_kubeconfig(path: &Path, server: &str, ca_pem: &str, token: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: default-cluster\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: tls-bootstrap-token-user@kubernetes\n  context:\n    cluster: default-cluster\n    user: tls-bootstrap-token-user\ncurrent-context: tls-bootstrap-token-user@kubernetes\nusers:\n- name: tls-bootstrap-token-user\n  user:\n    token: {token}\n",
+            STANDARD.encode(ca_pem)
+        ),
+    )
+    .unwrap();
+}
+
+/// The files and flags the node agent would lay out, under `root`.
+struct NodeFiles {
+    root: PathBuf,
+    cni: PathBuf,
+}
+
+impl NodeFiles {
+    fn new(root: &Path, server: &str, ca_pem: &str, token: &str) -> NodeFiles {
+        let f = NodeFiles {
+            root: root.to_path_buf(),
+            cni: root.join("etc/cni/net.d"),
+        };
+        std::fs::create_dir_all(&f.cni).unwrap();
+        bootstrap_kubeconfig(
+            &f.path("etc/kubernetes/bootstrap-kubelet.conf"),
+            server,
+            ca_pem,
+            token,
+        );
+        std::fs::create_dir_all(f.path("var/lib/kubelet")).unwrap();
+        std::fs::write(
+            f.path("var/lib/kubelet/config.yaml"),
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 0.0.0.0\nport: 10250\n\
+             kubeAPIQPS: 5\nkubeAPIBurst: 10\nnodeLeaseDurationSeconds: 4\nnodeStatusUpdateFrequency: 1s\n\
+             registerWithTaints:\n- key: knit.dev/user-data-pending\n  effect: NoSchedule\n",
+        )
+        .unwrap();
+        f
+    }
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+    fn args(&self, node: &str, runtime_sock: &Path, extra: &[&str]) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            format!(
+                "--bootstrap-kubeconfig={}",
+                self.path("etc/kubernetes/bootstrap-kubelet.conf").display()
+            ),
+            format!(
+                "--kubeconfig={}",
+                self.path("etc/kubernetes/kubelet.conf").display()
+            ),
+            format!(
+                "--config={}",
+                self.path("var/lib/kubelet/config.yaml").display()
+            ),
+            format!("--hostname-override={node}"),
+            "--node-ip=127.0.0.1".into(),
+            format!("--provider-id=knit-local://{node}"),
+            "--node-labels=knit.dev/pool=pool-a,node.kubernetes.io/instance-type=local".into(),
+            format!(
+                "--container-runtime-endpoint=unix://{}",
+                runtime_sock.display()
+            ),
+            format!("--cert-dir={}", self.path("var/lib/kubelet/pki").display()),
+            format!("--root-dir={}", self.path("var/lib/kubelet").display()),
+            format!("--cni-conf-dir={}", self.cni.display()),
+            "--max-pods=110".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+}
+
+async fn cluster(dir: &Path, grace: Duration, cert_ttl: Duration) -> EmbeddedCluster {
+    let mut cfg = ClusterConfig::new(dir, "127.0.0.1:0".parse().unwrap());
+    cfg.node_grace_period = grace;
+    cfg.cert_ttl = cert_ttl;
+    EmbeddedCluster::start(cfg).await.unwrap()
+}
+
+fn ready(n: &Value) -> (String, String) {
+    let c = n["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+        .unwrap_or(Value::Null);
+    (
+        c["status"].as_str().unwrap_or("").to_string(),
+        c["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+fn taints(n: &Value) -> Vec<String> {
+    n["spec"]["taints"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| {
+                    format!(
+                        "{}:{}",
+                        t["key"].as_str().unwrap_or(""),
+                        t["effect"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait until node `name` satisfies `f`; on timeout, show the logs.
+fn wait_node(
+    admin: &Client,
+    name: &str,
+    what: &str,
+    sim: &Proc,
+    f: impl Fn(&Value) -> bool,
+) -> Value {
+    let found = std::cell::RefCell::new(Value::Null);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(what, Duration::from_secs(90), || {
+            let (code, n) = admin.get(&format!("/api/v1/nodes/{name}"));
+            *found.borrow_mut() = n.clone();
+            (code == 200 && f(&n)).then_some(n)
+        })
+    }));
+    result.unwrap_or_else(|_| {
+        panic!(
+            "{what}: last node state {}\nsim log:\n{}",
+            found.borrow(),
+            sim.log()
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_joins_not_ready_then_ready_follows_containerd_and_lease() {
+    if which("containerd").is_none() {
+        eprintln!("SKIPPED: containerd is not installed; the CRI end-to-end test did not run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(
+        &dir.path().join("cluster"),
+        Duration::from_secs(3),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let token = c
+        .create_bootstrap_token(
+            Some("sim-1"),
+            Duration::from_secs(600),
+            &["system:bootstrappers:knit:pool-a".into()],
+        )
+        .unwrap();
+    let (ep, ca) = (c.endpoint().to_string(), c.ca_pem().to_string());
+    let admin = Client::admin(&c);
+    let root = dir.path().to_path_buf();
+    blocking(move || {
+        let files = NodeFiles::new(&root.join("node"), &ep, &ca, &token.token());
+        let ctd_dir = root.join("ctd");
+        std::fs::create_dir_all(&ctd_dir).unwrap();
+        let mut ctd = start_containerd(&ctd_dir, &files.cni);
+        let sock = ctd_dir.join("containerd.sock");
+        let sim = spawn(SIM, &files.args("sim-1", &sock, &["--unknown-flag=1"]), root.join("sim.log"));
+
+        // Registered NotReady: the runtime answers but there is no CNI config.
+        let n = wait_node(&admin, "sim-1", "registered NotReady without CNI", &sim, |n| {
+            let (s, m) = ready(n);
+            s == "False" && m.contains("cni config uninitialized")
+        });
+        assert_eq!(n["metadata"]["labels"]["knit.dev/pool"], "pool-a");
+        assert_eq!(n["metadata"]["labels"]["kubernetes.io/hostname"], "sim-1");
+        assert_eq!(n["spec"]["providerID"], "knit-local://sim-1");
+        assert!(taints(&n).contains(&"knit.dev/user-data-pending:NoSchedule".to_string()), "{n}");
+        assert_eq!(n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+        assert!(n["status"]["nodeInfo"]["kubeletVersion"].as_str().unwrap().contains("knit-kubelet-sim"));
+        // TLS bootstrap left kubelet's files.
+        let conf = std::fs::read_to_string(files.path("etc/kubernetes/kubelet.conf")).unwrap();
+        assert!(conf.contains("kubelet-client-current.pem"), "{conf}");
+        assert!(files.path("var/lib/kubelet/pki/kubelet-client-current.pem").exists());
+        assert!(sim.log().contains("unknown-flag"), "unknown flags are warned about");
+        let (_, csrs) = admin.get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
+        let csr = &csrs["items"][0];
+        assert_eq!(csr["spec"]["username"], format!("system:bootstrap:{}", token.id));
+        assert_eq!(csr["status"]["conditions"][0]["type"], "Approved");
+
+        // A CNI config appears: containerd reports NetworkReady and the node is Ready.
+        std::fs::write(
+            files.cni.join("10-knit.conflist"),
+            r#"{"cniVersion": "0.4.0", "name": "knit", "plugins": [{"type": "bridge", "bridge": "knit0"}]}"#,
+        )
+        .unwrap();
+        let n = wait_node(&admin, "sim-1", "Ready with runtime and CNI", &sim, |n| ready(n).0 == "True");
+        assert!(n["status"]["nodeInfo"]["containerRuntimeVersion"].as_str().unwrap().starts_with("containerd://"), "{n}");
+        let (_, lease) = admin.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/sim-1");
+        assert_eq!(lease["spec"]["holderIdentity"], "sim-1");
+        assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], n["metadata"]["uid"]);
+
+        // containerd stops: NotReady with the runtime's reason; back: Ready.
+        ctd.kill();
+        let n = wait_node(&admin, "sim-1", "NotReady after containerd stops", &sim, |n| ready(n).0 == "False");
+        assert!(ready(&n).1.contains("container runtime is down"), "{n}");
+        let _ctd = start_containerd(&ctd_dir, &files.cni);
+        wait_node(&admin, "sim-1", "Ready after containerd restarts", &sim, |n| ready(n).0 == "True");
+
+        // The stand-in hangs (SIGSTOP): lease not renewed → Unknown + unreachable; SIGCONT → recovers.
+        sim.signal(libc::SIGSTOP);
+        let n = wait_node(&admin, "sim-1", "Unknown after lease stops", &sim, |n| ready(n).0 == "Unknown");
+        assert!(taints(&n).contains(&"node.kubernetes.io/unreachable:NoExecute".to_string()), "{n}");
+        sim.signal(libc::SIGCONT);
+        let n = wait_node(&admin, "sim-1", "recovered", &sim, |n| {
+            ready(n).0 == "True" && !taints(n).iter().any(|t| t.starts_with("node.kubernetes.io/"))
+        });
+        assert!(taints(&n).contains(&"knit.dev/user-data-pending:NoSchedule".to_string()));
+        eprintln!("stand-in log:\n{}", sim.log());
+    })
+    .await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_ca_and_expired_token_are_refused_and_lightweight_rotates() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(
+        &dir.path().join("cluster"),
+        Duration::from_secs(40),
+        Duration::from_secs(12),
+    )
+    .await;
+    let (ep, ca) = (c.endpoint().to_string(), c.ca_pem().to_string());
+    let good = c
+        .create_bootstrap_token(Some("light-1"), Duration::from_secs(600), &[])
+        .unwrap();
+    let expired = c
+        .create_bootstrap_token(None, Duration::from_millis(1), &[])
+        .unwrap();
+    let admin = Client::admin(&c);
+    let root = dir.path().to_path_buf();
+    blocking(move || {
+        let nowhere = root.join("no-runtime.sock");
+
+        // A bootstrap kubeconfig whose CA is not the cluster's: TLS refuses the server.
+        let other_ca = {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.self_signed(&key).unwrap().pem()
+        };
+        let f = NodeFiles::new(&root.join("wrong-ca"), &ep, &other_ca, &good.token());
+        let mut sim = spawn(
+            SIM,
+            &f.args("light-1", &nowhere, &["--lightweight"]),
+            root.join("wrong-ca.log"),
+        );
+        let (st, log) = sim.wait_exit(Duration::from_secs(60));
+        assert!(!st.success(), "{log}");
+        assert!(
+            log.contains("SimApiUnreachable") && log.to_lowercase().contains("certificate"),
+            "{log}"
+        );
+        assert_eq!(admin.get("/api/v1/nodes/light-1").0, 404);
+
+        // An expired token: 401 from the API server, no node.
+        std::thread::sleep(Duration::from_millis(50));
+        let f = NodeFiles::new(&root.join("expired"), &ep, &ca, &expired.token());
+        let mut sim = spawn(
+            SIM,
+            &f.args("light-2", &nowhere, &["--lightweight"]),
+            root.join("expired.log"),
+        );
+        let (st, log) = sim.wait_exit(Duration::from_secs(60));
+        assert!(!st.success(), "{log}");
+        assert!(log.contains("HTTP 401"), "{log}");
+        assert_eq!(admin.get("/api/v1/nodes/light-2").0, 404);
+
+        // Lightweight mode: Ready without a runtime; the 12 s client
+        // certificate is rotated before it expires and heartbeats go on.
+        let f = NodeFiles::new(&root.join("light"), &ep, &ca, &good.token());
+        let sim = spawn(
+            SIM,
+            &f.args("light-1", &nowhere, &["--lightweight"]),
+            root.join("light.log"),
+        );
+        wait_node(&admin, "light-1", "lightweight Ready", &sim, |n| {
+            ready(n).0 == "True"
+        });
+        let current = f.path("var/lib/kubelet/pki/kubelet-client-current.pem");
+        let first = std::fs::read_link(&current).unwrap();
+        let second = wait_for("rotated certificate", Duration::from_secs(60), || {
+            std::fs::read_link(&current).ok().filter(|p| *p != first)
+        });
+        assert!(second.exists());
+        let renewed = |admin: &Client| {
+            admin
+                .get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/light-1")
+                .1["spec"]["renewTime"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        };
+        // Past the first certificate's expiry, the lease is still renewed.
+        std::thread::sleep(Duration::from_secs(4));
+        let before = renewed(&admin);
+        wait_for(
+            "lease renewed with the rotated certificate",
+            Duration::from_secs(30),
+            || (renewed(&admin) != before).then_some(()),
+        );
+        let (_, csrs) = admin.get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
+        let by_node = csrs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["spec"]["username"] == "system:node:light-1")
+            .count();
+        assert!(
+            by_node >= 1,
+            "the renewal CSR is made with the node's own identity: {csrs}"
+        );
+        drop(sim);
+    })
+    .await;
+    c.shutdown().await;
+}

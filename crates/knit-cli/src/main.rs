@@ -936,13 +936,10 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
             if rows.is_empty() {
                 println!("  (no reports yet)");
             } else {
-                for line in table(
-                    &["  START", "PHASE", "OUTCOME", "DURATION", "DETAIL"],
-                    &rows,
-                )
-                .lines()
+                for line in
+                    table(&["START", "PHASE", "OUTCOME", "DURATION", "DETAIL"], &rows).lines()
                 {
-                    println!("  {}", line.trim_start());
+                    println!("  {line}");
                 }
             }
             let running: Vec<String> = timeline

@@ -93,7 +93,10 @@ impl ControlPlane {
             } else {
                 record.pool.spec.replicas.max(0) as usize
             };
-            let instances = self.store.instances(Some(&name))?;
+            let mut instances = self.store.instances(Some(&name))?;
+            if self.check_join_timeouts(&record.pool, &instances)? {
+                instances = self.store.instances(Some(&name))?;
+            }
             let p = plan(desired, &instances);
             self.apply_plan(&record.pool, &p, true)?;
             if record.deleting && instances.is_empty() {
@@ -110,6 +113,66 @@ impl ControlPlane {
         self.metrics
             .reconcile_duration(started.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    /// A running instance whose node is not initialized (or Ready) within the
+    /// pool's join timeout is marked Failed with its last phase; with
+    /// `autoReplace` it is released and the planner makes a new one.
+    fn check_join_timeouts(
+        &self,
+        pool: &knit_api::NodePool,
+        instances: &[InstanceRecord],
+    ) -> Result<bool> {
+        let timeout_ms = pool.spec.join_timeout_seconds * 1000;
+        let now = now_ms();
+        let late: Vec<&InstanceRecord> = instances
+            .iter()
+            .filter(|i| i.state == state::RUNNING && now - i.created_ms > timeout_ms)
+            .collect();
+        if late.is_empty() {
+            return Ok(false);
+        }
+        let nodes = self.store.nodes()?;
+        let mut changed = false;
+        for i in late {
+            let node = nodes.iter().find(|n| n.instance == i.name);
+            if node.is_some_and(|n| n.status == "Ready" || crate::api::node_initialized(n)) {
+                continue;
+            }
+            let last = match node {
+                Some(n) => format!(
+                    "last phase {} {}{}",
+                    n.phase.as_deref().unwrap_or("-"),
+                    n.phase_outcome.as_deref().unwrap_or("-"),
+                    n.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+                ),
+                None => "the agent never reported (check the instance's user-data log: knit logs node NAME --file user-data)".to_string(),
+            };
+            let message = format!(
+                "not initialized {} s after creation; {last}",
+                pool.spec.join_timeout_seconds
+            );
+            self.store
+                .set_instance_state(&i.name, state::FAILED, Some(&message))?;
+            self.store
+                .add_event("Warning", "Instance", &i.name, "JoinTimeout", &message)?;
+            if pool.spec.auto_replace {
+                self.store.add_delete_intents(
+                    &pool.metadata.name,
+                    std::slice::from_ref(&i.name),
+                    true,
+                )?;
+                self.store.add_event(
+                    "Normal",
+                    "Instance",
+                    &i.name,
+                    "Replacing",
+                    "autoReplace: releasing it; a new instance follows",
+                )?;
+            }
+            changed = true;
+        }
+        Ok(changed)
     }
 
     /// Plans one pool now (after a scale request) with the caller's choice

@@ -34,6 +34,8 @@ pub fn agent_stub(p: &StubParams<'_>) -> String {
         r#"#!/bin/bash
 # knit initialization: fetch knit-agent from the package mirror, verify its
 # sha256, exchange the one-time token for this instance's NodeConfig, run it.
+# Every transfer is retried: a control plane restarting mid-download must not
+# leave the instance uninitialized.
 set -euo pipefail
 dir={BOOTSTRAP_DIR}
 mkdir -p "$dir"
@@ -41,7 +43,7 @@ chmod 700 "$dir"
 cat > "$dir/control-plane-ca.pem" <<'KNIT_CA_EOF'
 {ca}
 KNIT_CA_EOF
-fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-connrefused --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" "$@"; }}
+fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-all-errors --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" "$@"; }}
 fetch -o "$dir/knit-agent.part" '{mirror}/bin/knit-agent'
 if ! echo '{sha}  '"$dir/knit-agent.part" | sha256sum -c --status -; then
     echo "knit: knit-agent from {mirror}/bin/knit-agent does not match sha256 {sha}" >&2

@@ -10,7 +10,7 @@ use crate::host::Host;
 use crate::log::rfc3339_now;
 use crate::services::{main_pid_file, pid_file, spec_file, ServiceSpec};
 use knit_api::ErrorCode;
-use nix::sys::resource::{setrlimit, Resource, RLIM_INFINITY};
+use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 use nix::sys::signal::{kill, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::{fork, setsid, ForkResult, Pid};
 use std::fs::{File, OpenOptions};
@@ -163,8 +163,8 @@ fn start(host: &Host, spec: &ServiceSpec) -> std::io::Result<Child> {
 }
 
 /// Limits are set on the supervisor and inherited by the service. Raising a
-/// hard limit needs privilege; a limit that cannot be set is logged, as
-/// systemd would, and the service still starts.
+/// hard limit needs privilege; a limit that cannot be set is logged and the
+/// nearest allowed value used, and the service still starts.
 fn apply_limits(host: &Host, spec: &ServiceSpec) {
     for (resource, name, value) in [
         (Resource::RLIMIT_NOFILE, "LimitNOFILE", spec.limit_nofile),
@@ -183,8 +183,20 @@ fn apply_limits(host: &Host, spec: &ServiceSpec) {
             None => RLIM_INFINITY,
         };
         if let Err(e) = setrlimit(resource, limit, limit) {
+            // Without CAP_SYS_RESOURCE a hard limit cannot be raised: get as
+            // close as allowed.
             let shown = value.map_or("infinity".to_string(), |v| v.to_string());
-            log_line(host, spec, &format!("cannot apply {name}={shown}: {e}"));
+            let capped = getrlimit(resource).map(|(_, hard)| hard.min(limit));
+            let applied = capped.and_then(|c| setrlimit(resource, c, c).map(|()| c));
+            let outcome = match applied {
+                Ok(c) => format!("using {c}"),
+                Err(e) => format!("left unchanged ({e})"),
+            };
+            log_line(
+                host,
+                spec,
+                &format!("cannot apply {name}={shown} ({e}): {outcome}"),
+            );
         }
     }
 }

@@ -95,14 +95,17 @@ fn download_with_sidecar_installs_and_rerun_is_done() {
     // A directory URL: the agent appends the tarball's name.
     config.kubernetes.url = Some(format!("{}/", server.url("http")));
     let journal = node.init(&config).expect("init");
-    assert!(node.log().contains(
-        "check cached kubernetes failed: no cache at /var/lib/container/ack/kubernetes"
-    ));
+    assert!(node
+        .log()
+        .contains("check cached kubernetes failed: no cache at /var/lib/container/ack/kubernetes"));
     assert_eq!(journal.package_cache_hit, Some(false));
     let size = std::fs::metadata(&tarball).unwrap().len();
     assert_eq!(journal.package_bytes_downloaded, size);
     assert_eq!(server.count(&tarball_path(VERSION)), 1);
-    assert_eq!(server.count(&format!("{}.sha256", tarball_path(VERSION))), 1);
+    assert_eq!(
+        server.count(&format!("{}.sha256", tarball_path(VERSION))),
+        1
+    );
     let installed = node.path("/usr/local/bin/kubelet");
     assert_eq!(std::fs::read(&installed).unwrap(), KUBELET);
     use std::os::unix::fs::PermissionsExt;
@@ -122,7 +125,11 @@ fn download_with_sidecar_installs_and_rerun_is_done() {
     node.init(&config).expect("rerun");
     let record = &node.journal().phases[&PhaseName::KubernetesComponents];
     assert_eq!(record.outcome, PhaseOutcome::Done);
-    assert!(record.reason.as_deref().unwrap().contains("installed and configured"));
+    assert!(record
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("installed and configured"));
     assert_eq!(server.count(&tarball_path(VERSION)), 1);
 
     // A modified binary is noticed and reinstalled.
@@ -180,7 +187,11 @@ fn cache_miss_reasons_are_logged_and_the_package_downloaded() {
     ];
     for (case, spoil, line) in cases {
         let node = Node::new();
-        let version = if case == "other version" { "1.30.2" } else { VERSION };
+        let version = if case == "other version" {
+            "1.30.2"
+        } else {
+            VERSION
+        };
         let cache = seed_cache(&node, version, &package_files());
         spoil(&cache);
         let server = mirror(&tarball, None);
@@ -188,7 +199,11 @@ fn cache_miss_reasons_are_logged_and_the_package_downloaded() {
         config.kubernetes.url = Some(server.url("http"));
         config.kubernetes.sha256 = Some(sha.clone());
         let journal = node.init(&config).unwrap_or_else(|e| panic!("{case}: {e}"));
-        assert!(node.log().contains(line), "{case}: log lacks {line:?}:\n{}", node.log());
+        assert!(
+            node.log().contains(line),
+            "{case}: log lacks {line:?}:\n{}",
+            node.log()
+        );
         assert_eq!(server.count(&tarball_path(VERSION)), 1, "{case}");
         assert_eq!(journal.package_cache_hit, Some(false), "{case}");
         assert_eq!(
@@ -274,11 +289,9 @@ fn transient_errors_are_retried_then_reported() {
     config.kubernetes.url = Some(missing.url("http"));
     let err = node.init(&config).unwrap_err();
     assert_eq!(err.code, ErrorCode::FailDownloadKubernetes);
-    assert!(err.message.contains(&format!(
-        "{}{}",
-        missing.url("http"),
-        tarball_path(VERSION)
-    )));
+    assert!(err
+        .message
+        .contains(&format!("{}{}", missing.url("http"), tarball_path(VERSION))));
     // 404 is not transient: one request only.
     assert_eq!(missing.count(&tarball_path(VERSION)), 1);
 }
@@ -315,7 +328,10 @@ fn local_directory_sources() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(&tarball, dir.join(tarball.file_name().unwrap())).unwrap();
     std::fs::write(
-        dir.join(format!("{}.sha256", tarball.file_name().unwrap().to_string_lossy())),
+        dir.join(format!(
+            "{}.sha256",
+            tarball.file_name().unwrap().to_string_lossy()
+        )),
         "1".repeat(64),
     )
     .unwrap();

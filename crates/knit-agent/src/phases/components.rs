@@ -84,25 +84,34 @@ fn read_stamp(host: &Host) -> Option<Stamp> {
     serde_json::from_str(&host.read(STAMP_FILE)?).ok()
 }
 
-/// Why the installed state differs from the wanted one, if it does.
-fn installed_state_problem(ctx: &Ctx) -> Result<Option<String>> {
+/// The stamp, if the wanted version's binaries are installed intact.
+fn intact_binaries(ctx: &Ctx) -> std::result::Result<Stamp, String> {
     let version = &ctx.config.kubernetes.version;
     let Some(stamp) = read_stamp(ctx.host) else {
-        return Ok(Some(format!("Kubernetes {version} is not installed")));
+        return Err(format!("Kubernetes {version} is not installed"));
     };
     if &stamp.version != version {
-        return Ok(Some(format!(
+        return Err(format!(
             "installed Kubernetes {}, wanted {version}",
             stamp.version
-        )));
+        ));
     }
     for (path, want) in &stamp.binaries {
         match package::sha256_file(&ctx.host.path(path)) {
             Ok(got) if &got == want => {}
-            Ok(_) => return Ok(Some(format!("{path} was modified"))),
-            Err(e) => return Ok(Some(format!("{path}: {e}"))),
+            Ok(_) => return Err(format!("{path} was modified")),
+            Err(e) => return Err(format!("{path}: {e}")),
         }
     }
+    Ok(stamp)
+}
+
+/// Why the installed state differs from the wanted one, if it does.
+fn installed_state_problem(ctx: &Ctx) -> Result<Option<String>> {
+    let stamp = match intact_binaries(ctx) {
+        Ok(stamp) => stamp,
+        Err(reason) => return Ok(Some(reason)),
+    };
     let files = rendered_files(ctx)?;
     for (path, (text, _)) in &files {
         if ctx.host.read(path).as_deref() != Some(text.as_str()) {
@@ -135,6 +144,13 @@ impl Phase for KubernetesComponents {
     fn run(&self, ctx: &mut Ctx) -> Result<String> {
         let host = ctx.host;
         let version = ctx.config.kubernetes.version.clone();
+        // Only the configuration changed: no need to fetch the package again.
+        if let Ok(stamp) = intact_binaries(ctx) {
+            let rendered = configure(ctx, &stamp.binaries)?;
+            return Ok(format!(
+                "Kubernetes {version} already installed; rendered {rendered} files"
+            ));
+        }
         let cache_abs = package::cache_dir(&ctx.config.data_disk.mount_target);
         let package = match package::check_cache(host, &cache_abs, &version) {
             Ok(package) => {
@@ -236,6 +252,25 @@ fn install(ctx: &Ctx, package: &Package, cache_abs: &str) -> Result<String> {
             ),
         ));
     }
+    let rendered = configure(ctx, &binaries)?;
+    let names: Vec<&str> = binaries
+        .keys()
+        .filter_map(|p| p.rsplit('/').next())
+        .collect();
+    let from = match &package.source {
+        Source::Download { url, bytes } => format!("{url} ({bytes} bytes)"),
+        other => other.to_string(),
+    };
+    Ok(format!(
+        "Kubernetes {} from {from}: installed {}; rendered {rendered} files",
+        package.manifest.version,
+        names.join(", "),
+    ))
+}
+
+/// Writes the rendered files and the stamp; returns how many files.
+fn configure(ctx: &Ctx, binaries: &BTreeMap<String, String>) -> Result<usize> {
+    let host = ctx.host;
     for dir in [
         render::KUBELET_CERT_DIR,
         "/etc/kubernetes/manifests",
@@ -250,7 +285,7 @@ fn install(ctx: &Ctx, package: &Package, cache_abs: &str) -> Result<String> {
             .map_err(|e| AgentError::new(ErrorCode::FailInstallComponents, e.message))?;
     }
     let stamp = Stamp {
-        version: package.manifest.version.clone(),
+        version: ctx.config.kubernetes.version.clone(),
         binaries: binaries.clone(),
         config_sha256: config_digest(ctx)?,
     };
@@ -259,20 +294,7 @@ fn install(ctx: &Ctx, package: &Package, cache_abs: &str) -> Result<String> {
             "encode install stamp".to_string()
         })?;
     host.write_file(STAMP_FILE, &text, 0o644)?;
-    let names: Vec<&str> = binaries
-        .keys()
-        .filter_map(|p| p.rsplit('/').next())
-        .collect();
-    let from = match &package.source {
-        Source::Download { url, bytes } => format!("{url} ({bytes} bytes)"),
-        other => other.to_string(),
-    };
-    Ok(format!(
-        "Kubernetes {} from {from}: installed {}; rendered {} files",
-        package.manifest.version,
-        names.join(", "),
-        files.len()
-    ))
+    Ok(files.len())
 }
 
 /// Removes `certs.d/<registry>` directories this agent wrote for registries

@@ -177,7 +177,15 @@ impl Phase for OptionalComponentsPhase {
         {
             return Ok(Decision::Run(format!("{STARGZ_BIN} not running")));
         }
-        Ok(Decision::Done(format!("{} in place", wanted.join(", "))))
+        let mut found = present(ctx);
+        if ctx.config.components.image_acceleration.enabled {
+            found.push(format!("{STARGZ_BIN} running"));
+        }
+        Ok(Decision::Done(format!(
+            "{} in place: {}",
+            wanted.join(", "),
+            found.join("; ")
+        )))
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<String> {
@@ -185,36 +193,42 @@ impl Phase for OptionalComponentsPhase {
         if !problems.is_empty() {
             return Err(fail(problems.join("; ")));
         }
-        let c = &ctx.config.components;
-        let mut done = Vec::new();
-        if c.gpu.enabled {
-            let gpus = nvidia_devices(ctx.host);
-            // knit does not ship the NVIDIA driver or container toolkit: say so.
-            let toolkit = if ctx.host.exists(render::NVIDIA_RUNTIME) {
-                "present".to_string()
-            } else {
-                format!(
-                    "absent, install the NVIDIA driver and container toolkit for {}",
-                    render::NVIDIA_RUNTIME
-                )
-            };
-            done.push(format!(
-                "{} NVIDIA GPU(s) at {}; containerd runtime `nvidia` configured ({toolkit})",
-                gpus.len(),
-                gpus.join(", ")
-            ));
-        }
-        if c.image_acceleration.enabled {
+        let mut done = present(ctx);
+        if ctx.config.components.image_acceleration.enabled {
             done.push(install_stargz(ctx)?);
-        }
-        if c.sgx.enabled {
-            if let Some(device) = sgx_device(ctx.host) {
-                done.push(format!("SGX enclave device {device} present"));
-            }
         }
         ctx.host.log.line(SCOPE, &done.join("; "));
         Ok(done.join("; "))
     }
+}
+
+/// What the configured GPU and SGX components found on this machine.
+fn present(ctx: &Ctx) -> Vec<String> {
+    let c = &ctx.config.components;
+    let mut found = Vec::new();
+    if c.gpu.enabled {
+        let gpus = nvidia_devices(ctx.host);
+        // knit does not ship the NVIDIA driver or container toolkit: say so.
+        let toolkit = if ctx.host.exists(render::NVIDIA_RUNTIME) {
+            "present".to_string()
+        } else {
+            format!(
+                "absent, install the NVIDIA driver and container toolkit for {}",
+                render::NVIDIA_RUNTIME
+            )
+        };
+        found.push(format!(
+            "{} NVIDIA GPU(s) at {}; containerd runtime `nvidia` configured ({toolkit})",
+            gpus.len(),
+            gpus.join(", ")
+        ));
+    }
+    if c.sgx.enabled {
+        if let Some(device) = sgx_device(ctx.host) {
+            found.push(format!("SGX enclave device {device} present"));
+        }
+    }
+    found
 }
 
 pub struct OptionalComponentsPhase;

@@ -405,9 +405,12 @@ impl Pki {
     fn leaf(&self, cn: &str, server: bool) -> (rcgen::Certificate, rcgen::KeyPair) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
         if server {
-            params.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
+            params.subject_alt_names =
+                vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
             params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         } else {
             params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
@@ -429,11 +432,13 @@ impl Pki {
         let (cert, key) = self.leaf("kube-apiserver", true);
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca_cert.der().clone()).unwrap();
-        let verifier =
-            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .allow_unauthenticated()
-                .build()
-                .unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .unwrap();
         let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
         Arc::new(
             rustls::ServerConfig::builder_with_provider(provider)
@@ -459,7 +464,11 @@ pub fn openssl_pin(ca_pem: &str, dir: &Path) -> String {
         ))
         .output()
         .expect("openssl");
-    assert!(out.status.success(), "openssl: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let hex = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .next()

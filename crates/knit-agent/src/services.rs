@@ -88,6 +88,24 @@ pub fn is_running(host: &Host, name: &str) -> bool {
     supervisor_pid(host, name).is_some()
 }
 
+/// True if the service runs with exactly this definition.
+pub fn runs_as(host: &Host, spec: &ServiceSpec) -> bool {
+    if uses_systemd(host) {
+        return host.read(&unit_path(&spec.name)).as_deref() == Some(render_unit(spec).as_str())
+            && is_running(host, &spec.name);
+    }
+    supervisor_pid(host, &spec.name).is_some()
+        && stored_spec(host, &spec.name).as_ref() == Some(spec)
+}
+
+fn stored_spec(host: &Host, name: &str) -> Option<ServiceSpec> {
+    serde_json::from_str(&host.read(&spec_file(name))?).ok()
+}
+
+fn unit_path(name: &str) -> String {
+    format!("{SYSTEMD_UNIT_DIR}/{name}.service")
+}
+
 /// The pid of the service process itself (not its supervisor), if it runs.
 pub fn main_pid(host: &Host, name: &str) -> Option<i32> {
     if uses_systemd(host) {
@@ -211,10 +229,7 @@ fn supervisor_ensure(host: &Host, spec: &ServiceSpec) -> Result<()> {
     let name = &spec.name;
     let spec_path = spec_file(name);
     if let Some(pid) = supervisor_pid(host, name) {
-        let current: Option<ServiceSpec> = host
-            .read(&spec_path)
-            .and_then(|text| serde_json::from_str(&text).ok());
-        if current.as_ref() == Some(spec) {
+        if stored_spec(host, name).as_ref() == Some(spec) {
             host.log.line(
                 "service",
                 &format!("{name} already running (supervisor pid {pid})"),
@@ -341,7 +356,7 @@ fn systemd_quote(word: &str) -> String {
 
 fn systemd_ensure(host: &Host, spec: &ServiceSpec) -> Result<()> {
     let name = &spec.name;
-    let unit_path = format!("{SYSTEMD_UNIT_DIR}/{name}.service");
+    let unit_path = unit_path(name);
     let unit = render_unit(spec);
     let changed = host.read(&unit_path).as_deref() != Some(unit.as_str());
     if !changed && is_running(host, name) {

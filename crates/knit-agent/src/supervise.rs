@@ -57,8 +57,9 @@ pub fn run(root: &Path, name: &str) -> Result<()> {
         ForkResult::Child => {}
     }
     // A session of its own: no controlling terminal, no signals from the
-    // agent's process group.
+    // agent's process group; and no hold on the agent's working directory.
     let _ = setsid();
+    let _ = std::env::set_current_dir("/");
     let code = match supervise(&host, &spec) {
         Ok(()) => 0,
         Err(e) => {

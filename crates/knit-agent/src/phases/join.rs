@@ -11,16 +11,20 @@ use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
 use crate::render;
-use crate::services;
+use crate::services::{self, ServiceSpec};
 use crate::tls;
 use knit_api::{ErrorCode, PhaseName};
+use sha2::{Digest, Sha256};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const SCOPE: &str = "join";
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_secs(1);
+/// Digest of the files a service reads at start (see `with_config_digest`).
+pub const CONFIG_DIGEST_ENV: &str = "KNIT_CONFIG_SHA256";
 
 pub struct Join;
 
@@ -58,10 +62,13 @@ struct KubeletCredentials {
     key_pem: String,
 }
 
+/// `<key>-data` (base64) or `<key>` (a file; relative to `base`, the
+/// kubeconfig's directory, as Kubernetes resolves it).
 fn read_source(
     doc: &serde_yaml::Value,
     data_key: &str,
     file_key: &str,
+    base: &Path,
     what: &str,
 ) -> std::result::Result<String, String> {
     use base64::Engine;
@@ -72,8 +79,10 @@ fn read_source(
         return String::from_utf8(bytes).map_err(|_| format!("{what}: {data_key} is not PEM"));
     }
     if let Some(file) = doc[file_key].as_str() {
-        // Written by the kubelet on this host: the path is a host path.
-        return std::fs::read_to_string(file).map_err(|e| format!("{what}: {file}: {e}"));
+        // Written by the kubelet on this host: a host path.
+        let path = base.join(file);
+        return std::fs::read_to_string(&path)
+            .map_err(|e| format!("{what}: {}: {e}", path.display()));
     }
     Err(format!("{what}: neither {data_key} nor {file_key}"))
 }
@@ -86,10 +95,21 @@ fn kubelet_credentials(host: &Host) -> std::result::Result<Option<KubeletCredent
     let doc: serde_yaml::Value =
         serde_yaml::from_str(&text).map_err(|e| format!("{path} is not a kubeconfig: {e}"))?;
     let user = &doc["users"][0]["user"];
+    let base = host
+        .path(path)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     let what = format!("{path} users[0]");
     Ok(Some(KubeletCredentials {
-        cert_pem: read_source(user, "client-certificate-data", "client-certificate", &what)?,
-        key_pem: read_source(user, "client-key-data", "client-key", &what)?,
+        cert_pem: read_source(
+            user,
+            "client-certificate-data",
+            "client-certificate",
+            &base,
+            &what,
+        )?,
+        key_pem: read_source(user, "client-key-data", "client-key", &base, &what)?,
     }))
 }
 
@@ -171,15 +191,30 @@ fn wait_for_socket(host: &Host, socket: &str, timeout: Duration) -> Result<()> {
     }
 }
 
-fn start_services(ctx: &Ctx) -> Result<()> {
+/// Services restart when a file they read only at start changes: its digest
+/// is part of their definition (an environment variable), as a changed unit
+/// file would be.
+fn with_config_digest(host: &Host, mut spec: ServiceSpec, files: &[&str]) -> ServiceSpec {
+    let mut hasher = Sha256::new();
+    for file in files {
+        hasher.update(file.as_bytes());
+        hasher.update([0]);
+        hasher.update(host.read(file).unwrap_or_default().as_bytes());
+        hasher.update([0]);
+    }
+    spec.env.push((
+        CONFIG_DIGEST_ENV.to_string(),
+        hex::encode(hasher.finalize()),
+    ));
+    spec
+}
+
+/// containerd's and the kubelet's definitions, from the installed files.
+fn desired_services(ctx: &Ctx) -> Result<(ServiceSpec, ServiceSpec)> {
     let host = ctx.host;
     let containerd = host.find_program("containerd").ok_or_else(|| {
         join_error("containerd is not installed (the kubernetes-components phase installs it)")
     })?;
-    let spec =
-        render::containerd_service(host, &ctx.config.containerd, &host.host_path(&containerd));
-    services::ensure_running(host, &spec).map_err(|e| join_error(e.message))?;
-    wait_for_socket(host, render::CONTAINERD_SOCK, CONTAINERD_READY_TIMEOUT)?;
     let kubelet = format!("{}/kubelet", crate::package::BIN_DIR);
     if !host.path(&kubelet).is_file() {
         return Err(join_error(format!(
@@ -187,9 +222,26 @@ fn start_services(ctx: &Ctx) -> Result<()> {
             host.host_path(&kubelet)
         )));
     }
+    let containerd = with_config_digest(
+        host,
+        render::containerd_service(host, &ctx.config.containerd, &host.host_path(&containerd)),
+        &[render::CONTAINERD_CONFIG],
+    );
     let exec = render::kubelet_command(host, ctx.config, &ctx.node, &host.host_path(&kubelet));
-    let spec = render::kubelet_service(host, exec);
-    services::ensure_running(host, &spec).map_err(|e| join_error(e.message))?;
+    let kubelet = with_config_digest(
+        host,
+        render::kubelet_service(host, exec),
+        &[render::KUBELET_CONFIG, render::CLUSTER_CA],
+    );
+    Ok((containerd, kubelet))
+}
+
+fn start_services(ctx: &Ctx) -> Result<()> {
+    let host = ctx.host;
+    let (containerd, kubelet) = desired_services(ctx)?;
+    services::ensure_running(host, &containerd).map_err(|e| join_error(e.message))?;
+    wait_for_socket(host, render::CONTAINERD_SOCK, CONTAINERD_READY_TIMEOUT)?;
+    services::ensure_running(host, &kubelet).map_err(|e| join_error(e.message))?;
     Ok(())
 }
 
@@ -204,14 +256,19 @@ impl Phase for Join {
                 "cluster.endpoint is not set: this node joins no cluster".to_string(),
             ));
         };
-        let stopped: Vec<&str> = ["containerd", "kubelet"]
+        let (containerd, kubelet) = match desired_services(ctx) {
+            Ok(specs) => specs,
+            Err(e) => return Ok(Decision::Run(e.message)),
+        };
+        let stale: Vec<String> = [&containerd, &kubelet]
             .into_iter()
-            .filter(|name| !services::is_running(ctx.host, name))
+            .filter(|spec| !services::runs_as(ctx.host, spec))
+            .map(|spec| spec.name.clone())
             .collect();
-        if !stopped.is_empty() {
+        if !stale.is_empty() {
             return Ok(Decision::Run(format!(
-                "{} not running",
-                stopped.join(" and ")
+                "{} not running with the current configuration",
+                stale.join(" and ")
             )));
         }
         let Some(ca) = ctx.host.read(render::CLUSTER_CA) else {

@@ -203,12 +203,19 @@ fn unreachable_api_server_fails_the_join_and_a_rerun_resumes() {
 
     // A kubelet setting changes: the kubelet restarts, containerd does not.
     config.kubelet.max_pods = 50;
-    node.init(&config).expect("rerun with a new kubelet setting");
-    assert_eq!(node.supervisor_pid("containerd"), Some(containerd_supervisor));
+    node.init(&config)
+        .expect("rerun with a new kubelet setting");
+    assert_eq!(
+        node.supervisor_pid("containerd"),
+        Some(containerd_supervisor)
+    );
     let new_kubelet = node.supervisor_pid("kubelet").unwrap();
     assert_ne!(new_kubelet, kubelet_supervisor);
     assert!(!pid_alive(kubelet_supervisor));
-    assert_eq!(node.journal().phases[&PhaseName::Join].outcome, PhaseOutcome::Done);
+    assert_eq!(
+        node.journal().phases[&PhaseName::Join].outcome,
+        PhaseOutcome::Done
+    );
     drop(server);
 }
 

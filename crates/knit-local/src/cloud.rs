@@ -85,15 +85,6 @@ impl Cloud {
             )
         })?;
         let state = StateDir::open(&cfg.state_dir)?;
-        if let Some(n) = state.network()? {
-            if n.bridge != cfg.bridge || n.subnet != subnet.to_string() {
-                return Err(LocalError::invalid(
-                    "bridge/subnet",
-                    format!("{}/{}", cfg.bridge, subnet),
-                    format!("must match the state directory's network ({} {}); run `down` first to change it", n.bridge, n.subnet),
-                ));
-            }
-        }
         Ok(Cloud { cfg, subnet, state })
     }
 
@@ -135,6 +126,13 @@ impl Cloud {
 
     fn ensure_network(&self) -> Result<NetworkRecord> {
         let mut rec = match self.state.network()? {
+            Some(n) if n.bridge != self.cfg.bridge || n.subnet != self.subnet.to_string() => {
+                return Err(LocalError::invalid(
+                    "bridge/subnet",
+                    format!("{} {}", self.cfg.bridge, self.subnet),
+                    format!("must match the state directory's network ({} {}); run `down` first to change it", n.bridge, n.subnet),
+                ));
+            }
             Some(n) => n,
             None => {
                 net::check_network(&self.cfg.bridge, &self.cfg.subnet)?;
@@ -276,7 +274,7 @@ impl Cloud {
                     .or_else(|| tpl.name.clone())
                     .unwrap_or_else(|| id.clone()),
                 state: InstanceState::Creating,
-                template: tpl.clone(),
+                template: redacted(tpl),
                 os,
                 private_ip: ip.to_string(),
                 mac: format!("02:00:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]),
@@ -405,7 +403,10 @@ impl Cloud {
     // ---- boot / halt -------------------------------------------------------
 
     fn boot(&self, rec: &mut InstanceRecord) -> Result<()> {
-        let n = self.ensure_network()?;
+        let n = {
+            let _lock = self.state.lock()?;
+            self.ensure_network()?
+        };
         let system_disk = loopdev::attach(&self.state.system_disk_file(&rec.id))?;
         let mut disks: Vec<BootDisk> = Vec::new();
         for id in &rec.disks {
@@ -993,6 +994,16 @@ impl Cloud {
         }
         Ok(report)
     }
+}
+
+/// The template as recorded: a login password is an attribute (whether one
+/// is set), never stored or shown.
+fn redacted(tpl: &Template) -> Template {
+    let mut t = tpl.clone();
+    if t.attributes.login.password.is_some() {
+        t.attributes.login.password = Some("(redacted)".into());
+    }
+    t
 }
 
 /// First free cloud device name for the interface.

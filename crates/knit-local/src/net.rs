@@ -182,15 +182,7 @@ impl Veth<'_> {
             "link set lo up\naddr add {}/{} dev eth0\nlink set eth0 up\nroute add default via {}\n",
             self.ip, self.prefix, self.gateway
         );
-        let file = std::env::temp_dir().join(format!("knit-local-{}.ip", self.netns));
-        std::fs::write(&file, batch).map_err(|e| LocalError::Io {
-            context: "cannot write",
-            path: file.clone(),
-            source: e,
-        })?;
-        let r = run("ip", &["-n", self.netns, "-batch", &file.to_string_lossy()]);
-        let _ = std::fs::remove_file(&file);
-        r.map(|_| ())
+        crate::run::run_input("ip", &["-n", self.netns, "-batch", "-"], &batch).map(|_| ())
     }
 }
 

@@ -5,15 +5,28 @@ use std::process::{Command, Stdio};
 
 /// Runs `program args…`, returns stdout; a non-zero exit is an error carrying stderr.
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
-    let output = Command::new(program)
+    run_input(program, args, "")
+}
+
+/// Like [`run`], with `input` on stdin.
+pub fn run_input(program: &str, args: &[&str], input: &str) -> Result<String> {
+    let failed = |e: std::io::Error| LocalError::Command {
+        command: render(program, args),
+        status: "not started".into(),
+        stderr: e.to_string(),
+    };
+    let mut child = Command::new(program)
         .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| LocalError::Command {
-            command: render(program, args),
-            status: "not started".into(),
-            stderr: e.to_string(),
-        })?;
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(failed)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // Small inputs only (ip batches): fits the pipe, no deadlock.
+        std::io::Write::write_all(&mut stdin, input.as_bytes()).map_err(failed)?;
+    }
+    let output = child.wait_with_output().map_err(failed)?;
     if !output.status.success() {
         return Err(LocalError::Command {
             command: render(program, args),

@@ -22,6 +22,9 @@ impl StateDir {
             std::fs::create_dir_all(root.join(sub))
                 .ctx("cannot create state directory", root.join(sub))?;
         }
+        // Records hold user data: root only.
+        std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .ctx("cannot restrict", root)?;
         Ok(StateDir {
             root: root.to_path_buf(),
         })

@@ -270,3 +270,85 @@ fn snapshot_copies_a_disk_and_disks_hot_attach() {
     assert_eq!(err.code(), "LocalNotFound");
     assert!(err.to_string().contains(&a_id));
 }
+
+/// An image directory instead of the host's root: the instance sees only it.
+#[test]
+fn an_image_directory_can_be_the_base_root() {
+    let t = TestCloud::new();
+    let image = t.dir.parent().unwrap().join("image");
+    for bin in ["/usr/bin/dash", "/usr/bin/env"] {
+        let out = std::process::Command::new("ldd").arg(bin).output().unwrap();
+        let libs = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut files: Vec<String> = libs
+            .split_whitespace()
+            .filter(|w| w.starts_with('/'))
+            .map(str::to_string)
+            .collect();
+        files.push(bin.to_string());
+        for f in files {
+            let to = image.join(f.trim_start_matches('/'));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&f, &to).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("dash", image.join("usr/bin/sh")).unwrap();
+    std::os::unix::fs::symlink("usr/bin", image.join("bin")).unwrap();
+    std::fs::create_dir_all(image.join("etc")).unwrap();
+    std::fs::write(
+        image.join("etc/os-release"),
+        "ID=knittest\nVERSION_ID=\"1\"\nPRETTY_NAME=\"knit test image\"\n",
+    )
+    .unwrap();
+
+    let inst = t.create(&format!(
+        "baseRoot: {}\nsystemDiskSize: 256Mi\nuserData: \"#!/bin/sh\\necho ran > /ran\\n\"\n",
+        image.display()
+    ));
+    let id = inst.record.id.clone();
+    assert_eq!(inst.record.os.id, "knittest");
+    t.cloud
+        .wait_user_data(&id, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(t.sh(&id, "read x < /ran; echo $x"), "ran\n");
+    assert_eq!(
+        t.sh(
+            &id,
+            "test -e /usr/bin/apt-get && echo host-root || echo image-only"
+        ),
+        "image-only\n"
+    );
+    // The image itself is the read-only lower layer: untouched.
+    assert!(!image.join("ran").exists());
+}
+
+#[test]
+fn attributes_reach_the_instance_and_secrets_are_not_kept() {
+    let t = TestCloud::new();
+    let inst = t.create(
+        "systemDiskSize: 256Mi\nattributes:\n  swap: true\n  os: {id: aliyun, versionId: '3', prettyName: Alibaba Cloud Linux 3}\n  login: {password: Secret-123}\n  tags: {ack.aliyun.com: c-1}\n",
+    );
+    let id = inst.record.id.clone();
+    assert!(t.sh(&id, "cat /proc/swaps").contains("/swapfile"));
+    assert!(t.sh(&id, "cat /etc/os-release").contains("ID=aliyun"));
+    assert!(
+        !std::fs::read_to_string("/etc/os-release")
+            .unwrap()
+            .contains("aliyun"),
+        "host os-release changed"
+    );
+    assert_eq!(
+        t.sh(
+            &id,
+            &format!(
+                "curl -sf http://{}/latest/meta-data/tags/instance/ack.aliyun.com",
+                t.gateway()
+            )
+        ),
+        "c-1"
+    );
+    let described = serde_json::to_string(&t.cloud.describe(&id).unwrap()).unwrap();
+    assert!(!described.contains("Secret-123"));
+    let stored =
+        std::fs::read_to_string(t.dir.join("instances").join(&id).join("instance.json")).unwrap();
+    assert!(!stored.contains("Secret-123"));
+}

@@ -269,7 +269,21 @@ fn run(cli: Cli) -> Result<(), LocalError> {
             SnapCmd::List => print(&cloud.snapshots()?),
             SnapCmd::Delete { id } => cloud.snapshot_delete(&id),
         },
-        Cmd::Down => print(&cloud.down()?),
+        Cmd::Down => {
+            let report = cloud.down()?;
+            print(&report)?;
+            if report.errors.is_empty() {
+                return Ok(());
+            }
+            Err(LocalError::Busy {
+                what: "down".into(),
+                message: format!(
+                    "{} leftover(s) could not be released; state kept for a retry: {}",
+                    report.errors.len(),
+                    report.errors.join("; ")
+                ),
+            })
+        }
         Cmd::Boot { .. } | Cmd::Metadata { .. } => Ok(()),
     }
 }

@@ -687,12 +687,17 @@ impl Cloud {
         Ok(killed)
     }
 
+    /// Every instance; one being deleted meanwhile (its disks already gone) is left out.
     pub fn list(&self) -> Result<Vec<Instance>> {
-        self.state
-            .instances()?
-            .into_iter()
-            .map(|r| self.view(r))
-            .collect()
+        let mut out = Vec::new();
+        for r in self.state.instances()? {
+            match self.view(r) {
+                Ok(i) => out.push(i),
+                Err(LocalError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     pub fn describe(&self, id: &str) -> Result<Instance> {

@@ -140,6 +140,7 @@ impl StateDir {
             .collect();
         names.sort();
         for p in names {
+            // A directory removed between listing and reading reads as None.
             if let Some(r) = read_opt(&p.join(file))? {
                 out.push(r);
             }

@@ -138,12 +138,23 @@ impl Provider for LocalProvider {
     }
 
     async fn list(&self) -> Result<Vec<ProviderInstance>> {
-        Ok(self
-            .blocking(|c| c.list())
-            .await?
-            .iter()
-            .map(view)
-            .collect())
+        let list = self
+            .blocking(|c| {
+                // knit-local's list reads each instance's files; one being
+                // deleted at that moment can vanish mid-read: read again.
+                let mut attempt = 0;
+                loop {
+                    match c.list() {
+                        Err(LocalError::NotFound { .. }) if attempt < 5 => {
+                            attempt += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        }
+                        other => return other,
+                    }
+                }
+            })
+            .await?;
+        Ok(list.iter().map(view).collect())
     }
 
     async fn start(&self, id: &str) -> Result<()> {

@@ -1,0 +1,354 @@
+//! The control plane against the real local cloud, driven through the `knit`
+//! binary: a pool scaled 0 → 3 → 1, then a server killed with SIGKILL in the
+//! middle of a scale-out and restarted, which must end with exactly the
+//! desired instances (none lost, none duplicated).
+//!
+//! Needs root (namespaces, loop devices, a bridge) and the workspace's
+//! binaries beside `knit` (knit-agent, knit-local, knit-kubelet-sim), which
+//! `cargo nextest run --workspace` builds. Everything lives in a temporary
+//! directory, on a bridge and subnet of its own, and is released by a guard
+//! on success, failure and panic.
+
+use knit_local::{Cloud, Config};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn knit() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_knit"))
+}
+
+fn sibling(name: &str) -> PathBuf {
+    let p = knit().with_file_name(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        p.display()
+    );
+    p
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    bridge: String,
+    subnet: String,
+    gateway: String,
+    port: u16,
+    server: Option<Child>,
+}
+
+impl Env {
+    fn new() -> Env {
+        assert!(
+            nix_is_root(),
+            "this test needs root (it creates namespaces, loop devices and a bridge)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let tag = std::process::id() % 10_000;
+        let routes = String::from_utf8(
+            Command::new("ip")
+                .args(["-4", "route"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        // A /24 no route on this host uses yet.
+        let third = (0..200u32)
+            .map(|i| (tag + i * 7) % 200 + 20)
+            .find(|x| !routes.contains(&format!("10.216.{x}.")))
+            .expect("no free 10.216.x.0/24 subnet");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Env {
+            dir,
+            bridge: format!("kte{tag}"),
+            subnet: format!("10.216.{third}.0/24"),
+            gateway: format!("10.216.{third}.1"),
+            port,
+            server: None,
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn local_config(&self) -> Config {
+        Config {
+            state_dir: self.path("local"),
+            bridge: self.bridge.clone(),
+            subnet: self.subnet.clone(),
+            metadata_port: 80,
+            helper: Some(sibling("knit-local")),
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(knit());
+        c.env("KNIT_CONFIG", self.path("config"));
+        c
+    }
+
+    fn knit(&self, args: &[&str]) -> (bool, String, String) {
+        let out = self.cmd().args(args).stdin(Stdio::null()).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
+    fn knit_ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.knit(args);
+        assert!(
+            ok,
+            "knit {args:?} failed:\n{out}\n{err}\nserver log:\n{}",
+            self.server_log()
+        );
+        out
+    }
+
+    fn server_log(&self) -> String {
+        std::fs::read_to_string(self.path("server.log")).unwrap_or_default()
+    }
+
+    fn start_server(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("server.log"))
+            .unwrap();
+        let child = self
+            .cmd()
+            .args(["server", "--write-config", "--state-dir"])
+            .arg(self.path("server"))
+            .args([
+                "--listen",
+                &format!("0.0.0.0:{}", self.port),
+                "--advertise-address",
+                &self.gateway,
+            ])
+            .arg("--local-state-dir")
+            .arg(self.path("local"))
+            .args([
+                "--local-bridge",
+                &self.bridge,
+                "--local-subnet",
+                &self.subnet,
+                "--parallelism",
+                "2",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.server = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let _ = std::fs::remove_file(self.path("config"));
+        loop {
+            if self.path("config").exists() && self.knit(&["get", "clusters"]).0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not start:\n{}",
+                self.server_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn kill_server(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn store_instances(&self) -> Vec<Value> {
+        let out = self.knit_ok(&["get", "instances", "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// knit names of the instances the local cloud holds.
+    fn provider_names(&self) -> Vec<String> {
+        let cloud = Cloud::open(self.local_config()).unwrap();
+        // A list racing a delete may see a half-removed instance: ask again.
+        let list = (0..20)
+            .find_map(|_| {
+                cloud.list().ok().or_else(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    None
+                })
+            })
+            .expect("the local cloud's list kept failing");
+        let mut names: Vec<String> = list
+            .into_iter()
+            .map(|i| {
+                i.record
+                    .template
+                    .name
+                    .clone()
+                    .unwrap_or(i.record.id.clone())
+            })
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.kill_server();
+        if let Ok(cloud) = Cloud::open(self.local_config()) {
+            if let Err(e) = cloud.down() {
+                eprintln!("local cloud down: {e}");
+            }
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+const POOL: &str = "apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {name: workers}
+spec:
+  replicas: 0
+  systemDisk: {sizeGiB: 20}
+  dataDisks: [{sizeGiB: 40, interface: nvme}]
+  preUserData: touch /var/.skip-yum
+  userData: echo user-data ran > /root/user-data-ran
+";
+
+fn running_names(instances: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = instances
+        .iter()
+        .filter(|i| i["state"] == "Running")
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn scale_with_the_real_local_cloud_and_survive_kill_9() {
+    let mut env = Env::new();
+    let out = env.knit_ok(&[
+        "package",
+        "build",
+        "--no-runtime",
+        "--state-dir",
+        env.path("server").to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("kubernetes-1.31.4-linux-amd64.tar.gz"),
+        "{out}"
+    );
+    env.start_server();
+    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+
+    // 0 -> 3: every node initialized by the real agent, reported back.
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "3",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let instances = env.store_instances();
+    assert_eq!(running_names(&instances).len(), 3);
+    assert_eq!(env.provider_names(), running_names(&instances));
+    let nodes: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
+    let nodes = nodes["items"].as_array().unwrap().clone();
+    assert_eq!(nodes.len(), 3);
+    assert!(nodes.iter().all(|n| n["initialized"] == true), "{nodes:?}");
+    let node = nodes[0]["name"].as_str().unwrap();
+    let described = env.knit_ok(&["describe", "node", node]);
+    assert!(
+        described.contains("data-disk") && described.contains("hardening"),
+        "{described}"
+    );
+    let log = env.knit_ok(&["logs", "node", node]);
+    assert!(log.contains("[data-disk]"), "{log}");
+
+    // 3 -> 1: newest first, released at the provider.
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "1",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let instances = env.store_instances();
+    assert_eq!(running_names(&instances).len(), 1);
+    assert_eq!(env.provider_names(), running_names(&instances));
+
+    // SIGKILL while instances are being created, then restart.
+    env.knit_ok(&["scale", "pool", "workers", "--replicas", "4"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let creating = env
+            .store_instances()
+            .iter()
+            .any(|i| i["state"] == "Creating" || i["state"] == "Pending");
+        if creating {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no instance was ever seen in creation"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    env.kill_server();
+    env.start_server();
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "4",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let instances = env.store_instances();
+    let names = running_names(&instances);
+    assert_eq!(names.len(), 4, "{instances:?}");
+    assert_eq!(
+        env.provider_names(),
+        names,
+        "the provider holds exactly the store's instances"
+    );
+
+    // Cleanup through the API: delete the pool, every instance released.
+    env.knit_ok(&["delete", "pool", "workers"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !env.provider_names().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "instances left: {:?}",
+            env.provider_names()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(Path::new(&env.path("server/knit.db")).exists());
+}

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 pub struct BootSpec {
     pub id: String,
     pub hostname: String,
+    pub private_ip: String,
     pub base_root: PathBuf,
     pub instance_dir: PathBuf,
     /// Host paths covered by an empty tmpfs inside (the state directory).
@@ -280,6 +281,23 @@ fn setup(spec: &BootSpec) -> Result<()> {
 
     sethostname(&spec.hostname).sys(|| format!("sethostname {}", spec.hostname))?;
     write_file(&root.join("etc/hostname"), &format!("{}\n", spec.hostname))?;
+    // As cloud images do: the hostname resolves to the private address.
+    let hosts = root.join("etc/hosts");
+    let text = std::fs::read_to_string(&hosts).unwrap_or_default();
+    let entry = format!("{}\t{}", spec.private_ip, spec.hostname);
+    if !text.lines().any(|l| l == entry) {
+        write_file(
+            &hosts,
+            &format!(
+                "{text}{}{entry}\n",
+                if text.is_empty() || text.ends_with('\n') {
+                    ""
+                } else {
+                    "\n"
+                }
+            ),
+        )?;
+    }
     if fresh {
         let mut id = [0u8; 16];
         std::fs::File::open("/dev/urandom")

@@ -265,7 +265,7 @@ impl Cloud {
             let _lock = self.state.lock()?;
             self.ensure_network()?;
             let id = new_id("i-")?;
-            let ip = self.free_ip()?;
+            let ip = self.pick_ip(tpl.private_ip.as_deref())?;
             let o = ip.octets();
             let mut rec = InstanceRecord {
                 hostname: tpl
@@ -311,13 +311,39 @@ impl Cloud {
         self.view(rec)
     }
 
-    fn free_ip(&self) -> Result<std::net::Ipv4Addr> {
+    /// The requested address if it is usable, else the next free one.
+    fn pick_ip(&self, want: Option<&str>) -> Result<std::net::Ipv4Addr> {
         let used: BTreeSet<String> = self
             .state
             .instances()?
             .into_iter()
             .map(|r| r.private_ip)
             .collect();
+        if let Some(want) = want {
+            let ok = (2..)
+                .map_while(|n| self.subnet.host(n))
+                .any(|ip| ip.to_string() == want);
+            if !ok {
+                return Err(LocalError::invalid(
+                    "privateIp",
+                    format!("{want:?}"),
+                    format!(
+                        "must be a host address of {} other than the gateway",
+                        self.subnet
+                    ),
+                ));
+            }
+            if used.contains(want) {
+                return Err(LocalError::invalid(
+                    "privateIp",
+                    format!("{want:?}"),
+                    "is already used by another instance",
+                ));
+            }
+            return want.parse().map_err(|_| {
+                LocalError::invalid("privateIp", format!("{want:?}"), "must be an IPv4 address")
+            });
+        }
         (2..)
             .map_while(|n| self.subnet.host(n))
             .find(|ip| !used.contains(&ip.to_string()))
@@ -439,6 +465,7 @@ impl Cloud {
         let spec = BootSpec {
             id: rec.id.clone(),
             hostname: rec.hostname.clone(),
+            private_ip: rec.private_ip.clone(),
             base_root: rec.template.base_root.clone(),
             instance_dir: dir.clone(),
             hide: vec![self.state.root().to_path_buf()],

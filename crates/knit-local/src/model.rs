@@ -28,6 +28,9 @@ pub struct Template {
     /// Per-instance link shaping (tc tbf on both ends of the veth).
     #[serde(default)]
     pub bandwidth_mbit: Option<u32>,
+    /// A fixed address in the cloud's subnet; the next free one otherwise.
+    #[serde(default)]
+    pub private_ip: Option<String>,
     #[serde(default)]
     pub user_data: Option<String>,
     #[serde(default)]
@@ -46,6 +49,7 @@ impl Default for Template {
             system_disk_size: default_system_disk_size(),
             disks: Vec::new(),
             bandwidth_mbit: None,
+            private_ip: None,
             user_data: None,
             user_data_runner: UserDataRunner::Knit,
             attributes: Attributes::default(),
@@ -364,6 +368,11 @@ impl Template {
         }
         if self.disks.len() > 24 {
             e.add("disks", self.disks.len(), "must hold at most 24 disks");
+        }
+        if let Some(ip) = &self.private_ip {
+            if ip.parse::<std::net::Ipv4Addr>().is_err() {
+                e.add("privateIp", format!("{ip:?}"), "must be an IPv4 address");
+            }
         }
         if self.bandwidth_mbit == Some(0) {
             e.add(

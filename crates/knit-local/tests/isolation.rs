@@ -162,7 +162,14 @@ fn the_agent_formats_and_mounts_its_cloud_disks_unseen_by_the_host() {
 fn instances_reach_each_other_and_links_can_be_shaped() {
     let t = TestCloud::new();
     let a = t.create("systemDiskSize: 256Mi\n");
-    let b = t.create("systemDiskSize: 256Mi\nbandwidthMbit: 20\n");
+    let fixed = format!("{}.200", t.gateway().rsplit_once('.').unwrap().0);
+    let b = t.create(&format!(
+        "systemDiskSize: 256Mi\nbandwidthMbit: 20\nprivateIp: {fixed}\n"
+    ));
+    assert_eq!(b.record.private_ip, fixed);
+    assert!(t
+        .sh(&b.record.id, "ip -4 -o addr show dev eth0")
+        .contains(&format!("{fixed}/24")));
     let ping = t.sh(
         &a.record.id,
         &format!("ping -c 2 -W 5 {}", b.record.private_ip),

@@ -123,6 +123,10 @@ fn boot_runs_user_data_in_order_with_metadata_and_cloud_disks() {
 
     // Own UTS and PID namespaces: its hostname, and our init as PID 1.
     assert_eq!(t.sh(&id, "hostname").trim(), "web-1");
+    assert_eq!(
+        t.sh(&id, "getent hosts web-1").split_whitespace().next(),
+        Some(inst.record.private_ip.as_str())
+    );
     assert!(t
         .sh(&id, "cat /proc/1/cmdline | tr '\\0' ' '")
         .contains("__boot"));

@@ -35,6 +35,14 @@ fn bad_input_is_named_and_leaves_nothing_half_created() {
             "baseRoot: value \"/nonexistent\" must be a root filesystem directory",
         ),
         ("bandwidthMbit: 0\n", "bandwidthMbit: value 0 must be > 0"),
+        (
+            "privateIp: 10.0.0.300\n",
+            "privateIp: value \"10.0.0.300\" must be an IPv4 address",
+        ),
+        (
+            "privateIp: 192.0.2.77\n",
+            "privateIp: value \"192.0.2.77\" must be a host address of",
+        ),
     ];
     for (yaml, want) in cases.drain(..) {
         std::fs::write(&tpl, yaml).unwrap();

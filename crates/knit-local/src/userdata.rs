@@ -193,7 +193,7 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
     let mut errors: Vec<String> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     let mut failed_part: Option<String> = None;
-    let mut log = open_log();
+    let log = open_log();
     if Path::new(&sem).exists() {
         skipped
             .push("scripts already ran for this instance (per-instance semaphore present)".into());
@@ -210,7 +210,7 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
                         ));
                         continue;
                     }
-                    let r = run_part(&dir, &p, &mut log);
+                    let r = run_part(&dir, &p, log.as_ref());
                     if r.exit_code != Some(0) {
                         let why = r.error.clone().unwrap_or_else(|| {
                             format!("exited with {}", r.exit_code.unwrap_or(-1))
@@ -253,6 +253,9 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
 }
 
 /// Debian's cloud-init with the NoCloud datasource seeded from our metadata.
+/// Every stage runs even if an earlier one reports a failed module, as under
+/// systemd; cloud-init writes its own output log and result.json, so its
+/// console output goes to the instance's console (PID 1's stderr).
 pub fn run_cloud_init(id: &str, hostname: &str, user_data: &[u8]) -> i32 {
     let seed = "/var/lib/cloud/seed/nocloud";
     let _ = std::fs::create_dir_all(seed);
@@ -261,21 +264,21 @@ pub fn run_cloud_init(id: &str, hostname: &str, user_data: &[u8]) -> i32 {
         format!("{seed}/meta-data"),
         format!("instance-id: {id}\nlocal-hostname: {hostname}\n"),
     );
-    let mut log = open_log();
+    let mut worst = 0;
     for stage in [
         &["init", "--local"][..],
         &["init"],
         &["modules", "--mode=config"],
         &["modules", "--mode=final"],
     ] {
-        let status = script_command("/usr/bin/cloud-init", &mut log)
+        let code = script_command("/usr/bin/cloud-init", None)
             .args(stage)
-            .status();
-        if !status.is_ok_and(|s| s.success()) {
-            return 1;
-        }
+            .status()
+            .map(|s| s.code().unwrap_or(128))
+            .unwrap_or(127);
+        worst = worst.max(code);
     }
-    0
+    worst
 }
 
 fn open_log() -> Option<std::fs::File> {
@@ -288,7 +291,7 @@ fn open_log() -> Option<std::fs::File> {
         .ok()
 }
 
-fn script_command(program: &str, log: &mut Option<std::fs::File>) -> Command {
+fn script_command(program: &str, log: Option<&std::fs::File>) -> Command {
     let mut cmd = Command::new(program);
     cmd.env_clear()
         .env("PATH", PATH_ENV)
@@ -296,7 +299,7 @@ fn script_command(program: &str, log: &mut Option<std::fs::File>) -> Command {
         .env("LANG", "C.UTF-8")
         .current_dir("/")
         .stdin(Stdio::null());
-    if let Some(f) = log.as_ref().and_then(|f| f.try_clone().ok()) {
+    if let Some(f) = log.and_then(|f| f.try_clone().ok()) {
         if let Ok(g) = f.try_clone() {
             cmd.stdout(f).stderr(g);
         }
@@ -304,7 +307,7 @@ fn script_command(program: &str, log: &mut Option<std::fs::File>) -> Command {
     cmd
 }
 
-fn run_part(dir: &str, p: &Part, log: &mut Option<std::fs::File>) -> PartResult {
+fn run_part(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartResult {
     let started_at = epoch();
     let clock = Instant::now();
     let path = format!("{dir}/{}", p.filename);
@@ -329,7 +332,7 @@ fn run_part(dir: &str, p: &Part, log: &mut Option<std::fs::File>) -> PartResult 
         r.error = Some(format!("cannot write {path}: {e}"));
         return r;
     }
-    if let Some(l) = log.as_mut() {
+    if let Some(mut l) = log {
         let _ = writeln!(l, "knit-local: running {path}");
     }
     match script_command(&path, log).status() {

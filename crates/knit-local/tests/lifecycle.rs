@@ -356,3 +356,34 @@ fn attributes_reach_the_instance_and_secrets_are_not_kept() {
         std::fs::read_to_string(t.dir.join("instances").join(&id).join("instance.json")).unwrap();
     assert!(!stored.contains("Secret-123"));
 }
+
+/// A pool may run Debian's cloud-init (installed in the base root: the host's
+/// `/`, see scripts/setup.sh) instead of knit's runner.
+#[test]
+fn cloud_init_runs_user_data_from_the_nocloud_seed() {
+    let t = TestCloud::new();
+    let id = t
+        .create("systemDiskSize: 1Gi\nuserDataRunner: cloud-init\nuserData: |\n  #!/bin/sh\n  echo from-cloud-init > /root/ci\n")
+        .record
+        .id;
+    // cloud-init writes result.json itself, after its final stage.
+    let result = t
+        .cloud
+        .wait_user_data(&id, Duration::from_secs(120))
+        .unwrap();
+    assert!(
+        result["v1"]["datasource"]
+            .as_str()
+            .unwrap()
+            .starts_with("DataSourceNoCloud"),
+        "{result}"
+    );
+    assert!(
+        result.get("knit").is_none(),
+        "knit's runner must not have run: {result}"
+    );
+    assert_eq!(t.sh(&id, "cat /root/ci"), "from-cloud-init\n");
+    assert!(t
+        .sh(&id, "cat /var/log/cloud-init-output.log")
+        .contains("Cloud-init v."));
+}

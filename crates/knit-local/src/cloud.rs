@@ -240,21 +240,7 @@ impl Cloud {
 
     pub fn create(&self, tpl: &Template) -> Result<Instance> {
         tpl.validate()?;
-        let mut missing = Vec::new();
-        for (i, d) in tpl.disks.iter().enumerate() {
-            if let Some(s) = &d.snapshot {
-                if self.state.snapshot(s).is_err() {
-                    missing.push(knit_api::FieldError {
-                        field: format!("disks[{i}].snapshot"),
-                        value: format!("{s:?}"),
-                        rule: "must name an existing snapshot".into(),
-                    });
-                }
-            }
-        }
-        if !missing.is_empty() {
-            return Err(LocalError::Invalid(missing));
-        }
+        self.check_snapshots(&tpl.disks)?;
         let os = tpl
             .attributes
             .os
@@ -309,6 +295,42 @@ impl Cloud {
             return Err(e);
         }
         self.view(rec)
+    }
+
+    /// Disks from snapshots: the snapshot exists and the disk is not smaller.
+    fn check_snapshots(&self, disks: &[DiskSpec]) -> Result<()> {
+        let mut errors = Vec::new();
+        for (i, d) in disks.iter().enumerate() {
+            let Some(s) = &d.snapshot else { continue };
+            match self.state.snapshot(s) {
+                Err(_) => errors.push(knit_api::FieldError {
+                    field: format!("disks[{i}].snapshot"),
+                    value: format!("{s:?}"),
+                    rule: "must name an existing snapshot".into(),
+                }),
+                Ok(snap) => {
+                    if let Some(size) = d
+                        .size
+                        .as_ref()
+                        .filter(|q| q.bytes().is_some_and(|b| b < snap.size))
+                    {
+                        errors.push(knit_api::FieldError {
+                            field: format!("disks[{i}].size"),
+                            value: size.to_string(),
+                            rule: format!(
+                                "must be at least the size of snapshot {s} ({} bytes)",
+                                snap.size
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(LocalError::Invalid(errors))
+        }
     }
 
     /// The requested address if it is usable, else the next free one.
@@ -863,9 +885,7 @@ impl Cloud {
             ..Template::default()
         };
         tpl.validate()?;
-        if let Some(s) = &spec.snapshot {
-            self.state.snapshot(s)?;
-        }
+        self.check_snapshots(&tpl.disks)?;
         let disk = self.new_disk_record(spec, None)?;
         self.state.put_disk(&disk)?;
         if let Err(e) = self.make_disk_file(&disk, spec) {

@@ -235,6 +235,23 @@ fn snapshot_copies_a_disk_and_disks_hot_attach() {
     let snap = t.cloud.snapshot_create(&a.data_disks[0].id).unwrap();
     assert!(["reflink", "sparse-copy"].contains(&snap.method.as_str()));
     assert_eq!(t.cloud.snapshots().unwrap().len(), 1);
+    let small = t
+        .cloud
+        .create(
+            &knit_local::Template::parse(&format!(
+                "disks:\n- {{name: r, size: 64Mi, snapshot: {}}}\n",
+                snap.id
+            ))
+            .unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        small.to_string().contains(&format!(
+            "disks[0].size: value \"64Mi\" must be at least the size of snapshot {}",
+            snap.id
+        )),
+        "{small}"
+    );
     let disk = t
         .cloud
         .disk_create(&knit_local::DiskSpec {

@@ -119,6 +119,12 @@ struct ServerOpts {
     /// Lifetime of a bootstrap token, in seconds.
     #[arg(long, default_value_t = 1800)]
     join_token_ttl: u64,
+    /// embedded: serve the embedded Kubernetes API nodes join; none: nodes get no join material.
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "none"])]
+    cluster: String,
+    /// Port of the embedded Kubernetes API (on the listen address).
+    #[arg(long, default_value_t = 6443)]
+    cluster_port: u16,
     #[arg(
         long,
         env = "KNIT_LOCAL_STATE_DIR",
@@ -427,9 +433,15 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
     };
     let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;
     runtime.block_on(async move {
-        // The embedded cluster is not wired in yet: nodes get no join material.
-        let server =
-            knit_server::start(s, provider, Arc::new(knit_server::bootstrap::NoCluster)).await?;
+        let embedded = match opts.cluster.as_str() {
+            "embedded" => Some(Arc::new(start_cluster(&s, &opts).await?)),
+            _ => None,
+        };
+        let join: Arc<dyn knit_server::bootstrap::ClusterJoin> = match &embedded {
+            Some(e) => e.clone(),
+            None => Arc::new(knit_server::bootstrap::NoCluster),
+        };
+        let server = knit_server::start(s, provider, join).await?;
         if write_config {
             let path = config_path(cli_config)?;
             ClientConfig {
@@ -453,8 +465,42 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
         }
         eprintln!("knit server stopping");
         server.shutdown().await;
+        if let Some(e) = embedded {
+            e.stop();
+        }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The embedded Kubernetes API, on the server's address and the cluster
+/// port, advertised at the host instances reach.
+async fn start_cluster(
+    s: &Settings,
+    opts: &ServerOpts,
+) -> Result<knit_server::cluster::EmbeddedJoin> {
+    let mut listen = s.listen;
+    listen.set_port(opts.cluster_port);
+    let advertise = s.advertise_host.clone().unwrap_or_else(|| {
+        if listen.ip().is_unspecified() {
+            knit_server::control::LOCAL_GATEWAY.to_string()
+        } else {
+            listen.ip().to_string()
+        }
+    });
+    let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
+    cfg.advertise_address = Some(advertise);
+    let cluster = knit_cluster::EmbeddedCluster::start(cfg)
+        .await
+        .map_err(|e| CliError::Failed(format!("embedded cluster on {listen}: {e}")))?;
+    eprintln!(
+        "embedded Kubernetes API at {} (admin kubeconfig {})",
+        cluster.endpoint(),
+        cluster.admin_kubeconfig_path().display()
+    );
+    Ok(knit_server::cluster::EmbeddedJoin::new(
+        cluster,
+        s.join_token_ttl,
+    )?)
 }
 
 fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
@@ -483,6 +529,12 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
         .arg("--state-dir")
         .arg(&opts.state_dir)
         .args(["--listen", &opts.listen, "--provider", &opts.provider])
+        .args([
+            "--cluster",
+            &opts.cluster,
+            "--cluster-port",
+            &opts.cluster_port.to_string(),
+        ])
         .args(["--parallelism", &opts.parallelism.to_string()])
         .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])
         .arg("--local-state-dir")

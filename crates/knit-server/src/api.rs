@@ -3,7 +3,7 @@
 //! package mirror, `/healthz` and `/openapi.json` are public (they hold no
 //! secret: the mirror serves the same binaries to every node).
 
-use crate::bootstrap::{node_config, NodeConfigInput, PackageRef};
+use crate::bootstrap::{expected_node_name, node_config, NodeConfigInput, PackageRef};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::metrics::PoolGauge;
@@ -82,17 +82,17 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 async fn require_admin(State(cp): State<Cp>, request: Request, next: Next) -> Response {
-    match bearer(request.headers()) {
-        Some(token) if pki::secrets_equal(token, &cp.admin_token) => next.run(request).await,
-        Some(_) => {
-            ServerError::Unauthorized("the bearer token is not this server's admin token".into())
-                .into_response()
+    let why = match bearer(request.headers()) {
+        Some(token) if pki::secrets_equal(token, &cp.admin_token) => {
+            return next.run(request).await
         }
-        None => ServerError::Unauthorized(
-            "send the admin token as `Authorization: Bearer <token>`".into(),
-        )
-        .into_response(),
-    }
+        Some(_) => "the bearer token is not this server's admin token",
+        None => "send the admin token as `Authorization: Bearer <token>`",
+    };
+    // Read (and drop) a small body so the connection stays usable for the
+    // client's next request; a large one just closes it.
+    let _ = axum::body::to_bytes(request.into_body(), 64 * 1024).await;
+    ServerError::Unauthorized(why.into()).into_response()
 }
 
 // ---- views
@@ -588,6 +588,8 @@ async fn bootstrap(
     State(cp): State<Cp>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
+    // Unused, but read so the connection can serve the next request.
+    _body: Bytes,
 ) -> Result<Response> {
     let peer = peer
         .map(|Extension(Peer(p))| p.to_string())
@@ -649,7 +651,9 @@ async fn bootstrap(
     let report_token = pki::random_hex(32)?;
     cp.store
         .set_report_token_hash(&instance.name, &pki::token_hash(&report_token))?;
-    let join = cp.cluster.join_material(&pool_name, &instance.name).await?;
+    let node_name =
+        expected_node_name(&cluster.spec.region, &instance, &pool.pool).unwrap_or_default();
+    let join = cp.cluster.join_material(&pool_name, &node_name).await?;
     let version = cluster.spec.kubernetes_version.clone();
     let tarball = format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz");
     let config = node_config(NodeConfigInput {

@@ -33,6 +33,8 @@ pub trait ClusterJoin: Send + Sync {
     async fn remove_node(&self, node: &str) -> Result<()>;
     /// NotReady | Ready | Unknown, when the cluster knows the node.
     async fn node_status(&self, node: &str) -> Result<Option<String>>;
+    /// Every registered node with its status.
+    async fn node_statuses(&self) -> Result<Vec<(String, String)>>;
 }
 
 /// No cluster attached: nodes get no join material (their `join` phase
@@ -50,6 +52,27 @@ impl ClusterJoin for NoCluster {
     }
     async fn node_status(&self, _node: &str) -> Result<Option<String>> {
         Ok(None)
+    }
+    async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The node name the agent will compute (knit-agent's identity rule): the
+/// pool's custom name from the IP, else `<region>.<instance-id>` lowercased.
+pub fn expected_node_name(
+    region: &str,
+    instance: &InstanceRecord,
+    pool: &NodePool,
+) -> Option<String> {
+    match (
+        &pool.spec.custom_node_name,
+        &instance.ip,
+        &instance.provider_id,
+    ) {
+        (Some(rule), Some(ip), _) => Some(rule.render(ip)),
+        (None, _, Some(id)) => Some(format!("{region}.{id}").to_lowercase()),
+        _ => None,
     }
 }
 

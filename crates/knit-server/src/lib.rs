@@ -7,6 +7,7 @@
 pub mod api;
 pub mod bootstrap;
 pub mod client;
+pub mod cluster;
 pub mod control;
 pub mod error;
 pub mod local;

@@ -567,12 +567,46 @@ impl ControlPlane {
             if let Err(e) = self.dispatch() {
                 tracing::error!(error = %e, "dispatch failed");
             }
+            if let Err(e) = self.sync_node_statuses().await {
+                tracing::warn!(error = %e, "reading node statuses from the cluster failed");
+            }
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
             }
         }
+    }
+
+    /// Copies each node's Ready condition from the cluster; every change
+    /// is an event.
+    pub async fn sync_node_statuses(&self) -> Result<()> {
+        let statuses: std::collections::HashMap<String, String> =
+            self.cluster.node_statuses().await?.into_iter().collect();
+        if statuses.is_empty() {
+            return Ok(());
+        }
+        for node in self.store.nodes()? {
+            let Some(status) = statuses.get(&node.name) else {
+                continue;
+            };
+            if *status != node.status {
+                self.store.set_node_status(&node.name, status)?;
+                let kind = if status == "Ready" {
+                    "Normal"
+                } else {
+                    "Warning"
+                };
+                self.store.add_event(
+                    kind,
+                    "Node",
+                    &node.name,
+                    &format!("Node{status}"),
+                    &format!("{} -> {status}", node.status),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// Instance names with work in flight (for tests and status).

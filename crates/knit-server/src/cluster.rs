@@ -1,0 +1,204 @@
+//! The embedded cluster (knit-cluster) behind the [`ClusterJoin`] seam: a
+//! bootstrap token per node (bound to its node name), the cluster CA and
+//! pin, and Node status and removal through the cluster's own HTTPS API with
+//! the admin client certificate, as any Kubernetes client would.
+
+use crate::bootstrap::{ClusterJoin, JoinMaterial};
+use crate::error::{Result, ServerError};
+use async_trait::async_trait;
+use base64::Engine;
+use knit_cluster::EmbeddedCluster;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn cluster_err(e: impl std::fmt::Display) -> ServerError {
+    ServerError::Internal(format!("embedded cluster: {e}"))
+}
+
+pub struct EmbeddedJoin {
+    cluster: EmbeddedCluster,
+    admin: ureq::Agent,
+    /// Where the control plane itself reaches the API (loopback).
+    local_endpoint: String,
+    token_ttl: Duration,
+}
+
+/// An HTTPS client holding the admin kubeconfig's client certificate.
+fn admin_agent(kubeconfig: &str) -> Result<ureq::Agent> {
+    let doc: Value = serde_yaml::from_str(kubeconfig).map_err(cluster_err)?;
+    let b64 = |v: &Value| -> Result<Vec<u8>> {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap_or_default())
+            .map_err(cluster_err)
+    };
+    let ca = b64(&doc["clusters"][0]["cluster"]["certificate-authority-data"])?;
+    let cert = b64(&doc["users"][0]["user"]["client-certificate-data"])?;
+    let key = b64(&doc["users"][0]["user"]["client-key-data"])?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut ca.as_slice()) {
+        roots.add(c.map_err(cluster_err)?).map_err(cluster_err)?;
+    }
+    let chain = rustls_pemfile::certs(&mut cert.as_slice())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(cluster_err)?;
+    let key = rustls_pemfile::private_key(&mut key.as_slice())
+        .map_err(cluster_err)?
+        .ok_or_else(|| cluster_err("the admin kubeconfig holds no private key"))?;
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(cluster_err)?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .map_err(cluster_err)?;
+    Ok(ureq::AgentBuilder::new()
+        .tls_config(Arc::new(tls))
+        .timeout(Duration::from_secs(10))
+        .build())
+}
+
+/// Ready condition of a Node object → NotReady | Ready | Unknown.
+pub fn node_ready_status(node: &Value) -> String {
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str());
+    match ready {
+        Some("True") => "Ready",
+        Some("Unknown") => "Unknown",
+        _ => "NotReady",
+    }
+    .to_string()
+}
+
+impl EmbeddedJoin {
+    pub fn new(cluster: EmbeddedCluster, token_ttl: Duration) -> Result<EmbeddedJoin> {
+        let path = cluster.admin_kubeconfig_path();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ServerError::io(format!("read {}", path.display()), e))?;
+        let admin = admin_agent(&text)?;
+        let local_endpoint = format!("https://127.0.0.1:{}", cluster.local_addr().port());
+        Ok(EmbeddedJoin {
+            cluster,
+            admin,
+            local_endpoint,
+            token_ttl,
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        self.cluster.endpoint()
+    }
+
+    pub fn admin_kubeconfig_path(&self) -> &std::path::Path {
+        self.cluster.admin_kubeconfig_path()
+    }
+
+    /// Stops the cluster's server and controllers (they end on their own).
+    pub fn stop(&self) {
+        self.cluster.shutdown_handle().shutdown();
+    }
+
+    async fn call(&self, method: &'static str, path: String) -> Result<Option<Value>> {
+        let agent = self.admin.clone();
+        let url = format!("{}{path}", self.local_endpoint);
+        tokio::task::spawn_blocking(move || match agent.request(method, &url).call() {
+            Ok(r) => r.into_json::<Value>().map(Some).map_err(cluster_err),
+            Err(ureq::Error::Status(404, _)) => Ok(None),
+            Err(e) => Err(cluster_err(format!("{method} {url}: {e}"))),
+        })
+        .await
+        .map_err(cluster_err)?
+    }
+}
+
+#[async_trait]
+impl ClusterJoin for EmbeddedJoin {
+    async fn join_material(&self, _pool: &str, node_name: &str) -> Result<Option<JoinMaterial>> {
+        // Bound to the node name: the CSR approver signs only for that node.
+        let bound = knit_api::validate::is_dns_subdomain(node_name).then_some(node_name);
+        let token = self
+            .cluster
+            .create_bootstrap_token(bound, self.token_ttl, &[])
+            .map_err(cluster_err)?;
+        Ok(Some(JoinMaterial {
+            endpoint: self.cluster.endpoint().to_string(),
+            ca_pem: self.cluster.ca_pem().to_string(),
+            ca_pin: self.cluster.ca_pin().to_string(),
+            bootstrap_token: token.token(),
+        }))
+    }
+
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        // No pods run on knit's nodes, so draining has nothing to evict:
+        // deleting the Node object is the whole removal.
+        self.call("DELETE", format!("/api/v1/nodes/{node}"))
+            .await
+            .map(|_| ())
+    }
+
+    async fn node_status(&self, node: &str) -> Result<Option<String>> {
+        Ok(self
+            .call("GET", format!("/api/v1/nodes/{node}"))
+            .await?
+            .map(|n| node_ready_status(&n)))
+    }
+
+    async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
+        let list = self
+            .call("GET", "/api/v1/nodes".to_string())
+            .await?
+            .unwrap_or_default();
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| {
+                n["metadata"]["name"]
+                    .as_str()
+                    .map(|name| (name.to_string(), node_ready_status(n)))
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ready_condition_maps_to_status() {
+        let node = |s: &str| json!({"status": {"conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": s}]}});
+        assert_eq!(node_ready_status(&node("True")), "Ready");
+        assert_eq!(node_ready_status(&node("False")), "NotReady");
+        assert_eq!(node_ready_status(&node("Unknown")), "Unknown");
+        assert_eq!(node_ready_status(&json!({})), "NotReady");
+    }
+
+    #[test]
+    fn embedded_cluster_gives_join_material_and_node_status() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg = knit_cluster::ClusterConfig::new(
+                dir.path().join("cluster"),
+                "127.0.0.1:0".parse().unwrap(),
+            );
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let join = EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
+            let m = join.join_material("p", "local.i-1").await.unwrap().unwrap();
+            assert!(knit_api::validate::is_bootstrap_token(&m.bootstrap_token));
+            assert!(knit_api::validate::is_ca_pin(&m.ca_pin));
+            assert!(m.ca_pem.contains("BEGIN CERTIFICATE"));
+            // Through the real API: no such node yet; removal of an absent
+            // node is not an error.
+            assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
+            join.remove_node("local.i-1").await.unwrap();
+            assert!(join.node_statuses().await.unwrap().is_empty());
+            join.stop();
+        });
+    }
+}

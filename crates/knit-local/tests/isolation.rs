@@ -198,4 +198,17 @@ fn instances_reach_each_other_and_links_can_be_shaped() {
     };
     assert_eq!(who(&a), a.record.id);
     assert_eq!(who(&b), b.record.id);
+    // Anyone else (here: the host, from the gateway address) is refused.
+    let host = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("http://{}/latest/meta-data/instance-id", t.gateway()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&host.stdout), "403");
 }

@@ -404,3 +404,60 @@ fn cloud_init_runs_user_data_from_the_nocloud_seed() {
         .sh(&id, "cat /var/log/cloud-init-output.log")
         .contains("Cloud-init v."));
 }
+
+/// The control plane creates in parallel on one `Cloud`: distinct addresses,
+/// every instance up.
+#[test]
+fn parallel_creates_get_distinct_addresses() {
+    let t = TestCloud::new();
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                s.spawn(|| {
+                    t.create("systemDiskSize: 256Mi\ndisks:\n- {name: d, size: 64Mi}\n")
+                        .record
+                        .id
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let list = t.cloud.list().unwrap();
+    assert_eq!(list.len(), 6);
+    let ips: std::collections::BTreeSet<_> =
+        list.iter().map(|i| i.record.private_ip.clone()).collect();
+    assert_eq!(ips.len(), 6, "{ips:?}");
+    for id in &ids {
+        assert_eq!(t.sh(id, "ls /dev/vdb"), "/dev/vdb\n");
+    }
+}
+
+/// PID 1 killed from outside (a host crash, an OOM kill): the record still
+/// says running, `alive` says otherwise, and start brings it back intact.
+#[test]
+fn an_instance_whose_init_died_can_be_started_again() {
+    let t = TestCloud::new();
+    let inst = t.create("systemDiskSize: 256Mi\n");
+    let id = inst.record.id.clone();
+    t.sh(&id, "echo kept > /etc/knit-kept");
+    let init = inst.record.init.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    while init.alive() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dead = t.cloud.describe(&id).unwrap();
+    assert_eq!(dead.record.state, InstanceState::Running);
+    assert!(!dead.alive);
+    assert_eq!(
+        t.cloud.exec(&id, &["true".into()]).unwrap_err().code(),
+        "LocalWrongState"
+    );
+    let back = t.cloud.start(&id).unwrap();
+    assert!(back.alive);
+    assert_eq!(back.record.boots, 2);
+    assert_eq!(t.sh(&id, "cat /etc/knit-kept"), "kept\n");
+}

@@ -20,13 +20,25 @@ pub struct TestCloud {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// A name/subnet unique to this process and call.
+/// A bridge name and a /24 unique to this process and call: the subnet
+/// starts from a per-call guess and skips any that a host route already uses.
 pub fn unique() -> (String, String) {
     let n = SEQ.fetch_add(1, Ordering::SeqCst);
-    let x = std::process::id() * 8 + n % 8;
-    let bridge = format!("kt{:x}{n}", std::process::id());
-    let subnet = format!("10.{}.{}.0/24", 100 + (x / 256) % 150, x % 256);
-    (bridge, subnet)
+    let pid = std::process::id();
+    let bridge = format!("kt{pid:x}{n}");
+    let routes = Command::new("ip")
+        .args(["-4", "route", "show", "table", "all"])
+        .output()
+        .expect("ip route");
+    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+    const SPACE: u32 = 150 * 256;
+    let start = (pid.wrapping_mul(64).wrapping_add(n)) % SPACE;
+    let subnet = (0..SPACE)
+        .map(|i| (start + i) % SPACE)
+        .map(|c| format!("10.{}.{}.", 100 + c / 256, c % 256))
+        .find(|prefix| !routes.contains(prefix.as_str()))
+        .expect("no free 10.x.y.0/24 left");
+    (bridge, format!("{subnet}0/24"))
 }
 
 impl TestCloud {

@@ -7,6 +7,8 @@ use crate::loopdev;
 use crate::model::*;
 use crate::net::{self, Subnet, Veth};
 use crate::state::{self, new_id, now, proc_ref, StateDir};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use std::collections::BTreeSet;
 use std::io::BufRead;
 use std::os::fd::AsRawFd;
@@ -221,6 +223,7 @@ impl Cloud {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
+                let _ = child.wait();
                 return Err(LocalError::Boot {
                     id: "metadata".into(),
                     message: format!("metadata server not listening on {listen} after 10s"),
@@ -536,6 +539,8 @@ impl Cloud {
         drop(netns);
         rec.shim = proc_ref(child.id() as i32);
         let stdout = child.stdout.take();
+        // Reap the shim whenever it ends, success or not: no zombies in a long-lived caller.
+        std::thread::spawn(move || child.wait());
         let (tx, rx) = mpsc::channel::<Option<String>>();
         std::thread::spawn(move || {
             if let Some(out) = stdout {
@@ -572,7 +577,6 @@ impl Cloud {
                 Err(_) => return Err(fail(format!("not ready after {}s", BOOT_TIMEOUT.as_secs()))),
             }
         }
-        std::thread::spawn(move || child.wait());
         rec.init = init;
         rec.state = InstanceState::Running;
         rec.boots += 1;
@@ -585,40 +589,36 @@ impl Cloud {
     /// Ends every process of the instance and releases its network and loop
     /// devices; the files (disks, system layer) stay.
     fn halt(&self, rec: &mut InstanceRecord) -> Result<usize> {
-        let mut killed = 0;
         if let Some(init) = rec.init.filter(|i| i.alive()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(init.pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+            let _ = kill(Pid::from_raw(init.pid), Signal::SIGTERM);
             let deadline = Instant::now() + STOP_TIMEOUT;
             while init.alive() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
         // Whatever is still in the instance's network namespace is ours.
+        let mut killed = BTreeSet::new();
         for _ in 0..100 {
             let pids = net::pids_in_netns(&rec.netns);
             if pids.is_empty() {
                 break;
             }
             for pid in pids {
-                if nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                )
-                .is_ok()
-                {
-                    killed += 1;
+                if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                    killed.insert(pid);
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        if let Some(shim) = rec.shim.filter(|s| s.alive()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(shim.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        // In case the namespace's name was removed behind our back.
+        for p in [rec.init, rec.shim]
+            .into_iter()
+            .flatten()
+            .filter(|p| p.alive())
+        {
+            if kill(Pid::from_raw(p.pid), Signal::SIGKILL).is_ok() {
+                killed.insert(p.pid);
+            }
         }
         net::delete_link(&rec.veth)?;
         net::netns_del(&rec.netns)?;
@@ -628,7 +628,7 @@ impl Cloud {
         }
         rec.init = None;
         rec.shim = None;
-        Ok(killed)
+        Ok(killed.len())
     }
 
     // ---- lifecycle ---------------------------------------------------------
@@ -920,12 +920,12 @@ impl Cloud {
                 message: format!("already attached to {i}"),
             });
         }
-        let mut used: BTreeSet<String> = rec
+        let used: BTreeSet<String> = rec
             .disks
             .iter()
             .filter_map(|x| self.state.disk(x).ok()?.device)
             .collect();
-        let dev = device_name(d.interface, &mut used).ok_or_else(|| LocalError::Busy {
+        let dev = device_name(d.interface, &used).ok_or_else(|| LocalError::Busy {
             what: format!("instance {instance_id}"),
             message: "no free device name left".into(),
         })?;
@@ -993,9 +993,12 @@ impl Cloud {
     /// devices, veths, namespaces, the bridge, the metadata server, and the
     /// state itself. Safe after a crash at any point.
     pub fn down(&self) -> Result<DownReport> {
-        let mut report = DownReport::default();
         let root = self.state.root().to_path_buf();
         let _lock = self.state.lock()?;
+        let mut report = DownReport {
+            loop_devices: loopdev::backed_under(&root).len(),
+            ..DownReport::default()
+        };
         for mut rec in self.state.instances()? {
             report.instances += 1;
             report.links += usize::from(net::link_exists(&rec.veth));
@@ -1005,8 +1008,8 @@ impl Cloud {
                 Err(e) => report.errors.push(format!("{}: {e}", rec.id)),
             }
         }
+        // Attached but never recorded (a crash right after losetup).
         for (dev, _) in loopdev::backed_under(&root) {
-            report.loop_devices += 1;
             if let Err(e) = loopdev::detach(&dev) {
                 report.errors.push(e.to_string());
             }
@@ -1028,10 +1031,7 @@ impl Cloud {
         }
         if let Some(n) = self.state.network()? {
             if let Some(m) = n.metadata.filter(|m| m.alive()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(m.pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                let _ = kill(Pid::from_raw(m.pid), Signal::SIGKILL);
                 report.processes_killed += 1;
             }
             if net::link_exists(&n.bridge) {
@@ -1059,7 +1059,7 @@ fn redacted(tpl: &Template) -> Template {
 }
 
 /// First free cloud device name for the interface.
-fn device_name(iface: DiskInterface, used: &mut BTreeSet<String>) -> Option<String> {
+fn device_name(iface: DiskInterface, used: &BTreeSet<String>) -> Option<String> {
     match iface {
         DiskInterface::Virtio => (b'b'..=b'z')
             .map(|c| format!("vd{}", c as char))
@@ -1078,16 +1078,16 @@ mod tests {
     fn device_names_follow_the_interface() {
         let mut used = BTreeSet::new();
         assert_eq!(
-            device_name(DiskInterface::Virtio, &mut used).as_deref(),
+            device_name(DiskInterface::Virtio, &used).as_deref(),
             Some("vdb")
         );
         used.insert("vdb".into());
         assert_eq!(
-            device_name(DiskInterface::Virtio, &mut used).as_deref(),
+            device_name(DiskInterface::Virtio, &used).as_deref(),
             Some("vdc")
         );
         assert_eq!(
-            device_name(DiskInterface::Nvme, &mut used).as_deref(),
+            device_name(DiskInterface::Nvme, &used).as_deref(),
             Some("nvme0n1")
         );
     }

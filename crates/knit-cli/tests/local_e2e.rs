@@ -125,7 +125,15 @@ impl Env {
             .unwrap();
         let child = self
             .cmd()
-            .args(["server", "--write-config", "--state-dir"])
+            // The agent's join is exercised by the cluster tests; here the
+            // reconciler is under test, so nodes join no cluster.
+            .args([
+                "server",
+                "--write-config",
+                "--cluster",
+                "none",
+                "--state-dir",
+            ])
             .arg(self.path("server"))
             .args([
                 "--listen",

@@ -1,0 +1,211 @@
+//! Control-plane figures for docs/benchmarks.md:
+//! 1. reconcile decision time for a 1,000-node pool (pure planning, and a
+//!    full planning pass that reads the SQLite store and writes intents);
+//! 2. API latency p50/p99 under a concurrent load generator on loopback
+//!    (real TLS server, keep-alive HTTPS clients on threads);
+//! 3. server RSS with 1,000 nodes and their phase timelines stored.
+//!
+//! Run: `cargo run --release -p knit-server --example bench_control_plane`
+//! (no provider is involved; everything stays on 127.0.0.1 and a temp dir).
+
+use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
+use knit_server::bootstrap::NoCluster;
+use knit_server::client::{Client, ClientConfig};
+use knit_server::reconcile::plan;
+use knit_server::store::{state, InstanceRecord};
+use knit_server::Settings;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NODES: usize = 1000;
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    // 1a. Pure planning over 1,000 instances (scale-in of 100 is the heavier
+    // path: it sorts).
+    let instances: Vec<InstanceRecord> = (0..NODES)
+        .map(|i| InstanceRecord {
+            name: format!("workers-{i:05}"),
+            pool: "workers".into(),
+            provider_id: Some(format!("i-{i:012}")),
+            state: state::RUNNING.into(),
+            ip: Some(format!("10.213.{}.{}", i / 250, i % 250 + 2)),
+            instance_type: "ecs.g7.large".into(),
+            report_token_hash: None,
+            last_error: None,
+            created_ms: i as i64,
+            updated_ms: i as i64,
+        })
+        .collect();
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let p = plan(NODES - 100, &instances);
+        samples.push(t.elapsed());
+        assert_eq!(p.delete.len(), 100);
+    }
+    samples.sort();
+    println!(
+        "plan() over {NODES} instances (scale-in by 100): p50 {:.3} ms, p99 {:.3} ms",
+        ms(percentile(&samples, 0.5)),
+        ms(percentile(&samples, 0.99))
+    );
+
+    // 1b. Full planning pass against the store, via a real server.
+    let mut settings = Settings::new(dir.path().join("state"));
+    settings.listen = "127.0.0.1:0".parse().expect("addr");
+    let rss_before = rss_kib();
+    let server = rt
+        .block_on(knit_server::start(settings, None, Arc::new(NoCluster)))
+        .expect("server");
+    let cp = server.control.clone();
+    let mut spec = NodePoolSpec {
+        replicas: NODES as i64,
+        ..Default::default()
+    };
+    let mut cluster = knit_api::Cluster::default();
+    cluster.spec.edition = "pro".into();
+    cp.store.put_cluster(&cluster).expect("cluster");
+    cp.store
+        .insert_pool(&NodePool::new("workers", spec.clone()))
+        .expect("pool");
+    let names: Vec<(String, String)> = instances
+        .iter()
+        .map(|i| (i.name.clone(), i.instance_type.clone()))
+        .collect();
+    cp.store
+        .add_create_intents("workers", &names)
+        .expect("intents");
+    for i in &instances {
+        cp.store
+            .set_instance_created(
+                &i.name,
+                i.provider_id.as_deref().unwrap_or(""),
+                i.ip.as_deref(),
+            )
+            .expect("created");
+    }
+    // Each node: its nine phases, started + done.
+    for (n, i) in instances.iter().enumerate() {
+        let record = cp.store.instance(&i.name).expect("read").expect("exists");
+        let node = format!("local.{}", i.provider_id.as_deref().unwrap_or(""));
+        for (k, phase) in PhaseName::ALL.iter().enumerate() {
+            for outcome in [PhaseOutcome::Started, PhaseOutcome::Done] {
+                let event = PhaseEvent {
+                    node: node.clone(),
+                    instance_id: i.provider_id.clone().unwrap_or_default(),
+                    phase: *phase,
+                    outcome,
+                    reason: None,
+                    error_code: None,
+                    at_ms: (n * 100 + k * 10) as u64,
+                    duration_ms: (outcome == PhaseOutcome::Done).then_some(10),
+                };
+                cp.store.record_phase_event(&record, &event).expect("event");
+            }
+        }
+    }
+    let rss_loaded = rss_kib();
+    // Desired 900: one pass plans 100 deletions and writes their intents.
+    spec.replicas = (NODES - 100) as i64;
+    cp.store
+        .update_pool(&NodePool::new("workers", spec.clone()))
+        .expect("update");
+    let t = Instant::now();
+    rt.block_on(cp.plan_all()).expect("plan");
+    let first = t.elapsed();
+    let mut steady = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        rt.block_on(cp.plan_all()).expect("plan");
+        steady.push(t.elapsed());
+    }
+    steady.sort();
+    println!(
+        "plan_all() with {NODES} instances in SQLite: scale-in pass (writes 100 intents) {:.1} ms; steady pass p50 {:.2} ms, p99 {:.2} ms",
+        ms(first),
+        ms(percentile(&steady, 0.5)),
+        ms(percentile(&steady, 0.99))
+    );
+
+    // 2. API latency under concurrent load.
+    let config = ClientConfig {
+        server: server.local_url.clone(),
+        token: server.admin_token().to_string(),
+        ca_cert: server.ca_pem().to_string(),
+        state_dir: None,
+        pid: None,
+    };
+    for (path, threads, per_thread) in [
+        ("/api/v1/pools/workers", 8, 250),
+        ("/healthz", 8, 500),
+        ("/api/v1/nodes/local.i-000000000500", 8, 250),
+        ("/api/v1/nodes", 4, 25),
+    ] {
+        let started = Instant::now();
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let config = config.clone();
+                let path = path.to_string();
+                std::thread::spawn(move || {
+                    let client = Client::new(&config).expect("client");
+                    let mut lat = Vec::with_capacity(per_thread);
+                    for _ in 0..per_thread {
+                        let t = Instant::now();
+                        let (status, _) = client.raw("GET", &path, None).expect("request");
+                        assert_eq!(status, 200, "{path}");
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
+            })
+            .collect();
+        let mut all: Vec<Duration> = handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect();
+        let wall = started.elapsed();
+        all.sort();
+        println!(
+            "GET {path}: {} requests, {threads} concurrent clients: p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s",
+            all.len(),
+            ms(percentile(&all, 0.5)),
+            ms(percentile(&all, 0.99)),
+            all.len() as f64 / wall.as_secs_f64()
+        );
+    }
+    println!(
+        "RSS: {} MiB before start, {} MiB with {NODES} nodes and {} timeline events stored, {} MiB after the load",
+        rss_before / 1024,
+        rss_loaded / 1024,
+        NODES * PhaseName::ALL.len() * 2,
+        rss_kib() / 1024
+    );
+    rt.block_on(server.shutdown());
+}

@@ -145,6 +145,8 @@ enum ServerAction {
     Init(ServerOpts),
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a server with embedded defaults in the background and write the client config.

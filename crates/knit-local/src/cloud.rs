@@ -294,7 +294,9 @@ impl Cloud {
             self.boot(&mut rec)
         });
         if let Err(e) = made {
-            let _ = self.destroy(&rec.id);
+            if let Err(undo) = self.destroy(&rec.id) {
+                tracing::warn!(id = %rec.id, error = %undo, "rollback of a failed create left something; `down` will release it");
+            }
             return Err(e);
         }
         self.view(rec)
@@ -582,6 +584,7 @@ impl Cloud {
         rec.boots += 1;
         rec.last_boot_ms = Some(started.elapsed().as_millis() as u64);
         self.state.put_instance(rec)?;
+        tracing::info!(id = %rec.id, ip = %rec.private_ip, boot_ms = rec.last_boot_ms, "instance ready");
         Self::checkpoint("spawn");
         Ok(())
     }
@@ -663,9 +666,13 @@ impl Cloud {
         // Leftovers of an instance whose init died on its own.
         self.halt(&mut rec)?;
         if let Err(e) = self.boot(&mut rec) {
-            let _ = self.halt(&mut rec);
+            if let Err(undo) = self.halt(&mut rec) {
+                tracing::warn!(id = %rec.id, error = %undo, "cleanup after a failed start");
+            }
             rec.state = InstanceState::Stopped;
-            let _ = self.state.put_instance(&rec);
+            if let Err(undo) = self.state.put_instance(&rec) {
+                tracing::warn!(id = %rec.id, error = %undo, "cannot record the instance as stopped");
+            }
             return Err(e);
         }
         self.view(rec)
@@ -684,6 +691,7 @@ impl Cloud {
         self.halt(&mut rec)?;
         rec.state = InstanceState::Stopped;
         self.state.put_instance(&rec)?;
+        tracing::info!(id = %rec.id, "instance stopped");
         self.view(rec)
     }
 
@@ -733,6 +741,7 @@ impl Cloud {
             state::remove_dir_all(&self.state.disk_dir(d))?;
         }
         state::remove_dir_all(&self.state.instance_dir(id))?;
+        tracing::info!(id, killed, "instance deleted");
         Ok(killed)
     }
 
@@ -861,7 +870,9 @@ impl Cloud {
         ) {
             Ok(m) => snap.method = m.into(),
             Err(e) => {
-                let _ = state::remove_dir_all(&self.state.snapshot_dir(&snap.id));
+                if let Err(undo) = state::remove_dir_all(&self.state.snapshot_dir(&snap.id)) {
+                    tracing::warn!(snapshot = %snap.id, error = %undo, "cannot remove a failed snapshot");
+                }
                 return Err(e);
             }
         }
@@ -889,7 +900,9 @@ impl Cloud {
         let disk = self.new_disk_record(spec, None)?;
         self.state.put_disk(&disk)?;
         if let Err(e) = self.make_disk_file(&disk, spec) {
-            let _ = state::remove_dir_all(&self.state.disk_dir(&disk.id));
+            if let Err(undo) = state::remove_dir_all(&self.state.disk_dir(&disk.id)) {
+                tracing::warn!(disk = %disk.id, error = %undo, "cannot remove a failed disk");
+            }
             return Err(e);
         }
         Ok(disk)
@@ -1044,6 +1057,7 @@ impl Cloud {
         if report.errors.is_empty() {
             state::remove_dir_all(&root)?;
         }
+        tracing::info!(state_dir = %root.display(), ?report, "down");
         Ok(report)
     }
 }

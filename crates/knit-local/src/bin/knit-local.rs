@@ -159,6 +159,14 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    // Logs on stderr (warnings by default, RUST_LOG to change); results on stdout.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

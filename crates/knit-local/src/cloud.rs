@@ -86,6 +86,14 @@ impl Cloud {
                 "must be an IPv4 CIDR like 10.213.0.0/24",
             )
         })?;
+        let dir = cfg.state_dir.to_string_lossy();
+        if !cfg.state_dir.is_absolute() || dir.contains([',', ':', '\n']) {
+            return Err(LocalError::invalid(
+                "stateDir",
+                format!("{dir:?}"),
+                "must be an absolute path without ',', ':' or a newline (it appears in overlayfs options)",
+            ));
+        }
         let state = StateDir::open(&cfg.state_dir)?;
         Ok(Cloud { cfg, subnet, state })
     }

@@ -311,7 +311,13 @@ impl Template {
         if self.instance_type.is_empty() {
             e.add("instanceType", "\"\"", "must not be empty");
         }
-        if !self.base_root.is_absolute() {
+        if self.base_root.to_string_lossy().contains([',', ':', '\n']) {
+            e.add(
+                "baseRoot",
+                format!("{:?}", self.base_root),
+                "must not contain ',', ':' or a newline (overlayfs options)",
+            );
+        } else if !self.base_root.is_absolute() {
             e.add(
                 "baseRoot",
                 format!("{:?}", self.base_root),
@@ -577,6 +583,12 @@ mod tests {
         );
         assert!(
             s.contains("disks[2].size: value \"lots\" must be a size"),
+            "{s}"
+        );
+        let t = Template::parse("baseRoot: /srv/a,b\n").unwrap();
+        let s = t.validate().unwrap_err().to_string();
+        assert!(
+            s.contains("baseRoot: value \"/srv/a,b\" must not contain"),
             "{s}"
         );
     }

@@ -9,7 +9,7 @@ use crate::error::{Result, ServerError};
 use crate::metrics::PoolGauge;
 use crate::pki;
 use crate::reconcile::counts_toward_pool;
-use crate::store::{now_ms, state, NodeRecord, PoolRecord, Redeem};
+use crate::store::{now_ms, state, InstanceRecord, NodeRecord, PoolRecord, Redeem};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -100,12 +100,7 @@ async fn require_admin(State(cp): State<Cp>, request: Request, next: Next) -> Re
 fn pool_view(cp: &ControlPlane, record: &PoolRecord) -> Result<Value> {
     let name = &record.pool.metadata.name;
     let instances = cp.store.instances(Some(name))?;
-    let nodes: Vec<NodeRecord> = cp
-        .store
-        .nodes()?
-        .into_iter()
-        .filter(|n| &n.pool == name)
-        .collect();
+    let nodes: Vec<NodeRecord> = cp.store.nodes_of_pool(name)?;
     let count = |s: &str| instances.iter().filter(|i| i.state == s).count();
     let mut view =
         serde_json::to_value(&record.pool).map_err(|e| ServerError::Internal(e.to_string()))?;
@@ -130,12 +125,16 @@ pub fn node_initialized(n: &NodeRecord) -> bool {
         && matches!(n.phase_outcome.as_deref(), Some("done") | Some("skipped"))
 }
 
-fn node_view(cp: &ControlPlane, node: &NodeRecord, with_timeline: bool) -> Result<Value> {
-    let instance = cp.store.instance(&node.instance)?;
+fn node_view(
+    cp: &ControlPlane,
+    node: &NodeRecord,
+    instance: Option<&InstanceRecord>,
+    with_timeline: bool,
+) -> Result<Value> {
     let mut view = serde_json::to_value(node).map_err(|e| ServerError::Internal(e.to_string()))?;
     view["initialized"] = json!(node_initialized(node));
-    view["providerId"] = json!(instance.as_ref().and_then(|i| i.provider_id.clone()));
-    view["ip"] = json!(instance.as_ref().and_then(|i| i.ip.clone()));
+    view["providerId"] = json!(instance.and_then(|i| i.provider_id.clone()));
+    view["ip"] = json!(instance.and_then(|i| i.ip.clone()));
     if with_timeline {
         view["timeline"] = serde_json::to_value(cp.store.timeline(&node.name)?)
             .map_err(|e| ServerError::Internal(e.to_string()))?;
@@ -359,11 +358,18 @@ async fn list_instances(State(cp): State<Cp>) -> Result<Json<Value>> {
 }
 
 async fn list_nodes(State(cp): State<Cp>) -> Result<Json<Value>> {
+    // One read of each table, joined here: no query per node.
+    let instances: std::collections::HashMap<String, InstanceRecord> = cp
+        .store
+        .instances(None)?
+        .into_iter()
+        .map(|i| (i.name.clone(), i))
+        .collect();
     let items = cp
         .store
         .nodes()?
         .iter()
-        .map(|n| node_view(&cp, n, false))
+        .map(|n| node_view(&cp, n, instances.get(&n.instance), false))
         .collect::<Result<Vec<_>>>()?;
     Ok(Json(json!({ "items": items })))
 }
@@ -373,7 +379,8 @@ async fn get_node(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json
         .store
         .node(&name)?
         .ok_or(ServerError::NotFound { kind: "node", name })?;
-    Ok(Json(node_view(&cp, &node, true)?))
+    let instance = cp.store.instance(&node.instance)?;
+    Ok(Json(node_view(&cp, &node, instance.as_ref(), true)?))
 }
 
 #[derive(Debug, Deserialize)]

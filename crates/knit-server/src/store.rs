@@ -13,7 +13,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 /// Ordered migrations; entry `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE cluster (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     doc TEXT NOT NULL
@@ -103,7 +104,13 @@ CREATE TABLE intents (
     updated_ms INTEGER NOT NULL
 );
 CREATE INDEX intents_status ON intents (status);
-"#];
+"#,
+    r#"
+CREATE INDEX nodes_pool ON nodes (pool);
+CREATE INDEX nodes_instance ON nodes (instance);
+CREATE INDEX timeline_instance ON timeline (instance);
+"#,
+];
 
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -405,8 +412,9 @@ impl Store {
 
     pub fn pools(&self) -> Result<Vec<PoolRecord>> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT doc, deleting, created_ms, updated_ms FROM pools ORDER BY name")?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT doc, deleting, created_ms, updated_ms FROM pools ORDER BY name",
+        )?;
         let rows = stmt
             .query_map([], |r| {
                 Ok((
@@ -513,7 +521,7 @@ impl Store {
 
     pub fn pending_intents(&self) -> Result<Vec<IntentRecord>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = 'pending' ORDER BY id",
         )?;
         let rows = stmt
@@ -560,7 +568,7 @@ impl Store {
         let sql = format!(
             "SELECT {INSTANCE_COLUMNS} FROM instances WHERE (?1 IS NULL OR pool = ?1) ORDER BY created_ms, name"
         );
-        let mut stmt = conn.prepare(&sql)?;
+        let mut stmt = conn.prepare_cached(&sql)?;
         let rows = stmt
             .query_map(params![pool], instance_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -673,7 +681,7 @@ impl Store {
 
     pub fn join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT token_id, instance, pool, created_ms, expires_ms, used_ms FROM join_tokens ORDER BY created_ms",
         )?;
         let rows = stmt
@@ -752,9 +760,20 @@ impl Store {
     pub fn nodes(&self) -> Result<Vec<NodeRecord>> {
         let conn = self.conn();
         let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY created_ms, name");
-        let mut stmt = conn.prepare(&sql)?;
+        let mut stmt = conn.prepare_cached(&sql)?;
         let rows = stmt
             .query_map([], node_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn nodes_of_pool(&self, pool: &str) -> Result<Vec<NodeRecord>> {
+        let conn = self.conn();
+        let sql =
+            format!("SELECT {NODE_COLUMNS} FROM nodes WHERE pool = ?1 ORDER BY created_ms, name");
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let rows = stmt
+            .query_map(params![pool], node_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
@@ -769,7 +788,7 @@ impl Store {
 
     pub fn timeline(&self, node: &str) -> Result<Vec<TimelineEntry>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT phase, outcome, reason, error_code, at_ms, duration_ms FROM timeline WHERE node = ?1 ORDER BY at_ms, id",
         )?;
         let rows = stmt
@@ -807,7 +826,7 @@ impl Store {
     /// The newest `limit` events, oldest first.
     pub fn events(&self, limit: i64) -> Result<Vec<EventRecord>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT id, at_ms, type, object_kind, object_name, reason, message FROM
                (SELECT * FROM events ORDER BY id DESC LIMIT ?1) ORDER BY id",
         )?;
@@ -839,7 +858,7 @@ impl Store {
 
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms FROM snapshots ORDER BY created_ms",
         )?;
         let rows = stmt
@@ -915,6 +934,25 @@ mod tests {
         drop(store);
         let again = Store::open(&path).unwrap();
         assert_eq!(again.pools().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn migrates_forward_from_version_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("knit.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO nodes (name, instance, pool, status, created_ms, updated_ms) VALUES ('n', 'i', 'p', 'Ready', 0, 0)",
+                [],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        assert_eq!(store.nodes_of_pool("p").unwrap().len(), 1);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::auth::{self, Identity, Scope, Verb};
 use crate::error::ApiStatus;
 use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
-use crate::store::{Change, Store};
+use crate::store::{Change, EventType, Store};
 use crate::table::{self, Include};
 use crate::{admission, patch, tokens, util};
 
@@ -438,7 +438,7 @@ impl Ctx<'_> {
             if let Some(prefix) = obj["metadata"]["generateName"].as_str().map(str::to_string) {
                 util::meta_mut(&mut obj).insert(
                     "name".into(),
-                    json!(format!("{prefix}{}", util::random_alnum(5))),
+                    json!(format!("{prefix}{}", util::random_alnum(5)?)),
                 );
             }
         }
@@ -626,11 +626,18 @@ impl Ctx<'_> {
         let (tx, rx) = mpsc::channel::<Bytes>(256);
         tokio::spawn(async move {
             let send_change = |c: &Change| {
-                let ok = c.resource == def.plural
-                    && ns.as_deref().is_none_or(|n| n == c.namespace)
-                    && visible(&scope, &c.object)
-                    && selector.matches(&c.object);
-                ok.then(|| line(&json!({"type": c.kind.as_str(), "object": &*c.object})))
+                if c.resource != def.plural || ns.as_deref().is_some_and(|n| n != c.namespace) {
+                    return None;
+                }
+                let seen = |o: &Value| visible(&scope, o) && selector.matches(o);
+                let now = seen(&c.object);
+                let kind = match (c.kind, c.previous.as_deref().map(seen)) {
+                    (EventType::Modified, Some(false)) if now => EventType::Added,
+                    (EventType::Modified, Some(true)) if !now => EventType::Deleted,
+                    (k, _) if now => k,
+                    _ => return None,
+                };
+                Some(line(&json!({"type": kind.as_str(), "object": &*c.object})))
             };
             let mut progress = start.rv;
             for c in &start.initial {

@@ -2,6 +2,7 @@
 //! bootstrap signer of `cluster-info` with the token cleaner, and the node
 //! lifecycle controller (stale Lease → Ready=Unknown + unreachable taints).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::error::ClusterError;
 use crate::pki::Ca;
-use crate::store::{EventType, Store};
+use crate::store::{Change, EventType, Store};
 use crate::{auth, tokens, util};
 
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -34,24 +35,27 @@ pub struct Controllers {
 impl Controllers {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut feed = self.store.subscribe();
-        self.resync();
+        let mut view = self.resync();
         let monitor = (self.grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5));
         let mut node_tick = tokio::time::interval(monitor);
         let mut token_tick = tokio::time::interval(TOKEN_SWEEP);
         loop {
             let result = tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = node_tick.tick() => self.check_nodes(),
+                _ = node_tick.tick() => self.check_nodes(&view),
                 _ = token_tick.tick() => self.sweep_tokens(),
                 r = feed.recv() => match r {
-                    Ok(c) => match (c.resource.as_str(), c.kind) {
+                    Ok(c) => {
+                        view.apply(&c);
+                        match (c.resource.as_str(), c.kind) {
                         (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
                         ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
                         ("nodes", EventType::Deleted) => self.collect_lease(&c.name),
                         _ => Ok(()),
-                    },
+                        }
+                    }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        self.resync();
+                        view = self.resync();
                         Ok(())
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -63,7 +67,12 @@ impl Controllers {
         }
     }
 
-    fn resync(&self) {
+    /// Reconcile every CSR and cluster-info, and rebuild the node view.
+    fn resync(&self) -> NodeView {
+        let view = NodeView::load(&self.store).unwrap_or_else(|e| {
+            tracing::warn!(code = e.code(), error = %e, "reading nodes and leases failed; the next changes fill the view");
+            NodeView::default()
+        });
         let csrs = self.store.list(CSRS, None).map(|(items, _)| items);
         let result = csrs.and_then(|items| {
             for c in items {
@@ -74,6 +83,7 @@ impl Controllers {
         if let Err(e) = result {
             tracing::warn!(code = e.code(), error = %e, "controller resync failed");
         }
+        view
     }
 
     // ---- CSR approver and signer ----
@@ -303,23 +313,16 @@ impl Controllers {
         }
     }
 
-    pub fn check_nodes(&self) -> Result<(), ClusterError> {
-        let (nodes, _) = self.store.list("nodes", None)?;
-        let (leases, _) = self.store.list("leases", Some("kube-node-lease"))?;
+    fn check_nodes(&self, view: &NodeView) -> Result<(), ClusterError> {
         let now = util::now();
-        for node in nodes {
-            let name = util::name_of(&node).to_string();
-            let lease = leases.iter().find(|l| util::name_of(l) == name);
-            let last = lease
-                .and_then(|l| l["spec"]["renewTime"].as_str())
-                .or_else(|| node["metadata"]["creationTimestamp"].as_str())
-                .and_then(util::parse_time);
+        for (name, facts) in &view.nodes {
+            let last = view.renewed.get(name).copied().or(facts.created);
             let stale = last
                 .is_none_or(|t| (now - t).whole_milliseconds() > self.grace.as_millis() as i128);
-            if stale == (ready_of(&node) == Some("Unknown")) && taints_match(&node) {
+            if stale == facts.unknown && facts.taints_ok {
                 continue;
             }
-            let result = self.store.update("nodes", "", &name, None, |cur| {
+            let result = self.store.update("nodes", "", name, None, |cur| {
                 let mut next = cur.clone();
                 if stale && ready_of(&next) != Some("Unknown") {
                     mark_unknown(&mut next);
@@ -335,6 +338,77 @@ impl Controllers {
             }
         }
         Ok(())
+    }
+}
+
+/// What the node lifecycle check needs, kept up to date from the change
+/// feed so that a check does not re-read and parse every Node and Lease.
+#[derive(Default)]
+struct NodeView {
+    nodes: HashMap<String, NodeFacts>,
+    /// Lease renewTime per node name (kube-node-lease).
+    renewed: HashMap<String, time::OffsetDateTime>,
+}
+
+struct NodeFacts {
+    unknown: bool,
+    taints_ok: bool,
+    created: Option<time::OffsetDateTime>,
+}
+
+impl NodeFacts {
+    fn of(node: &Value) -> NodeFacts {
+        NodeFacts {
+            unknown: ready_of(node) == Some("Unknown"),
+            taints_ok: taints_match(node),
+            created: node["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(util::parse_time),
+        }
+    }
+}
+
+fn renew_time(lease: &Value) -> Option<time::OffsetDateTime> {
+    lease["spec"]["renewTime"]
+        .as_str()
+        .and_then(util::parse_time)
+}
+
+impl NodeView {
+    fn load(store: &Store) -> Result<NodeView, ClusterError> {
+        let mut v = NodeView::default();
+        for n in store.list("nodes", None)?.0 {
+            v.nodes
+                .insert(util::name_of(&n).to_string(), NodeFacts::of(&n));
+        }
+        for l in store.list("leases", Some("kube-node-lease"))?.0 {
+            if let Some(t) = renew_time(&l) {
+                v.renewed.insert(util::name_of(&l).to_string(), t);
+            }
+        }
+        Ok(v)
+    }
+
+    fn apply(&mut self, c: &Change) {
+        match (c.resource.as_str(), c.kind) {
+            ("nodes", EventType::Deleted) => {
+                self.nodes.remove(&c.name);
+            }
+            ("nodes", _) => {
+                self.nodes.insert(c.name.clone(), NodeFacts::of(&c.object));
+            }
+            ("leases", kind) if c.namespace == "kube-node-lease" => {
+                match (kind, renew_time(&c.object)) {
+                    (EventType::Deleted, _) | (_, None) => {
+                        self.renewed.remove(&c.name);
+                    }
+                    (_, Some(t)) => {
+                        self.renewed.insert(c.name.clone(), t);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 

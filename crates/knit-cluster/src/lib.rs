@@ -255,7 +255,7 @@ impl EmbeddedCluster {
                 "node name {n:?} is not a DNS subdomain"
             )));
         }
-        let token = tokens::new_token(node_name, ttl);
+        let token = tokens::new_token(node_name, ttl)?;
         self.store.create(
             "secrets",
             "kube-system",

@@ -68,7 +68,7 @@ impl Ca {
         let now = util::now();
         params.not_before = now - time::Duration::minutes(5);
         params.not_after = now + time::Duration::days(3650);
-        params.serial_number = Some(serial());
+        params.serial_number = Some(serial()?);
         let issuer = params.self_signed(&key)?;
         let cert_pem = issuer.pem();
         write_private(&key_path, &key.serialize_pem())?;
@@ -153,7 +153,7 @@ impl Ca {
         let (not_before, not_after) = validity(ttl);
         params.not_before = not_before;
         params.not_after = not_after;
-        params.serial_number = Some(serial());
+        params.serial_number = Some(serial()?);
         params.use_authority_key_identifier_extension = true;
         let cert = params.signed_by(&csr.public_key, &self.issuer, &self.key)?;
         Ok(cert.pem())
@@ -168,7 +168,7 @@ impl Ca {
         let (not_before, not_after) = validity(ttl);
         params.not_before = not_before;
         params.not_after = not_after;
-        params.serial_number = Some(serial());
+        params.serial_number = Some(serial()?);
         params.use_authority_key_identifier_extension = true;
         Ok(params.signed_by(key, &self.issuer, &self.key)?.pem())
     }
@@ -190,10 +190,10 @@ fn validity(ttl: Duration) -> (time::OffsetDateTime, time::OffsetDateTime) {
     (now - back, now + ttl)
 }
 
-fn serial() -> SerialNumber {
-    let mut b = util::random_bytes::<16>();
+fn serial() -> Result<SerialNumber, ClusterError> {
+    let mut b = util::random_bytes::<16>()?;
     b[0] &= 0x7f; // positive
-    SerialNumber::from_slice(&b)
+    Ok(SerialNumber::from_slice(&b))
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<(), ClusterError> {

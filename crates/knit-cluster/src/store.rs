@@ -44,6 +44,9 @@ pub struct Change {
     pub name: String,
     pub rv: u64,
     pub object: Arc<Value>,
+    /// The object before a modification: a filtered watch turns a change
+    /// into ADDED or DELETED when the object enters or leaves its filter.
+    pub previous: Option<Arc<Value>>,
 }
 
 pub struct Store {
@@ -135,13 +138,19 @@ impl Store {
             );
         }
         let meta = util::meta_mut(&mut obj);
-        meta.insert("uid".into(), Value::String(util::new_uid()));
+        meta.insert("uid".into(), Value::String(util::new_uid()?));
         meta.insert(
             "creationTimestamp".into(),
             Value::String(util::now_rfc3339()),
         );
         meta.remove("deletionTimestamp");
-        self.write(&mut inner, EventType::Added, resource, ns, &name, obj)
+        self.write(
+            &mut inner,
+            EventType::Added,
+            (resource, ns, &name),
+            obj,
+            None,
+        )
     }
 
     /// Replace an object. With `expected_rv`, fails with 409 if the stored
@@ -182,24 +191,35 @@ impl Store {
         if cmp == current {
             return Ok(current);
         }
-        self.write(&mut inner, EventType::Modified, resource, ns, name, next)
+        self.write(
+            &mut inner,
+            EventType::Modified,
+            (resource, ns, name),
+            next,
+            Some(current),
+        )
     }
 
     pub fn delete(&self, resource: &str, ns: &str, name: &str) -> Result<Value, ApiStatus> {
         let mut inner = self.lock();
         let current = get_in(&inner.conn, resource, ns, name)?
             .ok_or_else(|| ApiStatus::not_found(format!("{resource} \"{name}\" not found")))?;
-        self.write(&mut inner, EventType::Deleted, resource, ns, name, current)
+        self.write(
+            &mut inner,
+            EventType::Deleted,
+            (resource, ns, name),
+            current,
+            None,
+        )
     }
 
     fn write(
         &self,
         inner: &mut Inner,
         kind: EventType,
-        resource: &str,
-        ns: &str,
-        name: &str,
+        (resource, ns, name): (&str, &str, &str),
         mut obj: Value,
+        previous: Option<Value>,
     ) -> Result<Value, ApiStatus> {
         let rv = inner.rv + 1;
         util::meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -228,6 +248,7 @@ impl Store {
             name: name.to_string(),
             rv,
             object: Arc::new(obj.clone()),
+            previous: previous.map(Arc::new),
         });
         if inner.history.len() >= HISTORY {
             if let Some(old) = inner.history.pop_front() {
@@ -260,6 +281,7 @@ impl Store {
                         name: util::name_of(&obj).to_string(),
                         rv: util::rv_of(&obj).unwrap_or(0),
                         object: Arc::new(obj),
+                        previous: None,
                     })
                 })
                 .collect(),

@@ -9,7 +9,7 @@ use base64::Engine;
 use ring::hmac;
 use serde_json::{json, Map, Value};
 
-use crate::error::ApiStatus;
+use crate::error::{ApiStatus, ClusterError};
 use crate::util;
 
 pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
@@ -52,13 +52,13 @@ pub fn valid_extra_group(g: &str) -> bool {
     })
 }
 
-pub fn new_token(node_name: Option<&str>, ttl: Duration) -> BootstrapToken {
-    BootstrapToken {
-        id: util::random_alnum(6),
-        secret: util::random_alnum(16),
+pub fn new_token(node_name: Option<&str>, ttl: Duration) -> Result<BootstrapToken, ClusterError> {
+    Ok(BootstrapToken {
+        id: util::random_alnum(6)?,
+        secret: util::random_alnum(16)?,
         expires: util::now() + ttl,
         node_name: node_name.map(str::to_string),
-    }
+    })
 }
 
 pub fn token_secret(t: &BootstrapToken, extra_groups: &[String]) -> Value {
@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn secret_round_trip_and_expiry() {
-        let t = new_token(Some("n1"), Duration::from_secs(60));
+        let t = new_token(Some("n1"), Duration::from_secs(60)).unwrap();
         assert!(knit_api::validate::is_bootstrap_token(&t.token()));
         let s = token_secret(&t, &["system:bootstrappers:knit:pool-a".into()]);
         assert_eq!(

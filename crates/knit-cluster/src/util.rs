@@ -5,6 +5,8 @@ use serde_json::{Map, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use crate::error::ClusterError;
+
 pub fn name_of(obj: &Value) -> &str {
     obj["metadata"]["name"].as_str().unwrap_or("")
 }
@@ -43,43 +45,42 @@ pub fn field_mut<'a>(obj: &'a mut Value, key: &str) -> &'a mut Map<String, Value
     }
 }
 
-pub fn random_bytes<const N: usize>() -> [u8; N] {
+pub fn random_bytes<const N: usize>() -> Result<[u8; N], ClusterError> {
     let mut b = [0u8; N];
-    // The OS random source failing is not recoverable for a CA or tokens.
-    if SystemRandom::new().fill(&mut b).is_err() {
-        panic!("the operating system's random source failed");
-    }
-    b
+    SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| ClusterError::Cert("the operating system's random source failed".into()))?;
+    Ok(b)
 }
 
 /// Random string over `[a-z0-9]`, as bootstrap tokens and generated names use.
-pub fn random_alnum(n: usize) -> String {
+pub fn random_alnum(n: usize) -> Result<String, ClusterError> {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut out = String::with_capacity(n);
     while out.len() < n {
-        for b in random_bytes::<32>() {
+        for b in random_bytes::<32>()? {
             // 252 = 7 * 36: reject the tail so every character is equally likely.
             if b < 252 && out.len() < n {
                 out.push(ALPHABET[(b % 36) as usize] as char);
             }
         }
     }
-    out
+    Ok(out)
 }
 
-pub fn new_uid() -> String {
-    let mut b = random_bytes::<16>();
+pub fn new_uid() -> Result<String, ClusterError> {
+    let mut b = random_bytes::<16>()?;
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);
-    format!(
+    Ok(format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],
         &h[8..12],
         &h[12..16],
         &h[16..20],
         &h[20..32]
-    )
+    ))
 }
 
 pub fn now() -> OffsetDateTime {
@@ -122,17 +123,17 @@ mod tests {
 
     #[test]
     fn tokens_use_the_bootstrap_alphabet() {
-        let t = random_alnum(16);
+        let t = random_alnum(16).unwrap();
         assert_eq!(t.len(), 16);
         assert!(t
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
-        assert_ne!(random_alnum(16), t);
+        assert_ne!(random_alnum(16).unwrap(), t);
     }
 
     #[test]
     fn uids_are_v4() {
-        let u = new_uid();
+        let u = new_uid().unwrap();
         assert_eq!(u.len(), 36);
         assert_eq!(&u[14..15], "4");
     }

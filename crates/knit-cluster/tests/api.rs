@@ -193,6 +193,16 @@ async fn watch_resumes_from_resource_version_with_bookmarks_and_survives_restart
         let initial = admin.watch_lines("/api/v1/nodes?watch=1&fieldSelector=metadata.name%3Db&timeoutSeconds=1", |_| false);
         assert_eq!(initial.len(), 1);
         assert_eq!(initial[0]["type"], "ADDED");
+        // A label-selected watch sees b leave the selection (DELETED) and return (ADDED).
+        let rv_b = admin.get("/api/v1/nodes").1["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        admin.patch("/api/v1/nodes/b", "application/merge-patch+json", &json!({"metadata": {"labels": {"pool": "z"}}}));
+        admin.patch("/api/v1/nodes/b", "application/merge-patch+json", &json!({"metadata": {"labels": {"pool": "a"}}}));
+        let moves = admin.watch_lines(
+            &format!("/api/v1/nodes?watch=1&labelSelector=pool%3Da&resourceVersion={rv_b}&timeoutSeconds=10"),
+            |e| e["type"] == "ADDED",
+        );
+        let kinds: Vec<&str> = moves.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, vec!["DELETED", "ADDED"], "{moves:?}");
         l["metadata"]["resourceVersion"].as_str().unwrap().parse::<u64>().unwrap()
     })
     .await;

@@ -99,21 +99,20 @@ async fn require_admin(State(cp): State<Cp>, request: Request, next: Next) -> Re
 
 fn pool_view(cp: &ControlPlane, record: &PoolRecord) -> Result<Value> {
     let name = &record.pool.metadata.name;
-    let instances = cp.store.instances(Some(name))?;
-    let nodes: Vec<NodeRecord> = cp.store.nodes_of_pool(name)?;
-    let count = |s: &str| instances.iter().filter(|i| i.state == s).count();
+    let c = cp.store.pool_counts(name)?;
+    let count = |s: &str| c.instances.get(s).copied().unwrap_or(0);
     let mut view =
         serde_json::to_value(&record.pool).map_err(|e| ServerError::Internal(e.to_string()))?;
     view["metadata"]["creationTimestampMs"] = json!(record.created_ms);
     view["status"] = json!({
         "desired": record.pool.spec.replicas,
-        "instances": instances.iter().filter(|i| counts_toward_pool(&i.state)).count(),
+        "instances": c.instances.iter().filter(|(s, _)| counts_toward_pool(s)).map(|(_, n)| n).sum::<i64>(),
         "pending": count(state::PENDING) + count(state::CREATING),
         "running": count(state::RUNNING),
         "failed": count(state::FAILED),
         "deletingInstances": count(state::DELETING),
-        "initialized": nodes.iter().filter(|n| node_initialized(n)).count(),
-        "ready": nodes.iter().filter(|n| n.status == "Ready").count(),
+        "initialized": c.initialized,
+        "ready": c.ready,
         "deleting": record.deleting,
     });
     Ok(view)

@@ -243,6 +243,13 @@ pub enum Redeem {
     Expired { instance: String, expires_ms: i64 },
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub instances: std::collections::BTreeMap<String, i64>,
+    pub initialized: i64,
+    pub ready: i64,
+}
+
 pub struct Store {
     conn: Mutex<Connection>,
 }
@@ -767,15 +774,28 @@ impl Store {
         Ok(rows)
     }
 
-    pub fn nodes_of_pool(&self, pool: &str) -> Result<Vec<NodeRecord>> {
+    /// A pool's instances by state and its nodes' progress, counted in SQL.
+    pub fn pool_counts(&self, pool: &str) -> Result<PoolCounts> {
         let conn = self.conn();
-        let sql =
-            format!("SELECT {NODE_COLUMNS} FROM nodes WHERE pool = ?1 ORDER BY created_ms, name");
-        let mut stmt = conn.prepare_cached(&sql)?;
-        let rows = stmt
-            .query_map(params![pool], node_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
+        let mut stmt = conn.prepare_cached(
+            "SELECT state, COUNT(*) FROM instances WHERE pool = ?1 GROUP BY state",
+        )?;
+        let instances = stmt
+            .query_map(params![pool], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let (initialized, ready) = conn.query_row(
+            "SELECT COALESCE(SUM(phase = 'hardening' AND phase_outcome IN ('done', 'skipped')), 0),
+                    COALESCE(SUM(status = 'Ready'), 0) FROM nodes WHERE pool = ?1",
+            params![pool],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(PoolCounts {
+            instances,
+            initialized,
+            ready,
+        })
     }
 
     pub fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
@@ -952,7 +972,7 @@ mod tests {
         }
         let store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
-        assert_eq!(store.nodes_of_pool("p").unwrap().len(), 1);
+        assert_eq!(store.pool_counts("p").unwrap().ready, 1);
     }
 
     #[test]

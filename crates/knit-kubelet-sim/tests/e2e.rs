@@ -427,3 +427,74 @@ async fn wrong_ca_and_expired_token_are_refused_and_lightweight_rotates() {
     .await;
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_survive_a_control_plane_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let c = cluster(&data, Duration::from_secs(40), Duration::from_secs(3600)).await;
+    let addr = c.local_addr();
+    let token = c
+        .create_bootstrap_token(Some("keep-1"), Duration::from_secs(600), &[])
+        .unwrap();
+    let f = NodeFiles::new(
+        &dir.path().join("node"),
+        c.endpoint(),
+        c.ca_pem(),
+        &token.token(),
+    );
+    let nowhere = dir.path().join("no-runtime.sock");
+    let sim = spawn(
+        SIM,
+        &f.args("keep-1", &nowhere, &["--lightweight"]),
+        dir.path().join("sim.log"),
+    );
+    let admin = Client::admin(&c);
+    let (sim, before) = blocking(move || {
+        let n = wait_node(&admin, "keep-1", "Ready", &sim, |n| ready(n).0 == "True");
+        (sim, n["metadata"]["uid"].as_str().unwrap().to_string())
+    })
+    .await;
+    c.shutdown().await;
+
+    // Same data dir and port: same CA, the node's certificate still works.
+    let mut cfg = ClusterConfig::new(&data, addr);
+    cfg.node_grace_period = Duration::from_secs(40);
+    let c = EmbeddedCluster::start(cfg).await.unwrap();
+    let admin = Client::admin(&c);
+    blocking(move || {
+        let lease = |admin: &Client| {
+            admin
+                .get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/keep-1")
+                .1["spec"]["renewTime"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        };
+        let first = lease(&admin);
+        wait_for(
+            "lease renewed after the restart",
+            Duration::from_secs(60),
+            || (lease(&admin) != first).then_some(()),
+        );
+        let n = wait_node(&admin, "keep-1", "still Ready", &sim, |n| {
+            ready(n).0 == "True"
+        });
+        assert_eq!(
+            n["metadata"]["uid"],
+            before.as_str(),
+            "same Node object, not a new registration"
+        );
+        // One TLS bootstrap in all: the restart did not force a new one.
+        assert_eq!(
+            sim.log()
+                .matches("certificate signing request sent")
+                .count(),
+            1,
+            "{}",
+            sim.log()
+        );
+    })
+    .await;
+    c.shutdown().await;
+}

@@ -623,9 +623,17 @@ impl Ctx<'_> {
         let start = self.st.store.watch(def.plural, ns.as_deref(), from)?;
         let interval = self.st.bookmark_interval;
         let mut shutdown = self.st.shutdown.clone();
+        // `kubectl get -w` asks for Table events: one row per event, the
+        // column definitions only in the first, as kube-apiserver sends them.
+        let mut table = self.wants_table().then(|| {
+            (
+                Include::parse(self.query.get("includeObject").map(String::as_str)),
+                true,
+            )
+        });
         let (tx, rx) = mpsc::channel::<Bytes>(256);
         tokio::spawn(async move {
-            let send_change = |c: &Change| {
+            let mut send_change = |c: &Change| {
                 if c.resource != def.plural || ns.as_deref().is_some_and(|n| n != c.namespace) {
                     return None;
                 }
@@ -637,7 +645,18 @@ impl Ctx<'_> {
                     (k, _) if now => k,
                     _ => return None,
                 };
-                Some(line(&json!({"type": kind.as_str(), "object": &*c.object})))
+                let object = match &mut table {
+                    Some((include, first)) => {
+                        let mut t =
+                            table::table(def, std::slice::from_ref(&*c.object), c.rv, *include);
+                        if !std::mem::replace(first, false) {
+                            t["columnDefinitions"] = json!([]);
+                        }
+                        t
+                    }
+                    None => (*c.object).clone(),
+                };
+                Some(line(&json!({"type": kind.as_str(), "object": object})))
             };
             let mut progress = start.rv;
             for c in &start.initial {

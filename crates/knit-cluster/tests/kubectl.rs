@@ -150,6 +150,19 @@ async fn kubectl_works_against_the_embedded_api() {
         eprintln!("kubectl get csr:\n{out}");
         assert_eq!(row(&out, &name).last(), Some(&"Approved,Issued"), "{out}");
 
+        // get -w: watch printed as table rows (server-side Table events)
+        let out = Command::new("timeout")
+            .args(["5", k.bin.to_str().unwrap()])
+            .arg(format!("--kubeconfig={}", k.kubeconfig.display()))
+            .arg(format!("--cache-dir={}", k.cache.display()))
+            .args(["get", "nodes", "-w"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("kubectl get nodes -w:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(row(&text, "n1")[1], "Ready", "{text}");
+        assert!(text.lines().filter(|l| l.starts_with("NAME")).all(|l| l.contains("STATUS")), "{text}");
+
         // delete node
         k.ok(&["delete", "node", "n2"]);
         assert_eq!(admin.get("/api/v1/nodes/n2").0, 404);

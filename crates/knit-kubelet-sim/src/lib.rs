@@ -237,3 +237,41 @@ fn rotate(
     tracing::info!("client certificate rotated");
     Kubeconfig::load(&flags.kubeconfig)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let transport = |m: &str| SimError::Transport {
+            what: "GET /".into(),
+            message: m.into(),
+        };
+        let api = |code| SimError::Api {
+            what: "POST /".into(),
+            code,
+            message: String::new(),
+        };
+        assert!(retryable(&transport(
+            "Connection Failed: Connect error: Connection refused (os error 111)"
+        )));
+        assert!(!retryable(&transport(
+            "invalid peer certificate: UnknownIssuer"
+        )));
+        assert!(retryable(&api(503)));
+        assert!(retryable(&api(429)));
+        assert!(!retryable(&api(401)));
+        assert!(!retryable(&api(403)));
+    }
+
+    #[test]
+    fn version_names_the_stand_in() {
+        let v = version_line();
+        assert!(v.starts_with(&format!(
+            "Kubernetes v{}",
+            knit_api::DEFAULT_KUBERNETES_VERSION
+        )));
+        assert!(v.contains("knit-kubelet-sim") && v.contains("not kubelet"));
+    }
+}

@@ -347,10 +347,38 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
         "the provider holds exactly the store's instances"
     );
 
-    // Cleanup through the API: delete the pool, every instance released.
+    // Remove one node but keep its instance: stopped, Detached, the pool
+    // one smaller and not refilled.
+    let kept = names[0].clone();
+    env.knit_ok(&["delete", "node", &kept, "--release=false"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let instances = env.store_instances();
+        let detached = instances
+            .iter()
+            .any(|i| i["name"] == kept.as_str() && i["state"] == "Detached");
+        if detached && running_names(&instances).len() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not detached: {instances:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cloud = Cloud::open(env.local_config()).unwrap();
+    let kept_state = cloud
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.record.template.name.as_deref() == Some(kept.as_str()))
+        .map(|i| i.record.state.to_string());
+    assert_eq!(kept_state.as_deref(), Some("stopped"));
+    let pool: Value = serde_json::from_str(&env.knit_ok(&["get", "pools", "workers", "-o", "json"])).unwrap();
+    assert_eq!(pool["spec"]["replicas"], 3);
+
+    // Delete the pool: every instance it holds is released; the detached
+    // one is no longer the pool's and stays (the guard's `down` removes it).
     env.knit_ok(&["delete", "pool", "workers"]);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !env.provider_names().is_empty() {
+    while env.provider_names() != vec![kept.clone()] {
         assert!(
             Instant::now() < deadline,
             "instances left: {:?}",

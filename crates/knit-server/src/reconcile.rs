@@ -99,7 +99,7 @@ impl ControlPlane {
             }
             let p = plan(desired, &instances);
             self.apply_plan(&record.pool, &p, true)?;
-            if record.deleting && instances.is_empty() {
+            if record.deleting && instances.iter().all(|i| i.state == state::DETACHED) {
                 self.store.remove_pool(&name)?;
                 self.store.add_event(
                     "Normal",

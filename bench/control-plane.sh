@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Control-plane figures for docs/benchmarks.md (run as root from the
+# repository root):
+#  1. the in-process benchmark: reconcile decision time for a 1,000-node
+#     pool, API latency p50/p99 under concurrent HTTPS clients on loopback,
+#     server RSS with 1,000 nodes stored;
+#  2. time from `knit scale` to every node initialized, on the real local
+#     cloud, for 1, 3 and 10 nodes (release build; nodes join no cluster, so
+#     this is provider create + boot + stub + every agent phase).
+# Everything lives in a temporary directory, on a bridge and subnet of its
+# own, and is released on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
+echo "== in-process: planning, API latency, RSS"
+cargo run --release -q -p knit-server --example bench_control_plane
+
+BIN=target/release
+WORK=$(mktemp -d)
+BRIDGE=kbcp$$
+BRIDGE=${BRIDGE:0:15}
+SUBNET=10.217.$(( $$ % 200 + 20 )).0/24
+GATEWAY=${SUBNET%.0/24}.1
+export KNIT_CONFIG=$WORK/config
+LOCAL=(--local-state-dir "$WORK/local" --local-bridge "$BRIDGE" --local-subnet "$SUBNET")
+
+cleanup() {
+    "$BIN/knit" down --timeout 120 >/dev/null 2>&1 || true
+    "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+"$BIN/knit" package build --state-dir "$WORK/server" --no-runtime >/dev/null
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$BIN/knit" up --state-dir "$WORK/server" --listen "0.0.0.0:$PORT" --advertise-address "$GATEWAY" \
+    --cluster none "${LOCAL[@]}" >/dev/null
+cat > "$WORK/pool.yaml" <<'EOF'
+apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {name: bench}
+spec:
+  replicas: 0
+  systemDisk: {sizeGiB: 20}
+  dataDisks: [{sizeGiB: 40, interface: nvme}]
+  preUserData: touch /var/.skip-yum
+EOF
+"$BIN/knit" create -f "$WORK/pool.yaml" >/dev/null
+
+echo "== local cloud: scale request -> every node initialized"
+for n in 1 3 10; do
+    start=$(date +%s%N)
+    "$BIN/knit" scale pool bench --replicas "$n" --wait --timeout 600 >/dev/null
+    end=$(date +%s%N)
+    echo "0 -> $n nodes: $(( (end - start) / 1000000 )) ms"
+    "$BIN/knit" scale pool bench --replicas 0 --wait --timeout 600 >/dev/null
+done
+echo "== phase durations of the last run (server histogram, seconds)"
+"$BIN/knit" get pools >/dev/null
+python3 - "$KNIT_CONFIG" <<'EOF'
+import json, ssl, sys, urllib.request, yaml
+cfg = yaml.safe_load(open(sys.argv[1]))
+ctx = ssl.create_default_context(cadata=cfg["caCert"])
+req = urllib.request.Request(cfg["server"] + "/metrics", headers={"Authorization": "Bearer " + cfg["token"]})
+text = urllib.request.urlopen(req, context=ctx).read().decode()
+sums, counts = {}, {}
+for line in text.splitlines():
+    if line.startswith("knit_phase_duration_seconds_sum"):
+        sums[line.split('"')[1]] = float(line.split()[-1])
+    if line.startswith("knit_phase_duration_seconds_count"):
+        counts[line.split('"')[1]] = float(line.split()[-1])
+for phase in sums:
+    if counts.get(phase):
+        print(f"{phase}: mean {1000 * sums[phase] / counts[phase]:.1f} ms over {int(counts[phase])} nodes")
+EOF

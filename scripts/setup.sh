@@ -11,6 +11,7 @@ fi
 PACKAGES=(
     e2fsprogs xfsprogs util-linux iproute2 kmod   # disks, mounts, namespaces, veth, tc
     fdisk attr                                    # partition tables and xattrs in data-disk tests
+    pigz containernetworking-plugins              # base tools and CNI plugins the sandbox machines inherit from the host root
     containerd runc                                 # the real container runtime inside instances
     docker-registry                                 # the local OCI registry (snapshot tests)
     python3                                         # user-data composition parse check

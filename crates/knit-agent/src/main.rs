@@ -65,6 +65,10 @@ enum Command {
     },
     /// Forget the journal (mounted disks and installed files stay).
     Reset,
+    /// Run one service under the agent's supervisor (started by `init`
+    /// where systemd is not PID 1; not for direct use).
+    #[command(hide = true)]
+    Supervise { name: String },
 }
 
 fn load_config(path: &PathBuf) -> Result<NodeConfig, AgentError> {
@@ -165,6 +169,7 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             }
             Ok(())
         }
+        Command::Supervise { name } => knit_agent::supervise::run(&cli.root, &name),
         Command::Reset => {
             let host = Host::without_log(&cli.root);
             let path = Journal::path(&host);

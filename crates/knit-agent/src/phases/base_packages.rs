@@ -100,6 +100,37 @@ fn wanted(ctx: &Ctx, manager: PackageManager) -> Vec<String> {
         .collect()
 }
 
+/// apt options that make an unreachable repository fail in seconds, not minutes.
+const APT_NET: &[&str] = &[
+    "-o",
+    "Acquire::Retries=1",
+    "-o",
+    "Acquire::http::Timeout=20",
+    "-o",
+    "Acquire::https::Timeout=20",
+];
+
+fn apt(ctx: &Ctx, extra: &[&str], args: &[&str]) -> Result<()> {
+    let mut all: Vec<&str> = APT_NET.to_vec();
+    all.extend(extra);
+    all.extend(args);
+    ctx.host.run(
+        ErrorCode::FailBasePackages,
+        "apt-get",
+        &all,
+        Duration::from_secs(1800),
+    )?;
+    Ok(())
+}
+
+fn rpm_tool(manager: PackageManager) -> &'static str {
+    if manager == PackageManager::Dnf {
+        "dnf"
+    } else {
+        "yum"
+    }
+}
+
 impl Phase for BasePackagesPhase {
     fn name(&self) -> PhaseName {
         PhaseName::BasePackages
@@ -134,6 +165,14 @@ impl Phase for BasePackagesPhase {
                 "base packages installed; security fixes not requested".to_string(),
             ));
         }
+        if missing.is_empty() {
+            if let Some(tried) = offline(ctx, manager) {
+                return Ok(Decision::Done(format!(
+                    "base packages installed; security fixes skipped: no package repository reachable (offline node; tried {})",
+                    if tried.is_empty() { "none configured".to_string() } else { tried.join(", ") }
+                )));
+            }
+        }
         Ok(Decision::Run(format!(
             "install [{}]{}",
             missing.join(", "),
@@ -151,26 +190,39 @@ impl Phase for BasePackagesPhase {
             AgentError::new(ErrorCode::FailBasePackages, "no supported package manager")
         })?;
         let missing = missing_packages(ctx, manager, &wanted(ctx, manager));
+        if let Some(tried) = offline(ctx, manager) {
+            if !missing.is_empty() {
+                return Err(AgentError::new(
+                    ErrorCode::FailBasePackages,
+                    format!(
+                        "[{}] must be installed but no package repository is reachable (tried {}); \
+                         install them in the image, or create {} in pre-user-data for offline nodes",
+                        missing.join(", "),
+                        if tried.is_empty() { "none configured".to_string() } else { tried.join(", ") },
+                        markers::SKIP_YUM
+                    ),
+                ));
+            }
+            return Ok(
+                "base packages installed; security fixes skipped: no package repository reachable"
+                    .to_string(),
+            );
+        }
         let long = Duration::from_secs(1800);
         let code = ErrorCode::FailBasePackages;
         if !missing.is_empty() {
             let names: Vec<&str> = missing.iter().map(String::as_str).collect();
             match manager {
                 PackageManager::Apt => {
-                    ctx.host.run(code, "apt-get", &["update", "-q"], long)?;
+                    apt(ctx, &[], &["update", "-q"])?;
                     let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
                     args.extend(&names);
-                    ctx.host.run(code, "apt-get", &args, long)?;
+                    apt(ctx, &[], &args)?;
                 }
                 PackageManager::Dnf | PackageManager::Yum => {
-                    let tool = if manager == PackageManager::Dnf {
-                        "dnf"
-                    } else {
-                        "yum"
-                    };
                     let mut args = vec!["install", "-y"];
                     args.extend(&names);
-                    ctx.host.run(code, tool, &args, long)?;
+                    ctx.host.run(code, rpm_tool(manager), &args, long)?;
                 }
             }
         }
@@ -178,43 +230,33 @@ impl Phase for BasePackagesPhase {
         if security_fixes_wanted(ctx) {
             match manager {
                 PackageManager::Apt => {
-                    // Upgrade only from the security suite: a sources list holding
-                    // just the "-security" lines of the node's own lists.
-                    let sources = security_sources(ctx);
+                    // Upgrade from the security suites only: a sources file
+                    // holding just those, and no other list.
+                    let (lists, deb822) = apt_sources(ctx);
+                    let sources = security_sources(&lists, &deb822);
                     if sources.is_empty() {
                         summary.push_str("; no security suite configured, no fixes applied");
                     } else {
                         ctx.host.write_file(
-                            "/etc/knit/security.sources.list",
+                            "/etc/knit/apt-security/security.sources",
                             sources.as_bytes(),
                             0o644,
                         )?;
-                        let list = "Dir::Etc::SourceList=/etc/knit/security.sources.list";
-                        let parts = "Dir::Etc::SourceParts=/nonexistent";
-                        ctx.host.run(
-                            code,
-                            "apt-get",
-                            &["-o", list, "-o", parts, "update", "-q"],
-                            long,
-                        )?;
-                        ctx.host.run(
-                            code,
-                            "apt-get",
-                            &["-o", list, "-o", parts, "upgrade", "-y", "-q"],
-                            long,
-                        )?;
+                        let only = [
+                            "-o",
+                            "Dir::Etc::SourceList=/dev/null",
+                            "-o",
+                            "Dir::Etc::SourceParts=/etc/knit/apt-security",
+                        ];
+                        apt(ctx, &only, &["update", "-q"])?;
+                        apt(ctx, &only, &["upgrade", "-y", "-q"])?;
                         summary.push_str("; security fixes applied");
                     }
                 }
                 PackageManager::Dnf | PackageManager::Yum => {
-                    let tool = if manager == PackageManager::Dnf {
-                        "dnf"
-                    } else {
-                        "yum"
-                    };
                     ctx.host.run(
                         code,
-                        tool,
+                        rpm_tool(manager),
                         &["update-minimal", "--security", "--exclude", "kernel*", "-y"],
                         long,
                     )?;
@@ -236,20 +278,181 @@ fn security_fixes_wanted(ctx: &Ctx) -> bool {
         && !markers::present(ctx.host, markers::SKIP_SECURITY_FIX)
 }
 
-/// The `deb` lines of the node's sources that point at a security suite.
-fn security_sources(ctx: &Ctx) -> String {
-    let mut text = ctx.host.read("/etc/apt/sources.list").unwrap_or_default();
+/// The node's apt sources: one-line `.list` files and deb822 `.sources` files.
+fn apt_sources(ctx: &Ctx) -> (String, String) {
+    let mut lists = ctx.host.read("/etc/apt/sources.list").unwrap_or_default();
+    let mut deb822 = String::new();
     if let Ok(dir) = std::fs::read_dir(ctx.host.path("/etc/apt/sources.list.d")) {
-        for entry in dir.flatten() {
-            if entry.path().extension().is_some_and(|e| e == "list") {
-                text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        let mut paths: Vec<_> = dir.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for path in paths {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("list") => lists.push_str(&format!("{text}\n")),
+                Some("sources") => deb822.push_str(&format!("{text}\n\n")),
+                _ => {}
             }
         }
     }
-    text.lines()
-        .filter(|l| l.trim_start().starts_with("deb ") && l.contains("-security"))
-        .map(|l| format!("{l}\n"))
-        .collect()
+    (lists, deb822)
+}
+
+/// Only the security suites of the node's apt sources, as a deb822 file:
+/// stanzas (or one-line entries) whose suite ends in `-security`.
+pub fn security_sources(lists: &str, deb822: &str) -> String {
+    let mut out = String::new();
+    for line in lists.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        // deb [options] URI SUITE COMPONENTS...
+        let rest: Vec<&str> = match words.first() {
+            Some(&"deb") => words[1..]
+                .iter()
+                .copied()
+                .filter(|w| !w.starts_with('[') && !w.ends_with(']'))
+                .collect(),
+            _ => continue,
+        };
+        if let [uri, suite, components @ ..] = rest.as_slice() {
+            if suite.ends_with("-security") {
+                out.push_str(&format!(
+                    "Types: deb\nURIs: {uri}\nSuites: {suite}\nComponents: {}\n\n",
+                    components.join(" ")
+                ));
+            }
+        }
+    }
+    for stanza in deb822.split("\n\n") {
+        let field = |name: &str| {
+            stanza.lines().find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.strip_prefix(':'))
+                    .map(str::trim)
+            })
+        };
+        let Some(suites) = field("Suites") else {
+            continue;
+        };
+        let security: Vec<&str> = suites
+            .split_whitespace()
+            .filter(|s| s.ends_with("-security"))
+            .collect();
+        if security.is_empty()
+            || field("Types").is_some_and(|t| !t.split_whitespace().any(|t| t == "deb"))
+        {
+            continue;
+        }
+        for line in stanza.lines() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            if line.starts_with("Suites:") {
+                out.push_str(&format!("Suites: {}\n", security.join(" ")));
+            } else if line.starts_with("Types:") {
+                out.push_str("Types: deb\n");
+            } else {
+                out.push_str(&format!("{line}\n"));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Every http(s) repository URL the node's package manager would use.
+pub fn repository_urls(manager: PackageManager, files: &[String]) -> Vec<String> {
+    let mut urls = Vec::new();
+    for text in files {
+        for line in text.lines().map(str::trim) {
+            let candidates: Vec<&str> = match manager {
+                PackageManager::Apt => {
+                    if let Some(v) = line.strip_prefix("URIs:") {
+                        v.split_whitespace().collect()
+                    } else if line.starts_with("deb ") {
+                        line.split_whitespace()
+                            .filter(|w| w.contains("://"))
+                            .take(1)
+                            .collect()
+                    } else {
+                        vec![]
+                    }
+                }
+                PackageManager::Dnf | PackageManager::Yum => {
+                    ["baseurl=", "mirrorlist=", "metalink="]
+                        .iter()
+                        .filter_map(|k| line.strip_prefix(k))
+                        .collect()
+                }
+            };
+            for url in candidates {
+                if (url.starts_with("http://") || url.starts_with("https://"))
+                    && !urls.iter().any(|u| u == url)
+                {
+                    urls.push(url.to_string());
+                }
+            }
+        }
+    }
+    urls
+}
+
+fn repository_files(ctx: &Ctx, manager: PackageManager) -> Vec<String> {
+    match manager {
+        PackageManager::Apt => {
+            let (lists, deb822) = apt_sources(ctx);
+            vec![lists, deb822]
+        }
+        PackageManager::Dnf | PackageManager::Yum => {
+            std::fs::read_dir(ctx.host.path("/etc/yum.repos.d"))
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.path().extension().is_some_and(|x| x == "repo"))
+                        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+    }
+}
+
+/// Whether a TCP connection to the URL's host opens within a few seconds.
+/// Name resolution runs in a thread so that a dead resolver cannot hang us.
+fn reachable(url: &str) -> bool {
+    let https = url.starts_with("https://");
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let authority = rest.split('/').next().unwrap_or_default().to_string();
+    let target = if authority.contains(':') && !authority.ends_with(']') {
+        authority
+    } else {
+        format!("{authority}:{}", if https { 443 } else { 80 })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::net::ToSocketAddrs;
+        let ok = target
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .is_some_and(|addr| {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok()
+            });
+        let _ = tx.send(ok);
+    });
+    rx.recv_timeout(Duration::from_secs(6)).unwrap_or(false)
+}
+
+/// `Some(urls)` when repositories are configured but none answers.
+fn offline(ctx: &Ctx, manager: PackageManager) -> Option<Vec<String>> {
+    let urls = repository_urls(manager, &repository_files(ctx, manager));
+    if urls.is_empty() {
+        return Some(urls);
+    }
+    let probes: Vec<_> = urls
+        .iter()
+        .cloned()
+        .map(|u| std::thread::spawn(move || reachable(&u)))
+        .collect();
+    let any = probes.into_iter().any(|p| p.join().unwrap_or(false));
+    (!any).then_some(urls)
 }
 
 #[cfg(test)]
@@ -293,5 +496,50 @@ mod tests {
         assert!(!PackageManager::Apt
             .base_packages()
             .contains(&"container-selinux"));
+    }
+
+    #[test]
+    fn security_suites_only() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n\
+                      Types: deb deb-src\n# comment\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main contrib\nSigned-By: /k.gpg\n";
+        let lists = "deb http://mirror.example/ubuntu jammy main\ndeb [arch=amd64] http://mirror.example/ubuntu jammy-security main universe\n";
+        let out = security_sources(lists, deb822);
+        assert!(out.contains("URIs: http://mirror.example/ubuntu\nSuites: jammy-security\nComponents: main universe"), "{out}");
+        assert!(out.contains("URIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main contrib\nSigned-By: /k.gpg"), "{out}");
+        assert!(
+            !out.contains("bookworm-updates")
+                && !out.contains("jammy main\n")
+                && !out.contains("deb-src"),
+            "{out}"
+        );
+        assert_eq!(
+            security_sources("deb http://m.example/d bookworm main\n", ""),
+            ""
+        );
+    }
+
+    #[test]
+    fn repository_urls_per_family() {
+        let apt = repository_urls(
+            PackageManager::Apt,
+            &[
+                "deb [signed-by=/k] https://a.example/x stable main\n# deb http://off.example/ x\n"
+                    .to_string(),
+                "URIs: http://b.example/y http://c.example/z\n".to_string(),
+            ],
+        );
+        assert_eq!(
+            apt,
+            [
+                "https://a.example/x",
+                "http://b.example/y",
+                "http://c.example/z"
+            ]
+        );
+        let rpm = repository_urls(
+            PackageManager::Dnf,
+            &["[base]\nbaseurl=http://r.example/os/\nmirrorlist=https://m.example/list\nenabled=1\n".to_string()],
+        );
+        assert_eq!(rpm, ["http://r.example/os/", "https://m.example/list"]);
     }
 }

@@ -371,7 +371,8 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
         .find(|i| i.record.template.name.as_deref() == Some(kept.as_str()))
         .map(|i| i.record.state.to_string());
     assert_eq!(kept_state.as_deref(), Some("stopped"));
-    let pool: Value = serde_json::from_str(&env.knit_ok(&["get", "pools", "workers", "-o", "json"])).unwrap();
+    let pool: Value =
+        serde_json::from_str(&env.knit_ok(&["get", "pools", "workers", "-o", "json"])).unwrap();
     assert_eq!(pool["spec"]["replicas"], 3);
 
     // Delete the pool: every instance it holds is released; the detached

@@ -147,17 +147,7 @@ impl Client {
             }
             return serde_json::from_str(&text).or(Ok(Value::String(text)));
         }
-        let parsed: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Err(ServerError::Remote {
-            status,
-            code: parsed["code"].as_str().unwrap_or("HTTPError").to_string(),
-            message: parsed["message"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("HTTP {status}: {}", text.trim())),
-            errors: serde_json::from_value::<Vec<FieldError>>(parsed["errors"].clone())
-                .unwrap_or_default(),
-        })
+        Err(remote_error(status, &text))
     }
 
     pub fn get(&self, path: &str) -> Result<Value> {
@@ -170,7 +160,22 @@ impl Client {
         if (200..300).contains(&status) {
             return Ok(text);
         }
-        // Reuse the JSON error decoding.
-        self.call("GET", path, None).map(|_| text)
+        Err(remote_error(status, &text))
+    }
+}
+
+/// A non-2xx answer as an error: the server's JSON error body when there
+/// is one, the raw text otherwise.
+fn remote_error(status: u16, text: &str) -> ServerError {
+    let parsed: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    ServerError::Remote {
+        status,
+        code: parsed["code"].as_str().unwrap_or("HTTPError").to_string(),
+        message: parsed["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("HTTP {status}: {}", text.trim())),
+        errors: serde_json::from_value::<Vec<FieldError>>(parsed["errors"].clone())
+            .unwrap_or_default(),
     }
 }

@@ -9,7 +9,6 @@ use crate::pki;
 use crate::provider::{DiskTemplate, InstanceTemplate, ProviderInstance, TAG_NAME, TAG_POOL};
 use crate::store::{now_ms, state, InstanceRecord, IntentRecord};
 use crate::userdata;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -419,9 +418,10 @@ impl ControlPlane {
             &instance.name,
             reason,
             &format!(
-                "{what}: {} ({})",
+                "{what}: {} ({}) at provider {}",
                 found.id,
-                found.ip.as_deref().unwrap_or("no IP yet")
+                found.ip.as_deref().unwrap_or("no IP yet"),
+                self.provider.as_ref().map(|p| p.name()).unwrap_or("none")
             ),
         )?;
         Ok(())
@@ -607,14 +607,6 @@ impl ControlPlane {
             }
         }
         Ok(())
-    }
-
-    /// Instance names with work in flight (for tests and status).
-    pub fn in_flight(&self) -> HashSet<String> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 }
 

@@ -253,6 +253,8 @@ async fn stale_lease_makes_node_unknown_and_tainted_then_recovers() {
         };
         // NotReady and fresh: not-ready taints next to the node's own.
         let n = wait_for("not-ready taint", Duration::from_secs(20), || {
+            // Keep the lease fresh meanwhile, however slow this machine is.
+            admin.patch(&format!("{lease_path}/n1"), "application/merge-patch+json", &json!({"spec": {"renewTime": now()}}));
             let (_, n) = admin.get("/api/v1/nodes/n1");
             taint_keys(&n).contains(&"node.kubernetes.io/not-ready:NoSchedule".to_string()).then_some(n)
         });
@@ -267,10 +269,13 @@ async fn stale_lease_makes_node_unknown_and_tainted_then_recovers() {
         assert!(keys.contains(&"node.kubernetes.io/unreachable:NoExecute".to_string()), "{keys:?}");
         assert!(!keys.iter().any(|k| k.starts_with("node.kubernetes.io/not-ready")), "{keys:?}");
         // Heartbeats return and the kubelet posts Ready: taints go.
-        admin.patch(&format!("{lease_path}/n1"), "application/merge-patch+json", &json!({"spec": {"renewTime": now()}}));
-        admin.patch("/api/v1/nodes/n1/status", "application/strategic-merge-patch+json",
-            &json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}));
+        // (Acting as the kubelet: renew, and post Ready whenever it is not.)
         let n = wait_for("recovery", Duration::from_secs(20), || {
+            admin.patch(&format!("{lease_path}/n1"), "application/merge-patch+json", &json!({"spec": {"renewTime": now()}}));
+            if ready(&admin.get("/api/v1/nodes/n1").1) != "True" {
+                admin.patch("/api/v1/nodes/n1/status", "application/strategic-merge-patch+json",
+                    &json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}));
+            }
             let (_, n) = admin.get("/api/v1/nodes/n1");
             (!taint_keys(&n).iter().any(|k| k.starts_with("node.kubernetes.io/"))).then_some(n)
         });

@@ -152,7 +152,7 @@ async fn kubectl_works_against_the_embedded_api() {
 
         // get -w: watch printed as table rows (server-side Table events)
         let out = Command::new("timeout")
-            .args(["5", k.bin.to_str().unwrap()])
+            .args(["15", k.bin.to_str().unwrap()])
             .arg(format!("--kubeconfig={}", k.kubeconfig.display()))
             .arg(format!("--cache-dir={}", k.cache.display()))
             .args(["get", "nodes", "-w"])

@@ -166,11 +166,11 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     let mut kc = client_credentials(&flags, &cfg, &name)?;
     let (qps, burst) = (cfg.kube_api_qps, cfg.kube_api_burst);
     let mut client = Client::new(&kc, qps, burst)?;
-    let mut agent = NodeAgent::new(name.clone(), flags.clone(), cfg)?;
+    let mut agent = NodeAgent::new(name.clone(), flags.clone(), cfg.clone())?;
     with_retry("registering the node", || agent.register(&client))?;
 
     let jitter = jitter();
-    let mut rotate_at = rotation_deadline(&kc, jitter)?;
+    let mut times = cert_times(&kc, jitter)?;
     let mut next_lease = Instant::now();
     let mut next_status = Instant::now();
     loop {
@@ -187,15 +187,24 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
             }
             next_status = now + agent.status_interval();
         }
-        if rotate_at.is_some_and(|t| time::OffsetDateTime::now_utc() >= t) {
-            match rotate(&flags, &client, &name, &kc) {
+        let now_utc = time::OffsetDateTime::now_utc();
+        if let Some((rotate_at, expires)) = times.filter(|(r, _)| now_utc >= *r) {
+            let fresh = if now_utc < expires {
+                rotate(&flags, &client, &name, &kc)
+            } else {
+                // Too late to renew with the old certificate: like kubelet,
+                // fall back to the bootstrap credentials.
+                tracing::warn!(%rotate_at, %expires, "client certificate expired before rotation; bootstrapping again");
+                client_credentials(&flags, &cfg, &name)
+            };
+            match fresh {
                 Ok(fresh) => {
                     client = Client::new(&fresh, qps, burst)?;
-                    rotate_at = rotation_deadline(&fresh, jitter)?;
+                    times = cert_times(&fresh, jitter)?;
                     kc = fresh;
                 }
                 Err(e) => {
-                    tracing::warn!(code = e.code(), error = %e, "client certificate rotation failed; retrying")
+                    tracing::warn!(code = e.code(), error = %e, "client certificate renewal failed; retrying")
                 }
             }
         }
@@ -207,16 +216,17 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     }
 }
 
-fn rotation_deadline(
+/// When to rotate the client certificate, and when it expires.
+fn cert_times(
     kc: &Kubeconfig,
     jitter: f64,
-) -> Result<Option<time::OffsetDateTime>, SimError> {
+) -> Result<Option<(time::OffsetDateTime, time::OffsetDateTime)>, SimError> {
     Ok(kc
         .client_cert_pem
         .as_deref()
         .map(certs::Credentials::from_bundle)
         .transpose()?
-        .map(|c| c.rotation_deadline(jitter)))
+        .map(|c| (c.rotation_deadline(jitter), c.not_after)))
 }
 
 /// New key and CSR authenticated with the current certificate; the server

@@ -329,7 +329,7 @@ async fn wrong_ca_and_expired_token_are_refused_and_lightweight_rotates() {
     let c = cluster(
         &dir.path().join("cluster"),
         Duration::from_secs(40),
-        Duration::from_secs(12),
+        Duration::from_secs(16),
     )
     .await;
     let (ep, ca) = (c.endpoint().to_string(), c.ca_pem().to_string());
@@ -378,7 +378,7 @@ async fn wrong_ca_and_expired_token_are_refused_and_lightweight_rotates() {
         assert!(log.contains("HTTP 401"), "{log}");
         assert_eq!(admin.get("/api/v1/nodes/light-2").0, 404);
 
-        // Lightweight mode: Ready without a runtime; the 12 s client
+        // Lightweight mode: Ready without a runtime; the 16 s client
         // certificate is rotated before it expires and heartbeats go on.
         let f = NodeFiles::new(&root.join("light"), &ep, &ca, &good.token());
         let sim = spawn(
@@ -491,6 +491,64 @@ async fn nodes_survive_a_control_plane_restart() {
                 .matches("certificate signing request sent")
                 .count(),
             1,
+            "{}",
+            sim.log()
+        );
+    })
+    .await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_client_certificate_falls_back_to_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(
+        &dir.path().join("cluster"),
+        Duration::from_secs(3600),
+        Duration::from_secs(8),
+    )
+    .await;
+    let token = c
+        .create_bootstrap_token(Some("late-1"), Duration::from_secs(600), &[])
+        .unwrap();
+    let f = NodeFiles::new(
+        &dir.path().join("node"),
+        c.endpoint(),
+        c.ca_pem(),
+        &token.token(),
+    );
+    let nowhere = dir.path().join("no-runtime.sock");
+    let admin = Client::admin(&c);
+    let log = dir.path().join("sim.log");
+    blocking(move || {
+        let sim = spawn(SIM, &f.args("late-1", &nowhere, &["--lightweight"]), log);
+        wait_node(&admin, "late-1", "Ready", &sim, |n| ready(n).0 == "True");
+        // Hung past the 8 s certificate's expiry: no chance to rotate in time.
+        sim.signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_secs(10));
+        sim.signal(libc::SIGCONT);
+        wait_for("bootstrap again", Duration::from_secs(60), || {
+            sim.log().contains("bootstrapping again").then_some(())
+        });
+        let lease = |admin: &Client| {
+            admin
+                .get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/late-1")
+                .1["spec"]["renewTime"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        };
+        let first = lease(&admin);
+        wait_for(
+            "lease renewed with the new certificate",
+            Duration::from_secs(60),
+            || (lease(&admin) != first).then_some(()),
+        );
+        assert_eq!(
+            sim.log()
+                .matches("certificate signing request sent")
+                .count(),
+            2,
             "{}",
             sim.log()
         );

@@ -544,14 +544,12 @@ async fn expired_client_certificate_falls_back_to_bootstrap() {
             Duration::from_secs(60),
             || (lease(&admin) != first).then_some(()),
         );
-        assert_eq!(
-            sim.log()
-                .matches("certificate signing request sent")
-                .count(),
-            2,
-            "{}",
-            sim.log()
-        );
+        // Bootstrap, re-bootstrap, and maybe a rotation since.
+        let csrs = sim
+            .log()
+            .matches("certificate signing request sent")
+            .count();
+        assert!(csrs >= 2, "{}", sim.log());
     })
     .await;
     c.shutdown().await;

@@ -240,45 +240,7 @@ impl Controllers {
     // ---- bootstrap signer and token cleaner ----
 
     pub fn sync_cluster_info(&self) -> Result<(), ClusterError> {
-        let kubeconfig = tokens::cluster_info_kubeconfig(&self.endpoint, self.ca.cert_pem());
-        let mut data = serde_json::Map::new();
-        data.insert("kubeconfig".into(), json!(kubeconfig));
-        let (secrets, _) = self.store.list("secrets", Some("kube-system"))?;
-        for s in &secrets {
-            if tokens::check_usable(s, "usage-bootstrap-signing").is_err() {
-                continue;
-            }
-            if let (Some(id), Some(secret)) = (
-                tokens::data_field(s, "token-id"),
-                tokens::data_field(s, "token-secret"),
-            ) {
-                data.insert(
-                    format!("jws-kubeconfig-{id}"),
-                    json!(tokens::jws_detached(&kubeconfig, &id, &secret)),
-                );
-            }
-        }
-        let data = Value::Object(data);
-        let cm = json!({
-            "kind": "ConfigMap", "apiVersion": "v1",
-            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
-            "data": data,
-        });
-        match self
-            .store
-            .update("configmaps", "kube-public", "cluster-info", None, |cur| {
-                let mut next = cur.clone();
-                next["data"] = data.clone();
-                Ok(next)
-            }) {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => self
-                .store
-                .create("configmaps", "kube-public", cm)
-                .map(|_| ())
-                .map_err(ClusterError::Api),
-            Err(e) => Err(ClusterError::Api(e)),
-        }
+        sync_cluster_info(&self.store, &self.ca, &self.endpoint)
     }
 
     fn sweep_tokens(&self) -> Result<(), ClusterError> {
@@ -409,6 +371,47 @@ impl NodeView {
             }
             _ => {}
         }
+    }
+}
+
+/// Rewrite `kube-public/cluster-info`: the kubeconfig and one JWS per
+/// signing-enabled token.
+pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), ClusterError> {
+    let kubeconfig = tokens::cluster_info_kubeconfig(endpoint, ca.cert_pem());
+    let mut data = serde_json::Map::new();
+    data.insert("kubeconfig".into(), json!(kubeconfig));
+    let (secrets, _) = store.list("secrets", Some("kube-system"))?;
+    for s in &secrets {
+        if tokens::check_usable(s, "usage-bootstrap-signing").is_err() {
+            continue;
+        }
+        if let (Some(id), Some(secret)) = (
+            tokens::data_field(s, "token-id"),
+            tokens::data_field(s, "token-secret"),
+        ) {
+            data.insert(
+                format!("jws-kubeconfig-{id}"),
+                json!(tokens::jws_detached(&kubeconfig, &id, &secret)),
+            );
+        }
+    }
+    let data = Value::Object(data);
+    let cm = json!({
+        "kind": "ConfigMap", "apiVersion": "v1",
+        "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+        "data": data,
+    });
+    match store.update("configmaps", "kube-public", "cluster-info", None, |cur| {
+        let mut next = cur.clone();
+        next["data"] = data.clone();
+        Ok(next)
+    }) {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 404 => store
+            .create("configmaps", "kube-public", cm)
+            .map(|_| ())
+            .map_err(ClusterError::Api),
+        Err(e) => Err(ClusterError::Api(e)),
     }
 }
 

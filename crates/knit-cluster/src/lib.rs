@@ -261,6 +261,8 @@ impl EmbeddedCluster {
             "kube-system",
             tokens::token_secret(&token, extra_groups),
         )?;
+        // Signed now, so the holder can discover the cluster at once.
+        controllers::sync_cluster_info(&self.store, &self.ca, &self.endpoint)?;
         Ok(token)
     }
 

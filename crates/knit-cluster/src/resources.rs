@@ -68,6 +68,30 @@ pub static RESOURCES: &[ResourceDef] = &[
         short_names: &["cm"],
         subresources: &[],
     },
+    // Read-only and always empty (no pods run here), so that `kubectl
+    // describe node` finds what it lists.
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        namespaced: true,
+        verbs: READ,
+        short_names: &["po"],
+        subresources: &[],
+    },
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        namespaced: true,
+        verbs: READ,
+        short_names: &["ev"],
+        subresources: &[],
+    },
     ResourceDef {
         group: "coordination.k8s.io",
         version: "v1",

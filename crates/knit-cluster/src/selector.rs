@@ -17,7 +17,7 @@ enum Term {
 #[derive(Debug, Clone, Default)]
 pub struct Selector {
     labels: Vec<Term>,
-    /// (field path, value, equal?) for `metadata.name` / `metadata.namespace`.
+    /// (dotted field path, value, equal?), e.g. `spec.nodeName=n1`.
     fields: Vec<(String, String, bool)>,
 }
 
@@ -42,9 +42,9 @@ impl Selector {
                     )));
                 };
                 let key = key.trim();
-                if key != "metadata.name" && key != "metadata.namespace" {
+                if key.is_empty() || key.split('.').any(str::is_empty) {
                     return Err(ApiStatus::bad_request(format!(
-                        "field label not supported: {key} (supported: metadata.name, metadata.namespace)"
+                        "invalid field selector term {term:?}"
                     )));
                 }
                 s.fields
@@ -75,11 +75,13 @@ impl Selector {
         });
         labels_ok
             && self.fields.iter().all(|(k, v, eq)| {
-                let actual = match k.as_str() {
-                    "metadata.name" => obj["metadata"]["name"].as_str().unwrap_or(""),
-                    _ => obj["metadata"]["namespace"].as_str().unwrap_or(""),
+                // A missing field reads as empty, as `involvedObject.namespace=` expects.
+                let actual = match k.split('.').try_fold(obj, |o, seg| o.get(seg)) {
+                    None | Some(Value::Null) => String::new(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
                 };
-                (actual == v) == *eq
+                (actual == *v) == *eq
             })
     }
 }
@@ -150,9 +152,21 @@ mod tests {
         assert!(!ok("", "metadata.name=b"));
         assert!(ok("pool!=p2", "metadata.name!=b"));
         assert_eq!(
-            Selector::parse(None, Some("spec.x=1")).unwrap_err().code,
+            Selector::parse(None, Some("spec..x=1")).unwrap_err().code,
             400
         );
+        assert_eq!(
+            Selector::parse(None, Some("nonsense")).unwrap_err().code,
+            400
+        );
+        // kubectl describe node: pods on the node, events about it.
+        let pod = json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
+        let sel = Selector::parse(
+            None,
+            Some("spec.nodeName=n1,status.phase!=Failed,involvedObject.namespace="),
+        )
+        .unwrap();
+        assert!(sel.matches(&pod));
         assert_eq!(
             Selector::parse(None, Some("metadata.name=a"))
                 .unwrap()

@@ -107,6 +107,12 @@ async fn kubectl_works_against_the_embedded_api() {
         let (ok, _, err) = k.run(&["get", "node", "nope"]);
         assert!(!ok && err.contains("nodes \"nope\" not found"), "{err}");
 
+        // describe (reads the node, its lease, and the pods and events on it)
+        let out = k.ok(&["describe", "node", "n1"]);
+        eprintln!("kubectl describe node n1:\n{out}");
+        assert_eq!(row(&out, "Name:").last(), Some(&"n1"), "{out}");
+        assert!(out.contains("KubeletReady") && out.contains("10.1.0.1"), "{out}");
+
         // cordon / uncordon
         k.ok(&["cordon", "n1"]);
         assert_eq!(admin.get("/api/v1/nodes/n1").1["spec"]["unschedulable"], true);

@@ -266,10 +266,118 @@ fn validate_secret(obj: &Value, bad: &mut impl FnMut(&str, String)) {
     }
 }
 
+/// Labels kubelet may set on its own Node (Kubernetes' NodeRestriction):
+/// outside `kubernetes.io`/`k8s.io` anything goes; inside, only these keys
+/// and the `kubelet.kubernetes.io` and `node.kubernetes.io` prefixes.
+const KUBELET_LABELS: &[&str] = &[
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+];
+
+pub fn kubelet_may_set_label(key: &str) -> bool {
+    let Some((prefix, _)) = key.rsplit_once('/') else {
+        return true;
+    };
+    let in_domain = |d: &str| prefix == d || prefix.ends_with(&format!(".{d}"));
+    if prefix == "node-restriction.kubernetes.io"
+        || prefix.ends_with(".node-restriction.kubernetes.io")
+    {
+        return false;
+    }
+    if !in_domain("kubernetes.io") && !in_domain("k8s.io") {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key)
+        || in_domain("kubelet.kubernetes.io")
+        || in_domain("node.kubernetes.io")
+}
+
+/// A node may not add, change or remove labels it is not allowed to set
+/// (e.g. `node-role.kubernetes.io/*`): 403, as NodeRestriction does.
+pub fn node_restriction(
+    who: &Identity,
+    def: &ResourceDef,
+    current: Option<&Value>,
+    next: &Value,
+) -> Result<(), ApiStatus> {
+    let Some(node) = who.node_name() else {
+        return Ok(());
+    };
+    if def.kind != "Node" {
+        return Ok(());
+    }
+    let labels = |o: Option<&Value>| -> std::collections::BTreeMap<String, Value> {
+        o.and_then(|o| o["metadata"]["labels"].as_object())
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    };
+    let (before, after) = (labels(current), labels(Some(next)));
+    let mut touched: Vec<&String> = after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .chain(before.keys().filter(|k| !after.contains_key(*k)))
+        .filter(|k| !kubelet_may_set_label(k))
+        .collect();
+    touched.sort();
+    touched.dedup();
+    if touched.is_empty() {
+        return Ok(());
+    }
+    Err(ApiStatus::forbidden(format!(
+        "nodes \"{node}\" is forbidden: node \"{node}\" is not allowed to modify labels: {}",
+        touched
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::resources::by_kind;
+
+    #[test]
+    fn nodes_may_not_set_restricted_labels() {
+        let node = by_kind("Node").unwrap();
+        let who = Identity {
+            user: "system:node:n1".into(),
+            groups: vec!["system:nodes".into()],
+        };
+        let mk = |labels: Value| json!({"metadata": {"name": "n1", "labels": labels}});
+        let ok = mk(
+            json!({"kubernetes.io/hostname": "n1", "node.kubernetes.io/instance-type": "x", "pool": "a"}),
+        );
+        node_restriction(&who, node, None, &ok).unwrap();
+        let role = mk(json!({"node-role.kubernetes.io/master": ""}));
+        let err = node_restriction(&who, node, Some(&ok), &role).unwrap_err();
+        assert_eq!(err.code, 403);
+        assert!(
+            err.message.contains("node-role.kubernetes.io/master"),
+            "{}",
+            err.message
+        );
+        // Unchanged restricted labels (set by an admin) do not block the node.
+        node_restriction(&who, node, Some(&role), &role).unwrap();
+        assert!(!kubelet_may_set_label("node-restriction.kubernetes.io/x"));
+        assert!(kubelet_may_set_label("example.com/x"));
+        let admin = Identity {
+            user: "admin".into(),
+            groups: vec!["system:masters".into()],
+        };
+        node_restriction(&admin, node, None, &role).unwrap();
+    }
 
     #[test]
     fn node_taints_and_labels_are_checked() {

@@ -453,6 +453,7 @@ impl Ctx<'_> {
         }
         admission::prepare_create(self.t.def, &mut obj, self.who);
         admission::validate(self.t.def, &obj)?;
+        admission::node_restriction(self.who, self.t.def, None, &obj)?;
         let created = self.st.store.create(self.t.def.plural, self.ns(), obj)?;
         Ok(json_response(StatusCode::CREATED, &created))
     }
@@ -517,6 +518,7 @@ impl Ctx<'_> {
             .update(def.plural, self.ns(), name, expected, |current| {
                 let next = self.scoped(current, obj);
                 admission::validate(def, &next)?;
+                admission::node_restriction(self.who, def, Some(current), &next)?;
                 Ok(next)
             })
             .map_err(|e| {
@@ -574,6 +576,7 @@ impl Ctx<'_> {
                 }
                 let next = self.scoped(current, next);
                 admission::validate(def, &next)?;
+                admission::node_restriction(self.who, def, Some(current), &next)?;
                 Ok(next)
             })
             .map_err(|e| if e.code == 404 { self.not_found(name) } else { e })?;

@@ -137,6 +137,15 @@ async fn tls_bootstrap_node_authorization_and_errors() {
         assert_eq!(p["status"]["conditions"][0]["status"], "True");
         assert_eq!(p["metadata"]["labels"]["zone"], "z1");
 
+        // NodeRestriction: a node may not give itself a role.
+        let (code, st) = node.patch(
+            "/api/v1/nodes/n1",
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+        );
+        assert_eq!(code, 403, "{st}");
+        assert!(st["message"].as_str().unwrap().contains("not allowed to modify labels"), "{st}");
+
         // Errors: 409 stale update, 422 invalid, 404 unknown, 415 patch type, 400 bad body.
         let mut stale = n1.clone();
         stale["spec"]["unschedulable"] = json!(true);

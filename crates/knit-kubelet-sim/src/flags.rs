@@ -132,7 +132,40 @@ fn apply(f: &mut Flags, name: &str, value: String) -> Result<(), SimError> {
     Ok(())
 }
 
-/// `k=v,k2=v2`, validated as Kubernetes label keys and values.
+/// Labels in the `kubernetes.io`/`k8s.io` namespaces kubelet may set on
+/// itself; the API server's NodeRestriction enforces the same rule.
+const KUBELET_LABELS: &[&str] = &[
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+];
+
+fn kubelet_may_set(key: &str) -> bool {
+    let Some((prefix, _)) = key.rsplit_once('/') else {
+        return true;
+    };
+    let in_domain = |d: &str| prefix == d || prefix.ends_with(&format!(".{d}"));
+    if in_domain("node-restriction.kubernetes.io") {
+        return false;
+    }
+    if !in_domain("kubernetes.io") && !in_domain("k8s.io") {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key)
+        || in_domain("kubelet.kubernetes.io")
+        || in_domain("node.kubernetes.io")
+}
+
+/// `k=v,k2=v2`, validated as Kubernetes label keys and values; like kubelet,
+/// labels it may not set on its own Node are refused at start.
 pub fn parse_labels(s: &str) -> Result<Vec<(String, String)>, SimError> {
     let mut out = Vec::new();
     for item in s.split(',').filter(|i| !i.is_empty()) {
@@ -144,6 +177,18 @@ pub fn parse_labels(s: &str) -> Result<Vec<(String, String)>, SimError> {
         knit_api::validate::check_label_value(v)
             .map_err(|e| SimError::Flags(format!("--node-labels: value {v:?}: {e}")))?;
         out.push((k.to_string(), v.to_string()));
+    }
+    let refused: Vec<&str> = out
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !kubelet_may_set(k))
+        .collect();
+    if !refused.is_empty() {
+        return Err(SimError::Flags(format!(
+            "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: {refused:?}; \
+             --node-labels in the 'kubernetes.io' namespace must begin with an allowed prefix \
+             (kubelet.kubernetes.io, node.kubernetes.io) or be in the specifically allowed set"
+        )));
     }
     Ok(out)
 }
@@ -221,6 +266,15 @@ mod tests {
         assert!(parse(args(&["--node-ip=nope"])).is_err());
         assert!(parse(args(&["--register-with-taints=a=b:Sometimes"])).is_err());
         assert!(parse(args(&["--node-labels=-bad=x"])).is_err());
+        let err = parse(args(&["--node-labels=node-role.kubernetes.io/master="])).unwrap_err();
+        assert!(
+            err.to_string().contains("node-role.kubernetes.io/master"),
+            "{err}"
+        );
+        assert!(parse(args(&[
+            "--node-labels=topology.kubernetes.io/zone=z1,example.com/a=b"
+        ]))
+        .is_ok());
         assert!(parse(args(&["--kubeconfig"])).is_err());
         assert!(parse(args(&["stray"])).is_err());
     }

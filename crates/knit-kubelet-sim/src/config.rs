@@ -21,6 +21,7 @@ struct Raw {
     #[serde(rename = "kubeAPIBurst")]
     kube_api_burst: Option<u32>,
     register_with_taints: Option<Vec<Taint>>,
+    container_runtime_endpoint: Option<String>,
     node_lease_duration_seconds: Option<u64>,
     node_status_update_frequency: Option<String>,
     node_status_report_frequency: Option<String>,
@@ -33,6 +34,7 @@ pub struct KubeletConfig {
     pub kube_api_qps: f64,
     pub kube_api_burst: u32,
     pub register_with_taints: Vec<Taint>,
+    pub container_runtime_endpoint: String,
     pub node_lease_duration: Duration,
     pub node_status_update_frequency: Duration,
     pub node_status_report_frequency: Duration,
@@ -47,6 +49,7 @@ impl Default for KubeletConfig {
             kube_api_qps: 50.0,
             kube_api_burst: 100,
             register_with_taints: Vec::new(),
+            container_runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
             node_lease_duration: Duration::from_secs(40),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
@@ -96,6 +99,9 @@ impl KubeletConfig {
             kube_api_qps: raw.kube_api_qps.unwrap_or(d.kube_api_qps),
             kube_api_burst: raw.kube_api_burst.unwrap_or(d.kube_api_burst),
             register_with_taints: raw.register_with_taints.unwrap_or_default(),
+            container_runtime_endpoint: raw
+                .container_runtime_endpoint
+                .unwrap_or(d.container_runtime_endpoint),
             node_lease_duration: raw
                 .node_lease_duration_seconds
                 .map(Duration::from_secs)
@@ -131,7 +137,7 @@ mod tests {
     #[test]
     fn reads_the_fields_the_agent_writes() {
         let c = KubeletConfig::parse(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 127.0.0.1\nport: 10255\nkubeAPIQPS: 5\nkubeAPIBurst: 10\nregisterWithTaints:\n- key: a\n  value: b\n  effect: NoSchedule\nnodeLeaseDurationSeconds: 8\nnodeStatusUpdateFrequency: 2s\nevictionHard: {}\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 127.0.0.1\nport: 10255\nkubeAPIQPS: 5\nkubeAPIBurst: 10\nregisterWithTaints:\n- key: a\n  value: b\n  effect: NoSchedule\nnodeLeaseDurationSeconds: 8\nnodeStatusUpdateFrequency: 2s\ncontainerRuntimeEndpoint: unix:///run/k.sock\nevictionHard: {}\n",
         )
         .unwrap();
         assert_eq!(
@@ -140,6 +146,7 @@ mod tests {
         );
         assert_eq!(c.register_with_taints[0].value, "b");
         assert_eq!(c.node_lease_duration, Duration::from_secs(8));
+        assert_eq!(c.container_runtime_endpoint, "unix:///run/k.sock");
         assert_eq!(c.node_status_update_frequency, Duration::from_secs(2));
         assert!(KubeletConfig::parse("apiVersion: v1\nkind: Pod\n").is_err());
         assert!(KubeletConfig::parse("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: soon\n").is_err());

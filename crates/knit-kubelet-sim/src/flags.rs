@@ -17,7 +17,9 @@ pub struct Flags {
     pub provider_id: Option<String>,
     pub node_labels: Vec<(String, String)>,
     pub register_with_taints: Vec<Taint>,
-    pub container_runtime_endpoint: String,
+    /// When absent: the config file's `containerRuntimeEndpoint`, then
+    /// containerd's default socket.
+    pub container_runtime_endpoint: Option<String>,
     pub cert_dir: PathBuf,
     pub root_dir: PathBuf,
     /// Where CNI configs are looked for (knit: kubelet's fixed default).
@@ -43,7 +45,6 @@ const BOOL_FLAGS: &[&str] = &["lightweight", "version", "help"];
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Flags, SimError> {
     let mut f = Flags {
         kubeconfig: "/etc/kubernetes/kubelet.conf".into(),
-        container_runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
         cert_dir: "/var/lib/kubelet/pki".into(),
         root_dir: "/var/lib/kubelet".into(),
         cni_conf_dir: "/etc/cni/net.d".into(),
@@ -120,7 +121,7 @@ fn apply(f: &mut Flags, name: &str, value: String) -> Result<(), SimError> {
         "provider-id" => f.provider_id = Some(value),
         "node-labels" => f.node_labels = parse_labels(&value)?,
         "register-with-taints" => f.register_with_taints = parse_taints(&value)?,
-        "container-runtime-endpoint" => f.container_runtime_endpoint = value,
+        "container-runtime-endpoint" => f.container_runtime_endpoint = Some(value),
         "cert-dir" => f.cert_dir = value.into(),
         "root-dir" => f.root_dir = value.into(),
         "cni-conf-dir" => f.cni_conf_dir = value.into(),

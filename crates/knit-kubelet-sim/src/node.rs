@@ -45,7 +45,12 @@ impl NodeAgent {
         let runtime = if flags.lightweight {
             None
         } else {
-            Some(Runtime::new(&flags.container_runtime_endpoint)?)
+            // The flag wins over the config file, as in kubelet.
+            let endpoint = flags
+                .container_runtime_endpoint
+                .as_deref()
+                .unwrap_or(&cfg.container_runtime_endpoint);
+            Some(Runtime::new(endpoint)?)
         };
         Ok(NodeAgent {
             name,

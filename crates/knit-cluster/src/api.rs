@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::auth::{self, Identity, Scope, Verb};
 use crate::error::ApiStatus;
+use crate::metrics::Metrics;
 use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
 use crate::store::{Change, EventType, Store};
@@ -26,6 +27,7 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 
 pub struct AppState {
     pub store: Arc<Store>,
+    pub metrics: Arc<Metrics>,
     pub server_address: String,
     pub bookmark_interval: Duration,
     pub shutdown: watch::Receiver<bool>,
@@ -73,9 +75,13 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         parts.uri.query().map(url_decode_pairs).unwrap_or_default();
     let method = parts.method.clone();
     let path = parts.uri.path().to_string();
+    let started = std::time::Instant::now();
     let result = serve(&st, &method, &path, &query, &parts.headers, &peer, body).await;
     let response = result.unwrap_or_else(IntoResponse::into_response);
-    tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
+    let code = response.status().as_u16();
+    let (verb, resource) = labels(&st, &method, &path, &query);
+    st.metrics.record(verb, resource, code, started.elapsed());
+    tracing::debug!(%method, %path, status = code, "request");
     response
 }
 
@@ -158,7 +164,40 @@ struct Target {
     sub: Option<String>,
 }
 
+/// Metric labels of a request: verb and resource (with subresource).
+fn labels(
+    st: &AppState,
+    method: &Method,
+    path: &str,
+    query: &HashMap<String, String>,
+) -> (&'static str, String) {
+    match route(st, path) {
+        Ok(Route::Resource(t)) => {
+            let verb = match (method.as_str(), &t.name) {
+                ("GET", None) if is_true(query.get("watch")) => "watch",
+                ("GET", None) => "list",
+                ("GET", Some(_)) => "get",
+                ("POST", _) => "create",
+                ("PUT", _) => "update",
+                ("PATCH", _) => "patch",
+                ("DELETE", _) => "delete",
+                _ => "other",
+            };
+            let resource = match &t.sub {
+                Some(sub) => format!("{}/{sub}", t.def.plural),
+                None => t.def.plural.to_string(),
+            };
+            (verb, resource)
+        }
+        Ok(Route::Info(_)) => ("get", "info".into()),
+        Ok(Route::Discovery(_)) => ("get", "discovery".into()),
+        Ok(Route::Metrics) => ("get", "metrics".into()),
+        Err(_) => ("other", "unknown".into()),
+    }
+}
+
 enum Route {
+    Metrics,
     Info(Value),
     Discovery(Value),
     Resource(Target),
@@ -177,6 +216,7 @@ fn route(st: &AppState, path: &str) -> Result<Route, ApiStatus> {
     };
     let (group, version, rest) = match segs.as_slice() {
         ["version"] => return Ok(Route::Info(resources::version_doc())),
+        ["metrics"] => return Ok(Route::Metrics),
         ["healthz" | "livez" | "readyz"] => return Ok(Route::Info(json!("ok"))),
         ["api"] => {
             return Ok(Route::Discovery(resources::api_versions(
@@ -235,6 +275,24 @@ async fn serve(
     let who = authenticate(st, headers, peer)?;
     let t = match route(st, path)? {
         Route::Info(v) => return Ok(json_response(StatusCode::OK, &v)),
+        Route::Metrics => {
+            if who.is_anonymous() {
+                return Err(ApiStatus::unauthorized("Unauthorized"));
+            }
+            if !who.is_admin() {
+                return Err(ApiStatus::forbidden(format!(
+                    "forbidden: User \"{}\" cannot get path \"/metrics\"",
+                    who.user
+                )));
+            }
+            let text = st.metrics.text(st.store.current_rv());
+            return Ok((
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                text,
+            )
+                .into_response());
+        }
         Route::Discovery(v) => {
             if who.is_anonymous() {
                 return Err(ApiStatus::unauthorized("Unauthorized"));
@@ -626,6 +684,7 @@ impl Ctx<'_> {
         let start = self.st.store.watch(def.plural, ns.as_deref(), from)?;
         let interval = self.st.bookmark_interval;
         let mut shutdown = self.st.shutdown.clone();
+        let open = self.st.metrics.watch();
         // `kubectl get -w` asks for Table events: one row per event, the
         // column definitions only in the first, as kube-apiserver sends them.
         let mut table = self.wants_table().then(|| {
@@ -636,6 +695,7 @@ impl Ctx<'_> {
         });
         let (tx, rx) = mpsc::channel::<Bytes>(256);
         tokio::spawn(async move {
+            let _open = open;
             let mut send_change = |c: &Change| {
                 if c.resource != def.plural || ns.as_deref().is_some_and(|n| n != c.namespace) {
                     return None;

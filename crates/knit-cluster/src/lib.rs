@@ -24,6 +24,7 @@ mod api;
 mod auth;
 mod controllers;
 mod error;
+mod metrics;
 mod patch;
 mod pki;
 mod resources;
@@ -103,6 +104,7 @@ pub struct EmbeddedCluster {
     ca: Arc<pki::Ca>,
     store: Arc<store::Store>,
     admin_kubeconfig: PathBuf,
+    metrics: Arc<metrics::Metrics>,
     shutdown: ShutdownHandle,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -183,8 +185,10 @@ impl EmbeddedCluster {
             grace: cfg.node_grace_period,
         };
         controllers.sync_cluster_info()?;
+        let metrics = Arc::new(metrics::Metrics::default());
         let state = Arc::new(api::AppState {
             store: store.clone(),
+            metrics: metrics.clone(),
             server_address: host_port,
             bookmark_interval: cfg.bookmark_interval,
             shutdown: rx.clone(),
@@ -206,6 +210,7 @@ impl EmbeddedCluster {
             ca,
             store,
             admin_kubeconfig,
+            metrics,
             shutdown,
             tasks,
         })
@@ -276,6 +281,12 @@ impl EmbeddedCluster {
             Err(e) if e.code == 404 => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// API request and watch metrics, Prometheus text format (also served
+    /// at `/metrics` to admins).
+    pub fn metrics_text(&self) -> String {
+        self.metrics.text(self.store.current_rv())
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {

@@ -108,7 +108,6 @@ impl Store {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    #[cfg(test)]
     pub fn current_rv(&self) -> u64 {
         self.lock().rv
     }

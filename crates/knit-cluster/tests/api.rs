@@ -164,6 +164,15 @@ async fn tls_bootstrap_node_authorization_and_errors() {
         assert_eq!(code, 409);
         let (code, st) = admin.post("/api/v1/nodes", &json!({"metadata": {"name": "Bad_Name"}}));
         assert_eq!(code, 422, "{st}");
+
+        // Metrics: admins only; counts by verb, resource and code.
+        let (code, text) = admin.get("/metrics");
+        let text = text.as_str().unwrap().to_string();
+        assert_eq!(code, 200, "{text}");
+        assert!(text.contains(r#"knit_cluster_requests_total{verb="create",resource="nodes",code="422"} 1"#), "{text}");
+        assert!(text.contains(r#"knit_cluster_requests_total{verb="patch",resource="nodes/status",code="200"}"#), "{text}");
+        assert_eq!(node.get("/metrics").0, 403);
+        assert_eq!(Client::new(&ep, &ca, Who::Anonymous).get("/metrics").0, 401);
     })
     .await;
     cluster.shutdown().await;

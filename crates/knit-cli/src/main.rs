@@ -1038,13 +1038,23 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
             println!("Instances:");
             print!("{}", render_table(Kind::Instances, &mine, true));
             let events = c.get("/api/v1/events?limit=1000")?;
-            let instance_names: Vec<String> = mine.iter().map(|i| cell(&i["name"])).collect();
+            // The pool's own events, its instances' and its nodes'.
+            let mut related_names: Vec<String> = mine.iter().map(|i| cell(&i["name"])).collect();
+            let nodes = c.get("/api/v1/nodes")?;
+            related_names.extend(
+                nodes["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["pool"] == name)
+                    .map(|n| cell(&n["name"])),
+            );
             let related: Vec<Value> = events["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter(|e| {
-                    e["objectName"] == name || instance_names.contains(&cell(&e["objectName"]))
+                    e["objectName"] == name || related_names.contains(&cell(&e["objectName"]))
                 })
                 .cloned()
                 .collect();

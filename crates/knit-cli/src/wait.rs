@@ -21,6 +21,8 @@ struct Snapshot {
 fn look(c: &Client, pool: &str) -> Result<Snapshot> {
     let p = c.get(&format!("/api/v1/pools/{pool}"))?;
     let desired = p["spec"]["replicas"].as_u64().unwrap_or(0) as usize;
+    // Nodes that join a cluster are done when Ready, others when initialized.
+    let needs_ready = p["status"]["clusterAttached"] == true;
     let instances = c.get("/api/v1/instances")?;
     let nodes = c.get("/api/v1/nodes")?;
     let now = knit_server::store::now_ms();
@@ -48,7 +50,7 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
         let node = node_of(&i["name"]);
         let (node_name, phase, status, finished) = match &node {
             Some(n) => {
-                let finished = n["initialized"] == true || n["status"] == "Ready";
+                let finished = n["status"] == "Ready" || (!needs_ready && n["initialized"] == true);
                 if counted && n["phaseOutcome"] == "failed" {
                     failures.push(format!(
                         "{}: phase {} failed: {} {}",
@@ -95,7 +97,10 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
         .count();
     let leaving = mine.iter().any(|i| i["state"] == "Deleting");
     let done = counted == desired && settled == desired && !leaving;
-    let header = format!("nodepool/{pool}: {settled}/{desired} initialized\n");
+    let header = format!(
+        "nodepool/{pool}: {settled}/{desired} {}\n",
+        if needs_ready { "Ready" } else { "initialized" }
+    );
     let lines = if rows.is_empty() {
         header
     } else {

@@ -35,17 +35,28 @@ struct Env {
     subnet: String,
     gateway: String,
     port: u16,
+    /// The embedded cluster's port; `None`: nodes join no cluster.
+    cluster_port: Option<u16>,
     server: Option<Child>,
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 impl Env {
-    fn new() -> Env {
+    fn new(with_cluster: bool) -> Env {
         assert!(
             nix_is_root(),
             "this test needs root (it creates namespaces, loop devices and a bridge)"
         );
         let dir = tempfile::tempdir().unwrap();
-        let tag = std::process::id() % 10_000;
+        // Two tests may run at once: the tag tells their bridges apart.
+        let tag = (std::process::id() % 1000) * 10 + u32::from(with_cluster);
         let routes = String::from_utf8(
             Command::new("ip")
                 .args(["-4", "route"])
@@ -59,17 +70,13 @@ impl Env {
             .map(|i| (tag + i * 7) % 200 + 20)
             .find(|x| !routes.contains(&format!("10.216.{x}.")))
             .expect("no free 10.216.x.0/24 subnet");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         Env {
             dir,
             bridge: format!("kte{tag}"),
             subnet: format!("10.216.{third}.0/24"),
             gateway: format!("10.216.{third}.1"),
-            port,
+            port: free_port(),
+            cluster_port: with_cluster.then(free_port),
             server: None,
         }
     }
@@ -125,16 +132,17 @@ impl Env {
             .unwrap();
         let child = self
             .cmd()
-            // The agent's join is exercised by the cluster tests; here the
-            // reconciler is under test, so nodes join no cluster.
-            .args([
-                "server",
-                "--write-config",
-                "--cluster",
-                "none",
-                "--state-dir",
-            ])
+            .args(["server", "--write-config", "--state-dir"])
             .arg(self.path("server"))
+            .args(match self.cluster_port {
+                Some(port) => vec![
+                    "--cluster".to_string(),
+                    "embedded".into(),
+                    "--cluster-port".into(),
+                    port.to_string(),
+                ],
+                None => vec!["--cluster".to_string(), "none".into()],
+            })
             .args([
                 "--listen",
                 &format!("0.0.0.0:{}", self.port),
@@ -251,7 +259,8 @@ fn running_names(instances: &[Value]) -> Vec<String> {
 
 #[test]
 fn scale_with_the_real_local_cloud_and_survive_kill_9() {
-    let mut env = Env::new();
+    // The reconciler is under test here: nodes join no cluster.
+    let mut env = Env::new(false);
     let out = env.knit_ok(&[
         "package",
         "build",
@@ -388,4 +397,116 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(Path::new(&env.path("server/knit.db")).exists());
+}
+
+/// Through the control plane into the embedded cluster: nodes get join
+/// material, the real agent starts real containerd and the kubelet stand-in,
+/// the Node registers, and `--wait` ends only when every node is Ready (read
+/// from the cluster API). Scale-in deletes the Node from the cluster.
+#[test]
+fn nodes_join_the_embedded_cluster_and_leave_it() {
+    let mut env = Env::new(true);
+    let (ok, out, err) = env.knit(&[
+        "package",
+        "build",
+        "--state-dir",
+        env.path("server").to_str().unwrap(),
+    ]);
+    assert!(
+        ok,
+        "package build needs containerd and runc (scripts/setup.sh installs them): {out}{err}"
+    );
+    env.start_server();
+    // The kubelet stand-in reports Ready once the runtime answers and a CNI
+    // configuration exists.
+    let pool = POOL.replace(
+        "  preUserData: touch /var/.skip-yum\n",
+        "  preUserData: |\n    touch /var/.skip-yum\n    mkdir -p /etc/cni/net.d\n    echo '{\"cniVersion\":\"1.0.0\",\"name\":\"knit\",\"plugins\":[{\"type\":\"loopback\"}]}' > /etc/cni/net.d/10-knit.conflist\n",
+    );
+    assert_ne!(pool, POOL);
+    std::fs::write(env.path("pool.yaml"), pool).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    let out = env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "2",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    assert!(out.contains("2/2 Ready"), "{out}");
+    let nodes: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
+    let nodes = nodes["items"].as_array().unwrap().clone();
+    assert_eq!(nodes.len(), 2);
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["status"] == "Ready" && n["phase"] == "hardening"),
+        "{nodes:?}"
+    );
+    let pool: Value =
+        serde_json::from_str(&env.knit_ok(&["get", "pools", "workers", "-o", "json"])).unwrap();
+    assert_eq!(pool["status"]["ready"], 2);
+
+    // The cluster's own view, through kubectl when this machine has one.
+    let kubeconfig = env.path("server/cluster/admin.kubeconfig");
+    let kubectl = |args: &[&str]| {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+    };
+    let names: Vec<String> = nodes
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect();
+    match kubectl(&["get", "nodes", "-o", "name"]) {
+        Ok(out) => {
+            let listed = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(
+                out.status.success(),
+                "kubectl: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for n in &names {
+                assert!(listed.contains(&format!("node/{n}")), "{n} not in {listed}");
+            }
+        }
+        Err(_) => {
+            eprintln!("kubectl is not installed: the cluster's view is checked through knit only")
+        }
+    }
+
+    // Scale-in: the newest node leaves the cluster and its instance goes.
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "1",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let nodes: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
+    let left: Vec<String> = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(left.len(), 1);
+    let gone = names.iter().find(|n| !left.contains(n)).unwrap();
+    if let Ok(out) = kubectl(&["get", "nodes", "-o", "name"]) {
+        let listed = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            !listed.contains(&format!("node/{gone}")),
+            "{gone} still in the cluster: {listed}"
+        );
+        assert!(listed.contains(&format!("node/{}", left[0])), "{listed}");
+    }
+    assert_eq!(env.provider_names().len(), 1);
 }

@@ -114,6 +114,7 @@ fn pool_view(cp: &ControlPlane, record: &PoolRecord) -> Result<Value> {
         "initialized": c.initialized,
         "ready": c.ready,
         "deleting": record.deleting,
+        "clusterAttached": cp.cluster.attached(),
     });
     Ok(view)
 }

@@ -35,6 +35,9 @@ pub trait ClusterJoin: Send + Sync {
     async fn node_status(&self, node: &str) -> Result<Option<String>>;
     /// Every registered node with its status.
     async fn node_statuses(&self) -> Result<Vec<(String, String)>>;
+    /// Whether nodes join a cluster: then a node is done when Ready, not
+    /// merely initialized.
+    fn attached(&self) -> bool;
 }
 
 /// No cluster attached: nodes get no join material (their `join` phase
@@ -55,6 +58,9 @@ impl ClusterJoin for NoCluster {
     }
     async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
         Ok(Vec::new())
+    }
+    fn attached(&self) -> bool {
+        false
     }
 }
 

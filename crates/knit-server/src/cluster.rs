@@ -146,6 +146,10 @@ impl ClusterJoin for EmbeddedJoin {
             .map(|n| node_ready_status(&n)))
     }
 
+    fn attached(&self) -> bool {
+        true
+    }
+
     async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
         let list = self
             .call("GET", "/api/v1/nodes".to_string())

@@ -135,7 +135,12 @@ impl ControlPlane {
         let mut changed = false;
         for i in late {
             let node = nodes.iter().find(|n| n.instance == i.name);
-            if node.is_some_and(|n| n.status == "Ready" || crate::api::node_initialized(n)) {
+            // Joining a cluster, a node is done when Ready; otherwise when
+            // the agent finished.
+            let attached = self.cluster.attached();
+            if node.is_some_and(|n| {
+                n.status == "Ready" || (!attached && crate::api::node_initialized(n))
+            }) {
                 continue;
             }
             let last = match node {
@@ -496,14 +501,6 @@ impl ControlPlane {
             },
             None => provider.find_by_name(&intent.instance).await?,
         };
-        for node in self
-            .store
-            .nodes()?
-            .into_iter()
-            .filter(|n| n.instance == intent.instance)
-        {
-            self.cluster.remove_node(&node.name).await?;
-        }
         let outcome = match &found {
             Some(found) if intent.release => provider.delete(&found.id).await,
             Some(found) => provider.stop(&found.id).await,
@@ -525,6 +522,16 @@ impl ControlPlane {
                 ),
             )?;
             return Err(e);
+        }
+        // After the instance is stopped or gone, so that its kubelet cannot
+        // register the Node again. knit's nodes run no pods: nothing to drain.
+        for node in self
+            .store
+            .nodes()?
+            .into_iter()
+            .filter(|n| n.instance == intent.instance)
+        {
+            self.cluster.remove_node(&node.name).await?;
         }
         if intent.release {
             self.store.remove_instance(&intent.instance)?;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# knit-agent benchmark (issue 2): a full `init` on a --root tree with a loop
+# data disk and components from a local package directory (no network).
+# Reports: wall time / time inside external commands, peak RSS, and start-up
+# time of `knit-agent --version` beside `cloud-init --version`.
+# Run as root from the repository: bash bench/agent/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+RUNS=${RUNS:-5}
+cargo build --release -q -p knit-agent -p knit-kubelet-sim
+AGENT=$PWD/target/release/knit-agent
+KUBELET=$PWD/target/release/knit-kubelet-sim
+
+work=$(mktemp -d /tmp/knit-agent-bench.XXXXXX)
+loops=()
+cleanup() {
+    for m in $(grep " $work" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m" 2>/dev/null || true; done
+    for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The package: the layout of kubernetes-<v>-linux-amd64.tar.gz.
+version=1.31.4
+pkgsrc=$work/pkgsrc/pkg/kubernetes
+mkdir -p "$pkgsrc/bin"
+cp "$KUBELET" "$pkgsrc/bin/kubelet"
+for b in containerd containerd-shim-runc-v2 ctr runc; do cp "$(command -v $b)" "$pkgsrc/bin/$b"; done
+: > "$pkgsrc/images.txt"
+files=$(cd "$pkgsrc" && for f in bin/*; do printf '"%s":"%s",' "$f" "$(sha256sum "$f" | cut -d' ' -f1)"; done)
+printf '{"version":"%s","containerdVersion":"%s","files":{%s}}\n' "$version" \
+    "$(containerd --version | awk '{print $3}')" "${files%,}" > "$pkgsrc/knit-package.json"
+mkdir -p "$work/pkgdir"
+tar -C "$work/pkgsrc" -czf "$work/pkgdir/kubernetes-$version-linux-amd64.tar.gz" pkg
+tarsum=$(sha256sum "$work/pkgdir/kubernetes-$version-linux-amd64.tar.gz" | cut -d' ' -f1)
+pkgbytes=$(stat -c %s "$work/pkgdir/kubernetes-$version-linux-amd64.tar.gz")
+
+one_run() {
+    local root=$work/root$1
+    mkdir -p "$root/dev" "$root/etc" "$root/var/lib/containerd/seed" "$root/pkg"
+    cp "$work/pkgdir/"* "$root/pkg/"
+    # Some runtime data to carry over with keep-container-data.
+    head -c 32M /dev/urandom > "$root/var/lib/containerd/seed/layer"
+    touch "$root/var/.keep-container-data"
+    truncate -s 2G "$work/disk$1.img"
+    local l; l=$(losetup -f --show "$work/disk$1.img"); loops+=("$l")
+    local rdev; rdev=$(stat -c '%t %T' "$l")
+    mknod "$root/dev/vdb" b $((16#${rdev% *})) $((16#${rdev#* }))
+    cat > "$root/node.yaml" <<YAML
+apiVersion: knit.dev/v1alpha1
+kind: NodeConfig
+node: {region: bench, instanceId: i-$1, ip: 10.213.0.9}
+dataDisk: {enabled: true}
+kubernetes: {version: "$version", dir: /pkg, sha256: "$tarsum"}
+YAML
+    /usr/bin/time -f '%e %M' -o "$work/time$1" "$AGENT" --root "$root" init --config "$root/node.yaml" >/dev/null
+    python3 - "$root/var/lib/knit/journal.json" "$work/time$1" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+wall, rss_kb = open(sys.argv[2]).read().split()
+phases = j["phases"]
+dur = sum(p.get("durationMs", 0) for p in phases.values())
+cmd = sum(p.get("commandMs", 0) for p in phases.values())
+print(f"{float(wall)*1000:.0f} {dur} {cmd} {int(rss_kb)/1024:.1f} "
+      + " ".join(f"{k}={v.get('durationMs',0)}/{v.get('commandMs',0)}" for k, v in phases.items()))
+PY
+    for m in $(grep " $root" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m"; done
+}
+
+echo "package: $pkgbytes bytes; runs: $RUNS"
+echo "run wall_ms phases_ms command_ms rss_mib per-phase(duration/command ms)"
+for i in $(seq 1 "$RUNS"); do echo "$i $(one_run "$i")"; done
+
+if command -v hyperfine >/dev/null; then
+    args=("$AGENT --version")
+    command -v cloud-init >/dev/null && args+=("cloud-init --version")
+    hyperfine -N --warmup 3 --runs 30 "${args[@]}" 2>/dev/null | grep -E "Time|±|Benchmark" || true
+fi

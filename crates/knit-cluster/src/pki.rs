@@ -36,7 +36,15 @@ impl Ca {
     pub fn load_or_create(dir: &Path) -> Result<Ca, ClusterError> {
         let cert_path = dir.join("ca.crt");
         let key_path = dir.join("ca.key");
-        if cert_path.exists() && key_path.exists() {
+        if cert_path.exists() != key_path.exists() {
+            // Never replace half a CA: every node trusts the old one.
+            return Err(ClusterError::Cert(format!(
+                "{} and {} must both exist or both be absent; restore the missing one",
+                cert_path.display(),
+                key_path.display()
+            )));
+        }
+        if cert_path.exists() {
             let cert_pem =
                 std::fs::read_to_string(&cert_path).map_err(|e| ClusterError::io(&cert_path, e))?;
             let key_pem =
@@ -290,6 +298,11 @@ mod tests {
         let again = Ca::load_or_create(dir.path()).unwrap();
         assert_eq!(ca.cert_pem(), again.cert_pem());
         assert_eq!(ca.pin(), again.pin());
+        std::fs::remove_file(dir.path().join("ca.key")).unwrap();
+        assert!(
+            Ca::load_or_create(dir.path()).is_err(),
+            "half a CA is not silently replaced"
+        );
         assert!(knit_api::validate::is_ca_pin(ca.pin()));
 
         let key = KeyPair::generate().unwrap();

@@ -120,6 +120,12 @@ async fn kubectl_works_against_the_embedded_api() {
         k.ok(&["uncordon", "n1"]);
         assert!(admin.get("/api/v1/nodes/n1").1["spec"]["unschedulable"].as_bool() != Some(true));
 
+        // drain: cordons, finds no pods to evict (none run here)
+        let out = k.ok(&["drain", "n1", "--ignore-daemonsets", "--timeout=20s"]);
+        assert!(out.contains("drained"), "{out}");
+        assert_eq!(admin.get("/api/v1/nodes/n1").1["spec"]["unschedulable"], true);
+        k.ok(&["uncordon", "n1"]);
+
         // label / taint, set and removed
         k.ok(&["label", "node", "n1", "env=prod"]);
         assert_eq!(admin.get("/api/v1/nodes/n1").1["metadata"]["labels"]["env"], "prod");

@@ -554,3 +554,79 @@ async fn expired_client_certificate_falls_back_to_bootstrap() {
     .await;
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_two_nodes_goes_ready_and_kubectl_lists_them() {
+    if which("containerd").is_none() {
+        eprintln!("SKIPPED: containerd is not installed; the two-node test did not run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(
+        &dir.path().join("cluster"),
+        Duration::from_secs(40),
+        Duration::from_secs(3600),
+    )
+    .await;
+    // One pool token, not bound to a node name, as a pool's nodes share it.
+    let token = c
+        .create_bootstrap_token(
+            None,
+            Duration::from_secs(600),
+            &["system:bootstrappers:knit:pool-b".into()],
+        )
+        .unwrap();
+    let (ep, ca) = (c.endpoint().to_string(), c.ca_pem().to_string());
+    let kubeconfig = c.admin_kubeconfig_path().to_path_buf();
+    let admin = Client::admin(&c);
+    let root = dir.path().to_path_buf();
+    blocking(move || {
+        let ctd_dir = root.join("ctd");
+        let cni = root.join("cni");
+        std::fs::create_dir_all(&ctd_dir).unwrap();
+        std::fs::create_dir_all(&cni).unwrap();
+        std::fs::write(
+            cni.join("10-knit.conflist"),
+            r#"{"cniVersion": "0.4.0", "name": "knit", "plugins": [{"type": "bridge", "bridge": "knit0"}]}"#,
+        )
+        .unwrap();
+        let _ctd = start_containerd(&ctd_dir, &cni);
+        let sock = ctd_dir.join("containerd.sock");
+        let sims: Vec<Proc> = ["pool-b-1", "pool-b-2"]
+            .iter()
+            .map(|name| {
+                let f = NodeFiles::new(&root.join(name), &ep, &ca, &token.token());
+                let mut args = f.args(name, &sock, &[]);
+                args.push(format!("--cni-conf-dir={}", cni.display()));
+                spawn(SIM, &args, root.join(format!("{name}.log")))
+            })
+            .collect();
+        for (name, sim) in ["pool-b-1", "pool-b-2"].iter().zip(&sims) {
+            wait_node(&admin, name, "Ready", sim, |n| ready(n).0 == "True");
+        }
+        let Some(kubectl) = which("kubectl") else {
+            eprintln!("SKIPPED (kubectl part): kubectl is not installed");
+            return;
+        };
+        let out = Command::new(kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--cache-dir={}", root.join("kubectl-cache").display()))
+            .args(["get", "nodes", "-o", "wide"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("kubectl get nodes -o wide:\n{text}");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for name in ["pool-b-1", "pool-b-2"] {
+            let row: Vec<&str> = text
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|c| c.first() == Some(&name))
+                .unwrap_or_else(|| panic!("{name} not listed:\n{text}"));
+            assert_eq!(row[1], "Ready", "{text}");
+            assert!(row.iter().any(|c| c.starts_with("containerd://")), "{text}");
+        }
+    })
+    .await;
+    c.shutdown().await;
+}

@@ -378,6 +378,22 @@ async fn wrong_ca_and_expired_token_are_refused_and_lightweight_rotates() {
         assert!(log.contains("HTTP 401"), "{log}");
         assert_eq!(admin.get("/api/v1/nodes/light-2").0, 404);
 
+        // The token bound to light-1 used by a node calling itself light-3:
+        // the CSR is denied and the stand-in stops with the reason.
+        let f = NodeFiles::new(&root.join("other-name"), &ep, &ca, &good.token());
+        let mut sim = spawn(
+            SIM,
+            &f.args("light-3", &nowhere, &["--lightweight"]),
+            root.join("other-name.log"),
+        );
+        let (st, log) = sim.wait_exit(Duration::from_secs(60));
+        assert!(!st.success(), "{log}");
+        assert!(
+            log.contains("SimCsrRejected") && log.contains("was issued for node \"light-1\""),
+            "{log}"
+        );
+        assert_eq!(admin.get("/api/v1/nodes/light-3").0, 404);
+
         // Lightweight mode: Ready without a runtime; the 16 s client
         // certificate is rotated before it expires and heartbeats go on.
         let f = NodeFiles::new(&root.join("light"), &ep, &ca, &good.token());

@@ -440,10 +440,22 @@ impl Ctx<'_> {
     }
 
     fn parse_body(&self, body: &[u8]) -> Result<Value, ApiStatus> {
-        let v: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiStatus::bad_request(format!("request body is not valid JSON: {e}")))?;
+        let yaml = self
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|c| c.to_str().ok())
+            .is_some_and(|c| c.contains("yaml"));
+        let v: Value = if yaml {
+            serde_yaml::from_slice(body).map_err(|e| {
+                ApiStatus::bad_request(format!("request body is not valid YAML: {e}"))
+            })?
+        } else {
+            serde_json::from_slice(body).map_err(|e| {
+                ApiStatus::bad_request(format!("request body is not valid JSON: {e}"))
+            })?
+        };
         if !v.is_object() {
-            return Err(ApiStatus::bad_request("request body must be a JSON object"));
+            return Err(ApiStatus::bad_request("request body must be an object"));
         }
         let d = self.t.def;
         if let Some(k) = v["kind"].as_str() {

@@ -162,6 +162,9 @@ async fn tls_bootstrap_node_authorization_and_errors() {
         assert_eq!(admin.call("POST", "/api/v1/nodes", Some("application/json"), None).0, 400);
         let (code, _) = admin.post("/api/v1/nodes", &node_obj("n2"));
         assert_eq!(code, 409);
+        let yaml = Value::String("apiVersion: v1\nkind: Node\nmetadata:\n  name: from-yaml\n".into());
+        let (code, st) = admin.call("POST", "/api/v1/nodes", Some("application/yaml"), Some(&yaml));
+        assert_eq!(code, 201, "{st}");
         let (code, st) = admin.post("/api/v1/nodes", &json!({"metadata": {"name": "Bad_Name"}}));
         assert_eq!(code, 422, "{st}");
 

@@ -104,6 +104,8 @@ impl Client {
             req = req.set("Content-Type", ct);
         }
         let res = match body {
+            // A string body is sent as is (YAML, raw text); anything else as JSON.
+            Some(Value::String(raw)) => req.send_string(raw),
             Some(b) => req.send_string(&b.to_string()),
             None => req.call(),
         };

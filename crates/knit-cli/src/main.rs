@@ -947,6 +947,12 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
             println!("Internal IP:   {}", cell(&n["ip"]));
             println!("Status:        {}", cell(&n["status"]));
             println!("Initialized:   {}", cell(&n["initialized"]));
+            println!(
+                "User data:     {}",
+                n["userData"]
+                    .as_str()
+                    .unwrap_or("not finished (or not known yet)")
+            );
             if !n["errorCode"].is_null() {
                 println!(
                     "Error:         {} {}",

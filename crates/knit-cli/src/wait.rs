@@ -21,7 +21,7 @@ struct Snapshot {
 fn look(c: &Client, pool: &str) -> Result<Snapshot> {
     let p = c.get(&format!("/api/v1/pools/{pool}"))?;
     let desired = p["spec"]["replicas"].as_u64().unwrap_or(0) as usize;
-    // Nodes that join a cluster are done when Ready, others when initialized.
+    // Nodes that join a cluster are done when also Ready.
     let needs_ready = p["status"]["clusterAttached"] == true;
     let instances = c.get("/api/v1/instances")?;
     let nodes = c.get("/api/v1/nodes")?;
@@ -50,7 +50,9 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
         let node = node_of(&i["name"]);
         let (node_name, phase, status, finished) = match &node {
             Some(n) => {
-                let finished = n["status"] == "Ready" || (!needs_ready && n["initialized"] == true);
+                // The agent finished every phase, and, joining a cluster,
+                // the node is Ready (the two may come in either order).
+                let finished = n["initialized"] == true && (!needs_ready || n["status"] == "Ready");
                 if counted && n["phaseOutcome"] == "failed" {
                     failures.push(format!(
                         "{}: phase {} failed: {} {}",
@@ -99,7 +101,11 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
     let done = counted == desired && settled == desired && !leaving;
     let header = format!(
         "nodepool/{pool}: {settled}/{desired} {}\n",
-        if needs_ready { "Ready" } else { "initialized" }
+        if needs_ready {
+            "initialized and Ready"
+        } else {
+            "initialized"
+        }
     );
     let lines = if rows.is_empty() {
         header

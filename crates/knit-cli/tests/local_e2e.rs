@@ -424,6 +424,19 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
         "  preUserData: |\n    touch /var/.skip-yum\n    mkdir -p /etc/cni/net.d\n    echo '{\"cniVersion\":\"1.0.0\",\"name\":\"knit\",\"plugins\":[{\"type\":\"loopback\"}]}' > /etc/cni/net.d/10-knit.conflist\n",
     );
     assert_ne!(pool, POOL);
+    // With the scheduling gate: the taint goes once user data succeeded.
+    let pool = pool.replace(
+        "  replicas: 0\n",
+        "  replicas: 0\n  userDataSchedulingGate: true\n",
+    );
+    // A second pool whose user data fails: its node is Ready all the same,
+    // and keeps the gate taint.
+    let failing = pool.replace("name: workers", "name: failing").replace(
+        "  userData: echo user-data ran > /root/user-data-ran\n",
+        "  userData: exit 3\n",
+    );
+    assert!(failing.contains("exit 3") && pool.contains("userDataSchedulingGate"));
+    std::fs::write(env.path("failing.yaml"), failing).unwrap();
     std::fs::write(env.path("pool.yaml"), pool).unwrap();
     env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
     let out = env.knit_ok(&[
@@ -436,7 +449,7 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
         "--timeout",
         "300",
     ]);
-    assert!(out.contains("2/2 Ready"), "{out}");
+    assert!(out.contains("2/2 initialized and Ready"), "{out}");
     let nodes: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
     let nodes = nodes["items"].as_array().unwrap().clone();
     assert_eq!(nodes.len(), 2);
@@ -478,6 +491,76 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
         Err(_) => {
             eprintln!("kubectl is not installed: the cluster's view is checked through knit only")
         }
+    }
+
+    // User data outcomes and the gate, as the control plane records them.
+    env.knit_ok(&["create", "-f", env.path("failing.yaml").to_str().unwrap()]);
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "failing",
+        "--replicas",
+        "1",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut removed, mut failed) = (0, 0);
+    while (removed < 2 || failed < 1) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        let events: Value =
+            serde_json::from_str(&env.knit_ok(&["get", "events", "-o", "json"])).unwrap();
+        let reasons: Vec<&str> = events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["reason"].as_str())
+            .collect();
+        removed = reasons
+            .iter()
+            .filter(|r| **r == "SchedulingGateRemoved")
+            .count();
+        failed = reasons.iter().filter(|r| **r == "UserDataFailed").count();
+    }
+    assert_eq!((removed, failed), (2, 1), "gate events");
+    let all: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
+    let failing_node = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["pool"] == "failing")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        failing_node["status"], "Ready",
+        "user data does not block Ready"
+    );
+    assert!(failing_node["userData"]
+        .as_str()
+        .unwrap()
+        .starts_with("failed: user data exited with code 3"));
+    if let Ok(out) = kubectl(&["get", "nodes", "-o", "json"]) {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for n in v["items"].as_array().unwrap() {
+            let tainted = n["spec"]["taints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t["key"] == "knit.dev/user-data-pending");
+            let name = n["metadata"]["name"].as_str().unwrap();
+            assert_eq!(
+                tainted,
+                name == failing_node["name"].as_str().unwrap(),
+                "{name}: gate taint"
+            );
+        }
+    }
+    env.knit_ok(&["delete", "pool", "failing"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while env.knit_ok(&["get", "pools"]).contains("failing") {
+        assert!(Instant::now() < deadline, "pool failing not deleted");
+        std::thread::sleep(Duration::from_millis(300));
     }
 
     // Scale-in: the newest node leaves the cluster and its instance goes.

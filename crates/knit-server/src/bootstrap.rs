@@ -7,7 +7,7 @@ use crate::store::InstanceRecord;
 use async_trait::async_trait;
 use knit_api::{
     Cluster, ClusterAccess, DataDiskConfig, FsType, JoinSettings, KubernetesPackage, NodeConfig,
-    NodeIdentity, NodePool, Taint, UserDataGate, DEFAULT_DATA_DISK_MOUNT, USER_DATA_GATE_TAINT,
+    NodeIdentity, NodePool, UserDataGate, DEFAULT_DATA_DISK_MOUNT,
 };
 
 /// Label every node gets: the pool it came from.
@@ -38,6 +38,9 @@ pub trait ClusterJoin: Send + Sync {
     /// Whether nodes join a cluster: then a node is done when Ready, not
     /// merely initialized.
     fn attached(&self) -> bool;
+    /// Removes the taint with `key` from a node; `false` when the node is
+    /// not registered (yet).
+    async fn remove_taint(&self, node: &str, key: &str) -> Result<bool>;
 }
 
 /// No cluster attached: nodes get no join material (their `join` phase
@@ -61,6 +64,9 @@ impl ClusterJoin for NoCluster {
     }
     fn attached(&self) -> bool {
         false
+    }
+    async fn remove_taint(&self, _node: &str, _key: &str) -> Result<bool> {
+        Ok(false)
     }
 }
 
@@ -107,14 +113,9 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
     let spec = &input.pool.spec;
     let mut labels = spec.labels.clone();
     labels.insert(POOL_LABEL.to_string(), input.pool.metadata.name.clone());
-    let mut taints = spec.taints.clone();
-    if spec.user_data_scheduling_gate && !taints.iter().any(|t| t.key == USER_DATA_GATE_TAINT) {
-        taints.push(Taint {
-            key: USER_DATA_GATE_TAINT.to_string(),
-            value: String::new(),
-            effect: "NoSchedule".to_string(),
-        });
-    }
+    // The gate taint is not added here: the agent registers it itself from
+    // `userData.schedulingGate` (adding it twice makes the Node invalid).
+    let taints = spec.taints.clone();
     // SPEC §1 3.1: the runtime disk is the last data disk; its settings
     // decide the filesystem and the mount target.
     let data_disk = match spec.data_disks.last() {
@@ -225,11 +226,11 @@ mod tests {
         });
         config.validate().unwrap();
         assert_eq!(config.node.labels[POOL_LABEL], "workers");
-        assert!(config
-            .node
-            .taints
-            .iter()
-            .any(|t| t.key == USER_DATA_GATE_TAINT));
+        assert!(config.user_data.scheduling_gate);
+        assert!(
+            config.node.taints.is_empty(),
+            "the agent adds the gate taint itself"
+        );
         assert_eq!(config.data_disk.fs_type, FsType::Xfs);
         assert!(config.data_disk.enabled);
         assert_eq!(config.join.timeout_seconds, 3600);

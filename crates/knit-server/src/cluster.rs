@@ -101,16 +101,35 @@ impl EmbeddedJoin {
         self.cluster.shutdown_handle().shutdown();
     }
 
-    async fn call(&self, method: &'static str, path: String) -> Result<Option<Value>> {
+    /// One API call; `None` for 404. A body is sent as a JSON merge patch.
+    async fn call_with(
+        &self,
+        method: &'static str,
+        path: String,
+        body: Option<Value>,
+    ) -> Result<Option<Value>> {
         let agent = self.admin.clone();
         let url = format!("{}{path}", self.local_endpoint);
-        tokio::task::spawn_blocking(move || match agent.request(method, &url).call() {
-            Ok(r) => r.into_json::<Value>().map(Some).map_err(cluster_err),
-            Err(ureq::Error::Status(404, _)) => Ok(None),
-            Err(e) => Err(cluster_err(format!("{method} {url}: {e}"))),
+        tokio::task::spawn_blocking(move || {
+            let request = agent.request(method, &url);
+            let outcome = match body {
+                Some(b) => request
+                    .set("Content-Type", "application/merge-patch+json")
+                    .send_string(&b.to_string()),
+                None => request.call(),
+            };
+            match outcome {
+                Ok(r) => r.into_json::<Value>().map(Some).map_err(cluster_err),
+                Err(ureq::Error::Status(404, _)) => Ok(None),
+                Err(e) => Err(cluster_err(format!("{method} {url}: {e}"))),
+            }
         })
         .await
         .map_err(cluster_err)?
+    }
+
+    async fn call(&self, method: &'static str, path: String) -> Result<Option<Value>> {
+        self.call_with(method, path, None).await
     }
 }
 
@@ -148,6 +167,25 @@ impl ClusterJoin for EmbeddedJoin {
 
     fn attached(&self) -> bool {
         true
+    }
+
+    async fn remove_taint(&self, node: &str, key: &str) -> Result<bool> {
+        let Some(current) = self.call("GET", format!("/api/v1/nodes/{node}")).await? else {
+            return Ok(false);
+        };
+        let taints: Vec<Value> = current["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["key"] != key)
+            .cloned()
+            .collect();
+        // A merge patch replaces the list: the other taints are kept as read.
+        let patch = serde_json::json!({ "spec": { "taints": taints } });
+        Ok(self
+            .call_with("PATCH", format!("/api/v1/nodes/{node}"), Some(patch))
+            .await?
+            .is_some())
     }
 
     async fn node_statuses(&self) -> Result<Vec<(String, String)>> {

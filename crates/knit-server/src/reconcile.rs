@@ -7,10 +7,51 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki;
 use crate::provider::{DiskTemplate, InstanceTemplate, ProviderInstance, TAG_NAME, TAG_POOL};
-use crate::store::{now_ms, state, InstanceRecord, IntentRecord};
+use crate::store::{now_ms, state, InstanceRecord, IntentRecord, NodeRecord};
 use crate::userdata;
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// cloud-init's result record, written when the user-data runner finishes.
+pub const USER_DATA_RESULT: &str = "/run/cloud-init/result.json";
+
+/// The pool's user-data part (`03-user-data`) from a result record: knit's
+/// runner lists each part's exit code; plain cloud-init lists errors.
+pub fn user_data_outcome(result: &Value) -> std::result::Result<(), String> {
+    if let Some(parts) = result["knit"]["parts"].as_array() {
+        return match parts.iter().find(|p| p["filename"] == "03-user-data") {
+            None => Ok(()),
+            Some(p) if p["exitCode"] == 0 => Ok(()),
+            Some(p) => Err(format!(
+                "user data exited with {}{}",
+                p["exitCode"]
+                    .as_i64()
+                    .map(|c| format!("code {c}"))
+                    .unwrap_or_else(|| "no exit code".into()),
+                p["error"]
+                    .as_str()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            )),
+        };
+    }
+    let errors: Vec<String> = result["v1"]["errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            e.as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| e.to_string())
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
 
 /// What a pool needs now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -577,12 +618,102 @@ impl ControlPlane {
             if let Err(e) = self.sync_node_statuses().await {
                 tracing::warn!(error = %e, "reading node statuses from the cluster failed");
             }
+            if let Err(e) = self.check_user_data().await {
+                tracing::warn!(error = %e, "checking user-data results failed");
+            }
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
             }
         }
+    }
+
+    /// Records each node's user-data outcome once its runner has finished,
+    /// and lifts the pool's scheduling gate when it succeeded (SPEC §5). At
+    /// most 20 nodes are looked at per pass: each look reads a file inside
+    /// the instance through the provider.
+    pub async fn check_user_data(&self) -> Result<()> {
+        let Some(provider) = &self.provider else {
+            return Ok(());
+        };
+        let waiting: Vec<NodeRecord> = self
+            .store
+            .nodes()?
+            .into_iter()
+            .filter(|n| n.user_data.is_none() && crate::api::node_initialized(n))
+            .take(20)
+            .collect();
+        for node in waiting {
+            let Some(instance) = self.store.instance(&node.instance)? else {
+                continue;
+            };
+            let (Some(id), true) = (
+                instance.provider_id.as_deref(),
+                instance.state == state::RUNNING,
+            ) else {
+                continue;
+            };
+            let Some(pool) = self.store.pool(&node.pool)? else {
+                continue;
+            };
+            // Absent until the runner has run every part.
+            let Ok(raw) = provider.read_file(id, USER_DATA_RESULT).await else {
+                continue;
+            };
+            let Ok(result) = serde_json::from_slice::<Value>(&raw) else {
+                continue;
+            };
+            let gate = pool.pool.spec.user_data_scheduling_gate && self.cluster.attached();
+            match user_data_outcome(&result) {
+                Ok(()) => {
+                    if gate {
+                        if !self
+                            .cluster
+                            .remove_taint(&node.name, knit_api::USER_DATA_GATE_TAINT)
+                            .await?
+                        {
+                            continue; // not registered yet: next pass
+                        }
+                        self.store.add_event(
+                            "Normal",
+                            "Node",
+                            &node.name,
+                            "SchedulingGateRemoved",
+                            &format!(
+                                "user data succeeded: taint {} removed",
+                                knit_api::USER_DATA_GATE_TAINT
+                            ),
+                        )?;
+                    }
+                    self.store.set_node_user_data(&node.name, "succeeded")?;
+                    self.store.add_event(
+                        "Normal",
+                        "Node",
+                        &node.name,
+                        "UserDataSucceeded",
+                        "the pool's user data ran successfully",
+                    )?;
+                }
+                Err(why) => {
+                    self.store
+                        .set_node_user_data(&node.name, &format!("failed: {why}"))?;
+                    let kept = if gate {
+                        "; the scheduling gate taint stays"
+                    } else {
+                        ""
+                    };
+                    self.store.add_event(
+                        "Warning",
+                        "Node",
+                        &node.name,
+                        "UserDataFailed",
+                        &format!("{why}{kept}"),
+                    )?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Copies each node's Ready condition from the cluster; every change
@@ -671,6 +802,33 @@ mod tests {
         assert_eq!(plan(1, &list).delete, vec!["wait", "bad", "new", "mid"]);
         assert_eq!(plan(3, &list).delete, vec!["wait", "bad"]);
         assert_eq!(plan(0, &list).delete.len(), 5);
+    }
+
+    #[test]
+    fn user_data_outcome_from_result_records() {
+        let knit = |code: i64| {
+            serde_json::json!({"v1": {"errors": []}, "knit": {"parts": [
+                {"filename": "02-knit-init", "exitCode": 0},
+                {"filename": "03-user-data", "exitCode": code, "error": null}
+            ]}})
+        };
+        assert_eq!(user_data_outcome(&knit(0)), Ok(()));
+        assert_eq!(
+            user_data_outcome(&knit(3)),
+            Err("user data exited with code 3".to_string())
+        );
+        let no_user_part =
+            serde_json::json!({"knit": {"parts": [{"filename": "02-knit-init", "exitCode": 0}]}});
+        assert_eq!(user_data_outcome(&no_user_part), Ok(()));
+        let cloud_init = serde_json::json!({"v1": {"errors": ["script 03-user-data failed"]}});
+        assert_eq!(
+            user_data_outcome(&cloud_init),
+            Err("script 03-user-data failed".to_string())
+        );
+        assert_eq!(
+            user_data_outcome(&serde_json::json!({"v1": {"errors": []}})),
+            Ok(())
+        );
     }
 
     #[test]

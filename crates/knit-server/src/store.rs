@@ -110,6 +110,9 @@ CREATE INDEX nodes_pool ON nodes (pool);
 CREATE INDEX nodes_instance ON nodes (instance);
 CREATE INDEX timeline_instance ON timeline (instance);
 "#,
+    r#"
+ALTER TABLE nodes ADD COLUMN user_data TEXT;
+"#,
 ];
 
 pub fn now_ms() -> i64 {
@@ -171,6 +174,9 @@ pub struct NodeRecord {
     pub error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// Outcome of the pool's user-data script once known: `succeeded` or
+    /// `failed: <why>`.
+    pub user_data: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,7 +288,7 @@ fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
 }
 
 const NODE_COLUMNS: &str =
-    "name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms";
+    "name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms, user_data";
 
 fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
     Ok(NodeRecord {
@@ -296,6 +302,7 @@ fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
         error: r.get(7)?,
         created_ms: r.get(8)?,
         updated_ms: r.get(9)?,
+        user_data: r.get(10)?,
     })
 }
 
@@ -753,6 +760,14 @@ impl Store {
             ],
         )?;
         tx.commit()?;
+        Ok(())
+    }
+
+    pub fn set_node_user_data(&self, name: &str, outcome: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE nodes SET user_data = ?2 WHERE name = ?1",
+            params![name, outcome],
+        )?;
         Ok(())
     }
 

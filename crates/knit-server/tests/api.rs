@@ -17,6 +17,10 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
+        Harness::with_token_ttl(std::time::Duration::from_secs(1800))
+    }
+
+    fn with_token_ttl(ttl: std::time::Duration) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -25,6 +29,7 @@ impl Harness {
             .unwrap();
         let mut settings = Settings::new(dir.path().join("state"));
         settings.listen = "127.0.0.1:0".parse().unwrap();
+        settings.join_token_ttl = ttl;
         let server = rt
             .block_on(knit_server::start(settings, None, Arc::new(NoCluster)))
             .unwrap();
@@ -436,4 +441,31 @@ fn cluster_spec_is_validated_and_quota_checked() {
             .unwrap_err(),
     );
     assert_eq!((status, code.as_str()), (422, "QuotaExceeded"));
+}
+
+#[test]
+fn expired_bootstrap_token_is_refused() {
+    // A zero lifetime: the token is expired the moment it is made.
+    let h = Harness::with_token_ttl(std::time::Duration::ZERO);
+    h.client.call("POST", "/api/v1/pools", Some(POOL)).unwrap();
+    let cp = &h.server().control;
+    cp.store
+        .add_create_intents(
+            "workers",
+            &[("workers-zzzzz".into(), "ecs.g7.large".into())],
+        )
+        .unwrap();
+    let token = cp.issue_join_token("workers-zzzzz", "workers").unwrap();
+    let (status, body) = h
+        .client
+        .with_token(&token)
+        .raw("POST", "/bootstrap/v1/config", None)
+        .unwrap();
+    assert_eq!(status, 401);
+    assert!(body.contains("expired"), "{body}");
+    let tokens = h.client.get("/api/v1/jointokens").unwrap();
+    assert!(
+        tokens["items"][0]["usedMs"].is_null(),
+        "an expired token is not consumed"
+    );
 }

@@ -54,21 +54,7 @@ impl Runtime {
     }
 
     async fn query(&self) -> Health {
-        let socket = self.socket.clone();
-        // The URI is required by tonic but unused: the connector dials the socket.
-        let endpoint = Endpoint::from_static("http://[::1]:50051")
-            .connect_timeout(CRI_TIMEOUT)
-            .timeout(CRI_TIMEOUT);
-        let channel = endpoint
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let socket = socket.clone();
-                async move {
-                    tokio::net::UnixStream::connect(socket)
-                        .await
-                        .map(TokioIo::new)
-                }
-            }))
-            .await;
+        let channel = channel(&self.socket, CRI_TIMEOUT).await;
         let down = |e: &dyn std::fmt::Display| Health {
             runtime_version: None,
             problems: vec![format!("container runtime is down: {e}")],
@@ -136,8 +122,29 @@ impl Runtime {
     }
 }
 
+/// A gRPC channel over the runtime's unix socket; `timeout` bounds each call.
+pub(crate) async fn channel(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    // The URI is required by tonic but unused: the connector dials the socket.
+    Endpoint::from_static("http://[::1]:50051")
+        .connect_timeout(CRI_TIMEOUT)
+        .timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+}
+
 /// An error with its causes, `outer: inner: root`.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -26,6 +26,9 @@ pub struct Flags {
     pub cni_conf_dir: PathBuf,
     /// knit: no CRI or CNI checks (Ready once registered), for load tests.
     pub lightweight: bool,
+    /// knit: the system images to ensure after start (the package's
+    /// `images.txt`, which the node agent installs here).
+    pub image_list: PathBuf,
     pub version: bool,
     pub help: bool,
     /// Flags seen but not used, for the warning.
@@ -48,6 +51,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Flags, SimError> 
         cert_dir: "/var/lib/kubelet/pki".into(),
         root_dir: "/var/lib/kubelet".into(),
         cni_conf_dir: "/etc/cni/net.d".into(),
+        image_list: "/etc/kubernetes/images.txt".into(),
         ..Flags::default()
     };
     let mut args = args.into_iter().peekable();
@@ -95,6 +99,7 @@ fn is_known(name: &str) -> bool {
             "cert-dir",
             "root-dir",
             "cni-conf-dir",
+            "image-list",
         ]
         .contains(&name)
 }
@@ -125,6 +130,7 @@ fn apply(f: &mut Flags, name: &str, value: String) -> Result<(), SimError> {
         "cert-dir" => f.cert_dir = value.into(),
         "root-dir" => f.root_dir = value.into(),
         "cni-conf-dir" => f.cni_conf_dir = value.into(),
+        "image-list" => f.image_list = value.into(),
         "lightweight" => f.lightweight = boolean(&value)?,
         "version" => f.version = boolean(&value)?,
         "help" => f.help = boolean(&value)?,

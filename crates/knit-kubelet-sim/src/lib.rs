@@ -11,6 +11,7 @@ pub mod cri;
 pub mod error;
 pub mod files;
 pub mod flags;
+pub mod images;
 pub mod kubeconfig;
 pub mod node;
 
@@ -53,6 +54,8 @@ knit-kubelet-sim: knit's kubelet stand-in (not kubelet). Invoked like kubelet:
 knit only:
   --cni-conf-dir=DIR            CNI configs to require (default /etc/cni/net.d)
   --lightweight                 no CRI/CNI checks: Ready once registered (load tests)
+  --image-list=FILE             system images to ensure through CRI after start
+                                (default /etc/kubernetes/images.txt; absent: none)
 Other kubelet flags are accepted and ignored with a warning.
 ";
 
@@ -169,6 +172,9 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     let mut agent = NodeAgent::new(name.clone(), flags.clone(), cfg.clone())?;
     with_retry("registering the node", || agent.register(&client))?;
 
+    let images = start_image_ensure(&flags, &cfg)?;
+    let mut image_report: Option<images::ImageReport> = None;
+
     let jitter = jitter();
     let mut times = cert_times(&kc, jitter)?;
     let mut next_lease = Instant::now();
@@ -186,6 +192,20 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
                 tracing::warn!(code = e.code(), error = %e, "node status update failed");
             }
             next_status = now + agent.status_interval();
+        }
+        if let Some(rx) = &images {
+            if let Ok(report) = rx.try_recv() {
+                image_report = Some(report);
+            }
+        }
+        if let Some(report) = &image_report {
+            // Published once; retried on the next turn when the API refused.
+            match agent.publish_images(&client, report) {
+                Ok(()) => image_report = None,
+                Err(e) => {
+                    tracing::warn!(code = e.code(), error = %e, "publishing the image report failed")
+                }
+            }
         }
         let now_utc = time::OffsetDateTime::now_utc();
         if let Some((rotate_at, expires)) = times.filter(|(r, _)| now_utc >= *r) {
@@ -214,6 +234,48 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
                 .min(Duration::from_secs(1)),
         );
     }
+}
+
+/// Starts ensuring the system images on a thread of its own, so a long
+/// pull never delays heartbeats; the report arrives on the channel.
+fn start_image_ensure(
+    flags: &Flags,
+    cfg: &KubeletConfig,
+) -> Result<Option<std::sync::mpsc::Receiver<images::ImageReport>>, SimError> {
+    if flags.lightweight {
+        return Ok(None);
+    }
+    let Some(list) = images::read_list(&flags.image_list)? else {
+        tracing::info!(list = %flags.image_list.display(), "no image list: no system images to ensure");
+        return Ok(None);
+    };
+    let endpoint = flags
+        .container_runtime_endpoint
+        .clone()
+        .unwrap_or_else(|| cfg.container_runtime_endpoint.clone());
+    let socket = std::path::PathBuf::from(
+        endpoint
+            .strip_prefix("unix://")
+            .ok_or_else(|| {
+                SimError::Flags(format!(
+                    "--container-runtime-endpoint={endpoint}: only unix:// sockets are supported"
+                ))
+            })?
+            .to_string(),
+    );
+    let root_dir = flags.root_dir.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("images".into())
+        .spawn(move || {
+            let report = images::ensure(&socket, &list);
+            if let Err(e) = images::write_report(&root_dir, &report) {
+                tracing::warn!(code = e.code(), error = %e, "cannot write the image report");
+            }
+            let _ = tx.send(report);
+        })
+        .map_err(|e| SimError::io("spawn the image thread", e))?;
+    Ok(Some(rx))
 }
 
 /// When to rotate the client certificate, and when it expires.

@@ -255,6 +255,31 @@ impl NodeAgent {
         Ok(())
     }
 
+    /// The image summary as an annotation, and `status.images` as kubelet
+    /// reports them.
+    pub fn publish_images(
+        &self,
+        client: &Client,
+        report: &crate::images::ImageReport,
+    ) -> Result<(), SimError> {
+        let p = client.patch(
+            &format!("/api/v1/nodes/{}", self.name),
+            &json!({"metadata": {"annotations": {crate::images::ANNOTATION: report.annotation()}}}),
+        )?;
+        if !p.ok() {
+            return Err(p.error("annotating own node"));
+        }
+        let p = client.patch(
+            &format!("/api/v1/nodes/{}/status", self.name),
+            &json!({"status": {"images": report.node_images()}}),
+        )?;
+        if !p.ok() {
+            return Err(p.error("updating node images"));
+        }
+        tracing::info!(node = %self.name, summary = %report.annotation(), "image report published");
+        Ok(())
+    }
+
     /// Renew (or create) the node Lease in kube-node-lease.
     pub fn renew_lease(&mut self, client: &Client) -> Result<(), SimError> {
         let now = micro_time(OffsetDateTime::now_utc());

@@ -181,6 +181,30 @@ impl Phase for KubernetesComponents {
     }
 }
 
+/// Where the kubelet (stand-in) reads the system images to ensure.
+pub const IMAGE_LIST: &str = "/etc/kubernetes/images.txt";
+
+/// Installs the package's `images.txt` for the kubelet; a failure is logged
+/// only (the images are then pulled on first use).
+fn install_image_list(ctx: &Ctx, package: &Package) {
+    let host = ctx.host;
+    let src = package.dir.join("images.txt");
+    if !src.is_file() {
+        return;
+    }
+    let dest = host.path(IMAGE_LIST);
+    let done = dest
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::copy(&src, &dest).map(|_| ()));
+    if let Err(e) = done {
+        host.log.line(
+            SCOPE,
+            &format!("cannot install {IMAGE_LIST} (continuing): {e}"),
+        );
+    }
+}
+
 /// The package from `kubernetes.dir`, else `kubernetes.url`.
 fn fetch(ctx: &Ctx) -> Result<Package> {
     let k = &ctx.config.kubernetes;
@@ -241,6 +265,7 @@ fn install(ctx: &Ctx, package: &Package, cache_abs: &str) -> Result<String> {
         }
     }
     let binaries = package::install_binaries(host, package)?;
+    install_image_list(ctx, package);
     if host.find_program("containerd").is_none() {
         return Err(AgentError::new(
             ErrorCode::FailInstallComponents,

@@ -1,0 +1,282 @@
+//! System images through CRI, for real: the embedded cluster on 127.0.0.1,
+//! a real `docker-registry` on 127.0.0.1 seeded with images built here, a
+//! real containerd (own root and socket; its registry configuration sends
+//! `registry.k8s.io` and `docker.io` to that registry over plain HTTP, as
+//! the agent renders `certs.d/<host>/hosts.toml`), and the stand-in.
+//!
+//! First start: every image is pulled (`pulled image` lines, blob GETs in
+//! the registry's access log, annotation `miss=3`). Second start on the same
+//! containerd: no `pulled image` line, no new blob GET, `hit=3 miss=0`.
+
+#[path = "../../knit-cluster/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use common::{blocking, wait_for, Client};
+use knit_cluster::{ClusterConfig, EmbeddedCluster};
+use serde_json::Value;
+
+const SIM: &str = env!("CARGO_BIN_EXE_knit-kubelet-sim");
+
+const IMAGES: &[(&str, u64)] = &[
+    ("registry.k8s.io/pause:3.10", 32 << 10),
+    ("registry.k8s.io/kube-proxy:v1.31.4", 2 << 20),
+    ("docker.io/flannel/flannel:v0.26.1", 3 << 20),
+];
+
+/// A child killed by its PID when dropped, also on panic.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn(bin: &str, args: &[String], log: PathBuf) -> Proc {
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+    Proc { child, log }
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(bin))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// containerd with a registry config dir that mirrors both hosts to `reg`.
+fn start_containerd(dir: &Path, cni: &Path, reg: &str) -> Proc {
+    let bin = which("containerd").expect("checked by the caller");
+    let d = dir.display();
+    for host in ["registry.k8s.io", "docker.io"] {
+        let hd = dir.join("certs.d").join(host);
+        std::fs::create_dir_all(&hd).unwrap();
+        std::fs::write(
+            hd.join("hosts.toml"),
+            format!("server = \"https://{host}\"\n\n[host.\"http://{reg}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+        )
+        .unwrap();
+    }
+    let cfg = dir.join("containerd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
+             [grpc]\n  address = \"{d}/containerd.sock\"\n[ttrpc]\n  address = \"{d}/containerd-ttrpc.sock\"\n\
+             [debug]\n  address = \"\"\n[metrics]\n  address = \"\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_tcp_service = true\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    conf_dir = \"{}\"\n    bin_dir = \"{d}/cni-bin\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{d}/certs.d\"\n",
+            cni.display()
+        ),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(dir.join("containerd.sock"));
+    let p = spawn(
+        bin.to_str().unwrap(),
+        &["--config".into(), cfg.display().to_string()],
+        dir.join("containerd.log"),
+    );
+    wait_for("containerd socket", Duration::from_secs(60), || {
+        dir.join("containerd.sock").exists().then_some(())
+    });
+    p
+}
+
+fn write_node_files(root: &Path, server: &str, ca_pem: &str, token: &str) {
+    std::fs::create_dir_all(root.join("etc/kubernetes")).unwrap();
+    std::fs::create_dir_all(root.join("etc/cni/net.d")).unwrap();
+    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
+    std::fs::write(
+        root.join("etc/kubernetes/bootstrap-kubelet.conf"),
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: b\n  context:\n    cluster: c\n    user: b\ncurrent-context: b\nusers:\n- name: b\n  user:\n    token: {token}\n",
+            STANDARD.encode(ca_pem)
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("var/lib/kubelet/config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n",
+    )
+    .unwrap();
+    let list: String = IMAGES.iter().map(|(r, _)| format!("{r}\n")).collect();
+    std::fs::write(
+        root.join("etc/kubernetes/images.txt"),
+        format!("# system images\n{list}"),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("etc/cni/net.d/10-knit.conflist"),
+        r#"{"cniVersion": "0.4.0", "name": "knit", "plugins": [{"type": "bridge", "bridge": "knit0"}]}"#,
+    )
+    .unwrap();
+}
+
+fn args(root: &Path, sock: &Path) -> Vec<String> {
+    let p = |r: &str| root.join(r).display().to_string();
+    vec![
+        format!(
+            "--bootstrap-kubeconfig={}",
+            p("etc/kubernetes/bootstrap-kubelet.conf")
+        ),
+        format!("--kubeconfig={}", p("etc/kubernetes/kubelet.conf")),
+        format!("--config={}", p("var/lib/kubelet/config.yaml")),
+        "--hostname-override=img-1".into(),
+        "--node-ip=127.0.0.1".into(),
+        format!("--container-runtime-endpoint=unix://{}", sock.display()),
+        format!("--cert-dir={}", p("var/lib/kubelet/pki")),
+        format!("--root-dir={}", p("var/lib/kubelet")),
+        format!("--cni-conf-dir={}", p("etc/cni/net.d")),
+        format!("--image-list={}", p("etc/kubernetes/images.txt")),
+    ]
+}
+
+fn pulled_lines(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("pulled image")).count()
+}
+
+fn wait_annotation(admin: &Client, sim: &Proc, want_prefix: &str) -> Value {
+    let last = std::cell::RefCell::new(Value::Null);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("image annotation", Duration::from_secs(180), || {
+            let (code, n) = admin.get("/api/v1/nodes/img-1");
+            *last.borrow_mut() = n.clone();
+            let a = n["metadata"]["annotations"]["knit.dev/image-cache"]
+                .as_str()
+                .unwrap_or("");
+            (code == 200 && a.starts_with(want_prefix)).then_some(n)
+        })
+    }));
+    r.unwrap_or_else(|_| {
+        panic!(
+            "no annotation {want_prefix:?}: {}\nsim log:\n{}",
+            last.borrow(),
+            sim.log()
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_are_pulled_once_then_found_in_the_runtime() {
+    for bin in ["containerd", "docker-registry"] {
+        if which(bin).is_none() {
+            eprintln!("SKIPPED: {bin} is not installed (scripts/setup.sh installs it)");
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let c = EmbeddedCluster::start(ClusterConfig::new(
+        dir.path().join("cluster"),
+        "127.0.0.1:0".parse().unwrap(),
+    ))
+    .await
+    .unwrap();
+    let token = c
+        .create_bootstrap_token(None, Duration::from_secs(600), &[])
+        .unwrap();
+    let (ep, ca) = (c.endpoint().to_string(), c.ca_pem().to_string());
+    let admin = Client::admin(&c);
+    let root = dir.path().to_path_buf();
+    blocking(move || {
+        let reg = knit_registry::Registry::start(
+            &root.join("registry"),
+            &format!("127.0.0.1:{}", free_port()),
+        )
+        .unwrap();
+        let mut transfer = 0;
+        for (r, size) in IMAGES {
+            let img = knit_registry::seed(&reg.url(), &root.join("work"), r, 1, *size).unwrap();
+            transfer += img.transfer_bytes();
+        }
+        let blob_gets_before = reg.blob_gets();
+        assert_eq!(blob_gets_before, 0, "seeding only pushes");
+
+        let node = root.join("node");
+        write_node_files(&node, &ep, &ca, &token.token());
+        let ctd_dir = root.join("ctd");
+        std::fs::create_dir_all(&ctd_dir).unwrap();
+        let _ctd = start_containerd(&ctd_dir, &node.join("etc/cni/net.d"), reg.addr());
+        let sock = ctd_dir.join("containerd.sock");
+
+        // First start: nothing cached, all three pulled through the mirror.
+        let mut sim = spawn(SIM, &args(&node, &sock), root.join("sim-1.log"));
+        let n = wait_annotation(&admin, &sim, "hit=0 miss=3");
+        let log = sim.log();
+        assert_eq!(pulled_lines(&log), 3, "{log}");
+        let ann = n["metadata"]["annotations"]["knit.dev/image-cache"]
+            .as_str()
+            .unwrap();
+        let bytes: u64 = ann.split("bytes=").nth(1).unwrap().parse().unwrap();
+        // The runtime's size counts the same compressed blobs + manifest.
+        assert!(bytes >= transfer, "{ann} vs {transfer} pushed");
+        assert_eq!(n["status"]["images"].as_array().unwrap().len(), 3, "{n}");
+        let gets = reg.blob_gets();
+        // Each image: its config and its one layer.
+        assert_eq!(gets, 6, "{}", reg.log_text());
+        let report: Value = serde_json::from_str(
+            &std::fs::read_to_string(node.join("var/lib/kubelet/knit-images.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report["miss"], 3);
+        assert!(report["images"][0]["repoDigests"][0]
+            .as_str()
+            .unwrap()
+            .contains("@sha256:"));
+        sim.kill();
+
+        // Second start, same runtime: all cached, nothing fetched.
+        admin.patch(
+            "/api/v1/nodes/img-1",
+            "application/merge-patch+json",
+            &serde_json::json!({"metadata": {"annotations": {"knit.dev/image-cache": null}}}),
+        );
+        let sim = spawn(SIM, &args(&node, &sock), root.join("sim-2.log"));
+        wait_annotation(&admin, &sim, "hit=3 miss=0 bytes=0");
+        let log = sim.log();
+        assert_eq!(pulled_lines(&log), 0, "{log}");
+        assert_eq!(
+            log.matches("already present on machine").count(),
+            3,
+            "{log}"
+        );
+        assert_eq!(reg.blob_gets(), gets, "no blob fetched on the second start");
+    })
+    .await;
+    c.shutdown().await;
+}

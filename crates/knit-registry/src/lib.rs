@@ -1,0 +1,574 @@
+//! knit-registry: a real OCI registry for tests and benchmarks, with no
+//! image from the internet.
+//!
+//! - [`Registry`] runs Debian's `docker-registry` (distribution 2.x) with its
+//!   own storage directory and address; its log (with the HTTP access log)
+//!   goes to a file the caller reads. Killed by PID when dropped.
+//! - [`build_image`] makes a Docker v2 image: layers of random
+//!   (incompressible) bytes in a tar.gz each, an image config, a manifest.
+//! - [`push`] uploads blobs (monolithic `POST` + `PUT ?digest=`) and the
+//!   manifest through the registry HTTP API.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub const MANIFEST_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const CONFIG_TYPE: &str = "application/vnd.docker.container.image.v1+json";
+const LAYER_TYPE: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("I/O on {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Start(String),
+    #[error("registry HTTP: {0}")]
+    Http(String),
+    #[error("invalid: {0}")]
+    Invalid(String),
+}
+
+impl RegistryError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RegistryError::Io { .. } => "RegistryIo",
+            RegistryError::Start(_) => "RegistryStart",
+            RegistryError::Http(_) => "RegistryHttp",
+            RegistryError::Invalid(_) => "RegistryInvalid",
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, RegistryError>;
+
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> RegistryError {
+    let what = what.to_string();
+    move |source| RegistryError::Io { what, source }
+}
+
+/// The `docker-registry` binary and a config for `addr` with storage under
+/// `dir` (written to `dir/config.yml`).
+pub fn prepare(dir: &Path, addr: &str) -> Result<(PathBuf, PathBuf)> {
+    let bin = ["/usr/bin/docker-registry", "/usr/local/bin/docker-registry"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            RegistryError::Start(
+                "docker-registry is not installed (Debian package docker-registry; scripts/setup.sh)"
+                    .into(),
+            )
+        })?;
+    let storage = dir.join("storage");
+    std::fs::create_dir_all(&storage).map_err(io(storage.display()))?;
+    let config = dir.join("config.yml");
+    // The access log is on: tests count blob and manifest requests.
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: false\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             http:\n  addr: {addr}\n",
+            storage.display()
+        ),
+    )
+    .map_err(io(config.display()))?;
+    Ok((bin, config))
+}
+
+/// A running `docker-registry`, stopped (by PID) when dropped.
+pub struct Registry {
+    child: Option<Child>,
+    addr: String,
+    log: PathBuf,
+}
+
+impl Registry {
+    /// Starts the registry on `addr` (`IP:PORT`) with storage and log under
+    /// `dir`, and waits until `/v2/` answers.
+    pub fn start(dir: &Path, addr: &str) -> Result<Registry> {
+        let (bin, config) = prepare(dir, addr)?;
+        let log = dir.join("registry.log");
+        let out = std::fs::File::create(&log).map_err(io(log.display()))?;
+        let err = out.try_clone().map_err(io(log.display()))?;
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io("spawn docker-registry"))?;
+        let mut reg = Registry {
+            child: Some(child),
+            addr: addr.to_string(),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if ureq::get(&format!("{}/v2/", reg.url()))
+                .timeout(Duration::from_secs(2))
+                .call()
+                .is_ok()
+            {
+                return Ok(reg);
+            }
+            if let Some(c) = reg.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    return Err(RegistryError::Start(format!(
+                        "docker-registry exited ({st}): {}",
+                        reg.log_text()
+                    )));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(RegistryError::Start(format!(
+                    "docker-registry did not answer on {addr} within 30s: {}",
+                    reg.log_text()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Blob fetches (`GET /v2/<repo>/blobs/…`) in the access log so far.
+    pub fn blob_gets(&self) -> usize {
+        count_blob_gets(&self.log_text())
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Access-log lines (combined format) of `GET …/blobs/sha256:…`.
+pub fn count_blob_gets(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("\"GET /v2/") && l.contains("/blobs/sha256:"))
+        .count()
+}
+
+/// Access-log lines fetching a manifest (GET, not HEAD).
+pub fn count_manifest_gets(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("\"GET /v2/") && l.contains("/manifests/"))
+        .count()
+}
+
+/// A blob on disk with its digest.
+#[derive(Debug, Clone)]
+pub struct Blob {
+    pub path: PathBuf,
+    pub digest: String,
+    pub size: u64,
+}
+
+/// An image ready to push.
+#[derive(Debug, Clone)]
+pub struct BuiltImage {
+    pub layers: Vec<Blob>,
+    pub config: Blob,
+    pub manifest: Vec<u8>,
+    pub manifest_digest: String,
+}
+
+impl BuiltImage {
+    /// Compressed bytes a pull transfers (config + layers).
+    pub fn transfer_bytes(&self) -> u64 {
+        self.config.size + self.layers.iter().map(|l| l.size).sum::<u64>()
+    }
+}
+
+/// splitmix64: fast, and its output does not compress.
+struct Noise(u64);
+
+impl Noise {
+    fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let b = z.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+    }
+}
+
+/// Hashes what goes through it.
+struct HashWriter<W: Write> {
+    inner: W,
+    hash: Sha256,
+    n: u64,
+}
+
+impl<W: Write> Write for HashWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.n += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Random bytes of a given length, as a reader.
+struct NoiseReader {
+    noise: Noise,
+    left: u64,
+}
+
+impl Read for NoiseReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (buf.len() as u64).min(self.left) as usize;
+        self.noise.fill(&mut buf[..n]);
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn seed_of(s: &str) -> u64 {
+    let d = Sha256::digest(s.as_bytes());
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// One layer: a tar holding `data/<name>` of `size` random bytes, gzipped.
+/// Returns the blob and the diff id (sha256 of the tar).
+fn build_layer(dir: &Path, name: &str, size: u64, seed: u64) -> Result<(Blob, String)> {
+    let tmp = dir.join(format!("{name}.tar.gz.tmp"));
+    let file = std::fs::File::create(&tmp).map_err(io(tmp.display()))?;
+    let gz_out = HashWriter {
+        inner: std::io::BufWriter::new(file),
+        hash: Sha256::new(),
+        n: 0,
+    };
+    // Level 1: the data is random, more effort would gain nothing.
+    let gz = flate2::write::GzEncoder::new(gz_out, flate2::Compression::fast());
+    let tar_out = HashWriter {
+        inner: gz,
+        hash: Sha256::new(),
+        n: 0,
+    };
+    let mut builder = tar::Builder::new(tar_out);
+    let mut header = tar::Header::new_gnu();
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_cksum();
+    let reader = NoiseReader {
+        noise: Noise(seed),
+        left: size,
+    };
+    builder
+        .append_data(&mut header, format!("data/{name}"), reader)
+        .map_err(io(tmp.display()))?;
+    let tar_out = builder.into_inner().map_err(io(tmp.display()))?;
+    let diff_id = format!("sha256:{}", hex::encode(tar_out.hash.finalize()));
+    let gz_out = tar_out.inner.finish().map_err(io(tmp.display()))?;
+    let digest = format!("sha256:{}", hex::encode(gz_out.hash.finalize()));
+    let size = gz_out.n;
+    let mut inner = gz_out.inner;
+    inner.flush().map_err(io(tmp.display()))?;
+    drop(inner);
+    let path = dir.join(digest.replace(':', "-"));
+    std::fs::rename(&tmp, &path).map_err(io(path.display()))?;
+    Ok((Blob { path, digest, size }, diff_id))
+}
+
+fn write_blob(dir: &Path, data: &[u8]) -> Result<Blob> {
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(data)));
+    let path = dir.join(digest.replace(':', "-"));
+    std::fs::write(&path, data).map_err(io(path.display()))?;
+    Ok(Blob {
+        path,
+        digest,
+        size: data.len() as u64,
+    })
+}
+
+/// Builds `reference` (used as the random seed, so each image differs) with
+/// `layers` layers of `layer_bytes` random bytes each, under `dir`.
+pub fn build_image(
+    dir: &Path,
+    reference: &str,
+    layers: usize,
+    layer_bytes: u64,
+) -> Result<BuiltImage> {
+    if layers == 0 {
+        return Err(RegistryError::Invalid(format!(
+            "{reference}: an image needs at least one layer"
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
+    let mut blobs = Vec::new();
+    let mut diff_ids = Vec::new();
+    for i in 0..layers {
+        let (blob, diff) = build_layer(
+            dir,
+            &format!("layer-{i}"),
+            layer_bytes,
+            seed_of(&format!("{reference}#{i}")),
+        )?;
+        blobs.push(blob);
+        diff_ids.push(diff);
+    }
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {"Labels": {"dev.knit.test-image": reference}},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [],
+    });
+    let config = write_blob(dir, config.to_string().as_bytes())?;
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, "size": config.size, "digest": config.digest},
+        "layers": blobs.iter().map(|b| serde_json::json!({
+            "mediaType": LAYER_TYPE, "size": b.size, "digest": b.digest
+        })).collect::<Vec<_>>(),
+    })
+    .to_string()
+    .into_bytes();
+    let manifest_digest = format!("sha256:{}", hex::encode(Sha256::digest(&manifest)));
+    Ok(BuiltImage {
+        layers: blobs,
+        config,
+        manifest,
+        manifest_digest,
+    })
+}
+
+/// `repo:tag` → (repo, tag); a registry host prefix is dropped, so
+/// `registry.k8s.io/pause:3.10` is stored as `pause:3.10` (what a mirror
+/// is asked for).
+pub fn split_reference(reference: &str) -> Result<(String, String)> {
+    let (name, tag) = reference
+        .rsplit_once(':')
+        .filter(|(_, t)| !t.contains('/'))
+        .ok_or_else(|| RegistryError::Invalid(format!("{reference}: expected repo:tag")))?;
+    let repo = match name.split_once('/') {
+        Some((host, rest)) if host.contains('.') || host.contains(':') || host == "localhost" => {
+            rest
+        }
+        _ => name,
+    };
+    if repo.is_empty() || tag.is_empty() {
+        return Err(RegistryError::Invalid(format!(
+            "{reference}: empty repository or tag"
+        )));
+    }
+    Ok((repo.to_string(), tag.to_string()))
+}
+
+fn http_err(what: &str, e: ureq::Error) -> RegistryError {
+    match e {
+        ureq::Error::Status(code, r) => RegistryError::Http(format!(
+            "{what}: HTTP {code}: {}",
+            r.into_string().unwrap_or_default()
+        )),
+        other => RegistryError::Http(format!("{what}: {other}")),
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(5))
+        .timeout(Duration::from_secs(600))
+        .build()
+}
+
+fn push_blob(a: &ureq::Agent, base: &str, repo: &str, blob: &Blob) -> Result<()> {
+    let head = a
+        .head(&format!("{base}/v2/{repo}/blobs/{}", blob.digest))
+        .call();
+    if head.is_ok() {
+        return Ok(());
+    }
+    let what = format!("upload {} to {repo}", blob.digest);
+    let r = a
+        .post(&format!("{base}/v2/{repo}/blobs/uploads/"))
+        .send_bytes(&[])
+        .map_err(|e| http_err(&what, e))?;
+    let location = r
+        .header("Location")
+        .ok_or_else(|| RegistryError::Http(format!("{what}: no Location header")))?
+        .to_string();
+    let url = if location.starts_with("http") {
+        location
+    } else {
+        format!("{base}{location}")
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let file = std::fs::File::open(&blob.path).map_err(io(blob.path.display()))?;
+    a.put(&format!("{url}{sep}digest={}", blob.digest))
+        .set("Content-Type", "application/octet-stream")
+        .set("Content-Length", &blob.size.to_string())
+        .send(file)
+        .map_err(|e| http_err(&what, e))?;
+    Ok(())
+}
+
+/// Pushes `image` as `reference` (host prefix dropped, see
+/// [`split_reference`]) to the registry at `base` (`http://IP:PORT`).
+pub fn push(base: &str, reference: &str, image: &BuiltImage) -> Result<()> {
+    let (repo, tag) = split_reference(reference)?;
+    let a = agent();
+    for blob in image.layers.iter().chain(std::iter::once(&image.config)) {
+        push_blob(&a, base, &repo, blob)?;
+    }
+    a.put(&format!("{base}/v2/{repo}/manifests/{tag}"))
+        .set("Content-Type", MANIFEST_TYPE)
+        .send_bytes(&image.manifest)
+        .map_err(|e| http_err(&format!("put manifest {repo}:{tag}"), e))?;
+    Ok(())
+}
+
+/// The digest the registry serves for `reference`.
+pub fn manifest_digest(base: &str, reference: &str) -> Result<String> {
+    let (repo, tag) = split_reference(reference)?;
+    let r = agent()
+        .head(&format!("{base}/v2/{repo}/manifests/{tag}"))
+        .set("Accept", MANIFEST_TYPE)
+        .call()
+        .map_err(|e| http_err(&format!("head manifest {repo}:{tag}"), e))?;
+    r.header("Docker-Content-Digest")
+        .map(str::to_string)
+        .ok_or_else(|| RegistryError::Http(format!("{reference}: no Docker-Content-Digest")))
+}
+
+/// Builds and pushes one image; the blobs are deleted afterwards.
+pub fn seed(
+    base: &str,
+    work: &Path,
+    reference: &str,
+    layers: usize,
+    layer_bytes: u64,
+) -> Result<BuiltImage> {
+    let dir = work.join(seed_of(reference).to_string());
+    let image = build_image(&dir, reference, layers, layer_bytes)?;
+    let pushed = push(base, reference, &image);
+    let _ = std::fs::remove_dir_all(&dir);
+    pushed.map(|()| image)
+}
+
+/// `NAME=SIZE[xLAYERS]` → (name, layers, bytes per layer); SIZE is bytes or
+/// with a K/M/G suffix (powers of 1024) and split evenly across layers.
+pub fn parse_image_arg(arg: &str) -> Result<(String, usize, u64)> {
+    let (name, size) = arg
+        .rsplit_once('=')
+        .ok_or_else(|| RegistryError::Invalid(format!("{arg}: expected REF=SIZE[xLAYERS]")))?;
+    let (size, layers) = match size.split_once('x') {
+        Some((s, l)) => (
+            s,
+            l.parse::<usize>()
+                .map_err(|_| RegistryError::Invalid(format!("{arg}: layers {l:?}")))?,
+        ),
+        None => (size, 1),
+    };
+    let (num, mult) = match size.chars().last() {
+        Some('K') => (&size[..size.len() - 1], 1u64 << 10),
+        Some('M') => (&size[..size.len() - 1], 1 << 20),
+        Some('G') => (&size[..size.len() - 1], 1 << 30),
+        _ => (size, 1),
+    };
+    let total = num
+        .parse::<u64>()
+        .map_err(|_| RegistryError::Invalid(format!("{arg}: size {size:?}")))?
+        * mult;
+    if layers == 0 || total == 0 {
+        return Err(RegistryError::Invalid(format!(
+            "{arg}: size and layers must be > 0"
+        )));
+    }
+    Ok((name.to_string(), layers, total.div_ceil(layers as u64)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_and_sizes() {
+        assert_eq!(
+            split_reference("registry.k8s.io/pause:3.10").unwrap(),
+            ("pause".into(), "3.10".into())
+        );
+        assert_eq!(
+            split_reference("docker.io/flannel/flannel:v0.26.1").unwrap(),
+            ("flannel/flannel".into(), "v0.26.1".into())
+        );
+        assert_eq!(
+            split_reference("knit/app:1").unwrap(),
+            ("knit/app".into(), "1".into())
+        );
+        assert!(split_reference("localhost:5000/x").is_err());
+        assert_eq!(
+            parse_image_arg("knit/big:1=300Mx3").unwrap(),
+            ("knit/big:1".into(), 3, 100 << 20)
+        );
+        assert!(parse_image_arg("x:1=0").is_err());
+    }
+
+    #[test]
+    fn layers_are_incompressible_and_digests_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = build_image(dir.path(), "t/x:1", 2, 256 << 10).unwrap();
+        for l in &img.layers {
+            // gzip of random bytes is not smaller than the bytes.
+            assert!(l.size > 256 << 10, "{}", l.size);
+            let data = std::fs::read(&l.path).unwrap();
+            assert_eq!(
+                format!("sha256:{}", hex::encode(Sha256::digest(&data))),
+                l.digest
+            );
+        }
+        assert_ne!(img.layers[0].digest, img.layers[1].digest);
+        let m: serde_json::Value = serde_json::from_slice(&img.manifest).unwrap();
+        assert_eq!(m["layers"].as_array().unwrap().len(), 2);
+        assert_eq!(m["config"]["digest"], img.config.digest);
+    }
+}

@@ -1,0 +1,74 @@
+//! `knit-registry serve --dir D --addr IP:PORT`: runs docker-registry in the
+//! foreground (this process becomes it), log on stdout/stderr.
+//! `knit-registry seed --registry http://IP:PORT [--work D] REF=SIZE[xLAYERS]…`:
+//! builds each image from random bytes and pushes it; prints one JSON line
+//! per image (reference, digest, bytes).
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use knit_registry::{RegistryError, Result};
+
+const USAGE: &str = "usage: knit-registry serve --dir D --addr IP:PORT\n       knit-registry seed --registry http://IP:PORT [--work D] REF=SIZE[xLAYERS]...";
+
+fn flag(args: &mut Vec<String>, name: &str) -> Option<String> {
+    let i = args.iter().position(|a| a == name)?;
+    if i + 1 >= args.len() {
+        return None;
+    }
+    let v = args.remove(i + 1);
+    args.remove(i);
+    Some(v)
+}
+
+fn run(mut args: Vec<String>) -> Result<()> {
+    let usage = || RegistryError::Invalid(USAGE.into());
+    if args.is_empty() {
+        return Err(usage());
+    }
+    match args.remove(0).as_str() {
+        "serve" => {
+            let dir = flag(&mut args, "--dir").ok_or_else(usage)?;
+            let addr = flag(&mut args, "--addr").ok_or_else(usage)?;
+            let (bin, config) = knit_registry::prepare(&PathBuf::from(dir), &addr)?;
+            // exec: the caller's PID is the registry's, so it can be killed by PID.
+            let e = std::process::Command::new(bin)
+                .arg("serve")
+                .arg(config)
+                .exec();
+            Err(RegistryError::Start(format!("exec docker-registry: {e}")))
+        }
+        "seed" => {
+            let base = flag(&mut args, "--registry").ok_or_else(usage)?;
+            let work = flag(&mut args, "--work")
+                .map(PathBuf::from)
+                .unwrap_or_else(std::env::temp_dir);
+            for arg in &args {
+                let (reference, layers, bytes) = knit_registry::parse_image_arg(arg)?;
+                let img = knit_registry::seed(&base, &work, &reference, layers, bytes)?;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "reference": reference,
+                        "digest": img.manifest_digest,
+                        "transferBytes": img.transfer_bytes(),
+                        "layers": layers,
+                    })
+                );
+            }
+            Ok(())
+        }
+        _ => Err(usage()),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error[{}]: {e}", e.code());
+            ExitCode::FAILURE
+        }
+    }
+}

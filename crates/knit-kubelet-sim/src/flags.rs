@@ -29,6 +29,10 @@ pub struct Flags {
     /// knit: the system images to ensure after start (the package's
     /// `images.txt`, which the node agent installs here).
     pub image_list: PathBuf,
+    /// knit: ensure these images (comma-separated) through CRI, print the
+    /// report as JSON on stdout and exit (no API server involved); the
+    /// snapshot builder pulls business images with it.
+    pub ensure_images: Option<Vec<String>>,
     pub version: bool,
     pub help: bool,
     /// Flags seen but not used, for the warning.
@@ -100,6 +104,7 @@ fn is_known(name: &str) -> bool {
             "root-dir",
             "cni-conf-dir",
             "image-list",
+            "ensure-images",
         ]
         .contains(&name)
 }
@@ -131,6 +136,16 @@ fn apply(f: &mut Flags, name: &str, value: String) -> Result<(), SimError> {
         "root-dir" => f.root_dir = value.into(),
         "cni-conf-dir" => f.cni_conf_dir = value.into(),
         "image-list" => f.image_list = value.into(),
+        "ensure-images" => {
+            f.ensure_images = Some(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            )
+        }
         "lightweight" => f.lightweight = boolean(&value)?,
         "version" => f.version = boolean(&value)?,
         "help" => f.help = boolean(&value)?,

@@ -201,7 +201,8 @@ async fn ensure_one(socket: &Path, image: &str) -> ImageOutcome {
             }
             Err(e) => {
                 tracing::warn!(image, attempt, error = %e, "Failed to pull image {image:?}: {e}");
-                if last {
+                // A reference the registry does not have will not appear.
+                if last || e.contains("not found") {
                     out.error = Some(e);
                     return out;
                 }

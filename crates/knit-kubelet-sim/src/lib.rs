@@ -56,6 +56,8 @@ knit only:
   --lightweight                 no CRI/CNI checks: Ready once registered (load tests)
   --image-list=FILE             system images to ensure through CRI after start
                                 (default /etc/kubernetes/images.txt; absent: none)
+  --ensure-images=REF,...       only ensure these images through CRI, print the
+                                report (JSON) and exit: 0 when all are present
 Other kubelet flags are accepted and ignored with a warning.
 ";
 
@@ -153,6 +155,40 @@ fn jitter() -> f64 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     ((nanos ^ std::process::id().wrapping_mul(2_654_435_761)) % 1000) as f64 / 1000.0
+}
+
+/// `--ensure-images`: the images through CRI, the report on stdout; an
+/// error when any is missing.
+pub fn ensure_only(flags: &Flags, list: &[String]) -> Result<(), SimError> {
+    let cfg = match &flags.config {
+        Some(p) => KubeletConfig::load(p)?,
+        None => KubeletConfig::default(),
+    };
+    let endpoint = flags
+        .container_runtime_endpoint
+        .clone()
+        .unwrap_or(cfg.container_runtime_endpoint);
+    let socket = endpoint.strip_prefix("unix://").ok_or_else(|| {
+        SimError::Flags(format!(
+            "--container-runtime-endpoint={endpoint}: only unix:// sockets are supported"
+        ))
+    })?;
+    let report = images::ensure(std::path::Path::new(socket), list);
+    let json = serde_json::to_string(&report).map_err(|e| SimError::Flags(e.to_string()))?;
+    println!("{json}");
+    if report.failed > 0 {
+        let why: Vec<String> = report
+            .images
+            .iter()
+            .filter_map(|i| i.error.as_ref().map(|e| format!("{}: {e}", i.image)))
+            .collect();
+        return Err(SimError::Flags(format!(
+            "{} image(s) not present: {}",
+            report.failed,
+            why.join("; ")
+        )));
+    }
+    Ok(())
 }
 
 /// Run until killed: bootstrap, register, then heartbeat and report.

@@ -31,7 +31,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match knit_kubelet_sim::run(flags) {
+    let result = match flags.ensure_images.clone() {
+        Some(list) => knit_kubelet_sim::ensure_only(&flags, &list),
+        None => knit_kubelet_sim::run(flags),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(code = e.code(), "{e}");

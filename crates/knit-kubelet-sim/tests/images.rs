@@ -88,7 +88,9 @@ fn start_containerd(dir: &Path, cni: &Path, reg: &str) -> Proc {
         std::fs::create_dir_all(&hd).unwrap();
         std::fs::write(
             hd.join("hosts.toml"),
-            format!("server = \"https://{host}\"\n\n[host.\"http://{reg}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+            // The local registry is the server itself: a miss never falls
+            // back to the internet.
+            format!("server = \"http://{reg}\"\n\n[host.\"http://{reg}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
         )
         .unwrap();
     }
@@ -276,6 +278,46 @@ async fn images_are_pulled_once_then_found_in_the_runtime() {
             "{log}"
         );
         assert_eq!(reg.blob_gets(), gets, "no blob fetched on the second start");
+
+        // --ensure-images (the snapshot builder's business images): pulls
+        // what is missing, prints the report, fails on an unknown image.
+        knit_registry::seed(
+            &reg.url(),
+            &root.join("work"),
+            "docker.io/knit/app:1",
+            2,
+            1 << 20,
+        )
+        .unwrap();
+        let sock_flag = format!("--container-runtime-endpoint=unix://{}", sock.display());
+        let out = Command::new(SIM)
+            .args([
+                &sock_flag,
+                "--ensure-images=registry.k8s.io/pause:3.10,docker.io/knit/app:1",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (report["hit"].as_u64(), report["miss"].as_u64()),
+            (Some(1), Some(1)),
+            "{report}"
+        );
+        let out = Command::new(SIM)
+            .args([&sock_flag, "--ensure-images=docker.io/knit/absent:1"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not present") && err.contains("not found"),
+            "{err}"
+        );
     })
     .await;
     c.shutdown().await;

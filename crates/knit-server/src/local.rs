@@ -222,6 +222,12 @@ impl Provider for LocalProvider {
         let id = snapshot_id.to_string();
         self.blocking(move |c| c.snapshot_delete(&id)).await
     }
+
+    async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
+        let (id, argv) = (id.to_string(), argv.to_vec());
+        let out = self.blocking(move |c| c.exec(&id, &argv)).await?;
+        Ok((out.status.code().unwrap_or(-1), out.stdout, out.stderr))
+    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,17 @@ pub trait Provider: Send + Sync {
     ) -> Result<ProviderSnapshot>;
     async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()>;
 
+    /// Runs a command inside a running instance (the snapshot builder's
+    /// steps): exit status, stdout, stderr. Providers without a way in
+    /// refuse.
+    async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
+        let _ = (id, argv);
+        Err(crate::error::ServerError::Provider {
+            provider: self.name().to_string(),
+            message: "running commands inside instances is not supported".to_string(),
+        })
+    }
+
     /// The instance knit named `name`, if the provider has it.
     async fn find_by_name(&self, name: &str) -> Result<Option<ProviderInstance>> {
         Ok(self.list().await?.into_iter().find(|i| {

@@ -891,6 +891,14 @@ impl Store {
         Ok(())
     }
 
+    /// Whether a record was removed.
+    pub fn delete_snapshot(&self, id: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM snapshots WHERE id = ?1", params![id])?
+            > 0)
+    }
+
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(

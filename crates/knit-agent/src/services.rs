@@ -254,21 +254,23 @@ fn supervisor_ensure(host: &Host, spec: &ServiceSpec) -> Result<()> {
     );
     // The supervisor forks into the background and this first process exits
     // at once, so nothing is left for the agent to reap.
-    let status = Command::new(&exe)
+    let output = Command::new(&exe)
         .args(["--root", root.as_str(), "supervise", name.as_str()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .stderr(Stdio::piped())
+        .output()
         .context(ErrorCode::FailCommand, || {
             format!("cannot start the supervisor {} for {name}", exe.display())
         })?;
-    if !status.success() {
+    if !output.status.success() {
         return Err(AgentError::new(
             ErrorCode::FailCommand,
             format!(
-                "supervisor for {name} failed to start ({status}); see {}",
-                host.host_path(&spec.log_file)
+                "supervisor `{} supervise {name}` failed ({}): {}",
+                exe.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
             ),
         ));
     }

@@ -15,6 +15,7 @@ use nix::sys::signal::{kill, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::{fork, setsid, ForkResult, Pid};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,6 +61,7 @@ pub fn run(root: &Path, name: &str) -> Result<()> {
     // agent's process group; and no hold on the agent's working directory.
     let _ = setsid();
     let _ = std::env::set_current_dir("/");
+    detach_fds();
     let code = match supervise(&host, &spec) {
         Ok(()) => 0,
         Err(e) => {
@@ -69,6 +71,29 @@ pub fn run(root: &Path, name: &str) -> Result<()> {
     };
     remove(&host, &pid_file(&spec.name));
     std::process::exit(code);
+}
+
+/// Lets go of every descriptor inherited from whoever started the agent (the
+/// starter reads our stderr until EOF; a boot script may wait on its pipes):
+/// stdio goes to /dev/null, everything else is closed.
+fn detach_fds() {
+    if let Ok(null) = OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..=2 {
+            let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
+        }
+    }
+    let inherited: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                .filter(|fd| *fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in inherited {
+        // Includes the (now closed) directory handle: EBADF is fine.
+        let _ = nix::unistd::close(fd);
+    }
 }
 
 fn supervise(host: &Host, spec: &ServiceSpec) -> Result<()> {

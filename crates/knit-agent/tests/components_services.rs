@@ -111,6 +111,23 @@ fn supervised_service_gets_limits_output_and_is_not_restarted_by_a_rerun() {
             .is_ok_and(|t| t.contains("out hello") && t.contains("err"))
     });
 
+    // Nothing inherited from the starter is held open (a caller reading the
+    // agent's output through a pipe would otherwise never see EOF).
+    for pid in [supervisor, main] {
+        for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+        {
+            let target = std::fs::read_link(entry.path()).unwrap_or_default();
+            assert!(
+                !target.to_string_lossy().starts_with("pipe:"),
+                "pid {pid} holds {} -> {}",
+                entry.file_name().to_string_lossy(),
+                target.display()
+            );
+        }
+    }
+
     // Same definition: nothing restarts.
     services::ensure_running(&node.host, &long).expect("ensure again");
     assert_eq!(node.supervisor_pid("sleeper"), Some(supervisor));

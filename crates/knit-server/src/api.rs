@@ -57,7 +57,18 @@ pub fn router(cp: Cp) -> Router {
         .route("/api/v1/nodes/:name", get(get_node).delete(delete_node))
         .route("/api/v1/nodes/:name/logs", get(node_logs))
         .route("/api/v1/events", get(list_events))
-        .route("/api/v1/snapshots", get(list_snapshots))
+        .route(
+            "/api/v1/snapshots",
+            get(crate::snapshot::list).post(crate::snapshot::create),
+        )
+        .route(
+            "/api/v1/snapshots/:id",
+            axum::routing::delete(crate::snapshot::delete),
+        )
+        .route(
+            "/api/v1/snapshot-builds/:id",
+            get(crate::snapshot::build_status),
+        )
         .route("/api/v1/jointokens", get(list_join_tokens))
         .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
     Router::new()
@@ -212,9 +223,21 @@ async fn get_pool(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json
     Ok(Json(pool_view(&cp, &record)?))
 }
 
-async fn create_pool(State(cp): State<Cp>, body: String) -> Result<(StatusCode, Json<Value>)> {
+/// `?strict=true`: refuse a pool whose snapshot is stale (else a warning).
+#[derive(Debug, Deserialize)]
+struct PoolWriteQuery {
+    #[serde(default)]
+    strict: bool,
+}
+
+async fn create_pool(
+    State(cp): State<Cp>,
+    Query(q): Query<PoolWriteQuery>,
+    body: String,
+) -> Result<(StatusCode, Json<Value>)> {
     let pool = NodePool::from_yaml(&body)?;
     check_quota(&cp, &pool)?;
+    let warnings = crate::snapshot::check_pool(&cp, &pool, q.strict)?;
     cp.store.insert_pool(&pool)?;
     let name = pool.metadata.name.clone();
     cp.store.add_event(
@@ -229,13 +252,16 @@ async fn create_pool(State(cp): State<Cp>, body: String) -> Result<(StatusCode, 
         .store
         .pool(&name)?
         .ok_or(ServerError::NotFound { kind: "pool", name })?;
-    Ok((StatusCode::CREATED, Json(pool_view(&cp, &record)?)))
+    let mut view = pool_view(&cp, &record)?;
+    view["warnings"] = json!(warnings);
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 /// Create or replace (`knit apply`).
 async fn apply_pool(
     State(cp): State<Cp>,
     Path(name): Path<String>,
+    Query(q): Query<PoolWriteQuery>,
     body: String,
 ) -> Result<(StatusCode, Json<Value>)> {
     let pool = NodePool::from_yaml(&body)?;
@@ -248,6 +274,7 @@ async fn apply_pool(
         .into());
     }
     check_quota(&cp, &pool)?;
+    let warnings = crate::snapshot::check_pool(&cp, &pool, q.strict)?;
     let status = match cp.store.pool(&name)? {
         Some(old) if old.deleting => {
             return Err(ServerError::Conflict(format!(
@@ -278,7 +305,9 @@ async fn apply_pool(
         .store
         .pool(&name)?
         .ok_or(ServerError::NotFound { kind: "pool", name })?;
-    Ok((status, Json(pool_view(&cp, &record)?)))
+    let mut view = pool_view(&cp, &record)?;
+    view["warnings"] = json!(warnings);
+    Ok((status, Json(view)))
 }
 
 async fn delete_pool(
@@ -512,10 +541,6 @@ async fn list_events(State(cp): State<Cp>, Query(q): Query<EventsQuery>) -> Resu
     Ok(Json(
         json!({ "items": cp.store.events(q.limit.unwrap_or(500).clamp(1, 10_000))? }),
     ))
-}
-
-async fn list_snapshots(State(cp): State<Cp>) -> Result<Json<Value>> {
-    Ok(Json(json!({ "items": cp.store.snapshots()? })))
 }
 
 async fn list_join_tokens(State(cp): State<Cp>) -> Result<Json<Value>> {

@@ -18,6 +18,7 @@ pub mod pki;
 pub mod provider;
 pub mod reconcile;
 pub mod server;
+pub mod snapshot;
 pub mod store;
 pub mod userdata;
 

@@ -50,7 +50,7 @@ pub fn pid_file(name: &str) -> String {
     format!("{RUN_DIR}/{name}.pid")
 }
 
-/// Holds the service process's pid while it runs (systemd's MainPID).
+/// Holds the service process's pid (systemd's MainPID) and start time while it runs.
 pub fn main_pid_file(name: &str) -> String {
     format!("{RUN_DIR}/{name}.main.pid")
 }
@@ -180,11 +180,21 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// The first word of a pid file (the main pid file also holds a start time).
 fn read_pid(host: &Host, abs: &str) -> Option<i32> {
-    host.read(abs)?.trim().parse().ok()
+    host.read(abs)?.split_whitespace().next()?.parse().ok()
 }
 
-fn pid_alive(pid: i32) -> bool {
+/// A process's start time (clock ticks since boot, /proc/<pid>/stat field
+/// 22): with the pid, it names one process for good, even across exec.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // `rest` starts at field 3 (state); field 22 is the 20th word.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+pub(crate) fn pid_alive(pid: i32) -> bool {
     // A zombie has exited; its stat state is `Z`.
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit_once(')')

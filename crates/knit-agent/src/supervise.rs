@@ -8,7 +8,7 @@
 use crate::error::{AgentError, Context, Result};
 use crate::host::Host;
 use crate::log::rfc3339_now;
-use crate::services::{main_pid_file, pid_file, spec_file, ServiceSpec};
+use crate::services::{main_pid_file, pid_alive, pid_file, spec_file, start_time, ServiceSpec};
 use knit_api::ErrorCode;
 use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 use nix::sys::signal::{kill, SaFlags, SigAction, SigHandler, SigSet, Signal};
@@ -110,6 +110,7 @@ fn supervise(host: &Host, spec: &ServiceSpec) -> Result<()> {
             })?;
     }
     apply_limits(host, spec);
+    stop_leftover(host, spec);
     host.write_file(
         &pid_file(&spec.name),
         format!("{}\n", std::process::id()).as_bytes(),
@@ -121,9 +122,10 @@ fn supervise(host: &Host, spec: &ServiceSpec) -> Result<()> {
         match start(host, spec) {
             Ok(mut child) => {
                 let pid = child.id();
+                let started = start_time(pid as i32).unwrap_or(0);
                 let _ = host.write_file(
                     &main_pid_file(&spec.name),
-                    format!("{pid}\n").as_bytes(),
+                    format!("{pid} {started}\n").as_bytes(),
                     0o644,
                 );
                 log_line(host, spec, &format!("started {} (pid {pid})", spec.name));
@@ -224,6 +226,36 @@ fn apply_limits(host: &Host, spec: &ServiceSpec) {
                 &format!("cannot apply {name}={shown} ({e}): {outcome}"),
             );
         }
+    }
+}
+
+/// A service process left running by a supervisor that was killed (its pid
+/// file survived) is stopped first, so two copies never fight over a socket.
+/// It is recognized by pid and start time, never by pid alone.
+fn stop_leftover(host: &Host, spec: &ServiceSpec) {
+    let Some(text) = host.read(&main_pid_file(&spec.name)) else {
+        return;
+    };
+    let mut words = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+    let (Some(Some(pid)), Some(Some(started))) = (words.next(), words.next()) else {
+        return;
+    };
+    let pid = pid as i32;
+    if start_time(pid) != Some(started) {
+        return;
+    }
+    log_line(
+        host,
+        spec,
+        &format!("stopping leftover {} (pid {pid})", spec.name),
+    );
+    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_GRACE;
+    while pid_alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(POLL);
+    }
+    if pid_alive(pid) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }
 

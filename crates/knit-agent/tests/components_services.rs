@@ -153,7 +153,34 @@ fn supervised_service_gets_limits_output_and_is_not_restarted_by_a_rerun() {
     assert_ne!(new_supervisor, supervisor);
     assert!(!pid_alive(supervisor));
 
-    let last = restarted.unwrap();
+    // The supervisor is killed outright: its service keeps running until a
+    // new supervisor stops that leftover before starting its own copy.
+    let orphan = services::main_pid(&node.host, "sleeper").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new_supervisor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("the killed supervisor", Duration::from_secs(30), || {
+        !pid_alive(new_supervisor)
+    });
+    assert!(pid_alive(orphan));
+    services::ensure_running(&node.host, &changed).expect("start after a killed supervisor");
+    wait_for("the leftover to stop", Duration::from_secs(30), || {
+        !pid_alive(orphan)
+    });
+    let new_supervisor = node.supervisor_pid("sleeper").unwrap();
+    let mut last = None;
+    wait_for("the new service pid", Duration::from_secs(30), || {
+        last = services::main_pid(&node.host, "sleeper").filter(|p| *p != orphan);
+        last.is_some()
+    });
+    let last = last.unwrap();
+    let log = std::fs::read_to_string(node.path("/var/log/knit/sleeper.log")).unwrap();
+    assert!(
+        log.contains(&format!("stopping leftover sleeper (pid {orphan})")),
+        "{log}"
+    );
     services::stop(&node.host, "sleeper").expect("stop");
     assert!(!pid_alive(new_supervisor));
     assert!(

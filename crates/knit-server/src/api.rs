@@ -409,7 +409,9 @@ async fn get_node(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json
         .node(&name)?
         .ok_or(ServerError::NotFound { kind: "node", name })?;
     let instance = cp.store.instance(&node.instance)?;
-    Ok(Json(node_view(&cp, &node, instance.as_ref(), true)?))
+    let mut view = node_view(&cp, &node, instance.as_ref(), true)?;
+    view["cache"] = crate::snapshot::node_cache(&cp, &node, instance.as_ref()).await;
+    Ok(Json(view))
 }
 
 #[derive(Debug, Deserialize)]

@@ -736,3 +736,96 @@ async fn build_on(
     }
     Ok(record)
 }
+
+/// What a node took from caches (for `knit describe node`): the package
+/// (from the agent's kubernetes-components report) and the system images
+/// (the kubelet stand-in's report on the node, read through the provider).
+pub async fn node_cache(
+    cp: &ControlPlane,
+    node: &crate::store::NodeRecord,
+    instance: Option<&crate::store::InstanceRecord>,
+) -> Value {
+    let mut out = json!({});
+    let timeline = cp.store.timeline(&node.name).unwrap_or_default();
+    if let Some(reason) = timeline
+        .iter()
+        .rev()
+        .find(|t| t.phase == "kubernetes-components" && t.outcome == "done")
+        .and_then(|t| t.reason.clone())
+    {
+        let hit = reason.contains("from the data-disk cache");
+        let bytes = reason
+            .split(" bytes)")
+            .next()
+            .and_then(|s| s.rsplit('(').next())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        out["package"] = json!({"cacheHit": hit, "bytesDownloaded": if hit { 0 } else { bytes }});
+    }
+    let Some(pid) = instance.and_then(|i| i.provider_id.clone()) else {
+        return out;
+    };
+    let Ok(provider) = cp.provider() else {
+        return out;
+    };
+    if let Ok(bytes) = provider
+        .read_file(&pid, "/var/lib/kubelet/knit-images.json")
+        .await
+    {
+        if let Ok(report) = serde_json::from_slice::<Value>(&bytes) {
+            out["images"] = report;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_and_unknown_snapshots_warn_and_strict_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("k.db")).unwrap();
+        let cp = ControlPlane::new(
+            store,
+            None,
+            Arc::new(crate::bootstrap::NoCluster),
+            crate::control::Settings::new(dir.path().to_path_buf()),
+            String::new(),
+            String::new(),
+            String::new(),
+        );
+        let cluster_version = cp.cluster_doc().unwrap().spec.kubernetes_version;
+        let snap = |id: &str, v: &str| SnapshotRecord {
+            id: id.into(),
+            pool: "p".into(),
+            kubernetes_version: v.into(),
+            containerd_version: "1.6.20".into(),
+            images: vec![],
+            size_bytes: 1,
+            created_ms: 1,
+        };
+        cp.store
+            .add_snapshot(&snap("s-fresh", &cluster_version))
+            .unwrap();
+        cp.store.add_snapshot(&snap("s-old", "1.30.1")).unwrap();
+        let pool = |id: &str| {
+            NodePool::from_yaml(&format!(
+                "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: p}}\nspec:\n  dataDisks: [{{snapshotId: {id}}}]\n"
+            ))
+            .unwrap()
+        };
+        assert!(check_pool(&cp, &pool("s-fresh"), true).unwrap().is_empty());
+        let w = check_pool(&cp, &pool("s-old"), false).unwrap();
+        assert!(
+            w[0].contains("1.30.1") && w[0].contains(&cluster_version),
+            "{w:?}"
+        );
+        let e = check_pool(&cp, &pool("s-old"), true).unwrap_err();
+        assert!(e.to_string().contains("strict"), "{e}");
+        let w = check_pool(&cp, &pool("s-other"), true).unwrap();
+        assert!(w[0].contains("not built by knit"), "{w:?}");
+        assert!(uses(&pool("s-old"), "s-old") && !uses(&pool("s-old"), "s-fresh"));
+    }
+}

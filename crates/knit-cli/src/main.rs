@@ -2,6 +2,7 @@
 //! `-f FILE`, `-o wide|json|yaml`.
 
 mod output;
+mod snapshot;
 mod wait;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -174,11 +175,17 @@ enum Cmd {
     Create {
         #[arg(short = 'f', long)]
         file: PathBuf,
+        /// Refuse a pool whose data-disk snapshot is stale.
+        #[arg(long)]
+        strict: bool,
     },
     /// Create or update the resources in a file.
     Apply {
         #[arg(short = 'f', long)]
         file: PathBuf,
+        /// Refuse a pool whose data-disk snapshot is stale.
+        #[arg(long)]
+        strict: bool,
     },
     /// Set a pool's desired node count.
     Scale {
@@ -218,6 +225,11 @@ enum Cmd {
         keep_instances: bool,
         #[arg(long, default_value_t = 600)]
         timeout: u64,
+    },
+    /// Data-disk snapshots: create from a pool, list, delete.
+    Snapshot {
+        #[command(subcommand)]
+        action: snapshot::SnapshotAction,
     },
     /// Package mirror.
     Package {
@@ -290,8 +302,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             get(&client(&cli.config)?, kind, name.as_deref(), output)
         }
         Cmd::Describe { kind, name } => describe(&client(&cli.config)?, kind, &name),
-        Cmd::Create { file } => submit(&client(&cli.config)?, &file, false),
-        Cmd::Apply { file } => submit(&client(&cli.config)?, &file, true),
+        Cmd::Create { file, strict } => submit(&client(&cli.config)?, &file, false, strict),
+        Cmd::Apply { file, strict } => submit(&client(&cli.config)?, &file, true, strict),
         Cmd::Scale {
             kind,
             name,
@@ -358,6 +370,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             keep_instances,
             timeout,
         } => down(&cli.config, keep_instances, Duration::from_secs(timeout)),
+        Cmd::Snapshot { action } => snapshot::run(&client(&cli.config)?, action),
         Cmd::Package { action } => package(action),
         Cmd::Local { args } => local(&args),
     }
@@ -964,6 +977,7 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
                 "Age:           {}",
                 age(n["createdMs"].as_i64().unwrap_or(now), now)
             );
+            snapshot::describe_cache(&n);
             println!("Phase timeline:");
             let timeline = n["timeline"].as_array().cloned().unwrap_or_default();
             let first = timeline
@@ -1089,7 +1103,14 @@ fn read_input(file: &Path) -> Result<String> {
     std::fs::read_to_string(file).map_err(io(format!("read {}", file.display())))
 }
 
-fn submit(c: &Client, file: &Path, apply: bool) -> Result<ExitCode> {
+/// The server's warnings (e.g. a stale snapshot), as kubectl shows them.
+fn print_warnings(v: &Value) {
+    for w in v["warnings"].as_array().into_iter().flatten() {
+        eprintln!("Warning: {}", cell(w));
+    }
+}
+
+fn submit(c: &Client, file: &Path, apply: bool, strict: bool) -> Result<ExitCode> {
     let text = read_input(file)?;
     let mut failed = false;
     for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
@@ -1112,10 +1133,20 @@ fn submit(c: &Client, file: &Path, apply: bool) -> Result<ExitCode> {
             .to_string();
         let outcome = match kind.as_str() {
             "NodePool" if apply => c
-                .call("PUT", &format!("/api/v1/pools/{name}"), Some(&body))
+                .call(
+                    "PUT",
+                    &format!("/api/v1/pools/{name}?strict={strict}"),
+                    Some(&body),
+                )
+                .map(|v| print_warnings(&v))
                 .map(|_| "configured"),
             "NodePool" => c
-                .call("POST", "/api/v1/pools", Some(&body))
+                .call(
+                    "POST",
+                    &format!("/api/v1/pools?strict={strict}"),
+                    Some(&body),
+                )
+                .map(|v| print_warnings(&v))
                 .map(|_| "created"),
             "Cluster" => c
                 .call("PUT", "/api/v1/cluster", Some(&body))

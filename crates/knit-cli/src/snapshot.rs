@@ -1,0 +1,193 @@
+//! `knit snapshot create|list|delete`: data-disk snapshots (SPEC §3).
+
+use crate::output::{age, cell, table};
+use crate::{CliError, Result};
+use clap::Subcommand;
+use knit_server::client::Client;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum SnapshotAction {
+    /// Build a snapshot from a pool: builder node → Ready → out of the
+    /// cluster → package cache + images → stopped → data disk snapshotted.
+    Create {
+        #[arg(long)]
+        pool: String,
+        /// Images to pull into the snapshot (besides the system images).
+        #[arg(long, num_args = 0..)]
+        images: Vec<String>,
+        #[arg(long)]
+        name: Option<String>,
+        /// Keep the builder instance (stopped) instead of releasing it.
+        #[arg(long)]
+        keep_builder: bool,
+        /// Do not wait; print the build id.
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
+    /// List snapshots; STALE = another Kubernetes version than the cluster.
+    List {
+        #[arg(short = 'o', long)]
+        output: Option<String>,
+    },
+    /// Delete a snapshot (refused while a pool uses it).
+    Delete { id: String },
+}
+
+pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
+    match action {
+        SnapshotAction::Create {
+            pool,
+            images,
+            name,
+            keep_builder,
+            no_wait,
+            timeout,
+        } => {
+            let body =
+                json!({"pool": pool, "images": images, "name": name, "keepBuilder": keep_builder});
+            let b = c.call("POST", "/api/v1/snapshots", Some(&body.to_string()))?;
+            let id = b["id"].as_str().unwrap_or_default().to_string();
+            println!("snapshot build {id} started from pool {pool}");
+            if no_wait {
+                return Ok(ExitCode::SUCCESS);
+            }
+            follow(c, &id, Duration::from_secs(timeout))
+        }
+        SnapshotAction::List { output } => {
+            let v = c.get("/api/v1/snapshots")?;
+            if output.as_deref() == Some("json") {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let now = knit_server::store::now_ms();
+            let rows: Vec<Vec<String>> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    vec![
+                        cell(&s["id"]),
+                        cell(&s["pool"]),
+                        cell(&s["kubernetesVersion"]),
+                        if s["stale"] == true {
+                            format!("yes (cluster {})", cell(&s["clusterKubernetesVersion"]))
+                        } else {
+                            "no".into()
+                        },
+                        cell(&s["containerdVersion"]),
+                        s["images"].as_array().map_or(0, |i| i.len()).to_string(),
+                        format!(
+                            "{:.1}Mi",
+                            s["sizeBytes"].as_f64().unwrap_or(0.0) / 1048576.0
+                        ),
+                        s["usedBy"]
+                            .as_array()
+                            .map(|u| u.iter().map(cell).collect::<Vec<_>>().join(","))
+                            .filter(|u| !u.is_empty())
+                            .unwrap_or_else(|| "-".into()),
+                        age(s["createdMs"].as_i64().unwrap_or(now), now),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        "ID",
+                        "POOL",
+                        "KUBERNETES",
+                        "STALE",
+                        "CONTAINERD",
+                        "IMAGES",
+                        "SIZE",
+                        "USED BY",
+                        "AGE"
+                    ],
+                    &rows
+                )
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        SnapshotAction::Delete { id } => {
+            c.call("DELETE", &format!("/api/v1/snapshots/{id}"), None)?;
+            println!("snapshot/{id} deleted");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Prints each step as it happens, then the snapshot.
+fn follow(c: &Client, id: &str, timeout: Duration) -> Result<ExitCode> {
+    let start = Instant::now();
+    let mut shown = 0;
+    loop {
+        let b = c.get(&format!("/api/v1/snapshot-builds/{id}"))?;
+        let steps = b["steps"].as_array().cloned().unwrap_or_default();
+        let t0 = b["startedMs"].as_i64().unwrap_or(0);
+        for s in steps.iter().skip(shown) {
+            let at = s["atMs"].as_i64().unwrap_or(t0) - t0;
+            println!(
+                "[{:>6.1}s] {:<9} {}",
+                at as f64 / 1000.0,
+                cell(&s["step"]),
+                cell(&s["message"])
+            );
+        }
+        shown = steps.len();
+        if b["done"] == true {
+            if let Some(e) = b["error"].as_str() {
+                return Err(CliError::Failed(format!("snapshot build {id} failed: {e}")));
+            }
+            print_snapshot(&b["snapshot"]);
+            return Ok(ExitCode::SUCCESS);
+        }
+        if start.elapsed() > timeout {
+            return Err(CliError::Failed(format!(
+                "snapshot build {id} not done after {}s (it continues on the server)",
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn print_snapshot(s: &Value) {
+    println!("snapshot/{} created", cell(&s["id"]));
+    println!("  pool:        {}", cell(&s["pool"]));
+    println!("  kubernetes:  {}", cell(&s["kubernetesVersion"]));
+    println!("  containerd:  {}", cell(&s["containerdVersion"]));
+    println!("  size:        {} bytes used", cell(&s["sizeBytes"]));
+    for i in s["images"].as_array().into_iter().flatten() {
+        println!("  image:       {}", cell(i));
+    }
+}
+
+/// `knit describe node`'s cache section.
+pub fn describe_cache(n: &Value) {
+    let c = &n["cache"];
+    match c["package"]["cacheHit"].as_bool() {
+        Some(true) => println!("Package:       data-disk cache hit (0 bytes downloaded)"),
+        Some(false) => println!(
+            "Package:       cache miss, {} bytes downloaded",
+            cell(&c["package"]["bytesDownloaded"])
+        ),
+        None => println!("Package:       (not installed yet)"),
+    }
+    let i = &c["images"];
+    if i.is_null() {
+        println!("Images:        (no report from the kubelet yet)");
+    } else {
+        println!(
+            "Images:        cache hit {}, miss {}, failed {}, {} bytes pulled",
+            cell(&i["hit"]),
+            cell(&i["miss"]),
+            cell(&i["failed"]),
+            cell(&i["bytesPulled"])
+        );
+    }
+}

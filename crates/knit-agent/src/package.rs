@@ -323,20 +323,44 @@ fn expected_sha256(
         "kubernetes-components",
         &format!("kubernetes.sha256 not set: fetching {sidecar}"),
     );
-    let text = agent
-        .get(&sidecar)
-        .call()
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.into_string().map_err(|e| e.to_string()))
-        .map_err(|e| {
-            AgentError::new(
-                ErrorCode::FailDownloadKubernetes,
-                format!(
-                    "no checksum for {url}: kubernetes.sha256 is not set and {sidecar} could not be fetched ({e}); \
-                     set kubernetes.sha256 or publish the .sha256 file beside the tarball"
-                ),
-            )
-        })?;
+    let attempts = package.download_attempts.max(1) as u32;
+    let mut attempt = 1;
+    let text = loop {
+        let result = agent
+            .get(&sidecar)
+            .call()
+            .map_err(|e| (transient(&e), e.to_string()))
+            .and_then(|r| r.into_string().map_err(|e| (true, e.to_string())));
+        match result {
+            Ok(text) => break text,
+            Err((true, e)) if attempt < attempts => {
+                host.log.line(
+                    "kubernetes-components",
+                    &format!("fetch {sidecar} failed (attempt {attempt}/{attempts}): {e}"),
+                );
+                std::thread::sleep(Duration::from_secs(1 << (attempt - 1).min(4)));
+                attempt += 1;
+            }
+            // The mirror answered, without the file: the digest is missing.
+            Err((false, e)) => {
+                return Err(AgentError::new(
+                    ErrorCode::FailDownloadKubernetes,
+                    format!(
+                        "no checksum for {url}: kubernetes.sha256 is not set and {sidecar} could not be fetched ({e}); \
+                         set kubernetes.sha256 or publish the .sha256 file beside the tarball"
+                    ),
+                ))
+            }
+            Err((true, e)) => {
+                return Err(AgentError::new(
+                    ErrorCode::FailDownloadKubernetes,
+                    format!(
+                        "cannot fetch {sidecar} ({attempts} attempt(s)): {e}; check kubernetes.url and that the node reaches the mirror"
+                    ),
+                ))
+            }
+        }
+    };
     parse_sidecar(&text).ok_or_else(|| {
         AgentError::new(
             ErrorCode::FailDownloadKubernetes,

@@ -344,3 +344,33 @@ fn local_directory_sources() {
     assert_eq!(err.code, ErrorCode::FailDownloadKubernetes);
     assert!(err.message.contains("kubernetes.url"), "{err}");
 }
+
+#[test]
+fn a_download_without_any_checksum_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, _) = build_package(work.path(), VERSION, &package_files());
+    // The mirror has the tarball but no `.sha256`, and none is configured.
+    let node = Node::new();
+    let server = mirror(&tarball, None);
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailDownloadKubernetes);
+    assert!(err.message.contains("set kubernetes.sha256"), "{err}");
+    assert_eq!(server.count(&tarball_path(VERSION)), 0, "never downloaded");
+    assert!(!node.path("/usr/local/bin/kubelet").exists());
+
+    // An unreachable mirror is named as such, after the configured attempts.
+    let node = Node::new();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    config.kubernetes.url = Some(format!("http://{closed}"));
+    config.kubernetes.download_attempts = 2;
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailDownloadKubernetes);
+    assert!(err.message.contains(&format!("http://{closed}")), "{err}");
+    assert!(err.message.contains("reaches the mirror"), "{err}");
+    assert!(node.log().contains("(attempt 1/2)"), "{}", node.log());
+}

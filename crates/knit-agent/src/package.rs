@@ -369,12 +369,13 @@ fn expected_sha256(
     })
 }
 
-/// Downloads and verifies the tarball, then unpacks it into the staging area.
+/// Downloads and verifies the tarball, then unpacks it into `unpack_to`.
 pub fn download(
     host: &Host,
     package: &KubernetesPackage,
     url: &str,
     agent: &ureq::Agent,
+    unpack_to: &Path,
 ) -> Result<Package> {
     let url = tarball_url(package, url);
     let expected = expected_sha256(host, agent, package, &url)?;
@@ -431,19 +432,23 @@ pub fn download(
         url: url.clone(),
         bytes,
     };
-    let dest = staging.join(format!("kubernetes-{}", package.version));
-    let unpacked =
-        unpack(&tarball, &dest).and_then(|()| read_unpacked(&dest, &package.version, source, got));
+    let unpacked = unpack(&tarball, unpack_to)
+        .and_then(|()| read_unpacked(unpack_to, &package.version, source, got));
     let _ = fs::remove_file(&tarball);
     if unpacked.is_err() {
-        let _ = fs::remove_dir_all(&dest);
+        let _ = fs::remove_dir_all(unpack_to);
     }
     unpacked
 }
 
 /// A package from `kubernetes.dir` (node-absolute): the tarball, or an
 /// unpacked `pkg/kubernetes`. `None` when the directory holds neither.
-pub fn from_dir(host: &Host, package: &KubernetesPackage, dir: &str) -> Result<Option<Package>> {
+pub fn from_dir(
+    host: &Host,
+    package: &KubernetesPackage,
+    dir: &str,
+    unpack_to: &Path,
+) -> Result<Option<Package>> {
     let base = dir.trim_end_matches('/');
     let tarball_abs = format!("{base}/{}", package.tarball_name());
     let tarball = host.path(&tarball_abs);
@@ -475,10 +480,9 @@ pub fn from_dir(host: &Host, package: &KubernetesPackage, dir: &str) -> Result<O
                 &format!("no sha256 for {tarball_abs}: trusting the local directory (its files are still checked against {PACKAGE_MANIFEST})"),
             ),
         }
-        let dest = host.path(&format!("{STAGING_DIR}/kubernetes-{}", package.version));
-        unpack(&tarball, &dest)?;
+        unpack(&tarball, unpack_to)?;
         return read_unpacked(
-            &dest,
+            unpack_to,
             &package.version,
             Source::LocalTarball(tarball_abs),
             got,
@@ -515,18 +519,28 @@ fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes the package to the data-disk cache, replacing any other version.
-/// The new cache appears whole or not at all (copy aside, then rename).
-pub fn write_cache(host: &Host, cache_abs: &str, package: &Package) -> Result<()> {
+/// Where a package being cached is assembled, beside the cache (same
+/// filesystem, so it can be renamed into place). Node-absolute.
+pub fn cache_staging(cache_abs: &str) -> String {
+    let parent = cache_abs.rsplit_once('/').map_or("", |(p, _)| p);
+    format!("{parent}/.kubernetes.knit-tmp")
+}
+
+/// Makes the package the data-disk cache, replacing any other version, and
+/// returns the cache directory. The new cache appears whole or not at all: it
+/// is assembled in `cache_staging` (where the package may already have been
+/// unpacked), then renamed into place.
+pub fn write_cache(host: &Host, cache_abs: &str, package: &Package) -> Result<PathBuf> {
     let dest = host.path(cache_abs);
     let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
-    let parent = dest.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let tmp = parent.join(".kubernetes.knit-tmp");
-    let old = parent.join(".kubernetes.knit-old");
-    let _ = fs::remove_dir_all(&tmp);
+    let tmp = host.path(&cache_staging(cache_abs));
+    let old = tmp.with_file_name(".kubernetes.knit-old");
     let _ = fs::remove_dir_all(&old);
-    copy_tree(&package.dir, &tmp)
-        .map_err(|e| fail(format!("copy the package to {}: {e}", tmp.display())))?;
+    if package.dir != tmp {
+        let _ = fs::remove_dir_all(&tmp);
+        copy_tree(&package.dir, &tmp)
+            .map_err(|e| fail(format!("copy the package to {}: {e}", tmp.display())))?;
+    }
     let manifest = CacheManifest {
         version: package.manifest.version.clone(),
         tarball_sha256: package.tarball_sha256.clone(),
@@ -540,7 +554,7 @@ pub fn write_cache(host: &Host, cache_abs: &str, package: &Package) -> Result<()
     }
     fs::rename(&tmp, &dest).map_err(|e| fail(format!("rename into {}: {e}", dest.display())))?;
     let _ = fs::remove_dir_all(&old);
-    Ok(())
+    Ok(dest)
 }
 
 /// Installs every `bin/*` file of the package into `/usr/local/bin`

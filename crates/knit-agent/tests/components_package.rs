@@ -245,6 +245,13 @@ fn download_fills_the_cache_on_a_mounted_data_disk() {
     assert_eq!(manifest["files"]["bin/kubelet"], sha256_hex(KUBELET));
     assert_eq!(std::fs::read(cache.join("bin/kubelet")).unwrap(), KUBELET);
     assert!(cache.join("images.txt").is_file());
+    // Unpacked beside the cache and renamed into place: nothing left over.
+    assert!(!target.join("ack/.kubernetes.knit-tmp").exists());
+    assert!(!target.join("ack/.kubernetes.knit-old").exists());
+    let staging = std::fs::read_dir(node.path(package::STAGING_DIR))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(staging, 0);
 
     // The next initialization of this disk (e.g. from a snapshot) uses it.
     std::fs::remove_file(node.path("/usr/local/bin/kubelet")).unwrap();

@@ -18,6 +18,7 @@ use knit_api::{ErrorCode, NodeConfig, PhaseName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 const SCOPE: &str = "kubernetes-components";
@@ -151,8 +152,17 @@ impl Phase for KubernetesComponents {
                 "Kubernetes {version} already installed; rendered {rendered} files"
             ));
         }
-        let cache_abs = package::cache_dir(&ctx.config.data_disk.mount_target);
-        let package = match package::check_cache(host, &cache_abs, &version) {
+        let target = &ctx.config.data_disk.mount_target;
+        let cache_abs = package::cache_dir(target);
+        // Only a mounted data disk keeps the cache (and its snapshots carry
+        // it); a package headed there is unpacked beside it directly.
+        let caching = mounted_at(&host.host_path(target)).is_some();
+        let unpack_to = if caching {
+            host.path(&package::cache_staging(&cache_abs))
+        } else {
+            host.path(&format!("{}/kubernetes-{version}", package::STAGING_DIR))
+        };
+        let mut package = match package::check_cache(host, &cache_abs, &version) {
             Ok(package) => {
                 host.log.line(
                     SCOPE,
@@ -165,17 +175,39 @@ impl Phase for KubernetesComponents {
                 host.log
                     .line(SCOPE, &format!("check cached kubernetes failed: {reason}"));
                 ctx.journal.package_cache_hit = Some(false);
-                let package = fetch(ctx)?;
+                let package = fetch(ctx, &unpack_to)?;
                 if let Source::Download { bytes, .. } = &package.source {
                     ctx.journal.package_bytes_downloaded += bytes;
                 }
                 package
             }
         };
-        let result = install(ctx, &package, &cache_abs);
-        // The staging copy is only needed until the binaries are installed.
-        if package.dir.starts_with(host.path(package::STAGING_DIR)) {
-            let _ = std::fs::remove_dir_all(&package.dir);
+        if package.source != Source::Cache {
+            if caching {
+                match package::write_cache(host, &cache_abs, &package) {
+                    Ok(dir) => {
+                        host.log.line(
+                            SCOPE,
+                            &format!("cached kubernetes {version} in {cache_abs}"),
+                        );
+                        package.dir = dir;
+                    }
+                    Err(e) => host
+                        .log
+                        .line(SCOPE, &format!("cannot write the cache (continuing): {e}")),
+                }
+            } else {
+                host.log.line(
+                    SCOPE,
+                    &format!("no data disk mounted at {target}: package not cached"),
+                );
+            }
+        }
+        let result = install(ctx, &package);
+        // An unpacked copy outside the cache is only needed until the
+        // binaries are installed.
+        if package.dir == unpack_to {
+            let _ = std::fs::remove_dir_all(&unpack_to);
         }
         result
     }
@@ -205,11 +237,12 @@ fn install_image_list(ctx: &Ctx, package: &Package) {
     }
 }
 
-/// The package from `kubernetes.dir`, else `kubernetes.url`.
-fn fetch(ctx: &Ctx) -> Result<Package> {
+/// The package from `kubernetes.dir`, else `kubernetes.url`, unpacked (if it
+/// comes as a tarball) into `unpack_to`.
+fn fetch(ctx: &Ctx, unpack_to: &Path) -> Result<Package> {
     let k = &ctx.config.kubernetes;
     if let Some(dir) = &k.dir {
-        if let Some(package) = package::from_dir(ctx.host, k, dir)? {
+        if let Some(package) = package::from_dir(ctx.host, k, dir, unpack_to)? {
             return Ok(package);
         }
         let missing = format!(
@@ -236,34 +269,11 @@ fn fetch(ctx: &Ctx) -> Result<Package> {
         ctx.config.cluster.control_plane_ca_cert.as_deref(),
         Duration::from_secs(10),
     )?;
-    package::download(ctx.host, k, url, &agent)
+    package::download(ctx.host, k, url, &agent, unpack_to)
 }
 
-fn install(ctx: &Ctx, package: &Package, cache_abs: &str) -> Result<String> {
+fn install(ctx: &Ctx, package: &Package) -> Result<String> {
     let host = ctx.host;
-    let target = &ctx.config.data_disk.mount_target;
-    if package.source != Source::Cache {
-        // Only a mounted data disk keeps the cache (and its snapshots carry it).
-        if mounted_at(&host.host_path(target)).is_some() {
-            match package::write_cache(host, cache_abs, package) {
-                Ok(()) => host.log.line(
-                    SCOPE,
-                    &format!(
-                        "cached kubernetes {} in {cache_abs}",
-                        package.manifest.version
-                    ),
-                ),
-                Err(e) => host
-                    .log
-                    .line(SCOPE, &format!("cannot write the cache (continuing): {e}")),
-            }
-        } else {
-            host.log.line(
-                SCOPE,
-                &format!("no data disk mounted at {target}: package not cached"),
-            );
-        }
-    }
     let binaries = package::install_binaries(host, package)?;
     install_image_list(ctx, package);
     if host.find_program("containerd").is_none() {

@@ -313,6 +313,13 @@ fn ca_pin_is_checked_and_mismatches_refused() {
         std::fs::read_to_string(node.path("/etc/kubernetes/pki/ca.crt")).unwrap(),
         pki.ca_pem
     );
+    // A rerun reuses the discovered CA (it still has the pin): with the
+    // server gone, the join fails on reachability, not on discovery.
+    drop(server);
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailJoin);
+    assert!(err.message.contains("cannot reach the API server"), "{err}");
+    assert!(!err.message.contains("cluster-info"), "{err}");
 }
 
 #[test]

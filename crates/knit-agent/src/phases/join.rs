@@ -43,6 +43,12 @@ pub fn resolve_ca(ctx: &Ctx, endpoint: &str) -> Result<String> {
         }
         (Some(ca), None) => Ok(ca.clone()),
         (None, Some(pin)) => {
+            // Discovered by an earlier run: reused if it still has the pin.
+            if let Some(ca) = ctx.host.read(render::CLUSTER_CA) {
+                if tls::check_ca_pin(&ca, pin, render::CLUSTER_CA).is_ok() {
+                    return Ok(ca);
+                }
+            }
             ctx.host.log.line(
                 SCOPE,
                 &format!("discovering the cluster CA from {endpoint} (pin {pin})"),

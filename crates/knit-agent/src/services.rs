@@ -80,7 +80,7 @@ pub fn ensure_running(host: &Host, spec: &ServiceSpec) -> Result<()> {
 
 pub fn is_running(host: &Host, name: &str) -> bool {
     if uses_systemd(host) {
-        return std::process::Command::new("systemctl")
+        return Command::new("systemctl")
             .args(["is-active", "--quiet", name])
             .status()
             .is_ok_and(|s| s.success());

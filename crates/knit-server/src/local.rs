@@ -123,7 +123,13 @@ impl Provider for LocalProvider {
     }
 
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
-        let tpl = local_template(template);
+        let mut tpl = local_template(template);
+        // Benchmarks stand for a cloud network: every instance's link shaped
+        // (tc on both veth ends) when KNIT_LOCAL_BANDWIDTH_MBIT is set.
+        tpl.bandwidth_mbit = std::env::var("KNIT_LOCAL_BANDWIDTH_MBIT")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|m| *m > 0);
         self.blocking(move |c| c.create(&tpl))
             .await
             .map(|i| view(&i))

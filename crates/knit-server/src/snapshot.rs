@@ -385,7 +385,7 @@ async fn run(cp: &Cp, id: &str, req: &BuildRequest) -> Result<SnapshotRecord> {
     for d in &mut pool.spec.data_disks {
         d.snapshot_id = None;
         d.auto_format = true;
-        d.size_gib = d.size_gib.max(20);
+        d.size_gib = d.size_gib.max(40);
     }
     pool.validate()?;
     cp.store.insert_pool(&pool)?;

@@ -557,23 +557,32 @@ pub fn write_cache(host: &Host, cache_abs: &str, package: &Package) -> Result<Pa
     Ok(dest)
 }
 
-/// Installs every `bin/*` file of the package into `/usr/local/bin`
-/// (copy aside + rename, so a running binary is replaced atomically).
-/// Returns node-absolute path → sha256.
+/// Where each kind of executable in the package is installed: kubelet and
+/// the runtime beside the system's, CNI plugins where containerd looks.
+const INSTALL_DIRS: &[(&str, &str)] = &[("bin/", BIN_DIR), ("cni/bin/", CNI_BIN_DIR)];
+pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
+
+/// Installs every `bin/*` file of the package into `/usr/local/bin` and
+/// every `cni/bin/*` into `/opt/cni/bin` (copy aside + rename, so a running
+/// binary is replaced atomically). Returns node-absolute path → sha256.
 pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<String, String>> {
     let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
-    let bin_dir = host.path(BIN_DIR);
-    fs::create_dir_all(&bin_dir).map_err(|e| fail(format!("create {}: {e}", bin_dir.display())))?;
     let mut installed = BTreeMap::new();
     for (rel, sha) in &package.manifest.files {
-        let Some(name) = rel.strip_prefix("bin/") else {
+        let Some((dir, name)) = INSTALL_DIRS
+            .iter()
+            .find_map(|(prefix, dir)| rel.strip_prefix(prefix).map(|name| (*dir, name)))
+        else {
             continue;
         };
         if name.contains('/') {
             continue;
         }
-        let dest = bin_dir.join(name);
-        let tmp = bin_dir.join(format!(".{name}.knit-tmp"));
+        let dest_dir = host.path(dir);
+        fs::create_dir_all(&dest_dir)
+            .map_err(|e| fail(format!("create {}: {e}", dest_dir.display())))?;
+        let dest = dest_dir.join(name);
+        let tmp = dest_dir.join(format!(".{name}.knit-tmp"));
         fs::copy(package.dir.join(rel), &tmp)
             .and_then(|_| {
                 use std::os::unix::fs::PermissionsExt;
@@ -585,7 +594,7 @@ pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<Strin
                 let _ = fs::remove_file(&tmp);
                 fail(format!("install {}: {e}", dest.display()))
             })?;
-        installed.insert(format!("{BIN_DIR}/{name}"), sha.clone());
+        installed.insert(format!("{dir}/{name}"), sha.clone());
     }
     Ok(installed)
 }

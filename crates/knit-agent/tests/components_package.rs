@@ -381,3 +381,34 @@ fn a_download_without_any_checksum_is_refused() {
     assert!(err.message.contains("reaches the mirror"), "{err}");
     assert!(node.log().contains("(attempt 1/2)"), "{}", node.log());
 }
+
+#[test]
+fn cni_plugins_and_default_network_config_are_installed_unless_one_exists() {
+    let work = tempfile::tempdir().unwrap();
+    let conflist: &[u8] =
+        br#"{"cniVersion":"1.0.0","name":"knit","plugins":[{"type":"loopback"}]}"#;
+    let mut files = package_files();
+    files.push(("cni/bin/loopback", b"#!/bin/sh\n"));
+    files.push(("cni/net.d/10-knit.conflist", conflist));
+    let (tarball, _) = build_package(work.path(), VERSION, &files);
+    let mut config = base_config();
+    config.kubernetes.dir = Some("/opt/knit-packages".into());
+
+    let node = Node::new();
+    package::unpack(&tarball, &node.path("/opt/knit-packages/pkg/kubernetes")).unwrap();
+    node.init(&config).expect("init");
+    assert!(node.path("/opt/cni/bin/loopback").is_file());
+    assert_eq!(
+        std::fs::read(node.path("/etc/cni/net.d/10-knit.conflist")).unwrap(),
+        conflist
+    );
+
+    // A network plugin's own configuration is never replaced.
+    let node = Node::new();
+    package::unpack(&tarball, &node.path("/opt/knit-packages/pkg/kubernetes")).unwrap();
+    std::fs::create_dir_all(node.path("/etc/cni/net.d")).unwrap();
+    std::fs::write(node.path("/etc/cni/net.d/05-plugin.conflist"), b"{}").unwrap();
+    node.init(&config).expect("init");
+    assert!(!node.path("/etc/cni/net.d/10-knit.conflist").exists());
+    assert!(node.log().contains("already holds a network configuration"));
+}

@@ -237,6 +237,49 @@ fn install_image_list(ctx: &Ctx, package: &Package) {
     }
 }
 
+pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+
+/// Installs the package's default network configuration (`cni/net.d/*`)
+/// unless a network plugin already put one in place: on a real cluster the
+/// network plugin's DaemonSet owns `/etc/cni/net.d`, on the local cloud the
+/// package's bridge configuration stands in for it.
+fn install_cni_config(ctx: &Ctx, package: &Package) -> Result<()> {
+    let host = ctx.host;
+    let src = package.dir.join("cni/net.d");
+    let Ok(entries) = std::fs::read_dir(&src) else {
+        return Ok(());
+    };
+    let dest = host.path(CNI_CONF_DIR);
+    let has_config = std::fs::read_dir(&dest).is_ok_and(|d| {
+        d.flatten().any(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.ends_with(".conf") || name.ends_with(".conflist") || name.ends_with(".json")
+        })
+    });
+    if has_config {
+        host.log.line(
+            SCOPE,
+            &format!("{CNI_CONF_DIR} already holds a network configuration: kept"),
+        );
+        return Ok(());
+    }
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let content = std::fs::read(entry.path()).map_err(|e| {
+            AgentError::new(
+                ErrorCode::FailInstallComponents,
+                format!("read cni/net.d/{name}: {e}"),
+            )
+        })?;
+        host.write_file(&format!("{CNI_CONF_DIR}/{name}"), &content, 0o644)?;
+        host.log.line(
+            SCOPE,
+            &format!("installed network configuration {CNI_CONF_DIR}/{name}"),
+        );
+    }
+    Ok(())
+}
+
 /// The package from `kubernetes.dir`, else `kubernetes.url`, unpacked (if it
 /// comes as a tarball) into `unpack_to`.
 fn fetch(ctx: &Ctx, unpack_to: &Path) -> Result<Package> {
@@ -276,6 +319,7 @@ fn install(ctx: &Ctx, package: &Package) -> Result<String> {
     let host = ctx.host;
     let binaries = package::install_binaries(host, package)?;
     install_image_list(ctx, package);
+    install_cni_config(ctx, package)?;
     if host.find_program("containerd").is_none() {
         return Err(AgentError::new(
             ErrorCode::FailInstallComponents,

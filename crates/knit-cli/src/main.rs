@@ -1247,6 +1247,20 @@ fn package(action: PackageAction) -> Result<ExitCode> {
             .iter()
             .map(|s| s.to_string())
             .collect(),
+        cni_plugins: knit_server::mirror::LOCAL_CNI_PLUGINS
+            .iter()
+            .map(|name| {
+                (
+                    name.to_string(),
+                    Path::new(knit_server::mirror::DEBIAN_CNI_DIR).join(name),
+                )
+            })
+            .filter(|(_, path)| path.is_file())
+            .collect(),
+        network_config: Some((
+            knit_server::mirror::LOCAL_NETWORK_CONFIG.0.to_string(),
+            knit_server::mirror::LOCAL_NETWORK_CONFIG.1.to_string(),
+        )),
     })?;
     println!(
         "{} ({} MiB, sha256 {})\nknit-agent sha256 {}",

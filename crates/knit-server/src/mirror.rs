@@ -27,7 +27,24 @@ pub struct PackageBuild {
     pub runtime_bins: Vec<(String, PathBuf)>,
     pub containerd_version: String,
     pub images: Vec<String>,
+    /// (name in `cni/bin/`, source path): CNI plugins the agent installs in /opt/cni/bin.
+    pub cni_plugins: Vec<(String, PathBuf)>,
+    /// (file name in `cni/net.d/`, content): the default network configuration.
+    pub network_config: Option<(String, String)>,
 }
+
+/// The local cloud's network configuration: a node-local bridge with
+/// host-local addresses. It stands in for a network plugin's DaemonSet,
+/// which on a real cluster writes /etc/cni/net.d (no pods run here).
+pub const LOCAL_NETWORK_CONFIG: (&str, &str) = (
+    "10-knit-bridge.conflist",
+    r#"{"cniVersion":"1.0.0","name":"knit-local","plugins":[{"type":"bridge","bridge":"cni0","isGateway":true,"ipMasq":false,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.88.0.0/16"}]]}},{"type":"portmap","capabilities":{"portMappings":true}}]}
+"#,
+);
+
+/// The CNI plugins that configuration needs, and where Debian puts them.
+pub const LOCAL_CNI_PLUGINS: &[&str] = &["bridge", "host-local", "loopback", "portmap"];
+pub const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -112,6 +129,9 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
     for (name, path) in &b.runtime_bins {
         inputs.push((format!("bin/{name}"), path.clone()));
     }
+    for (name, path) in &b.cni_plugins {
+        inputs.push((format!("cni/bin/{name}"), path.clone()));
+    }
     for (name, path) in &inputs {
         if !path.is_file() {
             return Err(ServerError::Package(format!(
@@ -173,6 +193,16 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
         images.as_bytes(),
         0o644,
     )?;
+    if let Some((name, content)) = &b.network_config {
+        let rel = format!("cni/net.d/{name}");
+        files.insert(rel.clone(), hex::encode(Sha256::digest(content.as_bytes())));
+        append(
+            &mut builder,
+            &format!("pkg/kubernetes/{rel}"),
+            content.as_bytes(),
+            0o644,
+        )?;
+    }
     let manifest = serde_json::to_vec_pretty(&PackageManifest {
         version: &b.kubernetes_version,
         containerd_version: &b.containerd_version,
@@ -249,6 +279,8 @@ mod tests {
             runtime_bins: vec![],
             containerd_version: "1.7.24".into(),
             images: vec!["registry.k8s.io/pause:3.10".into()],
+            cni_plugins: vec![],
+            network_config: Some((LOCAL_NETWORK_CONFIG.0.into(), LOCAL_NETWORK_CONFIG.1.into())),
         })
         .unwrap();
         let tarball = mirror.join("pkg/kubernetes/kubernetes-1.31.4-linux-amd64.tar.gz");
@@ -278,6 +310,10 @@ mod tests {
             seen["pkg/kubernetes/images.txt"],
             b"registry.k8s.io/pause:3.10\n"
         );
+        assert_eq!(
+            seen["pkg/kubernetes/cni/net.d/10-knit-bridge.conflist"],
+            LOCAL_NETWORK_CONFIG.1.as_bytes()
+        );
 
         let sums = std::fs::read_to_string(mirror.join("SHA256SUMS")).unwrap();
         assert!(sums.contains(&format!("{}  bin/knit-agent", summary.agent_sha256)));
@@ -295,6 +331,8 @@ mod tests {
             runtime_bins: vec![],
             containerd_version: String::new(),
             images: vec![],
+            cni_plugins: vec![],
+            network_config: None,
         })
         .unwrap_err();
         assert!(err.to_string().contains("bin/kubelet"), "{err}");

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Data-disk snapshot benchmark (SPEC §3), one run side by side:
+# a pool of NODES nodes scaled 0 → NODES without a snapshot, then a snapshot
+# built from that pool, then a pool from the snapshot scaled the same way.
+# Every instance's link is shaped to MBIT Mbit/s (tc, both veth ends).
+# Measured from the scale request: all nodes Ready, and all listed images
+# present on every node (the kubelet stand-in's report written).
+#
+# Real: local-cloud instances, containerd in each, docker-registry seeded
+# with locally built images of random bytes, the agent's package download
+# from the control plane's mirror. Modelled: the network plugin's
+# install-cni step (writes the CNI config once the plugin image is present,
+# as flannel's init container does) — so Ready waits for that image, as it
+# does on a real cluster.
+#
+# Run as root from anywhere:  bash bench/snapshot/run.sh
+# Knobs (environment): NODES=3 MBIT=100 BIG=300M BIG_LAYERS=3
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+NODES=${NODES:-3}
+MBIT=${MBIT:-100}
+BIG=${BIG:-300M}
+BIG_LAYERS=${BIG_LAYERS:-3}
+
+cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim -p knit-registry
+BIN=$PWD/target/release
+WORK=$(mktemp -d -t knit-snapshot-bench-XXXXXX)
+NET=$(($$ % 200 + 20))
+BRIDGE=ksb$$
+SUBNET=10.218.$NET.0/24
+GW=10.218.$NET.1
+PORT=$((21000 + $$ % 9000))
+CPORT=$((PORT + 1))
+RPORT=$((PORT + 2))
+export KNIT_CONFIG=$WORK/config
+export KNIT_LOCAL_BANDWIDTH_MBIT=$MBIT
+SERVER= REG=
+cleanup() {
+    [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    [ -n "$REG" ] && kill "$REG" 2>/dev/null && wait "$REG" 2>/dev/null
+    "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+ms() { date +%s%3N; }
+knit() { "$BIN/knit" "$@"; }
+local_() { "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" "$@"; }
+jq_() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+knit package build --state-dir "$WORK/server" >/dev/null
+knit server --write-config --state-dir "$WORK/server" --cluster embedded --cluster-port "$CPORT" \
+    --listen "0.0.0.0:$PORT" --advertise-address "$GW" --local-state-dir "$WORK/local" \
+    --local-bridge "$BRIDGE" --local-subnet "$SUBNET" --parallelism "$NODES" >"$WORK/server.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 300); do [ -f "$KNIT_CONFIG" ] && knit get clusters >/dev/null 2>&1 && break; sleep 0.1; done
+
+"$BIN/knit-registry" serve --dir "$WORK/registry" --addr "0.0.0.0:$RPORT" >"$WORK/registry.log" 2>&1 &
+REG=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$RPORT/v2/" >/dev/null && break; sleep 0.1; done
+APP=docker.io/knit/bench-app:1
+IMAGES=(registry.k8s.io/pause:3.10 registry.k8s.io/kube-proxy:v1.31.4 docker.io/flannel/flannel:v0.26.1 "$APP")
+t=$(ms)
+"$BIN/knit-registry" seed --registry "http://127.0.0.1:$RPORT" --work "$WORK/seed" \
+    registry.k8s.io/pause:3.10=512K registry.k8s.io/kube-proxy:v1.31.4=28M \
+    docker.io/flannel/flannel:v0.26.1=30M "$APP=${BIG}x${BIG_LAYERS}" >"$WORK/seed.json"
+seed_ms=$(($(ms) - t))
+image_bytes=$(python3 -c "import json; print(sum(json.loads(l)['transferBytes'] for l in open('$WORK/seed.json')))")
+
+pool() { # $1 = name, $2 = data disk
+    cat <<YAML
+apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {name: $1}
+spec:
+  replicas: 0
+  systemDisk: {sizeGiB: 20}
+  dataDisks: [$2]
+  containerd:
+    registryMirrors:
+      registry.k8s.io: ["http://$GW:$RPORT"]
+      docker.io: ["http://$GW:$RPORT"]
+    insecureRegistries: ["$GW:$RPORT"]
+  kubelet:
+    customizedArgs: {image-list: /etc/knit-bench/images.txt}
+  preUserData: |
+    touch /var/.skip-yum
+    mkdir -p /etc/knit-bench
+    printf '%s\n' ${IMAGES[*]} > /etc/knit-bench/images.txt
+    # install-cni: the network plugin writes its CNI config once its image is present.
+    nohup sh -c 'until ctr -n k8s.io images ls -q 2>/dev/null | grep -qx docker.io/flannel/flannel:v0.26.1; do sleep 0.2; done; mkdir -p /etc/cni/net.d; echo "{\"cniVersion\":\"1.0.0\",\"name\":\"flannel\",\"plugins\":[{\"type\":\"loopback\"}]}" > /etc/cni/net.d/10-flannel.conflist' >/dev/null 2>&1 &
+YAML
+}
+
+# Scale $1 to NODES; prints "ready_ms images_ms bytes_pulled hits misses".
+measure() {
+    local p=$1 t0 ready=0 images=0 now ids done_ids
+    t0=$(ms)
+    knit scale pool "$p" --replicas "$NODES" >/dev/null
+    while :; do
+        now=$(ms)
+        if [ "$ready" = 0 ] && [ "$(knit get pools "$p" -o json | jq_ "d['status']['ready']")" = "$NODES" ]; then
+            ready=$((now - t0))
+        fi
+        if [ "$images" = 0 ]; then
+            ids=$(local_ list | python3 -c "import json,sys; print(' '.join(i['record']['id'] for i in json.load(sys.stdin) if i['record']['template']['attributes']['tags'].get('knit.dev/pool')=='$p'))")
+            done_ids=0
+            for id in $ids; do
+                local_ exec "$id" test -f /var/lib/kubelet/knit-images.json 2>/dev/null && done_ids=$((done_ids + 1))
+            done
+            [ "$done_ids" = "$NODES" ] && images=$((now - t0))
+        fi
+        [ "$ready" != 0 ] && [ "$images" != 0 ] && break
+        [ $((now - t0)) -gt 1800000 ] && { echo "timeout scaling $p" >&2; exit 1; }
+        sleep 0.25
+    done
+    local bytes=0 hits=0 misses=0 r
+    for id in $ids; do
+        r=$(local_ exec "$id" cat /var/lib/kubelet/knit-images.json)
+        bytes=$((bytes + $(echo "$r" | jq_ "d['bytesPulled']")))
+        hits=$((hits + $(echo "$r" | jq_ "d['hit']")))
+        misses=$((misses + $(echo "$r" | jq_ "d['miss']")))
+    done
+    echo "$ready $images $bytes $hits $misses"
+}
+
+pool plain "{sizeGiB: 40, interface: nvme}" >"$WORK/plain.yaml"
+knit create -f "$WORK/plain.yaml" >/dev/null
+read -r a_ready a_images a_bytes a_hits a_misses <<<"$(measure plain)"
+a_downloads=$(grep -c 'check cached kubernetes failed' <(for n in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='plain')"); do knit logs node "$n"; done) || true)
+knit scale pool plain --replicas 0 --wait --timeout 600 >/dev/null
+
+t=$(ms)
+knit snapshot create --pool plain --images "$APP" --timeout 1800 >"$WORK/build.txt"
+build_ms=$(($(ms) - t))
+snap=$(knit snapshot list -o json | jq_ "d['items'][0]['id']")
+snap_bytes=$(knit snapshot list -o json | jq_ "d['items'][0]['sizeBytes']")
+
+pool fast "{snapshotId: $snap, interface: nvme}" >"$WORK/fast.yaml"
+knit create -f "$WORK/fast.yaml" >/dev/null
+read -r b_ready b_images b_bytes b_hits b_misses <<<"$(measure fast)"
+b_downloads=$(grep -c 'check cached kubernetes failed' <(for n in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='fast')"); do knit logs node "$n"; done) || true)
+
+ratio() { python3 -c "print(f'{$1/max($2,1):.1f}')"; }
+echo "Snapshot benchmark: $NODES nodes, links shaped to $MBIT Mbit/s, $(nproc) cores; images: ${IMAGES[*]} ($image_bytes bytes compressed, seeded in $seed_ms ms)"
+echo
+echo "| | without snapshot | with snapshot | speed-up |"
+echo "|---|---|---|---|"
+echo "| scale request → $NODES nodes Ready | $a_ready ms | $b_ready ms | $(ratio "$a_ready" "$b_ready")× |"
+echo "| scale request → all listed images present on all nodes | $a_images ms | $b_images ms | $(ratio "$a_images" "$b_images")× |"
+echo "| image bytes pulled (all nodes) | $a_bytes | $b_bytes | |"
+echo "| image cache hit / miss (all nodes) | $a_hits / $a_misses | $b_hits / $b_misses | |"
+echo "| nodes that downloaded the Kubernetes package | $a_downloads | $b_downloads | |"
+echo
+echo "Snapshot build (knit snapshot create, builder from the shaped pool): $build_ms ms; snapshot $snap holds $snap_bytes bytes used."
+sed 's/^/    /' "$WORK/build.txt"

@@ -13,10 +13,11 @@ AGENT=$PWD/target/release/knit-agent
 KUBELET=$PWD/target/release/knit-kubelet-sim
 
 work=$(mktemp -d /tmp/knit-agent-bench.XXXXXX)
-loops=()
 cleanup() {
     for m in $(grep " $work" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m" 2>/dev/null || true; done
-    for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null || true; done
+    # Loop devices over this run's disk images, found by backing file.
+    for l in $(losetup -j "$work/disk"* 2>/dev/null | cut -d: -f1); do losetup -d "$l" 2>/dev/null || true; done
+    losetup -a | grep "$work/" | cut -d: -f1 | xargs -r -n1 losetup -d 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -44,7 +45,7 @@ one_run() {
     head -c 32M /dev/urandom > "$root/var/lib/containerd/seed/layer"
     touch "$root/var/.keep-container-data"
     truncate -s 2G "$work/disk$1.img"
-    local l; l=$(losetup -f --show "$work/disk$1.img"); loops+=("$l")
+    local l; l=$(losetup -f --show "$work/disk$1.img")
     local rdev; rdev=$(stat -c '%t %T' "$l")
     mknod "$root/dev/vdb" b $((16#${rdev% *})) $((16#${rdev#* }))
     cat > "$root/node.yaml" <<YAML
@@ -66,6 +67,8 @@ print(f"{float(wall)*1000:.0f} {dur} {cmd} {int(rss_kb)/1024:.1f} "
       + " ".join(f"{k}={v.get('durationMs',0)}/{v.get('commandMs',0)}" for k, v in phases.items()))
 PY
     for m in $(grep " $root" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m"; done
+    # one_run runs in a subshell: detach here, the trap cannot see this loop.
+    losetup -d "$l"
 }
 
 echo "package: $pkgbytes bytes; runs: $RUNS"

@@ -437,7 +437,7 @@ fn reachable(url: &str) -> bool {
             });
         let _ = tx.send(ok);
     });
-    rx.recv_timeout(Duration::from_secs(6)).unwrap_or(false)
+    rx.recv_timeout(Duration::from_secs(3)).unwrap_or(false)
 }
 
 /// `Some(urls)` when repositories are configured but none answers.

@@ -127,12 +127,32 @@ fn the_agent_formats_and_mounts_its_cloud_disks_unseen_by_the_host() {
         &id,
         &format!("printf '{}' > /root/node.yaml", config.replace('\n', "\\n")),
     );
+    // Copied in: the build tree may sit under /tmp, which is the instance's own.
+    let mut copy = t
+        .cloud
+        .exec_command(
+            &id,
+            &[
+                "sh".to_string(),
+                "-c".to_string(),
+                "cat > /usr/local/bin/knit-agent && chmod 755 /usr/local/bin/knit-agent"
+                    .to_string(),
+            ],
+        )
+        .unwrap();
+    let mut child = copy.stdin(std::process::Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        &std::fs::read(&agent).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "copying knit-agent into the instance"
+    );
     let out = t.sh_out(
         &id,
-        &format!(
-            "{} init --config /root/node.yaml --stop-after data-disk",
-            agent.display()
-        ),
+        "/usr/local/bin/knit-agent init --config /root/node.yaml --stop-after data-disk",
     );
     assert!(
         out.status.success(),

@@ -72,7 +72,30 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         "admin",
     ),
     ("/api/v1/events", "get", "Recent events (?limit=N)", "admin"),
-    ("/api/v1/snapshots", "get", "Data-disk snapshots", "admin"),
+    (
+        "/api/v1/snapshots",
+        "get",
+        "Data-disk snapshots (stale, used by)",
+        "admin",
+    ),
+    (
+        "/api/v1/snapshots",
+        "post",
+        "Build a snapshot from a pool (returns a build id)",
+        "admin",
+    ),
+    (
+        "/api/v1/snapshots/{id}",
+        "delete",
+        "Delete a snapshot (refused while a pool uses it)",
+        "admin",
+    ),
+    (
+        "/api/v1/snapshot-builds/{id}",
+        "get",
+        "Progress of a snapshot build",
+        "admin",
+    ),
     (
         "/api/v1/jointokens",
         "get",

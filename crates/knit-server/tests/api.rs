@@ -82,7 +82,10 @@ fn every_admin_route_refuses_without_the_token() {
     let anonymous = h.client.with_token("");
     let wrong = h.client.with_token("not-the-token");
     for (path, method, _, auth) in knit_server::openapi::OPERATIONS {
-        let concrete = path.replace("{name}", "x").replace("{path}", "x");
+        let concrete = path
+            .replace("{name}", "x")
+            .replace("{path}", "x")
+            .replace("{id}", "x");
         // Bodies only where the method takes one.
         let body = matches!(*method, "post" | "put").then_some("{}");
         let (status, _) = anonymous

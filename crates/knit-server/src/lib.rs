@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod openapi;
 pub mod pki;
+pub mod preflight;
 pub mod provider;
 pub mod reconcile;
 pub mod server;

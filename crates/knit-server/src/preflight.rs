@@ -1,0 +1,1317 @@
+//! Preflight for adding existing instances to a pool (SPEC §2): one named
+//! check each, with a stable code, a message and the fix. A pure function of
+//! (cluster, pool, instance facts, context): every check is evaluated and
+//! every result returned, so a user sees all problems at once.
+//!
+//! On the local cloud the instance facts are knit-local's simulated
+//! attributes (account, VPC, security groups, ENIs, RAM role …); on a real
+//! cloud they would come from its API.
+
+use knit_api::{parse_cidr, Cluster, NodePool};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// The API server's port instances must reach.
+pub const API_SERVER_PORT: u16 = 6443;
+/// The kubelet's port the API server reaches on the node.
+pub const KUBELET_PORT: u16 = 10250;
+/// ECS: an instance may belong to at most 5 security groups (default quota).
+pub const SECURITY_GROUP_QUOTA: usize = 5;
+/// ECS: custom entries per VPC route table (default quota).
+pub const ROUTE_ENTRY_QUOTA: u32 = 200;
+/// Terway: minimum max-pods per node (shared ENI: > 10, exclusive: > 5).
+pub const TERWAY_MIN_PODS_SHARED: u32 = 10;
+pub const TERWAY_MIN_PODS_EXCLUSIVE: u32 = 5;
+/// Tag a managed cluster puts on its nodes (ACK's); knit's own is `knit.dev/cluster`.
+pub const TAG_ACK_CLUSTER: &str = "ack.aliyun.com";
+pub const TAG_CLUSTER: &str = "knit.dev/cluster";
+/// Tag an auto-scaling group puts on its instances.
+pub const TAG_SCALING_GROUP: &str = "scaling-group";
+/// The worker RAM role a Terway node needs (the local cloud's default name).
+pub const DEFAULT_WORKER_RAM_ROLE: &str = "KnitWorkerRole";
+/// Instance type families knit refuses (burstable and retired shared types:
+/// too small or too old for a Kubernetes node).
+pub const UNSUPPORTED_FAMILIES: &[&str] = &["ecs.t1", "ecs.t5", "ecs.s1", "ecs.n1", "ecs.xn4"];
+/// Bare-metal GPU families whose MIG settings are reset at initialization.
+pub const MIG_RESET_FAMILIES: &[&str] = &["ecs.ebmgn7", "ecs.ebmgn7e", "ecs.ebmgn7ex"];
+
+/// How the instance is added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The system disk is replaced by the pool's image.
+    #[default]
+    Automatic,
+    /// The instance keeps its OS; the user runs a command on it.
+    Manual,
+}
+
+/// What a check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    /// A failed check that blocks.
+    Error,
+    /// A failed check that does not block.
+    Warning,
+    /// Not applicable (e.g. Terway checks on a Flannel cluster).
+    Skipped,
+}
+
+/// A security group rule as the cloud reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RuleFacts {
+    /// ingress | egress.
+    pub direction: String,
+    /// tcp | udp | icmp | all.
+    pub protocol: String,
+    /// `80/80`, `1/65535`, `-1/-1`; none = every port.
+    pub port_range: Option<String>,
+    /// none = everywhere.
+    pub cidr: Option<String>,
+    /// accept | drop.
+    pub policy: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SecurityGroupFacts {
+    pub id: String,
+    /// normal | enterprise.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub rules: Vec<RuleFacts>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DiskFacts {
+    pub id: String,
+    /// Cloud device name inside the instance (`vdb`, `nvme0n1`).
+    pub device: Option<String>,
+    pub size_bytes: u64,
+}
+
+/// Everything the checks read about one instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct InstanceFacts {
+    pub id: String,
+    pub name: String,
+    /// running | stopped …
+    pub state: String,
+    pub ip: Option<String>,
+    pub instance_type: String,
+    pub account_id: String,
+    pub region_id: String,
+    pub zone_id: String,
+    pub vpc_id: String,
+    pub v_switch_id: String,
+    pub security_groups: Vec<SecurityGroupFacts>,
+    /// Network interfaces attached now (1 = only the primary NIC).
+    pub eni_count: u32,
+    /// The instance type's ENI limits.
+    pub max_enis: u32,
+    pub max_ips_per_eni: u32,
+    pub ram_role: Option<String>,
+    pub ipv6: bool,
+    pub swap: bool,
+    /// os-release `ID`, `VERSION_ID`, `PRETTY_NAME`.
+    pub os_id: String,
+    pub os_version: String,
+    pub os_name: String,
+    pub tags: BTreeMap<String, String>,
+    /// The instance logs in by password.
+    pub password_login: bool,
+    pub data_disks: Vec<DiskFacts>,
+}
+
+/// What the checks need besides cluster, pool and instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Context {
+    pub mode: Mode,
+    /// The cluster's cloud account.
+    pub account_id: String,
+    /// VPCs peered with the cluster's (reachable, but refused).
+    pub peered_vpcs: Vec<String>,
+    /// Nodes the cluster holds or has asked for (all pools' desired counts).
+    pub cluster_nodes: i64,
+    /// Instances being added in this request.
+    pub adding: i64,
+    /// Address instances use for the API server.
+    pub api_server_ip: String,
+    pub worker_ram_role: String,
+    /// Custom route entries used in the VPC's route table (Flannel: one per node).
+    pub route_entries_used: u32,
+    pub route_entry_quota: u32,
+    /// A new login password was given (automatic mode, password pools).
+    pub new_password: bool,
+    /// The instance is an active member of a pool of this cluster (its name).
+    pub member_of_pool: Option<String>,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Context {
+            mode: Mode::Automatic,
+            account_id: "local-account".into(),
+            peered_vpcs: Vec::new(),
+            cluster_nodes: 0,
+            adding: 1,
+            api_server_ip: crate::control::LOCAL_GATEWAY.into(),
+            worker_ram_role: DEFAULT_WORKER_RAM_ROLE.into(),
+            route_entries_used: 0,
+            route_entry_quota: ROUTE_ENTRY_QUOTA,
+            new_password: false,
+            member_of_pool: None,
+        }
+    }
+}
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckResult {
+    /// Stable name, e.g. `same-vpc`.
+    pub check: String,
+    /// Stable code, e.g. `PreflightVpcMismatch` (also on a pass).
+    pub code: String,
+    pub status: Status,
+    pub message: String,
+    /// What to do; empty on a pass.
+    pub fix: String,
+}
+
+/// All results for one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub instance: String,
+    pub results: Vec<CheckResult>,
+}
+
+impl Report {
+    pub fn errors(&self) -> impl Iterator<Item = &CheckResult> {
+        self.results.iter().filter(|r| r.status == Status::Error)
+    }
+    pub fn passed(&self) -> bool {
+        self.errors().next().is_none()
+    }
+}
+
+struct Out(Vec<CheckResult>);
+
+impl Out {
+    fn pass(&mut self, check: &str, code: &str, message: String) {
+        self.push(check, code, Status::Pass, message, String::new());
+    }
+    fn skip(&mut self, check: &str, code: &str, message: &str) {
+        self.push(check, code, Status::Skipped, message.into(), String::new());
+    }
+    fn fail(&mut self, check: &str, code: &str, message: String, fix: String) {
+        self.push(check, code, Status::Error, message, fix);
+    }
+    fn warn(&mut self, check: &str, code: &str, message: String, fix: String) {
+        self.push(check, code, Status::Warning, message, fix);
+    }
+    fn push(&mut self, check: &str, code: &str, status: Status, message: String, fix: String) {
+        self.0.push(CheckResult {
+            check: check.into(),
+            code: code.into(),
+            status,
+            message,
+            fix,
+        });
+    }
+}
+
+/// `MAJOR.MINOR` of a version string, `(0, 0)` when unreadable.
+fn minor(version: &str) -> (u32, u32) {
+    let mut it = version
+        .trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+/// Port range `a/b` contains `port`; none or `-1/-1` is every port.
+fn port_in(range: Option<&str>, port: u16) -> bool {
+    let Some(r) = range else { return true };
+    let Some((a, b)) = r.split_once('/') else {
+        return false;
+    };
+    match (a.trim().parse::<i64>(), b.trim().parse::<i64>()) {
+        (Ok(-1), Ok(-1)) => true,
+        (Ok(a), Ok(b)) => (a..=b).contains(&i64::from(port)),
+        _ => false,
+    }
+}
+
+fn cidr_has(cidr: Option<&str>, ip: Option<IpAddr>) -> bool {
+    match (cidr, ip) {
+        (None, _) => true,
+        (Some(c), Some(ip)) => parse_cidr(c).is_some_and(|c| c.contains(ip)),
+        (Some(c), None) => c == "0.0.0.0/0",
+    }
+}
+
+/// The first rule (accept or drop) of the instance's groups that matches
+/// traffic `direction` / tcp / `port` / `peer`. Drop wins over accept for
+/// the same match, as in ECS at equal priority.
+fn matching<'a>(
+    groups: &'a [SecurityGroupFacts],
+    direction: &str,
+    port: u16,
+    peer: Option<IpAddr>,
+) -> (Option<&'a RuleFacts>, Option<&'a RuleFacts>) {
+    let rules = groups.iter().flat_map(|g| g.rules.iter()).filter(|r| {
+        r.direction == direction
+            && (r.protocol == "tcp" || r.protocol == "all")
+            && port_in(r.port_range.as_deref(), port)
+            && cidr_has(r.cidr.as_deref(), peer)
+    });
+    let (mut accept, mut drop) = (None, None);
+    for r in rules {
+        if r.policy == "drop" {
+            drop.get_or_insert(r);
+        } else {
+            accept.get_or_insert(r);
+        }
+    }
+    (accept, drop)
+}
+
+fn rule_text(r: &RuleFacts) -> String {
+    format!(
+        "{} {} {} {} {}",
+        r.direction,
+        r.protocol,
+        r.port_range.as_deref().unwrap_or("all ports"),
+        r.cidr.as_deref().unwrap_or("anywhere"),
+        r.policy
+    )
+}
+
+/// Runs every check; never stops at the first failure.
+pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Context) -> Report {
+    let mut o = Out(Vec::new());
+    let spec = &cluster.spec;
+    let ps = &pool.spec;
+    let pool_name = &pool.metadata.name;
+    let ip: Option<IpAddr> = i.ip.as_deref().and_then(|s| s.parse().ok());
+
+    // Cluster node quota.
+    let quota = spec.effective_node_quota();
+    let total = ctx.cluster_nodes + ctx.adding;
+    if total <= quota {
+        o.pass(
+            "node-quota",
+            "PreflightNodeQuota",
+            format!("{total} of {quota} nodes after adding"),
+        );
+    } else {
+        o.fail("node-quota", "PreflightNodeQuota",
+            format!("adding {} instance(s) makes {total} nodes; the cluster's node quota is {quota}", ctx.adding),
+            "remove nodes from other pools, add fewer instances, or raise the cluster's nodeQuota (edition pro allows 5000)".into());
+    }
+
+    // Same account.
+    if i.account_id == ctx.account_id {
+        o.pass(
+            "same-account",
+            "PreflightAccountMismatch",
+            format!("account {}", i.account_id),
+        );
+    } else {
+        o.fail(
+            "same-account",
+            "PreflightAccountMismatch",
+            format!(
+                "instance {} belongs to account {:?}, the cluster to {:?}",
+                i.id, i.account_id, ctx.account_id
+            ),
+            "only instances of the cluster's own account can be added".into(),
+        );
+    }
+
+    // Same region.
+    if i.region_id == spec.region {
+        o.pass(
+            "same-region",
+            "PreflightRegionMismatch",
+            format!("region {}", i.region_id),
+        );
+    } else {
+        o.fail(
+            "same-region",
+            "PreflightRegionMismatch",
+            format!(
+                "instance {} is in region {:?}, the cluster in {:?}",
+                i.id, i.region_id, spec.region
+            ),
+            "add an instance of the cluster's region".into(),
+        );
+    }
+
+    // Same VPC; a peered VPC is reachable but refused.
+    if i.vpc_id == spec.vpc {
+        o.pass(
+            "same-vpc",
+            "PreflightVpcMismatch",
+            format!("VPC {}", i.vpc_id),
+        );
+    } else if ctx.peered_vpcs.contains(&i.vpc_id) {
+        o.fail("same-vpc", "PreflightVpcPeered",
+            format!("instance {} is in VPC {:?}, peered with the cluster's VPC {:?}: instances across a VPC peering cannot be added", i.id, i.vpc_id, spec.vpc),
+            "use an instance in the cluster's own VPC".into());
+    } else {
+        o.fail(
+            "same-vpc",
+            "PreflightVpcMismatch",
+            format!(
+                "instance {} is in VPC {:?}, the cluster in {:?}",
+                i.id, i.vpc_id, spec.vpc
+            ),
+            "use an instance in the cluster's VPC".into(),
+        );
+    }
+
+    // Not in another cluster (or already a node of this one).
+    let other = [TAG_ACK_CLUSTER, TAG_CLUSTER].iter().find_map(|t| {
+        i.tags
+            .get(*t)
+            .filter(|v| **v != cluster.metadata.name)
+            .map(|v| (*t, v))
+    });
+    match (other, &ctx.member_of_pool) {
+        (Some((tag, v)), _) => o.fail("not-in-other-cluster", "PreflightInOtherCluster",
+            format!("instance {} belongs to cluster {v:?} (tag {tag})", i.id),
+            "remove it from that cluster first (drain it and remove the node, keeping the instance)".into()),
+        (None, Some(p)) => o.fail("not-in-other-cluster", "PreflightAlreadyInCluster",
+            format!("instance {} is already a node of pool {p:?} of this cluster", i.id),
+            format!("remove it from pool {p:?} first: knit delete node NAME --release=false")),
+        (None, None) => o.pass("not-in-other-cluster", "PreflightInOtherCluster", "in no other cluster".into()),
+    }
+
+    // Not in an auto-scaling group.
+    match i.tags.get(TAG_SCALING_GROUP) {
+        Some(g) => o.fail(
+            "not-in-scaling-group",
+            "PreflightInScalingGroup",
+            format!("instance {} belongs to auto-scaling group {g:?}", i.id),
+            "remove it from the scaling group first".into(),
+        ),
+        None => o.pass(
+            "not-in-scaling-group",
+            "PreflightInScalingGroup",
+            "in no auto-scaling group".into(),
+        ),
+    }
+
+    // Pool type.
+    if ps.pool_type == "auto-mode" {
+        o.fail(
+            "pool-not-auto-mode",
+            "PreflightAutoModePool",
+            format!("pool {pool_name:?} is an auto-mode pool: its nodes are managed for you"),
+            "add the instance to a regular pool".into(),
+        );
+    } else {
+        o.pass(
+            "pool-not-auto-mode",
+            "PreflightAutoModePool",
+            format!("pool type {}", ps.pool_type),
+        );
+    }
+    if ps.pool_type == "auto-scaling" {
+        o.fail(
+            "pool-no-auto-scaling",
+            "PreflightAutoScalingPool",
+            format!(
+                "pool {pool_name:?} has auto-scaling: the autoscaler would remove added instances"
+            ),
+            "add the instance to a pool without auto-scaling".into(),
+        );
+    } else {
+        o.pass(
+            "pool-no-auto-scaling",
+            "PreflightAutoScalingPool",
+            "no auto-scaling".into(),
+        );
+    }
+
+    // Login: automatic mode resets the system disk, so a password pool needs a new password.
+    if ctx.mode == Mode::Automatic
+        && (ps.login.password.is_some() || i.password_login)
+        && !ctx.new_password
+    {
+        o.fail(
+            "new-password",
+            "PreflightPasswordRequired",
+            "the instance is re-imaged and logs in by password: a new password is required".into(),
+            "give --password with the new login password".into(),
+        );
+    } else {
+        o.pass(
+            "new-password",
+            "PreflightPasswordRequired",
+            "no new password needed, or one given".into(),
+        );
+    }
+
+    // Swap off.
+    if i.swap {
+        o.fail(
+            "swap-off",
+            "PreflightSwapOn",
+            format!(
+                "instance {} has swap enabled: the kubelet refuses to run with swap",
+                i.id
+            ),
+            "turn swap off (swapoff -a and remove it from /etc/fstab)".into(),
+        );
+    } else {
+        o.pass("swap-off", "PreflightSwapOn", "swap is off".into());
+    }
+
+    // OS.
+    check_os(&mut o, spec.kubernetes_version.as_str(), i, ctx.mode);
+
+    // Instance type.
+    let family = |list: &[&str]| {
+        list.iter().any(|f| {
+            i.instance_type == *f
+                || i.instance_type
+                    .strip_prefix(f)
+                    .is_some_and(|r| r.starts_with('.'))
+        })
+    };
+    if family(UNSUPPORTED_FAMILIES) {
+        o.fail(
+            "instance-type",
+            "PreflightInstanceTypeUnsupported",
+            format!(
+                "instance type {} is not supported for nodes",
+                i.instance_type
+            ),
+            "change the instance type, or use another instance".into(),
+        );
+    } else if family(MIG_RESET_FAMILIES) {
+        o.warn("instance-type", "PreflightMigReset",
+            format!("instance type {} is a bare-metal GPU family: its MIG settings are reset at initialization, which can take long enough to hit the join timeout", i.instance_type),
+            "raise the pool's joinTimeoutSeconds, or expect a retry".into());
+    } else {
+        o.pass(
+            "instance-type",
+            "PreflightInstanceTypeUnsupported",
+            format!("instance type {}", i.instance_type),
+        );
+    }
+
+    // API server whitelist.
+    match ip {
+        Some(a) if spec.whitelist_allows(a) => o.pass(
+            "api-whitelist",
+            "PreflightNotWhitelisted",
+            format!("{a} is in the API server whitelist"),
+        ),
+        Some(a) => o.fail(
+            "api-whitelist",
+            "PreflightNotWhitelisted",
+            format!(
+                "instance address {a} is not in the API server whitelist ({})",
+                spec.api_server_whitelist.join(", ")
+            ),
+            format!("add {a}/32 (or its subnet) to the cluster's apiServerWhitelist"),
+        ),
+        None => o.fail(
+            "api-whitelist",
+            "PreflightNotWhitelisted",
+            format!("instance {} has no private IP address", i.id),
+            "start the instance so it gets an address".into(),
+        ),
+    }
+
+    // Security groups: type, access to the API server, conflicts, count.
+    check_security_groups(&mut o, ps.security_group_type.as_str(), i, ctx, ip);
+
+    // Terway.
+    if spec.network.plugin == "terway" {
+        let exclusive = spec.network.terway_eni_mode == "exclusive";
+        let extra = i.max_enis.saturating_sub(1);
+        let (pods, min, formula) = if exclusive {
+            (
+                extra,
+                TERWAY_MIN_PODS_EXCLUSIVE,
+                format!("EniQuantity − 1 = {} − 1", i.max_enis),
+            )
+        } else {
+            (
+                extra * i.max_ips_per_eni,
+                TERWAY_MIN_PODS_SHARED,
+                format!(
+                    "(EniQuantity − 1) × EniPrivateIpAddressQuantity = ({} − 1) × {}",
+                    i.max_enis, i.max_ips_per_eni
+                ),
+            )
+        };
+        if pods > min {
+            o.pass(
+                "terway-max-pods",
+                "PreflightTerwayMaxPods",
+                format!("max pods {pods} ({formula})"),
+            );
+        } else {
+            o.fail("terway-max-pods", "PreflightTerwayMaxPods",
+                format!("instance type {} gives Terway ({} ENI) at most {pods} pods ({formula}); more than {min} are needed", i.instance_type, spec.network.terway_eni_mode),
+                "use an instance type with more ENIs / IPs per ENI".into());
+        }
+        match &ps.zone {
+            Some(z) if *z != i.zone_id => o.warn("terway-zone", "PreflightTerwayOtherZone",
+                format!("instance is in zone {:?}, pool {pool_name:?} in {z:?}: without a vSwitch of that zone in Terway's config, pods get addresses from the wrong vSwitch", i.zone_id),
+                format!("add a vSwitch of zone {:?} to Terway's configuration (eni-config)", i.zone_id)),
+            _ => o.pass("terway-zone", "PreflightTerwayOtherZone", format!("zone {}", i.zone_id)),
+        }
+        if i.eni_count <= 1 {
+            o.pass(
+                "terway-primary-nic-only",
+                "PreflightTerwaySecondaryEni",
+                "only the primary NIC".into(),
+            );
+        } else {
+            o.fail("terway-primary-nic-only", "PreflightTerwaySecondaryEni",
+                format!("instance {} has {} network interfaces; Terway needs only the primary NIC attached", i.id, i.eni_count),
+                "detach the secondary ENIs (existing ones are kept otherwise and confuse Terway)".into());
+        }
+        if i.ram_role.as_deref() == Some(ctx.worker_ram_role.as_str()) {
+            o.pass(
+                "terway-ram-role",
+                "PreflightRamRole",
+                format!("RAM role {}", ctx.worker_ram_role),
+            );
+        } else {
+            o.fail(
+                "terway-ram-role",
+                "PreflightRamRole",
+                format!(
+                    "instance {} carries RAM role {:?}, Terway needs the worker role {:?}",
+                    i.id,
+                    i.ram_role.as_deref().unwrap_or("(none)"),
+                    ctx.worker_ram_role
+                ),
+                format!(
+                    "attach the RAM role {} to the instance",
+                    ctx.worker_ram_role
+                ),
+            );
+        }
+    } else {
+        for (c, code) in [
+            ("terway-max-pods", "PreflightTerwayMaxPods"),
+            ("terway-zone", "PreflightTerwayOtherZone"),
+            ("terway-primary-nic-only", "PreflightTerwaySecondaryEni"),
+            ("terway-ram-role", "PreflightRamRole"),
+        ] {
+            o.skip(c, code, "the cluster's network plugin is not Terway");
+        }
+    }
+
+    // IPv6 dual stack.
+    if !spec.network.ipv6 {
+        o.skip("ipv6", "PreflightNoIpv6", "the cluster is not dual-stack");
+    } else if i.ipv6 {
+        o.pass(
+            "ipv6",
+            "PreflightNoIpv6",
+            "the primary NIC has an IPv6 address".into(),
+        );
+    } else {
+        o.fail(
+            "ipv6",
+            "PreflightNoIpv6",
+            format!(
+                "the cluster is dual-stack but instance {}'s primary NIC has no IPv6 address",
+                i.id
+            ),
+            "assign an IPv6 address to the primary NIC".into(),
+        );
+    }
+
+    // Flannel: one custom route entry per node.
+    if spec.network.plugin == "flannel" {
+        let after = ctx.route_entries_used + 1;
+        if after <= ctx.route_entry_quota {
+            o.pass(
+                "flannel-route-quota",
+                "PreflightRouteQuota",
+                format!("{after} of {} route entries", ctx.route_entry_quota),
+            );
+        } else {
+            o.fail("flannel-route-quota", "PreflightRouteQuota",
+                format!("the VPC route table holds {} custom entries, its quota is {}: Flannel needs one more for this node", ctx.route_entries_used, ctx.route_entry_quota),
+                "raise the route table's entry quota or remove unused entries".into());
+        }
+    } else {
+        o.skip(
+            "flannel-route-quota",
+            "PreflightRouteQuota",
+            "the cluster's network plugin is not Flannel",
+        );
+    }
+
+    Report {
+        instance: i.id.clone(),
+        results: o.0,
+    }
+}
+
+fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
+    let id = i.os_id.to_ascii_lowercase();
+    let name = if i.os_name.is_empty() {
+        format!("{} {}", i.os_id, i.os_version)
+    } else {
+        i.os_name.clone()
+    };
+    if mode == Mode::Automatic {
+        // The system disk is replaced by the pool's image: the OS is the pool's.
+        o.pass(
+            "os-allowed",
+            "PreflightOsNotAllowed",
+            format!("{name} is replaced by the pool's image"),
+        );
+        return;
+    }
+    let windows = id.contains("windows");
+    let container_os = id == "lifsea" || id.contains("containeros");
+    let eol = (id == "centos" && i.os_version.starts_with('7'))
+        || (matches!(id.as_str(), "aliyun" | "alinux") && i.os_version.starts_with('2'));
+    if windows || container_os {
+        o.fail(
+            "os-allowed",
+            "PreflightOsNotAllowed",
+            format!("{name} cannot be added manually (Windows and ContainerOS are refused)"),
+            "use automatic mode (the pool's image replaces the OS) or another instance".into(),
+        );
+    } else if eol && minor(version) > (1, 30) {
+        o.fail("os-allowed", "PreflightOsNotAllowed",
+            format!("{name} is end of life and supported only up to Kubernetes 1.30; the cluster runs {version}"),
+            "use automatic mode (the pool's image replaces the OS) or upgrade the OS".into());
+    } else {
+        o.pass("os-allowed", "PreflightOsNotAllowed", name);
+    }
+}
+
+fn check_security_groups(
+    o: &mut Out,
+    pool_type: &str,
+    i: &InstanceFacts,
+    ctx: &Context,
+    node_ip: Option<IpAddr>,
+) {
+    let groups = &i.security_groups;
+    let wrong: Vec<String> = groups
+        .iter()
+        .filter(|g| g.kind != pool_type)
+        .map(|g| format!("{} ({})", g.id, g.kind))
+        .collect();
+    if groups.is_empty() {
+        o.fail(
+            "security-group-type",
+            "PreflightSecurityGroupType",
+            format!("instance {} is in no security group", i.id),
+            format!("put it in a {pool_type} security group"),
+        );
+    } else if wrong.is_empty() {
+        o.pass(
+            "security-group-type",
+            "PreflightSecurityGroupType",
+            format!("{pool_type} security group(s)"),
+        );
+    } else {
+        o.fail(
+            "security-group-type",
+            "PreflightSecurityGroupType",
+            format!(
+                "security group(s) {} are not of the pool's type {pool_type}",
+                wrong.join(", ")
+            ),
+            format!("move the instance into {pool_type} security groups only"),
+        );
+    }
+
+    let api: Option<IpAddr> = ctx.api_server_ip.parse().ok();
+    let (accept, drop) = matching(groups, "egress", API_SERVER_PORT, api);
+    // Normal groups allow all egress unless a rule drops it; enterprise
+    // groups deny egress unless a rule accepts it.
+    let enterprise = groups.iter().any(|g| g.kind == "enterprise");
+    match (drop, accept) {
+        (Some(d), _) => o.fail("security-group-api-access", "PreflightSecurityGroupBlocksApiServer",
+            format!("rule \"{}\" blocks the API server {}:{API_SERVER_PORT}", rule_text(d), ctx.api_server_ip),
+            format!("remove the rule, or accept egress tcp {API_SERVER_PORT}/{API_SERVER_PORT} to {}/32", ctx.api_server_ip)),
+        (None, None) if enterprise => o.fail("security-group-api-access", "PreflightSecurityGroupBlocksApiServer",
+            format!("enterprise security groups deny egress by default and no rule accepts the API server {}:{API_SERVER_PORT}", ctx.api_server_ip),
+            format!("add an egress rule: tcp {API_SERVER_PORT}/{API_SERVER_PORT} to {}/32 accept", ctx.api_server_ip)),
+        _ => o.pass("security-group-api-access", "PreflightSecurityGroupBlocksApiServer",
+            format!("egress to {}:{API_SERVER_PORT} allowed", ctx.api_server_ip)),
+    }
+    // A conflict: the cluster's rule that lets the API server reach the
+    // kubelet is overridden by a drop rule of the instance's groups.
+    let (_, drop) = matching(groups, "ingress", KUBELET_PORT, api);
+    match drop {
+        Some(d) => o.fail("security-group-conflict", "PreflightSecurityGroupConflict",
+            format!("rule \"{}\" conflicts with the cluster's rules: it drops the API server's traffic to the kubelet ({}:{KUBELET_PORT} from {})", rule_text(d), node_ip.map(|a| a.to_string()).unwrap_or_default(), ctx.api_server_ip),
+            "remove the drop rule or narrow it so it does not cover the API server's address".into()),
+        None => o.pass("security-group-conflict", "PreflightSecurityGroupConflict", "no rule conflicts with the cluster's".into()),
+    }
+    if groups.len() <= SECURITY_GROUP_QUOTA {
+        o.pass(
+            "security-group-quota",
+            "PreflightSecurityGroupQuota",
+            format!("{} of {SECURITY_GROUP_QUOTA} security groups", groups.len()),
+        );
+    } else {
+        o.fail("security-group-quota", "PreflightSecurityGroupQuota",
+            format!("instance {} is in {} security groups; at most {SECURITY_GROUP_QUOTA} are allowed, and joining adds the cluster's", i.id, groups.len()),
+            "remove the instance from security groups it does not need".into());
+    }
+}
+
+/// The results as a table (one line per check), for the CLI.
+pub fn render_table(reports: &[Report]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        out.push_str(&format!("instance {}\n", r.instance));
+        out.push_str(&format!(
+            "  {:<8} {:<28} {:<40} MESSAGE\n",
+            "STATUS", "CHECK", "CODE"
+        ));
+        for c in &r.results {
+            let status = match c.status {
+                Status::Pass => "pass",
+                Status::Error => "ERROR",
+                Status::Warning => "warning",
+                Status::Skipped => "skipped",
+            };
+            out.push_str(&format!(
+                "  {status:<8} {:<28} {:<40} {}\n",
+                c.check, c.code, c.message
+            ));
+            if !c.fix.is_empty() {
+                out.push_str(&format!(
+                    "  {:<8} {:<28} {:<40} fix: {}\n",
+                    "", "", "", c.fix
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knit_api::NodePoolSpec;
+
+    fn good() -> InstanceFacts {
+        InstanceFacts {
+            id: "i-good".into(),
+            name: "old-web".into(),
+            state: "running".into(),
+            ip: Some("10.213.0.50".into()),
+            instance_type: "ecs.g7.large".into(),
+            account_id: "local-account".into(),
+            region_id: "local".into(),
+            zone_id: "local-a".into(),
+            vpc_id: "vpc-local".into(),
+            v_switch_id: "vsw-local".into(),
+            security_groups: vec![SecurityGroupFacts {
+                id: "sg-1".into(),
+                kind: "normal".into(),
+                rules: vec![],
+            }],
+            eni_count: 1,
+            max_enis: 3,
+            max_ips_per_eni: 10,
+            ram_role: Some(DEFAULT_WORKER_RAM_ROLE.into()),
+            ipv6: true,
+            swap: false,
+            os_id: "debian".into(),
+            os_version: "12".into(),
+            os_name: "Debian 12".into(),
+            tags: BTreeMap::new(),
+            password_login: false,
+            data_disks: vec![],
+        }
+    }
+
+    fn terway() -> Cluster {
+        let mut c = Cluster::default();
+        c.spec.network.plugin = "terway".into();
+        c
+    }
+
+    fn pool() -> NodePool {
+        NodePool::new("workers", NodePoolSpec::default())
+    }
+
+    /// Runs `check` and returns the one result named `name`.
+    fn result(
+        c: &Cluster,
+        p: &NodePool,
+        i: &InstanceFacts,
+        ctx: &Context,
+        name: &str,
+    ) -> CheckResult {
+        let r = check(c, p, i, ctx);
+        r.results
+            .iter()
+            .find(|x| x.check == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no check {name}"))
+    }
+
+    /// One passing and one failing case of `name`; the failure's code is `code`.
+    fn pair(
+        name: &str,
+        status: Status,
+        code: &str,
+        mutate: impl Fn(&mut Cluster, &mut NodePool, &mut InstanceFacts, &mut Context),
+    ) {
+        let (c, p, i, ctx) = (terway(), pool(), good(), Context::default());
+        let ok = result(&c, &p, &i, &ctx, name);
+        assert_eq!(ok.status, Status::Pass, "{name} on a good instance: {ok:?}");
+        assert!(check(&c, &p, &i, &ctx).passed());
+        let (mut c, mut p, mut i, mut ctx) = (c, p, i, ctx);
+        mutate(&mut c, &mut p, &mut i, &mut ctx);
+        let bad = result(&c, &p, &i, &ctx, name);
+        assert_eq!(bad.status, status, "{name}: {bad:?}");
+        assert_eq!(bad.code, code, "{name}: {bad:?}");
+        assert!(!bad.message.is_empty() && !bad.fix.is_empty(), "{bad:?}");
+        // Only this check changed: every other one still passes or is skipped.
+        let all = check(&c, &p, &i, &ctx);
+        let others: Vec<_> = all
+            .results
+            .iter()
+            .filter(|r| r.check != name && matches!(r.status, Status::Error | Status::Warning))
+            .collect();
+        assert!(
+            others.is_empty(),
+            "{name}: other checks failed too: {others:?}"
+        );
+        assert_eq!(all.passed(), status != Status::Error);
+    }
+
+    #[test]
+    fn a_good_instance_passes_every_check() {
+        let r = check(&terway(), &pool(), &good(), &Context::default());
+        assert!(r.passed(), "{r:?}");
+        assert_eq!(r.results.len(), 23);
+    }
+
+    #[test]
+    fn node_quota() {
+        pair(
+            "node-quota",
+            Status::Error,
+            "PreflightNodeQuota",
+            |_, _, _, ctx| ctx.cluster_nodes = 10,
+        );
+    }
+    #[test]
+    fn same_account() {
+        pair(
+            "same-account",
+            Status::Error,
+            "PreflightAccountMismatch",
+            |_, _, i, _| i.account_id = "other".into(),
+        );
+    }
+    #[test]
+    fn same_region() {
+        pair(
+            "same-region",
+            Status::Error,
+            "PreflightRegionMismatch",
+            |_, _, i, _| i.region_id = "cn-x".into(),
+        );
+    }
+    #[test]
+    fn same_vpc_and_peered_vpc() {
+        pair(
+            "same-vpc",
+            Status::Error,
+            "PreflightVpcMismatch",
+            |_, _, i, _| i.vpc_id = "vpc-2".into(),
+        );
+        pair(
+            "same-vpc",
+            Status::Error,
+            "PreflightVpcPeered",
+            |_, _, i, ctx| {
+                i.vpc_id = "vpc-peer".into();
+                ctx.peered_vpcs = vec!["vpc-peer".into()];
+            },
+        );
+    }
+    #[test]
+    fn not_in_other_cluster() {
+        pair(
+            "not-in-other-cluster",
+            Status::Error,
+            "PreflightInOtherCluster",
+            |_, _, i, _| {
+                i.tags.insert(TAG_ACK_CLUSTER.into(), "c-123".into());
+            },
+        );
+        pair(
+            "not-in-other-cluster",
+            Status::Error,
+            "PreflightAlreadyInCluster",
+            |_, _, _, ctx| ctx.member_of_pool = Some("workers".into()),
+        );
+    }
+    #[test]
+    fn not_in_scaling_group() {
+        pair(
+            "not-in-scaling-group",
+            Status::Error,
+            "PreflightInScalingGroup",
+            |_, _, i, _| {
+                i.tags.insert(TAG_SCALING_GROUP.into(), "asg-1".into());
+            },
+        );
+    }
+    #[test]
+    fn pool_type() {
+        pair(
+            "pool-not-auto-mode",
+            Status::Error,
+            "PreflightAutoModePool",
+            |_, p, _, _| p.spec.pool_type = "auto-mode".into(),
+        );
+        pair(
+            "pool-no-auto-scaling",
+            Status::Error,
+            "PreflightAutoScalingPool",
+            |_, p, _, _| p.spec.pool_type = "auto-scaling".into(),
+        );
+    }
+    #[test]
+    fn new_password() {
+        pair(
+            "new-password",
+            Status::Error,
+            "PreflightPasswordRequired",
+            |_, p, _, _| p.spec.login.password = Some("Secret-123".into()),
+        );
+        let mut p = pool();
+        p.spec.login.password = Some("Secret-123".into());
+        let ctx = Context {
+            new_password: true,
+            ..Context::default()
+        };
+        assert_eq!(
+            result(&terway(), &p, &good(), &ctx, "new-password").status,
+            Status::Pass
+        );
+    }
+    #[test]
+    fn swap_off() {
+        pair(
+            "swap-off",
+            Status::Error,
+            "PreflightSwapOn",
+            |_, _, i, _| i.swap = true,
+        );
+    }
+    #[test]
+    fn os_allowed_in_manual_mode() {
+        let manual = |ctx: &mut Context| ctx.mode = Mode::Manual;
+        pair(
+            "os-allowed",
+            Status::Error,
+            "PreflightOsNotAllowed",
+            |_, _, i, ctx| {
+                manual(ctx);
+                i.os_id = "windows".into();
+            },
+        );
+        pair(
+            "os-allowed",
+            Status::Error,
+            "PreflightOsNotAllowed",
+            |_, _, i, ctx| {
+                manual(ctx);
+                i.os_id = "lifsea".into();
+            },
+        );
+        // CentOS 7: refused on 1.31, allowed on 1.30.
+        pair(
+            "os-allowed",
+            Status::Error,
+            "PreflightOsNotAllowed",
+            |_, _, i, ctx| {
+                manual(ctx);
+                i.os_id = "centos".into();
+                i.os_version = "7".into();
+            },
+        );
+        let mut c = terway();
+        c.spec.kubernetes_version = "1.30.7".into();
+        let i = InstanceFacts {
+            os_id: "aliyun".into(),
+            os_version: "2.1903".into(),
+            ..good()
+        };
+        let ctx = Context {
+            mode: Mode::Manual,
+            ..Context::default()
+        };
+        assert_eq!(
+            result(&c, &pool(), &i, &ctx, "os-allowed").status,
+            Status::Pass
+        );
+        // Automatic mode replaces the OS: Windows is fine there.
+        let i = InstanceFacts {
+            os_id: "windows".into(),
+            ..good()
+        };
+        assert_eq!(
+            result(&terway(), &pool(), &i, &Context::default(), "os-allowed").status,
+            Status::Pass
+        );
+    }
+    #[test]
+    fn instance_type() {
+        pair(
+            "instance-type",
+            Status::Error,
+            "PreflightInstanceTypeUnsupported",
+            |_, _, i, _| i.instance_type = "ecs.t5.small".into(),
+        );
+        pair(
+            "instance-type",
+            Status::Warning,
+            "PreflightMigReset",
+            |_, _, i, _| i.instance_type = "ecs.ebmgn7e.32xlarge".into(),
+        );
+    }
+    #[test]
+    fn api_whitelist() {
+        pair(
+            "api-whitelist",
+            Status::Error,
+            "PreflightNotWhitelisted",
+            |c, _, _, _| c.spec.api_server_whitelist = vec!["192.168.0.0/16".into()],
+        );
+    }
+    #[test]
+    fn security_group_type() {
+        pair(
+            "security-group-type",
+            Status::Error,
+            "PreflightSecurityGroupType",
+            |_, p, _, _| p.spec.security_group_type = "enterprise".into(),
+        );
+    }
+    #[test]
+    fn security_group_api_access() {
+        pair(
+            "security-group-api-access",
+            Status::Error,
+            "PreflightSecurityGroupBlocksApiServer",
+            |_, _, i, _| {
+                i.security_groups[0].rules.push(RuleFacts {
+                    direction: "egress".into(),
+                    protocol: "tcp".into(),
+                    port_range: Some("6000/7000".into()),
+                    cidr: Some("10.213.0.0/24".into()),
+                    policy: "drop".into(),
+                });
+            },
+        );
+        // Enterprise groups need an explicit accept.
+        pair(
+            "security-group-api-access",
+            Status::Error,
+            "PreflightSecurityGroupBlocksApiServer",
+            |_, p, i, _| {
+                p.spec.security_group_type = "enterprise".into();
+                i.security_groups[0].kind = "enterprise".into();
+            },
+        );
+        let mut p = pool();
+        p.spec.security_group_type = "enterprise".into();
+        let mut i = good();
+        i.security_groups[0].kind = "enterprise".into();
+        i.security_groups[0].rules.push(RuleFacts {
+            direction: "egress".into(),
+            protocol: "tcp".into(),
+            port_range: Some("6443/6443".into()),
+            cidr: Some("10.213.0.1/32".into()),
+            policy: "accept".into(),
+        });
+        assert_eq!(
+            result(
+                &terway(),
+                &p,
+                &i,
+                &Context::default(),
+                "security-group-api-access"
+            )
+            .status,
+            Status::Pass
+        );
+    }
+    #[test]
+    fn security_group_conflict() {
+        pair(
+            "security-group-conflict",
+            Status::Error,
+            "PreflightSecurityGroupConflict",
+            |_, _, i, _| {
+                i.security_groups[0].rules.push(RuleFacts {
+                    direction: "ingress".into(),
+                    protocol: "all".into(),
+                    port_range: None,
+                    cidr: Some("10.213.0.0/16".into()),
+                    policy: "drop".into(),
+                });
+            },
+        );
+    }
+    #[test]
+    fn security_group_quota() {
+        pair(
+            "security-group-quota",
+            Status::Error,
+            "PreflightSecurityGroupQuota",
+            |_, _, i, _| {
+                let g = i.security_groups[0].clone();
+                i.security_groups = vec![g; 6];
+            },
+        );
+    }
+    #[test]
+    fn terway_max_pods_shared_and_exclusive() {
+        // Shared: (3 − 1) × 5 = 10, not > 10.
+        pair(
+            "terway-max-pods",
+            Status::Error,
+            "PreflightTerwayMaxPods",
+            |_, _, i, _| i.max_ips_per_eni = 5,
+        );
+        // Exclusive: 6 − 1 = 5, not > 5; 7 − 1 = 6 passes.
+        pair(
+            "terway-max-pods",
+            Status::Error,
+            "PreflightTerwayMaxPods",
+            |c, _, i, _| {
+                c.spec.network.terway_eni_mode = "exclusive".into();
+                i.max_enis = 6;
+            },
+        );
+        let mut c = terway();
+        c.spec.network.terway_eni_mode = "exclusive".into();
+        let i = InstanceFacts {
+            max_enis: 7,
+            ..good()
+        };
+        assert_eq!(
+            result(&c, &pool(), &i, &Context::default(), "terway-max-pods").status,
+            Status::Pass
+        );
+    }
+    #[test]
+    fn terway_other_zone_warns() {
+        pair(
+            "terway-zone",
+            Status::Warning,
+            "PreflightTerwayOtherZone",
+            |_, p, _, _| p.spec.zone = Some("local-b".into()),
+        );
+    }
+    #[test]
+    fn terway_primary_nic_only() {
+        pair(
+            "terway-primary-nic-only",
+            Status::Error,
+            "PreflightTerwaySecondaryEni",
+            |_, _, i, _| i.eni_count = 2,
+        );
+    }
+    #[test]
+    fn terway_ram_role() {
+        pair(
+            "terway-ram-role",
+            Status::Error,
+            "PreflightRamRole",
+            |_, _, i, _| i.ram_role = None,
+        );
+    }
+    #[test]
+    fn ipv6_when_dual_stack() {
+        let mut c = terway();
+        c.spec.network.ipv6 = true;
+        assert_eq!(
+            result(&c, &pool(), &good(), &Context::default(), "ipv6").status,
+            Status::Pass
+        );
+        let i = InstanceFacts {
+            ipv6: false,
+            ..good()
+        };
+        let bad = result(&c, &pool(), &i, &Context::default(), "ipv6");
+        assert_eq!(
+            (bad.status, bad.code.as_str()),
+            (Status::Error, "PreflightNoIpv6")
+        );
+        assert!(!check(&c, &pool(), &i, &Context::default()).passed());
+    }
+    #[test]
+    fn flannel_route_quota() {
+        let flannel = Cluster::default();
+        let ctx = Context {
+            route_entries_used: 10,
+            ..Context::default()
+        };
+        let ok = result(&flannel, &pool(), &good(), &ctx, "flannel-route-quota");
+        assert_eq!(ok.status, Status::Pass);
+        // Terway checks do not apply on Flannel.
+        assert_eq!(
+            result(&flannel, &pool(), &good(), &ctx, "terway-ram-role").status,
+            Status::Skipped
+        );
+        let ctx = Context {
+            route_entries_used: ROUTE_ENTRY_QUOTA,
+            ..Context::default()
+        };
+        let bad = result(&flannel, &pool(), &good(), &ctx, "flannel-route-quota");
+        assert_eq!(
+            (bad.status, bad.code.as_str()),
+            (Status::Error, "PreflightRouteQuota")
+        );
+    }
+    #[test]
+    fn every_failure_is_reported_not_just_the_first() {
+        let mut i = good();
+        i.swap = true;
+        i.vpc_id = "vpc-2".into();
+        i.eni_count = 3;
+        let r = check(&terway(), &pool(), &i, &Context::default());
+        let codes: Vec<_> = r.errors().map(|e| e.code.as_str()).collect();
+        assert_eq!(
+            codes,
+            [
+                "PreflightVpcMismatch",
+                "PreflightSwapOn",
+                "PreflightTerwaySecondaryEni"
+            ]
+        );
+        assert!(render_table(&[r]).contains("fix: turn swap off"));
+    }
+}

@@ -66,14 +66,27 @@ cmd = sum(p.get("commandMs", 0) for p in phases.values())
 print(f"{float(wall)*1000:.0f} {dur} {cmd} {int(rss_kb)/1024:.1f} "
       + " ".join(f"{k}={v.get('durationMs',0)}/{v.get('commandMs',0)}" for k, v in phases.items()))
 PY
+    # The same package work with the standard tools, on the same disks, for
+    # comparison: verify the tarball, unpack it onto the data disk, verify
+    # every file, install the binaries, flush.
+    local shell_dir=$root/var/lib/container/shell-baseline
+    local t0; t0=$(date +%s%N)
+    sha256sum "$root/pkg/kubernetes-$version-linux-amd64.tar.gz" >/dev/null
+    mkdir -p "$shell_dir" "$root/shell-bin"
+    tar -C "$shell_dir" -xzf "$root/pkg/kubernetes-$version-linux-amd64.tar.gz"
+    (cd "$shell_dir/pkg/kubernetes" && sha256sum bin/* images.txt knit-package.json >/dev/null)
+    cp "$shell_dir"/pkg/kubernetes/bin/* "$root/shell-bin/"
+    sync -f "$root/shell-bin" "$shell_dir"
+    local shell_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    echo "shell_components_ms=$shell_ms" >&2
     for m in $(grep " $root" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m"; done
     # one_run runs in a subshell: detach here, the trap cannot see this loop.
     losetup -d "$l"
 }
 
 echo "package: $pkgbytes bytes; runs: $RUNS"
-echo "run wall_ms phases_ms command_ms rss_mib per-phase(duration/command ms)"
-for i in $(seq 1 "$RUNS"); do echo "$i $(one_run "$i")"; done
+echo "run wall_ms phases_ms command_ms rss_mib per-phase(duration/command ms) shell baseline of the package work"
+for i in $(seq 1 "$RUNS"); do echo "$i $(one_run "$i" 2>"$work/shell$i") $(cat "$work/shell$i")"; done
 
 if command -v hyperfine >/dev/null; then
     args=("$AGENT --version")

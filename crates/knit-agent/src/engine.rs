@@ -166,6 +166,14 @@ pub fn init(host: &Host, config: &NodeConfig, options: &InitOptions) -> Result<J
     Ok(ctx.journal)
 }
 
+/// One phase's run: when it started, and the external-command time before it.
+struct Attempt {
+    name: PhaseName,
+    started_at: u64,
+    clock: Instant,
+    command_before: std::time::Duration,
+}
+
 fn run_phase(
     ctx: &mut Ctx,
     phase: &dyn Phase,
@@ -173,48 +181,31 @@ fn run_phase(
     reporter: &Reporter,
 ) -> Result<()> {
     let name = phase.name();
-    let started_at = now_ms();
-    let clock = Instant::now();
-    let command_before = ctx.host.command_time();
+    let attempt = Attempt {
+        name,
+        started_at: now_ms(),
+        clock: Instant::now(),
+        command_before: ctx.host.command_time(),
+    };
     let forced = options.force_phase == Some(name);
     let decision = match phase.inspect(ctx) {
         Ok(Decision::Done(why)) if forced => Decision::Run(format!("forced rerun ({why})")),
         Ok(Decision::Skip(why)) if forced => Decision::Skip(format!("forced, but: {why}")),
         Ok(decision) => decision,
-        Err(e) => return fail(ctx, name, started_at, clock, command_before, e, reporter),
+        Err(e) => return fail(ctx, &attempt, e, reporter),
     };
-    match decision {
+    let (outcome, reason) = match decision {
         Decision::Skip(reason) => {
             ctx.host
                 .log
                 .line(name.as_str(), &format!("skipped: {reason}"));
-            record(
-                ctx,
-                name,
-                PhaseOutcome::Skipped,
-                Some(reason),
-                None,
-                started_at,
-                clock,
-                command_before,
-                reporter,
-            )
+            (PhaseOutcome::Skipped, reason)
         }
         Decision::Done(reason) => {
             ctx.host
                 .log
                 .line(name.as_str(), &format!("already done: {reason}"));
-            record(
-                ctx,
-                name,
-                PhaseOutcome::Done,
-                Some(reason),
-                None,
-                started_at,
-                clock,
-                command_before,
-                reporter,
-            )
+            (PhaseOutcome::Done, reason)
         }
         Decision::Run(reason) => {
             ctx.host
@@ -226,7 +217,7 @@ fn run_phase(
                 PhaseOutcome::Started,
                 None,
                 None,
-                started_at,
+                attempt.started_at,
                 None,
             ));
             match phase.run(ctx) {
@@ -234,49 +225,36 @@ fn run_phase(
                     ctx.host
                         .log
                         .line(name.as_str(), &format!("done: {summary}"));
-                    record(
-                        ctx,
-                        name,
-                        PhaseOutcome::Done,
-                        Some(summary),
-                        None,
-                        started_at,
-                        clock,
-                        command_before,
-                        reporter,
-                    )
+                    (PhaseOutcome::Done, summary)
                 }
-                Err(e) => fail(ctx, name, started_at, clock, command_before, e, reporter),
+                Err(e) => return fail(ctx, &attempt, e, reporter),
             }
         }
-    }
+    };
+    record(ctx, &attempt, outcome, Some(reason), None, reporter)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn record(
     ctx: &mut Ctx,
-    name: PhaseName,
+    attempt: &Attempt,
     outcome: PhaseOutcome,
     reason: Option<String>,
     error: Option<&AgentError>,
-    started_at: u64,
-    clock: Instant,
-    command_before: std::time::Duration,
     reporter: &Reporter,
 ) -> Result<()> {
-    let duration_ms = clock.elapsed().as_millis() as u64;
+    let duration_ms = attempt.clock.elapsed().as_millis() as u64;
     let command_ms = ctx
         .host
         .command_time()
-        .saturating_sub(command_before)
+        .saturating_sub(attempt.command_before)
         .as_millis() as u64;
     ctx.journal.phases.insert(
-        name,
+        attempt.name,
         PhaseRecord {
             outcome,
             reason: reason.clone(),
             error_code: error.map(|e| e.code),
-            started_at_ms: started_at,
+            started_at_ms: attempt.started_at,
             duration_ms,
             command_ms,
         },
@@ -284,7 +262,7 @@ fn record(
     ctx.save_journal()?;
     reporter.send(event(
         ctx,
-        name,
+        attempt.name,
         outcome,
         reason,
         error,
@@ -294,24 +272,13 @@ fn record(
     Ok(())
 }
 
-fn fail(
-    ctx: &mut Ctx,
-    name: PhaseName,
-    started_at: u64,
-    clock: Instant,
-    command_before: std::time::Duration,
-    error: AgentError,
-    reporter: &Reporter,
-) -> Result<()> {
+fn fail(ctx: &mut Ctx, attempt: &Attempt, error: AgentError, reporter: &Reporter) -> Result<()> {
     record(
         ctx,
-        name,
+        attempt,
         PhaseOutcome::Failed,
         Some(error.message.clone()),
         Some(&error),
-        started_at,
-        clock,
-        command_before,
         reporter,
     )?;
     Err(error)

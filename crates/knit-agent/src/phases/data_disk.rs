@@ -116,41 +116,28 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
         });
     }
     let disks = discover(ctx.host)?;
-    let chosen = if let Some(device) = &config.device {
-        match disks.iter().find(|d| &d.path == device) {
-            Some(d) => Some(d.clone()),
-            None => {
-                return Ok((
-                    Choice::Refuse(
-                        None,
-                        ErrorCode::FailDataDiskNotFound,
-                        format!("dataDisk.device {device} is not a disk on this node"),
-                    ),
-                    disks,
-                    None,
-                ))
-            }
+    // An explicit device or serial overrides the selection rule.
+    let explicit = match (&config.device, &config.serial) {
+        (Some(device), _) => Some((
+            disks.iter().find(|d| &d.path == device).cloned(),
+            format!("dataDisk.device {device} is not a disk on this node"),
+        )),
+        (None, Some(serial)) => Some((
+            disks
+                .iter()
+                .find(|d| d.serial.as_deref() == Some(serial.as_str()))
+                .cloned(),
+            format!("no disk with serial {serial} on this node"),
+        )),
+        (None, None) => None,
+    };
+    let chosen = match explicit {
+        Some((Some(disk), _)) => Some(disk),
+        Some((None, missing)) => {
+            let refuse = Choice::Refuse(None, ErrorCode::FailDataDiskNotFound, missing);
+            return Ok((refuse, disks, None));
         }
-    } else if let Some(serial) = &config.serial {
-        match disks
-            .iter()
-            .find(|d| d.serial.as_deref() == Some(serial.as_str()))
-        {
-            Some(d) => Some(d.clone()),
-            None => {
-                return Ok((
-                    Choice::Refuse(
-                        None,
-                        ErrorCode::FailDataDiskNotFound,
-                        format!("no disk with serial {serial} on this node"),
-                    ),
-                    disks,
-                    None,
-                ))
-            }
-        }
-    } else {
-        choose(&disks).cloned()
+        None => choose(&disks).cloned(),
     };
     let Some(disk) = chosen else {
         let why = if disks.is_empty() {

@@ -52,6 +52,11 @@ pub fn router(cp: Cp) -> Router {
             get(get_pool).put(apply_pool).delete(delete_pool),
         )
         .route("/api/v1/pools/:name/scale", post(scale_pool))
+        .route("/api/v1/pools/:name/attach", post(crate::attach::attach))
+        .route(
+            "/api/v1/pools/:name/attach-script",
+            post(crate::attach::script),
+        )
         .route("/api/v1/instances", get(list_instances))
         .route("/api/v1/nodes", get(list_nodes))
         .route("/api/v1/nodes/:name", get(get_node).delete(delete_node))
@@ -80,6 +85,7 @@ pub fn router(cp: Cp) -> Router {
         )
         .route("/mirror/*path", get(mirror_file))
         .route("/bootstrap/v1/config", post(bootstrap))
+        .route("/attach/v1/manual", post(crate::attach::manual))
         .route("/report/v1/events", post(report))
         .with_state(cp)
 }
@@ -264,7 +270,7 @@ async fn apply_pool(
     Query(q): Query<PoolWriteQuery>,
     body: String,
 ) -> Result<(StatusCode, Json<Value>)> {
-    let pool = NodePool::from_yaml(&body)?;
+    let mut pool = NodePool::from_yaml(&body)?;
     if pool.metadata.name != name {
         return Err(ApiError::Invalid(vec![FieldError {
             field: "metadata.name".into(),
@@ -282,6 +288,7 @@ async fn apply_pool(
             )))
         }
         Some(old) => {
+            crate::attach::check_pool_update(&old.pool, &mut pool)?;
             pool.validate_update(&old.pool)?;
             cp.store.update_pool(&pool)?;
             cp.store
@@ -685,12 +692,14 @@ async fn bootstrap(
     let report_token = pki::random_hex(32)?;
     cp.store
         .set_report_token_hash(&instance.name, &pki::token_hash(&report_token))?;
-    let node_name =
-        expected_node_name(&cluster.spec.region, &instance, &pool.pool).unwrap_or_default();
+    let node_name = match crate::attach::node_name(&cp, &instance)? {
+        Some(kept) => kept,
+        None => expected_node_name(&cluster.spec.region, &instance, &pool.pool).unwrap_or_default(),
+    };
     let join = cp.cluster.join_material(&pool_name, &node_name).await?;
     let version = cluster.spec.kubernetes_version.clone();
     let tarball = format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz");
-    let config = node_config(NodeConfigInput {
+    let mut config = node_config(NodeConfigInput {
         cluster: &cluster,
         pool: &pool.pool,
         instance: &instance,
@@ -703,6 +712,7 @@ async fn bootstrap(
         report_token,
         control_plane_ca_pem: cp.ca_pem.clone(),
     });
+    crate::attach::adjust_config(&cp, &instance, &mut config)?;
     config.validate().map_err(|e| {
         ServerError::Internal(format!(
             "the NodeConfig made for {instance_name} does not validate: {e}"

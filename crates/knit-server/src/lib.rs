@@ -5,6 +5,7 @@
 //! reports, and serves the package mirror.
 
 pub mod api;
+pub mod attach;
 pub mod bootstrap;
 pub mod client;
 pub mod cluster;

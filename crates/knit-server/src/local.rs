@@ -229,6 +229,12 @@ impl Provider for LocalProvider {
         self.blocking(move |c| c.snapshot_delete(&id)).await
     }
 
+    async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
+        let id = id.to_string();
+        let instance = self.blocking(move |c| c.describe(&id)).await?;
+        Ok(crate::attach::local_facts(&instance))
+    }
+
     async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
         let (id, argv) = (id.to_string(), argv.to_vec());
         let out = self.blocking(move |c| c.exec(&id, &argv)).await?;

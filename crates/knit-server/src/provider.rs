@@ -94,6 +94,17 @@ pub trait Provider: Send + Sync {
         })
     }
 
+    /// What the add-existing preflight reads about an instance (account,
+    /// VPC, security groups, ENIs, OS, disks …). Providers that cannot
+    /// tell refuse.
+    async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
+        let _ = id;
+        Err(crate::error::ServerError::Provider {
+            provider: self.name().to_string(),
+            message: "instance attributes for preflight are not supported".to_string(),
+        })
+    }
+
     /// The instance knit named `name`, if the provider has it.
     async fn find_by_name(&self, name: &str) -> Result<Option<ProviderInstance>> {
         Ok(self.list().await?.into_iter().find(|i| {

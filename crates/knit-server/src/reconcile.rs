@@ -197,6 +197,7 @@ impl ControlPlane {
                 "not initialized {} s after creation; {last}",
                 pool.spec.join_timeout_seconds
             );
+            let message = crate::attach::diagnose(self, &i.name, message);
             self.store
                 .set_instance_state(&i.name, state::FAILED, Some(&message))?;
             self.store

@@ -495,6 +495,24 @@ impl Store {
         Ok(())
     }
 
+    /// Records an existing instance added to a pool (attach): no create
+    /// intent, the instance exists already.
+    pub fn insert_attached_instance(
+        &self,
+        name: &str,
+        pool: &str,
+        provider_id: &str,
+        ip: Option<&str>,
+        instance_type: &str,
+        state: &str,
+    ) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+            params![name, pool, provider_id, state, ip, instance_type, now_ms()],
+        )?;
+        Ok(())
+    }
+
     /// Marks instances for deletion and records their delete intents. An
     /// instance that already has a pending intent is left alone.
     pub fn add_delete_intents(&self, pool: &str, names: &[String], release: bool) -> Result<usize> {

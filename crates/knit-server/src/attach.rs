@@ -1,0 +1,964 @@
+//! Adding existing instances to a pool (SPEC §2).
+//!
+//! Automatic mode (`POST /api/v1/pools/{pool}/attach`): preflight every
+//! instance, then per instance stop it, re-image it with the pool's composed
+//! user data (data disks kept; their new ids recorded), and let it initialize
+//! exactly like a scaled-out node: same stub, same one-time join token, same
+//! bootstrap endpoint, same reconciler (join timeout, readiness, user data).
+//!
+//! Manual mode (`POST /api/v1/pools/{pool}/attach-script`): a one-time attach
+//! token bound to the pool and a command to paste on the machine. The
+//! command checks the machine (swap, OS), downloads the agent from the
+//! mirror (sha256 checked), redeems the token at `POST /attach/v1/manual`
+//! (server-side preflight, manual mode), which answers a regular join token;
+//! the agent then bootstraps like any node. The OS and the instance's own
+//! user data stay as they are.
+//!
+//! What an attach decided (keep the instance name, format the data disk,
+//! old → new disk ids) is kept in `<state>/attach/<instance>.json`, read by
+//! the bootstrap endpoint when it makes the NodeConfig.
+
+use crate::api::Peer;
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::preflight::{self, Context, DiskFacts, InstanceFacts, Mode, Report};
+use crate::reconcile::counts_toward_pool;
+use crate::store::{now_ms, state, InstanceRecord, Redeem};
+use crate::{pki, userdata};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use knit_api::{ApiError, FieldError, NodeConfig, NodePool};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Pool label: the pool holds instances added to it. Auto-scaling cannot be
+/// enabled on such a pool (the autoscaler would release the user's machines).
+pub const ADDED_LABEL: &str = "knit.dev/added-instances";
+/// Attach tokens start with this, so they are never confused with join tokens.
+pub const ATTACH_TOKEN_PREFIX: &str = "knitattach.";
+/// The `instance` of an attach token in the join-token table: none yet.
+pub const ATTACH_SENTINEL: &str = "(attach)";
+/// Default and bounds of an attach token's life.
+pub const DEFAULT_EXPIRES_SECONDS: i64 = 3600;
+const MAX_EXPIRES_SECONDS: i64 = 7 * 24 * 3600;
+
+type Cp = Arc<ControlPlane>;
+
+/// The local cloud's attributes as preflight facts (simulated cloud objects).
+pub fn local_facts(i: &knit_local::Instance) -> InstanceFacts {
+    let r = &i.record;
+    let a = &r.template.attributes;
+    let os = a.os.clone().unwrap_or_else(|| r.os.clone());
+    InstanceFacts {
+        id: r.id.clone(),
+        name: r
+            .template
+            .name
+            .clone()
+            .unwrap_or_else(|| r.hostname.clone()),
+        state: if r.state.to_string() == "running" && !i.alive {
+            "dead".into()
+        } else {
+            r.state.to_string()
+        },
+        ip: Some(r.private_ip.clone()),
+        instance_type: r.template.instance_type.clone(),
+        account_id: a.account_id.clone(),
+        region_id: a.region_id.clone(),
+        zone_id: a.zone_id.clone(),
+        vpc_id: a.vpc_id.clone(),
+        v_switch_id: a.v_switch_id.clone(),
+        security_groups: a
+            .security_groups
+            .iter()
+            .map(|g| preflight::SecurityGroupFacts {
+                id: g.id.clone(),
+                kind: match g.kind {
+                    knit_local::SecurityGroupType::Normal => "normal".into(),
+                    knit_local::SecurityGroupType::Enterprise => "enterprise".into(),
+                },
+                rules: g
+                    .rules
+                    .iter()
+                    .map(|x| preflight::RuleFacts {
+                        direction: x.direction.clone(),
+                        protocol: x.protocol.clone(),
+                        port_range: x.port_range.clone(),
+                        cidr: x.cidr.clone(),
+                        policy: x.policy.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        eni_count: a.enis.count,
+        max_enis: a.instance_type_limits.max_enis,
+        max_ips_per_eni: a.instance_type_limits.max_ips_per_eni,
+        ram_role: a.ram_role.clone(),
+        ipv6: a.ipv6,
+        swap: a.swap,
+        os_id: os.id,
+        os_version: os.version_id,
+        os_name: os.pretty_name,
+        tags: a.tags.clone(),
+        password_login: a.login.password.is_some(),
+        data_disks: i
+            .data_disks
+            .iter()
+            .map(|d| DiskFacts {
+                id: d.id.clone(),
+                device: d.device.clone(),
+                size_bytes: d.size,
+            })
+            .collect(),
+    }
+}
+
+/// What one attach decided, kept for the bootstrap endpoint and for users.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachRecord {
+    /// knit's instance name (the store's key).
+    pub instance: String,
+    pub provider_id: String,
+    pub pool: String,
+    pub mode: Mode,
+    /// The instance's own name at the provider.
+    pub instance_name: String,
+    pub keep_instance_name: bool,
+    pub format_data_disk: bool,
+    /// Data disk ids before and after the re-image (automatic mode).
+    pub old_disks: Vec<String>,
+    pub new_disks: Vec<String>,
+    pub at_ms: i64,
+}
+
+fn attach_dir(cp: &ControlPlane) -> PathBuf {
+    cp.settings.state_dir.join("attach")
+}
+
+fn write_json(path: &std::path::Path, value: &impl Serialize) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| ServerError::Internal(format!("{} has no parent", path.display())))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
+    let text =
+        serde_json::to_vec_pretty(value).map_err(|e| ServerError::Internal(e.to_string()))?;
+    // Written whole, then renamed: a reader never sees half a record.
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)
+        .map_err(|e| ServerError::io(format!("write {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| ServerError::io(format!("rename {}", tmp.display()), e))
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &std::path::Path) -> Result<Option<T>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ServerError::Internal(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ServerError::io(format!("read {}", path.display()), e)),
+    }
+}
+
+/// The attach record of a knit instance, if it was added (not created).
+pub fn record(cp: &ControlPlane, instance: &str) -> Result<Option<AttachRecord>> {
+    read_json(&attach_dir(cp).join(format!("{instance}.json")))
+}
+
+fn save_record(cp: &ControlPlane, r: &AttachRecord) -> Result<()> {
+    write_json(&attach_dir(cp).join(format!("{}.json", r.instance)), r)
+}
+
+/// The node name of an added instance that keeps its name; `None` = the
+/// pool's rule (custom node name, else `<region>.<instance id>`).
+pub fn node_name(cp: &ControlPlane, instance: &InstanceRecord) -> Result<Option<String>> {
+    Ok(record(cp, &instance.name)?
+        .filter(|r| r.keep_instance_name)
+        .map(|r| r.instance_name.to_lowercase()))
+}
+
+/// Adjusts the NodeConfig of an added instance: its name when kept, and the
+/// data-disk option (the agent's own data-disk logic decides what to do:
+/// blank → format, filesystem → mount, partition table → refuse).
+pub fn adjust_config(
+    cp: &ControlPlane,
+    instance: &InstanceRecord,
+    config: &mut NodeConfig,
+) -> Result<()> {
+    if let Some(r) = record(cp, &instance.name)? {
+        if r.keep_instance_name {
+            config.node.name = Some(r.instance_name.to_lowercase());
+        }
+        config.data_disk.enabled = r.format_data_disk;
+    }
+    Ok(())
+}
+
+/// Refuses enabling auto-scaling on a pool that holds added instances, and
+/// keeps the marker label across updates.
+pub fn check_pool_update(old: &NodePool, new: &mut NodePool) -> Result<()> {
+    let Some(v) = old.metadata.labels.get(ADDED_LABEL) else {
+        return Ok(());
+    };
+    if new.spec.pool_type == "auto-scaling" {
+        return Err(ServerError::Conflict(format!(
+            "pool {:?} holds instances added to it (knit attach): auto-scaling cannot be enabled, because the autoscaler would release machines you added; move them to another pool first",
+            old.metadata.name
+        )));
+    }
+    new.metadata.labels.insert(ADDED_LABEL.into(), v.clone());
+    Ok(())
+}
+
+/// Appends the connectivity diagnosis to a join timeout of an added instance.
+pub fn diagnose(cp: &ControlPlane, instance: &str, message: String) -> String {
+    if !matches!(record(cp, instance), Ok(Some(_))) {
+        return message;
+    }
+    format!(
+        "{message}. The added instance most likely cannot reach the control plane ({}) or the API server ({}:{}): check connectivity between the instance and the API server and the instance's security-group rules (egress TCP 7443 and {} to that address)",
+        cp.advertise_url,
+        advertise_host(cp),
+        preflight::API_SERVER_PORT,
+        preflight::API_SERVER_PORT
+    )
+}
+
+fn advertise_host(cp: &ControlPlane) -> String {
+    let rest = cp.advertise_url.trim_start_matches("https://");
+    match rest.rsplit_once(':') {
+        Some((host, _)) => host.trim_matches(['[', ']']).to_string(),
+        None => rest.to_string(),
+    }
+}
+
+/// The context the checks need, read from the store.
+fn context(
+    cp: &ControlPlane,
+    mode: Mode,
+    adding: i64,
+    new_password: bool,
+    provider_id: &str,
+) -> Result<Context> {
+    let pools = cp.store.pools()?;
+    let cluster_nodes = pools
+        .iter()
+        .filter(|p| !p.deleting)
+        .map(|p| p.pool.spec.max_nodes())
+        .sum();
+    let instances = cp.store.instances(None)?;
+    let active: Vec<&InstanceRecord> = instances
+        .iter()
+        .filter(|i| counts_toward_pool(&i.state))
+        .collect();
+    Ok(Context {
+        mode,
+        cluster_nodes,
+        adding,
+        api_server_ip: advertise_host(cp),
+        // Flannel: one custom route entry per node in the VPC's table.
+        route_entries_used: active.len() as u32,
+        new_password,
+        member_of_pool: active
+            .iter()
+            .find(|i| i.provider_id.as_deref() == Some(provider_id))
+            .map(|i| i.pool.clone()),
+        ..Context::default()
+    })
+}
+
+fn field_error(field: &str, value: String, rule: &str) -> ServerError {
+    ApiError::Invalid(vec![FieldError {
+        field: field.into(),
+        value,
+        rule: rule.into(),
+    }])
+    .into()
+}
+
+/// `POST /api/v1/pools/{pool}/attach`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttachRequest {
+    pub instances: Vec<String>,
+    #[serde(default)]
+    pub format_data_disk: bool,
+    #[serde(default)]
+    pub keep_instance_name: bool,
+    /// New login password (password pools); never stored.
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+pub async fn attach(
+    State(cp): State<Cp>,
+    Path(pool_name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>> {
+    let req: AttachRequest = serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+        what: "attach request".into(),
+        message: e.to_string(),
+    })?;
+    if req.instances.is_empty() {
+        return Err(field_error(
+            "instances",
+            "[]".into(),
+            "must name at least one instance",
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = req.instances.iter().find(|i| !seen.insert(i.as_str())) {
+        return Err(field_error(
+            "instances",
+            format!("{dup:?}"),
+            "must not name an instance twice",
+        ));
+    }
+    if let Some(p) = &req.password {
+        knit_api::check_password(p).map_err(|rule| {
+            field_error("password", format!("<{} chars>", p.chars().count()), &rule)
+        })?;
+    }
+    let record = cp
+        .store
+        .pool(&pool_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "pool",
+            name: pool_name.clone(),
+        })?;
+    if record.deleting {
+        return Err(ServerError::Conflict(format!(
+            "pool {pool_name:?} is being deleted"
+        )));
+    }
+    let provider = cp.provider()?.clone();
+    let cluster = cp.cluster_doc()?;
+    let mut facts = Vec::new();
+    for id in &req.instances {
+        match provider.get(id).await? {
+            Some(_) => facts.push(provider.facts(id).await?),
+            None => {
+                return Err(ServerError::NotFound {
+                    kind: "instance",
+                    name: id.clone(),
+                })
+            }
+        }
+    }
+    let adding = req.instances.len() as i64;
+    let mut reports = Vec::new();
+    for f in &facts {
+        let ctx = context(&cp, Mode::Automatic, adding, req.password.is_some(), &f.id)?;
+        reports.push(preflight::check(&cluster, &record.pool, f, &ctx));
+    }
+    let passed = reports.iter().all(Report::passed);
+    if req.dry_run || !passed {
+        if !passed && !req.dry_run {
+            let failed: Vec<String> = reports
+                .iter()
+                .filter(|r| !r.passed())
+                .map(|r| {
+                    format!(
+                        "{}: {}",
+                        r.instance,
+                        r.errors()
+                            .map(|e| e.code.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })
+                .collect();
+            cp.store.add_event(
+                "Warning",
+                "NodePool",
+                &pool_name,
+                "AttachRefused",
+                &format!("preflight failed: {}", failed.join("; ")),
+            )?;
+        }
+        return Ok(Json(json!({
+            "pool": pool_name, "mode": "automatic", "dryRun": req.dry_run,
+            "passed": passed, "preflight": reports, "attached": [],
+        })));
+    }
+    let mut attached = Vec::new();
+    let mut all_ok = true;
+    for f in &facts {
+        match attach_one(&cp, &record.pool, f, &req).await {
+            Ok(v) => attached.push(v),
+            Err(e) => {
+                all_ok = false;
+                attached
+                    .push(json!({"providerId": f.id, "error": e.to_string(), "code": e.code()}));
+            }
+        }
+    }
+    cp.wake();
+    Ok(Json(json!({
+        "pool": pool_name, "mode": "automatic", "dryRun": false,
+        "passed": all_ok, "preflight": reports, "attached": attached,
+    })))
+}
+
+/// Records an added instance in its pool: the instance row, the pool's
+/// desired count + 1 and the marker label, under the planner's lock so the
+/// reconciler never sees the count without the instance.
+async fn enroll(
+    cp: &ControlPlane,
+    pool: &str,
+    f: &InstanceFacts,
+    state_word: &str,
+) -> Result<String> {
+    let name = format!("{pool}-{}", pki::random_lower_alnum(5)?);
+    let _guard = cp.plan_lock.lock().await;
+    let record = cp.store.pool(pool)?.ok_or_else(|| ServerError::NotFound {
+        kind: "pool",
+        name: pool.to_string(),
+    })?;
+    let mut p = record.pool;
+    cp.store.insert_attached_instance(
+        &name,
+        pool,
+        &f.id,
+        f.ip.as_deref(),
+        &f.instance_type,
+        state_word,
+    )?;
+    let from = p.spec.replicas;
+    p.spec.replicas += 1;
+    p.metadata.labels.insert(ADDED_LABEL.into(), "true".into());
+    cp.store.update_pool(&p)?;
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        pool,
+        "InstanceAdded",
+        &format!(
+            "{} added as {name}; replicas {from} -> {}",
+            f.id, p.spec.replicas
+        ),
+    )?;
+    Ok(name)
+}
+
+async fn attach_one(
+    cp: &ControlPlane,
+    pool: &NodePool,
+    f: &InstanceFacts,
+    req: &AttachRequest,
+) -> Result<Value> {
+    let provider = cp.provider()?.clone();
+    let pool_name = &pool.metadata.name;
+    // The user data is composed before anything changes: a pool whose
+    // scripts are too large refuses here, not half way.
+    let agent_sha256 = cp.mirror_sha256("bin/knit-agent")?.ok_or_else(|| {
+        ServerError::Package(format!(
+            "the package mirror ({}) has no bin/knit-agent: run `knit package build`",
+            cp.mirror_dir.display()
+        ))
+    })?;
+    let name = enroll(cp, pool_name, f, state::CREATING).await?;
+    let mut rec = AttachRecord {
+        instance: name.clone(),
+        provider_id: f.id.clone(),
+        pool: pool_name.clone(),
+        mode: Mode::Automatic,
+        instance_name: f.name.clone(),
+        keep_instance_name: req.keep_instance_name,
+        format_data_disk: req.format_data_disk,
+        old_disks: f.data_disks.iter().map(|d| d.id.clone()).collect(),
+        new_disks: Vec::new(),
+        at_ms: now_ms(),
+    };
+    save_record(cp, &rec)?;
+    let outcome: Result<InstanceFacts> = async {
+        let token = cp.issue_join_token(&name, pool_name)?;
+        let stub = userdata::agent_stub(&userdata::StubParams {
+            mirror_url: &format!("{}/mirror", cp.advertise_url),
+            agent_sha256: &agent_sha256,
+            bootstrap_url: &format!("{}/bootstrap/v1/config", cp.advertise_url),
+            join_token: &token,
+            ca_pem: &cp.ca_pem,
+        });
+        let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
+        if f.state == "running" {
+            provider.stop(&f.id).await?;
+        }
+        // New system disk from the image, data disks kept (new ids), the
+        // pool's user data; the instance boots and initializes.
+        provider.reimage(&f.id, &user_data).await?;
+        provider.facts(&f.id).await
+    }
+    .await;
+    match outcome {
+        Ok(after) => {
+            rec.new_disks = after.data_disks.iter().map(|d| d.id.clone()).collect();
+            save_record(cp, &rec)?;
+            cp.store
+                .set_instance_created(&name, &f.id, after.ip.as_deref())?;
+            let disks = rec
+                .old_disks
+                .iter()
+                .zip(&rec.new_disks)
+                .map(|(a, b)| format!("{a} -> {b}"))
+                .collect::<Vec<_>>();
+            cp.store.add_event(
+                "Normal",
+                "Instance",
+                &name,
+                "Attached",
+                &format!(
+                    "{} re-imaged with pool {pool_name}'s image and user data; data disks kept: {}",
+                    f.id,
+                    if disks.is_empty() {
+                        "none".to_string()
+                    } else {
+                        disks.join(", ")
+                    }
+                ),
+            )?;
+            Ok(json!({
+                "providerId": f.id, "instance": name, "ip": after.ip,
+                "nodeName": if req.keep_instance_name { Some(f.name.to_lowercase()) } else { None },
+                "oldDisks": rec.old_disks, "newDisks": rec.new_disks,
+            }))
+        }
+        Err(e) => {
+            let message = format!("attach failed: {e}; the instance stays in the pool as Failed: remove it (knit delete node {name} --release=false) and attach it again");
+            cp.store
+                .set_instance_state(&name, state::FAILED, Some(&message))?;
+            cp.store
+                .add_event("Warning", "Instance", &name, "AttachFailed", &message)?;
+            Err(e)
+        }
+    }
+}
+
+// ---- manual mode
+
+/// What the command's options are, kept beside its token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ScriptOptions {
+    pool: String,
+    keep_instance_name: bool,
+    format_data_disk: bool,
+    expires_ms: i64,
+}
+
+/// `POST /api/v1/pools/{pool}/attach-script`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptRequest {
+    #[serde(default)]
+    pub format_data_disk: bool,
+    #[serde(default)]
+    pub keep_instance_name: bool,
+    #[serde(default)]
+    pub expires_seconds: Option<i64>,
+}
+
+/// `sha256:<hex>` of the CA certificate (DER): what the command checks the
+/// CA it carries against before trusting it.
+pub fn ca_pin(ca_pem: &str) -> Result<String> {
+    let der = rustls_pemfile::certs(&mut ca_pem.as_bytes())
+        .next()
+        .ok_or_else(|| ServerError::Pki("the control-plane CA holds no certificate".into()))?
+        .map_err(|e| ServerError::Pki(format!("the control-plane CA: {e}")))?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(der.as_ref()))
+    ))
+}
+
+pub async fn script(
+    State(cp): State<Cp>,
+    Path(pool_name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>> {
+    let req: ScriptRequest = if body.is_empty() {
+        ScriptRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+            what: "attach-script request".into(),
+            message: e.to_string(),
+        })?
+    };
+    let expires = req.expires_seconds.unwrap_or(DEFAULT_EXPIRES_SECONDS);
+    if !(1..=MAX_EXPIRES_SECONDS).contains(&expires) {
+        return Err(field_error(
+            "expiresSeconds",
+            expires.to_string(),
+            "must be in [1, 604800] (one week)",
+        ));
+    }
+    let record = cp
+        .store
+        .pool(&pool_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "pool",
+            name: pool_name.clone(),
+        })?;
+    if record.deleting {
+        return Err(ServerError::Conflict(format!(
+            "pool {pool_name:?} is being deleted"
+        )));
+    }
+    let agent_sha256 = cp.mirror_sha256("bin/knit-agent")?.ok_or_else(|| {
+        ServerError::Package(
+            "the package mirror has no bin/knit-agent: run `knit package build`".into(),
+        )
+    })?;
+    let token_id = pki::random_lower_alnum(6)?;
+    let token = format!("{ATTACH_TOKEN_PREFIX}{token_id}{}", pki::random_hex(16)?);
+    let expires_ms = now_ms() + expires * 1000;
+    write_json(
+        &attach_dir(&cp)
+            .join("tokens")
+            .join(format!("{token_id}.json")),
+        &ScriptOptions {
+            pool: pool_name.clone(),
+            keep_instance_name: req.keep_instance_name,
+            format_data_disk: req.format_data_disk,
+            expires_ms,
+        },
+    )?;
+    cp.store.add_join_token(
+        &pki::token_hash(&token),
+        &token_id,
+        ATTACH_SENTINEL,
+        &pool_name,
+        expires * 1000,
+    )?;
+    let pin = ca_pin(&cp.ca_pem)?;
+    let text = manual_script(&ManualScript {
+        base_url: &cp.advertise_url,
+        agent_sha256: &agent_sha256,
+        token: &token,
+        ca_pem: &cp.ca_pem,
+        ca_pin: &pin,
+    });
+    let b64 = base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
+    let command = format!("echo {b64} | base64 -d | bash");
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        &pool_name,
+        "AttachScriptIssued",
+        &format!("attach command with token {token_id} (single use, expires in {expires} s)"),
+    )?;
+    Ok(Json(json!({
+        "pool": pool_name, "tokenId": token_id, "expiresMs": expires_ms,
+        "caPin": pin, "command": command, "script": text,
+    })))
+}
+
+struct ManualScript<'a> {
+    base_url: &'a str,
+    agent_sha256: &'a str,
+    token: &'a str,
+    ca_pem: &'a str,
+    ca_pin: &'a str,
+}
+
+/// The script the pasted command runs on the machine.
+fn manual_script(p: &ManualScript<'_>) -> String {
+    let ca = p.ca_pem.trim_end();
+    let pin = p.ca_pin.trim_start_matches("sha256:");
+    format!(
+        r#"#!/bin/bash
+# knit: add this machine to a node pool (manual mode). Its OS and its own
+# user data stay as they are.
+set -euo pipefail
+dir={dir}
+mkdir -p "$dir"
+chmod 700 "$dir"
+cat > "$dir/control-plane-ca.pem" <<'KNIT_CA_EOF'
+{ca}
+KNIT_CA_EOF
+# The CA pin: the certificate carried above must be the control plane's.
+got=$(sed '/-----/d' "$dir/control-plane-ca.pem" | base64 -d | sha256sum | cut -d' ' -f1)
+if [ "$got" != '{pin}' ]; then
+    echo "knit: the control-plane CA in this command does not match its pin sha256:{pin} (damaged paste?)" >&2
+    exit 1
+fi
+# Machine-side preflight.
+fail=0
+if [ -n "$(tail -n +2 /proc/swaps 2>/dev/null)" ]; then
+    echo "knit preflight [PreflightSwapOn]: swap is on; the kubelet refuses to run with swap. Fix: swapoff -a and remove swap from /etc/fstab" >&2
+    fail=1
+fi
+os_id=; os_version=; os_name=
+if [ -r /etc/os-release ]; then
+    os_id=$(. /etc/os-release; echo "${{ID:-}}")
+    os_version=$(. /etc/os-release; echo "${{VERSION_ID:-}}")
+    os_name=$(. /etc/os-release; echo "${{PRETTY_NAME:-}}")
+fi
+case "$os_id" in
+    lifsea|*containeros*|*windows*)
+        echo "knit preflight [PreflightOsNotAllowed]: $os_name cannot be added manually. Fix: use automatic mode (knit attach)" >&2
+        fail=1;;
+esac
+[ "$fail" = 0 ] || exit 1
+fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-all-errors --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" "$@"; }}
+fetch -o "$dir/knit-agent.part" '{base}/mirror/bin/knit-agent'
+if ! echo '{sha}  '"$dir/knit-agent.part" | sha256sum -c --status -; then
+    echo "knit: knit-agent from {base}/mirror/bin/knit-agent does not match sha256 {sha}" >&2
+    exit 1
+fi
+chmod 755 "$dir/knit-agent.part"
+mv "$dir/knit-agent.part" "$dir/knit-agent"
+umask 077
+swap=false
+esc() {{ printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }}
+facts="{{\"osId\":\"$(esc "$os_id")\",\"osVersion\":\"$(esc "$os_version")\",\"osName\":\"$(esc "$os_name")\",\"swap\":$swap}}"
+# Server-side preflight; the answer is a one-time join token for this machine.
+code=$(curl -sS --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" -o "$dir/attach-answer" -w '%{{http_code}}' \
+    -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' --data "$facts" '{base}/attach/v1/manual') || {{
+    echo "knit: cannot reach the control plane at {base}: check connectivity and the security-group rules (egress TCP to that address)" >&2
+    exit 1
+}}
+if [ "$code" != 200 ]; then
+    echo "knit: the control plane refused (HTTP $code):" >&2
+    cat "$dir/attach-answer" >&2
+    echo >&2
+    exit 1
+fi
+join_token=$(cat "$dir/attach-answer")
+rm -f "$dir/attach-answer"
+fetch -X POST -H "Authorization: Bearer $join_token" -o "$dir/node-config.yaml" '{base}/bootstrap/v1/config'
+exec "$dir/knit-agent" init --config "$dir/node-config.yaml"
+"#,
+        dir = userdata::BOOTSTRAP_DIR,
+        base = p.base_url,
+        sha = p.agent_sha256,
+        token = p.token,
+    )
+}
+
+/// The machine's own view, sent by the command.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct MachineFacts {
+    os_id: String,
+    os_version: String,
+    os_name: String,
+    swap: bool,
+}
+
+fn refused(status: StatusCode, code: &str, message: String, extra: Value) -> Response {
+    let mut body = json!({"code": code, "message": message, "errors": []});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    (status, Json(body)).into_response()
+}
+
+/// `POST /attach/v1/manual`: the pasted command redeems its attach token.
+pub async fn manual(
+    State(cp): State<Cp>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let peer_ip = peer.map(|Extension(Peer(p))| p.ip().to_string());
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or_default();
+    let refuse = |why: String| -> Result<Response> {
+        cp.metrics.bootstrap_refused();
+        cp.store.add_event(
+            "Warning",
+            "NodePool",
+            "-",
+            "AttachRefused",
+            &format!("{why} (from {})", peer_ip.as_deref().unwrap_or("unknown")),
+        )?;
+        Err(ServerError::TokenRefused(why))
+    };
+    let Some(rest) = token.strip_prefix(ATTACH_TOKEN_PREFIX) else {
+        return refuse("not an attach token".into());
+    };
+    let token_id: String = rest.chars().take(6).collect();
+    let now = now_ms();
+    let pool_name = match cp.store.redeem_join_token(&pki::token_hash(token), now)? {
+        Redeem::Ok { instance, pool } if instance == ATTACH_SENTINEL => pool,
+        Redeem::Ok { .. } | Redeem::Unknown => return refuse("unknown attach token".into()),
+        Redeem::Used { used_ms, .. } => {
+            return refuse(format!(
+                "attach token {token_id} already used {} s ago: one command adds one instance; make a new one with knit attach-script",
+                (now - used_ms) / 1000
+            ))
+        }
+        Redeem::Expired { expires_ms, .. } => {
+            return refuse(format!("attach token {token_id} expired {} s ago", (now - expires_ms) / 1000))
+        }
+    };
+    let options: ScriptOptions = read_json(
+        &attach_dir(&cp)
+            .join("tokens")
+            .join(format!("{token_id}.json")),
+    )?
+    .ok_or_else(|| {
+        ServerError::Internal(format!(
+            "the options of attach token {token_id} are missing"
+        ))
+    })?;
+    let machine: MachineFacts = serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+        what: "machine facts".into(),
+        message: e.to_string(),
+    })?;
+    let record = cp
+        .store
+        .pool(&pool_name)?
+        .ok_or_else(|| ServerError::Conflict(format!("pool {pool_name} was removed")))?;
+    let provider = cp.provider()?.clone();
+    // The caller is identified by its address: the instance whose private
+    // IP the request came from.
+    let Some(ip) = peer_ip else {
+        return refuse("the caller's address is unknown".into());
+    };
+    let Some(found) = provider
+        .list()
+        .await?
+        .into_iter()
+        .find(|i| i.ip.as_deref() == Some(ip.as_str()))
+    else {
+        return Ok(refused(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "PreflightUnknownInstance",
+            format!(
+                "no instance of provider {} has the address {ip}",
+                provider.name()
+            ),
+            json!({}),
+        ));
+    };
+    let mut facts = provider.facts(&found.id).await?;
+    // The machine's own view wins for what the machine itself decides.
+    facts.swap = facts.swap || machine.swap;
+    if !machine.os_id.is_empty() {
+        facts.os_id = machine.os_id;
+        facts.os_version = machine.os_version;
+        facts.os_name = machine.os_name;
+    }
+    let cluster = cp.cluster_doc()?;
+    let ctx = context(&cp, Mode::Manual, 1, false, &facts.id)?;
+    let report = preflight::check(&cluster, &record.pool, &facts, &ctx);
+    if !report.passed() {
+        let text = preflight::render_table(std::slice::from_ref(&report));
+        cp.store.add_event(
+            "Warning",
+            "NodePool",
+            &pool_name,
+            "AttachRefused",
+            &format!("preflight failed for {}", facts.id),
+        )?;
+        return Ok(refused(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "PreflightFailed",
+            format!("preflight failed for {}:\n{text}", facts.id),
+            json!({"preflight": [report]}),
+        ));
+    }
+    let name = enroll(&cp, &pool_name, &facts, state::RUNNING).await?;
+    save_record(
+        &cp,
+        &AttachRecord {
+            instance: name.clone(),
+            provider_id: facts.id.clone(),
+            pool: pool_name.clone(),
+            mode: Mode::Manual,
+            instance_name: facts.name.clone(),
+            keep_instance_name: options.keep_instance_name,
+            format_data_disk: options.format_data_disk,
+            old_disks: facts.data_disks.iter().map(|d| d.id.clone()).collect(),
+            new_disks: facts.data_disks.iter().map(|d| d.id.clone()).collect(),
+            at_ms: now,
+        },
+    )?;
+    let join_token = cp.issue_join_token(&name, &pool_name)?;
+    cp.store.add_event(
+        "Normal",
+        "Instance",
+        &name,
+        "Attached",
+        &format!(
+            "{} ({ip}) added by its attach command (manual mode, OS kept)",
+            facts.id
+        ),
+    )?;
+    cp.wake();
+    Ok(([(header::CONTENT_TYPE, "text/plain")], join_token).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_scaling_is_refused_on_a_pool_with_added_instances() {
+        let mut old = NodePool::new("workers", knit_api::NodePoolSpec::default());
+        let mut new = old.clone();
+        check_pool_update(&old, &mut new).unwrap();
+        old.metadata
+            .labels
+            .insert(ADDED_LABEL.into(), "true".into());
+        let mut new = NodePool::new("workers", knit_api::NodePoolSpec::default());
+        check_pool_update(&old, &mut new).unwrap();
+        assert_eq!(
+            new.metadata.labels[ADDED_LABEL], "true",
+            "the marker is kept"
+        );
+        new.spec.pool_type = "auto-scaling".into();
+        let e = check_pool_update(&old, &mut new).unwrap_err().to_string();
+        assert!(
+            e.contains("holds instances added") && e.contains("autoscaler would release"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_manual_script_is_valid_bash_and_carries_pin_token_and_checksum() {
+        let s = manual_script(&ManualScript {
+            base_url: "https://10.213.0.1:7443",
+            agent_sha256: &"ab".repeat(32),
+            token: "knitattach.abcdef0123",
+            ca_pem: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            ca_pin: "sha256:00",
+        });
+        for needle in [
+            "knitattach.abcdef0123",
+            &"ab".repeat(32),
+            "'00'",
+            "/attach/v1/manual",
+            "sha256sum -c",
+        ] {
+            assert!(s.contains(needle), "{needle} missing");
+        }
+        let out = std::process::Command::new("bash")
+            .args(["-n", "-c", &s])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -520,6 +520,13 @@ async fn start_cluster(
 
 fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     let path = config_path(cli_config)?;
+    if opts.listen.ends_with(":0") {
+        // The config written below must name the port before the server runs.
+        return Err(CliError::Usage(format!(
+            "--listen {:?}: knit up needs a fixed port (use `knit server --write-config` for an ephemeral one)",
+            opts.listen
+        )));
+    }
     if let Ok(existing) = ClientConfig::load(&path) {
         if let Some(pid) = existing.pid.filter(|p| is_our_server(*p)) {
             println!(
@@ -531,6 +538,28 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     }
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
+    // Embedded defaults: a server without a package mirror could make no
+    // node, so the first `up` assembles one from this machine.
+    let mirror = Settings::new(opts.state_dir.clone()).mirror_dir();
+    if !mirror.join("bin/knit-agent").is_file() {
+        let no_runtime = which("containerd").is_none();
+        println!(
+            "assembling the package mirror in {}{}",
+            mirror.display(),
+            if no_runtime {
+                " (containerd is not installed: package without a runtime)"
+            } else {
+                ""
+            }
+        );
+        package(PackageAction::Build {
+            state_dir: opts.state_dir.clone(),
+            kubernetes_version: knit_api::DEFAULT_KUBERNETES_VERSION.to_string(),
+            agent: None,
+            kubelet: None,
+            no_runtime,
+        })?;
+    }
     let log_path = opts.state_dir.join("server.log");
     let log = std::fs::OpenOptions::new()
         .create(true)

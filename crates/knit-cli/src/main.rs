@@ -1,6 +1,7 @@
 //! `knit`: the command-line interface. kubectl's conventions: verbs, kinds,
 //! `-f FILE`, `-o wide|json|yaml`.
 
+mod attach;
 mod output;
 mod snapshot;
 mod wait;
@@ -203,6 +204,10 @@ enum Cmd {
         #[arg(long, default_value_t = 900)]
         timeout: u64,
     },
+    /// Add existing instances to a pool (automatic mode: re-imaged with the pool's image).
+    Attach(attach::AttachArgs),
+    /// Print the command that adds one machine to a pool (manual mode: OS kept).
+    AttachScript(attach::ScriptArgs),
     /// Delete a pool (scaled to 0 first) or remove a node from its pool.
     Delete {
         kind: One,
@@ -371,6 +376,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             timeout,
         } => down(&cli.config, keep_instances, Duration::from_secs(timeout)),
         Cmd::Snapshot { action } => snapshot::run(&client(&cli.config)?, action),
+        Cmd::Attach(args) => attach::attach(&client(&cli.config)?, args),
+        Cmd::AttachScript(args) => attach::script(&client(&cli.config)?, args),
         Cmd::Package { action } => package(action),
         Cmd::Local { args } => local(&args),
     }

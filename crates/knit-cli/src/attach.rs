@@ -1,0 +1,201 @@
+//! `knit attach` (automatic mode) and `knit attach-script` (manual mode):
+//! adding existing instances to a pool (SPEC §2, docs/add-existing.md).
+
+use crate::{CliError, Result};
+use clap::Args;
+use knit_server::client::Client;
+use knit_server::preflight::{render_table, Report};
+use serde_json::{json, Value};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct AttachArgs {
+    #[arg(long)]
+    pool: String,
+    /// Instance ids, comma separated (i-1,i-2).
+    #[arg(long, value_delimiter = ',', required = true)]
+    instances: Vec<String>,
+    /// Use the last data disk for the runtime and kubelet: formatted ext4
+    /// when blank, mounted as is when it holds a filesystem.
+    #[arg(long)]
+    format_data_disk: bool,
+    /// Node name = the instance's name (otherwise the pool's naming rule).
+    #[arg(long)]
+    keep_instance_name: bool,
+    /// New login password (required for pools that log in by password).
+    #[arg(long)]
+    password: Option<String>,
+    /// Run every preflight check and print the results; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Follow the nodes until every one is Ready (or failed).
+    #[arg(long)]
+    wait: bool,
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// json for machine-readable output.
+    #[arg(short = 'o', long)]
+    output: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ScriptArgs {
+    #[arg(long)]
+    pool: String,
+    #[arg(long)]
+    format_data_disk: bool,
+    #[arg(long)]
+    keep_instance_name: bool,
+    /// Life of the command's one-time token: 90s, 30m, 1h, 2d.
+    #[arg(long, default_value = "1h")]
+    expires: String,
+    #[arg(short = 'o', long)]
+    output: Option<String>,
+}
+
+/// `90s`, `30m`, `1h`, `2d` or plain seconds.
+pub fn parse_duration(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&s[..i], c),
+        _ => (s, 's'),
+    };
+    let n: i64 = num.parse().ok().filter(|n| *n > 0)?;
+    let mult = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86400,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+fn reports(v: &Value) -> Vec<Report> {
+    serde_json::from_value(v["preflight"].clone()).unwrap_or_default()
+}
+
+pub fn attach(c: &Client, a: AttachArgs) -> Result<ExitCode> {
+    let body = json!({
+        "instances": a.instances,
+        "formatDataDisk": a.format_data_disk,
+        "keepInstanceName": a.keep_instance_name,
+        "password": a.password,
+        "dryRun": a.dry_run,
+    });
+    let v = c.call(
+        "POST",
+        &format!("/api/v1/pools/{}/attach", a.pool),
+        Some(&body.to_string()),
+    )?;
+    let passed = v["passed"] == true;
+    if a.output.as_deref() == Some("json") {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        print!("{}", render_table(&reports(&v)));
+        for i in v["attached"].as_array().into_iter().flatten() {
+            if let Some(e) = i["error"].as_str() {
+                println!(
+                    "{}: attach failed: {e}",
+                    i["providerId"].as_str().unwrap_or("-")
+                );
+                continue;
+            }
+            let disks: Vec<String> = i["oldDisks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .zip(i["newDisks"].as_array().into_iter().flatten())
+                .map(|(o, n)| {
+                    format!(
+                        "{} -> {}",
+                        o.as_str().unwrap_or("?"),
+                        n.as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            println!(
+                "{} re-imaged and added to pool {} as {}{}; data disks: {}",
+                i["providerId"].as_str().unwrap_or("-"),
+                a.pool,
+                i["instance"].as_str().unwrap_or("-"),
+                i["nodeName"]
+                    .as_str()
+                    .map(|n| format!(" (node {n})"))
+                    .unwrap_or_default(),
+                if disks.is_empty() {
+                    "none".to_string()
+                } else {
+                    disks.join(", ")
+                }
+            );
+        }
+    }
+    if !passed {
+        return Err(CliError::Failed(if a.dry_run {
+            "preflight found errors (nothing was changed)".into()
+        } else {
+            "instances not added: see the preflight errors above (nothing was changed for a failed preflight)".into()
+        }));
+    }
+    if a.dry_run {
+        if a.output.as_deref() != Some("json") {
+            println!("preflight passed (dry run: nothing was changed)");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.wait {
+        return crate::wait::scale(c, &a.pool, Duration::from_secs(a.timeout));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn script(c: &Client, a: ScriptArgs) -> Result<ExitCode> {
+    let expires = parse_duration(&a.expires).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--expires {:?}: use 90s, 30m, 1h, 2d or seconds",
+            a.expires
+        ))
+    })?;
+    let body = json!({
+        "formatDataDisk": a.format_data_disk,
+        "keepInstanceName": a.keep_instance_name,
+        "expiresSeconds": expires,
+    });
+    let v = c.call(
+        "POST",
+        &format!("/api/v1/pools/{}/attach-script", a.pool),
+        Some(&body.to_string()),
+    )?;
+    if a.output.as_deref() == Some("json") {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "# Run as root on the machine to add to pool {} (one machine, once; token {} expires in {}; CA pin {}):",
+        a.pool,
+        v["tokenId"].as_str().unwrap_or("-"),
+        a.expires,
+        v["caPin"].as_str().unwrap_or("-")
+    );
+    println!("{}", v["command"].as_str().unwrap_or_default());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1h"), Some(3600));
+        assert_eq!(parse_duration("90s"), Some(90));
+        assert_eq!(parse_duration("30m"), Some(1800));
+        assert_eq!(parse_duration("2d"), Some(172800));
+        assert_eq!(parse_duration("120"), Some(120));
+        assert_eq!(parse_duration("0"), None);
+        assert_eq!(parse_duration("1w"), None);
+        assert_eq!(parse_duration("h"), None);
+    }
+}

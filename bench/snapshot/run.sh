@@ -37,12 +37,14 @@ export KNIT_CONFIG=$WORK/config
 export KNIT_LOCAL_BANDWIDTH_MBIT=$MBIT
 SERVER= REG=
 cleanup() {
-    [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
-    [ -n "$REG" ] && kill "$REG" 2>/dev/null && wait "$REG" 2>/dev/null
+    trap - EXIT INT TERM
+    if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
+    if [ -n "$REG" ]; then kill "$REG" 2>/dev/null || true; wait "$REG" 2>/dev/null || true; fi
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 ms() { date +%s%3N; }
 knit() { "$BIN/knit" "$@"; }
@@ -104,7 +106,8 @@ measure() {
             ready=$((now - t0))
         fi
         if [ "$images" = 0 ]; then
-            ids=$(local_ list | python3 -c "import json,sys; print(' '.join(i['record']['id'] for i in json.load(sys.stdin) if i['record']['template']['attributes']['tags'].get('knit.dev/pool')=='$p'))")
+            # `list`: ID NAME STATE IP TYPE; instance names start with the pool's.
+            ids=$(local_ list | awk -v p="$p-" 'index($2, p) == 1 && $3 == "running" {print $1}')
             done_ids=0
             for id in $ids; do
                 local_ exec "$id" test -f /var/lib/kubelet/knit-images.json 2>/dev/null && done_ids=$((done_ids + 1))
@@ -125,22 +128,29 @@ measure() {
     echo "$ready $images $bytes $hits $misses"
 }
 
+echo "seeded $image_bytes bytes of images in $seed_ms ms; scaling without a snapshot" >&2
 pool plain "{sizeGiB: 40, interface: nvme}" >"$WORK/plain.yaml"
 knit create -f "$WORK/plain.yaml" >/dev/null
 read -r a_ready a_images a_bytes a_hits a_misses <<<"$(measure plain)"
 a_downloads=$(grep -c 'check cached kubernetes failed' <(for n in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='plain')"); do knit logs node "$n"; done) || true)
+first_node() { knit get nodes -o json | jq_ "[n['name'] for n in d['items'] if n['pool']=='$1'][0]"; }
+knit describe node "$(first_node plain)" >"$WORK/describe-plain.txt"
 knit scale pool plain --replicas 0 --wait --timeout 600 >/dev/null
 
+echo "without: Ready $a_ready ms, images $a_images ms; building the snapshot" >&2
 t=$(ms)
 knit snapshot create --pool plain --images "$APP" --timeout 1800 >"$WORK/build.txt"
 build_ms=$(($(ms) - t))
 snap=$(knit snapshot list -o json | jq_ "d['items'][0]['id']")
 snap_bytes=$(knit snapshot list -o json | jq_ "d['items'][0]['sizeBytes']")
 
+echo "snapshot $snap built in $build_ms ms; scaling from it" >&2
 pool fast "{snapshotId: $snap, interface: nvme}" >"$WORK/fast.yaml"
 knit create -f "$WORK/fast.yaml" >/dev/null
 read -r b_ready b_images b_bytes b_hits b_misses <<<"$(measure fast)"
 b_downloads=$(grep -c 'check cached kubernetes failed' <(for n in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='fast')"); do knit logs node "$n"; done) || true)
+
+knit describe node "$(first_node fast)" >"$WORK/describe-fast.txt"
 
 ratio() { python3 -c "print(f'{$1/max($2,1):.1f}')"; }
 echo "Snapshot benchmark: $NODES nodes, links shaped to $MBIT Mbit/s, $(nproc) cores; images: ${IMAGES[*]} ($image_bytes bytes compressed, seeded in $seed_ms ms)"
@@ -155,3 +165,8 @@ echo "| nodes that downloaded the Kubernetes package | $a_downloads | $b_downloa
 echo
 echo "Snapshot build (knit snapshot create, builder from the shaped pool): $build_ms ms; snapshot $snap holds $snap_bytes bytes used."
 sed 's/^/    /' "$WORK/build.txt"
+for p in plain fast; do
+    echo
+    echo "One node of pool $p (knit describe node):"
+    sed 's/^/    /' "$WORK/describe-$p.txt"
+done

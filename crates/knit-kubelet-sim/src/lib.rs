@@ -215,6 +215,8 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     let mut times = cert_times(&kc, jitter)?;
     let mut next_lease = Instant::now();
     let mut next_status = Instant::now();
+    // Bounded: a node that never gets ready falls back to the normal period.
+    let mut fast_checks_left: u32 = 10 * 60 * 5;
     loop {
         let now = Instant::now();
         if now >= next_lease {
@@ -222,6 +224,14 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
                 tracing::warn!(code = e.code(), error = %e, "lease renewal failed");
             }
             next_lease = now + agent.lease_interval();
+        }
+        // Not yet reported Ready: check often and report at once (kubelet's
+        // fast status update at start-up), not a full period later.
+        if now < next_status && fast_checks_left > 0 {
+            fast_checks_left -= 1;
+            if agent.became_ready() {
+                next_status = now;
+            }
         }
         if now >= next_status {
             if let Err(e) = agent.sync_status(&client) {
@@ -265,10 +275,12 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
             }
         }
         let wake = next_lease.min(next_status);
-        std::thread::sleep(
-            wake.saturating_duration_since(Instant::now())
-                .min(Duration::from_secs(1)),
-        );
+        let step = if fast_checks_left > 0 && !agent.reported_ready() {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(1)
+        };
+        std::thread::sleep(wake.saturating_duration_since(Instant::now()).min(step));
     }
 }
 

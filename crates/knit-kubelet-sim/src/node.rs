@@ -24,6 +24,8 @@ pub struct NodeAgent {
     lease: Option<Value>,
     last_report: Option<Instant>,
     runtime_version: Option<String>,
+    /// The last status this process posted (or found posted) was Ready.
+    reported_ready: bool,
 }
 
 pub fn micro_time(t: OffsetDateTime) -> String {
@@ -61,6 +63,7 @@ impl NodeAgent {
             lease: None,
             last_report: None,
             runtime_version: None,
+            reported_ready: false,
         })
     }
 
@@ -87,6 +90,17 @@ impl NodeAgent {
                 h
             }
         }
+    }
+
+    /// kubelet's `fastStatusUpdateOnce`: until the node has been reported
+    /// Ready, readiness is checked locally (no API call) often, and a
+    /// status update is due as soon as it is ready.
+    pub fn reported_ready(&self) -> bool {
+        self.reported_ready
+    }
+
+    pub fn became_ready(&mut self) -> bool {
+        !self.reported_ready && self.health().problems.is_empty()
     }
 
     fn ready_condition(&self, h: &Health) -> Value {
@@ -230,6 +244,7 @@ impl NodeAgent {
             .last_report
             .is_none_or(|t| t.elapsed() >= self.cfg.node_status_report_frequency);
         if same && !due {
+            self.reported_ready = want["status"] == "True";
             return Ok(());
         }
         if current["status"] == want["status"] {
@@ -249,6 +264,7 @@ impl NodeAgent {
             return Err(p.error("updating node status"));
         }
         self.last_report = Some(Instant::now());
+        self.reported_ready = want["status"] == "True";
         if !same {
             tracing::info!(node = %self.name, ready = %want["status"], reason = %want["reason"], message = %want["message"], "node Ready condition changed");
         }

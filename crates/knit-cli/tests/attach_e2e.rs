@@ -1,0 +1,530 @@
+//! Adding existing instances to a pool (SPEC §2), end to end: the `knit`
+//! binary, a server process, the real local cloud, the real agent and the
+//! embedded cluster.
+//!
+//! - automatic: an instance with a data disk holding files is re-imaged,
+//!   its node gets Ready under its own name, the files are still there,
+//!   the disk ids changed, the pool's desired count grew by one, and
+//!   auto-scaling is refused on the pool afterwards; a failing instance's
+//!   dry run lists every failed check;
+//! - manual: the printed command run inside an instance (the local cloud's
+//!   exec) → node Ready, the instance's own files and user data untouched;
+//!   the same command again → refused;
+//! - diagnosis: an instance whose traffic to the host is dropped fails its
+//!   join within the pool's timeout, the message naming the address and
+//!   pointing at connectivity and security groups.
+//!
+//! Needs root and the workspace's binaries beside `knit`. Each test has its
+//! own directory, bridge and subnet, released by a guard (server killed by
+//! PID, local cloud `down`, firewall rule removed) on success, failure and
+//! panic.
+
+use knit_local::{Cloud, Config, Template};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn knit() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_knit"))
+}
+
+fn sibling(name: &str) -> PathBuf {
+    let p = knit().with_file_name(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    bridge: String,
+    subnet: String,
+    gateway: String,
+    port: u16,
+    cluster_port: Option<u16>,
+    server: Option<Child>,
+    /// iptables rules to delete on drop (the arguments after -D).
+    firewall: Vec<Vec<String>>,
+}
+
+impl Env {
+    fn new(slot: u32, with_cluster: bool) -> Env {
+        // SAFETY: geteuid has no preconditions.
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "this test needs root (namespaces, loop devices, a bridge)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let tag = (std::process::id() % 1000) * 10 + slot;
+        let routes = String::from_utf8(
+            Command::new("ip")
+                .args(["-4", "route"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let third = (0..200u32)
+            .map(|i| (tag + i * 7) % 200 + 20)
+            .find(|x| !routes.contains(&format!("10.217.{x}.")))
+            .expect("no free 10.217.x.0/24 subnet");
+        Env {
+            dir,
+            bridge: format!("kta{tag}"),
+            subnet: format!("10.217.{third}.0/24"),
+            gateway: format!("10.217.{third}.1"),
+            port: free_port(),
+            cluster_port: with_cluster.then(free_port),
+            server: None,
+            firewall: Vec::new(),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn cloud(&self) -> Cloud {
+        Cloud::open(Config {
+            state_dir: self.path("local"),
+            bridge: self.bridge.clone(),
+            subnet: self.subnet.clone(),
+            metadata_port: 80,
+            helper: Some(sibling("knit-local")),
+        })
+        .unwrap()
+    }
+
+    fn knit(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(knit())
+            .env("KNIT_CONFIG", self.path("config"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
+    fn knit_ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.knit(args);
+        assert!(
+            ok,
+            "knit {args:?} failed:\n{out}\n{err}\nserver log (tail):\n{}",
+            self.server_log_tail()
+        );
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.knit_ok(args)).unwrap()
+    }
+
+    fn server_log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.path("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn start(&mut self, full_package: bool) {
+        let mut args = vec!["package", "build"];
+        if !full_package {
+            args.push("--no-runtime");
+        }
+        let state = self.path("server");
+        args.extend(["--state-dir", state.to_str().unwrap()]);
+        self.knit_ok(&args);
+        let log = std::fs::File::create(self.path("server.log")).unwrap();
+        let mut cmd = Command::new(knit());
+        cmd.env("KNIT_CONFIG", self.path("config"))
+            .args(["server", "--write-config", "--state-dir"])
+            .arg(self.path("server"));
+        match self.cluster_port {
+            Some(p) => cmd.args(["--cluster", "embedded", "--cluster-port", &p.to_string()]),
+            None => cmd.args(["--cluster", "none"]),
+        };
+        let child = cmd
+            .args([
+                "--listen",
+                &format!("0.0.0.0:{}", self.port),
+                "--advertise-address",
+                &self.gateway,
+                "--local-bridge",
+                &self.bridge,
+                "--local-subnet",
+                &self.subnet,
+            ])
+            .arg("--local-state-dir")
+            .arg(self.path("local"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.server = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(self.path("config").exists() && self.knit(&["get", "clusters"]).0) {
+            assert!(
+                Instant::now() < deadline,
+                "server did not start:\n{}",
+                self.server_log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// An existing instance, made directly at the local cloud (not by knit).
+    fn instance(&self, yaml: &str) -> String {
+        let t = Template::parse(yaml).unwrap();
+        let cloud = self.cloud();
+        let i = cloud.create(&t).unwrap();
+        cloud
+            .wait_user_data(&i.record.id, Duration::from_secs(60))
+            .unwrap();
+        i.record.id
+    }
+
+    fn exec(&self, id: &str, script: &str) -> (bool, String) {
+        let out = self
+            .cloud()
+            .exec(id, &["bash".into(), "-c".into(), script.into()])
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    fn pool(&self) -> Value {
+        self.json(&["get", "pools", "workers", "-o", "json"])
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for rule in &self.firewall {
+            let _ = Command::new("iptables").arg("-D").args(rule).status();
+        }
+        if let Ok(cloud) = Cloud::open(Config {
+            state_dir: self.path("local"),
+            bridge: self.bridge.clone(),
+            subnet: self.subnet.clone(),
+            metadata_port: 80,
+            helper: Some(sibling("knit-local")),
+        }) {
+            if let Err(e) = cloud.down() {
+                eprintln!("local cloud down: {e}");
+            }
+        }
+    }
+}
+
+/// A pool whose nodes get Ready on the local cloud: the kubelet stand-in
+/// needs a CNI configuration.
+const POOL: &str = "apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {name: workers}
+spec:
+  replicas: 0
+  systemDisk: {sizeGiB: 20}
+  preUserData: |
+    touch /var/.skip-yum
+    mkdir -p /etc/cni/net.d
+    echo '{\"cniVersion\":\"1.0.0\",\"name\":\"knit\",\"plugins\":[{\"type\":\"loopback\"}]}' > /etc/cni/net.d/10-knit.conflist
+  userData: echo pool user data > /root/pool-user-data
+";
+
+/// An instance the user owns: a data disk holding a file, its own user data.
+const OWNED: &str = "name: old-web
+disks: [{name: data, size: 4Gi, format: ext4}]
+userData: |
+  #!/bin/bash
+  set -e
+  mkdir -p /mnt/data
+  mount /dev/vdb /mnt/data
+  echo precious > /mnt/data/precious.txt
+  umount /mnt/data
+  echo mine > /root/own-user-data-ran
+";
+
+fn node<'a>(nodes: &'a Value, name: &str) -> Option<&'a Value> {
+    nodes["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["name"] == name)
+}
+
+#[test]
+fn automatic_and_manual_attach_with_the_embedded_cluster() {
+    let mut env = Env::new(5, true);
+    env.start(true);
+    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+
+    // ---- preflight: a bad instance, every failure listed, nothing changed.
+    let bad = env.instance(
+        "name: bad-1\nattributes: {swap: true, vpcId: vpc-other, tags: {scaling-group: asg-9}}\n",
+    );
+    let (ok, out, _) = env.knit(&[
+        "attach",
+        "--pool",
+        "workers",
+        "--instances",
+        &bad,
+        "--dry-run",
+        "-o",
+        "json",
+    ]);
+    assert!(!ok, "a failing dry run exits non-zero");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let codes: Vec<&str> = v["preflight"][0]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "error")
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            "PreflightVpcMismatch",
+            "PreflightInScalingGroup",
+            "PreflightSwapOn"
+        ],
+        "{v}"
+    );
+    let (ok, out, err) = env.knit(&["attach", "--pool", "workers", "--instances", &bad]);
+    assert!(!ok && out.contains("fix: turn swap off"), "{out}{err}");
+    assert_eq!(
+        env.pool()["spec"]["replicas"],
+        0,
+        "a refused attach changes nothing"
+    );
+
+    // ---- automatic mode.
+    let id = env.instance(OWNED);
+    let before = env.cloud().describe(&id).unwrap();
+    let old_disk = before.data_disks[0].id.clone();
+    let out = env.knit_ok(&[
+        "attach",
+        "--pool",
+        "workers",
+        "--instances",
+        &id,
+        "--format-data-disk",
+        "--keep-instance-name",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    assert!(
+        out.contains(&format!("{old_disk} -> ")),
+        "old -> new disk ids shown: {out}"
+    );
+    let after = env.cloud().describe(&id).unwrap();
+    assert_ne!(
+        after.data_disks[0].id, old_disk,
+        "re-imaged: the data disk has a new id"
+    );
+    let nodes = env.json(&["get", "nodes", "-o", "json"]);
+    let n =
+        node(&nodes, "old-web").unwrap_or_else(|| panic!("node named after the instance: {nodes}"));
+    assert_eq!(n["status"], "Ready", "{n}");
+    // The files on the data disk are still there, now under the runtime mount.
+    let (ok, text) = env.exec(
+        &id,
+        "cat /var/lib/container/precious.txt && mountpoint -q /var/lib/kubelet",
+    );
+    assert!(ok && text.contains("precious"), "{text}");
+    // The pool's user data replaced the instance's (the system disk is new).
+    let (ok, text) = env.exec(
+        &id,
+        "cat /root/pool-user-data; test ! -e /root/own-user-data-ran",
+    );
+    assert!(ok && text.contains("pool user data"), "{text}");
+    let pool = env.pool();
+    assert_eq!(pool["spec"]["replicas"], 1, "desired count +1");
+    assert_eq!(
+        pool["metadata"]["labels"]["knit.dev/added-instances"],
+        "true"
+    );
+    // Auto-scaling cannot be enabled on it any more, and says why.
+    let scaling = POOL.replace(
+        "  replicas: 0\n",
+        "  type: auto-scaling\n  replicas: 1\n  scaling: {min: 1, max: 3}\n",
+    );
+    std::fs::write(env.path("scaling.yaml"), scaling).unwrap();
+    let (ok, out, err) = env.knit(&["apply", "-f", env.path("scaling.yaml").to_str().unwrap()]);
+    assert!(!ok && err.contains("holds instances added"), "{out}{err}");
+
+    // ---- manual mode.
+    let id2 = env.instance(
+        "name: old-db\nuserData: |\n  #!/bin/bash\n  echo mine > /root/own-user-data-ran\n",
+    );
+    env.exec(&id2, "echo keep me > /root/precious");
+    let ud_before = env.cloud().user_data_result(&id2).unwrap();
+    let tpl_before = env
+        .cloud()
+        .describe(&id2)
+        .unwrap()
+        .record
+        .template
+        .user_data;
+    let command = env.knit_ok(&[
+        "attach-script",
+        "--pool",
+        "workers",
+        "--keep-instance-name",
+        "--expires",
+        "10m",
+    ]);
+    let command = command.trim();
+    assert!(
+        command.starts_with("echo ") && command.ends_with("| base64 -d | bash"),
+        "{command}"
+    );
+    // Daemons the agent starts must not hold exec's pipes: log to a file.
+    let (ok, text) = env.exec(
+        &id2,
+        &format!("{command} > /root/attach.log 2>&1; rc=$?; cat /root/attach.log; exit $rc"),
+    );
+    assert!(
+        ok,
+        "the attach command failed:\n{text}\n{}",
+        env.server_log_tail()
+    );
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "2",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let nodes = env.json(&["get", "nodes", "-o", "json"]);
+    assert_eq!(
+        node(&nodes, "old-db").map(|n| n["status"].clone()),
+        Some("Ready".into()),
+        "{nodes}"
+    );
+    let (ok, text) = env.exec(
+        &id2,
+        "cat /root/precious /root/own-user-data-ran; test ! -e /root/pool-user-data",
+    );
+    assert!(
+        ok && text.contains("keep me") && text.contains("mine"),
+        "{text}"
+    );
+    assert_eq!(
+        env.cloud().user_data_result(&id2).unwrap(),
+        ud_before,
+        "user data not run again"
+    );
+    assert_eq!(
+        env.cloud()
+            .describe(&id2)
+            .unwrap()
+            .record
+            .template
+            .user_data,
+        tpl_before
+    );
+    // The same command again: single use.
+    let (ok, text) = env.exec(
+        &id2,
+        &format!("{command} > /root/attach2.log 2>&1; rc=$?; cat /root/attach2.log; exit $rc"),
+    );
+    assert!(!ok && text.contains("already used"), "{text}");
+    assert_eq!(env.pool()["spec"]["replicas"], 2);
+}
+
+#[test]
+fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
+    let mut env = Env::new(6, false);
+    env.start(false);
+    let pool = POOL.replace(
+        "  replicas: 0\n",
+        "  replicas: 0\n  joinTimeoutSeconds: 60\n",
+    );
+    std::fs::write(env.path("pool.yaml"), pool).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    let id = env.instance("name: cut-off\n");
+    let ip = env.cloud().describe(&id).unwrap().record.private_ip;
+    // Cut the instance off from the host (control plane and API server):
+    // its packets to the gateway are dropped. The address survives the re-image.
+    let rule: Vec<String> = [
+        "INPUT",
+        "-s",
+        &format!("{ip}/32"),
+        "-d",
+        &env.gateway,
+        "-j",
+        "DROP",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert!(Command::new("iptables")
+        .arg("-I")
+        .args(&rule)
+        .status()
+        .unwrap()
+        .success());
+    env.firewall.push(rule);
+    env.knit_ok(&["attach", "--pool", "workers", "--instances", &id]);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let failed = loop {
+        let v = env.json(&["get", "instances", "-o", "json"]);
+        let mine = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["providerId"] == id.as_str())
+            .cloned()
+            .unwrap();
+        if mine["state"] == "Failed" {
+            break mine;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never failed: {mine}\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let message = failed["lastError"].as_str().unwrap_or_default();
+    for needle in [
+        "not initialized 60 s",
+        &env.gateway,
+        "connectivity",
+        "security-group",
+    ] {
+        assert!(message.contains(needle), "{needle:?} missing in: {message}");
+    }
+}

@@ -462,6 +462,36 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
     );
     assert!(!ok && text.contains("already used"), "{text}");
     assert_eq!(env.pool()["spec"]["replicas"], 2);
+
+    // ---- a node removed (instance kept) and attached again is Ready.
+    env.knit_ok(&["delete", "node", "old-web", "--release=false"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while env.cloud().describe(&id).unwrap().record.state.to_string() != "stopped" {
+        assert!(Instant::now() < deadline, "old-web was not stopped");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(env.pool()["spec"]["replicas"], 1);
+    env.knit_ok(&[
+        "attach",
+        "--pool",
+        "workers",
+        "--instances",
+        &id,
+        "--format-data-disk",
+        "--keep-instance-name",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let nodes = env.json(&["get", "nodes", "-o", "json"]);
+    assert_eq!(
+        node(&nodes, "old-web").map(|n| n["status"].clone()),
+        Some("Ready".into()),
+        "{nodes}"
+    );
+    let (ok, text) = env.exec(&id, "cat /var/lib/container/precious.txt");
+    assert!(ok && text.contains("precious"), "{text}");
+    assert_eq!(env.pool()["spec"]["replicas"], 2);
 }
 
 #[test]

@@ -426,6 +426,15 @@ async fn enroll(
         name: pool.to_string(),
     })?;
     let mut p = record.pool;
+    // A removed node coming back (drain, keep instance, attach again): its
+    // old record goes, so the node name it takes again is its new one's.
+    for old in
+        cp.store.instances(None)?.iter().filter(|i| {
+            i.state == state::DETACHED && i.provider_id.as_deref() == Some(f.id.as_str())
+        })
+    {
+        cp.store.remove_instance(&old.name)?;
+    }
     cp.store.insert_attached_instance(
         &name,
         pool,

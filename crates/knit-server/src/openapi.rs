@@ -51,6 +51,24 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         "Set the desired count: {\"replicas\": N, \"release\": true}",
         "admin",
     ),
+    (
+        "/api/v1/pools/{name}/attach",
+        "post",
+        "Add existing instances (automatic mode): {\"instances\": [ids], \"formatDataDisk\", \"keepInstanceName\", \"password\", \"dryRun\"}; every preflight result",
+        "admin",
+    ),
+    (
+        "/api/v1/pools/{name}/attach-script",
+        "post",
+        "The command that adds one machine (manual mode): one-time attach token, CA pin, agent sha256",
+        "admin",
+    ),
+    (
+        "/attach/v1/manual",
+        "post",
+        "Redeem an attach token (the command's server-side preflight); answers a join token",
+        "attachToken",
+    ),
     ("/api/v1/instances", "get", "List instances", "admin"),
     ("/api/v1/nodes", "get", "List nodes", "admin"),
     (
@@ -156,7 +174,8 @@ pub fn document() -> Value {
             "securitySchemes": {
                 "admin": { "type": "http", "scheme": "bearer", "description": "The admin token (state dir file admin-token, mode 0600)" },
                 "joinToken": { "type": "http", "scheme": "bearer", "description": "One-time token from the instance's user data" },
-                "reportToken": { "type": "http", "scheme": "bearer", "description": "Per-instance token from its NodeConfig" }
+                "reportToken": { "type": "http", "scheme": "bearer", "description": "Per-instance token from its NodeConfig" },
+                "attachToken": { "type": "http", "scheme": "bearer", "description": "One-time, pool-bound token carried by the command of knit attach-script" }
             },
             "schemas": {
                 "Error": {

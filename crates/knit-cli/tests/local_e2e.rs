@@ -418,14 +418,9 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
     );
     env.start_server();
     // The kubelet stand-in reports Ready once the runtime answers and a CNI
-    // configuration exists.
-    let pool = POOL.replace(
-        "  preUserData: touch /var/.skip-yum\n",
-        "  preUserData: |\n    touch /var/.skip-yum\n    mkdir -p /etc/cni/net.d\n    echo '{\"cniVersion\":\"1.0.0\",\"name\":\"knit\",\"plugins\":[{\"type\":\"loopback\"}]}' > /etc/cni/net.d/10-knit.conflist\n",
-    );
-    assert_ne!(pool, POOL);
+    // configuration exists: the package set's own (knit package build).
     // With the scheduling gate: the taint goes once user data succeeded.
-    let pool = pool.replace(
+    let pool = POOL.replace(
         "  replicas: 0\n",
         "  replicas: 0\n  userDataSchedulingGate: true\n",
     );
@@ -556,10 +551,47 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
             );
         }
     }
+    // User data runs in parallel with readiness: a node whose user data
+    // sleeps is Ready while its user data is still running.
+    let slow = POOL.replace("name: workers", "name: slow").replace(
+        "  userData: echo user-data ran > /root/user-data-ran\n",
+        "  userData: sleep 30\n",
+    );
+    assert!(slow.contains("sleep 30"));
+    std::fs::write(env.path("slow.yaml"), slow).unwrap();
+    env.knit_ok(&["create", "-f", env.path("slow.yaml").to_str().unwrap()]);
+    let out = env.knit_ok(&[
+        "scale",
+        "pool",
+        "slow",
+        "--replicas",
+        "1",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    assert!(out.contains("1/1 initialized and Ready"), "{out}");
+    let all: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
+    let slow_node = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["pool"] == "slow")
+        .unwrap()
+        .clone();
+    assert_eq!(slow_node["status"], "Ready", "{slow_node}");
+    let user_data = slow_node["userData"].as_str().unwrap_or("");
+    assert!(
+        !user_data.starts_with("succeeded") && !user_data.starts_with("failed"),
+        "Ready came before the user data ended: {slow_node}"
+    );
+    env.knit_ok(&["delete", "pool", "slow"]);
     env.knit_ok(&["delete", "pool", "failing"]);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while env.knit_ok(&["get", "pools"]).contains("failing") {
-        assert!(Instant::now() < deadline, "pool failing not deleted");
+    while env.knit_ok(&["get", "pools"]).contains("failing")
+        || env.knit_ok(&["get", "pools"]).contains("slow")
+    {
+        assert!(Instant::now() < deadline, "pools failing/slow not deleted");
         std::thread::sleep(Duration::from_millis(300));
     }
 

@@ -558,3 +558,154 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
         assert!(message.contains(needle), "{needle:?} missing in: {message}");
     }
 }
+
+/// Every instance-attribute check against real local-cloud instances, each
+/// failing exactly one check (the others pass), through one dry run.
+#[test]
+fn each_preflight_check_fails_alone_on_a_real_instance() {
+    let mut env = Env::new(7, false);
+    env.start(false);
+    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    let cluster = |spec: &str| {
+        std::fs::write(
+            env.path("cluster.yaml"),
+            format!("apiVersion: knit.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: knit}}\nspec: {spec}\n"),
+        )
+        .unwrap();
+        env.knit_ok(&["apply", "-f", env.path("cluster.yaml").to_str().unwrap()]);
+    };
+    // Room for the whole batch (the basic edition's quota is 10).
+    cluster("{nodeQuota: 50}");
+    let cloud = env.cloud();
+    let make = |attrs: &str| {
+        cloud
+            .create(&Template::parse(attrs).unwrap())
+            .unwrap()
+            .record
+            .id
+    };
+    let run = |cases: &[(&str, &str, &str)]| {
+        let ids: Vec<String> = cases.iter().map(|(a, _, _)| make(a)).collect();
+        let (ok, out, err) = env.knit(&[
+            "attach",
+            "--pool",
+            "workers",
+            "--instances",
+            &ids.join(","),
+            "--dry-run",
+            "-o",
+            "json",
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        for ((attrs, status, code), id) in cases.iter().zip(&ids) {
+            let report = v["preflight"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["instance"] == id.as_str())
+                .unwrap();
+            let failed: Vec<(String, String)> = report["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["status"] == "error" || r["status"] == "warning")
+                .map(|r| {
+                    (
+                        r["status"].as_str().unwrap().into(),
+                        r["code"].as_str().unwrap().into(),
+                    )
+                })
+                .collect();
+            let want: Vec<(String, String)> = if code.is_empty() {
+                vec![]
+            } else {
+                vec![(status.to_string(), code.to_string())]
+            };
+            assert_eq!(failed, want, "instance {attrs:?}: {report}");
+        }
+        ok
+    };
+    let flannel = [
+        ("name: good", "", ""),
+        ("attributes: {accountId: other}", "error", "PreflightAccountMismatch"),
+        ("attributes: {regionId: cn-x}", "error", "PreflightRegionMismatch"),
+        ("attributes: {vpcId: vpc-2}", "error", "PreflightVpcMismatch"),
+        ("attributes: {tags: {ack.aliyun.com: c-123}}", "error", "PreflightInOtherCluster"),
+        ("attributes: {tags: {scaling-group: asg-1}}", "error", "PreflightInScalingGroup"),
+        ("attributes: {swap: true}", "error", "PreflightSwapOn"),
+        ("instanceType: ecs.t5.small", "error", "PreflightInstanceTypeUnsupported"),
+        ("instanceType: ecs.ebmgn7e.32xlarge", "warning", "PreflightMigReset"),
+        (
+            "attributes: {securityGroups: [{id: sg-e, type: enterprise, rules: [{direction: egress, protocol: tcp, portRange: 6443/6443, cidr: 0.0.0.0/0}]}]}",
+            "error",
+            "PreflightSecurityGroupType",
+        ),
+        (
+            "attributes: {securityGroups: [{id: sg-1, rules: [{direction: egress, protocol: tcp, portRange: 6443/6443, cidr: 0.0.0.0/0, policy: drop}]}]}",
+            "error",
+            "PreflightSecurityGroupBlocksApiServer",
+        ),
+        (
+            "attributes: {securityGroups: [{id: sg-1, rules: [{direction: ingress, protocol: all, cidr: 0.0.0.0/0, policy: drop}]}]}",
+            "error",
+            "PreflightSecurityGroupConflict",
+        ),
+        (
+            "attributes: {securityGroups: [{id: a}, {id: b}, {id: c}, {id: d}, {id: e}, {id: f}]}",
+            "error",
+            "PreflightSecurityGroupQuota",
+        ),
+    ];
+    assert!(!run(&flannel), "a dry run with errors exits non-zero");
+    // Terway, dual stack.
+    cluster("{nodeQuota: 50, network: {plugin: terway, ipv6: true}}");
+    let ok_attrs = "ramRole: KnitWorkerRole, ipv6: true";
+    let terway = [
+        (format!("attributes: {{{ok_attrs}}}"), "", ""),
+        (
+            format!(
+                "attributes: {{{ok_attrs}, instanceTypeLimits: {{maxEnis: 2, maxIpsPerEni: 5}}}}"
+            ),
+            "error",
+            "PreflightTerwayMaxPods",
+        ),
+        (
+            format!("attributes: {{{ok_attrs}, enis: {{count: 2}}}}"),
+            "error",
+            "PreflightTerwaySecondaryEni",
+        ),
+        (
+            "attributes: {ipv6: true}".to_string(),
+            "error",
+            "PreflightRamRole",
+        ),
+        (
+            "attributes: {ramRole: KnitWorkerRole}".to_string(),
+            "error",
+            "PreflightNoIpv6",
+        ),
+    ];
+    let terway: Vec<(&str, &str, &str)> = terway
+        .iter()
+        .map(|(a, s, c)| (a.as_str(), *s, *c))
+        .collect();
+    assert!(!run(&terway));
+    // The good one alone passes.
+    assert!(run(&terway[..1]), "a clean dry run exits 0");
+    // Cluster-wide checks: the node quota and the API server whitelist.
+    let good = [terway[0], terway[0]];
+    cluster("{nodeQuota: 1, network: {plugin: terway, ipv6: true}}");
+    assert!(!run(&good.map(|(a, _, _)| (
+        a,
+        "error",
+        "PreflightNodeQuota"
+    ))));
+    cluster("{apiServerWhitelist: [192.168.0.0/16], network: {plugin: terway, ipv6: true}}");
+    assert!(!run(&good.map(|(a, _, _)| (
+        a,
+        "error",
+        "PreflightNotWhitelisted"
+    ))));
+    assert_eq!(env.pool()["spec"]["replicas"], 0, "dry runs change nothing");
+}

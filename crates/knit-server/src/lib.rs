@@ -11,6 +11,7 @@ pub mod client;
 pub mod cluster;
 pub mod control;
 pub mod error;
+pub mod external;
 pub mod local;
 pub mod metrics;
 pub mod mirror;

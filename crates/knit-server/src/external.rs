@@ -1,0 +1,484 @@
+//! A cluster knit does not serve (`apiServer: external`) behind the
+//! [`ClusterJoin`] seam, through the `kube` crate with an admin kubeconfig:
+//! join material from the kubeconfig's server and CA, bootstrap tokens as
+//! `bootstrap.kubernetes.io/token` Secrets in `kube-system`, Node status,
+//! taint removal and deletion through the Nodes API.
+//!
+//! Each token carries knit's `knit.dev/node-name` annotation, which the
+//! embedded cluster's CSR approver honours; a real cluster ignores it and
+//! its own approver (kube-controller-manager's csrapproving, or whatever
+//! the cluster runs) decides which node certificates are signed.
+
+use crate::bootstrap::{ClusterJoin, JoinMaterial};
+use crate::error::{Result, ServerError};
+use async_trait::async_trait;
+use base64::Engine;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::ByteString;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// The annotation binding a token to one node name (as knit-cluster reads it).
+pub const NODE_ANNOTATION: &str = "knit.dev/node-name";
+
+fn external_err(e: impl std::fmt::Display) -> ServerError {
+    ServerError::Internal(format!("external cluster: {e}"))
+}
+
+/// DER certificate → PEM, the form nodes receive and the pin is computed on.
+fn der_to_pem(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
+}
+
+/// Ready condition of a Node → NotReady | Ready | Unknown (as
+/// [`crate::cluster::node_ready_status`] maps it for the embedded cluster).
+pub fn node_status_of(node: &Node) -> String {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str());
+    match ready {
+        Some("True") => "Ready",
+        Some("Unknown") => "Unknown",
+        _ => "NotReady",
+    }
+    .to_string()
+}
+
+pub struct ExternalJoin {
+    client: kube::Client,
+    endpoint: String,
+    ca_pem: String,
+    ca_pin: String,
+    token_ttl: Duration,
+}
+
+impl ExternalJoin {
+    /// Reads the admin kubeconfig (its current context) and builds a client.
+    /// The kubeconfig must name the cluster's CA: nodes pin it.
+    pub async fn from_kubeconfig(path: &Path, token_ttl: Duration) -> Result<ExternalJoin> {
+        let kubeconfig = Kubeconfig::read_from(path)
+            .map_err(|e| external_err(format!("read kubeconfig {}: {e}", path.display())))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| external_err(format!("kubeconfig {}: {e}", path.display())))?;
+        let ca_der = config
+            .root_cert
+            .as_ref()
+            .and_then(|certs| certs.first())
+            .ok_or_else(|| {
+                external_err(format!(
+                    "kubeconfig {} names no certificate authority; nodes need one to pin",
+                    path.display()
+                ))
+            })?;
+        let ca_pem = der_to_pem(ca_der);
+        let ca_pin = knit_cluster::spki_pin(&ca_pem).map_err(external_err)?;
+        let endpoint = config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string();
+        let client = kube::Client::try_from(config).map_err(external_err)?;
+        Ok(ExternalJoin {
+            client,
+            endpoint,
+            ca_pem,
+            ca_pin,
+            token_ttl,
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+}
+
+/// The token Secret kubeadm and kube-apiserver's bootstrap authenticator read.
+fn token_secret(
+    id: &str,
+    secret: &str,
+    expires: &str,
+    pool: &str,
+    node_name: Option<&str>,
+) -> Secret {
+    let mut data = BTreeMap::new();
+    let mut put = |k: &str, v: &str| {
+        data.insert(k.to_string(), ByteString(v.as_bytes().to_vec()));
+    };
+    put("token-id", id);
+    put("token-secret", secret);
+    put("expiration", expires);
+    put("usage-bootstrap-authentication", "true");
+    put("usage-bootstrap-signing", "true");
+    put("description", "knit node bootstrap token");
+    // kubeadm's rule for extra groups: [a-z0-9:-], ending alphanumeric.
+    let group_ok = pool
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && pool
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if group_ok {
+        put(
+            "auth-extra-groups",
+            &format!("system:bootstrappers:knit:{pool}"),
+        );
+    }
+    let annotations =
+        node_name.map(|n| BTreeMap::from([(NODE_ANNOTATION.to_string(), n.to_string())]));
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("bootstrap-token-{id}")),
+            namespace: Some("kube-system".to_string()),
+            annotations,
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".to_string()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+#[async_trait]
+impl ClusterJoin for ExternalJoin {
+    async fn join_material(&self, pool: &str, node_name: &str) -> Result<Option<JoinMaterial>> {
+        let id = crate::pki::random_lower_alnum(6)?;
+        let secret = crate::pki::random_lower_alnum(16)?;
+        let ttl = k8s_openapi::chrono::Duration::from_std(self.token_ttl).map_err(external_err)?;
+        let expires = (k8s_openapi::chrono::Utc::now() + ttl)
+            .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true);
+        let bound = knit_api::validate::is_dns_subdomain(node_name).then_some(node_name);
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "kube-system");
+        secrets
+            .create(
+                &PostParams::default(),
+                &token_secret(&id, &secret, &expires, pool, bound),
+            )
+            .await
+            .map_err(|e| external_err(format!("create bootstrap token Secret: {e}")))?;
+        Ok(Some(JoinMaterial {
+            endpoint: self.endpoint.clone(),
+            ca_pem: self.ca_pem.clone(),
+            ca_pin: self.ca_pin.clone(),
+            bootstrap_token: format!("{id}.{secret}"),
+        }))
+    }
+
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        // No pods run on knit's nodes, so draining has nothing to evict:
+        // deleting the Node object is the whole removal.
+        match self.nodes().delete(node, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(external_err(format!("delete node {node}: {e}"))),
+        }
+    }
+
+    async fn node_status(&self, node: &str) -> Result<Option<String>> {
+        let found = self
+            .nodes()
+            .get_opt(node)
+            .await
+            .map_err(|e| external_err(format!("get node {node}: {e}")))?;
+        Ok(found.as_ref().map(node_status_of))
+    }
+
+    async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
+        let list = self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| external_err(format!("list nodes: {e}")))?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|n| {
+                n.metadata
+                    .name
+                    .clone()
+                    .map(|name| (name, node_status_of(n)))
+            })
+            .collect())
+    }
+
+    fn attached(&self) -> bool {
+        true
+    }
+
+    async fn remove_taint(&self, node: &str, key: &str) -> Result<bool> {
+        let nodes = self.nodes();
+        let Some(current) = nodes
+            .get_opt(node)
+            .await
+            .map_err(|e| external_err(format!("get node {node}: {e}")))?
+        else {
+            return Ok(false);
+        };
+        let taints: Vec<_> = current
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.key != key)
+            .collect();
+        // A merge patch replaces the list: the other taints are kept as
+        // read; the resourceVersion makes a concurrent change a conflict
+        // rather than a lost update.
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": current.metadata.resource_version },
+            "spec": { "taints": taints },
+        });
+        match nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(external_err(format!("remove taint {key} from {node}: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::certificates::v1::{
+        CertificateSigningRequest, CertificateSigningRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint};
+    use knit_cluster::{ClusterConfig, EmbeddedCluster};
+
+    /// A kube client that authenticates with a bearer token only.
+    async fn token_client(endpoint: &str, ca_pem: &str, token: &str) -> kube::Client {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {endpoint}\n    certificate-authority-data: {b64}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        );
+        let kc = Kubeconfig::from_yaml(&yaml).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(cfg).unwrap()
+    }
+
+    /// A kubelet client CSR for `node` (as kubelet's TLS bootstrap sends it).
+    fn kubelet_csr(node: &str) -> CertificateSigningRequest {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+        CertificateSigningRequest {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("csr-{node}")),
+                ..Default::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(pem.into_bytes()),
+                signer_name: knit_cluster::KUBELET_CLIENT_SIGNER.to_string(),
+                usages: Some(vec!["digital signature".into(), "client auth".into()]),
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+
+    /// The approver's decision on a CSR, waited for (it runs in the background).
+    async fn decision(csrs: &Api<CertificateSigningRequest>, name: &str) -> String {
+        for _ in 0..100 {
+            let csr = csrs.get(name).await.unwrap();
+            let kinds: Vec<String> = csr
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.type_)
+                .collect();
+            if let Some(k) = kinds.into_iter().find(|k| k == "Approved" || k == "Denied") {
+                return k;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no decision on CSR {name}");
+    }
+
+    fn taint(key: &str, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: effect.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn external_join_through_kube_against_the_embedded_api() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg =
+                ClusterConfig::new(dir.path().join("cluster"), "127.0.0.1:0".parse().unwrap());
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let join = ExternalJoin::from_kubeconfig(
+                cluster.admin_kubeconfig_path(),
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+            assert!(join.attached());
+
+            // Join material: the kubeconfig's server and CA, the cluster's pin.
+            let m = join
+                .join_material("workers", "local.i-1")
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(m.endpoint, cluster.endpoint());
+            assert_eq!(m.ca_pin, cluster.ca_pin());
+            assert_eq!(
+                knit_cluster::spki_pin(&m.ca_pem).unwrap(),
+                knit_cluster::spki_pin(cluster.ca_pem()).unwrap()
+            );
+            assert!(knit_api::validate::is_bootstrap_token(&m.bootstrap_token));
+
+            // The token is a real bootstrap-token Secret in kube-system.
+            let (id, secret) = m.bootstrap_token.split_once('.').unwrap();
+            let admin = join.client.clone();
+            let secrets: Api<Secret> = Api::namespaced(admin.clone(), "kube-system");
+            let s = secrets.get(&format!("bootstrap-token-{id}")).await.unwrap();
+            assert_eq!(s.type_.as_deref(), Some("bootstrap.kubernetes.io/token"));
+            let data = s.data.unwrap();
+            let field = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+            assert_eq!(field("token-id"), id);
+            assert_eq!(field("token-secret"), secret);
+            assert_eq!(field("usage-bootstrap-authentication"), "true");
+            assert_eq!(field("usage-bootstrap-signing"), "true");
+            assert_eq!(
+                field("auth-extra-groups"),
+                "system:bootstrappers:knit:workers"
+            );
+            assert!(field("expiration").ends_with('Z'));
+            assert_eq!(
+                s.metadata.annotations.unwrap()[NODE_ANNOTATION],
+                "local.i-1"
+            );
+
+            // The token authenticates; a wrong secret does not.
+            let bootstrapper = token_client(&m.endpoint, &m.ca_pem, &m.bootstrap_token).await;
+            let csrs: Api<CertificateSigningRequest> = Api::all(bootstrapper);
+            csrs.list(&ListParams::default()).await.unwrap();
+            let wrong =
+                token_client(&m.endpoint, &m.ca_pem, &format!("{id}.0000000000000000")).await;
+            match Api::<CertificateSigningRequest>::all(wrong)
+                .list(&ListParams::default())
+                .await
+            {
+                Err(kube::Error::Api(s)) => assert_eq!(s.code, 401),
+                other => panic!("a wrong token secret was not refused: {other:?}"),
+            }
+            // The embedded approver honours the node-name binding.
+            let pp = PostParams::default();
+            csrs.create(&pp, &kubelet_csr("local.i-1")).await.unwrap();
+            csrs.create(&pp, &kubelet_csr("local.i-2")).await.unwrap();
+            assert_eq!(decision(&csrs, "csr-local.i-1").await, "Approved");
+            assert_eq!(decision(&csrs, "csr-local.i-2").await, "Denied");
+
+            // Node status, taint removal and removal through the Nodes API.
+            assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
+            let nodes: Api<Node> = Api::all(admin);
+            let node = Node {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("local.i-1".into()),
+                    ..Default::default()
+                },
+                spec: Some(NodeSpec {
+                    taints: Some(vec![
+                        taint("knit.dev/user-data-pending", "NoSchedule"),
+                        taint("example.com/keep", "NoExecute"),
+                    ]),
+                    ..Default::default()
+                }),
+                status: None,
+            };
+            nodes.create(&pp, &node).await.unwrap();
+            assert_eq!(
+                join.node_status("local.i-1").await.unwrap().as_deref(),
+                Some("NotReady")
+            );
+            let ready = NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            };
+            nodes
+                .patch_status(
+                    "local.i-1",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({ "status": ready })),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                join.node_status("local.i-1").await.unwrap().as_deref(),
+                Some("Ready")
+            );
+            assert_eq!(
+                join.node_statuses().await.unwrap(),
+                vec![("local.i-1".to_string(), "Ready".to_string())]
+            );
+
+            assert!(join
+                .remove_taint("local.i-1", "knit.dev/user-data-pending")
+                .await
+                .unwrap());
+            let keys: Vec<String> = nodes
+                .get("local.i-1")
+                .await
+                .unwrap()
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| t.key)
+                .collect();
+            assert!(keys.contains(&"example.com/keep".to_string()), "{keys:?}");
+            assert!(
+                !keys.contains(&"knit.dev/user-data-pending".to_string()),
+                "{keys:?}"
+            );
+            assert!(!join.remove_taint("local.i-9", "x").await.unwrap());
+
+            join.remove_node("local.i-1").await.unwrap();
+            assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
+            // Removing an absent node is not an error.
+            join.remove_node("local.i-1").await.unwrap();
+            assert!(join.node_statuses().await.unwrap().is_empty());
+            cluster.shutdown().await;
+        });
+    }
+}

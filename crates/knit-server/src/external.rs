@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The annotation binding a token to one node name (as knit-cluster reads it).
@@ -108,6 +109,28 @@ impl ExternalJoin {
 
     fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
+    }
+}
+
+/// The cluster nodes join, from the stored Cluster spec: `apiServer:
+/// external` with a kubeconfig → an [`ExternalJoin`] on it; otherwise the
+/// join the server was started with (embedded or none). Read once at start:
+/// a changed spec takes effect at the next start.
+pub async fn select(
+    spec: &knit_api::Cluster,
+    started_with: Arc<dyn ClusterJoin>,
+    token_ttl: Duration,
+) -> Result<Arc<dyn ClusterJoin>> {
+    match (spec.spec.api_server.as_str(), &spec.spec.kubeconfig) {
+        ("external", Some(path)) => {
+            let join = ExternalJoin::from_kubeconfig(Path::new(path), token_ttl).await?;
+            tracing::info!(
+                endpoint = join.endpoint(),
+                "nodes join the external cluster"
+            );
+            Ok(Arc::new(join))
+        }
+        _ => Ok(started_with),
     }
 }
 
@@ -478,6 +501,37 @@ mod tests {
             // Removing an absent node is not an error.
             join.remove_node("local.i-1").await.unwrap();
             assert!(join.node_statuses().await.unwrap().is_empty());
+            cluster.shutdown().await;
+        });
+    }
+
+    #[test]
+    fn the_cluster_spec_selects_the_external_join() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg =
+                ClusterConfig::new(dir.path().join("cluster"), "127.0.0.1:0".parse().unwrap());
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let none: Arc<dyn ClusterJoin> = Arc::new(crate::bootstrap::NoCluster);
+            let ttl = Duration::from_secs(60);
+
+            let embedded = knit_api::Cluster::default();
+            let chosen = select(&embedded, none.clone(), ttl).await.unwrap();
+            assert!(!chosen.attached());
+
+            let mut external = knit_api::Cluster::default();
+            external.spec.api_server = "external".into();
+            external.spec.kubeconfig = Some(cluster.admin_kubeconfig_path().display().to_string());
+            let chosen = select(&external, none.clone(), ttl).await.unwrap();
+            assert!(chosen.attached());
+            let m = chosen.join_material("p", "n1").await.unwrap().unwrap();
+            assert_eq!(m.ca_pin, cluster.ca_pin());
+
+            // A kubeconfig that cannot be read is an error, not a silent fallback.
+            external.spec.kubeconfig = Some(dir.path().join("absent").display().to_string());
+            let err = select(&external, none, ttl).await.err().unwrap();
+            assert!(err.to_string().contains("absent"), "{err}");
             cluster.shutdown().await;
         });
     }

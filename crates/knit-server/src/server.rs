@@ -61,6 +61,9 @@ pub async fn start(
     if store.cluster()?.is_none() {
         store.put_cluster(&knit_api::Cluster::default())?;
     }
+    // `apiServer: external` in the stored spec: nodes join that cluster.
+    let spec = store.cluster()?.unwrap_or_default();
+    let cluster = crate::external::select(&spec, cluster, settings.join_token_ttl).await?;
 
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

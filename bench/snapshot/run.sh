@@ -14,6 +14,7 @@
 # does on a real cluster.
 #
 # Run as root from anywhere:  bash bench/snapshot/run.sh
+# Needs kubectl (Ready is read from the embedded cluster's API).
 # Knobs (environment): NODES=3 MBIT=100 BIG=300M BIG_LAYERS=3
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -102,7 +103,9 @@ measure() {
     knit scale pool "$p" --replicas "$NODES" >/dev/null
     while :; do
         now=$(ms)
-        if [ "$ready" = 0 ] && [ "$(knit get pools "$p" -o json | jq_ "d['status']['ready']")" = "$NODES" ]; then
+        # Ready as the cluster has it (the control plane polls it every 2 s).
+        if [ "$ready" = 0 ] && [ "$(kubectl --kubeconfig "$WORK/server/cluster/admin.kubeconfig" get nodes -l "knit.dev/pool=$p" -o json |
+            jq_ "sum(1 for n in d['items'] for c in n['status'].get('conditions', []) if c['type'] == 'Ready' and c['status'] == 'True')")" = "$NODES" ]; then
             ready=$((now - t0))
         fi
         if [ "$images" = 0 ]; then

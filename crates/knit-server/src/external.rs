@@ -249,35 +249,43 @@ impl ClusterJoin for ExternalJoin {
 
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool> {
         let nodes = self.nodes();
-        let Some(current) = nodes
-            .get_opt(node)
-            .await
-            .map_err(|e| external_err(format!("get node {node}: {e}")))?
-        else {
-            return Ok(false);
-        };
-        let taints: Vec<_> = current
-            .spec
-            .and_then(|s| s.taints)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| t.key != key)
-            .collect();
-        // A merge patch replaces the list: the other taints are kept as
-        // read; the resourceVersion makes a concurrent change a conflict
-        // rather than a lost update.
-        let patch = serde_json::json!({
-            "metadata": { "resourceVersion": current.metadata.resource_version },
-            "spec": { "taints": taints },
-        });
-        match nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-            Err(e) => Err(external_err(format!("remove taint {key} from {node}: {e}"))),
+        // The kubelet updates its Node too: a conflict is read again and
+        // retried, a few times.
+        for _ in 0..5 {
+            let Some(current) = nodes
+                .get_opt(node)
+                .await
+                .map_err(|e| external_err(format!("get node {node}: {e}")))?
+            else {
+                return Ok(false);
+            };
+            let taints: Vec<_> = current
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key != key)
+                .collect();
+            // A merge patch replaces the list: the other taints are kept as
+            // read; the resourceVersion makes a concurrent change a
+            // conflict rather than a lost update.
+            let patch = serde_json::json!({
+                "metadata": { "resourceVersion": current.metadata.resource_version },
+                "spec": { "taints": taints },
+            });
+            match nodes
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(external_err(format!("remove taint {key} from {node}: {e}"))),
+            }
         }
+        Err(external_err(format!(
+            "remove taint {key} from {node}: the Node kept changing (5 conflicts)"
+        )))
     }
 }
 
@@ -408,6 +416,23 @@ mod tests {
                 "local.i-1"
             );
 
+            // The bootstrap signer (here the embedded cluster's; on a real
+            // cluster kube-controller-manager's) signs cluster-info for it,
+            // which the agent verifies on discovery.
+            let infos: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                Api::namespaced(admin.clone(), "kube-public");
+            let jws_key = format!("jws-kubeconfig-{id}");
+            let mut signed = false;
+            for _ in 0..100 {
+                let info = infos.get("cluster-info").await.unwrap();
+                if info.data.unwrap_or_default().contains_key(&jws_key) {
+                    signed = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(signed, "cluster-info has no {jws_key}");
+
             // The token authenticates; a wrong secret does not.
             let bootstrapper = token_client(&m.endpoint, &m.ca_pem, &m.bootstrap_token).await;
             let csrs: Api<CertificateSigningRequest> = Api::all(bootstrapper);
@@ -495,6 +520,19 @@ mod tests {
                 "{keys:?}"
             );
             assert!(!join.remove_taint("local.i-9", "x").await.unwrap());
+            // The precondition remove_taint relies on: a stale
+            // resourceVersion in a merge patch is a conflict.
+            let stale = serde_json::json!({
+                "metadata": { "resourceVersion": "1" },
+                "spec": { "taints": [] },
+            });
+            match nodes
+                .patch("local.i-1", &PatchParams::default(), &Patch::Merge(&stale))
+                .await
+            {
+                Err(kube::Error::Api(s)) => assert_eq!(s.code, 409),
+                other => panic!("a stale patch was not a conflict: {other:?}"),
+            }
 
             join.remove_node("local.i-1").await.unwrap();
             assert_eq!(join.node_status("local.i-1").await.unwrap(), None);

@@ -573,4 +573,43 @@ mod tests {
             cluster.shutdown().await;
         });
     }
+
+    #[test]
+    fn a_server_whose_cluster_spec_is_external_joins_nodes_there() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg =
+                ClusterConfig::new(dir.path().join("cluster"), "127.0.0.1:0".parse().unwrap());
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let mut settings = crate::Settings::new(dir.path().join("state"));
+            settings.listen = "127.0.0.1:0".parse().unwrap();
+            // The spec as `knit apply` would have stored it before a restart.
+            std::fs::create_dir_all(&settings.state_dir).unwrap();
+            let mut spec = knit_api::Cluster::default();
+            spec.spec.api_server = "external".into();
+            spec.spec.kubeconfig = Some(cluster.admin_kubeconfig_path().display().to_string());
+            crate::store::Store::open(&settings.db_path())
+                .unwrap()
+                .put_cluster(&spec)
+                .unwrap();
+
+            // Started with no cluster, the server still joins nodes there.
+            let server = crate::start(settings, None, Arc::new(crate::bootstrap::NoCluster))
+                .await
+                .unwrap();
+            assert!(server.control.cluster.attached());
+            let m = server
+                .control
+                .cluster
+                .join_material("p", "n1")
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(m.endpoint, cluster.endpoint());
+            assert_eq!(m.ca_pin, cluster.ca_pin());
+            server.shutdown().await;
+            cluster.shutdown().await;
+        });
+    }
 }

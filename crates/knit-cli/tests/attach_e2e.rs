@@ -329,6 +329,7 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
     let id = env.instance(OWNED);
     let before = env.cloud().describe(&id).unwrap();
     let old_disk = before.data_disks[0].id.clone();
+    let started = Instant::now();
     let out = env.knit_ok(&[
         "attach",
         "--pool",
@@ -341,6 +342,11 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         "--timeout",
         "300",
     ]);
+    // A measurement, not an assertion.
+    eprintln!(
+        "automatic attach to Ready: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     assert!(
         out.contains(&format!("{old_disk} -> ")),
         "old -> new disk ids shown: {out}"
@@ -408,9 +414,15 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         "{command}"
     );
     // Daemons the agent starts must not hold exec's pipes: log to a file.
+    let started = Instant::now();
     let (ok, text) = env.exec(
         &id2,
         &format!("{command} > /root/attach.log 2>&1; rc=$?; cat /root/attach.log; exit $rc"),
+    );
+    // A measurement, not an assertion.
+    eprintln!(
+        "manual attach command to its end (agent done): {:.1} s",
+        started.elapsed().as_secs_f64()
     );
     assert!(
         ok,

@@ -342,6 +342,14 @@ pub async fn attach(
         )));
     }
     let provider = cp.provider()?.clone();
+    if record.pool.spec.image != "host" && !req.dry_run {
+        // Provider::reimage takes no image: the instance's own base image
+        // would be used, not the pool's. Refuse rather than mislead.
+        return Err(ServerError::Conflict(format!(
+            "pool {pool_name:?} uses the image {:?}: re-imaging an added instance with an image other than the default (host) is not supported yet; use manual mode (knit attach-script)",
+            record.pool.spec.image
+        )));
+    }
     let cluster = cp.cluster_doc()?;
     let mut facts = Vec::new();
     for id in &req.instances {

@@ -413,6 +413,16 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         command.starts_with("echo ") && command.ends_with("| base64 -d | bash"),
         "{command}"
     );
+    // Refused machines do not spend the command: the machine-side check
+    // (swap) stops before the server, the server-side one (VPC) answers 422.
+    let (ok, text) = env.exec(&bad, command);
+    assert!(!ok && text.contains("PreflightSwapOn"), "{text}");
+    let far = env.instance("name: far\nattributes: {vpcId: vpc-other}\n");
+    let (ok, text) = env.exec(&far, command);
+    assert!(
+        !ok && text.contains("PreflightVpcMismatch") && text.contains("HTTP 422"),
+        "{text}"
+    );
     // Daemons the agent starts must not hold exec's pipes: log to a file.
     let started = Instant::now();
     let (ok, text) = env.exec(

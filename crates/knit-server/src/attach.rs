@@ -813,18 +813,30 @@ pub async fn manual(
     };
     let token_id: String = rest.chars().take(6).collect();
     let now = now_ms();
-    let pool_name = match cp.store.redeem_join_token(&pki::token_hash(token), now)? {
-        Redeem::Ok { instance, pool } if instance == ATTACH_SENTINEL => pool,
-        Redeem::Ok { .. } | Redeem::Unknown => return refuse("unknown attach token".into()),
-        Redeem::Used { used_ms, .. } => {
-            return refuse(format!(
-                "attach token {token_id} already used {} s ago: one command adds one instance; make a new one with knit attach-script",
-                (now - used_ms) / 1000
-            ))
-        }
-        Redeem::Expired { expires_ms, .. } => {
-            return refuse(format!("attach token {token_id} expired {} s ago", (now - expires_ms) / 1000))
-        }
+    let hash = pki::token_hash(token);
+    // Looked at, not spent: a machine refused by the preflight below keeps
+    // the command usable once the problem is fixed.
+    let pool_name = match cp.store.live_join_token(&hash, now)? {
+        Some((instance, pool)) if instance == ATTACH_SENTINEL => pool,
+        Some(_) => return refuse("unknown attach token".into()),
+        // Not live: redeem only explains why (it changes nothing then).
+        None => match cp.store.redeem_join_token(&hash, now)? {
+            Redeem::Used { used_ms, .. } => {
+                return refuse(format!(
+                    "attach token {token_id} already used {} s ago: one command adds one instance; make a new one with knit attach-script",
+                    (now - used_ms) / 1000
+                ))
+            }
+            Redeem::Expired { expires_ms, .. } => {
+                return refuse(format!(
+                    "attach token {token_id} expired {} s ago",
+                    (now - expires_ms) / 1000
+                ))
+            }
+            Redeem::Ok { .. } | Redeem::Unknown => {
+                return refuse("unknown attach token".into())
+            }
+        },
     };
     let options: ScriptOptions = read_json(
         &attach_dir(&cp)
@@ -847,7 +859,7 @@ pub async fn manual(
     let provider = cp.provider()?.clone();
     // The caller is identified by its address: the instance whose private
     // IP the request came from.
-    let Some(ip) = peer_ip else {
+    let Some(ip) = peer_ip.clone() else {
         return refuse("the caller's address is unknown".into());
     };
     let Some(found) = provider
@@ -892,6 +904,13 @@ pub async fn manual(
             format!("preflight failed for {}:\n{text}", facts.id),
             json!({"preflight": [report]}),
         ));
+    }
+    // Spent now: of two machines racing with one command, one wins.
+    if !matches!(
+        cp.store.redeem_join_token(&hash, now_ms())?,
+        Redeem::Ok { .. }
+    ) {
+        return refuse(format!("attach token {token_id} was used meanwhile"));
     }
     let name = enroll(&cp, &pool_name, &facts, state::RUNNING).await?;
     save_record(

@@ -681,6 +681,19 @@ impl Store {
         Ok(())
     }
 
+    /// The (instance, pool) of a live token — unused and unexpired —
+    /// without using it (checks that must pass before the token is spent).
+    pub fn live_join_token(&self, token_hash: &str, now: i64) -> Result<Option<(String, String)>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT instance, pool FROM join_tokens WHERE token_hash = ?1 AND used_ms IS NULL AND expires_ms > ?2",
+                params![token_hash, now],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
     /// Single use: the first redeem of a live token wins, atomically.
     pub fn redeem_join_token(&self, token_hash: &str, now: i64) -> Result<Redeem> {
         let mut conn = self.conn();

@@ -17,6 +17,7 @@ PACKAGES=(
     python3                                         # user-data composition parse check
     curl ca-certificates
     iputils-ping                                    # instances ping each other (knit-local tests)
+    iptables                                        # attach e2e: cut one instance off the gateway (rule removed after)
     cloud-init                                      # knit-local: the optional cloud-init user-data runner (test)
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
 )

@@ -19,33 +19,14 @@
 //! PID, local cloud `down`, firewall rule removed) on success, failure and
 //! panic.
 
+mod common;
+
+use common::{free_port, knit, sibling};
 use knit_local::{Cloud, Config, Template};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn knit() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_knit"))
-}
-
-fn sibling(name: &str) -> PathBuf {
-    let p = knit().with_file_name(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: build the workspace first (cargo build --workspace)",
-        p.display()
-    );
-    p
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Env {
     dir: tempfile::TempDir,

@@ -9,25 +9,14 @@
 //! directory, on a bridge and subnet of its own, and is released by a guard
 //! on success, failure and panic.
 
+mod common;
+
+use common::{free_port, is_root, knit, sibling};
 use knit_local::{Cloud, Config};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn knit() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_knit"))
-}
-
-fn sibling(name: &str) -> PathBuf {
-    let p = knit().with_file_name(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: build the workspace first (cargo build --workspace)",
-        p.display()
-    );
-    p
-}
 
 struct Env {
     dir: tempfile::TempDir,
@@ -40,18 +29,10 @@ struct Env {
     server: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Env {
     fn new(with_cluster: bool) -> Env {
         assert!(
-            nix_is_root(),
+            is_root(),
             "this test needs root (it creates namespaces, loop devices and a bridge)"
         );
         let dir = tempfile::tempdir().unwrap();
@@ -229,11 +210,6 @@ impl Drop for Env {
             }
         }
     }
-}
-
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 const POOL: &str = "apiVersion: knit.dev/v1alpha1

@@ -18,38 +18,14 @@
 //! Needs root and the workspace's binaries beside `knit` (knit-agent,
 //! knit-local, knit-kubelet-sim), containerd, runc and docker-registry.
 
+mod common;
+
+use common::{free_port, is_root, knit, sibling};
 use knit_local::{Cloud, Config};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn knit() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_knit"))
-}
-
-fn sibling(name: &str) -> PathBuf {
-    let p = knit().with_file_name(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: build the workspace first (cargo build --workspace)",
-        p.display()
-    );
-    p
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 struct Env {
     dir: tempfile::TempDir,

@@ -16,6 +16,7 @@ pub mod local;
 pub mod metrics;
 pub mod mirror;
 pub mod openapi;
+pub mod pause;
 pub mod pki;
 pub mod preflight;
 pub mod provider;

@@ -2,7 +2,7 @@
 //! delete, list, describe, exec, disks, snapshots and `down`.
 
 use crate::boot::{BootDisk, BootSpec};
-use crate::error::{IoContext, LocalError, Result};
+use crate::error::{IoContext, LocalError, Result, SysContext};
 use crate::loopdev;
 use crate::model::*;
 use crate::net::{self, Subnet, Veth};
@@ -284,6 +284,7 @@ impl Cloud {
                 created_at: now(),
                 boots: 0,
                 last_boot_ms: None,
+                password_set_at: None,
                 id,
             };
             self.state.put_instance(&rec)?;
@@ -712,12 +713,45 @@ impl Cloud {
     /// New system layer from the base root, data disks kept under new ids,
     /// new user data (when given); the instance is booted afterwards.
     pub fn reimage(&self, id: &str, user_data: Option<String>) -> Result<Instance> {
+        self.reimage_from(id, user_data, None)
+    }
+
+    /// `reimage` onto another image: the new system layer lies over
+    /// `base_root` (an image directory, or `/` for the host's root) instead
+    /// of the instance's current one. The image is checked before the
+    /// instance is stopped; its os-release becomes the instance's OS unless
+    /// the `os` attribute overrides it.
+    pub fn reimage_from(
+        &self,
+        id: &str,
+        user_data: Option<String>,
+        base_root: Option<&Path>,
+    ) -> Result<Instance> {
         let mut rec = self.state.instance(id)?;
+        if let Some(root) = base_root {
+            // The whole recorded template against the new root: baseRoot's
+            // rule, and cloud-init present when that runner is used.
+            let mut t = rec.template.clone();
+            t.base_root = root.to_path_buf();
+            t.validate()?;
+        }
         self.halt(&mut rec)?;
         rec.state = InstanceState::Stopped;
         if user_data.is_some() {
             rec.template.user_data = user_data;
         }
+        if let Some(root) = base_root {
+            rec.template.base_root = root.to_path_buf();
+            rec.os = rec
+                .template
+                .attributes
+                .os
+                .clone()
+                .unwrap_or_else(|| OsInfo::from_root(root));
+        }
+        // The new system layer has the image's /etc/shadow: a password set
+        // before is gone with the old one.
+        rec.password_set_at = None;
         self.state.put_instance(&rec)?;
         self.make_system_disk(&rec)?;
         let mut renamed = Vec::new();
@@ -858,6 +892,141 @@ impl Cloud {
         net::shape(&rec.veth, &rec.netns, mbit)?;
         rec.template.bandwidth_mbit = mbit;
         self.state.put_instance(&rec)
+    }
+
+    // ---- name and password (adding existing instances) ---------------------
+
+    /// Renames an instance: its name attribute and its hostname, which the
+    /// metadata endpoint serves from the record. A running instance takes
+    /// the new hostname at once (sethostname in its UTS namespace,
+    /// `/etc/hostname` and its `/etc/hosts` entry rewritten inside); every
+    /// later boot sets it from the record, as for any instance.
+    pub fn rename(&self, id: &str, name: &str) -> Result<Instance> {
+        check_instance_name(name)
+            .map_err(|rule| LocalError::invalid("name", format!("{name:?}"), rule))?;
+        let (rec, old) = {
+            let _lock = self.state.lock()?;
+            let mut rec = self.state.instance(id)?;
+            let old = std::mem::replace(&mut rec.hostname, name.to_string());
+            rec.template.name = Some(name.to_string());
+            rec.template.hostname = Some(name.to_string());
+            self.state.put_instance(&rec)?;
+            (rec, old)
+        };
+        if rec.state == InstanceState::Running && rec.init.is_some_and(|i| i.alive()) {
+            self.apply_hostname(&rec, &old)?;
+        }
+        tracing::info!(id, name, old = %old, "instance renamed");
+        self.view(rec)
+    }
+
+    /// The record's hostname inside a running instance, at once.
+    fn apply_hostname(&self, rec: &InstanceRecord, old: &str) -> Result<()> {
+        let pid = rec.init.map(|i| i.pid).unwrap_or(0);
+        let ns = PathBuf::from(format!("/proc/{pid}/ns/uts"));
+        let uts = std::fs::File::open(&ns).ctx("cannot open", &ns)?;
+        let name = rec.hostname.clone();
+        // setns(CLONE_NEWUTS) moves only the calling thread: a thread of its
+        // own enters the instance's UTS namespace and ends with it.
+        std::thread::spawn(move || -> Result<()> {
+            nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
+                .sys(|| format!("setns into the UTS namespace of {pid}"))?;
+            nix::unistd::sethostname(&name).sys(|| format!("sethostname {name}"))
+        })
+        .join()
+        .map_err(|_| LocalError::Boot {
+            id: rec.id.clone(),
+            message: "the thread setting the hostname panicked".into(),
+        })??;
+        // The files are rewritten by the instance's own shell, in its own
+        // mount namespace: nothing of the host is written, whatever links
+        // the instance holds.
+        let out = self.exec(
+            &rec.id,
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                REWRITE_HOSTNAME.into(),
+                "sh".into(),
+                rec.hostname.clone(),
+                old.to_string(),
+                rec.private_ip.clone(),
+            ],
+        )?;
+        if !out.status.success() {
+            return Err(LocalError::Command {
+                command: format!(
+                    "sh (rewrite /etc/hostname and /etc/hosts) inside {}",
+                    rec.id
+                ),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets root's password inside a running instance: `chpasswd -c SHA512`
+    /// runs in the instance's own namespaces and root and reads
+    /// `root:<password>` on its stdin (never argv), so only the instance's
+    /// `/etc/shadow` changes (copied up into its system layer), never the
+    /// base root's. The record keeps that and when a password was set, never
+    /// the password or its hash; errors never carry it.
+    pub fn set_password(&self, id: &str, password: &str) -> Result<Instance> {
+        check_password(password)?;
+        self.running(id, "set the root password")?;
+        let argv = ["chpasswd".to_string(), "-c".into(), "SHA512".into()];
+        let mut cmd = self.exec_command(id, &argv)?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().ctx("cannot run nsenter", "nsenter")?;
+        let written = match child.stdin.take() {
+            Some(mut stdin) => {
+                use std::io::Write;
+                stdin.write_all(format!("root:{password}\n").as_bytes())
+            }
+            None => Err(std::io::Error::other("no stdin pipe")),
+        };
+        let out = child
+            .wait_with_output()
+            .ctx("cannot wait for nsenter", "nsenter")?;
+        let command = format!("chpasswd -c SHA512 inside {id}");
+        if !out.status.success() {
+            let mut stderr = String::from_utf8_lossy(&out.stderr)
+                .replace(password, "(redacted)")
+                .trim()
+                .to_string();
+            if out.status.code() == Some(127) {
+                stderr.push_str(
+                    " (the instance's image has no chpasswd: it needs the passwd package)",
+                );
+            }
+            return Err(LocalError::Command {
+                command,
+                status: out.status.to_string(),
+                stderr,
+            });
+        }
+        if let Err(e) = written {
+            return Err(LocalError::Command {
+                command,
+                status: "its stdin could not be written".into(),
+                stderr: e.to_string(),
+            });
+        }
+        let rec = {
+            let _lock = self.state.lock()?;
+            let mut rec = self.state.instance(id)?;
+            rec.password_set_at = Some(now());
+            // The attribute says the instance logs in by password; its value
+            // is never kept.
+            rec.template.attributes.login.password = Some(REDACTED.into());
+            self.state.put_instance(&rec)?;
+            rec
+        };
+        tracing::info!(id, "root password set");
+        self.view(rec)
     }
 
     // ---- disks and snapshots ------------------------------------------------
@@ -1070,15 +1239,53 @@ impl Cloud {
     }
 }
 
+/// What a recorded password attribute holds instead of the password.
+const REDACTED: &str = "(redacted)";
+
 /// The template as recorded: a login password is an attribute (whether one
 /// is set), never stored or shown.
 fn redacted(tpl: &Template) -> Template {
     let mut t = tpl.clone();
     if t.attributes.login.password.is_some() {
-        t.attributes.login.password = Some("(redacted)".into());
+        t.attributes.login.password = Some(REDACTED.into());
     }
     t
 }
+
+/// A password chpasswd can take as one `root:<password>` line. The error
+/// names its length, never its value.
+fn check_password(p: &str) -> Result<()> {
+    let value = format!("<{} characters>", p.chars().count());
+    if p.is_empty() || p.len() > 256 {
+        return Err(LocalError::invalid(
+            "password",
+            value,
+            "must be 1 to 256 bytes",
+        ));
+    }
+    if p.contains(['\n', '\r', '\0']) {
+        return Err(LocalError::invalid(
+            "password",
+            value,
+            "must not contain a newline, carriage return or NUL (chpasswd reads one root:password line)",
+        ));
+    }
+    Ok(())
+}
+
+/// Run by the instance's shell: `$1` new name, `$2` old name, `$3` private
+/// IP. Builtins only (an image directory may hold little more than a shell).
+const REWRITE_HOSTNAME: &str = r#"set -e
+name=$1 old=$2 ip=$3 tab=$(printf '\t')
+printf '%s\n' "$name" > /etc/hostname
+keep=
+if [ -e /etc/hosts ]; then
+    keep=$(while IFS= read -r l || [ -n "$l" ]; do
+        case "$l" in "$ip$tab$old"|"$ip$tab$name") ;; *) printf '%s\n' "$l" ;; esac
+    done < /etc/hosts)
+fi
+{ if [ -n "$keep" ]; then printf '%s\n' "$keep"; fi; printf '%s\t%s\n' "$ip" "$name"; } > /etc/hosts
+"#;
 
 /// First free cloud device name for the interface.
 fn device_name(iface: DiskInterface, used: &BTreeSet<String>) -> Option<String> {

@@ -249,6 +249,7 @@ mod tests {
                 created_at: 0,
                 boots: 1,
                 last_boot_ms: None,
+                password_set_at: None,
             },
             data_disks: vec![DiskRecord {
                 id: "d-aaaaaaaaaaaa".into(),

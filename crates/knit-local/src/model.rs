@@ -303,32 +303,16 @@ impl Template {
         let mut e = Errors::default();
         for (field, v) in [("name", &self.name), ("hostname", &self.hostname)] {
             if let Some(v) = v {
-                if !is_dns_subdomain(v) || v.len() > 63 {
-                    e.add(field, format!("{v:?}"), "must be a DNS label-style name: lower-case letters, digits, '-' and '.', at most 63 characters");
+                if let Err(rule) = check_instance_name(v) {
+                    e.add(field, format!("{v:?}"), rule);
                 }
             }
         }
         if self.instance_type.is_empty() {
             e.add("instanceType", "\"\"", "must not be empty");
         }
-        if self.base_root.to_string_lossy().contains([',', ':', '\n']) {
-            e.add(
-                "baseRoot",
-                format!("{:?}", self.base_root),
-                "must not contain ',', ':' or a newline (overlayfs options)",
-            );
-        } else if !self.base_root.is_absolute() {
-            e.add(
-                "baseRoot",
-                format!("{:?}", self.base_root),
-                "must be an absolute path",
-            );
-        } else if !self.base_root.join("bin").exists() && !self.base_root.join("usr/bin").exists() {
-            e.add(
-                "baseRoot",
-                format!("{:?}", self.base_root),
-                "must be a root filesystem directory (no bin/ or usr/bin/ in it)",
-            );
+        if let Err(rule) = check_base_root(&self.base_root) {
+            e.add("baseRoot", format!("{:?}", self.base_root), rule);
         }
         check_size(
             &mut e,
@@ -428,6 +412,31 @@ impl Template {
     }
 }
 
+/// The rule for an instance name or hostname: a DNS-style name the kernel
+/// takes as a hostname (at most 64 characters, HOST_NAME_MAX), so that a
+/// node name from a pool's custom rule (up to 64) fits too.
+pub fn check_instance_name(name: &str) -> std::result::Result<(), &'static str> {
+    if is_dns_subdomain(name) && name.len() <= 64 {
+        Ok(())
+    } else {
+        Err("must be a DNS label-style name: lower-case letters, digits, '-' and '.', at most 64 characters")
+    }
+}
+
+/// The rule for a base root (the overlay's read-only lower layer): an
+/// absolute root filesystem directory whose path fits in overlayfs options.
+pub fn check_base_root(root: &std::path::Path) -> std::result::Result<(), &'static str> {
+    if root.to_string_lossy().contains([',', ':', '\n']) {
+        Err("must not contain ',', ':' or a newline (overlayfs options)")
+    } else if !root.is_absolute() {
+        Err("must be an absolute path")
+    } else if !root.join("bin").exists() && !root.join("usr/bin").exists() {
+        Err("must be a root filesystem directory (no bin/ or usr/bin/ in it)")
+    } else {
+        Ok(())
+    }
+}
+
 fn with_slash(p: &std::path::Path) -> String {
     let s = p.display().to_string();
     if s.ends_with('/') {
@@ -505,6 +514,11 @@ pub struct InstanceRecord {
     pub boots: u32,
     /// Milliseconds from spawn to "ready to run user data", last boot.
     pub last_boot_ms: Option<u64>,
+    /// When root's password was last set inside (`set_password`), seconds
+    /// since the epoch; cleared by reimage (new system layer). The password
+    /// itself is never recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_set_at: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -67,6 +67,21 @@ enum Cmd {
         /// File with the new user data.
         #[arg(long)]
         user_data: Option<PathBuf>,
+        /// Another image: an image directory (or `/`, the host's root) as
+        /// the new base root; default the instance's current one.
+        #[arg(long)]
+        base_root: Option<PathBuf>,
+    },
+    /// Rename an instance (name attribute and hostname; a running instance's
+    /// hostname changes at once).
+    Rename {
+        id: String,
+        name: String,
+    },
+    /// Set root's password inside a running instance; the password is read
+    /// from stdin (first line), never from the command line.
+    SetPassword {
+        id: String,
     },
     Delete {
         id: String,
@@ -213,9 +228,27 @@ fn run(cli: Cli) -> Result<(), LocalError> {
         Cmd::Start { id } => print(&cloud.start(&id)?),
         Cmd::Stop { id } => print(&cloud.stop(&id)?),
         Cmd::Reboot { id } => print(&cloud.reboot(&id)?),
-        Cmd::Reimage { id, user_data } => {
+        Cmd::Reimage {
+            id,
+            user_data,
+            base_root,
+        } => {
             let ud = user_data.map(|p| read_input(&p)).transpose()?;
-            print(&cloud.reimage(&id, ud)?)
+            print(&cloud.reimage_from(&id, ud, base_root.as_deref())?)
+        }
+        Cmd::Rename { id, name } => print(&cloud.rename(&id, &name)?),
+        Cmd::SetPassword { id } => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|source| LocalError::Io {
+                    context: "cannot read the password from",
+                    path: "stdin".into(),
+                    source,
+                })?;
+            let password = line.strip_suffix('\n').unwrap_or(&line);
+            let password = password.strip_suffix('\r').unwrap_or(password);
+            print(&cloud.set_password(&id, password)?)
         }
         Cmd::Delete { id } => cloud.delete(&id),
         Cmd::List => {

@@ -21,207 +21,10 @@
 
 mod common;
 
-use common::{free_port, knit, sibling};
-use knit_local::{Cloud, Config, Template};
+use common::Env;
+use knit_local::Template;
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Env {
-    dir: tempfile::TempDir,
-    bridge: String,
-    subnet: String,
-    gateway: String,
-    port: u16,
-    cluster_port: Option<u16>,
-    server: Option<Child>,
-    /// iptables rules to delete on drop (the arguments after -D).
-    firewall: Vec<Vec<String>>,
-}
-
-impl Env {
-    fn new(slot: u32, with_cluster: bool) -> Env {
-        // SAFETY: geteuid has no preconditions.
-        assert!(
-            unsafe { libc::geteuid() } == 0,
-            "this test needs root (namespaces, loop devices, a bridge)"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let tag = (std::process::id() % 1000) * 10 + slot;
-        let routes = String::from_utf8(
-            Command::new("ip")
-                .args(["-4", "route"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        let third = (0..200u32)
-            .map(|i| (tag + i * 7) % 200 + 20)
-            .find(|x| !routes.contains(&format!("10.217.{x}.")))
-            .expect("no free 10.217.x.0/24 subnet");
-        Env {
-            dir,
-            bridge: format!("kta{tag}"),
-            subnet: format!("10.217.{third}.0/24"),
-            gateway: format!("10.217.{third}.1"),
-            port: free_port(),
-            cluster_port: with_cluster.then(free_port),
-            server: None,
-            firewall: Vec::new(),
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn cloud(&self) -> Cloud {
-        Cloud::open(Config {
-            state_dir: self.path("local"),
-            bridge: self.bridge.clone(),
-            subnet: self.subnet.clone(),
-            metadata_port: 80,
-            helper: Some(sibling("knit-local")),
-        })
-        .unwrap()
-    }
-
-    fn knit(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(knit())
-            .env("KNIT_CONFIG", self.path("config"))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    }
-
-    fn knit_ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.knit(args);
-        assert!(
-            ok,
-            "knit {args:?} failed:\n{out}\n{err}\nserver log (tail):\n{}",
-            self.server_log_tail()
-        );
-        out
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        serde_json::from_str(&self.knit_ok(args)).unwrap()
-    }
-
-    fn server_log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.path("server.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    fn start(&mut self, full_package: bool) {
-        let mut args = vec!["package", "build"];
-        if !full_package {
-            args.push("--no-runtime");
-        }
-        let state = self.path("server");
-        args.extend(["--state-dir", state.to_str().unwrap()]);
-        self.knit_ok(&args);
-        let log = std::fs::File::create(self.path("server.log")).unwrap();
-        let mut cmd = Command::new(knit());
-        cmd.env("KNIT_CONFIG", self.path("config"))
-            .args(["server", "--write-config", "--state-dir"])
-            .arg(self.path("server"));
-        match self.cluster_port {
-            Some(p) => cmd.args(["--cluster", "embedded", "--cluster-port", &p.to_string()]),
-            None => cmd.args(["--cluster", "none"]),
-        };
-        let child = cmd
-            .args([
-                "--listen",
-                &format!("0.0.0.0:{}", self.port),
-                "--advertise-address",
-                &self.gateway,
-                "--local-bridge",
-                &self.bridge,
-                "--local-subnet",
-                &self.subnet,
-            ])
-            .arg("--local-state-dir")
-            .arg(self.path("local"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.server = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(self.path("config").exists() && self.knit(&["get", "clusters"]).0) {
-            assert!(
-                Instant::now() < deadline,
-                "server did not start:\n{}",
-                self.server_log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// An existing instance, made directly at the local cloud (not by knit).
-    fn instance(&self, yaml: &str) -> String {
-        let t = Template::parse(yaml).unwrap();
-        let cloud = self.cloud();
-        let i = cloud.create(&t).unwrap();
-        cloud
-            .wait_user_data(&i.record.id, Duration::from_secs(60))
-            .unwrap();
-        i.record.id
-    }
-
-    fn exec(&self, id: &str, script: &str) -> (bool, String) {
-        let out = self
-            .cloud()
-            .exec(id, &["bash".into(), "-c".into(), script.into()])
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    }
-
-    fn pool(&self) -> Value {
-        self.json(&["get", "pools", "workers", "-o", "json"])
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.server.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for rule in &self.firewall {
-            let _ = Command::new("iptables").arg("-D").args(rule).status();
-        }
-        if let Ok(cloud) = Cloud::open(Config {
-            state_dir: self.path("local"),
-            bridge: self.bridge.clone(),
-            subnet: self.subnet.clone(),
-            metadata_port: 80,
-            helper: Some(sibling("knit-local")),
-        }) {
-            if let Err(e) = cloud.down() {
-                eprintln!("local cloud down: {e}");
-            }
-        }
-    }
-}
 
 /// A pool whose nodes get Ready on the local cloud: the kubelet stand-in
 /// needs a CNI configuration.
@@ -261,7 +64,7 @@ fn node<'a>(nodes: &'a Value, name: &str) -> Option<&'a Value> {
 
 #[test]
 fn automatic_and_manual_attach_with_the_embedded_cluster() {
-    let mut env = Env::new(5, true);
+    let mut env = Env::builder().cluster(true).build();
     env.start(true);
     std::fs::write(env.path("pool.yaml"), POOL).unwrap();
     env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
@@ -499,7 +302,7 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
 
 #[test]
 fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
-    let mut env = Env::new(6, false);
+    let mut env = Env::builder().cluster(false).build();
     env.start(false);
     let pool = POOL.replace(
         "  replicas: 0\n",
@@ -523,13 +326,7 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    assert!(Command::new("iptables")
-        .arg("-I")
-        .args(&rule)
-        .status()
-        .unwrap()
-        .success());
-    env.firewall.push(rule);
+    env.iptables_insert(rule);
     env.knit_ok(&["attach", "--pool", "workers", "--instances", &id]);
     let deadline = Instant::now() + Duration::from_secs(180);
     let failed = loop {
@@ -566,7 +363,7 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
 /// failing exactly one check (the others pass), through one dry run.
 #[test]
 fn each_preflight_check_fails_alone_on_a_real_instance() {
-    let mut env = Env::new(7, false);
+    let mut env = Env::builder().cluster(false).build();
     env.start(false);
     std::fs::write(env.path("pool.yaml"), POOL).unwrap();
     env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);

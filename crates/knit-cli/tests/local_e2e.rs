@@ -11,206 +11,11 @@
 
 mod common;
 
-use common::{free_port, is_root, knit, sibling};
-use knit_local::{Cloud, Config};
+use common::Env;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Env {
-    dir: tempfile::TempDir,
-    bridge: String,
-    subnet: String,
-    gateway: String,
-    port: u16,
-    /// The embedded cluster's port; `None`: nodes join no cluster.
-    cluster_port: Option<u16>,
-    server: Option<Child>,
-}
-
-impl Env {
-    fn new(with_cluster: bool) -> Env {
-        assert!(
-            is_root(),
-            "this test needs root (it creates namespaces, loop devices and a bridge)"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        // Two tests may run at once: the tag tells their bridges apart.
-        let tag = (std::process::id() % 1000) * 10 + u32::from(with_cluster);
-        let routes = String::from_utf8(
-            Command::new("ip")
-                .args(["-4", "route"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        // A /24 no route on this host uses yet.
-        let third = (0..200u32)
-            .map(|i| (tag + i * 7) % 200 + 20)
-            .find(|x| !routes.contains(&format!("10.216.{x}.")))
-            .expect("no free 10.216.x.0/24 subnet");
-        Env {
-            dir,
-            bridge: format!("kte{tag}"),
-            subnet: format!("10.216.{third}.0/24"),
-            gateway: format!("10.216.{third}.1"),
-            port: free_port(),
-            cluster_port: with_cluster.then(free_port),
-            server: None,
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn local_config(&self) -> Config {
-        Config {
-            state_dir: self.path("local"),
-            bridge: self.bridge.clone(),
-            subnet: self.subnet.clone(),
-            metadata_port: 80,
-            helper: Some(sibling("knit-local")),
-        }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(knit());
-        c.env("KNIT_CONFIG", self.path("config"));
-        c
-    }
-
-    fn knit(&self, args: &[&str]) -> (bool, String, String) {
-        let out = self.cmd().args(args).stdin(Stdio::null()).output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    }
-
-    fn knit_ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.knit(args);
-        assert!(
-            ok,
-            "knit {args:?} failed:\n{out}\n{err}\nserver log:\n{}",
-            self.server_log()
-        );
-        out
-    }
-
-    fn server_log(&self) -> String {
-        std::fs::read_to_string(self.path("server.log")).unwrap_or_default()
-    }
-
-    fn start_server(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path("server.log"))
-            .unwrap();
-        let child = self
-            .cmd()
-            .args(["server", "--write-config", "--state-dir"])
-            .arg(self.path("server"))
-            .args(match self.cluster_port {
-                Some(port) => vec![
-                    "--cluster".to_string(),
-                    "embedded".into(),
-                    "--cluster-port".into(),
-                    port.to_string(),
-                ],
-                None => vec!["--cluster".to_string(), "none".into()],
-            })
-            .args([
-                "--listen",
-                &format!("0.0.0.0:{}", self.port),
-                "--advertise-address",
-                &self.gateway,
-            ])
-            .arg("--local-state-dir")
-            .arg(self.path("local"))
-            .args([
-                "--local-bridge",
-                &self.bridge,
-                "--local-subnet",
-                &self.subnet,
-                "--parallelism",
-                "2",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.server = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let _ = std::fs::remove_file(self.path("config"));
-        loop {
-            if self.path("config").exists() && self.knit(&["get", "clusters"]).0 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server did not start:\n{}",
-                self.server_log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn kill_server(&mut self) {
-        if let Some(mut child) = self.server.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn store_instances(&self) -> Vec<Value> {
-        let out = self.knit_ok(&["get", "instances", "-o", "json"]);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        v["items"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// knit names of the instances the local cloud holds.
-    fn provider_names(&self) -> Vec<String> {
-        let cloud = Cloud::open(self.local_config()).unwrap();
-        // A list racing a delete may see a half-removed instance: ask again.
-        let list = (0..20)
-            .find_map(|_| {
-                cloud.list().ok().or_else(|| {
-                    std::thread::sleep(Duration::from_millis(50));
-                    None
-                })
-            })
-            .expect("the local cloud's list kept failing");
-        let mut names: Vec<String> = list
-            .into_iter()
-            .map(|i| {
-                i.record
-                    .template
-                    .name
-                    .clone()
-                    .unwrap_or(i.record.id.clone())
-            })
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.kill_server();
-        if let Ok(cloud) = Cloud::open(self.local_config()) {
-            if let Err(e) = cloud.down() {
-                eprintln!("local cloud down: {e}");
-            }
-        }
-    }
-}
 
 const POOL: &str = "apiVersion: knit.dev/v1alpha1
 kind: NodePool
@@ -236,7 +41,7 @@ fn running_names(instances: &[Value]) -> Vec<String> {
 #[test]
 fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     // The reconciler is under test here: nodes join no cluster.
-    let mut env = Env::new(false);
+    let mut env = Env::builder().cluster(false).parallelism(2).build();
     let out = env.knit_ok(&[
         "package",
         "build",
@@ -348,7 +153,7 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
         assert!(Instant::now() < deadline, "not detached: {instances:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let cloud = Cloud::open(env.local_config()).unwrap();
+    let cloud = env.cloud();
     let kept_state = cloud
         .list()
         .unwrap()
@@ -381,7 +186,7 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
 /// from the cluster API). Scale-in deletes the Node from the cluster.
 #[test]
 fn nodes_join_the_embedded_cluster_and_leave_it() {
-    let mut env = Env::new(true);
+    let mut env = Env::builder().cluster(true).parallelism(2).build();
     let (ok, out, err) = env.knit(&[
         "package",
         "build",

@@ -20,174 +20,9 @@
 
 mod common;
 
-use common::{free_port, is_root, knit, sibling};
-use knit_local::{Cloud, Config};
+use common::{is_root, on_path, tail, Env};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Env {
-    dir: tempfile::TempDir,
-    bridge: String,
-    subnet: String,
-    gateway: String,
-    port: u16,
-    cluster_port: u16,
-    server: Option<Child>,
-}
-
-impl Env {
-    fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let tag = (std::process::id() % 1000) * 10 + 7;
-        let routes = String::from_utf8(
-            Command::new("ip")
-                .args(["-4", "route"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        let third = (0..200u32)
-            .map(|i| (tag + i * 11) % 200 + 20)
-            .find(|x| !routes.contains(&format!("10.217.{x}.")))
-            .expect("no free 10.217.x.0/24 subnet");
-        Env {
-            dir,
-            bridge: format!("kts{tag}"),
-            subnet: format!("10.217.{third}.0/24"),
-            gateway: format!("10.217.{third}.1"),
-            port: free_port(),
-            cluster_port: free_port(),
-            server: None,
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn local_config(&self) -> Config {
-        Config {
-            state_dir: self.path("local"),
-            bridge: self.bridge.clone(),
-            subnet: self.subnet.clone(),
-            metadata_port: 80,
-            helper: Some(sibling("knit-local")),
-        }
-    }
-
-    fn knit(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(knit())
-            .env("KNIT_CONFIG", self.path("config"))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    }
-
-    fn knit_ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.knit(args);
-        assert!(
-            ok,
-            "knit {args:?} failed:\n{out}\n{err}\nserver log (tail):\n{}",
-            tail(
-                &std::fs::read_to_string(self.path("server.log")).unwrap_or_default(),
-                60
-            )
-        );
-        out
-    }
-
-    fn start_server(&mut self) {
-        let log = std::fs::File::create(self.path("server.log")).unwrap();
-        let child = Command::new(knit())
-            .env("KNIT_CONFIG", self.path("config"))
-            .args(["server", "--write-config", "--state-dir"])
-            .arg(self.path("server"))
-            .args(["--cluster", "embedded", "--cluster-port"])
-            .arg(self.cluster_port.to_string())
-            .args([
-                "--listen",
-                &format!("0.0.0.0:{}", self.port),
-                "--advertise-address",
-                &self.gateway,
-            ])
-            .arg("--local-state-dir")
-            .arg(self.path("local"))
-            .args([
-                "--local-bridge",
-                &self.bridge,
-                "--local-subnet",
-                &self.subnet,
-                "--parallelism",
-                "2",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.server = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(self.path("config").exists() && self.knit(&["get", "clusters"]).0) {
-            assert!(Instant::now() < deadline, "server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// A file inside the instance knit named `name`.
-    fn node_file(&self, name: &str, path: &str) -> String {
-        let cloud = Cloud::open(self.local_config()).unwrap();
-        let inst = cloud
-            .list()
-            .unwrap()
-            .into_iter()
-            .find(|i| i.record.template.name.as_deref() == Some(name))
-            .unwrap_or_else(|| panic!("no instance {name}"));
-        let out = cloud
-            .exec(&inst.record.id, &["cat".into(), path.into()])
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).to_string()
-    }
-
-    fn nodes_of(&self, pool: &str) -> Vec<Value> {
-        let v: Value =
-            serde_json::from_str(&self.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
-        v["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|n| n["pool"] == pool)
-            .cloned()
-            .collect()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Ok(cloud) = Cloud::open(self.local_config()) {
-            if let Err(e) = cloud.down() {
-                eprintln!("local cloud down: {e}");
-            }
-        }
-    }
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
 
 /// The local package set's system images (images.txt) and one business image.
 const SYSTEM: &[&str] = &[
@@ -240,16 +75,13 @@ fn scale(env: &Env, pool: &str, n: &str) -> String {
 fn snapshot_build_use_stale_and_delete() {
     assert!(is_root(), "this test needs root");
     for bin in ["containerd", "runc", "docker-registry"] {
-        assert!(
-            std::env::var_os("PATH")
-                .and_then(|p| p.to_str().map(|p| p
-                    .split(':')
-                    .any(|d| std::path::Path::new(d).join(bin).is_file())))
-                .unwrap_or(false),
-            "{bin} is not installed (scripts/setup.sh)"
-        );
+        assert!(on_path(bin), "{bin} is not installed (scripts/setup.sh)");
     }
-    let mut env = Env::new();
+    let mut env = Env::builder()
+        .cluster(true)
+        .parallelism(2)
+        .registry(true)
+        .build();
     let state = env.path("server");
     let state = state.to_str().unwrap();
     env.knit_ok(&["package", "build", "--state-dir", state]);
@@ -264,17 +96,16 @@ fn snapshot_build_use_stale_and_delete() {
     ]);
     env.start_server();
 
-    // The registry listens on this test's port on every address, so that
-    // instances reach it at the bridge gateway (made by the first instance).
-    let reg_port = free_port();
-    let reg = knit_registry::Registry::start(&env.path("registry"), &format!("0.0.0.0:{reg_port}"))
-        .unwrap();
-    let push = format!("http://127.0.0.1:{reg_port}");
+    // The registry (started with the server) listens on every address, so
+    // that instances reach it at the bridge gateway (made by the first
+    // instance).
+    let reg = env.registry();
+    let push = env.registry_push_url();
     for r in SYSTEM {
         knit_registry::seed(&push, &env.path("work"), r, 1, 256 << 10).unwrap();
     }
     knit_registry::seed(&push, &env.path("work"), APP, 2, 4 << 20).unwrap();
-    let mirror = format!("{}:{reg_port}", env.gateway);
+    let mirror = env.registry_mirror();
 
     std::fs::write(
         env.path("workers.yaml"),
@@ -319,7 +150,7 @@ fn snapshot_build_use_stale_and_delete() {
     assert!(images.iter().all(|i| i.contains("@sha256:")), "{images:?}");
     assert!(images.iter().any(|i| i.starts_with(APP)), "{images:?}");
     // The builder is released: only the snapshot remains at the provider.
-    let cloud = Cloud::open(env.local_config()).unwrap();
+    let cloud = env.cloud();
     assert!(cloud.list().unwrap().is_empty(), "builder not released");
     assert_eq!(cloud.snapshots().unwrap().len(), 1);
 

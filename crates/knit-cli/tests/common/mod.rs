@@ -1,9 +1,32 @@
 //! What every end-to-end suite of the `knit` binary shares: where the
-//! binaries are, a free loopback port, whether we run as root.
+//! binaries are, a free loopback port, the root check, and [`Env`] — one
+//! knit server with a state directory, bridge and subnet of its own, the
+//! local cloud behind it, and their cleanup on success, failure and panic.
+//!
+//! ```ignore
+//! let mut env = Env::builder().cluster(true).registry(true).build();
+//! env.build_package(true);
+//! env.start_server();
+//! env.knit_ok(&["get", "pools"]);
+//! ```
+//!
+//! Cleanup (on drop, so also when a test panics) ends only what this `Env`
+//! started, by PID (the server, the registry), deletes only the firewall
+//! rules it inserted, and brings down only its own local cloud (its state
+//! directory). The temporary directory is kept, and its path printed, when
+//! anything under it could not be released.
 
 #![allow(dead_code)] // each suite uses its own part
 
-use std::path::PathBuf;
+use knit_local::{Cloud, Config, Template};
+use knit_registry::Registry;
+use serde_json::Value;
+use std::ffi::OsString;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub fn knit() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_knit"))
@@ -31,4 +54,495 @@ pub fn free_port() -> u16 {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether `bin` is an executable file on `PATH`.
+pub fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Networks the suites choose from: bridge `knite<N>`, subnet
+/// `10.216.<20+N>.0/24`. The bridge prefix holds a letter that is no hex
+/// digit, so it never meets other suites' `kt<hex pid>` bridges.
+const NETWORKS: u32 = 200;
+
+/// A network slot held for the life of an `Env`: an abstract unix socket
+/// named after the slot. The kernel lets one process bind a name at a time
+/// and frees it when the process dies, so tests running at once (nextest
+/// runs each in its own process) never pick the same bridge or subnet, and
+/// a killed test leaves nothing to clean.
+struct NetworkLease {
+    _socket: UnixListener,
+    bridge: String,
+    third: u32,
+}
+
+impl NetworkLease {
+    fn take() -> NetworkLease {
+        let routes = output("ip", &["-4", "route", "show", "table", "all"]);
+        let links = output("ip", &["-o", "link", "show"]);
+        // Start where this process's id points, so parallel tests seldom race.
+        let start = std::process::id() % NETWORKS;
+        for i in 0..NETWORKS {
+            let n = (start + i) % NETWORKS;
+            let bridge = format!("knite{n}");
+            let third = 20 + n;
+            // A bridge or route left by something else (another suite, a
+            // crashed run): not ours to reuse.
+            if routes.contains(&format!("10.216.{third}."))
+                || links.contains(&format!(": {bridge}:"))
+                || links.contains(&format!(": {bridge}@"))
+            {
+                continue;
+            }
+            let Ok(addr) = SocketAddr::from_abstract_name(format!("knit-e2e-net-{n}")) else {
+                continue;
+            };
+            if let Ok(socket) = UnixListener::bind_addr(&addr) {
+                return NetworkLease {
+                    _socket: socket,
+                    bridge,
+                    third,
+                };
+            }
+        }
+        panic!("no free network: every 10.216.20-219.0/24 is in use");
+    }
+}
+
+fn output(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What differs between the suites' environments.
+#[derive(Default)]
+pub struct EnvBuilder {
+    cluster: bool,
+    parallelism: Option<usize>,
+    registry: bool,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl EnvBuilder {
+    /// Serve the embedded cluster nodes join (default: none, nodes join no
+    /// cluster).
+    pub fn cluster(mut self, on: bool) -> Self {
+        self.cluster = on;
+        self
+    }
+
+    /// The server's `--parallelism` (default: the server's own).
+    pub fn parallelism(mut self, n: usize) -> Self {
+        self.parallelism = Some(n);
+        self
+    }
+
+    /// Start a `docker-registry` with the server, on every address so that
+    /// instances reach it at the bridge gateway ([`Env::registry_mirror`]).
+    pub fn registry(mut self, on: bool) -> Self {
+        self.registry = on;
+        self
+    }
+
+    /// An environment variable for the server and every `knit` command.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn build(self) -> Env {
+        assert!(
+            is_root(),
+            "this test needs root (it creates namespaces, loop devices and a bridge)"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("knit-e2e-")
+            .tempdir()
+            .unwrap();
+        let lease = NetworkLease::take();
+        Env {
+            dir: Some(dir),
+            bridge: lease.bridge.clone(),
+            subnet: format!("10.216.{}.0/24", lease.third),
+            gateway: format!("10.216.{}.1", lease.third),
+            port: free_port(),
+            cluster_port: self.cluster.then(free_port),
+            server: None,
+            registry: None,
+            firewall: Vec::new(),
+            opts: self,
+            _lease: lease,
+        }
+    }
+}
+
+/// One knit server, its local cloud and (optionally) a registry, under one
+/// temporary directory.
+pub struct Env {
+    dir: Option<tempfile::TempDir>,
+    pub bridge: String,
+    pub subnet: String,
+    /// The bridge's address: where instances reach the host.
+    pub gateway: String,
+    pub port: u16,
+    /// The embedded cluster's port; `None`: nodes join no cluster.
+    pub cluster_port: Option<u16>,
+    server: Option<Child>,
+    registry: Option<Registry>,
+    /// iptables rules to delete on drop (the arguments after -D).
+    firewall: Vec<Vec<String>>,
+    opts: EnvBuilder,
+    _lease: NetworkLease,
+}
+
+impl Env {
+    pub fn builder() -> EnvBuilder {
+        EnvBuilder::default()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.as_ref().map(|d| d.path()).unwrap_or(Path::new(""))
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir().join(p)
+    }
+
+    /// The server's state directory (`--state-dir`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.path("server")
+    }
+
+    pub fn local_config(&self) -> Config {
+        Config {
+            state_dir: self.path("local"),
+            bridge: self.bridge.clone(),
+            subnet: self.subnet.clone(),
+            metadata_port: 80,
+            helper: Some(sibling("knit-local")),
+        }
+    }
+
+    pub fn cloud(&self) -> Cloud {
+        Cloud::open(self.local_config()).unwrap()
+    }
+
+    /// `knit` with this environment's client config and extra variables.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(knit());
+        c.env("KNIT_CONFIG", self.path("config"));
+        for (k, v) in &self.opts.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs `knit args…`: (success, stdout, stderr).
+    pub fn knit(&self, args: &[&str]) -> (bool, String, String) {
+        let out = self.cmd().args(args).stdin(Stdio::null()).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
+    /// Runs `knit args…`, which must succeed: its stdout.
+    pub fn knit_ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.knit(args);
+        assert!(
+            ok,
+            "knit {args:?} failed:\n{out}\n{err}\nserver log (tail):\n{}",
+            self.server_log_tail()
+        );
+        out
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let out = self.knit_ok(args);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("knit {args:?}: {e}:\n{out}"))
+    }
+
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.path("server.log")).unwrap_or_default()
+    }
+
+    pub fn server_log_tail(&self) -> String {
+        tail(&self.server_log(), 60)
+    }
+
+    /// `knit package build` into the server's state directory; `full`:
+    /// with the container runtime (containerd, runc), which nodes need to
+    /// get Ready.
+    pub fn build_package(&self, full: bool) -> String {
+        let state = self.state_dir();
+        let mut args = vec!["package", "build", "--state-dir", state.to_str().unwrap()];
+        if !full {
+            args.push("--no-runtime");
+        }
+        self.knit_ok(&args)
+    }
+
+    /// Builds the package, then starts the server.
+    pub fn start(&mut self, full_package: bool) {
+        self.build_package(full_package);
+        self.start_server();
+    }
+
+    /// Starts (or restarts) the server and waits until it answers; its
+    /// output is appended to `server.log`, so a restart keeps the history.
+    /// Starts the registry too when asked for and not yet running.
+    pub fn start_server(&mut self) {
+        assert!(self.server.is_none(), "the server is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("server.log"))
+            .unwrap();
+        // A config from a previous run would answer for a dead server.
+        let _ = std::fs::remove_file(self.path("config"));
+        let mut cmd = self.cmd();
+        cmd.args(["server", "--write-config", "--state-dir"])
+            .arg(self.state_dir());
+        match self.cluster_port {
+            Some(p) => cmd.args(["--cluster", "embedded", "--cluster-port", &p.to_string()]),
+            None => cmd.args(["--cluster", "none"]),
+        };
+        if let Some(n) = self.opts.parallelism {
+            cmd.args(["--parallelism", &n.to_string()]);
+        }
+        let child = cmd
+            .args([
+                "--listen",
+                &format!("0.0.0.0:{}", self.port),
+                "--advertise-address",
+                &self.gateway,
+                "--local-bridge",
+                &self.bridge,
+                "--local-subnet",
+                &self.subnet,
+            ])
+            .arg("--local-state-dir")
+            .arg(self.path("local"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.server = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(self.path("config").exists() && self.knit(&["get", "clusters"]).0) {
+            if let Some(Ok(Some(status))) = self.server.as_mut().map(Child::try_wait) {
+                self.server = None;
+                panic!("the server exited ({status}):\n{}", self.server_log_tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not start:\n{}",
+                self.server_log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if self.opts.registry && self.registry.is_none() {
+            let addr = format!("0.0.0.0:{}", free_port());
+            let reg = Registry::start(&self.path("registry"), &addr)
+                .unwrap_or_else(|e| panic!("docker-registry: {e}"));
+            self.registry = Some(reg);
+        }
+    }
+
+    /// SIGKILL to the server this `Env` started (by PID), then reaped.
+    pub fn kill_server(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The registry ([`EnvBuilder::registry`]), running once the server is.
+    pub fn registry(&self) -> &Registry {
+        self.registry
+            .as_ref()
+            .expect("no registry: Env::builder().registry(true), then start_server()")
+    }
+
+    fn registry_port(&self) -> &str {
+        let addr = self.registry().addr();
+        addr.rsplit_once(':').map_or(addr, |(_, port)| port)
+    }
+
+    /// Where the test itself pushes images.
+    pub fn registry_push_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.registry_port())
+    }
+
+    /// `host:port` instances reach the registry at (pool registry mirrors).
+    pub fn registry_mirror(&self) -> String {
+        format!("{}:{}", self.gateway, self.registry_port())
+    }
+
+    /// Inserts an iptables rule (the arguments after -I), deleted on drop.
+    pub fn iptables_insert(&mut self, rule: Vec<String>) {
+        let ok = Command::new("iptables")
+            .arg("-I")
+            .args(&rule)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "iptables -I {rule:?} failed");
+        self.firewall.push(rule);
+    }
+
+    /// The store's instances (`knit get instances`).
+    pub fn store_instances(&self) -> Vec<Value> {
+        self.json(&["get", "instances", "-o", "json"])["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// knit names of the instances the local cloud holds, sorted.
+    pub fn provider_names(&self) -> Vec<String> {
+        let cloud = self.cloud();
+        // A list racing a delete may see a half-removed instance: ask again.
+        let list = (0..20)
+            .find_map(|_| {
+                cloud.list().ok().or_else(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    None
+                })
+            })
+            .expect("the local cloud's list kept failing");
+        let mut names: Vec<String> = list
+            .into_iter()
+            .map(|i| {
+                i.record
+                    .template
+                    .name
+                    .clone()
+                    .unwrap_or(i.record.id.clone())
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The nodes of `pool` (`knit get nodes`).
+    pub fn nodes_of(&self, pool: &str) -> Vec<Value> {
+        self.json(&["get", "nodes", "-o", "json"])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["pool"] == pool)
+            .cloned()
+            .collect()
+    }
+
+    /// The pool `workers`.
+    pub fn pool(&self) -> Value {
+        self.json(&["get", "pools", "workers", "-o", "json"])
+    }
+
+    /// An existing instance, made directly at the local cloud (not by knit),
+    /// once its own user data ran: its id.
+    pub fn instance(&self, yaml: &str) -> String {
+        let t = Template::parse(yaml).unwrap();
+        let cloud = self.cloud();
+        let i = cloud.create(&t).unwrap();
+        cloud
+            .wait_user_data(&i.record.id, Duration::from_secs(60))
+            .unwrap();
+        i.record.id
+    }
+
+    /// `bash -c script` inside instance `id`: (success, stdout + stderr).
+    pub fn exec(&self, id: &str, script: &str) -> (bool, String) {
+        let out = self
+            .cloud()
+            .exec(id, &["bash".into(), "-c".into(), script.into()])
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// A file inside the instance knit named `name`.
+    pub fn node_file(&self, name: &str, path: &str) -> String {
+        let cloud = self.cloud();
+        let inst = cloud
+            .list()
+            .unwrap()
+            .into_iter()
+            .find(|i| i.record.template.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no instance {name}"));
+        let out = cloud
+            .exec(&inst.record.id, &["cat".into(), path.into()])
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// Mount points under this environment's directory, in the host's view.
+    pub fn mounts_under_dir(&self) -> Vec<String> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        info.lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|m| Path::new(m).starts_with(self.dir()))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.kill_server();
+        if let Some(mut reg) = self.registry.take() {
+            reg.stop();
+        }
+        for rule in &self.firewall {
+            let _ = Command::new("iptables").arg("-D").args(rule).status();
+        }
+        let mut clean = true;
+        if self.path("local").exists() {
+            match Cloud::open(self.local_config()).map(|c| c.down()) {
+                Ok(Ok(report)) if report.errors.is_empty() => {}
+                Ok(Ok(report)) => {
+                    clean = false;
+                    eprintln!("local cloud down: {:?}", report.errors);
+                }
+                Ok(Err(e)) | Err(e) => {
+                    clean = false;
+                    eprintln!("local cloud down: {e}");
+                }
+            }
+        }
+        let mounts = self.mounts_under_dir();
+        if !mounts.is_empty() {
+            clean = false;
+            eprintln!("still mounted: {mounts:?}");
+        }
+        // Removing a tree with something still mounted or attached in it
+        // would reach into that: keep it for a look instead.
+        if !clean {
+            if let Some(dir) = self.dir.take() {
+                eprintln!("kept {} (not fully released)", dir.keep().display());
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! The local cloud's operations: create, start, stop, reboot, reimage,
 //! delete, list, describe, exec, disks, snapshots and `down`.
 
+use crate::blockstore::BlockStore;
 use crate::boot::{BootDisk, BootSpec};
 use crate::error::{IoContext, LocalError, Result, SysContext};
 use crate::loopdev;
@@ -65,6 +66,7 @@ pub struct Cloud {
     cfg: Config,
     subnet: Subnet,
     state: StateDir,
+    store: BlockStore,
 }
 
 pub fn require_root() -> Result<()> {
@@ -95,7 +97,39 @@ impl Cloud {
             ));
         }
         let state = StateDir::open(&cfg.state_dir)?;
-        Ok(Cloud { cfg, subnet, state })
+        let store = BlockStore::new(state.root());
+        let cloud = Cloud {
+            cfg,
+            subnet,
+            state,
+            store,
+        };
+        // A store made before (and unmounted by a host reboot) is mounted
+        // again at once, so that every disk file is where its link points;
+        // a new one is made on the first disk.
+        if cloud.store.record()?.is_some() {
+            cloud.store()?;
+        }
+        Ok(cloud)
+    }
+
+    /// The block store, made or mounted if needed (takes the state lock
+    /// then: never call it with the lock held).
+    fn store(&self) -> Result<PathBuf> {
+        if self.store.ready() {
+            return Ok(self.store.dir());
+        }
+        let _lock = self.state.lock()?;
+        self.store.ensure()
+    }
+
+    /// Removes a disk's or snapshot's record directory and its file in the
+    /// block store (`link` is the record's link to it).
+    fn remove_with_file(&self, dir: &Path, link: &Path) -> Result<()> {
+        if let Ok(target) = std::fs::read_link(link) {
+            state::remove_file(&target)?;
+        }
+        state::remove_dir_all(dir)
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -123,7 +157,7 @@ impl Cloud {
     }
 
     /// Test fault injection: `KNIT_LOCAL_PAUSE_AFTER=step` stops here until killed.
-    fn checkpoint(step: &str) {
+    pub(crate) fn checkpoint(step: &str) {
         if std::env::var("KNIT_LOCAL_PAUSE_AFTER").is_ok_and(|s| s == step) {
             eprintln!("knit-local: paused after {step}");
             loop {
@@ -438,12 +472,22 @@ impl Cloud {
         loopdev::mkfs(&file, "ext4")
     }
 
+    /// The disk's file is made in the block store; `disks/<id>/disk.img` is a
+    /// link to it, made first, so that a crash leaves nothing unfindable and
+    /// the link survives reimage's renaming of the disk's directory.
     fn make_disk_file(&self, disk: &DiskRecord, spec: &DiskSpec) -> Result<()> {
-        let file = self.state.disk_file(&disk.id);
+        self.store()?;
+        let link = self.state.disk_file(&disk.id);
+        let file = self.store.file("disks", &disk.id);
         std::fs::create_dir_all(self.state.disk_dir(&disk.id))
             .ctx("cannot create", self.state.disk_dir(&disk.id))?;
+        state::remove_file(&link)?;
+        std::os::unix::fs::symlink(&file, &link).ctx("cannot link", &link)?;
+        state::remove_file(&file)?;
         match &spec.snapshot {
             Some(s) => {
+                // A reflink clone in the store: instant, blocks shared with
+                // the snapshot until the instance writes them.
                 loopdev::copy_disk(&self.state.snapshot_file(s), &file)?;
                 let len = std::fs::metadata(&file).ctx("cannot stat", &file)?.len();
                 if disk.size > len {
@@ -780,7 +824,7 @@ impl Cloud {
         let mut rec = self.state.instance(id)?;
         let killed = self.halt(&mut rec)?;
         for d in &rec.disks {
-            state::remove_dir_all(&self.state.disk_dir(d))?;
+            self.remove_with_file(&self.state.disk_dir(d), &self.state.disk_file(d))?;
         }
         state::remove_dir_all(&self.state.instance_dir(id))?;
         tracing::info!(id, killed, "instance deleted");
@@ -1040,14 +1084,19 @@ impl Cloud {
             method: "pending".into(),
             created_at: now(),
         };
+        self.store()?;
         self.state.put_snapshot(&snap)?;
-        match loopdev::copy_disk(
-            &self.state.disk_file(disk_id),
-            &self.state.snapshot_file(&snap.id),
-        ) {
+        // Like a disk: the file in the block store, a link beside the record.
+        let link = self.state.snapshot_file(&snap.id);
+        let file = self.store.file("snapshots", &snap.id);
+        let made = std::os::unix::fs::symlink(&file, &link)
+            .ctx("cannot link", &link)
+            .and_then(|_| loopdev::copy_disk(&self.state.disk_file(disk_id), &file));
+        match made {
             Ok(m) => snap.method = m.into(),
             Err(e) => {
-                if let Err(undo) = state::remove_dir_all(&self.state.snapshot_dir(&snap.id)) {
+                if let Err(undo) = self.remove_with_file(&self.state.snapshot_dir(&snap.id), &link)
+                {
                     tracing::warn!(snapshot = %snap.id, error = %undo, "cannot remove a failed snapshot");
                 }
                 return Err(e);
@@ -1063,7 +1112,7 @@ impl Cloud {
 
     pub fn snapshot_delete(&self, id: &str) -> Result<()> {
         self.state.snapshot(id)?;
-        state::remove_dir_all(&self.state.snapshot_dir(id))
+        self.remove_with_file(&self.state.snapshot_dir(id), &self.state.snapshot_file(id))
     }
 
     /// A detached disk (blank, formatted, or from a snapshot).
@@ -1077,7 +1126,10 @@ impl Cloud {
         let disk = self.new_disk_record(spec, None)?;
         self.state.put_disk(&disk)?;
         if let Err(e) = self.make_disk_file(&disk, spec) {
-            if let Err(undo) = state::remove_dir_all(&self.state.disk_dir(&disk.id)) {
+            if let Err(undo) = self.remove_with_file(
+                &self.state.disk_dir(&disk.id),
+                &self.state.disk_file(&disk.id),
+            ) {
                 tracing::warn!(disk = %disk.id, error = %undo, "cannot remove a failed disk");
             }
             return Err(e);
@@ -1097,7 +1149,7 @@ impl Cloud {
                 message: format!("attached to {i}; detach it first"),
             });
         }
-        state::remove_dir_all(&self.state.disk_dir(id))
+        self.remove_with_file(&self.state.disk_dir(id), &self.state.disk_file(id))
     }
 
     pub fn disk_attach(&self, disk_id: &str, instance_id: &str) -> Result<DiskRecord> {
@@ -1198,14 +1250,20 @@ impl Cloud {
                 Err(e) => report.errors.push(format!("{}: {e}", rec.id)),
             }
         }
-        // Attached but never recorded (a crash right after losetup).
-        for (dev, _) in loopdev::backed_under(&root) {
+        // Attached but never recorded (a crash right after losetup). The
+        // block store's own device goes after its unmount below.
+        let store_file = self.store.backing_file();
+        for (dev, file) in loopdev::backed_under(&root) {
+            if file == store_file {
+                continue;
+            }
             if let Err(e) = loopdev::detach(&dev) {
                 report.errors.push(e.to_string());
             }
         }
-        // knit-local mounts nothing on the host; anything under the state
-        // directory was left by hand or by a foreign tool, and must go first.
+        // The block store is knit-local's only host mount; anything else
+        // under the state directory was left by hand or by a foreign tool.
+        // Deepest first, so the store goes after what was mounted inside it.
         let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let mut mounts: Vec<&str> = info
             .lines()
@@ -1218,6 +1276,10 @@ impl Cloud {
             if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
                 report.errors.push(format!("umount {m}: {e}"));
             }
+        }
+        match self.store.release() {
+            Ok(n) => report.mounts += n,
+            Err(e) => report.errors.push(e.to_string()),
         }
         if let Some(n) = self.state.network()? {
             if let Some(m) = n.metadata.filter(|m| m.alive()) {

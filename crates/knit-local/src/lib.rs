@@ -3,8 +3,10 @@
 //! read-only base root whose upper layer lives on the instance's system disk,
 //! a private `/dev` with its own loop-backed disks under cloud names, a veth
 //! into a host bridge, a metadata endpoint and a cloud-init compatible
-//! user-data runner. See docs/local-cloud.md.
+//! user-data runner; data disks and snapshots live in a copy-on-write block
+//! store (reflink clones). See docs/local-cloud.md.
 
+pub mod blockstore;
 pub mod boot;
 pub mod cloud;
 pub mod error;

@@ -47,7 +47,10 @@ pub fn detach(dev: &Path) -> Result<()> {
 
 /// Loop devices whose backing file lies under `dir`, found through sysfs, so
 /// that a crash between attach and record still leaves them findable.
+/// `dir` may be (or pass through) a symlink: disk files are links into the
+/// block store, and the kernel reports the resolved path.
 pub fn backed_under(dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let dir = &std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/sys/block")
         .into_iter()
@@ -121,13 +124,21 @@ pub fn mkfs(file: &Path, fs: &str) -> Result<()> {
     .map(|_| ())
 }
 
-/// Copies a disk file: reflink where the filesystem can, sparse copy otherwise.
+/// Copies a disk file into a new file: a reflink clone where the filesystem
+/// can (the block store), a sparse copy otherwise (e.g. a disk file of an
+/// older state directory, outside the store).
 pub fn copy_disk(from: &Path, to: &Path) -> Result<&'static str> {
-    let (f, t) = (from.to_string_lossy(), to.to_string_lossy());
-    if run("cp", &["--reflink=always", &f, &t]).is_ok() {
+    if crate::blockstore::clone_file(from, to).is_ok() {
         return Ok("reflink");
     }
     let _ = std::fs::remove_file(to);
-    run("cp", &["--sparse=always", &f, &t])?;
+    run(
+        "cp",
+        &[
+            "--sparse=always",
+            &from.to_string_lossy(),
+            &to.to_string_lossy(),
+        ],
+    )?;
     Ok("sparse-copy")
 }

@@ -122,7 +122,8 @@ fn without_root_a_clear_error() {
 /// Kill -9 the provider at each step of create; `down` must release it all.
 #[test]
 fn killed_mid_create_then_down_leaves_nothing() {
-    for step in ["record", "disks", "loops", "network", "spawn"] {
+    // "store-loop": the block store's loop device attached, not yet mounted.
+    for step in ["record", "store-loop", "disks", "loops", "network", "spawn"] {
         let tmp = tempfile::Builder::new()
             .prefix("knit-local-crash-")
             .tempdir()
@@ -159,10 +160,25 @@ fn killed_mid_create_then_down_leaves_nothing() {
         let links = vec![bridge.clone(), rec["veth"].as_str().unwrap().to_string()];
         let netns = vec![rec["netns"].as_str().unwrap().to_string()];
         let before = leftovers(&dir, &links, &netns);
-        if step != "record" && step != "disks" {
+        if step != "record" {
             assert!(
                 !before.loop_devices.is_empty(),
-                "{step}: the crash should have left loop devices"
+                "{step}: the crash should have left loop devices (at least the block store's)"
+            );
+        }
+        let xfs_store = knit_local::blockstore::BlockStore::new(&dir)
+            .record()
+            .unwrap()
+            .is_some_and(|r| r.kind == knit_local::blockstore::StoreKind::XfsLoop);
+        if xfs_store && step != "record" && step != "store-loop" {
+            let store = dir.join("store").to_string_lossy().into_owned();
+            assert!(
+                before
+                    .mounts
+                    .iter()
+                    .any(|m| m.contains(&format!(" {store} "))),
+                "{step}: the block store should be mounted: {:?}",
+                before.mounts
             );
         }
         if step == "spawn" {

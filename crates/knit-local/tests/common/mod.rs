@@ -168,3 +168,15 @@ pub fn leftovers(dir: &Path, links: &[String], netns: &[String]) -> Leftovers {
     l.state_dir_exists = dir.exists();
     l
 }
+
+/// [`leftovers`] without the block store's mount and loop device, which live
+/// as long as the state directory, not an instance.
+pub fn leftovers_but_store(dir: &Path) -> Leftovers {
+    let store = dir.join("store").to_string_lossy().into_owned();
+    let backing = format!(" {}", dir.join("store.img").display());
+    let mut l = leftovers(dir, &[], &[]);
+    l.mounts
+        .retain(|m| m.split_whitespace().nth(4) != Some(store.as_str()));
+    l.loop_devices.retain(|d| !d.ends_with(&backing));
+    l
+}

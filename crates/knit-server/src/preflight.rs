@@ -203,25 +203,120 @@ impl Report {
     }
 }
 
+/// A check's stable name and the code its result carries (on a pass too).
+/// A check that fails in more than one way has one entry per code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Check {
+    name: &'static str,
+    code: &'static str,
+}
+
+const fn c(name: &'static str, code: &'static str) -> Check {
+    Check { name, code }
+}
+
+// Every check and code, in report order: the stable API of preflight
+// (docs/add-existing.md lists each with its fix).
+const NODE_QUOTA: Check = c("node-quota", "PreflightNodeQuota");
+const SAME_ACCOUNT: Check = c("same-account", "PreflightAccountMismatch");
+const SAME_REGION: Check = c("same-region", "PreflightRegionMismatch");
+const SAME_VPC: Check = c("same-vpc", "PreflightVpcMismatch");
+const SAME_VPC_PEERED: Check = c("same-vpc", "PreflightVpcPeered");
+const NOT_IN_OTHER_CLUSTER: Check = c("not-in-other-cluster", "PreflightInOtherCluster");
+const ALREADY_IN_CLUSTER: Check = c("not-in-other-cluster", "PreflightAlreadyInCluster");
+const NOT_IN_SCALING_GROUP: Check = c("not-in-scaling-group", "PreflightInScalingGroup");
+const POOL_NOT_AUTO_MODE: Check = c("pool-not-auto-mode", "PreflightAutoModePool");
+const POOL_NO_AUTO_SCALING: Check = c("pool-no-auto-scaling", "PreflightAutoScalingPool");
+const NEW_PASSWORD: Check = c("new-password", "PreflightPasswordRequired");
+const SWAP_OFF: Check = c("swap-off", "PreflightSwapOn");
+const OS_ALLOWED: Check = c("os-allowed", "PreflightOsNotAllowed");
+const INSTANCE_TYPE: Check = c("instance-type", "PreflightInstanceTypeUnsupported");
+const INSTANCE_TYPE_MIG: Check = c("instance-type", "PreflightMigReset");
+const API_WHITELIST: Check = c("api-whitelist", "PreflightNotWhitelisted");
+const SG_TYPE: Check = c("security-group-type", "PreflightSecurityGroupType");
+const SG_API_ACCESS: Check = c(
+    "security-group-api-access",
+    "PreflightSecurityGroupBlocksApiServer",
+);
+const SG_CONFLICT: Check = c("security-group-conflict", "PreflightSecurityGroupConflict");
+const SG_QUOTA: Check = c("security-group-quota", "PreflightSecurityGroupQuota");
+const TERWAY_MAX_PODS: Check = c("terway-max-pods", "PreflightTerwayMaxPods");
+const TERWAY_ZONE: Check = c("terway-zone", "PreflightTerwayOtherZone");
+const TERWAY_PRIMARY_NIC: Check = c("terway-primary-nic-only", "PreflightTerwaySecondaryEni");
+const TERWAY_RAM_ROLE: Check = c("terway-ram-role", "PreflightRamRole");
+const IPV6: Check = c("ipv6", "PreflightNoIpv6");
+const FLANNEL_ROUTE_QUOTA: Check = c("flannel-route-quota", "PreflightRouteQuota");
+
+#[cfg(test)]
+const ALL_CHECKS: &[Check] = &[
+    NODE_QUOTA,
+    SAME_ACCOUNT,
+    SAME_REGION,
+    SAME_VPC,
+    SAME_VPC_PEERED,
+    NOT_IN_OTHER_CLUSTER,
+    ALREADY_IN_CLUSTER,
+    NOT_IN_SCALING_GROUP,
+    POOL_NOT_AUTO_MODE,
+    POOL_NO_AUTO_SCALING,
+    NEW_PASSWORD,
+    SWAP_OFF,
+    OS_ALLOWED,
+    INSTANCE_TYPE,
+    INSTANCE_TYPE_MIG,
+    API_WHITELIST,
+    SG_TYPE,
+    SG_API_ACCESS,
+    SG_CONFLICT,
+    SG_QUOTA,
+    TERWAY_MAX_PODS,
+    TERWAY_ZONE,
+    TERWAY_PRIMARY_NIC,
+    TERWAY_RAM_ROLE,
+    IPV6,
+    FLANNEL_ROUTE_QUOTA,
+];
+
+/// Why a check failed, and what to do about it.
+struct Failure {
+    message: String,
+    fix: String,
+}
+
+fn failure(message: impl Into<String>, fix: impl Into<String>) -> Failure {
+    Failure {
+        message: message.into(),
+        fix: fix.into(),
+    }
+}
+
 struct Out(Vec<CheckResult>);
 
 impl Out {
-    fn pass(&mut self, check: &str, code: &str, message: String) {
-        self.push(check, code, Status::Pass, message, String::new());
+    fn pass(&mut self, c: Check, message: impl Into<String>) {
+        self.push(c, Status::Pass, message.into(), String::new());
     }
-    fn skip(&mut self, check: &str, code: &str, message: &str) {
-        self.push(check, code, Status::Skipped, message.into(), String::new());
+    fn skip(&mut self, c: Check, message: &str) {
+        self.push(c, Status::Skipped, message.into(), String::new());
     }
-    fn fail(&mut self, check: &str, code: &str, message: String, fix: String) {
-        self.push(check, code, Status::Error, message, fix);
+    fn fail(&mut self, c: Check, f: Failure) {
+        self.push(c, Status::Error, f.message, f.fix);
     }
-    fn warn(&mut self, check: &str, code: &str, message: String, fix: String) {
-        self.push(check, code, Status::Warning, message, fix);
+    fn warn(&mut self, c: Check, f: Failure) {
+        self.push(c, Status::Warning, f.message, f.fix);
     }
-    fn push(&mut self, check: &str, code: &str, status: Status, message: String, fix: String) {
+    /// The shape most checks have: a pass when `ok`, else an error.
+    fn require(&mut self, c: Check, ok: bool, pass: impl Into<String>, fail: Failure) {
+        if ok {
+            self.pass(c, pass);
+        } else {
+            self.fail(c, fail);
+        }
+    }
+    fn push(&mut self, c: Check, status: Status, message: String, fix: String) {
         self.0.push(CheckResult {
-            check: check.into(),
-            code: code.into(),
+            check: c.name.into(),
+            code: c.code.into(),
             status,
             message,
             fix,
@@ -307,76 +402,59 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
     // Cluster node quota.
     let quota = spec.effective_node_quota();
     let total = ctx.cluster_nodes + ctx.adding;
-    if total <= quota {
-        o.pass(
-            "node-quota",
-            "PreflightNodeQuota",
-            format!("{total} of {quota} nodes after adding"),
-        );
-    } else {
-        o.fail("node-quota", "PreflightNodeQuota",
+    o.require(
+        NODE_QUOTA,
+        total <= quota,
+        format!("{total} of {quota} nodes after adding"),
+        failure(
             format!("adding {} instance(s) makes {total} nodes; the cluster's node quota is {quota}", ctx.adding),
-            "remove nodes from other pools, add fewer instances, or raise the cluster's nodeQuota (edition pro allows 5000)".into());
-    }
+            "remove nodes from other pools, add fewer instances, or raise the cluster's nodeQuota (edition pro allows 5000)",
+        ),
+    );
 
-    // Same account.
-    if i.account_id == ctx.account_id {
-        o.pass(
-            "same-account",
-            "PreflightAccountMismatch",
-            format!("account {}", i.account_id),
-        );
-    } else {
-        o.fail(
-            "same-account",
-            "PreflightAccountMismatch",
+    // Same account, region and VPC.
+    o.require(
+        SAME_ACCOUNT,
+        i.account_id == ctx.account_id,
+        format!("account {}", i.account_id),
+        failure(
             format!(
                 "instance {} belongs to account {:?}, the cluster to {:?}",
                 i.id, i.account_id, ctx.account_id
             ),
-            "only instances of the cluster's own account can be added".into(),
-        );
-    }
-
-    // Same region.
-    if i.region_id == spec.region {
-        o.pass(
-            "same-region",
-            "PreflightRegionMismatch",
-            format!("region {}", i.region_id),
-        );
-    } else {
-        o.fail(
-            "same-region",
-            "PreflightRegionMismatch",
+            "only instances of the cluster's own account can be added",
+        ),
+    );
+    o.require(
+        SAME_REGION,
+        i.region_id == spec.region,
+        format!("region {}", i.region_id),
+        failure(
             format!(
                 "instance {} is in region {:?}, the cluster in {:?}",
                 i.id, i.region_id, spec.region
             ),
-            "add an instance of the cluster's region".into(),
-        );
-    }
-
-    // Same VPC; a peered VPC is reachable but refused.
-    if i.vpc_id == spec.vpc {
-        o.pass(
-            "same-vpc",
-            "PreflightVpcMismatch",
-            format!("VPC {}", i.vpc_id),
-        );
-    } else if ctx.peered_vpcs.contains(&i.vpc_id) {
-        o.fail("same-vpc", "PreflightVpcPeered",
+            "add an instance of the cluster's region",
+        ),
+    );
+    // A peered VPC is reachable but refused.
+    if ctx.peered_vpcs.contains(&i.vpc_id) && i.vpc_id != spec.vpc {
+        o.fail(SAME_VPC_PEERED, failure(
             format!("instance {} is in VPC {:?}, peered with the cluster's VPC {:?}: instances across a VPC peering cannot be added", i.id, i.vpc_id, spec.vpc),
-            "use an instance in the cluster's own VPC".into());
+            "use an instance in the cluster's own VPC",
+        ));
     } else {
-        o.fail(
-            "same-vpc",
-            "PreflightVpcMismatch",
-            format!(
-                "instance {} is in VPC {:?}, the cluster in {:?}",
-                i.id, i.vpc_id, spec.vpc
+        o.require(
+            SAME_VPC,
+            i.vpc_id == spec.vpc,
+            format!("VPC {}", i.vpc_id),
+            failure(
+                format!(
+                    "instance {} is in VPC {:?}, the cluster in {:?}",
+                    i.id, i.vpc_id, spec.vpc
+                ),
+                "use an instance in the cluster's VPC",
             ),
-            "use an instance in the cluster's VPC".into(),
         );
     }
 
@@ -388,95 +466,78 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
             .map(|v| (*t, v))
     });
     match (other, &ctx.member_of_pool) {
-        (Some((tag, v)), _) => o.fail("not-in-other-cluster", "PreflightInOtherCluster",
+        (Some((tag, v)), _) => o.fail(NOT_IN_OTHER_CLUSTER, failure(
             format!("instance {} belongs to cluster {v:?} (tag {tag})", i.id),
-            "remove it from that cluster first (drain it and remove the node, keeping the instance)".into()),
-        (None, Some(p)) => o.fail("not-in-other-cluster", "PreflightAlreadyInCluster",
+            "remove it from that cluster first (drain it and remove the node, keeping the instance)",
+        )),
+        (None, Some(p)) => o.fail(ALREADY_IN_CLUSTER, failure(
             format!("instance {} is already a node of pool {p:?} of this cluster", i.id),
-            format!("remove it from pool {p:?} first: knit delete node NAME --release=false")),
-        (None, None) => o.pass("not-in-other-cluster", "PreflightInOtherCluster", "in no other cluster".into()),
+            format!("remove it from pool {p:?} first: knit delete node NAME --release=false"),
+        )),
+        (None, None) => o.pass(NOT_IN_OTHER_CLUSTER, "in no other cluster"),
     }
 
     // Not in an auto-scaling group.
     match i.tags.get(TAG_SCALING_GROUP) {
         Some(g) => o.fail(
-            "not-in-scaling-group",
-            "PreflightInScalingGroup",
-            format!("instance {} belongs to auto-scaling group {g:?}", i.id),
-            "remove it from the scaling group first".into(),
+            NOT_IN_SCALING_GROUP,
+            failure(
+                format!("instance {} belongs to auto-scaling group {g:?}", i.id),
+                "remove it from the scaling group first",
+            ),
         ),
-        None => o.pass(
-            "not-in-scaling-group",
-            "PreflightInScalingGroup",
-            "in no auto-scaling group".into(),
-        ),
+        None => o.pass(NOT_IN_SCALING_GROUP, "in no auto-scaling group"),
     }
 
     // Pool type.
-    if ps.pool_type == "auto-mode" {
-        o.fail(
-            "pool-not-auto-mode",
-            "PreflightAutoModePool",
+    o.require(
+        POOL_NOT_AUTO_MODE,
+        ps.pool_type != "auto-mode",
+        format!("pool type {}", ps.pool_type),
+        failure(
             format!("pool {pool_name:?} is an auto-mode pool: its nodes are managed for you"),
-            "add the instance to a regular pool".into(),
-        );
-    } else {
-        o.pass(
-            "pool-not-auto-mode",
-            "PreflightAutoModePool",
-            format!("pool type {}", ps.pool_type),
-        );
-    }
-    if ps.pool_type == "auto-scaling" {
-        o.fail(
-            "pool-no-auto-scaling",
-            "PreflightAutoScalingPool",
+            "add the instance to a regular pool",
+        ),
+    );
+    o.require(
+        POOL_NO_AUTO_SCALING,
+        ps.pool_type != "auto-scaling",
+        "no auto-scaling",
+        failure(
             format!(
                 "pool {pool_name:?} has auto-scaling: the autoscaler would remove added instances"
             ),
-            "add the instance to a pool without auto-scaling".into(),
-        );
-    } else {
-        o.pass(
-            "pool-no-auto-scaling",
-            "PreflightAutoScalingPool",
-            "no auto-scaling".into(),
-        );
-    }
+            "add the instance to a pool without auto-scaling",
+        ),
+    );
 
     // Login: automatic mode resets the system disk, so a password pool needs a new password.
-    if ctx.mode == Mode::Automatic
+    let password_lost = ctx.mode == Mode::Automatic
         && (ps.login.password.is_some() || i.password_login)
-        && !ctx.new_password
-    {
-        o.fail(
-            "new-password",
-            "PreflightPasswordRequired",
-            "the instance is re-imaged and logs in by password: a new password is required".into(),
-            "give --password with the new login password".into(),
-        );
-    } else {
-        o.pass(
-            "new-password",
-            "PreflightPasswordRequired",
-            "no new password needed, or one given".into(),
-        );
-    }
+        && !ctx.new_password;
+    o.require(
+        NEW_PASSWORD,
+        !password_lost,
+        "no new password needed, or one given",
+        failure(
+            "the instance is re-imaged and logs in by password: a new password is required",
+            "give --password with the new login password",
+        ),
+    );
 
     // Swap off.
-    if i.swap {
-        o.fail(
-            "swap-off",
-            "PreflightSwapOn",
+    o.require(
+        SWAP_OFF,
+        !i.swap,
+        "swap is off",
+        failure(
             format!(
                 "instance {} has swap enabled: the kubelet refuses to run with swap",
                 i.id
             ),
-            "turn swap off (swapoff -a and remove it from /etc/fstab)".into(),
-        );
-    } else {
-        o.pass("swap-off", "PreflightSwapOn", "swap is off".into());
-    }
+            "turn swap off (swapoff -a and remove it from /etc/fstab)",
+        ),
+    );
 
     // OS.
     check_os(&mut o, spec.kubernetes_version.as_str(), i, ctx.mode);
@@ -490,49 +551,47 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
                     .is_some_and(|r| r.starts_with('.'))
         })
     };
-    if family(UNSUPPORTED_FAMILIES) {
-        o.fail(
-            "instance-type",
-            "PreflightInstanceTypeUnsupported",
-            format!(
-                "instance type {} is not supported for nodes",
-                i.instance_type
-            ),
-            "change the instance type, or use another instance".into(),
-        );
-    } else if family(MIG_RESET_FAMILIES) {
-        o.warn("instance-type", "PreflightMigReset",
+    let unsupported = family(UNSUPPORTED_FAMILIES);
+    if family(MIG_RESET_FAMILIES) && !unsupported {
+        o.warn(INSTANCE_TYPE_MIG, failure(
             format!("instance type {} is a bare-metal GPU family: its MIG settings are reset at initialization, which can take long enough to hit the join timeout", i.instance_type),
-            "raise the pool's joinTimeoutSeconds, or expect a retry".into());
+            "raise the pool's joinTimeoutSeconds, or expect a retry",
+        ));
     } else {
-        o.pass(
-            "instance-type",
-            "PreflightInstanceTypeUnsupported",
+        o.require(
+            INSTANCE_TYPE,
+            !unsupported,
             format!("instance type {}", i.instance_type),
+            failure(
+                format!(
+                    "instance type {} is not supported for nodes",
+                    i.instance_type
+                ),
+                "change the instance type, or use another instance",
+            ),
         );
     }
 
     // API server whitelist.
     match ip {
-        Some(a) if spec.whitelist_allows(a) => o.pass(
-            "api-whitelist",
-            "PreflightNotWhitelisted",
+        Some(a) => o.require(
+            API_WHITELIST,
+            spec.whitelist_allows(a),
             format!("{a} is in the API server whitelist"),
-        ),
-        Some(a) => o.fail(
-            "api-whitelist",
-            "PreflightNotWhitelisted",
-            format!(
-                "instance address {a} is not in the API server whitelist ({})",
-                spec.api_server_whitelist.join(", ")
+            failure(
+                format!(
+                    "instance address {a} is not in the API server whitelist ({})",
+                    spec.api_server_whitelist.join(", ")
+                ),
+                format!("add {a}/32 (or its subnet) to the cluster's apiServerWhitelist"),
             ),
-            format!("add {a}/32 (or its subnet) to the cluster's apiServerWhitelist"),
         ),
         None => o.fail(
-            "api-whitelist",
-            "PreflightNotWhitelisted",
-            format!("instance {} has no private IP address", i.id),
-            "start the instance so it gets an address".into(),
+            API_WHITELIST,
+            failure(
+                format!("instance {} has no private IP address", i.id),
+                "start the instance so it gets an address",
+            ),
         ),
     }
 
@@ -541,124 +600,51 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
 
     // Terway.
     if spec.network.plugin == "terway" {
-        let exclusive = spec.network.terway_eni_mode == "exclusive";
-        let extra = i.max_enis.saturating_sub(1);
-        let (pods, min, formula) = if exclusive {
-            (
-                extra,
-                TERWAY_MIN_PODS_EXCLUSIVE,
-                format!("EniQuantity − 1 = {} − 1", i.max_enis),
-            )
-        } else {
-            (
-                extra * i.max_ips_per_eni,
-                TERWAY_MIN_PODS_SHARED,
-                format!(
-                    "(EniQuantity − 1) × EniPrivateIpAddressQuantity = ({} − 1) × {}",
-                    i.max_enis, i.max_ips_per_eni
-                ),
-            )
-        };
-        if pods > min {
-            o.pass(
-                "terway-max-pods",
-                "PreflightTerwayMaxPods",
-                format!("max pods {pods} ({formula})"),
-            );
-        } else {
-            o.fail("terway-max-pods", "PreflightTerwayMaxPods",
-                format!("instance type {} gives Terway ({} ENI) at most {pods} pods ({formula}); more than {min} are needed", i.instance_type, spec.network.terway_eni_mode),
-                "use an instance type with more ENIs / IPs per ENI".into());
-        }
-        match &ps.zone {
-            Some(z) if *z != i.zone_id => o.warn("terway-zone", "PreflightTerwayOtherZone",
-                format!("instance is in zone {:?}, pool {pool_name:?} in {z:?}: without a vSwitch of that zone in Terway's config, pods get addresses from the wrong vSwitch", i.zone_id),
-                format!("add a vSwitch of zone {:?} to Terway's configuration (eni-config)", i.zone_id)),
-            _ => o.pass("terway-zone", "PreflightTerwayOtherZone", format!("zone {}", i.zone_id)),
-        }
-        if i.eni_count <= 1 {
-            o.pass(
-                "terway-primary-nic-only",
-                "PreflightTerwaySecondaryEni",
-                "only the primary NIC".into(),
-            );
-        } else {
-            o.fail("terway-primary-nic-only", "PreflightTerwaySecondaryEni",
-                format!("instance {} has {} network interfaces; Terway needs only the primary NIC attached", i.id, i.eni_count),
-                "detach the secondary ENIs (existing ones are kept otherwise and confuse Terway)".into());
-        }
-        if i.ram_role.as_deref() == Some(ctx.worker_ram_role.as_str()) {
-            o.pass(
-                "terway-ram-role",
-                "PreflightRamRole",
-                format!("RAM role {}", ctx.worker_ram_role),
-            );
-        } else {
-            o.fail(
-                "terway-ram-role",
-                "PreflightRamRole",
-                format!(
-                    "instance {} carries RAM role {:?}, Terway needs the worker role {:?}",
-                    i.id,
-                    i.ram_role.as_deref().unwrap_or("(none)"),
-                    ctx.worker_ram_role
-                ),
-                format!(
-                    "attach the RAM role {} to the instance",
-                    ctx.worker_ram_role
-                ),
-            );
-        }
+        check_terway(&mut o, cluster, pool, i, ctx);
     } else {
-        for (c, code) in [
-            ("terway-max-pods", "PreflightTerwayMaxPods"),
-            ("terway-zone", "PreflightTerwayOtherZone"),
-            ("terway-primary-nic-only", "PreflightTerwaySecondaryEni"),
-            ("terway-ram-role", "PreflightRamRole"),
+        for c in [
+            TERWAY_MAX_PODS,
+            TERWAY_ZONE,
+            TERWAY_PRIMARY_NIC,
+            TERWAY_RAM_ROLE,
         ] {
-            o.skip(c, code, "the cluster's network plugin is not Terway");
+            o.skip(c, "the cluster's network plugin is not Terway");
         }
     }
 
     // IPv6 dual stack.
-    if !spec.network.ipv6 {
-        o.skip("ipv6", "PreflightNoIpv6", "the cluster is not dual-stack");
-    } else if i.ipv6 {
-        o.pass(
-            "ipv6",
-            "PreflightNoIpv6",
-            "the primary NIC has an IPv6 address".into(),
+    if spec.network.ipv6 {
+        o.require(
+            IPV6,
+            i.ipv6,
+            "the primary NIC has an IPv6 address",
+            failure(
+                format!(
+                    "the cluster is dual-stack but instance {}'s primary NIC has no IPv6 address",
+                    i.id
+                ),
+                "assign an IPv6 address to the primary NIC",
+            ),
         );
     } else {
-        o.fail(
-            "ipv6",
-            "PreflightNoIpv6",
-            format!(
-                "the cluster is dual-stack but instance {}'s primary NIC has no IPv6 address",
-                i.id
-            ),
-            "assign an IPv6 address to the primary NIC".into(),
-        );
+        o.skip(IPV6, "the cluster is not dual-stack");
     }
 
     // Flannel: one custom route entry per node.
     if spec.network.plugin == "flannel" {
         let after = ctx.route_entries_used + 1;
-        if after <= ctx.route_entry_quota {
-            o.pass(
-                "flannel-route-quota",
-                "PreflightRouteQuota",
-                format!("{after} of {} route entries", ctx.route_entry_quota),
-            );
-        } else {
-            o.fail("flannel-route-quota", "PreflightRouteQuota",
+        o.require(
+            FLANNEL_ROUTE_QUOTA,
+            after <= ctx.route_entry_quota,
+            format!("{after} of {} route entries", ctx.route_entry_quota),
+            failure(
                 format!("the VPC route table holds {} custom entries, its quota is {}: Flannel needs one more for this node", ctx.route_entries_used, ctx.route_entry_quota),
-                "raise the route table's entry quota or remove unused entries".into());
-        }
+                "raise the route table's entry quota or remove unused entries",
+            ),
+        );
     } else {
         o.skip(
-            "flannel-route-quota",
-            "PreflightRouteQuota",
+            FLANNEL_ROUTE_QUOTA,
             "the cluster's network plugin is not Flannel",
         );
     }
@@ -667,6 +653,72 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
         instance: i.id.clone(),
         results: o.0,
     }
+}
+
+fn check_terway(o: &mut Out, cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Context) {
+    let spec = &cluster.spec;
+    let pool_name = &pool.metadata.name;
+    let exclusive = spec.network.terway_eni_mode == "exclusive";
+    let extra = i.max_enis.saturating_sub(1);
+    let (pods, min, formula) = if exclusive {
+        (
+            extra,
+            TERWAY_MIN_PODS_EXCLUSIVE,
+            format!("EniQuantity − 1 = {} − 1", i.max_enis),
+        )
+    } else {
+        (
+            extra * i.max_ips_per_eni,
+            TERWAY_MIN_PODS_SHARED,
+            format!(
+                "(EniQuantity − 1) × EniPrivateIpAddressQuantity = ({} − 1) × {}",
+                i.max_enis, i.max_ips_per_eni
+            ),
+        )
+    };
+    o.require(
+        TERWAY_MAX_PODS,
+        pods > min,
+        format!("max pods {pods} ({formula})"),
+        failure(
+            format!("instance type {} gives Terway ({} ENI) at most {pods} pods ({formula}); more than {min} are needed", i.instance_type, spec.network.terway_eni_mode),
+            "use an instance type with more ENIs / IPs per ENI",
+        ),
+    );
+    match &pool.spec.zone {
+        Some(z) if *z != i.zone_id => o.warn(TERWAY_ZONE, failure(
+            format!("instance is in zone {:?}, pool {pool_name:?} in {z:?}: without a vSwitch of that zone in Terway's config, pods get addresses from the wrong vSwitch", i.zone_id),
+            format!("add a vSwitch of zone {:?} to Terway's configuration (eni-config)", i.zone_id),
+        )),
+        _ => o.pass(TERWAY_ZONE, format!("zone {}", i.zone_id)),
+    }
+    o.require(
+        TERWAY_PRIMARY_NIC,
+        i.eni_count <= 1,
+        "only the primary NIC",
+        failure(
+            format!(
+                "instance {} has {} network interfaces; Terway needs only the primary NIC attached",
+                i.id, i.eni_count
+            ),
+            "detach the secondary ENIs (existing ones are kept otherwise and confuse Terway)",
+        ),
+    );
+    let role = ctx.worker_ram_role.as_str();
+    o.require(
+        TERWAY_RAM_ROLE,
+        i.ram_role.as_deref() == Some(role),
+        format!("RAM role {role}"),
+        failure(
+            format!(
+                "instance {} carries RAM role {:?}, Terway needs the worker role {:?}",
+                i.id,
+                i.ram_role.as_deref().unwrap_or("(none)"),
+                role
+            ),
+            format!("attach the RAM role {role} to the instance"),
+        ),
+    );
 }
 
 fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
@@ -679,8 +731,7 @@ fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
     if mode == Mode::Automatic {
         // The system disk is replaced by the pool's image: the OS is the pool's.
         o.pass(
-            "os-allowed",
-            "PreflightOsNotAllowed",
+            OS_ALLOWED,
             format!("{name} is replaced by the pool's image"),
         );
         return;
@@ -691,17 +742,19 @@ fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
         || (matches!(id.as_str(), "aliyun" | "alinux") && i.os_version.starts_with('2'));
     if windows || container_os {
         o.fail(
-            "os-allowed",
-            "PreflightOsNotAllowed",
-            format!("{name} cannot be added manually (Windows and ContainerOS are refused)"),
-            "use automatic mode (the pool's image replaces the OS) or another instance".into(),
+            OS_ALLOWED,
+            failure(
+                format!("{name} cannot be added manually (Windows and ContainerOS are refused)"),
+                "use automatic mode (the pool's image replaces the OS) or another instance",
+            ),
         );
     } else if eol && minor(version) > (1, 30) {
-        o.fail("os-allowed", "PreflightOsNotAllowed",
+        o.fail(OS_ALLOWED, failure(
             format!("{name} is end of life and supported only up to Kubernetes 1.30; the cluster runs {version}"),
-            "use automatic mode (the pool's image replaces the OS) or upgrade the OS".into());
+            "use automatic mode (the pool's image replaces the OS) or upgrade the OS",
+        ));
     } else {
-        o.pass("os-allowed", "PreflightOsNotAllowed", name);
+        o.pass(OS_ALLOWED, name);
     }
 }
 
@@ -720,64 +773,63 @@ fn check_security_groups(
         .collect();
     if groups.is_empty() {
         o.fail(
-            "security-group-type",
-            "PreflightSecurityGroupType",
-            format!("instance {} is in no security group", i.id),
-            format!("put it in a {pool_type} security group"),
-        );
-    } else if wrong.is_empty() {
-        o.pass(
-            "security-group-type",
-            "PreflightSecurityGroupType",
-            format!("{pool_type} security group(s)"),
+            SG_TYPE,
+            failure(
+                format!("instance {} is in no security group", i.id),
+                format!("put it in a {pool_type} security group"),
+            ),
         );
     } else {
-        o.fail(
-            "security-group-type",
-            "PreflightSecurityGroupType",
-            format!(
-                "security group(s) {} are not of the pool's type {pool_type}",
-                wrong.join(", ")
+        o.require(
+            SG_TYPE,
+            wrong.is_empty(),
+            format!("{pool_type} security group(s)"),
+            failure(
+                format!(
+                    "security group(s) {} are not of the pool's type {pool_type}",
+                    wrong.join(", ")
+                ),
+                format!("move the instance into {pool_type} security groups only"),
             ),
-            format!("move the instance into {pool_type} security groups only"),
         );
     }
 
-    let api: Option<IpAddr> = ctx.api_server_ip.parse().ok();
+    let api_ip = &ctx.api_server_ip;
+    let api: Option<IpAddr> = api_ip.parse().ok();
     let (accept, drop) = matching(groups, "egress", API_SERVER_PORT, api);
     // Normal groups allow all egress unless a rule drops it; enterprise
     // groups deny egress unless a rule accepts it.
     let enterprise = groups.iter().any(|g| g.kind == "enterprise");
     match (drop, accept) {
-        (Some(d), _) => o.fail("security-group-api-access", "PreflightSecurityGroupBlocksApiServer",
-            format!("rule \"{}\" blocks the API server {}:{API_SERVER_PORT}", rule_text(d), ctx.api_server_ip),
-            format!("remove the rule, or accept egress tcp {API_SERVER_PORT}/{API_SERVER_PORT} to {}/32", ctx.api_server_ip)),
-        (None, None) if enterprise => o.fail("security-group-api-access", "PreflightSecurityGroupBlocksApiServer",
-            format!("enterprise security groups deny egress by default and no rule accepts the API server {}:{API_SERVER_PORT}", ctx.api_server_ip),
-            format!("add an egress rule: tcp {API_SERVER_PORT}/{API_SERVER_PORT} to {}/32 accept", ctx.api_server_ip)),
-        _ => o.pass("security-group-api-access", "PreflightSecurityGroupBlocksApiServer",
-            format!("egress to {}:{API_SERVER_PORT} allowed", ctx.api_server_ip)),
+        (Some(d), _) => o.fail(SG_API_ACCESS, failure(
+            format!("rule \"{}\" blocks the API server {api_ip}:{API_SERVER_PORT}", rule_text(d)),
+            format!("remove the rule, or accept egress tcp {API_SERVER_PORT}/{API_SERVER_PORT} to {api_ip}/32"),
+        )),
+        (None, None) if enterprise => o.fail(SG_API_ACCESS, failure(
+            format!("enterprise security groups deny egress by default and no rule accepts the API server {api_ip}:{API_SERVER_PORT}"),
+            format!("add an egress rule: tcp {API_SERVER_PORT}/{API_SERVER_PORT} to {api_ip}/32 accept"),
+        )),
+        _ => o.pass(SG_API_ACCESS, format!("egress to {api_ip}:{API_SERVER_PORT} allowed")),
     }
     // A conflict: the cluster's rule that lets the API server reach the
     // kubelet is overridden by a drop rule of the instance's groups.
     let (_, drop) = matching(groups, "ingress", KUBELET_PORT, api);
     match drop {
-        Some(d) => o.fail("security-group-conflict", "PreflightSecurityGroupConflict",
-            format!("rule \"{}\" conflicts with the cluster's rules: it drops the API server's traffic to the kubelet ({}:{KUBELET_PORT} from {})", rule_text(d), node_ip.map(|a| a.to_string()).unwrap_or_default(), ctx.api_server_ip),
-            "remove the drop rule or narrow it so it does not cover the API server's address".into()),
-        None => o.pass("security-group-conflict", "PreflightSecurityGroupConflict", "no rule conflicts with the cluster's".into()),
+        Some(d) => o.fail(SG_CONFLICT, failure(
+            format!("rule \"{}\" conflicts with the cluster's rules: it drops the API server's traffic to the kubelet ({}:{KUBELET_PORT} from {api_ip})", rule_text(d), node_ip.map(|a| a.to_string()).unwrap_or_default()),
+            "remove the drop rule or narrow it so it does not cover the API server's address",
+        )),
+        None => o.pass(SG_CONFLICT, "no rule conflicts with the cluster's"),
     }
-    if groups.len() <= SECURITY_GROUP_QUOTA {
-        o.pass(
-            "security-group-quota",
-            "PreflightSecurityGroupQuota",
-            format!("{} of {SECURITY_GROUP_QUOTA} security groups", groups.len()),
-        );
-    } else {
-        o.fail("security-group-quota", "PreflightSecurityGroupQuota",
+    o.require(
+        SG_QUOTA,
+        groups.len() <= SECURITY_GROUP_QUOTA,
+        format!("{} of {SECURITY_GROUP_QUOTA} security groups", groups.len()),
+        failure(
             format!("instance {} is in {} security groups; at most {SECURITY_GROUP_QUOTA} are allowed, and joining adds the cluster's", i.id, groups.len()),
-            "remove the instance from security groups it does not need".into());
-    }
+            "remove the instance from security groups it does not need",
+        ),
+    );
 }
 
 /// The results as a table (one line per check), for the CLI.
@@ -910,6 +962,30 @@ mod tests {
         let r = check(&terway(), &pool(), &good(), &Context::default());
         assert!(r.passed(), "{r:?}");
         assert_eq!(r.results.len(), 23);
+    }
+
+    #[test]
+    fn every_result_is_a_listed_check_and_every_code_is_documented() {
+        let mut dual = terway();
+        dual.spec.network.ipv6 = true;
+        for c in [terway(), Cluster::default(), dual] {
+            for r in check(&c, &pool(), &good(), &Context::default()).results {
+                assert!(
+                    ALL_CHECKS
+                        .iter()
+                        .any(|k| k.name == r.check && k.code == r.code),
+                    "{r:?} is not in ALL_CHECKS"
+                );
+            }
+        }
+        let doc = include_str!("../../../docs/add-existing.md");
+        for k in ALL_CHECKS {
+            assert!(
+                doc.contains(k.code),
+                "{} is not in docs/add-existing.md",
+                k.code
+            );
+        }
     }
 
     #[test]

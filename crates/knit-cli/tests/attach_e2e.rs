@@ -509,3 +509,117 @@ fn each_preflight_check_fails_alone_on_a_real_instance() {
     ))));
     assert_eq!(env.pool()["spec"]["replicas"], 0, "dry runs change nothing");
 }
+
+/// `openssl passwd -6` of `password` with the salt of `hash` (the password
+/// on stdin): equal to `hash` when it verifies the password.
+fn sha512_crypt(password: &str, hash: &str) -> String {
+    use std::io::Write;
+    let salt = hash.split('$').nth(2).expect("a $6$salt$ hash");
+    let mut child = std::process::Command::new("openssl")
+        .args(["passwd", "-6", "-salt", salt, "-stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Automatic mode without `--keep-instance-name`, on an instance that logs
+/// in by password: the instance is renamed to its node name (the pool's
+/// rule, `<region>.<instance id>`), hostname included; the node is Ready
+/// under that name; the new password is root's inside the instance only,
+/// and no log, event or record holds it.
+#[test]
+fn automatic_attach_renames_the_instance_and_sets_the_new_password() {
+    let mut env = Env::builder().cluster(true).build();
+    env.start(true);
+    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    let host_shadow = std::fs::read("/etc/shadow").unwrap();
+    let id = env.instance("name: owned-pw\nattributes:\n  login: {password: Old-pass-1}\n");
+    let password = format!("N3w-pass!{}", std::process::id() % 100_000);
+
+    let (ok, out, err) = env.knit(&["attach", "--pool", "workers", "--instances", &id]);
+    assert!(
+        !ok && format!("{out}{err}").contains("PreflightPasswordRequired"),
+        "{out}{err}"
+    );
+    env.knit_ok(&[
+        "attach",
+        "--pool",
+        "workers",
+        "--instances",
+        &id,
+        "--password",
+        &password,
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let node_name = format!("local.{id}");
+    let nodes = env.json(&["get", "nodes", "-o", "json"]);
+    let n = node(&nodes, &node_name)
+        .unwrap_or_else(|| panic!("node named by the pool's rule: {nodes}"));
+    assert_eq!(n["status"], "Ready", "{n}");
+
+    // Renamed at the cloud, and inside.
+    let after = env.cloud().describe(&id).unwrap();
+    assert_eq!(
+        after.record.template.name.as_deref(),
+        Some(node_name.as_str())
+    );
+    assert_eq!(after.record.hostname, node_name);
+    let (ok, text) = env.exec(&id, "cat /proc/sys/kernel/hostname /etc/hostname");
+    assert!(ok, "{text}");
+    assert_eq!(text, format!("{node_name}\n{node_name}\n"));
+
+    // The new password is root's, in the instance's own /etc/shadow.
+    assert!(after.record.password_set_at.is_some());
+    let (ok, hash) = env.exec(&id, "awk -F: '$1 == \"root\" {print $2}' /etc/shadow");
+    let hash = hash.trim().to_string();
+    assert!(ok && hash.starts_with("$6$"), "{hash}");
+    assert_eq!(sha512_crypt(&password, &hash), hash, "the hash verifies");
+    assert_eq!(
+        std::fs::read("/etc/shadow").unwrap(),
+        host_shadow,
+        "the host's /etc/shadow changed"
+    );
+
+    // Never in the server's log, its events or the local cloud's records.
+    assert!(!env.server_log().contains(&password), "server log");
+    let events = env.knit_ok(&["get", "events"]);
+    assert!(!events.contains(&password), "events");
+    let local = env.local_config().state_dir;
+    let mut stack = vec![local, env.state_dir()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(p);
+            } else if ft.is_file() && is_record(&p) {
+                let bytes = std::fs::read(&p).unwrap_or_default();
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains(&password),
+                    "{} holds the password",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+/// Records and logs (not disk images, tarballs or binaries).
+fn is_record(p: &std::path::Path) -> bool {
+    let name = p.file_name().unwrap_or_default().to_string_lossy();
+    name.starts_with("knit.db")
+        || p.extension()
+            .is_some_and(|x| x == "json" || x == "log" || x == "yaml")
+}

@@ -342,13 +342,18 @@ pub async fn attach(
         )));
     }
     let provider = cp.provider()?.clone();
-    if record.pool.spec.image != "host" && !req.dry_run {
-        // Provider::reimage takes no image: the instance's own base image
-        // would be used, not the pool's. Refuse rather than mislead.
-        return Err(ServerError::Conflict(format!(
-            "pool {pool_name:?} uses the image {:?}: re-imaging an added instance with an image other than the default (host) is not supported yet; use manual mode (knit attach-script)",
-            record.pool.spec.image
-        )));
+    // The re-image uses the pool's image: one the provider cannot use (an
+    // image directory that does not exist) refuses the whole request here,
+    // before any instance is touched.
+    if let Err(e) = provider.check_image(&record.pool.spec.image).await {
+        return Err(field_error(
+            "pool.spec.image",
+            format!("{:?}", record.pool.spec.image),
+            &format!(
+                "must be an image provider {} can re-image with: {e}",
+                provider.name()
+            ),
+        ));
     }
     let cluster = cp.cluster_doc()?;
     let mut facts = Vec::new();
@@ -508,12 +513,26 @@ async fn attach_one(
             ca_pem: &cp.ca_pem,
         });
         let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
+        // Before anything is stopped: the pool's image must be usable, and an
+        // instance that does not keep its name takes its node name (the pool's
+        // rule), so the new system boots with it as its hostname.
+        provider.check_image(&pool.spec.image).await?;
+        if let Some(node_name) = rename_target(cp, pool, &name)? {
+            provider.rename(&f.id, &node_name).await?;
+        }
         if f.state == "running" {
             provider.stop(&f.id).await?;
         }
-        // New system disk from the image, data disks kept (new ids), the
-        // pool's user data; the instance boots and initializes.
-        provider.reimage(&f.id, &user_data).await?;
+        // New system disk from the pool's image, data disks kept (new ids),
+        // the pool's user data; the instance boots and initializes.
+        provider
+            .reimage(&f.id, &pool.spec.image, &user_data)
+            .await?;
+        // The new system disk has the image's root password; the new one is
+        // set inside now. It is never stored.
+        if let Some(password) = &req.password {
+            provider.set_password(&f.id, password).await?;
+        }
         provider.facts(&f.id).await
     }
     .await;
@@ -546,7 +565,8 @@ async fn attach_one(
             )?;
             Ok(json!({
                 "providerId": f.id, "instance": name, "ip": after.ip,
-                "nodeName": if req.keep_instance_name { Some(f.name.to_lowercase()) } else { None },
+                // Kept, or renamed to the pool rule's node name.
+                "nodeName": after.name.to_lowercase(),
                 "oldDisks": rec.old_disks, "newDisks": rec.new_disks,
             }))
         }
@@ -559,6 +579,21 @@ async fn attach_one(
             Err(e)
         }
     }
+}
+
+/// The name an added instance is renamed to when it does not keep its own:
+/// its node name by the pool's rule (custom node name from its IP, else
+/// `<region>.<instance id>`), as the bootstrap endpoint will give it.
+/// `None`: it keeps its name (or knows none yet).
+fn rename_target(cp: &ControlPlane, pool: &NodePool, instance: &str) -> Result<Option<String>> {
+    if record(cp, instance)?.is_none_or(|r| r.keep_instance_name) {
+        return Ok(None);
+    }
+    let Some(row) = cp.store.instance(instance)? else {
+        return Ok(None);
+    };
+    let region = cp.cluster_doc()?.spec.region;
+    Ok(crate::bootstrap::expected_node_name(&region, &row, pool))
 }
 
 // ---- manual mode
@@ -928,6 +963,23 @@ pub async fn manual(
             at_ms: now,
         },
     )?;
+    // Not keeping its name: the instance takes its node name at once
+    // (hostname included). A provider that cannot rename leaves the
+    // instance's name as it was; the node still takes the pool's rule.
+    if let Some(node_name) = rename_target(&cp, &record.pool, &name)? {
+        if let Err(e) = provider.rename(&facts.id, &node_name).await {
+            cp.store.add_event(
+                "Warning",
+                "Instance",
+                &name,
+                "RenameFailed",
+                &format!(
+                    "{} keeps its name {:?}: renaming it to its node name {node_name} failed: {e}",
+                    facts.id, facts.name
+                ),
+            )?;
+        }
+    }
     let join_token = cp.issue_join_token(&name, &pool_name)?;
     cp.store.add_event(
         "Normal",

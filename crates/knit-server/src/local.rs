@@ -54,11 +54,7 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
         name: Some(t.name.clone()),
         hostname: Some(t.name.clone()),
         instance_type: t.instance_type.clone(),
-        base_root: if t.image == "host" {
-            "/".into()
-        } else {
-            t.image.clone().into()
-        },
+        base_root: base_root(&t.image),
         system_disk_size: Quantity::Text(format!("{}Gi", t.system_disk_gib)),
         disks: t
             .data_disks
@@ -83,6 +79,16 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
         user_data: Some(t.user_data.clone()),
         attributes,
         ..Template::default()
+    }
+}
+
+/// A pool's `image` as the local cloud's base root: `host` is the host's
+/// root, anything else an image directory.
+fn base_root(image: &str) -> std::path::PathBuf {
+    if image == "host" {
+        "/".into()
+    } else {
+        image.into()
     }
 }
 
@@ -173,9 +179,33 @@ impl Provider for LocalProvider {
         self.blocking(move |c| c.stop(&id)).await.map(|_| ())
     }
 
-    async fn reimage(&self, id: &str, user_data: &str) -> Result<()> {
+    async fn reimage(&self, id: &str, image: &str, user_data: &str) -> Result<()> {
+        let root = base_root(image);
         let (id, user_data) = (id.to_string(), user_data.to_string());
-        self.blocking(move |c| c.reimage(&id, Some(user_data)))
+        // knit-local checks the image before it stops the instance.
+        self.blocking(move |c| c.reimage_from(&id, Some(user_data), Some(&root)))
+            .await
+            .map(|_| ())
+    }
+
+    async fn check_image(&self, image: &str) -> Result<()> {
+        knit_local::check_base_root(&base_root(image)).map_err(|rule| ServerError::Provider {
+            provider: "local".into(),
+            message: format!("image {image:?} {rule}"),
+        })
+    }
+
+    async fn rename(&self, id: &str, name: &str) -> Result<()> {
+        let (id, name) = (id.to_string(), name.to_string());
+        self.blocking(move |c| c.rename(&id, &name))
+            .await
+            .map(|_| ())
+    }
+
+    async fn set_password(&self, id: &str, password: &str) -> Result<()> {
+        let (id, password) = (id.to_string(), password.to_string());
+        // knit-local's errors never carry the password.
+        self.blocking(move |c| c.set_password(&id, &password))
             .await
             .map(|_| ())
     }

@@ -68,8 +68,19 @@ pub trait Provider: Send + Sync {
     async fn list(&self) -> Result<Vec<ProviderInstance>>;
     async fn start(&self, id: &str) -> Result<()>;
     async fn stop(&self, id: &str) -> Result<()>;
-    /// New system disk from the base image, data disks kept, new user data.
-    async fn reimage(&self, id: &str, user_data: &str) -> Result<()>;
+    /// New system disk from `image` (a pool's `image`: `host` or an image
+    /// directory), data disks kept, new user data. An image the provider
+    /// cannot use is refused before the instance is touched.
+    async fn reimage(&self, id: &str, image: &str, user_data: &str) -> Result<()>;
+    /// Refuses an image (a pool's `image`) the provider cannot use, naming
+    /// it and the rule; changes nothing.
+    async fn check_image(&self, image: &str) -> Result<()>;
+    /// Renames an instance (its name and hostname), running or stopped.
+    async fn rename(&self, id: &str, name: &str) -> Result<()>;
+    /// Sets root's login password inside a running instance. The password
+    /// must never reach a log, an event, an error, a process's argv or any
+    /// store.
+    async fn set_password(&self, id: &str, password: &str) -> Result<()>;
     async fn delete(&self, id: &str) -> Result<()>;
     /// A file from inside the instance (`knit logs`).
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>>;

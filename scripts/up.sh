@@ -3,7 +3,7 @@
 # Starts the control plane (embedded Kubernetes API, local cloud, package
 # mirror) in the background, creates a pool of 3 nodes, shows them reaching
 # Ready, then prints how to use knit and kubectl against it. Run as root.
-# Stop everything with: knit down && knit local down
+# Stop everything (pools, server, local cloud) with: knit down
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,5 +37,5 @@ The cluster is up. Try:
   knit logs node <name>                   # its initialization log
   knit scale pool workers --replicas 5 --wait
   kubectl --kubeconfig $kubeconfig get nodes
-  knit down && knit local down            # delete the pool, stop the server, remove the local cloud
+  knit down                               # delete the pool, stop the server, remove the local cloud
 MSG

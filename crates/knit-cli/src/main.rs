@@ -2,6 +2,7 @@
 //! `-f FILE`, `-o wide|json|yaml`.
 
 mod attach;
+mod local_cloud;
 mod output;
 mod snapshot;
 mod wait;
@@ -223,11 +224,15 @@ enum Cmd {
         #[arg(long, default_value = "init")]
         file: String,
     },
-    /// Delete every pool, wait for the instances to go, stop the server `knit up` started.
+    /// Delete every pool, wait for the instances to go, stop the server `knit up` started
+    /// and bring down its local cloud (bridge, metadata server, what is left in it).
     Down {
-        /// Only stop the server; pools and instances stay.
+        /// Only stop the server; pools, instances and the local cloud stay.
         #[arg(long)]
         keep_instances: bool,
+        /// Leave the local cloud up (`knit local down` removes it later).
+        #[arg(long)]
+        keep_cloud: bool,
         #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
@@ -373,8 +378,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Down {
             keep_instances,
+            keep_cloud,
             timeout,
-        } => down(&cli.config, keep_instances, Duration::from_secs(timeout)),
+        } => down(
+            &cli.config,
+            keep_instances,
+            keep_cloud,
+            Duration::from_secs(timeout),
+        ),
         Cmd::Snapshot { action } => snapshot::run(&client(&cli.config)?, action),
         Cmd::Attach(args) => attach::attach(&client(&cli.config)?, args),
         Cmd::AttachScript(args) => attach::script(&client(&cli.config)?, args),
@@ -545,6 +556,19 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     }
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
+    if opts.provider == "local" {
+        // Before the server runs: `knit down` removes the cloud it made.
+        local_cloud::record(
+            &opts.state_dir,
+            &knit_local::Config {
+                state_dir: opts.local_state_dir.clone(),
+                bridge: opts.local_bridge.clone(),
+                subnet: opts.local_subnet.clone(),
+                metadata_port: opts.local_metadata_port,
+                helper: None,
+            },
+        )?;
+    }
     // Embedded defaults: a server without a package mirror could make no
     // node, so the first `up` assembles one from this machine.
     let mirror = Settings::new(opts.state_dir.clone()).mirror_dir();
@@ -673,7 +697,12 @@ fn is_our_server(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-fn down(cli_config: &Option<PathBuf>, keep_instances: bool, timeout: Duration) -> Result<ExitCode> {
+fn down(
+    cli_config: &Option<PathBuf>,
+    keep_instances: bool,
+    keep_cloud: bool,
+    timeout: Duration,
+) -> Result<ExitCode> {
     let path = config_path(cli_config)?;
     let mut config = ClientConfig::load(&path)?;
     let c = Client::new(&config)?;
@@ -712,10 +741,15 @@ fn down(cli_config: &Option<PathBuf>, keep_instances: bool, timeout: Duration) -
             // SAFETY: signalling the server process this config recorded, checked above.
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while Path::new(&format!("/proc/{pid}")).exists()
-                && std::time::Instant::now() < deadline
-            {
+            while is_our_server(pid) && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
+            }
+            if is_our_server(pid) {
+                // A server still running could make instances in a cloud
+                // taken down under it.
+                return Err(CliError::Failed(format!(
+                    "knit server (pid {pid}) did not stop within 30 s; nothing else was removed"
+                )));
             }
             println!("knit server (pid {pid}) stopped");
         }
@@ -724,6 +758,15 @@ fn down(cli_config: &Option<PathBuf>, keep_instances: bool, timeout: Duration) -
     }
     config.pid = None;
     config.save(&path)?;
+    if let Some(dir) = &config.state_dir {
+        if keep_instances {
+            println!("local cloud kept: its instances stay (--keep-instances)");
+        } else if keep_cloud {
+            println!("local cloud kept (--keep-cloud); `knit local down` removes it");
+        } else {
+            local_cloud::down(Path::new(dir))?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -406,3 +406,75 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
     }
     assert_eq!(env.provider_names().len(), 1);
 }
+
+/// What `knit up` started, `knit down` takes down: pools deleted, the
+/// server stopped, then the local cloud — no process of ours left, the
+/// bridge gone, nothing mounted or attached under the state directories.
+/// With `--keep-cloud` the cloud stays, and `knit local down` alone
+/// removes it.
+#[test]
+fn knit_down_takes_the_whole_local_setup_down() {
+    let mut env = Env::builder().cluster(false).parallelism(2).build();
+    env.build_package(false);
+
+    // --keep-cloud: the server stops, the cloud (an instance in it) stays.
+    env.up();
+    let id = env.instance("name: stays-up\n");
+    assert!(Env::link_exists(&env.bridge));
+    let out = env.knit_ok(&["down", "--keep-cloud"]);
+    assert!(
+        out.contains("stopped") && out.contains("--keep-cloud"),
+        "{out}"
+    );
+    assert!(Env::link_exists(&env.bridge), "the bridge stays");
+    assert_eq!(env.cloud().describe(&id).unwrap().record.id, id);
+    let out = env.knit_ok(&[
+        "local",
+        "--state-dir",
+        env.path("local").to_str().unwrap(),
+        "--bridge",
+        &env.bridge,
+        "--subnet",
+        &env.subnet,
+        "down",
+    ]);
+    assert!(!Env::link_exists(&env.bridge), "knit local down: {out}");
+    assert!(!env.path("local").exists(), "{out}");
+
+    // Plain down: everything.
+    env.up();
+    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "1",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let server = env.up_pid().unwrap();
+    assert!(Env::link_exists(&env.bridge));
+    assert!(!env.loop_devices_here().is_empty());
+    let out = env.knit_ok(&["down"]);
+    for needle in [
+        "nodepool/workers deleted".to_string(),
+        format!("knit server (pid {server}) stopped"),
+        "local cloud in".to_string(),
+        format!("bridge {}", env.bridge),
+    ] {
+        assert!(out.contains(&needle), "{needle:?} missing in:\n{out}");
+    }
+    assert!(!env.runs_here(server), "the server still runs");
+    assert_eq!(env.processes_here(), vec![], "processes left");
+    assert!(!Env::link_exists(&env.bridge), "the bridge is left");
+    assert_eq!(env.mounts_under_dir(), Vec::<String>::new(), "mounts left");
+    assert_eq!(
+        env.loop_devices_here(),
+        Vec::<String>::new(),
+        "loop devices left"
+    );
+    assert!(!env.path("local").exists(), "the local state is left");
+}

@@ -180,6 +180,7 @@ impl EnvBuilder {
             port: free_port(),
             cluster_port: self.cluster.then(free_port),
             server: None,
+            up_pid: None,
             registry: None,
             firewall: Vec::new(),
             opts: self,
@@ -200,6 +201,9 @@ pub struct Env {
     /// The embedded cluster's port; `None`: nodes join no cluster.
     pub cluster_port: Option<u16>,
     server: Option<Child>,
+    /// The server `knit up` started (not our child: it runs in its own
+    /// session); ended by PID on drop if still running.
+    up_pid: Option<u32>,
     registry: Option<Registry>,
     /// iptables rules to delete on drop (the arguments after -D).
     firewall: Vec<Vec<String>>,
@@ -276,7 +280,12 @@ impl Env {
     }
 
     pub fn server_log(&self) -> String {
-        std::fs::read_to_string(self.path("server.log")).unwrap_or_default()
+        // `knit up` logs into the state directory.
+        let path = match self.up_pid {
+            Some(_) => self.state_dir().join("server.log"),
+            None => self.path("server.log"),
+        };
+        std::fs::read_to_string(path).unwrap_or_default()
     }
 
     pub fn server_log_tail(&self) -> String {
@@ -369,6 +378,118 @@ impl Env {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Some(pid) = self.up_pid.take() {
+            if self.runs_here(pid) {
+                // SAFETY: kill has no memory preconditions; `pid` is the
+                // server `knit up` started here, checked just above.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                // Not our child: init reaps it.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while self.runs_here(pid) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// `knit up` with this environment's places (the server runs on in
+    /// its own session); the package is built first if missing.
+    pub fn up(&mut self) -> String {
+        let up_running = self.up_pid.is_some_and(|pid| self.runs_here(pid));
+        assert!(
+            self.server.is_none() && !up_running,
+            "the server is already running"
+        );
+        let state = self.state_dir();
+        let local = self.path("local");
+        let listen = format!("0.0.0.0:{}", self.port);
+        let mut args = vec![
+            "up",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--advertise-address",
+            &self.gateway,
+            "--local-state-dir",
+            local.to_str().unwrap(),
+            "--local-bridge",
+            &self.bridge,
+            "--local-subnet",
+            &self.subnet,
+        ];
+        let cluster_port = self.cluster_port.map(|p| p.to_string());
+        match &cluster_port {
+            Some(p) => args.extend(["--cluster", "embedded", "--cluster-port", p]),
+            None => args.extend(["--cluster", "none"]),
+        }
+        let parallelism = self.opts.parallelism.map(|n| n.to_string());
+        if let Some(n) = &parallelism {
+            args.extend(["--parallelism", n]);
+        }
+        let out = self.knit_ok(&args);
+        let config = std::fs::read_to_string(self.path("config")).unwrap();
+        let pid = config
+            .lines()
+            .find_map(|l| l.strip_prefix("pid:"))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no server pid in the config:\n{config}"));
+        self.up_pid = Some(pid);
+        out
+    }
+
+    /// The PID of the server `knit up` started, if any.
+    pub fn up_pid(&self) -> Option<u32> {
+        self.up_pid
+    }
+
+    /// Whether `pid` runs with this environment's directory on its
+    /// command line (so a recycled PID is never taken for ours).
+    pub fn runs_here(&self, pid: u32) -> bool {
+        let dir = self.dir().to_string_lossy().into_owned();
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|raw| String::from_utf8_lossy(&raw).contains(&dir))
+            .unwrap_or(false)
+    }
+
+    /// Processes whose command line names this environment's directory:
+    /// servers, instances' init, the metadata server.
+    pub fn processes_here(&self) -> Vec<(u32, String)> {
+        let dir = self.dir().to_string_lossy().into_owned();
+        let me = std::process::id();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| *pid != me)
+            .filter_map(|pid| {
+                let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+                cmd.contains(&dir).then_some((pid, cmd))
+            })
+            .collect()
+    }
+
+    /// Whether a network link of this name exists.
+    pub fn link_exists(name: &str) -> bool {
+        Command::new("ip")
+            .args(["link", "show", "dev", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// Loop devices whose backing file is under this environment's directory.
+    pub fn loop_devices_here(&self) -> Vec<String> {
+        let dir = self.dir().to_string_lossy().into_owned();
+        output("losetup", &["-a"])
+            .lines()
+            .filter(|l| l.contains(&dir))
+            .map(str::to_string)
+            .collect()
     }
 
     /// The registry ([`EnvBuilder::registry`]), running once the server is.

@@ -4,114 +4,18 @@
 
 #[path = "../../knit-cluster/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use common::{blocking, wait_for, Client};
 use knit_cluster::{ClusterConfig, EmbeddedCluster};
 use serde_json::Value;
-
-const SIM: &str = env!("CARGO_BIN_EXE_knit-kubelet-sim");
-
-/// A child process killed (by its PID) when dropped, also on panic.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on the PID of our own child; no memory is shared.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill({sig}) failed");
-    }
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    /// Wait for exit (bounded); the exit status and the log.
-    fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, String) {
-        let st = wait_for("process exit", limit, || self.child.try_wait().unwrap());
-        (st, self.log())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // A stopped process must be continued to die promptly.
-        // SAFETY: as in `signal`.
-        let _ = unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
-        self.kill();
-    }
-}
-
-fn spawn(bin: &str, args: &[String], log: PathBuf) -> Proc {
-    let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-    Proc { child, log }
-}
-
-fn which(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(bin))
-        .find(|p| p.is_file())
-}
-
-/// Our own containerd: root, state, sockets and CNI dir under `dir`.
-fn start_containerd(dir: &Path, cni: &Path) -> Proc {
-    let bin = which("containerd").expect("containerd checked by the caller");
-    let cfg = dir.join("containerd.toml");
-    let d = dir.display();
-    std::fs::write(
-        &cfg,
-        format!(
-            "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
-             [grpc]\n  address = \"{d}/containerd.sock\"\n[ttrpc]\n  address = \"{d}/containerd-ttrpc.sock\"\n\
-             [debug]\n  address = \"\"\n[metrics]\n  address = \"\"\n\
-             [plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_tcp_service = true\n\
-             [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    conf_dir = \"{}\"\n    bin_dir = \"{d}/cni-bin\"\n",
-            cni.display()
-        ),
-    )
-    .unwrap();
-    let _ = std::fs::remove_file(dir.join("containerd.sock"));
-    let p = spawn(
-        bin.to_str().unwrap(),
-        &["--config".into(), cfg.display().to_string()],
-        dir.join("containerd.log"),
-    );
-    wait_for("containerd socket", Duration::from_secs(60), || {
-        dir.join("containerd.sock").exists().then_some(())
-    });
-    p
-}
-
-fn bootstrap_kubeconfig(path: &Path, server: &str, ca_pem: &str, token: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(
-        path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: default-cluster\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: tls-bootstrap-token-user@kubernetes\n  context:\n    cluster: default-cluster\n    user: tls-bootstrap-token-user\ncurrent-context: tls-bootstrap-token-user@kubernetes\nusers:\n- name: tls-bootstrap-token-user\n  user:\n    token: {token}\n",
-            STANDARD.encode(ca_pem)
-        ),
-    )
-    .unwrap();
-}
+use support::{
+    bootstrap_kubeconfig, lease_renew_time, spawn, start_containerd, which, Proc, CNI_CONFLIST, SIM,
+};
 
 /// The files and flags the node agent would lay out, under `root`.
 struct NodeFiles {
@@ -212,7 +116,7 @@ fn taints(n: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Wait until node `name` satisfies `f`; on timeout, show the logs.
+/// Wait (90 s at most) until node `name` satisfies `f`.
 fn wait_node(
     admin: &Client,
     name: &str,
@@ -220,21 +124,7 @@ fn wait_node(
     sim: &Proc,
     f: impl Fn(&Value) -> bool,
 ) -> Value {
-    let found = std::cell::RefCell::new(Value::Null);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for(what, Duration::from_secs(90), || {
-            let (code, n) = admin.get(&format!("/api/v1/nodes/{name}"));
-            *found.borrow_mut() = n.clone();
-            (code == 200 && f(&n)).then_some(n)
-        })
-    }));
-    result.unwrap_or_else(|_| {
-        panic!(
-            "{what}: last node state {}\nsim log:\n{}",
-            found.borrow(),
-            sim.log()
-        )
-    })
+    support::wait_node(admin, name, what, sim, Duration::from_secs(90), f)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,57 +154,112 @@ async fn node_joins_not_ready_then_ready_follows_containerd_and_lease() {
         let files = NodeFiles::new(&root.join("node"), &ep, &ca, &token.token());
         let ctd_dir = root.join("ctd");
         std::fs::create_dir_all(&ctd_dir).unwrap();
-        let mut ctd = start_containerd(&ctd_dir, &files.cni);
+        let mut ctd = start_containerd(&ctd_dir, &files.cni, None);
         let sock = ctd_dir.join("containerd.sock");
-        let sim = spawn(SIM, &files.args("sim-1", &sock, &["--unknown-flag=1"]), root.join("sim.log"));
+        let sim = spawn(
+            SIM,
+            &files.args("sim-1", &sock, &["--unknown-flag=1"]),
+            root.join("sim.log"),
+        );
 
         // Registered NotReady: the runtime answers but there is no CNI config.
-        let n = wait_node(&admin, "sim-1", "registered NotReady without CNI", &sim, |n| {
-            let (s, m) = ready(n);
-            s == "False" && m.contains("cni config uninitialized")
-        });
+        let n = wait_node(
+            &admin,
+            "sim-1",
+            "registered NotReady without CNI",
+            &sim,
+            |n| {
+                let (s, m) = ready(n);
+                s == "False" && m.contains("cni config uninitialized")
+            },
+        );
         assert_eq!(n["metadata"]["labels"]["knit.dev/pool"], "pool-a");
         assert_eq!(n["metadata"]["labels"]["kubernetes.io/hostname"], "sim-1");
         assert_eq!(n["spec"]["providerID"], "knit-local://sim-1");
-        assert!(taints(&n).contains(&"knit.dev/user-data-pending:NoSchedule".to_string()), "{n}");
-        assert_eq!(n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
-        assert!(n["status"]["nodeInfo"]["kubeletVersion"].as_str().unwrap().contains("knit-kubelet-sim"));
+        assert!(
+            taints(&n).contains(&"knit.dev/user-data-pending:NoSchedule".to_string()),
+            "{n}"
+        );
+        assert_eq!(
+            n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"],
+            10250
+        );
+        assert!(n["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .unwrap()
+            .contains("knit-kubelet-sim"));
         // TLS bootstrap left kubelet's files.
         let conf = std::fs::read_to_string(files.path("etc/kubernetes/kubelet.conf")).unwrap();
         assert!(conf.contains("kubelet-client-current.pem"), "{conf}");
-        assert!(files.path("var/lib/kubelet/pki/kubelet-client-current.pem").exists());
-        assert!(sim.log().contains("unknown-flag"), "unknown flags are warned about");
+        assert!(files
+            .path("var/lib/kubelet/pki/kubelet-client-current.pem")
+            .exists());
+        assert!(
+            sim.log().contains("unknown-flag"),
+            "unknown flags are warned about"
+        );
         let (_, csrs) = admin.get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
         let csr = &csrs["items"][0];
-        assert_eq!(csr["spec"]["username"], format!("system:bootstrap:{}", token.id));
+        assert_eq!(
+            csr["spec"]["username"],
+            format!("system:bootstrap:{}", token.id)
+        );
         assert_eq!(csr["status"]["conditions"][0]["type"], "Approved");
 
         // A CNI config appears: containerd reports NetworkReady and the node is Ready.
-        std::fs::write(
-            files.cni.join("10-knit.conflist"),
-            r#"{"cniVersion": "0.4.0", "name": "knit", "plugins": [{"type": "bridge", "bridge": "knit0"}]}"#,
-        )
-        .unwrap();
-        let n = wait_node(&admin, "sim-1", "Ready with runtime and CNI", &sim, |n| ready(n).0 == "True");
-        assert!(n["status"]["nodeInfo"]["containerRuntimeVersion"].as_str().unwrap().starts_with("containerd://"), "{n}");
-        let (_, lease) = admin.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/sim-1");
+        std::fs::write(files.cni.join("10-knit.conflist"), CNI_CONFLIST).unwrap();
+        let n = wait_node(&admin, "sim-1", "Ready with runtime and CNI", &sim, |n| {
+            ready(n).0 == "True"
+        });
+        assert!(
+            n["status"]["nodeInfo"]["containerRuntimeVersion"]
+                .as_str()
+                .unwrap()
+                .starts_with("containerd://"),
+            "{n}"
+        );
+        let (_, lease) =
+            admin.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/sim-1");
         assert_eq!(lease["spec"]["holderIdentity"], "sim-1");
-        assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], n["metadata"]["uid"]);
+        assert_eq!(
+            lease["metadata"]["ownerReferences"][0]["uid"],
+            n["metadata"]["uid"]
+        );
 
         // containerd stops: NotReady with the runtime's reason; back: Ready.
         ctd.kill();
-        let n = wait_node(&admin, "sim-1", "NotReady after containerd stops", &sim, |n| ready(n).0 == "False");
+        let n = wait_node(
+            &admin,
+            "sim-1",
+            "NotReady after containerd stops",
+            &sim,
+            |n| ready(n).0 == "False",
+        );
         assert!(ready(&n).1.contains("container runtime is down"), "{n}");
-        let _ctd = start_containerd(&ctd_dir, &files.cni);
-        wait_node(&admin, "sim-1", "Ready after containerd restarts", &sim, |n| ready(n).0 == "True");
+        let _ctd = start_containerd(&ctd_dir, &files.cni, None);
+        wait_node(
+            &admin,
+            "sim-1",
+            "Ready after containerd restarts",
+            &sim,
+            |n| ready(n).0 == "True",
+        );
 
         // The stand-in hangs (SIGSTOP): lease not renewed → Unknown + unreachable; SIGCONT → recovers.
         sim.signal(libc::SIGSTOP);
-        let n = wait_node(&admin, "sim-1", "Unknown after lease stops", &sim, |n| ready(n).0 == "Unknown");
-        assert!(taints(&n).contains(&"node.kubernetes.io/unreachable:NoExecute".to_string()), "{n}");
+        let n = wait_node(&admin, "sim-1", "Unknown after lease stops", &sim, |n| {
+            ready(n).0 == "Unknown"
+        });
+        assert!(
+            taints(&n).contains(&"node.kubernetes.io/unreachable:NoExecute".to_string()),
+            "{n}"
+        );
         sim.signal(libc::SIGCONT);
         let n = wait_node(&admin, "sim-1", "recovered", &sim, |n| {
-            ready(n).0 == "True" && !taints(n).iter().any(|t| t.starts_with("node.kubernetes.io/"))
+            ready(n).0 == "True"
+                && !taints(n)
+                    .iter()
+                    .any(|t| t.starts_with("node.kubernetes.io/"))
         });
         assert!(taints(&n).contains(&"knit.dev/user-data-pending:NoSchedule".to_string()));
         eprintln!("stand-in log:\n{}", sim.log());
@@ -411,21 +356,13 @@ async fn wrong_ca_and_expired_token_are_refused_and_lightweight_rotates() {
             std::fs::read_link(&current).ok().filter(|p| *p != first)
         });
         assert!(second.exists());
-        let renewed = |admin: &Client| {
-            admin
-                .get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/light-1")
-                .1["spec"]["renewTime"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        };
         // Past the first certificate's expiry, the lease is still renewed.
         std::thread::sleep(Duration::from_secs(4));
-        let before = renewed(&admin);
+        let before = lease_renew_time(&admin, "light-1");
         wait_for(
             "lease renewed with the rotated certificate",
             Duration::from_secs(30),
-            || (renewed(&admin) != before).then_some(()),
+            || (lease_renew_time(&admin, "light-1") != before).then_some(()),
         );
         let (_, csrs) = admin.get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
         let by_node = csrs["items"]
@@ -479,19 +416,11 @@ async fn nodes_survive_a_control_plane_restart() {
     let c = EmbeddedCluster::start(cfg).await.unwrap();
     let admin = Client::admin(&c);
     blocking(move || {
-        let lease = |admin: &Client| {
-            admin
-                .get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/keep-1")
-                .1["spec"]["renewTime"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        };
-        let first = lease(&admin);
+        let first = lease_renew_time(&admin, "keep-1");
         wait_for(
             "lease renewed after the restart",
             Duration::from_secs(60),
-            || (lease(&admin) != first).then_some(()),
+            || (lease_renew_time(&admin, "keep-1") != first).then_some(()),
         );
         let n = wait_node(&admin, "keep-1", "still Ready", &sim, |n| {
             ready(n).0 == "True"
@@ -546,19 +475,11 @@ async fn expired_client_certificate_falls_back_to_bootstrap() {
         wait_for("bootstrap again", Duration::from_secs(60), || {
             sim.log().contains("bootstrapping again").then_some(())
         });
-        let lease = |admin: &Client| {
-            admin
-                .get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/late-1")
-                .1["spec"]["renewTime"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        };
-        let first = lease(&admin);
+        let first = lease_renew_time(&admin, "late-1");
         wait_for(
             "lease renewed with the new certificate",
             Duration::from_secs(60),
-            || (lease(&admin) != first).then_some(()),
+            || (lease_renew_time(&admin, "late-1") != first).then_some(()),
         );
         // Bootstrap, re-bootstrap, and maybe a rotation since.
         let csrs = sim
@@ -601,12 +522,8 @@ async fn a_pool_of_two_nodes_goes_ready_and_kubectl_lists_them() {
         let cni = root.join("cni");
         std::fs::create_dir_all(&ctd_dir).unwrap();
         std::fs::create_dir_all(&cni).unwrap();
-        std::fs::write(
-            cni.join("10-knit.conflist"),
-            r#"{"cniVersion": "0.4.0", "name": "knit", "plugins": [{"type": "bridge", "bridge": "knit0"}]}"#,
-        )
-        .unwrap();
-        let _ctd = start_containerd(&ctd_dir, &cni);
+        std::fs::write(cni.join("10-knit.conflist"), CNI_CONFLIST).unwrap();
+        let _ctd = start_containerd(&ctd_dir, &cni, None);
         let sock = ctd_dir.join("containerd.sock");
         let sims: Vec<Proc> = ["pool-b-1", "pool-b-2"]
             .iter()
@@ -626,13 +543,20 @@ async fn a_pool_of_two_nodes_goes_ready_and_kubectl_lists_them() {
         };
         let out = Command::new(kubectl)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--cache-dir={}", root.join("kubectl-cache").display()))
+            .arg(format!(
+                "--cache-dir={}",
+                root.join("kubectl-cache").display()
+            ))
             .args(["get", "nodes", "-o", "wide"])
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         eprintln!("kubectl get nodes -o wide:\n{text}");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         for name in ["pool-b-1", "pool-b-2"] {
             let row: Vec<&str> = text
                 .lines()

@@ -10,18 +10,19 @@
 
 #[path = "../../knit-cluster/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
-use common::{blocking, wait_for, Client};
+use common::{blocking, Client};
 use knit_cluster::{ClusterConfig, EmbeddedCluster};
 use serde_json::Value;
-
-const SIM: &str = env!("CARGO_BIN_EXE_knit-kubelet-sim");
+use support::{
+    bootstrap_kubeconfig, free_port, spawn, start_containerd, wait_node, which, Proc, CNI_CONFLIST,
+    SIM,
+};
 
 const IMAGES: &[(&str, u64)] = &[
     ("registry.k8s.io/pause:3.10", 32 << 10),
@@ -29,109 +30,15 @@ const IMAGES: &[(&str, u64)] = &[
     ("docker.io/flannel/flannel:v0.26.1", 3 << 20),
 ];
 
-/// A child killed by its PID when dropped, also on panic.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn spawn(bin: &str, args: &[String], log: PathBuf) -> Proc {
-    let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-    Proc { child, log }
-}
-
-fn which(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(bin))
-        .find(|p| p.is_file())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// containerd with a registry config dir that mirrors both hosts to `reg`.
-fn start_containerd(dir: &Path, cni: &Path, reg: &str) -> Proc {
-    let bin = which("containerd").expect("checked by the caller");
-    let d = dir.display();
-    for host in ["registry.k8s.io", "docker.io"] {
-        let hd = dir.join("certs.d").join(host);
-        std::fs::create_dir_all(&hd).unwrap();
-        std::fs::write(
-            hd.join("hosts.toml"),
-            // The local registry is the server itself: a miss never falls
-            // back to the internet.
-            format!("server = \"http://{reg}\"\n\n[host.\"http://{reg}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
-        )
-        .unwrap();
-    }
-    let cfg = dir.join("containerd.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
-             [grpc]\n  address = \"{d}/containerd.sock\"\n[ttrpc]\n  address = \"{d}/containerd-ttrpc.sock\"\n\
-             [debug]\n  address = \"\"\n[metrics]\n  address = \"\"\n\
-             [plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_tcp_service = true\n\
-             [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    conf_dir = \"{}\"\n    bin_dir = \"{d}/cni-bin\"\n\
-             [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{d}/certs.d\"\n",
-            cni.display()
-        ),
-    )
-    .unwrap();
-    let _ = std::fs::remove_file(dir.join("containerd.sock"));
-    let p = spawn(
-        bin.to_str().unwrap(),
-        &["--config".into(), cfg.display().to_string()],
-        dir.join("containerd.log"),
-    );
-    wait_for("containerd socket", Duration::from_secs(60), || {
-        dir.join("containerd.sock").exists().then_some(())
-    });
-    p
-}
-
 fn write_node_files(root: &Path, server: &str, ca_pem: &str, token: &str) {
-    std::fs::create_dir_all(root.join("etc/kubernetes")).unwrap();
     std::fs::create_dir_all(root.join("etc/cni/net.d")).unwrap();
     std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
-    std::fs::write(
-        root.join("etc/kubernetes/bootstrap-kubelet.conf"),
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: b\n  context:\n    cluster: c\n    user: b\ncurrent-context: b\nusers:\n- name: b\n  user:\n    token: {token}\n",
-            STANDARD.encode(ca_pem)
-        ),
-    )
-    .unwrap();
+    bootstrap_kubeconfig(
+        &root.join("etc/kubernetes/bootstrap-kubelet.conf"),
+        server,
+        ca_pem,
+        token,
+    );
     std::fs::write(
         root.join("var/lib/kubelet/config.yaml"),
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n",
@@ -143,11 +50,7 @@ fn write_node_files(root: &Path, server: &str, ca_pem: &str, token: &str) {
         format!("# system images\n{list}"),
     )
     .unwrap();
-    std::fs::write(
-        root.join("etc/cni/net.d/10-knit.conflist"),
-        r#"{"cniVersion": "0.4.0", "name": "knit", "plugins": [{"type": "bridge", "bridge": "knit0"}]}"#,
-    )
-    .unwrap();
+    std::fs::write(root.join("etc/cni/net.d/10-knit.conflist"), CNI_CONFLIST).unwrap();
 }
 
 fn args(root: &Path, sock: &Path) -> Vec<String> {
@@ -174,24 +77,18 @@ fn pulled_lines(log: &str) -> usize {
 }
 
 fn wait_annotation(admin: &Client, sim: &Proc, want_prefix: &str) -> Value {
-    let last = std::cell::RefCell::new(Value::Null);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("image annotation", Duration::from_secs(180), || {
-            let (code, n) = admin.get("/api/v1/nodes/img-1");
-            *last.borrow_mut() = n.clone();
-            let a = n["metadata"]["annotations"]["knit.dev/image-cache"]
+    wait_node(
+        admin,
+        "img-1",
+        &format!("image annotation {want_prefix:?}"),
+        sim,
+        Duration::from_secs(180),
+        |n| {
+            n["metadata"]["annotations"]["knit.dev/image-cache"]
                 .as_str()
-                .unwrap_or("");
-            (code == 200 && a.starts_with(want_prefix)).then_some(n)
-        })
-    }));
-    r.unwrap_or_else(|_| {
-        panic!(
-            "no annotation {want_prefix:?}: {}\nsim log:\n{}",
-            last.borrow(),
-            sim.log()
-        )
-    })
+                .is_some_and(|a| a.starts_with(want_prefix))
+        },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +130,7 @@ async fn images_are_pulled_once_then_found_in_the_runtime() {
         write_node_files(&node, &ep, &ca, &token.token());
         let ctd_dir = root.join("ctd");
         std::fs::create_dir_all(&ctd_dir).unwrap();
-        let _ctd = start_containerd(&ctd_dir, &node.join("etc/cni/net.d"), reg.addr());
+        let _ctd = start_containerd(&ctd_dir, &node.join("etc/cni/net.d"), Some(reg.addr()));
         let sock = ctd_dir.join("containerd.sock");
 
         // First start: nothing cached, all three pulled through the mirror.

@@ -285,7 +285,7 @@ fn field_error(field: &str, value: String, rule: &str) -> ServerError {
 }
 
 /// `POST /api/v1/pools/{pool}/attach`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AttachRequest {
     pub instances: Vec<String>,
@@ -293,11 +293,24 @@ pub struct AttachRequest {
     pub format_data_disk: bool,
     #[serde(default)]
     pub keep_instance_name: bool,
-    /// New login password (password pools); never stored.
+    /// New login password (password pools); never stored, never shown.
     #[serde(default)]
     pub password: Option<String>,
     #[serde(default)]
     pub dry_run: bool,
+}
+
+/// By hand: a request logged with `{:?}` must not show the password.
+impl std::fmt::Debug for AttachRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachRequest")
+            .field("instances", &self.instances)
+            .field("format_data_disk", &self.format_data_disk)
+            .field("keep_instance_name", &self.keep_instance_name)
+            .field("password", &self.password.as_ref().map(|_| "(redacted)"))
+            .field("dry_run", &self.dry_run)
+            .finish()
+    }
 }
 
 pub async fn attach(
@@ -1019,6 +1032,15 @@ mod tests {
             e.contains("holds instances added") && e.contains("autoscaler would release"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_attach_request_never_shows_its_password() {
+        let req: AttachRequest =
+            serde_json::from_str(r#"{"instances": ["i-1"], "password": "N3w-pass!x7"}"#).unwrap();
+        let shown = format!("{req:?}");
+        assert!(!shown.contains("N3w-pass!x7"), "{shown}");
+        assert!(shown.contains("(redacted)"), "{shown}");
     }
 
     #[test]

@@ -132,7 +132,9 @@ fn root_hash(shadow: &str) -> String {
         .to_string()
 }
 
-/// Every file of the state directory except disk images, with its bytes.
+/// Every record and log of the state directory, with its bytes: files up
+/// to 4 MiB (disk images and the block store's files are larger, and
+/// sparse), `.img` files never.
 fn state_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -142,7 +144,10 @@ fn state_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
             let ft = e.file_type().unwrap();
             if ft.is_dir() {
                 stack.push(p);
-            } else if ft.is_file() && p.extension().is_none_or(|x| x != "img") {
+            } else if ft.is_file()
+                && p.extension().is_none_or(|x| x != "img")
+                && e.metadata().unwrap().len() <= 4 << 20
+            {
                 out.push((p.clone(), std::fs::read(&p).unwrap()));
             }
         }

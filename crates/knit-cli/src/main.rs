@@ -213,8 +213,10 @@ enum Cmd {
     Delete {
         kind: One,
         name: String,
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        release: bool,
+        /// Release the node's instance (false: stop and keep it). Default:
+        /// release an instance knit created, keep one added by attach.
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        release: Option<bool>,
     },
     /// A node's log, read from the instance through the provider.
     Logs {
@@ -348,17 +350,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     println!("nodepool/{name} deleted (scaling to 0, then removed)");
                 }
                 One::Node => {
-                    c.call(
-                        "DELETE",
-                        &format!("/api/v1/nodes/{name}?release={release}"),
-                        None,
-                    )?;
+                    let path = match release {
+                        Some(r) => format!("/api/v1/nodes/{name}?release={r}"),
+                        None => format!("/api/v1/nodes/{name}"),
+                    };
+                    let answer = c.call("DELETE", &path, None)?;
                     println!(
                         "node/{name} deleted ({})",
-                        if release {
-                            "instance released"
-                        } else {
-                            "instance kept"
+                        match (answer["release"].as_bool(), answer["added"].as_bool()) {
+                            (Some(true), _) => "instance released",
+                            (_, Some(true)) =>
+                                "instance kept: added by attach (--release to release it)",
+                            _ => "instance kept",
                         }
                     );
                 }

@@ -510,6 +510,128 @@ fn each_preflight_check_fails_alone_on_a_real_instance() {
     assert_eq!(env.pool()["spec"]["replicas"], 0, "dry runs change nothing");
 }
 
+/// A child process this test started, killed (by its PID) and reaped when
+/// the test ends, however it ends.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The store's record of the instance the provider knows as `id`.
+fn store_instance(env: &Env, id: &str) -> Value {
+    env.store_instances()
+        .into_iter()
+        .rev()
+        .find(|i| i["providerId"] == id)
+        .unwrap_or_else(|| panic!("{id} is not in the store"))
+}
+
+/// A server killed with SIGKILL right after it stopped an instance it was
+/// attaching (automatic mode), restarted over the same store: it resumes
+/// the attach (re-image, join), the node gets Ready and the desired count
+/// was raised exactly once. Then the pool is deleted: the added instance is
+/// removed from the pool and kept (stopped), never released.
+#[test]
+fn a_server_killed_mid_attach_resumes_it_after_a_restart() {
+    let mut env = Env::builder()
+        .cluster(true)
+        .env("KNIT_SERVER_PAUSE_AT", "attach-after-stop")
+        .build();
+    env.start(true);
+    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
+    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    let id = env.instance("name: resumed\n");
+
+    // The request waits at the pause point; run it beside the test.
+    let attach = env
+        .cmd()
+        .args(["attach", "--pool", "workers", "--instances", &id])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let attach = ChildGuard(attach);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !env.server_log().contains("paused at attach-after-stop") {
+        assert!(
+            Instant::now() < deadline,
+            "the server never reached the pause point:\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mid = store_instance(&env, &id);
+    assert_eq!(mid["state"], "Creating", "{mid}");
+    assert_eq!(mid["added"], true, "{mid}");
+    assert_eq!(env.pool()["spec"]["replicas"], 1);
+    assert_eq!(
+        env.cloud().describe(&id).unwrap().record.state.to_string(),
+        "stopped",
+        "killed after the stop, before the re-image"
+    );
+
+    env.kill_server();
+    drop(attach);
+    env.start_server();
+
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let node = loop {
+        let name = store_instance(&env, &id)["name"].clone();
+        let ready = env
+            .nodes_of("workers")
+            .into_iter()
+            .find(|n| n["instance"] == name && n["status"] == "Ready");
+        if let Some(n) = ready {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resumed attach never got Ready: {}\n{}",
+            store_instance(&env, &id),
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let done = store_instance(&env, &id);
+    assert_eq!(done["state"], "Running", "{done}");
+    assert_eq!(env.pool()["spec"]["replicas"], 1, "the count raised once");
+    let ours: Vec<Value> = env
+        .store_instances()
+        .into_iter()
+        .filter(|i| i["pool"] == "workers")
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    let events = env.knit_ok(&["get", "events"]);
+    assert!(events.contains("AttachResuming"), "{events}");
+    eprintln!("resumed attach: node {} Ready", node["name"]);
+
+    // Deleting the pool keeps the machine the user brought.
+    env.knit_ok(&["delete", "pool", "workers"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while env.knit(&["get", "pools", "workers"]).0 {
+        assert!(
+            Instant::now() < deadline,
+            "the pool was never removed:\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let kept = store_instance(&env, &id);
+    assert_eq!(kept["state"], "Detached", "{kept}");
+    let at_cloud = env
+        .cloud()
+        .describe(&id)
+        .expect("the instance still exists");
+    assert_eq!(at_cloud.record.state.to_string(), "stopped");
+    let events = env.knit_ok(&["get", "events"]);
+    assert!(events.contains("KeepingAdded"), "{events}");
+}
+
 /// `openssl passwd -6` of `password` with the salt of `hash` (the password
 /// on stdin): equal to `hash` when it verifies the password.
 fn sha512_crypt(password: &str, hash: &str) -> String {

@@ -61,6 +61,7 @@ fn main() {
             last_error: None,
             created_ms: i as i64,
             updated_ms: i as i64,
+            added: false,
         })
         .collect();
     let mut samples = Vec::new();

@@ -423,12 +423,14 @@ async fn get_node(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json
 
 #[derive(Debug, Deserialize)]
 struct DeleteNodeQuery {
-    #[serde(default = "yes")]
-    release: bool,
+    /// Absent: release an instance knit created, keep one added by attach.
+    #[serde(default)]
+    release: Option<bool>,
 }
 
 /// Removes one node (by node or instance name) from its pool; the pool's
-/// desired count drops by one so it is not replaced.
+/// desired count drops by one so it is not replaced. An instance added by
+/// attach is released only when the caller says so (`?release=true`).
 async fn delete_node(
     State(cp): State<Cp>,
     Path(name): Path<String>,
@@ -454,6 +456,7 @@ async fn delete_node(
             instance.state
         )));
     }
+    let release = q.release.unwrap_or(!instance.added);
     {
         let _guard = cp.plan_lock.lock().await;
         if let Some(record) = cp.store.pool(&instance.pool)? {
@@ -464,7 +467,7 @@ async fn delete_node(
         cp.store.add_delete_intents(
             &instance.pool,
             std::slice::from_ref(&instance.name),
-            q.release,
+            release,
         )?;
     }
     cp.store.add_event(
@@ -476,17 +479,19 @@ async fn delete_node(
             "removing {} from pool {} ({})",
             instance.name,
             instance.pool,
-            if q.release {
-                "release"
-            } else {
-                "keep instance"
+            match (release, instance.added) {
+                (true, true) => "release, asked for explicitly: added by attach",
+                (true, false) => "release",
+                (false, true) =>
+                    "keep instance: added by attach, knit does not release it unless asked",
+                (false, false) => "keep instance",
             }
         ),
     )?;
     cp.wake();
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "instance": instance.name, "release": q.release })),
+        Json(json!({ "instance": instance.name, "release": release, "added": instance.added })),
     ))
 }
 

@@ -23,7 +23,7 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::preflight::{self, Context, DiskFacts, InstanceFacts, Mode, Report};
 use crate::reconcile::counts_toward_pool;
-use crate::store::{now_ms, state, InstanceRecord, Redeem};
+use crate::store::{now_ms, state, Enrollment, InstanceRecord, IntentRecord, Redeem};
 use crate::{pki, userdata};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -137,6 +137,14 @@ pub struct AttachRecord {
     pub old_disks: Vec<String>,
     pub new_disks: Vec<String>,
     pub at_ms: i64,
+    /// When the re-image finished (automatic mode): a resumed attach whose
+    /// re-image is done only finishes the bookkeeping.
+    #[serde(default)]
+    pub reimaged_ms: Option<i64>,
+    /// A new login password was given (automatic mode). It is never
+    /// stored, so an attach interrupted before its re-image cannot resume.
+    #[serde(default)]
+    pub new_password: bool,
 }
 
 fn attach_dir(cp: &ControlPlane) -> PathBuf {
@@ -437,42 +445,40 @@ pub async fn attach(
 }
 
 /// Records an added instance in its pool: the instance row, the pool's
-/// desired count + 1 and the marker label, under the planner's lock so the
-/// reconciler never sees the count without the instance.
+/// desired count + 1, the marker label and (automatic mode) the attach
+/// intent, in one transaction under the planner's lock so the reconciler
+/// never sees the count without the instance.
 async fn enroll(
     cp: &ControlPlane,
     pool: &str,
+    name: &str,
     f: &InstanceFacts,
     state_word: &str,
-) -> Result<String> {
-    let name = format!("{pool}-{}", pki::random_lower_alnum(5)?);
+    intent: bool,
+) -> Result<Option<i64>> {
     let _guard = cp.plan_lock.lock().await;
     let record = cp.store.pool(pool)?.ok_or_else(|| ServerError::NotFound {
         kind: "pool",
         name: pool.to_string(),
     })?;
     let mut p = record.pool;
-    // A removed node coming back (drain, keep instance, attach again): its
-    // old record goes, so the node name it takes again is its new one's.
-    for old in
-        cp.store.instances(None)?.iter().filter(|i| {
-            i.state == state::DETACHED && i.provider_id.as_deref() == Some(f.id.as_str())
-        })
-    {
-        cp.store.remove_instance(&old.name)?;
-    }
-    cp.store.insert_attached_instance(
-        &name,
-        pool,
-        &f.id,
-        f.ip.as_deref(),
-        &f.instance_type,
-        state_word,
-    )?;
     let from = p.spec.replicas;
     p.spec.replicas += 1;
     p.metadata.labels.insert(ADDED_LABEL.into(), "true".into());
-    cp.store.update_pool(&p)?;
+    // A removed node coming back (drain, keep instance, attach again): its
+    // old record goes in the same step, so the node name it takes again is
+    // its new one's.
+    let id = cp.store.enroll_attached(
+        &Enrollment {
+            name,
+            pool: &p,
+            provider_id: &f.id,
+            ip: f.ip.as_deref(),
+            instance_type: &f.instance_type,
+            state: state_word,
+        },
+        intent,
+    )?;
     cp.store.add_event(
         "Normal",
         "NodePool",
@@ -483,115 +489,118 @@ async fn enroll(
             f.id, p.spec.replicas
         ),
     )?;
-    Ok(name)
+    Ok(id)
 }
 
-async fn attach_one(
+/// Undoes the add of an instance whose attach failed before its node could
+/// run: it leaves the pool (`Detached`, kept, with the reason) and the
+/// pool's count goes back, once. The instance can be attached again.
+pub(crate) async fn undo(cp: &ControlPlane, name: &str, reason: &str) -> Result<()> {
+    let _guard = cp.plan_lock.lock().await;
+    let message = format!(
+        "{reason}; the add was undone: the instance left the pool (Detached, kept) and the pool's count is back; attach it again once the cause is fixed"
+    );
+    match cp.store.undo_attach(name, &message)? {
+        Some((pool, from, to)) => cp.store.add_event(
+            "Warning",
+            "Instance",
+            name,
+            "AttachFailed",
+            &format!("{message} (pool {pool}: replicas {from} -> {to})"),
+        )?,
+        None => cp.store.add_event(
+            "Warning",
+            "Instance",
+            name,
+            "AttachFailed",
+            &format!("{reason}; the instance had already left its pool"),
+        )?,
+    }
+    cp.wake();
+    Ok(())
+}
+
+/// Claims an instance for this task: the dispatcher leaves its intents
+/// alone meanwhile. Dropped (even by a cancelled request) → released, and a
+/// pending attach intent left behind is resumed by the reconciler.
+struct Claim<'a> {
+    cp: &'a ControlPlane,
+    name: String,
+}
+
+impl<'a> Claim<'a> {
+    fn take(cp: &'a ControlPlane, name: &str) -> Claim<'a> {
+        cp.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string());
+        Claim {
+            cp,
+            name: name.to_string(),
+        }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.cp
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.name);
+        self.cp.wake();
+    }
+}
+
+/// The destructive part of an automatic attach: a fresh join token and the
+/// pool's composed user data, stop (when running), re-image (new system
+/// disk, data disks kept under new ids, the new user data), which boots it.
+/// Safe to run again: a resumed attach re-images once more.
+async fn reimage_for_pool(
     cp: &ControlPlane,
     pool: &NodePool,
-    f: &InstanceFacts,
-    req: &AttachRequest,
-) -> Result<Value> {
+    name: &str,
+    provider_id: &str,
+    live: bool,
+) -> Result<InstanceFacts> {
     let provider = cp.provider()?.clone();
     let pool_name = &pool.metadata.name;
-    // The user data is composed before anything changes: a pool whose
-    // scripts are too large refuses here, not half way.
     let agent_sha256 = cp.mirror_sha256("bin/knit-agent")?.ok_or_else(|| {
         ServerError::Package(format!(
             "the package mirror ({}) has no bin/knit-agent: run `knit package build`",
             cp.mirror_dir.display()
         ))
     })?;
-    let name = enroll(cp, pool_name, f, state::CREATING).await?;
-    let mut rec = AttachRecord {
-        instance: name.clone(),
-        provider_id: f.id.clone(),
-        pool: pool_name.clone(),
-        mode: Mode::Automatic,
-        instance_name: f.name.clone(),
-        keep_instance_name: req.keep_instance_name,
-        format_data_disk: req.format_data_disk,
-        old_disks: f.data_disks.iter().map(|d| d.id.clone()).collect(),
-        new_disks: Vec::new(),
-        at_ms: now_ms(),
-    };
-    save_record(cp, &rec)?;
-    let outcome: Result<InstanceFacts> = async {
-        let token = cp.issue_join_token(&name, pool_name)?;
-        let stub = userdata::agent_stub(&userdata::StubParams {
-            mirror_url: &format!("{}/mirror", cp.advertise_url),
-            agent_sha256: &agent_sha256,
-            bootstrap_url: &format!("{}/bootstrap/v1/config", cp.advertise_url),
-            join_token: &token,
-            ca_pem: &cp.ca_pem,
-        });
-        let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
-        // Before anything is stopped: the pool's image must be usable, and an
-        // instance that does not keep its name takes its node name (the pool's
-        // rule), so the new system boots with it as its hostname.
-        provider.check_image(&pool.spec.image).await?;
-        if let Some(node_name) = rename_target(cp, pool, &name)? {
-            provider.rename(&f.id, &node_name).await?;
-        }
-        if f.state == "running" {
-            provider.stop(&f.id).await?;
-        }
-        // New system disk from the pool's image, data disks kept (new ids),
-        // the pool's user data; the instance boots and initializes.
-        provider
-            .reimage(&f.id, &pool.spec.image, &user_data)
-            .await?;
-        // The new system disk has the image's root password; the new one is
-        // set inside now. It is never stored.
-        if let Some(password) = &req.password {
-            provider.set_password(&f.id, password).await?;
-        }
-        provider.facts(&f.id).await
+    let token = cp.issue_join_token(name, pool_name)?;
+    let stub = userdata::agent_stub(&userdata::StubParams {
+        mirror_url: &format!("{}/mirror", cp.advertise_url),
+        agent_sha256: &agent_sha256,
+        bootstrap_url: &format!("{}/bootstrap/v1/config", cp.advertise_url),
+        join_token: &token,
+        ca_pem: &cp.ca_pem,
+    });
+    let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
+    // Before anything is stopped: the pool's image must be usable, and an
+    // instance that does not keep its name takes its node name (the pool's
+    // rule), so the new system boots with it as its hostname.
+    provider.check_image(&pool.spec.image).await?;
+    if let Some(node_name) = rename_target(cp, pool, name)? {
+        provider.rename(provider_id, &node_name).await?;
     }
-    .await;
-    match outcome {
-        Ok(after) => {
-            rec.new_disks = after.data_disks.iter().map(|d| d.id.clone()).collect();
-            save_record(cp, &rec)?;
-            cp.store
-                .set_instance_created(&name, &f.id, after.ip.as_deref())?;
-            let disks = rec
-                .old_disks
-                .iter()
-                .zip(&rec.new_disks)
-                .map(|(a, b)| format!("{a} -> {b}"))
-                .collect::<Vec<_>>();
-            cp.store.add_event(
-                "Normal",
-                "Instance",
-                &name,
-                "Attached",
-                &format!(
-                    "{} re-imaged with pool {pool_name}'s image and user data; data disks kept: {}",
-                    f.id,
-                    if disks.is_empty() {
-                        "none".to_string()
-                    } else {
-                        disks.join(", ")
-                    }
-                ),
-            )?;
-            Ok(json!({
-                "providerId": f.id, "instance": name, "ip": after.ip,
-                // Kept, or renamed to the pool rule's node name.
-                "nodeName": after.name.to_lowercase(),
-                "oldDisks": rec.old_disks, "newDisks": rec.new_disks,
-            }))
-        }
-        Err(e) => {
-            let message = format!("attach failed: {e}; the instance stays in the pool as Failed: remove it (knit delete node {name} --release=false) and attach it again");
-            cp.store
-                .set_instance_state(&name, state::FAILED, Some(&message))?;
-            cp.store
-                .add_event("Warning", "Instance", &name, "AttachFailed", &message)?;
-            Err(e)
-        }
+    let running = provider
+        .get(provider_id)
+        .await?
+        .is_some_and(|i| i.state.eq_ignore_ascii_case("running"));
+    if running {
+        provider.stop(provider_id).await?;
     }
+    if live {
+        crate::pause::pause_at("attach-after-stop").await;
+    }
+    provider
+        .reimage(provider_id, &pool.spec.image, &user_data)
+        .await?;
+    provider.facts(provider_id).await
 }
 
 /// The name an added instance is renamed to when it does not keep its own:
@@ -607,6 +616,251 @@ fn rename_target(cp: &ControlPlane, pool: &NodePool, instance: &str) -> Result<O
     };
     let region = cp.cluster_doc()?.spec.region;
     Ok(crate::bootstrap::expected_node_name(&region, &row, pool))
+}
+
+/// Bookkeeping after the re-image: new disk ids, instance `Running`, the
+/// intent done, event `Attached`.
+fn finish_attach(
+    cp: &ControlPlane,
+    rec: &mut AttachRecord,
+    after: &InstanceFacts,
+    intent: Option<i64>,
+    how: &str,
+) -> Result<()> {
+    rec.new_disks = after.data_disks.iter().map(|d| d.id.clone()).collect();
+    rec.reimaged_ms.get_or_insert_with(now_ms);
+    save_record(cp, rec)?;
+    cp.store
+        .set_attached_running(&rec.instance, after.ip.as_deref())?;
+    if let Some(id) = intent {
+        cp.store.finish_intent(id, "done", None)?;
+    }
+    let disks = rec
+        .old_disks
+        .iter()
+        .zip(&rec.new_disks)
+        .map(|(a, b)| format!("{a} -> {b}"))
+        .collect::<Vec<_>>();
+    cp.store.add_event(
+        "Normal",
+        "Instance",
+        &rec.instance,
+        "Attached",
+        &format!(
+            "{} re-imaged with pool {}'s image and user data{how}; data disks kept: {}",
+            rec.provider_id,
+            rec.pool,
+            if disks.is_empty() {
+                "none".to_string()
+            } else {
+                disks.join(", ")
+            }
+        ),
+    )?;
+    Ok(())
+}
+
+async fn attach_one(
+    cp: &ControlPlane,
+    pool: &NodePool,
+    f: &InstanceFacts,
+    req: &AttachRequest,
+) -> Result<Value> {
+    let pool_name = &pool.metadata.name;
+    // Refused here, before anything changes, rather than half way.
+    if cp.mirror_sha256("bin/knit-agent")?.is_none() {
+        return Err(ServerError::Package(format!(
+            "the package mirror ({}) has no bin/knit-agent: run `knit package build`",
+            cp.mirror_dir.display()
+        )));
+    }
+    userdata::compose(&pool.spec.pre_user_data, "", &pool.spec.user_data)?;
+    let name = format!("{pool_name}-{}", pki::random_lower_alnum(5)?);
+    // Held until this attach ends: the reconciler resumes the intent only
+    // when nobody works on it (after a restart or a dropped request).
+    let _claim = Claim::take(cp, &name);
+    let mut rec = AttachRecord {
+        instance: name.clone(),
+        provider_id: f.id.clone(),
+        pool: pool_name.clone(),
+        mode: Mode::Automatic,
+        instance_name: f.name.clone(),
+        keep_instance_name: req.keep_instance_name,
+        format_data_disk: req.format_data_disk,
+        old_disks: f.data_disks.iter().map(|d| d.id.clone()).collect(),
+        new_disks: Vec::new(),
+        at_ms: now_ms(),
+        reimaged_ms: None,
+        new_password: req.password.is_some(),
+    };
+    // Before the intent: a resumed attach always finds its record.
+    save_record(cp, &rec)?;
+    // The intent is written with the instance row and the count, before the
+    // first destructive step.
+    let intent = enroll(cp, pool_name, &name, f, state::CREATING, true).await?;
+    let outcome = async {
+        let after = reimage_for_pool(cp, pool, &name, &f.id, true).await?;
+        // The new system disk has the image's root password; the new one is
+        // set inside now. It is never stored (see `resume`).
+        if let Some(password) = &req.password {
+            cp.provider()?.set_password(&f.id, password).await?;
+        }
+        Ok::<_, ServerError>(after)
+    }
+    .await;
+    match outcome {
+        Ok(after) => {
+            finish_attach(cp, &mut rec, &after, intent, "")?;
+            Ok(json!({
+                "providerId": f.id, "instance": name, "ip": after.ip,
+                // Kept, or renamed to the pool rule's node name.
+                "nodeName": after.name.to_lowercase(),
+                "oldDisks": rec.old_disks, "newDisks": rec.new_disks,
+            }))
+        }
+        Err(e) => {
+            undo(cp, &name, &format!("attach of {} failed: {e}", f.id)).await?;
+            Err(e)
+        }
+    }
+}
+
+/// Resumes an automatic attach whose server stopped half way (its intent
+/// is still pending): roll forward — re-image again unless the re-image
+/// had finished, then it is an ordinary node (join timeout, readiness) —
+/// or, when that cannot be done, undo the add with the reason. The desired
+/// count was raised once, by the enrollment, and is not touched again
+/// unless undone.
+pub async fn resume(cp: &ControlPlane, intent: &IntentRecord) -> Result<()> {
+    let Some(instance) = cp.store.instance(&intent.instance)? else {
+        return cp
+            .store
+            .finish_intent(intent.id, "cancelled", Some("instance record gone"));
+    };
+    if instance.state != state::CREATING {
+        // Removed (or finished) meanwhile: nothing to roll forward.
+        return cp.store.finish_intent(
+            intent.id,
+            "cancelled",
+            Some(&format!("instance is {}", instance.state)),
+        );
+    }
+    let Some(mut rec) = record(cp, &instance.name)? else {
+        return undo(
+            cp,
+            &instance.name,
+            "the attach was interrupted and its record is missing, so it cannot resume",
+        )
+        .await;
+    };
+    let Some(pool) = cp.store.pool(&intent.pool)?.filter(|p| !p.deleting) else {
+        return undo(
+            cp,
+            &instance.name,
+            "the attach was interrupted and its pool is gone or being deleted",
+        )
+        .await;
+    };
+    let provider = cp.provider()?.clone();
+    if rec.reimaged_ms.is_some() {
+        // Re-imaged before the server stopped: only the bookkeeping is left.
+        let after = provider.facts(&rec.provider_id).await?;
+        return finish_attach(
+            cp,
+            &mut rec,
+            &after,
+            Some(intent.id),
+            " (resumed after a server restart)",
+        );
+    }
+    if rec.new_password {
+        return undo(
+            cp,
+            &instance.name,
+            "the attach was interrupted before its re-image and the new password is never stored, so it cannot resume; nothing more was changed (the instance may be stopped)",
+        )
+        .await;
+    }
+    if provider.get(&rec.provider_id).await?.is_none() {
+        return undo(
+            cp,
+            &instance.name,
+            &format!(
+                "the attach was interrupted and instance {} no longer exists at provider {}",
+                rec.provider_id,
+                provider.name()
+            ),
+        )
+        .await;
+    }
+    cp.store.add_event(
+        "Normal",
+        "Instance",
+        &instance.name,
+        "AttachResuming",
+        &format!(
+            "the server stopped during the attach of {}; resuming it (re-image with the pool's image and user data)",
+            rec.provider_id
+        ),
+    )?;
+    match reimage_for_pool(cp, &pool.pool, &instance.name, &rec.provider_id, false).await {
+        Ok(after) => finish_attach(
+            cp,
+            &mut rec,
+            &after,
+            Some(intent.id),
+            " (resumed after a server restart)",
+        ),
+        Err(e) => {
+            let attempts = intent.attempts + 1;
+            if attempts >= cp.settings.max_create_attempts {
+                undo(
+                    cp,
+                    &instance.name,
+                    &format!(
+                        "resuming the attach of {} failed {attempts} time(s): {e}",
+                        rec.provider_id
+                    ),
+                )
+                .await?;
+            } else {
+                let delay = (1000i64 << attempts.clamp(0, 6)).min(60_000);
+                cp.store
+                    .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
+                cp.store.add_event(
+                    "Warning",
+                    "Instance",
+                    &instance.name,
+                    "AttachRetry",
+                    &format!(
+                        "resume attempt {attempts} failed, retrying in {} s: {e}",
+                        delay / 1000
+                    ),
+                )?;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Marks instances with an attach record as added (stores from before the
+/// `added` column).
+pub fn mark_added_from_records(cp: &ControlPlane) -> Result<()> {
+    let dir = attach_dir(cp);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ServerError::io(format!("read {}", dir.display()), e)),
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "json") {
+            if let Some(r) = read_json::<AttachRecord>(&path)? {
+                cp.store.mark_added(&r.instance)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 // ---- manual mode
@@ -960,7 +1214,7 @@ pub async fn manual(
     ) {
         return refuse(format!("attach token {token_id} was used meanwhile"));
     }
-    let name = enroll(&cp, &pool_name, &facts, state::RUNNING).await?;
+    let name = format!("{pool_name}-{}", pki::random_lower_alnum(5)?);
     save_record(
         &cp,
         &AttachRecord {
@@ -974,8 +1228,11 @@ pub async fn manual(
             old_disks: facts.data_disks.iter().map(|d| d.id.clone()).collect(),
             new_disks: facts.data_disks.iter().map(|d| d.id.clone()).collect(),
             at_ms: now,
+            reimaged_ms: None,
+            new_password: false,
         },
     )?;
+    enroll(&cp, &pool_name, &name, &facts, state::RUNNING, false).await?;
     // Not keeping its name: the instance takes its node name at once
     // (hostname included). A provider that cannot rename leaves the
     // instance's name as it was; the node still takes the pool's rule.

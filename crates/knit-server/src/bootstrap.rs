@@ -210,6 +210,7 @@ mod tests {
             last_error: None,
             created_ms: 0,
             updated_ms: 0,
+            added: false,
         };
         let config = node_config(NodeConfigInput {
             cluster: &cluster,

@@ -80,7 +80,7 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
     (
         "/api/v1/nodes/{name}",
         "delete",
-        "Remove a node from its pool (?release=false keeps the instance)",
+        "Remove a node from its pool (?release=false keeps the instance; one added by attach is kept unless ?release=true)",
         "admin",
     ),
     (

@@ -69,9 +69,10 @@ pub fn counts_toward_pool(s: &str) -> bool {
     )
 }
 
-/// Desired vs actual for one pool. Scale-in removes, in this order: instances
-/// not yet created, failed ones, ones being created, then running ones newest
-/// first (SPEC: newest first unless the user names the node).
+/// Desired vs actual for one pool. Scale-in removes instances knit created
+/// before instances added by attach (the user's machines), and within each,
+/// in this order: not yet created, failed, being created, then running ones
+/// newest first (SPEC: newest first unless the user names the node).
 pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
     let active: Vec<&InstanceRecord> = instances
         .iter()
@@ -95,8 +96,9 @@ pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
     };
     let mut victims = active;
     victims.sort_by(|a, b| {
-        rank(&a.state)
-            .cmp(&rank(&b.state))
+        a.added
+            .cmp(&b.added)
+            .then(rank(&a.state).cmp(&rank(&b.state)))
             .then(b.created_ms.cmp(&a.created_ms))
             .then(b.name.cmp(&a.name))
     });
@@ -202,7 +204,15 @@ impl ControlPlane {
                 .set_instance_state(&i.name, state::FAILED, Some(&message))?;
             self.store
                 .add_event("Warning", "Instance", &i.name, "JoinTimeout", &message)?;
-            if pool.spec.auto_replace {
+            if pool.spec.auto_replace && i.added {
+                self.store.add_event(
+                    "Normal",
+                    "Instance",
+                    &i.name,
+                    "NotReplacing",
+                    "autoReplace does not apply to an instance added by attach: knit never releases it; it stays Failed (knit delete node NAME --release=false, then attach it again)",
+                )?;
+            } else if pool.spec.auto_replace {
                 self.store.add_delete_intents(
                     &pool.metadata.name,
                     std::slice::from_ref(&i.name),
@@ -270,7 +280,33 @@ impl ControlPlane {
             )?;
         }
         if !p.delete.is_empty() {
-            let added = self.store.add_delete_intents(name, &p.delete, release)?;
+            // Instances added by attach are the user's machines: removed from
+            // the pool and kept, never released by knit on its own.
+            let users: std::collections::HashSet<String> = self
+                .store
+                .instances(Some(name))?
+                .into_iter()
+                .filter(|i| i.added)
+                .map(|i| i.name)
+                .collect();
+            let (kept, ours): (Vec<String>, Vec<String>) =
+                p.delete.iter().cloned().partition(|n| users.contains(n));
+            if !kept.is_empty() && self.store.add_delete_intents(name, &kept, false)? > 0 {
+                self.store.add_event(
+                    "Normal",
+                    "NodePool",
+                    name,
+                    "KeepingAdded",
+                    &format!(
+                        "removing instance(s) added by attach from the pool: {}; they are stopped and kept, never released by knit (knit delete node NAME --release releases one explicitly)",
+                        kept.join(", ")
+                    ),
+                )?;
+            }
+            if ours.is_empty() {
+                return Ok(());
+            }
+            let added = self.store.add_delete_intents(name, &ours, release)?;
             if added > 0 {
                 self.store.add_event(
                     "Normal",
@@ -284,7 +320,7 @@ impl ControlPlane {
                         } else {
                             "detaching (instance kept)"
                         },
-                        p.delete.join(", ")
+                        ours.join(", ")
                     ),
                 )?;
             }
@@ -338,6 +374,7 @@ impl ControlPlane {
         match intent.action.as_str() {
             "create" => self.run_create(intent).await,
             "delete" => self.run_delete(intent).await,
+            "attach" => crate::attach::resume(self, intent).await,
             other => self.store.finish_intent(
                 intent.id,
                 "failed",
@@ -545,6 +582,8 @@ impl ControlPlane {
         };
         let outcome = match &found {
             Some(found) if intent.release => provider.delete(&found.id).await,
+            // Stopping a stopped instance is refused by providers.
+            Some(found) if found.state.eq_ignore_ascii_case("stopped") => Ok(()),
             Some(found) => provider.stop(&found.id).await,
             None => Ok(()),
         };
@@ -590,12 +629,17 @@ impl ControlPlane {
         } else {
             self.store
                 .set_instance_state(&intent.instance, state::DETACHED, None)?;
+            let added = instance.as_ref().is_some_and(|i| i.added);
             self.store.add_event(
                 "Normal",
                 "Instance",
                 &intent.instance,
                 "Detached",
-                "removed from the pool; instance stopped and kept",
+                if added {
+                    "removed from the pool and the cluster; added by attach, so knit keeps it: stopped, not released (its disks and the agent's files stay)"
+                } else {
+                    "removed from the pool; instance stopped and kept"
+                },
             )?;
         }
         self.store.finish_intent(intent.id, "done", None)?;
@@ -608,6 +652,9 @@ impl ControlPlane {
         if self.provider.is_none() {
             tracing::warn!("no provider configured: pools are stored but no instance is created");
             return;
+        }
+        if let Err(e) = crate::attach::mark_added_from_records(&self) {
+            tracing::warn!(error = %e, "marking added instances from their attach records failed");
         }
         loop {
             if let Err(e) = self.plan_all().await {
@@ -765,6 +812,7 @@ mod tests {
             last_error: None,
             created_ms,
             updated_ms: created_ms,
+            added: false,
         }
     }
 
@@ -803,6 +851,160 @@ mod tests {
         assert_eq!(plan(1, &list).delete, vec!["wait", "bad", "new", "mid"]);
         assert_eq!(plan(3, &list).delete, vec!["wait", "bad"]);
         assert_eq!(plan(0, &list).delete.len(), 5);
+    }
+
+    #[test]
+    fn scale_in_takes_instances_knit_created_before_added_ones() {
+        let added = |name: &str, st: &str, created_ms: i64| InstanceRecord {
+            added: true,
+            ..inst(name, st, created_ms)
+        };
+        let list = vec![
+            added("mine-new", state::RUNNING, 9),
+            added("mine-bad", state::FAILED, 8),
+            inst("ours-old", state::RUNNING, 1),
+            inst("ours-new", state::RUNNING, 5),
+        ];
+        assert_eq!(plan(3, &list).delete, vec!["ours-new"]);
+        assert_eq!(plan(2, &list).delete, vec!["ours-new", "ours-old"]);
+        assert_eq!(
+            plan(1, &list).delete,
+            vec!["ours-new", "ours-old", "mine-bad"]
+        );
+    }
+
+    fn control_plane(dir: &std::path::Path) -> Arc<ControlPlane> {
+        let store = crate::store::Store::open(&dir.join("k.db")).unwrap();
+        Arc::new(ControlPlane::new(
+            store,
+            None,
+            Arc::new(crate::bootstrap::NoCluster),
+            crate::control::Settings::new(dir.to_path_buf()),
+            String::new(),
+            String::new(),
+            String::new(),
+        ))
+    }
+
+    /// Two instances knit made and one the user added, in a pool of 3.
+    fn pool_with_an_added_instance(cp: &ControlPlane) -> knit_api::NodePool {
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 2;
+        cp.store.insert_pool(&pool).unwrap();
+        cp.store
+            .add_create_intents("p", &[("p-ours1".into(), "t".into())])
+            .unwrap();
+        cp.store
+            .add_create_intents("p", &[("p-ours2".into(), "t".into())])
+            .unwrap();
+        for (i, name) in ["p-ours1", "p-ours2"].iter().enumerate() {
+            cp.store
+                .set_instance_created(name, &format!("i-{i}"), None)
+                .unwrap();
+        }
+        for intent in cp.store.pending_intents().unwrap() {
+            cp.store.finish_intent(intent.id, "done", None).unwrap();
+        }
+        pool.spec.replicas = 3;
+        cp.store
+            .enroll_attached(
+                &crate::store::Enrollment {
+                    name: "p-mine",
+                    pool: &pool,
+                    provider_id: "i-user",
+                    ip: None,
+                    instance_type: "t",
+                    state: state::RUNNING,
+                },
+                false,
+            )
+            .unwrap();
+        pool
+    }
+
+    fn pending_deletes(cp: &ControlPlane) -> Vec<(String, bool)> {
+        cp.store
+            .pending_intents()
+            .unwrap()
+            .into_iter()
+            .filter(|i| i.action == "delete")
+            .map(|i| (i.instance, i.release))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn scale_in_removes_created_instances_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = pool_with_an_added_instance(&cp);
+        assert!(cp.store.instance("p-mine").unwrap().unwrap().added);
+        pool.spec.replicas = 1;
+        cp.store.update_pool(&pool).unwrap();
+        cp.plan_pool("p", true).await.unwrap();
+        let mut deletes = pending_deletes(&cp);
+        deletes.sort();
+        assert_eq!(
+            deletes,
+            vec![("p-ours1".to_string(), true), ("p-ours2".to_string(), true)]
+        );
+        assert_eq!(
+            cp.store.instance("p-mine").unwrap().unwrap().state,
+            state::RUNNING
+        );
+    }
+
+    #[tokio::test]
+    async fn an_added_instance_is_kept_when_its_pool_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        pool_with_an_added_instance(&cp);
+        cp.store.mark_pool_deleting("p").unwrap();
+        cp.plan_all().await.unwrap();
+        let mut deletes = pending_deletes(&cp);
+        deletes.sort();
+        assert_eq!(
+            deletes,
+            vec![
+                ("p-mine".to_string(), false),
+                ("p-ours1".to_string(), true),
+                ("p-ours2".to_string(), true)
+            ],
+            "knit's instances released, the added one kept"
+        );
+        let events = cp.store.events(50).unwrap();
+        let kept = events
+            .iter()
+            .find(|e| e.reason == "KeepingAdded")
+            .expect("an event says the added instance is kept");
+        assert!(
+            kept.message.contains("p-mine") && kept.message.contains("never released"),
+            "{}",
+            kept.message
+        );
+    }
+
+    #[test]
+    fn a_failed_attach_is_undone_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        pool_with_an_added_instance(&cp);
+        let replicas = |cp: &ControlPlane| cp.store.pool("p").unwrap().unwrap().pool.spec.replicas;
+        assert_eq!(replicas(&cp), 3);
+        assert_eq!(
+            cp.store.undo_attach("p-mine", "why").unwrap(),
+            Some(("p".to_string(), 3, 2))
+        );
+        let mine = cp.store.instance("p-mine").unwrap().unwrap();
+        assert_eq!(
+            (mine.state.as_str(), mine.last_error.as_deref()),
+            (state::DETACHED, Some("why"))
+        );
+        assert_eq!(cp.store.undo_attach("p-mine", "again").unwrap(), None);
+        assert_eq!(replicas(&cp), 2, "the count drops once");
+        assert_eq!(
+            plan(2, &cp.store.instances(Some("p")).unwrap()),
+            Plan::default()
+        );
     }
 
     #[test]

@@ -113,6 +113,38 @@ CREATE INDEX timeline_instance ON timeline (instance);
     r#"
 ALTER TABLE nodes ADD COLUMN user_data TEXT;
 "#,
+    // Snapshot builds and their progress, so that a restart knows which
+    // build was running, at which step, with which builder.
+    r#"
+CREATE TABLE snapshot_builds (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    pool TEXT NOT NULL,
+    builder_pool TEXT NOT NULL,
+    builder_instance TEXT,
+    images TEXT NOT NULL,
+    keep_builder INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    step TEXT NOT NULL,
+    error TEXT,
+    snapshot_id TEXT,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER
+);
+CREATE TABLE snapshot_build_steps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    build TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    step TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX snapshot_build_steps_build ON snapshot_build_steps (build);
+"#,
+    // Instances added by attach (not created by knit): never released by
+    // knit on its own.
+    r#"
+ALTER TABLE instances ADD COLUMN added INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 pub fn now_ms() -> i64 {
@@ -159,6 +191,10 @@ pub struct InstanceRecord {
     pub last_error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// Added to its pool by attach (the user's machine), not created by
+    /// knit: knit never releases it on its own.
+    #[serde(default)]
+    pub added: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,6 +265,47 @@ pub struct SnapshotRecord {
     pub created_ms: i64,
 }
 
+/// A snapshot build's lifecycle.
+pub mod build_state {
+    pub const RUNNING: &str = "Running";
+    pub const SUCCEEDED: &str = "Succeeded";
+    pub const FAILED: &str = "Failed";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotBuildRecord {
+    pub id: String,
+    /// The snapshot's name at the provider.
+    pub name: String,
+    /// The source pool.
+    pub pool: String,
+    pub builder_pool: String,
+    pub builder_instance: Option<String>,
+    /// The business images asked for (besides the system images).
+    pub images: Vec<String>,
+    pub keep_builder: bool,
+    /// `build_state::*`.
+    pub status: String,
+    /// The step of the latest progress message: where the build is, or
+    /// where it stopped.
+    pub step: String,
+    pub error: Option<String>,
+    /// The provider's snapshot, recorded as soon as it exists (before the
+    /// snapshot's own record), so that an interrupted build can remove it.
+    pub snapshot_id: Option<String>,
+    pub started_ms: i64,
+    pub finished_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStep {
+    pub at_ms: i64,
+    pub step: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenRecord {
@@ -247,6 +324,17 @@ pub enum Redeem {
     Unknown,
     Used { instance: String, used_ms: i64 },
     Expired { instance: String, expires_ms: i64 },
+}
+
+/// An existing instance joining a pool (see [`Store::enroll_attached`]).
+pub struct Enrollment<'a> {
+    pub name: &'a str,
+    /// The pool's document after the add (count + 1, marker label).
+    pub pool: &'a NodePool,
+    pub provider_id: &'a str,
+    pub ip: Option<&'a str>,
+    pub instance_type: &'a str,
+    pub state: &'a str,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -270,7 +358,7 @@ fn from_json<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T> {
 }
 
 const INSTANCE_COLUMNS: &str =
-    "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms";
+    "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms, added";
 
 fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
     Ok(InstanceRecord {
@@ -284,6 +372,7 @@ fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
         last_error: r.get(7)?,
         created_ms: r.get(8)?,
         updated_ms: r.get(9)?,
+        added: r.get::<_, i64>(10)? != 0,
     })
 }
 
@@ -495,20 +584,129 @@ impl Store {
         Ok(())
     }
 
-    /// Records an existing instance added to a pool (attach): no create
-    /// intent, the instance exists already.
-    pub fn insert_attached_instance(
-        &self,
-        name: &str,
-        pool: &str,
-        provider_id: &str,
-        ip: Option<&str>,
-        instance_type: &str,
-        state: &str,
-    ) -> Result<()> {
+    /// Records an existing instance added to a pool (attach), in one
+    /// transaction: records of the same machine left Detached by an earlier
+    /// removal go, the instance row (`added`), the pool's new document (its
+    /// count one higher) and, when `intent` is set, a pending `attach` intent
+    /// that a restarted server resumes. Returns the intent's id.
+    pub fn enroll_attached(&self, e: &Enrollment<'_>, intent: bool) -> Result<Option<i64>> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let old: Vec<String> = {
+            let mut stmt =
+                tx.prepare("SELECT name FROM instances WHERE provider_id = ?1 AND state = ?2")?;
+            let rows = stmt
+                .query_map(params![e.provider_id, state::DETACHED], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()?;
+            rows
+        };
+        for name in &old {
+            tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
+        }
+        tx.execute(
+            "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms, added) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 1)",
+            params![e.name, e.pool.metadata.name, e.provider_id, e.state, e.ip, e.instance_type, now],
+        )?;
+        let changed = tx.execute(
+            "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
+            params![e.pool.metadata.name, to_json(e.pool)?, now],
+        )?;
+        if changed == 0 {
+            return Err(ServerError::NotFound {
+                kind: "pool",
+                name: e.pool.metadata.name.clone(),
+            });
+        }
+        let id = if intent {
+            tx.execute(
+                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES ('attach', ?1, ?2, 0, 'pending', ?3, ?3)",
+                params![e.name, e.pool.metadata.name, now],
+            )?;
+            Some(tx.last_insert_rowid())
+        } else {
+            None
+        };
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Undoes an attach that failed before its node could run, in one
+    /// transaction: the instance leaves the pool (`Detached`, kept, with the
+    /// reason), the pool's count drops by one, pending attach intents of it
+    /// end `failed`. Only an instance still counted in its pool is undone, so
+    /// the count drops once: `(pool, from, to)`, or `None` when it had left.
+    pub fn undo_attach(&self, name: &str, reason: &str) -> Result<Option<(String, i64, i64)>> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let row: Option<(String, String)> = tx
+            .query_row(
+                "SELECT pool, state FROM instances WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        tx.execute(
+            "UPDATE intents SET status = 'failed', last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = 'attach' AND status = 'pending'",
+            params![name, reason, now],
+        )?;
+        let Some((pool, _)) = row.filter(|(_, st)| {
+            matches!(
+                st.as_str(),
+                state::PENDING | state::CREATING | state::RUNNING | state::FAILED
+            )
+        }) else {
+            tx.commit()?;
+            return Ok(None);
+        };
+        tx.execute(
+            "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
+            params![name, state::DETACHED, reason, now],
+        )?;
+        let doc: Option<String> = tx
+            .query_row(
+                "SELECT doc FROM pools WHERE name = ?1",
+                params![pool],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let counts = match doc {
+            Some(doc) => {
+                let mut p: NodePool = from_json(&doc)?;
+                let from = p.spec.replicas;
+                p.spec.replicas = (from - 1).max(0);
+                tx.execute(
+                    "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1",
+                    params![pool, to_json(&p)?, now],
+                )?;
+                (from, p.spec.replicas)
+            }
+            None => (0, 0),
+        };
+        tx.commit()?;
+        Ok(Some((pool, counts.0, counts.1)))
+    }
+
+    /// An added instance re-imaged and booting: `Running`, and its join
+    /// timeout counts from now (not from when the attach began). Only from
+    /// `Creating`: a removal decided meanwhile wins.
+    pub fn set_attached_running(&self, name: &str, ip: Option<&str>) -> Result<()> {
+        let now = now_ms();
         self.conn().execute(
-            "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
-            params![name, pool, provider_id, state, ip, instance_type, now_ms()],
+            "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
+            params![name, ip, state::RUNNING, now, state::CREATING],
+        )?;
+        Ok(())
+    }
+
+    /// Marks an instance as added (records from before the `added` column).
+    pub fn mark_added(&self, name: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE instances SET added = 1 WHERE name = ?1 AND added = 0",
+            params![name],
         )?;
         Ok(())
     }
@@ -974,6 +1172,154 @@ impl Store {
     }
 }
 
+const BUILD_COLUMNS: &str = "id, name, pool, builder_pool, builder_instance, images, keep_builder, status, step, error, snapshot_id, started_ms, finished_ms";
+
+fn build_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotBuildRecord, String)> {
+    Ok((
+        SnapshotBuildRecord {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            pool: r.get(2)?,
+            builder_pool: r.get(3)?,
+            builder_instance: r.get(4)?,
+            images: Vec::new(),
+            keep_builder: r.get::<_, i64>(6)? != 0,
+            status: r.get(7)?,
+            step: r.get(8)?,
+            error: r.get(9)?,
+            snapshot_id: r.get(10)?,
+            started_ms: r.get(11)?,
+            finished_ms: r.get(12)?,
+        },
+        r.get(5)?,
+    ))
+}
+
+fn with_images((mut b, images): (SnapshotBuildRecord, String)) -> Result<SnapshotBuildRecord> {
+    b.images = from_json(&images)?;
+    Ok(b)
+}
+
+impl Store {
+    // ---- snapshot builds
+
+    pub fn insert_snapshot_build(&self, b: &SnapshotBuildRecord) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO snapshot_builds ({BUILD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        );
+        self.conn().execute(
+            &sql,
+            params![
+                b.id,
+                b.name,
+                b.pool,
+                b.builder_pool,
+                b.builder_instance,
+                to_json(&b.images)?,
+                b.keep_builder as i64,
+                b.status,
+                b.step,
+                b.error,
+                b.snapshot_id,
+                b.started_ms,
+                b.finished_ms
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Appends a progress message; with `current` the build's step becomes
+    /// `step` (final and clean-up messages leave it where the build was).
+    pub fn add_snapshot_build_step(
+        &self,
+        id: &str,
+        step: &str,
+        message: &str,
+        current: bool,
+    ) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO snapshot_build_steps (build, at_ms, step, message) VALUES (?1, ?2, ?3, ?4)",
+            params![id, now_ms(), step, message],
+        )?;
+        if current {
+            tx.execute(
+                "UPDATE snapshot_builds SET step = ?2 WHERE id = ?1",
+                params![id, step],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn set_snapshot_build_instance(&self, id: &str, instance: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE snapshot_builds SET builder_instance = ?2 WHERE id = ?1",
+            params![id, instance],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_snapshot_build_snapshot(&self, id: &str, snapshot_id: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE snapshot_builds SET snapshot_id = ?2 WHERE id = ?1",
+            params![id, snapshot_id],
+        )?;
+        Ok(())
+    }
+
+    /// Ends a running build with `status`; false if it had already ended.
+    pub fn finish_snapshot_build(
+        &self,
+        id: &str,
+        status: &str,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        Ok(self.conn().execute(
+            "UPDATE snapshot_builds SET status = ?2, error = ?3, finished_ms = ?4 WHERE id = ?1 AND status = ?5",
+            params![id, status, error, now_ms(), build_state::RUNNING],
+        )? > 0)
+    }
+
+    pub fn snapshot_build(&self, id: &str) -> Result<Option<SnapshotBuildRecord>> {
+        let sql = format!("SELECT {BUILD_COLUMNS} FROM snapshot_builds WHERE id = ?1");
+        self.conn()
+            .query_row(&sql, params![id], build_row)
+            .optional()?
+            .map(with_images)
+            .transpose()
+    }
+
+    /// Every build, oldest first.
+    pub fn snapshot_builds(&self) -> Result<Vec<SnapshotBuildRecord>> {
+        let conn = self.conn();
+        let sql = format!("SELECT {BUILD_COLUMNS} FROM snapshot_builds ORDER BY started_ms, id");
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let rows = stmt
+            .query_map([], build_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        rows.into_iter().map(with_images).collect()
+    }
+
+    pub fn snapshot_build_steps(&self, id: &str) -> Result<Vec<BuildStep>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT at_ms, step, message FROM snapshot_build_steps WHERE build = ?1 ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map(params![id], |r| {
+                Ok(BuildStep {
+                    at_ms: r.get(0)?,
+                    step: r.get(1)?,
+                    message: r.get(2)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+}
+
 fn migrate(conn: &mut Connection) -> Result<()> {
     let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let known = MIGRATIONS.len() as i64;
@@ -1039,6 +1385,62 @@ mod tests {
         }
         let err = Store::open(&path).err().unwrap();
         assert!(err.to_string().contains("schema version 99"), "{err}");
+    }
+
+    #[test]
+    fn snapshot_builds_keep_their_steps_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("knit.db");
+        let store = Store::open(&path).unwrap();
+        let b = SnapshotBuildRecord {
+            id: "build-1".into(),
+            name: "n".into(),
+            pool: "p".into(),
+            builder_pool: "p-snap-1".into(),
+            builder_instance: None,
+            images: vec!["docker.io/a:1".into()],
+            keep_builder: true,
+            status: build_state::RUNNING.into(),
+            step: "builder".into(),
+            error: None,
+            snapshot_id: None,
+            started_ms: 1,
+            finished_ms: None,
+        };
+        store.insert_snapshot_build(&b).unwrap();
+        store
+            .add_snapshot_build_step("build-1", "ready", "node Ready", true)
+            .unwrap();
+        store
+            .set_snapshot_build_instance("build-1", "p-snap-1-x")
+            .unwrap();
+        store.set_snapshot_build_snapshot("build-1", "s-1").unwrap();
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        let got = store.snapshot_build("build-1").unwrap().unwrap();
+        assert_eq!(got.step, "ready");
+        assert_eq!(got.builder_instance.as_deref(), Some("p-snap-1-x"));
+        assert_eq!(got.snapshot_id.as_deref(), Some("s-1"));
+        assert_eq!(got.images, b.images);
+        assert!(got.keep_builder);
+        assert!(store
+            .finish_snapshot_build("build-1", build_state::FAILED, Some("x"))
+            .unwrap());
+        // Ended once: a second end changes nothing.
+        assert!(!store
+            .finish_snapshot_build("build-1", build_state::SUCCEEDED, None)
+            .unwrap());
+        store
+            .add_snapshot_build_step("build-1", "failed", "x", false)
+            .unwrap();
+        let all = store.snapshot_builds().unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].status, build_state::FAILED);
+        assert_eq!(all[0].step, "ready");
+        assert!(all[0].finished_ms.is_some());
+        let steps = store.snapshot_build_steps("build-1").unwrap();
+        let names: Vec<&str> = steps.iter().map(|s| s.step.as_str()).collect();
+        assert_eq!(names, vec!["ready", "failed"]);
     }
 
     #[test]

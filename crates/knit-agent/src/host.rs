@@ -25,6 +25,8 @@ pub struct Host {
     pub log: DeployLog,
     /// Wall time spent inside external commands, for the overhead benchmark.
     command_time: Mutex<Duration>,
+    /// Serializes updates of the undo ledger.
+    undo: Mutex<()>,
 }
 
 /// What a finished command left behind.
@@ -42,6 +44,7 @@ impl Host {
             root,
             log,
             command_time: Mutex::new(Duration::ZERO),
+            undo: Mutex::new(()),
         }
     }
 
@@ -51,6 +54,7 @@ impl Host {
             root: root.into(),
             log: DeployLog::disabled(),
             command_time: Mutex::new(Duration::ZERO),
+            undo: Mutex::new(()),
         }
     }
 
@@ -83,16 +87,26 @@ impl Host {
         fs::read_to_string(self.path(abs)).ok()
     }
 
+    /// Held while the undo ledger is read and rewritten.
+    pub fn undo_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.undo.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn command_time(&self) -> Duration {
         self.command_time.lock().map(|d| *d).unwrap_or_default()
     }
 
-    /// Writes a file atomically (temp + fsync + rename), creating parents.
+    /// Writes a file atomically (temp + fsync + rename), creating parents;
+    /// recorded in the undo ledger first.
     pub fn write_file(&self, abs: &str, contents: &[u8], mode: u32) -> Result<()> {
+        crate::undo::note_file(self, abs)?;
         write_atomic(&self.path(abs), contents, mode)
     }
 
+    /// Creates a directory and its parents; recorded in the undo ledger
+    /// first (only what did not exist).
     pub fn create_dir(&self, abs: &str) -> Result<()> {
+        crate::undo::note_dir(self, abs)?;
         let path = self.path(abs);
         fs::create_dir_all(&path).context(ErrorCode::FailCommand, || {
             format!("create directory {}", path.display())

@@ -16,5 +16,6 @@ pub mod report;
 pub mod services;
 pub mod supervise;
 pub mod tls;
+pub mod undo;
 
 pub use error::{AgentError, Result};

@@ -63,8 +63,14 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
-    /// Forget the journal (mounted disks and installed files stay).
-    Reset,
+    /// Forget the journal (mounted disks and installed files stay). With
+    /// `--undo`: put the machine back as it was before `init` — stop the
+    /// services it started, undo its mounts and kernel settings, restore or
+    /// remove the files it wrote, remove the directories it made.
+    Reset {
+        #[arg(long)]
+        undo: bool,
+    },
     /// Run one service under the agent's supervisor (started by `init`
     /// where systemd is not PID 1; not for direct use).
     #[command(hide = true)]
@@ -170,7 +176,29 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             Ok(())
         }
         Command::Supervise { name } => knit_agent::supervise::run(&cli.root, &name),
-        Command::Reset => {
+        Command::Reset { undo: true } => {
+            let host = Host::without_log(&cli.root);
+            let report = knit_agent::undo::undo(&host)?;
+            for line in &report.done {
+                println!("undone: {line}");
+            }
+            for line in &report.failed {
+                eprintln!("not undone: {line}");
+            }
+            if report.failed.is_empty() {
+                println!("the machine is back as it was before knit-agent init (its own files untouched; the agent's logs under /var/log kept)");
+                Ok(())
+            } else {
+                Err(AgentError::new(
+                    ErrorCode::FailCommand,
+                    format!(
+                        "{} change(s) could not be undone (listed above); run `knit-agent reset --undo` again once fixed",
+                        report.failed.len()
+                    ),
+                ))
+            }
+        }
+        Command::Reset { undo: false } => {
             let host = Host::without_log(&cli.root);
             let path = Journal::path(&host);
             match std::fs::remove_file(&path) {

@@ -579,6 +579,8 @@ pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<Strin
             continue;
         }
         let dest_dir = host.path(dir);
+        crate::undo::note_dir(host, dir)?;
+        crate::undo::note_file(host, &format!("{dir}/{name}"))?;
         fs::create_dir_all(&dest_dir)
             .map_err(|e| fail(format!("create {}: {e}", dest_dir.display())))?;
         let dest = dest_dir.join(name);

@@ -71,6 +71,8 @@ pub fn ensure_running(host: &Host, spec: &ServiceSpec) -> Result<()> {
             format!("service {}: empty command", spec.name),
         ));
     }
+    // Recorded before it starts, so that an undo stops it.
+    crate::undo::note_service(host, &spec.name)?;
     if uses_systemd(host) {
         systemd_ensure(host, spec)
     } else {

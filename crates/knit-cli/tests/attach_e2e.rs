@@ -302,8 +302,10 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
 
 #[test]
 fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
-    let mut env = Env::builder().cluster(false).build();
-    env.start(false);
+    // The embedded cluster, so that the manual-mode agent below really
+    // tries (and fails) to join an API server.
+    let mut env = Env::builder().cluster(true).build();
+    env.start(true);
     let pool = POOL.replace(
         "  replicas: 0\n",
         "  replicas: 0\n  joinTimeoutSeconds: 60\n",
@@ -328,6 +330,93 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
     .collect();
     env.iptables_insert(rule);
     env.knit_ok(&["attach", "--pool", "workers", "--instances", &id]);
+
+    // Manual mode: a machine that reaches the control plane but not the API
+    // server. The command's agent fails its join; the command undoes the
+    // agent's work, prints the diagnosis and how to retry, and the control
+    // plane undoes the add.
+    let m = env.instance("name: cut-manual\ndisks: [{name: data, size: 2Gi}]\n");
+    let mip = env.cloud().describe(&m).unwrap().record.private_ip;
+    // What the machine looked like before: some paths the agent touches,
+    // a file of its own, /etc/fstab (the data-disk phase edits it).
+    const WATCHED: &str = "/var/lib/knit /etc/kubernetes /etc/containerd /var/lib/kubelet \
+        /var/lib/containerd /run/containerd /run/knit /var/lib/container /opt/cni \
+        /etc/cni /var/log/knit /etc/sysctl.d";
+    let snapshot = format!(
+        "for p in {WATCHED}; do [ -e $p ] && echo \"$p: $(ls -A $p 2>/dev/null | tr '\\n' ' ')\"; done; \
+         ls -A /usr/local/bin; sha256sum /etc/fstab"
+    );
+    let (ok, before) = env.exec(&m, &format!("echo keep me > /root/precious; {snapshot}"));
+    assert!(ok, "{before}");
+    let api_port = env.cluster_port.unwrap().to_string();
+    env.iptables_insert(
+        [
+            "INPUT",
+            "-s",
+            &format!("{mip}/32"),
+            "-d",
+            &env.gateway,
+            "-p",
+            "tcp",
+            "--dport",
+            &api_port,
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    );
+    let replicas_before = env.pool()["spec"]["replicas"].clone();
+    let command = env.knit_ok(&[
+        "attach-script",
+        "--pool",
+        "workers",
+        "--format-data-disk",
+        "--expires",
+        "10m",
+    ]);
+    let (ok, text) = env.exec(
+        &m,
+        &format!(
+            "{} > /root/attach.log 2>&1; rc=$?; cat /root/attach.log; exit $rc",
+            command.trim()
+        ),
+    );
+    assert!(!ok, "the command must fail:\n{text}");
+    for needle in [
+        "undoing what the agent did",
+        "back as it was",
+        &env.gateway,
+        "connectivity",
+        "security-group",
+        "knit attach-script",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
+    }
+    // The machine is as before: same paths, same content, its own file, no
+    // mount and no process of knit's.
+    let (ok, after) = env.exec(&m, &format!("rm /root/attach.log; {snapshot}"));
+    assert!(ok, "{after}");
+    assert_eq!(after, before, "the machine is not as it was");
+    let (ok, text) = env.exec(
+        &m,
+        "cat /root/precious; \
+         ! grep -E ' /var/lib/(container|containerd|kubelet) ' /proc/self/mounts; \
+         ! cat /proc/[0-9]*/comm 2>/dev/null | grep -xE 'containerd|kubelet|knit-agent'",
+    );
+    assert!(ok && text.contains("keep me"), "{text}");
+    // The control plane undid the add.
+    let mine = store_instance(&env, &m);
+    assert_eq!(mine["state"], "Detached", "{mine}");
+    let why = mine["lastError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("rolled the machine back") && why.contains("connectivity"),
+        "{why}"
+    );
+    assert_eq!(env.pool()["spec"]["replicas"], replicas_before);
+    assert!(env.knit_ok(&["get", "events"]).contains("AttachFailed"));
+
     let deadline = Instant::now() + Duration::from_secs(180);
     let failed = loop {
         let v = env.json(&["get", "instances", "-o", "json"]);

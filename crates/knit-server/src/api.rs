@@ -86,6 +86,7 @@ pub fn router(cp: Cp) -> Router {
         .route("/mirror/*path", get(mirror_file))
         .route("/bootstrap/v1/config", post(bootstrap))
         .route("/attach/v1/manual", post(crate::attach::manual))
+        .route("/attach/v1/failed", post(crate::attach::manual_failed))
         .route("/report/v1/events", post(report))
         .with_state(cp)
 }

@@ -1000,6 +1000,17 @@ fn manual_script(p: &ManualScript<'_>) -> String {
 # user data stay as they are.
 set -euo pipefail
 dir={dir}
+# What this command adds to the machine goes again if it fails.
+state_existed=0
+[ -e {state} ] && state_existed=1
+ok=0
+cleanup() {{
+    [ "$ok" = 1 ] && return
+    cd /
+    rm -rf "$dir"
+    [ "$state_existed" = 1 ] || rm -rf {state}
+}}
+trap cleanup EXIT
 mkdir -p "$dir"
 chmod 700 "$dir"
 cat > "$dir/control-plane-ca.pem" <<'KNIT_CA_EOF'
@@ -1055,14 +1066,121 @@ if [ "$code" != 200 ]; then
 fi
 join_token=$(cat "$dir/attach-answer")
 rm -f "$dir/attach-answer"
-fetch -X POST -H "Authorization: Bearer $join_token" -o "$dir/node-config.yaml" '{base}/bootstrap/v1/config'
-exec "$dir/knit-agent" init --config "$dir/node-config.yaml"
+# From here the token is spent and the machine is in the pool: a failure
+# undoes the agent's work, tells the control plane, and says how to retry.
+rollback() {{
+    why="$1"
+    echo "knit: $why" >&2
+    if [ -s {error_msg} ]; then
+        why="$why: $(head -c 1500 {error_msg})"
+    fi
+    undone="this machine is back as it was before the command"
+    if [ -x "$dir/knit-agent" ]; then
+        echo "knit: undoing what the agent did here (services, mounts, files it wrote); the machine's own files are kept" >&2
+        # On a partial undo the agent and its ledger stay, to run it again.
+        "$dir/knit-agent" reset --undo >&2 \
+            || {{ undone="some of the agent's changes could not be undone (listed above; run $dir/knit-agent reset --undo again)"; ok=1; }}
+    fi
+    report_token=$(sed -n 's/^  reportToken: *//p' "$dir/node-config.yaml" 2>/dev/null | tr -d "'\"" | head -n 1) \
+        || report_token=
+    diag=
+    if [ -n "$report_token" ]; then
+        diag=$(curl -sS --connect-timeout 5 --max-time 30 --cacert "$dir/control-plane-ca.pem" -X POST \
+            -H "Authorization: Bearer $report_token" -H 'Content-Type: text/plain' --data-binary "$why" \
+            '{base}/attach/v1/failed' 2>/dev/null) || diag=
+    fi
+    if [ -n "$diag" ]; then
+        echo "knit: $diag" >&2
+    else
+        echo "knit: the control plane ({base}) could not be told. Check connectivity between this machine and the control plane and the API server, and its security-group rules (egress TCP 7443 and 6443 to that address)" >&2
+    fi
+    echo "knit: $undone. The command's token is spent: to retry, fix the cause, make a new command (knit attach-script --pool POOL) and run it here" >&2
+    exit 1
+}}
+fetch -X POST -H "Authorization: Bearer $join_token" -o "$dir/node-config.yaml" '{base}/bootstrap/v1/config' \
+    || rollback "cannot fetch this machine's NodeConfig from {base}"
+if "$dir/knit-agent" init --config "$dir/node-config.yaml"; then
+    ok=1
+    exit 0
+fi
+rollback "the agent could not join this machine to the cluster"
 "#,
         dir = userdata::BOOTSTRAP_DIR,
+        state = knit_agent_state_dir(),
+        error_msg = "/var/log/knit-deploy-error-msg.log",
         base = p.base_url,
         sha = p.agent_sha256,
         token = p.token,
     )
+}
+
+/// The agent's state directory on a machine (`/var/lib/knit`): the command
+/// removes it on failure when it was not there before.
+fn knit_agent_state_dir() -> &'static str {
+    userdata::BOOTSTRAP_DIR
+        .strip_suffix("/bootstrap")
+        .unwrap_or(userdata::BOOTSTRAP_DIR)
+}
+
+/// `POST /attach/v1/failed` (report token): the attach command says its
+/// join failed and it rolled the machine back. The add is undone (instance
+/// `Detached` with the reason, the pool's count back, its Node object
+/// removed if it had registered); the answer is the diagnosis to print.
+pub async fn manual_failed(
+    State(cp): State<Cp>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or_else(|| ServerError::Unauthorized("no bearer token".into()))?;
+    let instance = cp
+        .store
+        .instance_by_report_token(&pki::token_hash(token))?
+        .ok_or_else(|| ServerError::Unauthorized("unknown report token".into()))?;
+    if !record(&cp, &instance.name)?.is_some_and(|r| r.mode == Mode::Manual) {
+        return Err(ServerError::Conflict(format!(
+            "{} was not added by an attach command (manual mode): nothing to roll back",
+            instance.name
+        )));
+    }
+    let text = String::from_utf8_lossy(&body);
+    let reason: String = text.trim().chars().take(2000).collect();
+    let reason = if reason.is_empty() {
+        "no reason given".to_string()
+    } else {
+        reason
+    };
+    // Its kubelet was stopped by the rollback: a Node it registered goes.
+    for node in cp
+        .store
+        .nodes()?
+        .into_iter()
+        .filter(|n| n.instance == instance.name)
+    {
+        if let Err(e) = cp.cluster.remove_node(&node.name).await {
+            tracing::warn!(node = %node.name, error = %e, "removing the Node of a rolled-back attach failed");
+        }
+    }
+    let message = diagnose(
+        &cp,
+        &instance.name,
+        format!("the attach command failed on the machine: {reason}"),
+    );
+    undo(
+        &cp,
+        &instance.name,
+        &format!("{message}; the command rolled the machine back"),
+    )
+    .await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain")],
+        format!("{message}\nThe control plane recorded the failure: {} left pool {} and the pool's count is back.\n", instance.name, instance.pool),
+    )
+        .into_response())
 }
 
 /// The machine's own view, sent by the command.
@@ -1315,6 +1433,9 @@ mod tests {
             "'00'",
             "/attach/v1/manual",
             "sha256sum -c",
+            "/attach/v1/failed",
+            "reset --undo",
+            "trap cleanup EXIT",
         ] {
             assert!(s.contains(needle), "{needle} missing");
         }

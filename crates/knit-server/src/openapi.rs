@@ -69,6 +69,12 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         "Redeem an attach token (the command's server-side preflight); answers a join token",
         "attachToken",
     ),
+    (
+        "/attach/v1/failed",
+        "post",
+        "The attach command reports that its join failed and the machine was rolled back (body: the reason, text); the add is undone; answers the diagnosis",
+        "reportToken",
+    ),
     ("/api/v1/instances", "get", "List instances", "admin"),
     ("/api/v1/nodes", "get", "List nodes", "admin"),
     (

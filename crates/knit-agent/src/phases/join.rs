@@ -245,6 +245,15 @@ fn desired_services(ctx: &Ctx) -> Result<(ServiceSpec, ServiceSpec)> {
 fn start_services(ctx: &Ctx) -> Result<()> {
     let host = ctx.host;
     let (containerd, kubelet) = desired_services(ctx)?;
+    // Made here rather than by the services, so that the undo ledger knows
+    // which of them did not exist before (`knit-agent reset --undo`).
+    for dir in [
+        render::CONTAINERD_ROOT,
+        render::CONTAINERD_STATE,
+        render::KUBELET_ROOT_DIR,
+    ] {
+        host.create_dir(dir).map_err(|e| join_error(e.message))?;
+    }
     services::ensure_running(host, &containerd).map_err(|e| join_error(e.message))?;
     wait_for_socket(host, render::CONTAINERD_SOCK, CONTAINERD_READY_TIMEOUT)?;
     services::ensure_running(host, &kubelet).map_err(|e| join_error(e.message))?;

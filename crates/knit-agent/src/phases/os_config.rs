@@ -78,11 +78,16 @@ impl Phase for OsConfigPhase {
         if ctx.host.is_live() {
             for (key, value) in &sysctls {
                 let path = proc_path(key);
-                if std::fs::read_to_string(&path)
+                let current = std::fs::read_to_string(&path);
+                if current
+                    .as_ref()
                     .is_ok_and(|cur| cur.split_whitespace().collect::<Vec<_>>().join(" ") == *value)
                 {
                     applied += 1;
                     continue;
+                }
+                if let Ok(previous) = &current {
+                    crate::undo::note_kernel(ctx.host, &path, previous)?;
                 }
                 match std::fs::write(&path, value) {
                     Ok(()) => applied += 1,
@@ -112,6 +117,9 @@ impl Phase for OsConfigPhase {
             let current = std::fs::read_to_string(&path).unwrap_or_default();
             if thp_current(&current) == Some(want.as_str()) {
                 continue;
+            }
+            if let Some(previous) = thp_current(&current) {
+                crate::undo::note_kernel(ctx.host, &path, previous)?;
             }
             match std::fs::write(&path, want) {
                 Ok(()) => summary.push_str(&format!("; THP {file}={want}")),

@@ -24,8 +24,12 @@ pub struct AttachArgs {
     #[arg(long)]
     keep_instance_name: bool,
     /// New login password (required for pools that log in by password).
-    #[arg(long)]
+    /// Visible to other users in the process list: prefer --password-stdin.
+    #[arg(long, conflicts_with = "password_stdin")]
     password: Option<String>,
+    /// Read the new login password from the first line of standard input.
+    #[arg(long)]
+    password_stdin: bool,
     /// Run every preflight check and print the results; change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -76,7 +80,26 @@ fn reports(v: &Value) -> Vec<Report> {
     serde_json::from_value(v["preflight"].clone()).unwrap_or_default()
 }
 
-pub fn attach(c: &Client, a: AttachArgs) -> Result<ExitCode> {
+/// The first line of `input`, without its line ending; empty is an error.
+fn password_from(mut input: impl std::io::BufRead) -> Result<String> {
+    let mut line = String::new();
+    input.read_line(&mut line).map_err(|source| CliError::Io {
+        what: "--password-stdin: cannot read standard input".into(),
+        source,
+    })?;
+    let password = line.trim_end_matches(['\r', '\n']).to_string();
+    if password.is_empty() {
+        return Err(CliError::Usage(
+            "--password-stdin: standard input held no password (the first line is empty)".into(),
+        ));
+    }
+    Ok(password)
+}
+
+pub fn attach(c: &Client, mut a: AttachArgs) -> Result<ExitCode> {
+    if a.password_stdin {
+        a.password = Some(password_from(std::io::stdin().lock())?);
+    }
     let body = json!({
         "instances": a.instances,
         "formatDataDisk": a.format_data_disk,
@@ -185,7 +208,18 @@ pub fn script(c: &Client, a: ScriptArgs) -> Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, password_from};
+
+    #[test]
+    fn password_from_stdin_takes_the_first_line_only() {
+        let read = |s: &str| password_from(s.as_bytes()).map_err(|e| e.to_string());
+        assert_eq!(read("S3cret!pass\nrest\n").as_deref(), Ok("S3cret!pass"));
+        assert_eq!(read("S3cret!pass\r\n").as_deref(), Ok("S3cret!pass"));
+        assert_eq!(read("no newline").as_deref(), Ok("no newline"));
+        let empty = read("\nS3cret!pass\n").unwrap_err();
+        assert!(empty.contains("--password-stdin"), "{empty}");
+        assert!(read("").is_err());
+    }
 
     #[test]
     fn durations() {

@@ -106,9 +106,12 @@ impl Cloud {
         };
         // A store made before (and unmounted by a host reboot) is mounted
         // again at once, so that every disk file is where its link points;
-        // a new one is made on the first disk.
-        if cloud.store.record()?.is_some() {
-            cloud.store()?;
+        // a new one is made on the first disk. A failure here must not stop
+        // `down` or `list`: the next disk operation reports it.
+        if cloud.store.record().ok().flatten().is_some() {
+            if let Err(e) = cloud.store() {
+                tracing::warn!(store = %cloud.store.dir().display(), error = %e, "cannot mount the block store");
+            }
         }
         Ok(cloud)
     }

@@ -14,18 +14,23 @@
 //! started, by PID (the server, the registry), deletes only the firewall
 //! rules it inserted, and brings down only its own local cloud (its state
 //! directory). The temporary directory is kept, and its path printed, when
-//! anything under it could not be released.
+//! anything under it could not be released. The same release runs when the
+//! test process gets SIGTERM (nextest ending a test past its timeout), where
+//! no destructor would run.
 
 #![allow(dead_code)] // each suite uses its own part
 
 use knit_local::{Cloud, Config, Template};
 use knit_registry::Registry;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 pub fn knit() -> PathBuf {
@@ -78,7 +83,7 @@ const NETWORKS: u32 = 200;
 /// named after the slot. The kernel lets one process bind a name at a time
 /// and frees it when the process dies, so tests running at once (nextest
 /// runs each in its own process) never pick the same bridge or subnet, and
-/// a killed test leaves nothing to clean.
+/// a killed test leaves no stale lease behind.
 struct NetworkLease {
     _socket: UnixListener,
     bridge: String,
@@ -124,6 +129,118 @@ fn output(cmd: &str, args: &[&str]) -> String {
         .output()
         .unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What one `Env` holds on the host: enough to release it without the
+/// `Env` itself (from the SIGTERM path).
+#[derive(Clone)]
+struct Holdings {
+    dir: PathBuf,
+    local: Config,
+    /// Processes we started (server, registry), by PID.
+    pids: Vec<u32>,
+    /// iptables rules we inserted (the arguments after -D).
+    firewall: Vec<Vec<String>>,
+}
+
+/// The holdings of every live `Env` of this process, by id.
+static LIVE: Mutex<BTreeMap<u64, Holdings>> = Mutex::new(BTreeMap::new());
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+/// The write end of the pipe the SIGTERM handler wakes the releaser with.
+static WAKE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    let fd = WAKE.load(Ordering::SeqCst);
+    // SAFETY: write(2) is async-signal-safe; one byte from a static buffer.
+    unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) };
+}
+
+/// Once per process: on SIGTERM, release every live `Env`, then exit.
+/// The handler only writes to a pipe; a thread does the work.
+fn release_on_sigterm() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) fills the two-element array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        WAKE.store(fds[1], Ordering::SeqCst);
+        std::thread::spawn(move || {
+            let mut byte = 0u8;
+            // SAFETY: read(2) into a one-byte buffer we own.
+            unsafe { libc::read(fds[0], (&mut byte as *mut u8).cast(), 1) };
+            eprintln!("SIGTERM: releasing what the test environment made");
+            let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+            for h in live.values() {
+                // As on drop: a tree with something left in it stays.
+                if release(h) {
+                    let _ = std::fs::remove_dir_all(&h.dir);
+                } else {
+                    eprintln!("kept {} (not fully released)", h.dir.display());
+                }
+            }
+            std::process::exit(143);
+        });
+        // SAFETY: the handler is async-signal-safe (see on_sigterm).
+        unsafe {
+            libc::signal(
+                libc::SIGTERM,
+                on_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
+    });
+}
+
+/// Whether `pid` runs with `dir` on its command line (so a recycled PID is
+/// never taken for ours).
+fn runs_under(pid: u32, dir: &Path) -> bool {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| String::from_utf8_lossy(&raw).contains(&dir))
+        .unwrap_or(false)
+}
+
+/// Ends our processes still running, deletes our firewall rules and
+/// brings our local cloud down; whether everything was released.
+fn release(h: &Holdings) -> bool {
+    for pid in &h.pids {
+        if runs_under(*pid, &h.dir) {
+            // SAFETY: kill(2) on a process we started, checked just above.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+    }
+    for rule in &h.firewall {
+        let _ = Command::new("iptables").arg("-D").args(rule).status();
+    }
+    let mut clean = true;
+    if h.local.state_dir.exists() {
+        match Cloud::open(h.local.clone()).map(|c| c.down()) {
+            Ok(Ok(report)) if report.errors.is_empty() => {}
+            Ok(Ok(report)) => {
+                clean = false;
+                eprintln!("local cloud down: {:?}", report.errors);
+            }
+            Ok(Err(e)) | Err(e) => {
+                clean = false;
+                eprintln!("local cloud down: {e}");
+            }
+        }
+    }
+    let mounts = mounts_under(&h.dir);
+    if !mounts.is_empty() {
+        clean = false;
+        eprintln!("still mounted: {mounts:?}");
+    }
+    clean
+}
+
+/// Mount points under `dir`, in the host's view.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .map(str::to_string)
+        .collect()
 }
 
 /// What differs between the suites' environments.
@@ -172,7 +289,9 @@ impl EnvBuilder {
             .tempdir()
             .unwrap();
         let lease = NetworkLease::take();
-        Env {
+        release_on_sigterm();
+        let env = Env {
+            id: NEXT_ID.fetch_add(1, Ordering::SeqCst),
             dir: Some(dir),
             bridge: lease.bridge.clone(),
             subnet: format!("10.216.{}.0/24", lease.third),
@@ -185,13 +304,17 @@ impl EnvBuilder {
             firewall: Vec::new(),
             opts: self,
             _lease: lease,
-        }
+        };
+        env.publish();
+        env
     }
 }
 
 /// One knit server, its local cloud and (optionally) a registry, under one
 /// temporary directory.
 pub struct Env {
+    /// Its key in `LIVE`.
+    id: u64,
     dir: Option<tempfile::TempDir>,
     pub bridge: String,
     pub subnet: String,
@@ -214,6 +337,31 @@ pub struct Env {
 impl Env {
     pub fn builder() -> EnvBuilder {
         EnvBuilder::default()
+    }
+
+    /// What this `Env` holds now.
+    fn holdings(&self) -> Holdings {
+        let pids = self
+            .server
+            .as_ref()
+            .map(Child::id)
+            .into_iter()
+            .chain(self.up_pid)
+            .chain(self.registry.as_ref().and_then(Registry::pid))
+            .collect();
+        Holdings {
+            dir: self.dir().to_path_buf(),
+            local: self.local_config(),
+            pids,
+            firewall: self.firewall.clone(),
+        }
+    }
+
+    /// Records what this `Env` holds now, for the SIGTERM path.
+    fn publish(&self) {
+        if let Ok(mut live) = LIVE.lock() {
+            live.insert(self.id, self.holdings());
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -351,6 +499,7 @@ impl Env {
             .spawn()
             .unwrap();
         self.server = Some(child);
+        self.publish();
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(self.path("config").exists() && self.knit(&["get", "clusters"]).0) {
             if let Some(Ok(Some(status))) = self.server.as_mut().map(Child::try_wait) {
@@ -369,6 +518,7 @@ impl Env {
             let reg = Registry::start(&self.path("registry"), &addr)
                 .unwrap_or_else(|e| panic!("docker-registry: {e}"));
             self.registry = Some(reg);
+            self.publish();
         }
     }
 
@@ -435,6 +585,7 @@ impl Env {
             .and_then(|p| p.trim().parse().ok())
             .unwrap_or_else(|| panic!("no server pid in the config:\n{config}"));
         self.up_pid = Some(pid);
+        self.publish();
         out
     }
 
@@ -446,10 +597,7 @@ impl Env {
     /// Whether `pid` runs with this environment's directory on its
     /// command line (so a recycled PID is never taken for ours).
     pub fn runs_here(&self, pid: u32) -> bool {
-        let dir = self.dir().to_string_lossy().into_owned();
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|raw| String::from_utf8_lossy(&raw).contains(&dir))
-            .unwrap_or(false)
+        runs_under(pid, self.dir())
     }
 
     /// Processes whose command line names this environment's directory:
@@ -524,6 +672,7 @@ impl Env {
             .unwrap_or(false);
         assert!(ok, "iptables -I {rule:?} failed");
         self.firewall.push(rule);
+        self.publish();
     }
 
     /// The store's instances (`knit get instances`).
@@ -621,43 +770,21 @@ impl Env {
 
     /// Mount points under this environment's directory, in the host's view.
     pub fn mounts_under_dir(&self) -> Vec<String> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        info.lines()
-            .filter_map(|l| l.split_whitespace().nth(4))
-            .filter(|m| Path::new(m).starts_with(self.dir()))
-            .map(str::to_string)
-            .collect()
+        mounts_under(self.dir())
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
+        // Our children first, reaped; then the rest, as on SIGTERM.
         self.kill_server();
         if let Some(mut reg) = self.registry.take() {
             reg.stop();
         }
-        for rule in &self.firewall {
-            let _ = Command::new("iptables").arg("-D").args(rule).status();
+        if let Ok(mut live) = LIVE.lock() {
+            live.remove(&self.id);
         }
-        let mut clean = true;
-        if self.path("local").exists() {
-            match Cloud::open(self.local_config()).map(|c| c.down()) {
-                Ok(Ok(report)) if report.errors.is_empty() => {}
-                Ok(Ok(report)) => {
-                    clean = false;
-                    eprintln!("local cloud down: {:?}", report.errors);
-                }
-                Ok(Err(e)) | Err(e) => {
-                    clean = false;
-                    eprintln!("local cloud down: {e}");
-                }
-            }
-        }
-        let mounts = self.mounts_under_dir();
-        if !mounts.is_empty() {
-            clean = false;
-            eprintln!("still mounted: {mounts:?}");
-        }
+        let clean = release(&self.holdings());
         // Removing a tree with something still mounted or attached in it
         // would reach into that: keep it for a look instead.
         if !clean {

@@ -267,6 +267,12 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         &format!("{command} > /root/attach2.log 2>&1; rc=$?; cat /root/attach2.log; exit $rc"),
     );
     assert!(!ok && text.contains("already used"), "{text}");
+    // A refused second run leaves the node's own agent files alone.
+    let (ok, text) = env.exec(
+        &id2,
+        "test -x /var/lib/knit/bootstrap/knit-agent && test -s /var/lib/knit/bootstrap/node-config.yaml",
+    );
+    assert!(ok, "the second run removed the node's agent files: {text}");
     assert_eq!(env.pool()["spec"]["replicas"], 2);
 
     // ---- a node removed (instance kept) and attached again is Ready.

@@ -1000,24 +1000,29 @@ fn manual_script(p: &ManualScript<'_>) -> String {
 # user data stay as they are.
 set -euo pipefail
 dir={dir}
-# What this command adds to the machine goes again if it fails.
+# Until the token is spent everything lives in a scratch directory; what
+# this command adds to the machine goes again if it fails. A machine that
+# already is a node (a second run) keeps its files.
 state_existed=0
 [ -e {state} ] && state_existed=1
+dir_existed=0
+[ -e "$dir" ] && dir_existed=1
+work=$(mktemp -d)
+chmod 700 "$work"
 ok=0
 cleanup() {{
+    rm -rf "$work"
     [ "$ok" = 1 ] && return
     cd /
-    rm -rf "$dir"
+    [ "$dir_existed" = 1 ] || rm -rf "$dir"
     [ "$state_existed" = 1 ] || rm -rf {state}
 }}
 trap cleanup EXIT
-mkdir -p "$dir"
-chmod 700 "$dir"
-cat > "$dir/control-plane-ca.pem" <<'KNIT_CA_EOF'
+cat > "$work/control-plane-ca.pem" <<'KNIT_CA_EOF'
 {ca}
 KNIT_CA_EOF
 # The CA pin: the certificate carried above must be the control plane's.
-got=$(sed '/-----/d' "$dir/control-plane-ca.pem" | base64 -d | sha256sum | cut -d' ' -f1)
+got=$(sed '/-----/d' "$work/control-plane-ca.pem" | base64 -d | sha256sum | cut -d' ' -f1)
 if [ "$got" != '{pin}' ]; then
     echo "knit: the control-plane CA in this command does not match its pin sha256:{pin} (damaged paste?)" >&2
     exit 1
@@ -1040,32 +1045,37 @@ case "$os_id" in
         fail=1;;
 esac
 [ "$fail" = 0 ] || exit 1
-fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-all-errors --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" "$@"; }}
-fetch -o "$dir/knit-agent.part" '{base}/mirror/bin/knit-agent'
-if ! echo '{sha}  '"$dir/knit-agent.part" | sha256sum -c --status -; then
+ca="$work/control-plane-ca.pem"
+fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-all-errors --connect-timeout 5 --cacert "$ca" "$@"; }}
+fetch -o "$work/knit-agent.part" '{base}/mirror/bin/knit-agent'
+if ! echo '{sha}  '"$work/knit-agent.part" | sha256sum -c --status -; then
     echo "knit: knit-agent from {base}/mirror/bin/knit-agent does not match sha256 {sha}" >&2
     exit 1
 fi
-chmod 755 "$dir/knit-agent.part"
-mv "$dir/knit-agent.part" "$dir/knit-agent"
+chmod 755 "$work/knit-agent.part"
+mv "$work/knit-agent.part" "$work/knit-agent"
 umask 077
 swap=false
 esc() {{ printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }}
 facts="{{\"osId\":\"$(esc "$os_id")\",\"osVersion\":\"$(esc "$os_version")\",\"osName\":\"$(esc "$os_name")\",\"swap\":$swap}}"
 # Server-side preflight; the answer is a one-time join token for this machine.
-code=$(curl -sS --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" -o "$dir/attach-answer" -w '%{{http_code}}' \
+code=$(curl -sS --connect-timeout 5 --cacert "$work/control-plane-ca.pem" -o "$work/attach-answer" -w '%{{http_code}}' \
     -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' --data "$facts" '{base}/attach/v1/manual') || {{
     echo "knit: cannot reach the control plane at {base}: check connectivity and the security-group rules (egress TCP to that address)" >&2
     exit 1
 }}
 if [ "$code" != 200 ]; then
     echo "knit: the control plane refused (HTTP $code):" >&2
-    cat "$dir/attach-answer" >&2
+    cat "$work/attach-answer" >&2
     echo >&2
     exit 1
 fi
-join_token=$(cat "$dir/attach-answer")
-rm -f "$dir/attach-answer"
+join_token=$(cat "$work/attach-answer")
+rm -f "$work/attach-answer"
+mkdir -p "$dir"
+chmod 700 "$dir"
+mv -f "$work/control-plane-ca.pem" "$work/knit-agent" "$dir/"
+ca="$dir/control-plane-ca.pem"
 # From here the token is spent and the machine is in the pool: a failure
 # undoes the agent's work, tells the control plane, and says how to retry.
 rollback() {{

@@ -1,4 +1,4 @@
-//! `knit snapshot create|list|delete`: data-disk snapshots (SPEC §3).
+//! `knit snapshot create|list|delete|builds`: data-disk snapshots (SPEC §3).
 
 use crate::output::{age, cell, table};
 use crate::{CliError, Result};
@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 #[derive(Subcommand)]
 pub enum SnapshotAction {
     /// Build a snapshot from a pool: builder node → Ready → out of the
-    /// cluster → package cache + images → stopped → data disk snapshotted.
+    /// cluster (instance kept) → package cache + images → stopped → data
+    /// disk snapshotted → builder released.
     Create {
         #[arg(long)]
         pool: String,
@@ -36,6 +37,19 @@ pub enum SnapshotAction {
     },
     /// Delete a snapshot (refused while a pool uses it).
     Delete { id: String },
+    /// Snapshot builds (stored, kept across server restarts): all, or one
+    /// with its steps.
+    Builds {
+        /// A build id (`build-…`): its steps, status and error.
+        id: Option<String>,
+        #[arg(short = 'o', long)]
+        output: Option<String>,
+        /// With an id: wait for the build to end, printing each step.
+        #[arg(long)]
+        follow: bool,
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
 }
 
 pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
@@ -118,6 +132,94 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
             println!("snapshot/{id} deleted");
             Ok(ExitCode::SUCCESS)
         }
+        SnapshotAction::Builds {
+            id: Some(id),
+            follow: true,
+            timeout,
+            ..
+        } => follow(c, &id, Duration::from_secs(timeout)),
+        SnapshotAction::Builds {
+            id: Some(id),
+            output,
+            ..
+        } => {
+            let b = c.get(&format!("/api/v1/snapshot-builds/{id}"))?;
+            if output.as_deref() == Some("json") {
+                println!("{}", serde_json::to_string_pretty(&b).unwrap_or_default());
+                return Ok(ExitCode::SUCCESS);
+            }
+            print_build(&b);
+            Ok(ExitCode::SUCCESS)
+        }
+        SnapshotAction::Builds {
+            id: None, output, ..
+        } => {
+            let v = c.get("/api/v1/snapshot-builds")?;
+            if output.as_deref() == Some("json") {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let now = knit_server::store::now_ms();
+            let rows: Vec<Vec<String>> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|b| {
+                    vec![
+                        cell(&b["id"]),
+                        cell(&b["pool"]),
+                        cell(&b["status"]),
+                        cell(&b["step"]),
+                        cell(&b["snapshotId"]),
+                        cell(&b["builderInstance"]),
+                        age(b["startedMs"].as_i64().unwrap_or(now), now),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &["ID", "POOL", "STATUS", "STEP", "SNAPSHOT", "BUILDER", "AGE"],
+                    &rows
+                )
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_step(s: &Value, t0: i64) {
+    let at = s["atMs"].as_i64().unwrap_or(t0) - t0;
+    println!(
+        "[{:>6.1}s] {:<9} {}",
+        at as f64 / 1000.0,
+        cell(&s["step"]),
+        cell(&s["message"])
+    );
+}
+
+/// One build: what, where it is, its steps, its end.
+fn print_build(b: &Value) {
+    println!("Build:         {}", cell(&b["id"]));
+    println!("Pool:          {}", cell(&b["pool"]));
+    println!("Status:        {}", cell(&b["status"]));
+    println!("Step:          {}", cell(&b["step"]));
+    println!(
+        "Builder:       {} (pool {})",
+        cell(&b["builderInstance"]),
+        cell(&b["builderPool"])
+    );
+    println!("Keep builder:  {}", cell(&b["keepBuilder"]));
+    if let Some(e) = b["error"].as_str() {
+        println!("Error:         {e}");
+    }
+    if !b["snapshotId"].is_null() {
+        println!("Snapshot:      {}", cell(&b["snapshotId"]));
+    }
+    println!("Steps:");
+    let t0 = b["startedMs"].as_i64().unwrap_or(0);
+    for s in b["steps"].as_array().into_iter().flatten() {
+        print_step(s, t0);
     }
 }
 
@@ -130,13 +232,7 @@ fn follow(c: &Client, id: &str, timeout: Duration) -> Result<ExitCode> {
         let steps = b["steps"].as_array().cloned().unwrap_or_default();
         let t0 = b["startedMs"].as_i64().unwrap_or(0);
         for s in steps.iter().skip(shown) {
-            let at = s["atMs"].as_i64().unwrap_or(t0) - t0;
-            println!(
-                "[{:>6.1}s] {:<9} {}",
-                at as f64 / 1000.0,
-                cell(&s["step"]),
-                cell(&s["message"])
-            );
+            print_step(s, t0);
         }
         shown = steps.len();
         if b["done"] == true {

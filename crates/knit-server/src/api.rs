@@ -70,6 +70,7 @@ pub fn router(cp: Cp) -> Router {
             "/api/v1/snapshots/:id",
             axum::routing::delete(crate::snapshot::delete),
         )
+        .route("/api/v1/snapshot-builds", get(crate::snapshot::builds))
         .route(
             "/api/v1/snapshot-builds/:id",
             get(crate::snapshot::build_status),

@@ -115,9 +115,15 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         "admin",
     ),
     (
+        "/api/v1/snapshot-builds",
+        "get",
+        "Snapshot builds, stored (status, current step, builder, snapshot id)",
+        "admin",
+    ),
+    (
         "/api/v1/snapshot-builds/{id}",
         "get",
-        "Progress of a snapshot build",
+        "One snapshot build with its steps (kept across server restarts)",
         "admin",
     ),
     (

@@ -112,6 +112,8 @@ pub async fn start(
         admin_token,
         advertise_url,
     ));
+    // Snapshot builds cut off by the previous server's end.
+    crate::snapshot::recover(&control)?;
     let (shutdown, rx) = watch::channel(false);
     let app = router(control.clone());
     let accept = tokio::spawn(accept_loop(listener, tls, app, rx.clone()));

@@ -1,24 +1,35 @@
 //! Data-disk snapshots that make scale-out fast (SPEC §3).
 //!
-//! `POST /api/v1/snapshots` starts a build that runs ACK's manual procedure
-//! as one managed operation:
+//! `POST /api/v1/snapshots` starts a build that runs SPEC §3's procedure,
+//! in its order, as one managed operation:
 //!
-//! 1. a builder pool (copy of the source pool: 1 node, fresh data disks) →
-//!    its node initialized by the agent and Ready (the agent caches the
-//!    Kubernetes package on the data disk, the kubelet stand-in pulls the
-//!    system images into containerd, whose root is on that disk);
-//! 2. the cache (`<mount>/ack/kubernetes/knit-cache.json`) checked, the
-//!    listed images pulled through CRI (`kubelet --ensure-images`), digests
-//!    and containerd version read, node-specific kubelet credentials removed
-//!    from the disk, `sync`;
-//! 3. the node removed from the cluster with the instance kept (the
-//!    reconciler deletes the Node and stops the instance: Detached);
-//! 4. the data disk snapshotted; recorded (Kubernetes and containerd
-//!    versions, images with digests, used bytes, source pool, time);
-//! 5. the builder instance released unless `keepBuilder`, the builder pool
-//!    removed.
+//! 1. `builder`: a builder pool (copy of the source pool: 1 node, fresh
+//!    data disks);
+//! 2. `ready`: its node initialized by the agent and Ready (the agent caches
+//!    the Kubernetes package on the data disk, the kubelet stand-in pulls
+//!    the system images into containerd, whose root is on that disk);
+//! 3. `detach`: the node removed from the cluster, the instance kept and
+//!    running (its kubelet stopped first so that it cannot register again;
+//!    containerd keeps running); the instance leaves its pool (Detached);
+//! 4. `package`: the package cache (`<mount>/ack/kubernetes`) checked file
+//!    by file against its manifest's sha256;
+//! 5. `images`: the system and business images pulled through CRI
+//!    (`kubelet --ensure-images`, run through the provider's exec);
+//! 6. `clean`: per-node credentials removed from the disk, `sync`;
+//! 7. `stop`: the instance stopped;
+//! 8. `snapshot`: its first data disk snapshotted and recorded (Kubernetes
+//!    and containerd versions, images with digests, used bytes, pool, time);
+//! 9. `release`: the builder instance released unless `keepBuilder`, the
+//!    builder pool removed.
 //!
-//! Progress is kept in memory per build (`GET /api/v1/snapshot-builds/ID`).
+//! Builds and every progress message are stored (SQLite), so a build is
+//! visible after a restart. A build that was running when the server died
+//! is not resumed (its waits and the builder's state are not safely
+//! repeatable at every point): at start it is marked failed at the step it
+//! had reached and its builder is cleaned up (see [`recover`]). One that had
+//! already recorded its snapshot only had the release left: that is done
+//! and the build succeeds.
+//!
 //! Pools name a snapshot in `dataDisks[].snapshotId`; creating or updating
 //! such a pool while the snapshot holds another Kubernetes version than the
 //! cluster answers with a warning (`?strict=true`: refused). Deleting a
@@ -26,25 +37,45 @@
 
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::store::{now_ms, state, SnapshotRecord};
+use crate::store::{build_state, now_ms, state, BuildStep, SnapshotBuildRecord, SnapshotRecord};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use knit_api::NodePool;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Cp = Arc<ControlPlane>;
 
 /// How long the builder node may take to become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-/// How long the reconciler may take to detach the builder.
-const DETACH_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// Where the agent installs the package's binaries (the kubelet stand-in).
 const KUBELET: &str = "/usr/local/bin/kubelet";
+/// Provider calls of a clean-up are retried this many times.
+const CLEANUP_ATTEMPTS: u32 = 5;
+/// The `cleanup` message that ends a complete clean-up; a failed build
+/// without it is cleaned up again at the next start.
+const CLEANUP_DONE: &str = "clean-up complete";
+
+/// Stops the builder's kubelet and waits until it is gone: under systemd
+/// the unit, else the agent's supervisor (SIGTERM stops the service too).
+/// containerd keeps running.
+const STOP_KUBELET: &str = r#"
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then systemctl stop kubelet; exit $?; fi
+alive() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && ! grep -q ') Z ' "/proc/$1/stat"; }
+sup=$(awk '{print $1}' /run/knit/kubelet.pid 2>/dev/null)
+main=$(awk '{print $1}' /run/knit/kubelet.main.pid 2>/dev/null)
+alive "$sup" && kill -TERM "$sup"
+i=0
+while alive "$sup" || alive "$main"; do
+  i=$((i+1))
+  if [ "$i" -eq 450 ] && alive "$main"; then kill -KILL "$main"; fi
+  if [ "$i" -gt 600 ]; then echo "the kubelet (supervisor $sup, process $main) still runs after 60s" >&2; exit 1; fi
+  sleep 0.1
+done
+"#;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -58,52 +89,59 @@ pub struct BuildRequest {
     pub keep_builder: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Step {
-    pub at_ms: i64,
-    pub step: String,
-    pub message: String,
-}
-
+/// A build as the API shows it: the stored record, its messages and, once
+/// made, the snapshot.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BuildStatus {
-    pub id: String,
-    pub name: String,
-    pub pool: String,
-    pub builder_pool: String,
-    pub builder_instance: Option<String>,
-    pub steps: Vec<Step>,
+    #[serde(flatten)]
+    pub build: SnapshotBuildRecord,
+    pub steps: Vec<BuildStep>,
+    /// No longer running (succeeded or failed).
     pub done: bool,
-    pub error: Option<String>,
     pub snapshot: Option<SnapshotRecord>,
-    pub started_ms: i64,
-    pub finished_ms: Option<i64>,
 }
 
-fn builds() -> &'static Mutex<BTreeMap<String, BuildStatus>> {
-    static BUILDS: OnceLock<Mutex<BTreeMap<String, BuildStatus>>> = OnceLock::new();
-    BUILDS.get_or_init(|| Mutex::new(BTreeMap::new()))
+fn status_of(cp: &ControlPlane, build: SnapshotBuildRecord) -> Result<BuildStatus> {
+    let steps = cp.store.snapshot_build_steps(&build.id)?;
+    let snapshot = match &build.snapshot_id {
+        Some(sid) => cp.store.snapshots()?.into_iter().find(|s| &s.id == sid),
+        None => None,
+    };
+    Ok(BuildStatus {
+        done: build.status != build_state::RUNNING,
+        build,
+        steps,
+        snapshot,
+    })
 }
 
-fn with_build(id: &str, f: impl FnOnce(&mut BuildStatus)) {
-    let mut map = builds().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(b) = map.get_mut(id) {
-        f(b);
-    }
-}
-
-fn progress(id: &str, step: &str, message: impl Into<String>) {
+/// Records a progress message; the build's current step becomes `step`.
+fn note(cp: &ControlPlane, id: &str, step: &str, message: impl Into<String>) -> Result<()> {
     let message = message.into();
     tracing::info!(build = id, step, "{message}");
-    with_build(id, |b| {
-        b.steps.push(Step {
-            at_ms: now_ms(),
-            step: step.to_string(),
-            message,
-        })
-    });
+    cp.store.add_snapshot_build_step(id, step, &message, true)
+}
+
+/// Records the message that ends `step`, then the test hook
+/// `KNIT_SERVER_PAUSE_AT=snapshot-<step>`.
+async fn progress(
+    cp: &ControlPlane,
+    id: &str,
+    step: &str,
+    message: impl Into<String>,
+) -> Result<()> {
+    note(cp, id, step, message)?;
+    crate::pause::pause_at(&format!("snapshot-{step}")).await;
+    Ok(())
+}
+
+/// A message that does not move the build's step (the end, clean-up).
+fn remark(cp: &ControlPlane, id: &str, step: &str, message: &str) {
+    tracing::info!(build = id, step, "{message}");
+    if let Err(e) = cp.store.add_snapshot_build_step(id, step, message, false) {
+        tracing::warn!(build = id, error = %e, "cannot record a build message");
+    }
 }
 
 /// A short random suffix (names of builds and builder pools).
@@ -226,17 +264,23 @@ pub async fn delete(
     Ok((StatusCode::OK, Json(json!({ "id": id, "deleted": true }))))
 }
 
-pub async fn build_status(Path(id): Path<String>) -> Result<Json<BuildStatus>> {
-    builds()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .cloned()
-        .map(Json)
-        .ok_or(ServerError::NotFound {
-            kind: "snapshot build",
-            name: id,
-        })
+/// `GET /api/v1/snapshot-builds`: every build, newest last, without their
+/// messages.
+pub async fn builds(State(cp): State<Cp>) -> Result<Json<Value>> {
+    let items = cp.store.snapshot_builds()?;
+    Ok(Json(json!({ "items": items })))
+}
+
+/// `GET /api/v1/snapshot-builds/{id}`: one build with its messages.
+pub async fn build_status(
+    State(cp): State<Cp>,
+    Path(id): Path<String>,
+) -> Result<Json<BuildStatus>> {
+    let build = cp.store.snapshot_build(&id)?.ok_or(ServerError::NotFound {
+        kind: "snapshot build",
+        name: id,
+    })?;
+    Ok(Json(status_of(&cp, build)?))
 }
 
 pub async fn create(
@@ -282,60 +326,287 @@ pub async fn create(
     if builder_pool.len() > 63 {
         builder_pool = format!("snap-{}", &id[6..]);
     }
-    let status = BuildStatus {
+    let build = SnapshotBuildRecord {
         id: id.clone(),
         name,
         pool: req.pool.clone(),
         builder_pool,
         builder_instance: None,
-        steps: Vec::new(),
-        done: false,
+        images: req.images.clone(),
+        keep_builder: req.keep_builder,
+        status: build_state::RUNNING.to_string(),
+        step: "builder".to_string(),
         error: None,
-        snapshot: None,
+        snapshot_id: None,
         started_ms: now_ms(),
         finished_ms: None,
     };
-    builds()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id.clone(), status.clone());
+    cp.store.insert_snapshot_build(&build)?;
     let task_cp = cp.clone();
     tokio::spawn(async move {
         let result = run(&task_cp, &id, &req).await;
-        let end = now_ms();
-        match result {
-            Ok(snap) => {
-                progress(&id, "done", format!("snapshot {} ready", snap.id));
-                with_build(&id, |b| {
-                    b.snapshot = Some(snap);
-                    b.done = true;
-                    b.finished_ms = Some(end);
-                });
-            }
-            Err(e) => {
-                let msg = format!("{e} [{}]", e.code());
-                progress(&id, "failed", msg.clone());
-                let _ = task_cp
-                    .store
-                    .add_event("Warning", "Snapshot", &id, "BuildFailed", &msg);
-                with_build(&id, |b| {
-                    b.error = Some(msg);
-                    b.done = true;
-                    b.finished_ms = Some(end);
-                });
-            }
-        }
+        finish(&task_cp, &id, result).await;
     });
-    Ok((StatusCode::ACCEPTED, Json(status)))
+    Ok((StatusCode::ACCEPTED, Json(status_of(&cp, build)?)))
 }
 
-fn build_field(id: &str, f: impl Fn(&BuildStatus) -> String) -> String {
-    builds()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(id)
-        .map(f)
-        .unwrap_or_default()
+/// Ends a build: success recorded, or the failure recorded after the
+/// builder was cleaned up (so that a finished build leaves nothing behind).
+async fn finish(cp: &Cp, id: &str, result: Result<SnapshotRecord>) {
+    let outcome = match result {
+        Ok(snap) => {
+            remark(cp, id, "done", &format!("snapshot {} ready", snap.id));
+            cp.store
+                .finish_snapshot_build(id, build_state::SUCCEEDED, None)
+        }
+        Err(e) => {
+            let step = cp
+                .store
+                .snapshot_build(id)
+                .ok()
+                .flatten()
+                .map(|b| b.step)
+                .unwrap_or_default();
+            let msg = format!("step {step}: {e} [{}]", e.code());
+            if let Ok(Some(b)) = cp.store.snapshot_build(id) {
+                clean_up(cp, &b).await;
+            }
+            remark(cp, id, "failed", &msg);
+            let _ = cp
+                .store
+                .add_event("Warning", "Snapshot", id, "BuildFailed", &msg);
+            cp.store
+                .finish_snapshot_build(id, build_state::FAILED, Some(&msg))
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::error!(build = id, error = %e, "cannot record the end of the build");
+    }
+}
+
+/// At server start: every build still recorded as running was cut off by
+/// the server's end. One whose snapshot was recorded only lacked the
+/// release: it is released and the build succeeds. Any other is marked
+/// failed at its step now, and its builder cleaned up in the background
+/// (instance released unless `keepBuilder`, then stopped; builder pool
+/// removed; a provider snapshot not yet recorded deleted).
+pub fn recover(cp: &Cp) -> Result<()> {
+    let interrupted: Vec<SnapshotBuildRecord> = cp
+        .store
+        .snapshot_builds()?
+        .into_iter()
+        .filter(|b| b.status == build_state::RUNNING)
+        .collect();
+    // Failed builds whose clean-up did not end (the server died during it,
+    // or a provider call kept failing): once more.
+    let mut unclean = Vec::new();
+    for b in cp.store.snapshot_builds()? {
+        if b.status == build_state::FAILED
+            && !cp
+                .store
+                .snapshot_build_steps(&b.id)?
+                .iter()
+                .any(|s| s.step == "cleanup" && s.message == CLEANUP_DONE)
+        {
+            unclean.push(b);
+        }
+    }
+    if interrupted.is_empty() && unclean.is_empty() {
+        return Ok(());
+    }
+    let recorded = cp.store.snapshots()?;
+    let mut failed = Vec::new();
+    let mut completed = Vec::new();
+    for b in interrupted {
+        let snapshot_recorded = b
+            .snapshot_id
+            .as_ref()
+            .is_some_and(|sid| recorded.iter().any(|s| &s.id == sid));
+        if snapshot_recorded {
+            completed.push(b);
+            continue;
+        }
+        let msg = format!(
+            "interrupted at step {}: the knit server stopped during the build (builds are not resumed; run knit snapshot create again)",
+            b.step
+        );
+        remark(cp, &b.id, "failed", &msg);
+        cp.store
+            .finish_snapshot_build(&b.id, build_state::FAILED, Some(&msg))?;
+        cp.store
+            .add_event("Warning", "Snapshot", &b.id, "BuildInterrupted", &msg)?;
+        tracing::warn!(build = %b.id, step = %b.step, "snapshot build interrupted by a restart: failed, cleaning up its builder");
+        failed.push(b);
+    }
+    failed.extend(unclean);
+    let task_cp = cp.clone();
+    tokio::spawn(async move {
+        for b in failed {
+            clean_up(&task_cp, &b).await;
+        }
+        for b in completed {
+            let id = b.id.clone();
+            let result = complete_release(&task_cp, &b).await;
+            finish(&task_cp, &id, result).await;
+        }
+    });
+    Ok(())
+}
+
+/// The last step of a build whose snapshot was recorded before a restart.
+async fn complete_release(cp: &Cp, b: &SnapshotBuildRecord) -> Result<SnapshotRecord> {
+    let sid = b.snapshot_id.clone().unwrap_or_default();
+    let snap = cp
+        .store
+        .snapshots()?
+        .into_iter()
+        .find(|s| s.id == sid)
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "snapshot",
+            name: sid.clone(),
+        })?;
+    let what = release_builder(cp, b).await?;
+    let _ = cp.store.mark_pool_deleting(&b.builder_pool);
+    cp.wake();
+    progress(
+        cp,
+        &b.id,
+        "release",
+        format!("{what} (after a server restart)"),
+    )
+    .await?;
+    Ok(snap)
+}
+
+/// What happens to a builder that left its pool (Detached): released, or
+/// with `keepBuilder` stopped and kept. A builder still in its pool goes
+/// with the pool. Returns what was done.
+async fn release_builder(cp: &Cp, b: &SnapshotBuildRecord) -> Result<String> {
+    let Some(instance) = &b.builder_instance else {
+        return Ok("no builder instance yet".to_string());
+    };
+    let Some(rec) = cp.store.instance(instance)? else {
+        return Ok(format!("builder instance {instance} already gone"));
+    };
+    if rec.state != state::DETACHED {
+        return Ok(format!(
+            "builder instance {instance} ({}) released with its pool {}",
+            rec.state, b.builder_pool
+        ));
+    }
+    let provider = cp.provider()?;
+    let found = match &rec.provider_id {
+        Some(pid) => provider.get(pid).await?,
+        None => provider.find_by_name(instance).await?,
+    };
+    if b.keep_builder {
+        if let Some(f) = found
+            .iter()
+            .find(|f| !f.state.eq_ignore_ascii_case("stopped"))
+        {
+            provider.stop(&f.id).await?;
+        }
+        return Ok(format!("builder instance {instance} kept (stopped)"));
+    }
+    if let Some(f) = &found {
+        provider.delete(&f.id).await?;
+    }
+    cp.store.remove_instance(instance)?;
+    cp.store.add_event(
+        "Normal",
+        "Instance",
+        instance,
+        "Released",
+        &format!("snapshot builder of {} released", b.id),
+    )?;
+    Ok(format!("builder instance {instance} released"))
+}
+
+/// Leaves nothing of a failed build behind: the provider snapshot if it
+/// was made but not recorded, the builder instance (see
+/// [`release_builder`]), the builder pool. Provider calls are retried;
+/// what still fails is logged, recorded on the build and as an event, and
+/// tried again at the next server start. Repeating it is harmless.
+async fn clean_up(cp: &Cp, b: &SnapshotBuildRecord) {
+    let mut complete = true;
+    if let Some(sid) = &b.snapshot_id {
+        let recorded = cp
+            .store
+            .snapshots()
+            .map(|s| s.iter().any(|s| &s.id == sid))
+            .unwrap_or(true);
+        if !recorded {
+            match retry(|| async {
+                let provider = cp.provider()?;
+                provider.snapshot_delete(sid).await
+            })
+            .await
+            {
+                Ok(()) => remark(
+                    cp,
+                    &b.id,
+                    "cleanup",
+                    &format!("unrecorded snapshot {sid} deleted"),
+                ),
+                Err(e) => {
+                    complete = false;
+                    leaked(cp, b, &format!("snapshot {sid} could not be deleted: {e}"))
+                }
+            }
+        }
+    }
+    match retry(|| release_builder(cp, b)).await {
+        Ok(what) => remark(cp, &b.id, "cleanup", &what),
+        Err(e) => {
+            complete = false;
+            leaked(cp, b, &format!("builder instance: {e}"))
+        }
+    }
+    match cp.store.mark_pool_deleting(&b.builder_pool) {
+        Ok(()) => remark(
+            cp,
+            &b.id,
+            "cleanup",
+            &format!("builder pool {} deleted", b.builder_pool),
+        ),
+        Err(ServerError::NotFound { .. }) => {}
+        Err(e) => {
+            complete = false;
+            leaked(cp, b, &format!("builder pool {}: {e}", b.builder_pool))
+        }
+    }
+    if complete {
+        remark(cp, &b.id, "cleanup", CLEANUP_DONE);
+    }
+    cp.wake();
+}
+
+fn leaked(cp: &ControlPlane, b: &SnapshotBuildRecord, what: &str) {
+    let msg = format!("clean-up incomplete, remove by hand: {what}");
+    tracing::error!(build = %b.id, "{msg}");
+    remark(cp, &b.id, "cleanup", &msg);
+    let _ = cp
+        .store
+        .add_event("Warning", "Snapshot", &b.id, "CleanupFailed", &msg);
+}
+
+async fn retry<T, F, Fut>(mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt >= CLEANUP_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::warn!(attempt, error = %e, "snapshot clean-up: retrying");
+                tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// `sh -c` inside the builder; the output on success.
@@ -351,7 +622,8 @@ async fn sh(cp: &ControlPlane, provider_id: &str, script: &str) -> Result<String
         return Err(ServerError::Provider {
             provider: cp.provider()?.name().to_string(),
             message: format!(
-                "in the builder, `{script}` exited {code}: {}{}",
+                "in the builder, `{}` exited {code}: {}{}",
+                script.trim(),
                 String::from_utf8_lossy(&err).trim(),
                 String::from_utf8_lossy(&out).trim()
             ),
@@ -365,8 +637,11 @@ fn quote(s: &str) -> String {
 }
 
 async fn run(cp: &Cp, id: &str, req: &BuildRequest) -> Result<SnapshotRecord> {
-    let builder_pool = build_field(id, |b| b.builder_pool.clone());
-    let name = build_field(id, |b| b.name.clone());
+    let build = cp
+        .store
+        .snapshot_build(id)?
+        .ok_or_else(|| ServerError::Internal(format!("snapshot build {id} is not recorded")))?;
+    let builder_pool = build.builder_pool.clone();
     let source = cp
         .store
         .pool(&req.pool)?
@@ -377,7 +652,7 @@ async fn run(cp: &Cp, id: &str, req: &BuildRequest) -> Result<SnapshotRecord> {
         .pool;
     let cluster_version = cp.cluster_doc()?.spec.kubernetes_version;
 
-    // 1. Builder pool: the source's configuration, one node, fresh disks.
+    // Builder pool: the source's configuration, one node, fresh disks.
     let mut pool = source.clone();
     pool.metadata.name = builder_pool.clone();
     pool.spec.replicas = 1;
@@ -397,47 +672,20 @@ async fn run(cp: &Cp, id: &str, req: &BuildRequest) -> Result<SnapshotRecord> {
         &format!("snapshot builder for pool {} ({id})", req.pool),
     )?;
     cp.wake();
-    progress(
+    note(
+        cp,
         id,
         "builder",
         format!(
             "builder pool {builder_pool} created from pool {} (1 node)",
             req.pool
         ),
-    );
-    let result = build_on(cp, id, req, &builder_pool, &name, &pool, &cluster_version).await;
-    // The builder pool goes in every case; a kept builder is Detached and
-    // is no longer the pool's.
-    if let Some(instance) = build_field_opt(id) {
-        if result.is_err() && !req.keep_builder {
-            release(cp, &instance).await;
-        }
-    }
+    )?;
+    let record = build_on(cp, &build, req, &pool, &cluster_version).await?;
+    // The builder left its pool at `detach`: the empty pool goes.
     let _ = cp.store.mark_pool_deleting(&builder_pool);
     cp.wake();
-    result
-}
-
-fn build_field_opt(id: &str) -> Option<String> {
-    builds()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(id)
-        .and_then(|b| b.builder_instance.clone())
-}
-
-async fn release(cp: &Cp, instance: &str) {
-    if let Ok(Some(rec)) = cp.store.instance(instance) {
-        if let (Some(pid), Ok(provider)) = (&rec.provider_id, cp.provider()) {
-            if rec.state == state::DETACHED {
-                if let Err(e) = provider.delete(pid).await {
-                    tracing::warn!(instance, error = %e, "cannot release the snapshot builder");
-                    return;
-                }
-                let _ = cp.store.remove_instance(instance);
-            }
-        }
-    }
+    Ok(record)
 }
 
 async fn wait_until<T>(
@@ -460,16 +708,15 @@ async fn wait_until<T>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn build_on(
     cp: &Cp,
-    id: &str,
+    build: &SnapshotBuildRecord,
     req: &BuildRequest,
-    builder_pool: &str,
-    name: &str,
     pool: &NodePool,
     cluster_version: &str,
 ) -> Result<SnapshotRecord> {
+    let id = build.id.as_str();
+    let builder_pool = build.builder_pool.as_str();
     let started = Instant::now();
     // The builder's instance: the one instance of the builder pool.
     let instance = wait_until("builder instance", READY_TIMEOUT, || {
@@ -481,14 +728,18 @@ async fn build_on(
             .map(|i| i.name))
     })
     .await?;
-    with_build(id, |b| b.builder_instance = Some(instance.clone()));
+    cp.store.set_snapshot_build_instance(id, &instance)?;
     progress(
+        cp,
         id,
         "builder",
         format!("builder instance {instance} requested"),
-    );
+    )
+    .await?;
+
+    // Ready: system images on the disk, package cached by the agent.
     let attached = cp.cluster.attached();
-    wait_until("builder node Ready", READY_TIMEOUT, || {
+    let node = wait_until("builder node Ready", READY_TIMEOUT, || {
         if let Some(i) = cp.store.instance(&instance)? {
             if i.state == state::FAILED {
                 return Err(ServerError::Conflict(format!(
@@ -523,21 +774,70 @@ async fn build_on(
     })
     .await?;
     progress(
+        cp,
         id,
         "ready",
         format!(
-            "builder node {instance} {} after {:.1}s",
+            "builder node {} {} after {:.1}s",
+            node.name,
             if attached { "Ready" } else { "initialized" },
             started.elapsed().as_secs_f64()
         ),
-    );
+    )
+    .await?;
     let provider_id = cp
         .store
         .instance(&instance)?
         .and_then(|i| i.provider_id)
         .ok_or_else(|| ServerError::Internal(format!("builder {instance} has no provider id")))?;
 
-    // 2. Package cache, images, versions.
+    // Out of the cluster, instance kept and running. The kubelet goes
+    // first so that it cannot register the Node again; containerd stays
+    // for the pulls.
+    note(
+        cp,
+        id,
+        "detach",
+        format!(
+            "stopping the kubelet on {instance}, then removing node {} from the cluster",
+            node.name
+        ),
+    )?;
+    sh(cp, &provider_id, STOP_KUBELET).await?;
+    if attached {
+        cp.cluster.remove_node(&node.name).await?;
+    }
+    {
+        // The pool drops to 0 with its instance Detached, in the planner's
+        // lock, so that it neither replaces nor releases the builder.
+        let _guard = cp.plan_lock.lock().await;
+        if let Some(record) = cp.store.pool(builder_pool)? {
+            let mut p = record.pool;
+            p.spec.replicas = 0;
+            cp.store.update_pool(&p)?;
+        }
+        cp.store
+            .set_instance_state(&instance, state::DETACHED, None)?;
+    }
+    cp.store.add_event(
+        "Normal",
+        "Instance",
+        &instance,
+        "Detached",
+        &format!("snapshot build {id}: removed from the cluster, instance kept running"),
+    )?;
+    progress(
+        cp,
+        id,
+        "detach",
+        format!(
+            "node {} removed from the cluster; instance {instance} kept (running, Detached)",
+            node.name
+        ),
+    )
+    .await?;
+
+    // The package cache, verified file by file.
     let mount = pool.spec.data_disks[0]
         .mount_target
         .clone()
@@ -553,14 +853,52 @@ async fn build_on(
     let manifest: Value = serde_json::from_str(&manifest)
         .map_err(|e| ServerError::Conflict(format!("{cache}/knit-cache.json: {e}")))?;
     let kubernetes_version = manifest["version"].as_str().unwrap_or_default().to_string();
+    let files = manifest["files"].as_object().cloned().unwrap_or_default();
+    if kubernetes_version.is_empty() || !files.contains_key("bin/kubelet") {
+        return Err(ServerError::Conflict(format!(
+            "{cache}/knit-cache.json names no version or no bin/kubelet"
+        )));
+    }
+    let mut sums = String::new();
+    for (rel, sum) in &files {
+        let sum = sum.as_str().unwrap_or_default();
+        let safe = !rel.starts_with('/')
+            && !rel.split('/').any(|c| c == ".." || c.is_empty())
+            && !rel.contains('\n');
+        if !safe || sum.len() != 64 || !sum.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(ServerError::Conflict(format!(
+                "{cache}/knit-cache.json: bad entry {rel:?}: {sum:?}"
+            )));
+        }
+        sums.push_str(&format!("{sum}  {rel}\n"));
+    }
+    sh(
+        cp,
+        &provider_id,
+        &format!(
+            "cd {} && printf '%s' {} | sha256sum --check --quiet --strict",
+            quote(&cache),
+            quote(&sums)
+        ),
+    )
+    .await
+    .map_err(|e| {
+        ServerError::Conflict(format!(
+            "the package cache in {cache} does not match its manifest: {e}"
+        ))
+    })?;
     progress(
+        cp,
         id,
         "package",
         format!(
-            "Kubernetes {kubernetes_version} package cached in {cache} ({} files with sha256)",
-            manifest["files"].as_object().map_or(0, |f| f.len())
+            "Kubernetes {kubernetes_version} package cached in {cache}: {} files match their sha256",
+            files.len()
         ),
-    );
+    )
+    .await?;
+
+    // System and business images, through CRI on the instance's containerd.
     let system: Vec<String> = sh(
         cp,
         &provider_id,
@@ -579,8 +917,11 @@ async fn build_on(
         }
     }
     let mut images: Vec<String> = Vec::new();
-    if !all.is_empty() {
-        progress(
+    if all.is_empty() {
+        progress(cp, id, "images", "no image to pull").await?;
+    } else {
+        note(
+            cp,
             id,
             "images",
             format!(
@@ -588,7 +929,7 @@ async fn build_on(
                 all.len(),
                 all.join(", ")
             ),
-        );
+        )?;
         let t = Instant::now();
         let out = sh(
             cp,
@@ -611,6 +952,7 @@ async fn build_on(
             images.push(format!("{r}@{digest}"));
         }
         progress(
+            cp,
             id,
             "images",
             format!(
@@ -621,12 +963,14 @@ async fn build_on(
                 report["bytesPulled"],
                 t.elapsed().as_secs_f64()
             ),
-        );
+        )
+        .await?;
     }
     let containerd_version = sh(cp, &provider_id, "containerd --version")
         .await
         .map(|v| v.split_whitespace().nth(2).unwrap_or_default().to_string())
         .unwrap_or_default();
+
     // The builder's identity must not travel: kubelet credentials and the
     // stand-in's report are per node.
     let used = sh(
@@ -640,63 +984,29 @@ async fn build_on(
     .await?;
     let used: i64 = used.trim().parse().unwrap_or(0);
     progress(
+        cp,
         id,
         "clean",
         format!("builder credentials removed, disk synced ({used} bytes used)"),
-    );
-
-    // 3. Out of the cluster, instance kept (Detached, stopped).
-    {
-        let _guard = cp.plan_lock.lock().await;
-        if let Some(record) = cp.store.pool(builder_pool)? {
-            let mut p = record.pool;
-            p.spec.replicas = 0;
-            cp.store.update_pool(&p)?;
-        }
-        cp.store
-            .add_delete_intents(builder_pool, std::slice::from_ref(&instance), false)?;
-    }
-    cp.wake();
-    wait_until("builder detached", DETACH_TIMEOUT, || {
-        Ok(cp
-            .store
-            .instance(&instance)?
-            .filter(|i| i.state == state::DETACHED)
-            .map(|_| ()))
-    })
+    )
     .await?;
-    progress(
-        id,
-        "detach",
-        format!("node {instance} removed from the cluster; instance kept and stopped"),
-    );
 
-    // 4. Snapshot of the first data disk.
+    // Stopped: the disk is quiet for the snapshot.
+    cp.provider()?.stop(&provider_id).await?;
+    progress(cp, id, "stop", format!("instance {instance} stopped")).await?;
+
+    // Snapshot of the first data disk; its id is stored before anything
+    // else so that an interrupted build can delete it.
     let t = Instant::now();
     let snap = cp
         .provider()?
-        .snapshot_create(&provider_id, 0, name)
+        .snapshot_create(&provider_id, 0, &build.name)
         .await?;
-    progress(
-        id,
-        "snapshot",
-        format!(
-            "data disk snapshotted as {} in {:.1}s",
-            snap.id,
-            t.elapsed().as_secs_f64()
-        ),
-    );
-    if kubernetes_version != cluster_version {
-        progress(
-            id,
-            "snapshot",
-            format!("warning: the snapshot holds Kubernetes {kubernetes_version}, the cluster runs {cluster_version}"),
-        );
-    }
+    cp.store.set_snapshot_build_snapshot(id, &snap.id)?;
     let record = SnapshotRecord {
         id: snap.id.clone(),
         pool: req.pool.clone(),
-        kubernetes_version,
+        kubernetes_version: kubernetes_version.clone(),
         containerd_version,
         images,
         size_bytes: if used > 0 {
@@ -713,27 +1023,37 @@ async fn build_on(
         &snap.id,
         "Created",
         &format!(
-            "{name}: from pool {} in {:.1}s",
+            "{}: from pool {} in {:.1}s",
+            build.name,
             req.pool,
             started.elapsed().as_secs_f64()
         ),
     )?;
-
-    // 5. Release the builder unless kept.
-    if req.keep_builder {
-        progress(
+    if kubernetes_version != cluster_version {
+        note(
+            cp,
             id,
-            "release",
-            format!("builder instance {instance} kept (stopped)"),
-        );
-    } else {
-        release(cp, &instance).await;
-        progress(
-            id,
-            "release",
-            format!("builder instance {instance} released"),
-        );
+            "snapshot",
+            format!("warning: the snapshot holds Kubernetes {kubernetes_version}, the cluster runs {cluster_version}"),
+        )?;
     }
+    progress(
+        cp,
+        id,
+        "snapshot",
+        format!(
+            "data disk snapshotted as {} in {:.1}s",
+            snap.id,
+            t.elapsed().as_secs_f64()
+        ),
+    )
+    .await?;
+
+    // Release the builder unless kept.
+    let mut kept = build.clone();
+    kept.builder_instance = Some(instance.clone());
+    let what = release_builder(cp, &kept).await?;
+    progress(cp, id, "release", what).await?;
     Ok(record)
 }
 

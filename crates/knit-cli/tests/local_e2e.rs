@@ -54,20 +54,10 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
         "{out}"
     );
     env.start_server();
-    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
-    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
+    env.create("pool", POOL);
 
     // 0 -> 3: every node initialized by the real agent, reported back.
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "3",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.scale_wait("workers", 3);
     let instances = env.store_instances();
     assert_eq!(running_names(&instances).len(), 3);
     assert_eq!(env.provider_names(), running_names(&instances));
@@ -85,16 +75,7 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     assert!(log.contains("[data-disk]"), "{log}");
 
     // 3 -> 1: newest first, released at the provider.
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "1",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.scale_wait("workers", 1);
     let instances = env.store_instances();
     assert_eq!(running_names(&instances).len(), 1);
     assert_eq!(env.provider_names(), running_names(&instances));
@@ -118,16 +99,7 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     }
     env.kill_server();
     env.start_server();
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "4",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.scale_wait("workers", 4);
     let instances = env.store_instances();
     let names = running_names(&instances);
     assert_eq!(names.len(), 4, "{instances:?}");
@@ -212,19 +184,8 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
         "  userData: exit 3\n",
     );
     assert!(failing.contains("exit 3") && pool.contains("userDataSchedulingGate"));
-    std::fs::write(env.path("failing.yaml"), failing).unwrap();
-    std::fs::write(env.path("pool.yaml"), pool).unwrap();
-    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
-    let out = env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "2",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.create("pool", &pool);
+    let out = env.scale_wait("workers", 2);
     assert!(out.contains("2/2 initialized and Ready"), "{out}");
     let nodes: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
     let nodes = nodes["items"].as_array().unwrap().clone();
@@ -270,17 +231,8 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
     }
 
     // User data outcomes and the gate, as the control plane records them.
-    env.knit_ok(&["create", "-f", env.path("failing.yaml").to_str().unwrap()]);
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "failing",
-        "--replicas",
-        "1",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.create("failing", &failing);
+    env.scale_wait("failing", 1);
     let deadline = Instant::now() + Duration::from_secs(120);
     let (mut removed, mut failed) = (0, 0);
     while (removed < 2 || failed < 1) && Instant::now() < deadline {
@@ -339,18 +291,8 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
         "  userData: sleep 30\n",
     );
     assert!(slow.contains("sleep 30"));
-    std::fs::write(env.path("slow.yaml"), slow).unwrap();
-    env.knit_ok(&["create", "-f", env.path("slow.yaml").to_str().unwrap()]);
-    let out = env.knit_ok(&[
-        "scale",
-        "pool",
-        "slow",
-        "--replicas",
-        "1",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.create("slow", &slow);
+    let out = env.scale_wait("slow", 1);
     assert!(out.contains("1/1 initialized and Ready"), "{out}");
     let all: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
     let slow_node = all["items"]
@@ -377,16 +319,7 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
     }
 
     // Scale-in: the newest node leaves the cluster and its instance goes.
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "1",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.scale_wait("workers", 1);
     let nodes: Value = serde_json::from_str(&env.knit_ok(&["get", "nodes", "-o", "json"])).unwrap();
     let left: Vec<String> = nodes["items"]
         .as_array()
@@ -443,18 +376,8 @@ fn knit_down_takes_the_whole_local_setup_down() {
 
     // Plain down: everything.
     env.up();
-    std::fs::write(env.path("pool.yaml"), POOL).unwrap();
-    env.knit_ok(&["create", "-f", env.path("pool.yaml").to_str().unwrap()]);
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "1",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
+    env.create("pool", POOL);
+    env.scale_wait("workers", 1);
     let server = env.up_pid().unwrap();
     assert!(Env::link_exists(&env.bridge));
     assert!(!env.loop_devices_here().is_empty());

@@ -675,6 +675,28 @@ impl Env {
         self.publish();
     }
 
+    /// Writes `yaml` to `<name>.yaml` here and runs `knit create -f` on it.
+    pub fn create(&self, name: &str, yaml: &str) -> String {
+        let file = self.path(&format!("{name}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        self.knit_ok(&["create", "-f", file.to_str().unwrap()])
+    }
+
+    /// `knit scale pool POOL --replicas N --wait` (300 s at most): its output.
+    pub fn scale_wait(&self, pool: &str, replicas: u32) -> String {
+        let replicas = replicas.to_string();
+        self.knit_ok(&[
+            "scale",
+            "pool",
+            pool,
+            "--replicas",
+            &replicas,
+            "--wait",
+            "--timeout",
+            "300",
+        ])
+    }
+
     /// The store's instances (`knit get instances`).
     pub fn store_instances(&self) -> Vec<Value> {
         self.json(&["get", "instances", "-o", "json"])["items"]

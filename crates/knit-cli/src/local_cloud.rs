@@ -71,12 +71,21 @@ pub fn down(server_state: &Path) -> Result<()> {
     let cloud = knit_local::Cloud::open(rec.config()).map_err(|e| {
         CliError::Failed(format!("local cloud in {}: {e}", rec.state_dir.display()))
     })?;
+    let bridge_was_up = Path::new("/sys/class/net").join(&rec.bridge).exists();
     let report = cloud.down().map_err(|e| {
         CliError::Failed(format!("local cloud in {}: {e}", rec.state_dir.display()))
     })?;
+    let bridge = match (
+        bridge_was_up,
+        Path::new("/sys/class/net").join(&rec.bridge).exists(),
+    ) {
+        (true, false) => format!("bridge {} removed", rec.bridge),
+        (_, true) => format!("bridge {} still there", rec.bridge),
+        (false, false) => format!("no bridge {}", rec.bridge),
+    };
     println!(
-        "local cloud in {} down: {} instance(s), {} process(es) ended (instances and the metadata server), \
-         {} loop device(s) detached, {} mount(s) removed, {} link(s) deleted (veths and bridge {}), \
+        "local cloud in {} down: {bridge}; {} instance(s), {} process(es) ended (instances and the \
+         metadata server), {} loop device(s) detached, {} mount(s) removed, {} link(s) deleted, \
          {} network namespace(s)",
         rec.state_dir.display(),
         report.instances,
@@ -84,7 +93,6 @@ pub fn down(server_state: &Path) -> Result<()> {
         report.loop_devices,
         report.mounts,
         report.links,
-        rec.bridge,
         report.namespaces,
     );
     if !report.errors.is_empty() {

@@ -382,11 +382,12 @@ fn knit_down_takes_the_whole_local_setup_down() {
     assert!(Env::link_exists(&env.bridge));
     assert!(!env.loop_devices_here().is_empty());
     let out = env.knit_ok(&["down"]);
+    eprintln!("knit down:\n{out}");
     for needle in [
         "nodepool/workers deleted".to_string(),
         format!("knit server (pid {server}) stopped"),
         "local cloud in".to_string(),
-        format!("bridge {}", env.bridge),
+        format!("bridge {} removed", env.bridge),
     ] {
         assert!(out.contains(&needle), "{needle:?} missing in:\n{out}");
     }

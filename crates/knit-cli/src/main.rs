@@ -709,6 +709,8 @@ fn down(
     let path = config_path(cli_config)?;
     let mut config = ClientConfig::load(&path)?;
     let c = Client::new(&config)?;
+    // Instances added by attach that the pools' deletion kept (SPEC §2).
+    let mut added_kept: Vec<String> = Vec::new();
     if !keep_instances {
         let pools = c.get("/api/v1/pools")?;
         for p in pools["items"].as_array().into_iter().flatten() {
@@ -727,6 +729,13 @@ fn down(
                 .map(|i| cell(&i["name"]))
                 .collect();
             if left.is_empty() {
+                added_kept = instances["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|i| i["added"] == true)
+                    .map(|i| cell(&i["providerId"]))
+                    .collect();
                 break;
             }
             if std::time::Instant::now() > deadline {
@@ -766,6 +775,12 @@ fn down(
             println!("local cloud kept: its instances stay (--keep-instances)");
         } else if keep_cloud {
             println!("local cloud kept (--keep-cloud); `knit local down` removes it");
+        } else if !added_kept.is_empty() {
+            // Taking the cloud down would destroy the machines users added.
+            println!(
+                "local cloud kept: it holds instance(s) added by attach, which knit does not release: {} (stopped); `knit local down` removes the cloud and them",
+                added_kept.join(", ")
+            );
         } else {
             local_cloud::down(Path::new(dir))?;
         }

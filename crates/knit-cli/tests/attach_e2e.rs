@@ -725,6 +725,18 @@ fn a_server_killed_mid_attach_resumes_it_after_a_restart() {
     assert_eq!(at_cloud.record.state.to_string(), "stopped");
     let events = env.knit_ok(&["get", "events"]);
     assert!(events.contains("KeepingAdded"), "{events}");
+
+    // Deleting the cluster (knit down) keeps it as well: the local cloud
+    // that holds it is not taken down with the server.
+    let out = env.knit_ok(&["down", "--timeout", "120"]);
+    assert!(
+        out.contains("added by attach") && out.contains(&id),
+        "{out}"
+    );
+    assert!(
+        env.cloud().describe(&id).is_ok(),
+        "the added instance did not survive knit down"
+    );
 }
 
 /// `openssl passwd -6` of `password` with the salt of `hash` (the password

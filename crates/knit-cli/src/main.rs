@@ -4,6 +4,7 @@
 mod attach;
 mod local_cloud;
 mod output;
+mod registry;
 mod snapshot;
 mod wait;
 
@@ -34,6 +35,8 @@ enum CliError {
     },
     #[error("{0}")]
     Failed(String),
+    #[error("{0}")]
+    Registry(#[from] knit_registry::RegistryError),
 }
 
 impl CliError {
@@ -44,6 +47,7 @@ impl CliError {
             CliError::Usage(_) => "Usage".into(),
             CliError::Io { .. } => "IoError".into(),
             CliError::Failed(_) => "Failed".into(),
+            CliError::Registry(e) => e.code().into(),
         }
     }
 }
@@ -243,6 +247,12 @@ enum Cmd {
         #[command(subcommand)]
         action: snapshot::SnapshotAction,
     },
+    /// The local OCI registry pools pull from (docker-registry on the
+    /// local cloud's bridge): up [--seed], down, status.
+    Registry {
+        #[command(subcommand)]
+        action: registry::RegistryAction,
+    },
     /// Package mirror.
     Package {
         #[command(subcommand)]
@@ -390,6 +400,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Duration::from_secs(timeout),
         ),
         Cmd::Snapshot { action } => snapshot::run(&client(&cli.config)?, action),
+        Cmd::Registry { action } => registry::run(action),
         Cmd::Attach(args) => attach::attach(&client(&cli.config)?, args),
         Cmd::AttachScript(args) => attach::script(&client(&cli.config)?, args),
         Cmd::Package { action } => package(action),
@@ -767,6 +778,10 @@ fn down(
         }
         Some(pid) => println!("knit server (pid {pid}) is not running"),
         None => println!("this config has no server started by `knit up`; nothing to stop"),
+    }
+    // The registry `knit registry up` started for this server's state.
+    if let Some(dir) = &config.state_dir {
+        registry::stop_in(Path::new(dir))?;
     }
     config.pid = None;
     config.save(&path)?;

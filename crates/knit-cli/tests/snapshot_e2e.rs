@@ -125,11 +125,34 @@ fn snapshot_build_use_stale_and_delete() {
         "--timeout",
         "900",
     ]);
-    for step in [
-        "builder", "ready", "package", "images", "detach", "snapshot", "release",
-    ] {
-        assert!(out.contains(step), "step {step} missing:\n{out}");
-    }
+    // SPEC §3's order: the node leaves the cluster (instance kept) before
+    // the package and the images; the instance stops before the snapshot.
+    let order = [
+        "builder", "ready", "detach", "package", "images", "clean", "stop", "snapshot", "release",
+    ];
+    let printed = step_order(&out);
+    assert_eq!(printed, [&order[..], &["done"]].concat(), "{out}");
+    let id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap()
+        .to_string();
+    let build = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    assert_eq!(build["status"], "Succeeded", "{build}");
+    assert_eq!(build["step"], "release", "{build}");
+    let stored: Vec<&str> = build["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    let mut dedup = stored.clone();
+    dedup.dedup();
+    assert_eq!(dedup, [&order[..], &["done"]].concat(), "{build}");
+    assert!(
+        env.knit_ok(&["snapshot", "builds"]).contains("Succeeded"),
+        "builds table"
+    );
     let list: Value =
         serde_json::from_str(&env.knit_ok(&["snapshot", "list", "-o", "json"])).unwrap();
     let snap = list["items"][0].clone();
@@ -294,4 +317,210 @@ fn snapshot_build_use_stale_and_delete() {
         std::thread::sleep(Duration::from_secs(1));
     }
     assert!(cloud.snapshots().unwrap().is_empty());
+}
+
+/// The steps of `knit snapshot create`'s progress lines (`[  1.0s] step …`),
+/// each once, in order.
+fn step_order(out: &str) -> Vec<String> {
+    let mut steps: Vec<String> = out
+        .lines()
+        .filter(|l| l.starts_with('['))
+        .filter_map(|l| {
+            l.split_once(']')
+                .and_then(|(_, r)| r.split_whitespace().next())
+        })
+        .map(str::to_string)
+        .collect();
+    steps.dedup();
+    steps
+}
+
+/// `knit registry down` for this test's state directory when dropped (also
+/// on panic): the registry `knit registry up` started is no child of ours.
+struct RegistryDown(String);
+
+impl Drop for RegistryDown {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(common::knit())
+            .args(["registry", "down", "--state-dir", &self.0])
+            .status();
+    }
+}
+
+/// A build cut off by the server's end: SIGKILL while paused after its
+/// `images` step (`KNIT_SERVER_PAUSE_AT=snapshot-images`), when the builder
+/// is out of the cluster and of its pool (Detached) but running with its
+/// images pulled — only the build knows it. After the restart the build is
+/// reported failed at step `images` (API and CLI), and nothing is left: no
+/// instance at the provider or in the store, no builder pool, no snapshot.
+/// The registry is the one `knit registry up --seed` starts, pulled from
+/// through the mirror it prints; `knit down` stops it.
+#[test]
+fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing() {
+    assert!(is_root(), "this test needs root");
+    for bin in ["containerd", "runc", "docker-registry"] {
+        assert!(on_path(bin), "{bin} is not installed (scripts/setup.sh)");
+    }
+    let mut env = Env::builder()
+        .cluster(true)
+        .env("KNIT_SERVER_PAUSE_AT", "snapshot-images")
+        .build();
+    env.build_package(true);
+    env.start_server();
+    let state = env.state_dir().to_str().unwrap().to_string();
+    let reg_port = common::free_port().to_string();
+    let up = env.knit_ok(&[
+        "registry",
+        "up",
+        "--state-dir",
+        &state,
+        "--local-subnet",
+        &env.subnet,
+        "--port",
+        &reg_port,
+        "--seed",
+        "--image",
+        &format!("{APP}=1M"),
+    ]);
+    let _registry = RegistryDown(state.clone());
+    let mirror = format!("{}:{reg_port}", env.gateway);
+    assert!(
+        up.contains(&format!("registry.k8s.io: [\"http://{mirror}\"]")),
+        "{up}"
+    );
+    for r in SYSTEM {
+        assert!(up.contains(&format!("pushed {r} ")), "{up}");
+    }
+    let status = env.json(&["registry", "status", "--state-dir", &state, "-o", "json"]);
+    assert_eq!(status["running"], true, "{status}");
+    assert_eq!(status["answers"], true, "{status}");
+    assert_eq!(status["mirror"], mirror.as_str(), "{status}");
+    assert_eq!(
+        status["repositories"].as_array().unwrap().len(),
+        4,
+        "{status}"
+    );
+    let reg_pid = status["pid"].as_u64().unwrap();
+    // A second `up` finds it running.
+    let again = env.knit_ok(&["registry", "up", "--state-dir", &state, "--port", &reg_port]);
+    assert!(again.contains("already running"), "{again}");
+    std::fs::write(
+        env.path("workers.yaml"),
+        pool_yaml("workers", &mirror, None),
+    )
+    .unwrap();
+    env.knit_ok(&["create", "-f", env.path("workers.yaml").to_str().unwrap()]);
+    let out = env.knit_ok(&[
+        "snapshot",
+        "create",
+        "--pool",
+        "workers",
+        "--images",
+        APP,
+        "--no-wait",
+    ]);
+    let id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap_or_else(|| panic!("no build id in {out:?}"))
+        .to_string();
+
+    // Paused after the images step.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !env.server_log().contains("paused at snapshot-images") {
+        let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+        assert_eq!(b["status"], "Running", "{b}\n{}", env.server_log_tail());
+        assert!(Instant::now() < deadline, "{b}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    assert_eq!(b["step"], "images", "{b}");
+    let builder = b["builderInstance"].as_str().unwrap().to_string();
+    let builder_pool = b["builderPool"].as_str().unwrap().to_string();
+    assert!(env.provider_names().contains(&builder), "{b}");
+    let rec = env
+        .store_instances()
+        .into_iter()
+        .find(|i| i["name"] == builder.as_str())
+        .unwrap();
+    assert_eq!(rec["state"], "Detached", "{rec}");
+
+    env.kill_server();
+    env.start_server();
+
+    // Failed at its step, at once (before the clean-up ends).
+    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    assert_eq!(b["status"], "Failed", "{b}");
+    assert_eq!(b["done"], true, "{b}");
+    assert_eq!(b["step"], "images", "{b}");
+    let error = b["error"].as_str().unwrap();
+    assert!(error.contains("interrupted at step images"), "{error}");
+    let table = env.knit_ok(&["snapshot", "builds"]);
+    let row = table.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(row.contains("Failed") && row.contains("images"), "{table}");
+    let shown = env.knit_ok(&["snapshot", "builds", &id]);
+    assert!(
+        shown.contains("Error:") && shown.contains("interrupted at step images"),
+        "{shown}"
+    );
+
+    // Nothing leaked: the builder released at the provider and gone from
+    // the store, the builder pool removed, no snapshot made.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let at_provider = env.provider_names();
+        let in_store: Vec<Value> = env
+            .store_instances()
+            .into_iter()
+            .filter(|i| i["name"] == builder.as_str())
+            .collect();
+        let pool_left = env.knit(&["get", "pools", &builder_pool]).0;
+        if at_provider.is_empty() && in_store.is_empty() && !pool_left {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left: provider {at_provider:?}, store {in_store:?}, pool {pool_left}\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(env.cloud().snapshots().unwrap().is_empty());
+    let list = env.json(&["snapshot", "list", "-o", "json"]);
+    assert_eq!(list["items"].as_array().unwrap().len(), 0, "{list}");
+    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    let cleanup: Vec<&str> = b["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["step"] == "cleanup")
+        .map(|s| s["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        cleanup
+            .iter()
+            .any(|m| m.contains(&format!("builder instance {builder} released"))),
+        "{b}"
+    );
+    assert!(cleanup.contains(&"clean-up complete"), "{b}");
+    assert_eq!(b["step"], "images", "clean-up does not move the step: {b}");
+    // The images were pulled through the registry `knit registry up` made.
+    let log = std::fs::read_to_string(env.state_dir().join("registry/registry.log")).unwrap();
+    assert!(
+        knit_registry::count_blob_gets(&log) >= 4,
+        "{}",
+        tail(&log, 20)
+    );
+
+    // `knit down` stops it too.
+    let down = env.knit_ok(&["down", "--timeout", "120"]);
+    assert!(
+        down.contains(&format!("registry (pid {reg_pid}) stopped")),
+        "{down}"
+    );
+    // Gone, or a zombie its new parent has not reaped (empty cmdline).
+    let cmdline = std::fs::read(format!("/proc/{reg_pid}/cmdline")).unwrap_or_default();
+    assert!(cmdline.is_empty(), "registry pid {reg_pid} still runs");
+    let status = env.json(&["registry", "status", "--state-dir", &state, "-o", "json"]);
+    assert_eq!(status["running"], false, "{status}");
 }

@@ -480,6 +480,32 @@ pub fn manifest_digest(base: &str, reference: &str) -> Result<String> {
         .ok_or_else(|| RegistryError::Http(format!("{reference}: no Docker-Content-Digest")))
 }
 
+/// Whether a registry answers `GET /v2/` at `base` (`http://IP:PORT`).
+pub fn answers(base: &str) -> bool {
+    ureq::get(&format!("{base}/v2/"))
+        .timeout(Duration::from_secs(2))
+        .call()
+        .is_ok()
+}
+
+/// The repositories the registry at `base` holds (`GET /v2/_catalog`).
+pub fn catalog(base: &str) -> Result<Vec<String>> {
+    let text = agent()
+        .get(&format!("{base}/v2/_catalog?n=1000"))
+        .call()
+        .map_err(|e| http_err("catalog", e))?
+        .into_string()
+        .map_err(io("read the catalog"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| RegistryError::Http(format!("catalog {text:?}: {e}")))?;
+    Ok(v["repositories"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.as_str().map(str::to_string))
+        .collect())
+}
+
 /// Builds and pushes one image; the blobs are deleted afterwards.
 pub fn seed(
     base: &str,

@@ -1,0 +1,391 @@
+//! `knit registry up|down|status`: the local OCI registry pools pull from.
+//!
+//! Debian's `docker-registry` (through the knit-registry library), started
+//! in the background on the local cloud's bridge address, with its storage,
+//! config, log and a record (`registry.json`, its PID) under
+//! `<state-dir>/registry`. `up --seed` pushes the local package set's system
+//! images (built here from random bytes, no image from the internet); `up`
+//! prints the containerd mirror configuration a pool needs. `down` (and
+//! `knit down`) stops it by its recorded PID; the stored images stay.
+
+use crate::{io, CliError, Result};
+use clap::{Args, Subcommand};
+use serde::{Deserialize, Serialize};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// The local package set's system images with the sizes `--seed` gives them.
+const SEED: &[(&str, u64)] = &[
+    ("registry.k8s.io/pause:3.10", 512 << 10),
+    ("registry.k8s.io/kube-proxy:v1.31.4", 16 << 20),
+    ("docker.io/flannel/flannel:v0.26.1", 16 << 20),
+];
+
+#[derive(Args, Clone)]
+pub struct Place {
+    /// The server's state directory; the registry lives in its `registry/`.
+    #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
+    state_dir: PathBuf,
+    /// The local cloud's subnet: its first address is the bridge's, where
+    /// instances reach the host.
+    #[arg(long, env = "KNIT_LOCAL_SUBNET", default_value = "10.213.0.0/24")]
+    local_subnet: String,
+}
+
+#[derive(Subcommand)]
+pub enum RegistryAction {
+    /// Start the registry (if not running) and print the containerd mirror
+    /// configuration for a pool.
+    Up {
+        #[command(flatten)]
+        place: Place,
+        #[arg(long, default_value_t = 5000)]
+        port: u16,
+        /// Listen address. Default: the bridge's address when the bridge
+        /// exists, else every address (the bridge is made with the local
+        /// cloud's first instance; instances reach the registry there).
+        #[arg(long)]
+        address: Option<Ipv4Addr>,
+        /// Push the local package set's system images (pause, kube-proxy,
+        /// flannel; random layers built here).
+        #[arg(long)]
+        seed: bool,
+        /// Also push REF=SIZE[xLAYERS] (e.g. docker.io/acme/web:1=300Mx6).
+        #[arg(long = "image", value_name = "REF=SIZE[xLAYERS]")]
+        images: Vec<String>,
+    },
+    /// Stop the registry started by `up` (its images stay on disk).
+    Down {
+        #[command(flatten)]
+        place: Place,
+    },
+    /// Whether it runs, where, what it holds.
+    Status {
+        #[command(flatten)]
+        place: Place,
+        #[arg(short = 'o', long)]
+        output: Option<String>,
+    },
+}
+
+/// `<state-dir>/registry/registry.json`: what `up` started.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    pid: u32,
+    /// `IP:PORT` it listens on.
+    listen: String,
+    /// `IP:PORT` instances use (pool registry mirrors).
+    mirror: String,
+    started_ms: i64,
+}
+
+fn dir(place: &Place) -> PathBuf {
+    place.state_dir.join("registry")
+}
+
+fn record_path(place: &Place) -> PathBuf {
+    dir(place).join("registry.json")
+}
+
+fn load(place: &Place) -> Option<Record> {
+    let text = std::fs::read_to_string(record_path(place)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The bridge's address: the subnet's first host.
+fn gateway(subnet: &str) -> Result<Ipv4Addr> {
+    let bad = || {
+        CliError::Usage(format!(
+            "--local-subnet {subnet:?}: expected an IPv4 network such as 10.213.0.0/24"
+        ))
+    };
+    let (net, len) = subnet.split_once('/').ok_or_else(bad)?;
+    let net: Ipv4Addr = net.parse().map_err(|_| bad())?;
+    let len: u32 = len.parse().map_err(|_| bad())?;
+    if !(8..=30).contains(&len) {
+        return Err(bad());
+    }
+    let mask = u32::MAX << (32 - len);
+    Ok(Ipv4Addr::from((u32::from(net) & mask) + 1))
+}
+
+/// Whether an interface of this host holds `ip` (`ip -4 -o addr`).
+fn host_has(ip: Ipv4Addr) -> bool {
+    std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("inet {ip}/")))
+        .unwrap_or(false)
+}
+
+/// True when `pid` is the docker-registry serving this directory's config
+/// (so a recycled PID is never signalled).
+fn is_ours(pid: u32, place: &Place) -> bool {
+    let config = dir(place).join("config.yml");
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+            args.first()
+                .is_some_and(|a| a.ends_with(b"docker-registry"))
+                && args
+                    .iter()
+                    .any(|a| *a == config.as_os_str().as_encoded_bytes())
+        })
+        .unwrap_or(false)
+}
+
+fn local_url(listen: &str) -> String {
+    match listen.strip_prefix("0.0.0.0:") {
+        Some(port) => format!("http://127.0.0.1:{port}"),
+        None => format!("http://{listen}"),
+    }
+}
+
+/// The pool fragment that sends both registries' pulls to `mirror`.
+fn mirror_config(mirror: &str) -> String {
+    format!(
+        "spec:\n  containerd:\n    registryMirrors:\n      registry.k8s.io: [\"http://{mirror}\"]\n      docker.io: [\"http://{mirror}\"]\n    insecureRegistries: [\"{mirror}\"]\n"
+    )
+}
+
+pub fn run(action: RegistryAction) -> Result<ExitCode> {
+    match action {
+        RegistryAction::Up {
+            place,
+            port,
+            address,
+            seed,
+            images,
+        } => up(&place, port, address, seed, &images),
+        RegistryAction::Down { place } => {
+            stop(&place)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RegistryAction::Status { place, output } => status(&place, output.as_deref()),
+    }
+}
+
+fn up(
+    place: &Place,
+    port: u16,
+    address: Option<Ipv4Addr>,
+    seed: bool,
+    images: &[String],
+) -> Result<ExitCode> {
+    // Checked before anything starts: a typo must not leave a registry up.
+    let mut pushes: Vec<(String, usize, u64)> = Vec::new();
+    if seed {
+        pushes.extend(SEED.iter().map(|(r, b)| (r.to_string(), 1, *b)));
+    }
+    for arg in images {
+        pushes.push(knit_registry::parse_image_arg(arg)?);
+    }
+    let gw = gateway(&place.local_subnet)?;
+    let record = match load(place).filter(|r| is_ours(r.pid, place)) {
+        Some(r) => {
+            println!("registry already running (pid {}) on {}", r.pid, r.listen);
+            r
+        }
+        None => start(place, port, address, gw)?,
+    };
+    let push = local_url(&record.listen);
+    if !pushes.is_empty() {
+        let work = dir(place).join("seed");
+        for (reference, layers, bytes) in &pushes {
+            let t = Instant::now();
+            let img = knit_registry::seed(&push, &work, reference, *layers, *bytes)?;
+            println!(
+                "pushed {reference} ({} bytes in {layers} layer(s), {}) in {:.1}s",
+                img.transfer_bytes(),
+                img.manifest_digest,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    println!(
+        "instances reach it at {}; a pool pulls through it with:\n{}",
+        record.mirror,
+        mirror_config(&record.mirror)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> Result<Record> {
+    let bridge_up = host_has(gw);
+    let ip = address.unwrap_or(if bridge_up { gw } else { Ipv4Addr::UNSPECIFIED });
+    if address.is_none() && !bridge_up {
+        println!(
+            "the local cloud's bridge ({gw}) does not exist yet (it is made with the first instance): listening on every address"
+        );
+    }
+    let listen = format!("{ip}:{port}");
+    let mirror = if ip.is_unspecified() {
+        format!("{gw}:{port}")
+    } else {
+        listen.clone()
+    };
+    let dir = dir(place);
+    let (bin, config) = knit_registry::prepare(&dir, &listen)?;
+    let log_path = dir.join("registry.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(io(format!("open {}", log_path.display())))?;
+    let log2 = log.try_clone().map_err(io("dup the registry log"))?;
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("serve")
+        .arg(&config)
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    // The registry outlives this command: its own session, no terminal.
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(io("start docker-registry"))?;
+    let pid = child.id();
+    let url = local_url(&listen);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !knit_registry::answers(&url) {
+        let log_tail = || {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(5)..].join("\n")
+        };
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(CliError::Failed(format!(
+                "docker-registry exited ({st}) on {listen}:\n{}",
+                log_tail()
+            )));
+        }
+        if Instant::now() > deadline {
+            // SAFETY: pid is the child just started.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            let _ = child.wait();
+            return Err(CliError::Failed(format!(
+                "docker-registry did not answer on {listen} within 30 s:\n{}",
+                log_tail()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let record = Record {
+        pid,
+        listen: listen.clone(),
+        mirror,
+        started_ms: knit_server::store::now_ms(),
+    };
+    let text = serde_json::to_string_pretty(&record)
+        .map_err(|e| CliError::Failed(format!("encode the registry record: {e}")))?;
+    if let Err(e) = std::fs::write(record_path(place), text) {
+        // Without its record nothing could stop it later.
+        // SAFETY: pid is the child just started.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        return Err(io(format!("write {}", record_path(place).display()))(e));
+    }
+    println!(
+        "registry running (pid {pid}) on {listen}; storage {}; log {}",
+        dir.join("storage").display(),
+        log_path.display()
+    );
+    Ok(record)
+}
+
+/// Stops the registry `up` started for this state directory, if it runs.
+/// Whether one was stopped.
+pub fn stop_in(state_dir: &Path) -> Result<bool> {
+    let place = Place {
+        state_dir: state_dir.to_path_buf(),
+        local_subnet: String::new(),
+    };
+    if load(&place).is_none() {
+        return Ok(false);
+    }
+    stop(&place)
+}
+
+fn stop(place: &Place) -> Result<bool> {
+    let Some(record) = load(place) else {
+        println!("no registry started by `knit registry up` here");
+        return Ok(false);
+    };
+    let pid = record.pid;
+    let stopped = if is_ours(pid, place) {
+        // SAFETY: the recorded registry process, checked above.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while is_ours(pid, place) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if is_ours(pid, place) {
+            // SAFETY: as above; it ignored SIGTERM for 10 s.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            while is_ours(pid, place) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        println!("registry (pid {pid}) stopped");
+        true
+    } else {
+        println!("registry (pid {pid}) is not running");
+        false
+    };
+    let path = record_path(place);
+    std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())))?;
+    Ok(stopped)
+}
+
+fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
+    let record = load(place);
+    let running = record.as_ref().is_some_and(|r| is_ours(r.pid, place));
+    let url = record.as_ref().map(|r| local_url(&r.listen));
+    let answers = running && url.as_deref().is_some_and(knit_registry::answers);
+    let repositories = match (&url, answers) {
+        (Some(u), true) => knit_registry::catalog(u)?,
+        _ => Vec::new(),
+    };
+    if output == Some("json") {
+        let v = serde_json::json!({
+            "running": running,
+            "answers": answers,
+            "pid": record.as_ref().map(|r| r.pid),
+            "listen": record.as_ref().map(|r| r.listen.clone()),
+            "mirror": record.as_ref().map(|r| r.mirror.clone()),
+            "repositories": repositories,
+            "dir": dir(place),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(ExitCode::SUCCESS);
+    }
+    match (&record, running) {
+        (Some(r), true) => {
+            println!(
+                "Registry:      running (pid {}), {}",
+                r.pid,
+                if answers {
+                    "answers /v2/"
+                } else {
+                    "does not answer /v2/"
+                }
+            );
+            println!("Listen:        {}", r.listen);
+            println!("Mirror:        {} (for instances)", r.mirror);
+            println!("Repositories:  {}", repositories.join(", "));
+            println!("Storage:       {}", dir(place).join("storage").display());
+            print!("{}", mirror_config(&r.mirror));
+        }
+        _ => println!("Registry:      not running (knit registry up)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -444,9 +444,11 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
         std::thread::sleep(Duration::from_secs(2));
     };
     let message = failed["lastError"].as_str().unwrap_or_default();
+    // The API server's real address and port, not the SPEC's 6443.
+    let api_address = format!("{}:{api_port}", env.gateway);
     for needle in [
         "not initialized 60 s",
-        &env.gateway,
+        &api_address,
         "connectivity",
         "security-group",
     ] {

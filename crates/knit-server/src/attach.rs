@@ -231,13 +231,33 @@ pub fn diagnose(cp: &ControlPlane, instance: &str, message: String) -> String {
     if !matches!(record(cp, instance), Ok(Some(_))) {
         return message;
     }
+    let api = cp
+        .cluster
+        .api_endpoint()
+        .and_then(|url| host_port(&url))
+        .unwrap_or_else(|| (advertise_host(cp), preflight::API_SERVER_PORT));
     format!(
-        "{message}. The added instance most likely cannot reach the control plane ({}) or the API server ({}:{}): check connectivity between the instance and the API server and the instance's security-group rules (egress TCP 7443 and {} to that address)",
-        cp.advertise_url,
-        advertise_host(cp),
-        preflight::API_SERVER_PORT,
-        preflight::API_SERVER_PORT
+        "{message}. The added instance most likely cannot reach the control plane ({}) or the API server ({}:{}): check connectivity between the instance and the API server and the instance's security-group rules (egress TCP to both addresses)",
+        cp.advertise_url, api.0, api.1
     )
+}
+
+/// Host and port of an `https://host:port/…` URL (port 443 when absent).
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let authority = url.strip_prefix("https://")?.split('/').next()?;
+    let (host, port) = match authority.strip_prefix('[') {
+        // [v6]:port
+        Some(v6) => {
+            let (host, rest) = v6.split_once(']')?;
+            (host, rest.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let port = port.map_or(Some(443), |p| p.parse().ok())?;
+    Some((host.to_string(), port))
 }
 
 fn advertise_host(cp: &ControlPlane) -> String {
@@ -1395,6 +1415,21 @@ pub async fn manual(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn host_port_reads_the_api_server_url() {
+        use super::host_port;
+        let hp = |u: &str| host_port(u);
+        assert_eq!(hp("https://10.0.0.1:6443"), Some(("10.0.0.1".into(), 6443)));
+        assert_eq!(
+            hp("https://api.example:41234/"),
+            Some(("api.example".into(), 41234))
+        );
+        assert_eq!(hp("https://api.example"), Some(("api.example".into(), 443)));
+        assert_eq!(hp("https://[fd00::1]:6443"), Some(("fd00::1".into(), 6443)));
+        assert_eq!(hp("https://10.0.0.1:notaport"), None);
+        assert_eq!(hp("http://10.0.0.1:6443"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -38,6 +38,10 @@ pub trait ClusterJoin: Send + Sync {
     /// Whether nodes join a cluster: then a node is done when Ready, not
     /// merely initialized.
     fn attached(&self) -> bool;
+    /// The API server's URL nodes join (`https://host:port`), for messages.
+    fn api_endpoint(&self) -> Option<String> {
+        None
+    }
     /// Removes the taint with `key` from a node; `false` when the node is
     /// not registered (yet).
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool>;

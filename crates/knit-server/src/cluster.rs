@@ -169,6 +169,10 @@ impl ClusterJoin for EmbeddedJoin {
         true
     }
 
+    fn api_endpoint(&self) -> Option<String> {
+        Some(self.endpoint().to_string())
+    }
+
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool> {
         let Some(current) = self.call("GET", format!("/api/v1/nodes/{node}")).await? else {
             return Ok(false);

@@ -247,6 +247,10 @@ impl ClusterJoin for ExternalJoin {
         true
     }
 
+    fn api_endpoint(&self) -> Option<String> {
+        Some(self.endpoint.clone())
+    }
+
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool> {
         let nodes = self.nodes();
         // The kubelet updates its Node too: a conflict is read again and

@@ -2,64 +2,22 @@
 //! port, a temporary state directory). No provider: these tests cover what
 //! the API itself decides.
 
+mod support;
+
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::bootstrap::NoCluster;
-use knit_server::client::{Client, ClientConfig};
-use knit_server::{Server, ServerError, Settings};
-use std::sync::Arc;
+use knit_server::ServerError;
+use support::TestServer;
 
-struct Harness {
-    rt: tokio::runtime::Runtime,
-    server: Option<Server>,
-    client: Client,
-    _dir: tempfile::TempDir,
+/// A server with no provider: these tests cover what the API decides.
+fn harness() -> TestServer {
+    harness_with_token_ttl(std::time::Duration::from_secs(1800))
 }
 
-impl Harness {
-    fn new() -> Harness {
-        Harness::with_token_ttl(std::time::Duration::from_secs(1800))
-    }
-
-    fn with_token_ttl(ttl: std::time::Duration) -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let mut settings = Settings::new(dir.path().join("state"));
-        settings.listen = "127.0.0.1:0".parse().unwrap();
-        settings.join_token_ttl = ttl;
-        let server = rt
-            .block_on(knit_server::start(settings, None, Arc::new(NoCluster)))
-            .unwrap();
-        let client = Client::new(&ClientConfig {
-            server: server.local_url.clone(),
-            token: server.admin_token().to_string(),
-            ca_cert: server.ca_pem().to_string(),
-            state_dir: None,
-            pid: None,
-        })
-        .unwrap();
-        Harness {
-            rt,
-            server: Some(server),
-            client,
-            _dir: dir,
-        }
-    }
-
-    fn server(&self) -> &Server {
-        self.server.as_ref().unwrap()
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            self.rt.block_on(server.shutdown());
-        }
-    }
+fn harness_with_token_ttl(ttl: std::time::Duration) -> TestServer {
+    let mut srv = TestServer::new();
+    srv.settings.join_token_ttl = ttl;
+    srv.start(None);
+    srv
 }
 
 const POOL: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: workers\nspec:\n  replicas: 2\n";
@@ -78,9 +36,9 @@ fn remote(err: ServerError) -> (u16, String, Vec<String>) {
 
 #[test]
 fn every_admin_route_refuses_without_the_token() {
-    let h = Harness::new();
-    let anonymous = h.client.with_token("");
-    let wrong = h.client.with_token("not-the-token");
+    let h = harness();
+    let anonymous = h.client().with_token("");
+    let wrong = h.client().with_token("not-the-token");
     for (path, method, _, auth) in knit_server::openapi::OPERATIONS {
         let concrete = path
             .replace("{name}", "x")
@@ -113,7 +71,7 @@ fn every_admin_route_refuses_without_the_token() {
 
 #[test]
 fn pool_validation_lists_every_invalid_field() {
-    let h = Harness::new();
+    let h = harness();
     let bad = r#"
 apiVersion: knit.dev/v1alpha1
 kind: NodePool
@@ -127,7 +85,7 @@ spec:
   login: {password: "weak"}
 "#;
     let (status, code, fields) = remote(
-        h.client
+        h.client()
             .call("POST", "/api/v1/pools", Some(bad))
             .unwrap_err(),
     );
@@ -147,7 +105,7 @@ spec:
     }
     // Unknown field and bad syntax: 400 with the parser's message.
     let (status, code, _) = remote(
-        h.client
+        h.client()
             .call(
                 "POST",
                 "/api/v1/pools",
@@ -158,14 +116,14 @@ spec:
     assert_eq!((status, code.as_str()), (400, "ConfigParse"));
     // Nothing half-created.
     assert_eq!(
-        h.client.get("/api/v1/pools").unwrap()["items"]
+        h.client().get("/api/v1/pools").unwrap()["items"]
             .as_array()
             .unwrap()
             .len(),
         0
     );
     assert_eq!(
-        h.client.get("/api/v1/instances").unwrap()["items"]
+        h.client().get("/api/v1/instances").unwrap()["items"]
             .as_array()
             .unwrap()
             .len(),
@@ -175,25 +133,28 @@ spec:
 
 #[test]
 fn pool_lifecycle_quota_and_immutability() {
-    let h = Harness::new();
-    let created = h.client.call("POST", "/api/v1/pools", Some(POOL)).unwrap();
+    let h = harness();
+    let created = h
+        .client()
+        .call("POST", "/api/v1/pools", Some(POOL))
+        .unwrap();
     assert_eq!(created["status"]["desired"], 2);
     let (status, code, _) = remote(
-        h.client
+        h.client()
             .call("POST", "/api/v1/pools", Some(POOL))
             .unwrap_err(),
     );
     assert_eq!((status, code.as_str()), (409, "AlreadyExists"));
 
     // Without a provider the intents are written and wait.
-    let instances = h.client.get("/api/v1/instances").unwrap();
+    let instances = h.client().get("/api/v1/instances").unwrap();
     assert_eq!(
         instances["items"].as_array().unwrap().len(),
         0,
         "planning runs only with a provider"
     );
     let scaled = h
-        .client
+        .client()
         .call(
             "POST",
             "/api/v1/pools/workers/scale",
@@ -205,7 +166,7 @@ fn pool_lifecycle_quota_and_immutability() {
 
     // Basic edition: 10 nodes.
     let (status, code, _) = remote(
-        h.client
+        h.client()
             .call(
                 "POST",
                 "/api/v1/pools/workers/scale",
@@ -215,7 +176,7 @@ fn pool_lifecycle_quota_and_immutability() {
     );
     assert_eq!((status, code.as_str()), (422, "QuotaExceeded"));
     let (status, code, _) = remote(
-        h.client
+        h.client()
             .call(
                 "POST",
                 "/api/v1/pools/nope/scale",
@@ -231,7 +192,7 @@ fn pool_lifecycle_quota_and_immutability() {
         "replicas: 4\n  hardening: {profile: mlps-l3}\n",
     );
     let (status, _, fields) = remote(
-        h.client
+        h.client()
             .call("PUT", "/api/v1/pools/workers", Some(&hardened))
             .unwrap_err(),
     );
@@ -239,13 +200,13 @@ fn pool_lifecycle_quota_and_immutability() {
     assert_eq!(fields, vec!["spec.hardening.profile"]);
     // Apply under another name than the URL's.
     let (status, _, fields) = remote(
-        h.client
+        h.client()
             .call("PUT", "/api/v1/pools/other", Some(POOL))
             .unwrap_err(),
     );
     assert_eq!((status, fields), (422, vec!["metadata.name".to_string()]));
 
-    let metrics = h.client.get("/metrics").unwrap();
+    let metrics = h.client().get("/metrics").unwrap();
     let text = metrics.as_str().unwrap();
     assert!(
         text.contains("knit_pool_desired_nodes{pool=\"workers\"} 4"),
@@ -256,7 +217,7 @@ fn pool_lifecycle_quota_and_immutability() {
         "{text}"
     );
 
-    let events = h.client.get("/api/v1/events").unwrap();
+    let events = h.client().get("/api/v1/events").unwrap();
     let reasons: Vec<&str> = events["items"]
         .as_array()
         .unwrap()
@@ -273,8 +234,10 @@ fn pool_lifecycle_quota_and_immutability() {
 
 #[test]
 fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
-    let h = Harness::new();
-    h.client.call("POST", "/api/v1/pools", Some(POOL)).unwrap();
+    let h = harness();
+    h.client()
+        .call("POST", "/api/v1/pools", Some(POOL))
+        .unwrap();
     let cp = &h.server().control;
     cp.store
         .add_create_intents(
@@ -287,7 +250,7 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
         .unwrap();
     let token = cp.issue_join_token("workers-abcde", "workers").unwrap();
 
-    let node_client = h.client.with_token(&token);
+    let node_client = h.client().with_token(&token);
     let (status, yaml) = node_client
         .raw("POST", "/bootstrap/v1/config", None)
         .unwrap();
@@ -318,12 +281,12 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
         "{body}"
     );
     let (status, _) = h
-        .client
+        .client()
         .with_token("made-up")
         .raw("POST", "/bootstrap/v1/config", None)
         .unwrap();
     assert_eq!(status, 401);
-    let events = h.client.get("/api/v1/events").unwrap();
+    let events = h.client().get("/api/v1/events").unwrap();
     let refused = events["items"]
         .as_array()
         .unwrap()
@@ -331,7 +294,7 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
         .filter(|e| e["reason"] == "BootstrapRefused")
         .count();
     assert_eq!(refused, 2);
-    let tokens = h.client.get("/api/v1/jointokens").unwrap();
+    let tokens = h.client().get("/api/v1/jointokens").unwrap();
     assert!(
         !tokens.to_string().contains(&token),
         "the secret must never be listed"
@@ -339,7 +302,7 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
 
     // Reports: with the instance's report token only.
     let report_token = config.cluster.report_token.unwrap();
-    let reporter = h.client.with_token(&report_token);
+    let reporter = h.client().with_token(&report_token);
     let mut at = 1_000;
     for (phase, outcome, duration) in [
         (PhaseName::TimeSync, PhaseOutcome::Started, None),
@@ -373,18 +336,18 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
         assert_eq!(status, 204, "{body}");
     }
     let (status, _) = h
-        .client
+        .client()
         .with_token("wrong")
         .raw("POST", "/report/v1/events", Some("{}"))
         .unwrap();
     assert_eq!(status, 401);
 
-    let node = h.client.get("/api/v1/nodes/local.i-0001").unwrap();
+    let node = h.client().get("/api/v1/nodes/local.i-0001").unwrap();
     assert_eq!(node["timeline"].as_array().unwrap().len(), 4);
     assert_eq!(node["errorCode"], "FailDownloadKubernetes");
     assert_eq!(node["phase"], "kubernetes-components");
     assert_eq!(node["providerId"], "i-0001");
-    let metrics = h.client.get("/metrics").unwrap();
+    let metrics = h.client().get("/metrics").unwrap();
     assert!(metrics
         .as_str()
         .unwrap()
@@ -393,11 +356,11 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
 
 #[test]
 fn mirror_serves_files_and_nothing_outside() {
-    let h = Harness::new();
+    let h = harness();
     let mirror = &h.server().control.mirror_dir;
     std::fs::create_dir_all(mirror.join("bin")).unwrap();
     std::fs::write(mirror.join("bin/knit-agent"), b"agent-bytes").unwrap();
-    let public = h.client.with_token("");
+    let public = h.client().with_token("");
     assert_eq!(
         public.raw("GET", "/mirror/bin/knit-agent", None).unwrap(),
         (200, "agent-bytes".to_string())
@@ -421,17 +384,17 @@ fn mirror_serves_files_and_nothing_outside() {
 
 #[test]
 fn cluster_spec_is_validated_and_quota_checked() {
-    let h = Harness::new();
-    let cluster = h.client.get("/api/v1/cluster").unwrap();
+    let h = harness();
+    let cluster = h.client().get("/api/v1/cluster").unwrap();
     assert_eq!(cluster["spec"]["edition"], "basic");
     let (status, _, fields) = remote(
-        h.client
+        h.client()
             .call("PUT", "/api/v1/cluster", Some("apiVersion: knit.dev/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec: {edition: gold, network: {plugin: calico}}\n"))
             .unwrap_err(),
     );
     assert_eq!(status, 422);
     assert_eq!(fields, vec!["spec.edition", "spec.network.plugin"]);
-    h.client
+    h.client()
         .call(
             "POST",
             "/api/v1/pools",
@@ -439,7 +402,7 @@ fn cluster_spec_is_validated_and_quota_checked() {
         )
         .unwrap();
     let (status, code, _) = remote(
-        h.client
+        h.client()
             .call("PUT", "/api/v1/cluster", Some("apiVersion: knit.dev/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec: {nodeQuota: 5}\n"))
             .unwrap_err(),
     );
@@ -449,8 +412,10 @@ fn cluster_spec_is_validated_and_quota_checked() {
 #[test]
 fn expired_bootstrap_token_is_refused() {
     // A zero lifetime: the token is expired the moment it is made.
-    let h = Harness::with_token_ttl(std::time::Duration::ZERO);
-    h.client.call("POST", "/api/v1/pools", Some(POOL)).unwrap();
+    let h = harness_with_token_ttl(std::time::Duration::ZERO);
+    h.client()
+        .call("POST", "/api/v1/pools", Some(POOL))
+        .unwrap();
     let cp = &h.server().control;
     cp.store
         .add_create_intents(
@@ -460,13 +425,13 @@ fn expired_bootstrap_token_is_refused() {
         .unwrap();
     let token = cp.issue_join_token("workers-zzzzz", "workers").unwrap();
     let (status, body) = h
-        .client
+        .client()
         .with_token(&token)
         .raw("POST", "/bootstrap/v1/config", None)
         .unwrap();
     assert_eq!(status, 401);
     assert!(body.contains("expired"), "{body}");
-    let tokens = h.client.get("/api/v1/jointokens").unwrap();
+    let tokens = h.client().get("/api/v1/jointokens").unwrap();
     assert!(
         tokens["items"][0]["usedMs"].is_null(),
         "an expired token is not consumed"

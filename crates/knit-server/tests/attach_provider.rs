@@ -5,227 +5,48 @@
 //! to the node name when the instance does not keep its own (automatic and
 //! manual mode), and the new password set after the re-image and never kept.
 
-use async_trait::async_trait;
-use knit_server::bootstrap::NoCluster;
-use knit_server::client::{Client, ClientConfig};
-use knit_server::preflight::{DiskFacts, InstanceFacts, SecurityGroupFacts};
-use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
-use knit_server::{Server, ServerError, Settings};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+mod support;
 
-type Result<T> = std::result::Result<T, ServerError>;
-
-/// A cloud of fake instances that records what it was asked, in order.
-#[derive(Default)]
-struct Recorder {
-    calls: Mutex<Vec<String>>,
-    instances: Mutex<BTreeMap<String, InstanceFacts>>,
-    /// Passwords given to `set_password`, to check the right one arrived.
-    passwords: Mutex<Vec<String>>,
-}
-
-impl Recorder {
-    fn add(&self, id: &str, name: &str, ip: &str, password_login: bool) {
-        let facts = InstanceFacts {
-            id: id.into(),
-            name: name.into(),
-            state: "running".into(),
-            ip: Some(ip.into()),
-            instance_type: "ecs.g7.large".into(),
-            account_id: "local-account".into(),
-            region_id: "local".into(),
-            zone_id: "local-a".into(),
-            vpc_id: "vpc-local".into(),
-            v_switch_id: "vsw-local".into(),
-            security_groups: vec![SecurityGroupFacts {
-                id: "sg-local".into(),
-                kind: "normal".into(),
-                rules: Vec::new(),
-            }],
-            eni_count: 1,
-            max_enis: 3,
-            max_ips_per_eni: 10,
-            os_id: "debian".into(),
-            os_version: "12".into(),
-            os_name: "Debian GNU/Linux 12".into(),
-            password_login,
-            data_disks: vec![DiskFacts {
-                id: format!("d-{id}"),
-                device: Some("vdb".into()),
-                size_bytes: 1 << 30,
-            }],
-            ..InstanceFacts::default()
-        };
-        self.instances.lock().unwrap().insert(id.into(), facts);
-    }
-
-    fn record(&self, call: String) {
-        self.calls.lock().unwrap().push(call);
-    }
-
-    fn calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
-    }
-
-    fn with<T>(&self, id: &str, f: impl FnOnce(&mut InstanceFacts) -> T) -> Result<T> {
-        let mut all = self.instances.lock().unwrap();
-        let i = all.get_mut(id).ok_or_else(|| ServerError::Provider {
-            provider: "recording".into(),
-            message: format!("no instance {id}"),
-        })?;
-        Ok(f(i))
-    }
-}
-
-fn refuse<T>(what: &str) -> Result<T> {
-    Err(ServerError::Provider {
-        provider: "recording".into(),
-        message: format!("{what} is not part of this test"),
-    })
-}
-
-#[async_trait]
-impl Provider for Recorder {
-    fn name(&self) -> &str {
-        "recording"
-    }
-    async fn create(&self, _t: &InstanceTemplate) -> Result<ProviderInstance> {
-        refuse("create")
-    }
-    async fn get(&self, id: &str) -> Result<Option<ProviderInstance>> {
-        Ok(self.instances.lock().unwrap().get(id).map(view))
-    }
-    async fn list(&self) -> Result<Vec<ProviderInstance>> {
-        Ok(self.instances.lock().unwrap().values().map(view).collect())
-    }
-    async fn start(&self, id: &str) -> Result<()> {
-        self.record(format!("start {id}"));
-        self.with(id, |i| i.state = "running".into())
-    }
-    async fn stop(&self, id: &str) -> Result<()> {
-        self.record(format!("stop {id}"));
-        self.with(id, |i| i.state = "stopped".into())
-    }
-    async fn reimage(&self, id: &str, image: &str, _user_data: &str) -> Result<()> {
-        self.record(format!("reimage {id} {image}"));
-        self.with(id, |i| {
-            i.state = "running".into();
-            for d in &mut i.data_disks {
-                d.id.push_str("-new");
-            }
-        })
-    }
-    async fn check_image(&self, image: &str) -> Result<()> {
-        self.record(format!("check-image {image}"));
-        let root = if image == "host" { "/" } else { image };
-        knit_local::check_base_root(Path::new(root)).map_err(|rule| ServerError::Provider {
-            provider: "recording".into(),
-            message: format!("image {image:?} {rule}"),
-        })
-    }
-    async fn rename(&self, id: &str, name: &str) -> Result<()> {
-        self.record(format!("rename {id} {name}"));
-        self.with(id, |i| i.name = name.into())
-    }
-    async fn set_password(&self, id: &str, password: &str) -> Result<()> {
-        self.record(format!("set-password {id}"));
-        self.passwords.lock().unwrap().push(password.into());
-        Ok(())
-    }
-    async fn delete(&self, id: &str) -> Result<()> {
-        self.record(format!("delete {id}"));
-        Ok(())
-    }
-    async fn read_file(&self, _id: &str, _path: &str) -> Result<Vec<u8>> {
-        refuse("read_file")
-    }
-    async fn snapshot_create(&self, _id: &str, _i: usize, _n: &str) -> Result<ProviderSnapshot> {
-        refuse("snapshot_create")
-    }
-    async fn snapshot_delete(&self, _id: &str) -> Result<()> {
-        refuse("snapshot_delete")
-    }
-    async fn facts(&self, id: &str) -> Result<InstanceFacts> {
-        self.with(id, |i| i.clone())
-    }
-}
-
-fn view(i: &InstanceFacts) -> ProviderInstance {
-    ProviderInstance {
-        id: i.id.clone(),
-        name: Some(i.name.clone()),
-        state: i.state.clone(),
-        ip: i.ip.clone(),
-        tags: BTreeMap::new(),
-    }
-}
+use knit_server::preflight::InstanceFacts;
+use std::path::PathBuf;
+use std::sync::Arc;
+use support::{instance, FakeCloud, TestServer};
 
 struct Harness {
-    rt: tokio::runtime::Runtime,
-    server: Option<Server>,
-    client: Client,
-    cloud: Arc<Recorder>,
-    dir: tempfile::TempDir,
+    srv: TestServer,
+    cloud: Arc<FakeCloud>,
 }
 
 impl Harness {
     fn new() -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let mut settings = Settings::new(dir.path().join("state"));
-        settings.listen = "127.0.0.1:0".parse().unwrap();
-        let cloud = Arc::new(Recorder::default());
-        let provider: Arc<dyn Provider> = cloud.clone();
-        let server = rt
-            .block_on(knit_server::start(
-                settings.clone(),
-                Some(provider),
-                Arc::new(NoCluster),
-            ))
-            .unwrap();
-        // The agent's checksum in the mirror: attach refuses without it.
-        let bin = settings.mirror_dir().join("bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::write(
-            bin.join("knit-agent.sha256"),
-            format!("{}\n", "ab".repeat(32)),
-        )
-        .unwrap();
-        let client = Client::new(&ClientConfig {
-            server: server.local_url.clone(),
-            token: server.admin_token().to_string(),
-            ca_cert: server.ca_pem().to_string(),
-            state_dir: None,
-            pid: None,
-        })
-        .unwrap();
-        Harness {
-            rt,
-            server: Some(server),
-            client,
-            cloud,
-            dir,
-        }
+        let mut srv = TestServer::new();
+        let cloud = Arc::new(FakeCloud::default());
+        srv.start(Some(cloud.clone()));
+        srv.write_agent_checksum();
+        Harness { srv, cloud }
+    }
+
+    fn add(&self, id: &str, name: &str, ip: &str, password_login: bool) {
+        self.cloud.add(InstanceFacts {
+            password_login,
+            ..instance(id, name, ip)
+        });
     }
 
     fn pool(&self, name: &str, extra: &str) {
         let yaml = format!(
             "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: {name}\nspec:\n  replicas: 0\n{extra}"
         );
-        self.client
+        self.srv
+            .client()
             .call("POST", "/api/v1/pools", Some(&yaml))
             .unwrap();
     }
 
     fn attach(&self, pool: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
         let (status, text) = self
-            .client
+            .srv
+            .client()
             .raw(
                 "POST",
                 &format!("/api/v1/pools/{pool}/attach"),
@@ -238,16 +59,10 @@ impl Harness {
         )
     }
 
-    fn replicas(&self, pool: &str) -> i64 {
-        self.client.get(&format!("/api/v1/pools/{pool}")).unwrap()["spec"]["replicas"]
-            .as_i64()
-            .unwrap()
-    }
-
     /// Every file the server keeps (database, attach records, logs …).
     fn state_files(&self) -> Vec<(PathBuf, Vec<u8>)> {
         let mut out = Vec::new();
-        let mut stack = vec![self.dir.path().to_path_buf()];
+        let mut stack = vec![self.srv.dir.path().to_path_buf()];
         while let Some(d) = stack.pop() {
             for e in std::fs::read_dir(&d).unwrap().flatten() {
                 let ft = e.file_type().unwrap();
@@ -262,14 +77,6 @@ impl Harness {
     }
 }
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            self.rt.block_on(server.shutdown());
-        }
-    }
-}
-
 /// Index of the first call starting with `prefix`.
 fn at(calls: &[String], prefix: &str) -> usize {
     calls
@@ -279,7 +86,7 @@ fn at(calls: &[String], prefix: &str) -> usize {
 }
 
 fn image_dir(h: &Harness) -> PathBuf {
-    let image = h.dir.path().join("pool-image");
+    let image = h.srv.dir.path().join("pool-image");
     std::fs::create_dir_all(image.join("usr/bin")).unwrap();
     image
 }
@@ -295,8 +102,8 @@ fn automatic_attach_renames_reimages_with_the_pools_image_and_sets_the_password(
             image.display()
         ),
     );
-    h.cloud.add("i-aaaa00000001", "old-web", "10.213.0.7", true);
-    h.cloud.add("i-aaaa00000002", "old-db", "10.213.0.8", true);
+    h.add("i-aaaa00000001", "old-web", "10.213.0.7", true);
+    h.add("i-aaaa00000002", "old-db", "10.213.0.8", true);
     let password = "N3w-pass!x7";
 
     // Password login and no new password: refused by the preflight, nothing
@@ -341,7 +148,7 @@ fn automatic_attach_renames_reimages_with_the_pools_image_and_sets_the_password(
         *h.cloud.passwords.lock().unwrap(),
         vec![password.to_string()]
     );
-    assert_eq!(h.replicas("workers"), 1);
+    assert_eq!(h.srv.replicas("workers"), 1);
 
     // Keeping its name: no rename; its node name is its own.
     let (status, body) = h.attach(
@@ -357,10 +164,10 @@ fn automatic_attach_renames_reimages_with_the_pools_image_and_sets_the_password(
     );
     at(&calls, &format!("reimage i-aaaa00000002 {image_s}"));
     at(&calls, "set-password i-aaaa00000002");
-    assert_eq!(h.replicas("workers"), 2);
+    assert_eq!(h.srv.replicas("workers"), 2);
 
     // The password is in no event, answer or file of the server.
-    let events = h.client.get("/api/v1/events").unwrap().to_string();
+    let events = h.srv.client().get("/api/v1/events").unwrap().to_string();
     assert!(!events.contains(password), "an event holds the password");
     assert!(!body.to_string().contains(password));
     for (path, bytes) in h.state_files() {
@@ -376,7 +183,7 @@ fn automatic_attach_renames_reimages_with_the_pools_image_and_sets_the_password(
 fn a_pool_image_that_does_not_exist_is_refused_before_anything_is_touched() {
     let h = Harness::new();
     h.pool("gone", "  image: /nonexistent-knit-pool-image\n");
-    h.cloud.add("i-bbbb00000001", "web", "10.213.0.9", false);
+    h.add("i-bbbb00000001", "web", "10.213.0.9", false);
     for dry_run in [false, true] {
         let (status, body) = h.attach(
             "gone",
@@ -396,14 +203,8 @@ fn a_pool_image_that_does_not_exist_is_refused_before_anything_is_touched() {
         calls.iter().all(|c| c.starts_with("check-image")),
         "{calls:#?}"
     );
-    assert_eq!(h.replicas("gone"), 0);
-    assert_eq!(h.cloud.facts_state("i-bbbb00000001"), "running");
-}
-
-impl Recorder {
-    fn facts_state(&self, id: &str) -> String {
-        self.instances.lock().unwrap()[id].state.clone()
-    }
+    assert_eq!(h.srv.replicas("gone"), 0);
+    assert_eq!(h.cloud.state("i-bbbb00000001"), "running");
 }
 
 /// The attach token inside a printed manual-mode script.
@@ -423,9 +224,10 @@ fn manual_attach_renames_the_instance_unless_it_keeps_its_name() {
         // here every call comes from loopback.
         let h = Harness::new();
         h.pool("hand", "");
-        h.cloud.add("i-cccc00000001", "my-box", "127.0.0.1", false);
+        h.add("i-cccc00000001", "my-box", "127.0.0.1", false);
         let script = h
-            .client
+            .srv
+            .client()
             .call(
                 "POST",
                 "/api/v1/pools/hand/attach-script",
@@ -434,12 +236,13 @@ fn manual_attach_renames_the_instance_unless_it_keeps_its_name() {
             .unwrap();
         let token = attach_token(script["script"].as_str().unwrap());
         let (status, text) = h
-            .client
+            .srv
+            .client()
             .with_token(&token)
             .raw("POST", "/attach/v1/manual", Some(facts))
             .unwrap();
         assert_eq!(status, 200, "{text}");
-        assert_eq!(h.replicas("hand"), 1);
+        assert_eq!(h.srv.replicas("hand"), 1);
         let calls = h.cloud.calls();
         if keep {
             assert!(!calls.iter().any(|c| c.starts_with("rename")), "{calls:#?}");

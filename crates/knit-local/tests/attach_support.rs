@@ -246,32 +246,13 @@ fn set_password_changes_only_the_instances_shadow_and_is_never_kept() {
     assert_eq!(std::fs::read("/etc/shadow").unwrap(), host_shadow);
 }
 
-/// A small image directory: dash, env and their libraries, os-release and
-/// a marker file only this image has.
+/// A small image directory with its own os-release and a marker file
+/// only this image has.
 fn build_image(dir: &Path, marker: &str) {
-    for bin in ["/usr/bin/dash", "/usr/bin/env"] {
-        let out = Command::new("ldd").arg(bin).output().unwrap();
-        let libs = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut files: Vec<String> = libs
-            .split_whitespace()
-            .filter(|w| w.starts_with('/'))
-            .map(str::to_string)
-            .collect();
-        files.push(bin.to_string());
-        for f in files {
-            let to = dir.join(f.trim_start_matches('/'));
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(&f, &to).unwrap();
-        }
-    }
-    std::os::unix::fs::symlink("dash", dir.join("usr/bin/sh")).unwrap();
-    std::os::unix::fs::symlink("usr/bin", dir.join("bin")).unwrap();
-    std::fs::create_dir_all(dir.join("etc")).unwrap();
-    std::fs::write(
-        dir.join("etc/os-release"),
+    common::build_image(
+        dir,
         "ID=knitpool\nVERSION_ID=\"2\"\nPRETTY_NAME=\"knit pool image\"\n",
-    )
-    .unwrap();
+    );
     std::fs::write(dir.join("knit-image-marker"), format!("{marker}\n")).unwrap();
 }
 

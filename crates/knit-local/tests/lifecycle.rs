@@ -297,29 +297,10 @@ fn snapshot_copies_a_disk_and_disks_hot_attach() {
 fn an_image_directory_can_be_the_base_root() {
     let t = TestCloud::new();
     let image = t.dir.parent().unwrap().join("image");
-    for bin in ["/usr/bin/dash", "/usr/bin/env"] {
-        let out = std::process::Command::new("ldd").arg(bin).output().unwrap();
-        let libs = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut files: Vec<String> = libs
-            .split_whitespace()
-            .filter(|w| w.starts_with('/'))
-            .map(str::to_string)
-            .collect();
-        files.push(bin.to_string());
-        for f in files {
-            let to = image.join(f.trim_start_matches('/'));
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(&f, &to).unwrap();
-        }
-    }
-    std::os::unix::fs::symlink("dash", image.join("usr/bin/sh")).unwrap();
-    std::os::unix::fs::symlink("usr/bin", image.join("bin")).unwrap();
-    std::fs::create_dir_all(image.join("etc")).unwrap();
-    std::fs::write(
-        image.join("etc/os-release"),
+    common::build_image(
+        &image,
         "ID=knittest\nVERSION_ID=\"1\"\nPRETTY_NAME=\"knit test image\"\n",
-    )
-    .unwrap();
+    );
 
     let inst = t.create(&format!(
         "baseRoot: {}\nsystemDiskSize: 256Mi\nuserData: \"#!/bin/sh\\necho ran > /ran\\n\"\n",

@@ -180,3 +180,27 @@ pub fn leftovers_but_store(dir: &Path) -> Leftovers {
     l.loop_devices.retain(|d| !d.ends_with(&backing));
     l
 }
+
+/// A small image directory (a base root): dash, env and their libraries,
+/// `sh` and `bin` links, and `os_release` as its /etc/os-release.
+pub fn build_image(dir: &Path, os_release: &str) {
+    for bin in ["/usr/bin/dash", "/usr/bin/env"] {
+        let out = Command::new("ldd").arg(bin).output().unwrap();
+        let libs = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut files: Vec<String> = libs
+            .split_whitespace()
+            .filter(|w| w.starts_with('/'))
+            .map(str::to_string)
+            .collect();
+        files.push(bin.to_string());
+        for f in files {
+            let to = dir.join(f.trim_start_matches('/'));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&f, &to).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("dash", dir.join("usr/bin/sh")).unwrap();
+    std::os::unix::fs::symlink("usr/bin", dir.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("etc")).unwrap();
+    std::fs::write(dir.join("etc/os-release"), os_release).unwrap();
+}

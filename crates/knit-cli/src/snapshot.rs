@@ -72,61 +72,46 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
             }
             follow(c, &id, Duration::from_secs(timeout))
         }
-        SnapshotAction::List { output } => {
-            let v = c.get("/api/v1/snapshots")?;
-            if output.as_deref() == Some("json") {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-                return Ok(ExitCode::SUCCESS);
-            }
-            let now = knit_server::store::now_ms();
-            let rows: Vec<Vec<String>> = v["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|s| {
-                    vec![
-                        cell(&s["id"]),
-                        cell(&s["pool"]),
-                        cell(&s["kubernetesVersion"]),
-                        if s["stale"] == true {
-                            format!("yes (cluster {})", cell(&s["clusterKubernetesVersion"]))
-                        } else {
-                            "no".into()
-                        },
-                        cell(&s["containerdVersion"]),
-                        s["images"].as_array().map_or(0, |i| i.len()).to_string(),
-                        format!(
-                            "{:.1}Mi",
-                            s["sizeBytes"].as_f64().unwrap_or(0.0) / 1048576.0
-                        ),
-                        s["usedBy"]
-                            .as_array()
-                            .map(|u| u.iter().map(cell).collect::<Vec<_>>().join(","))
-                            .filter(|u| !u.is_empty())
-                            .unwrap_or_else(|| "-".into()),
-                        age(s["createdMs"].as_i64().unwrap_or(now), now),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                table(
-                    &[
-                        "ID",
-                        "POOL",
-                        "KUBERNETES",
-                        "STALE",
-                        "CONTAINERD",
-                        "IMAGES",
-                        "SIZE",
-                        "USED BY",
-                        "AGE"
-                    ],
-                    &rows
-                )
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        SnapshotAction::List { output } => list(
+            c,
+            "/api/v1/snapshots",
+            output.as_deref(),
+            &[
+                "ID",
+                "POOL",
+                "KUBERNETES",
+                "STALE",
+                "CONTAINERD",
+                "IMAGES",
+                "SIZE",
+                "USED BY",
+                "AGE",
+            ],
+            |s, now| {
+                vec![
+                    cell(&s["id"]),
+                    cell(&s["pool"]),
+                    cell(&s["kubernetesVersion"]),
+                    if s["stale"] == true {
+                        format!("yes (cluster {})", cell(&s["clusterKubernetesVersion"]))
+                    } else {
+                        "no".into()
+                    },
+                    cell(&s["containerdVersion"]),
+                    s["images"].as_array().map_or(0, |i| i.len()).to_string(),
+                    format!(
+                        "{:.1}Mi",
+                        s["sizeBytes"].as_f64().unwrap_or(0.0) / 1048576.0
+                    ),
+                    s["usedBy"]
+                        .as_array()
+                        .map(|u| u.iter().map(cell).collect::<Vec<_>>().join(","))
+                        .filter(|u| !u.is_empty())
+                        .unwrap_or_else(|| "-".into()),
+                    age(s["createdMs"].as_i64().unwrap_or(now), now),
+                ]
+            },
+        ),
         SnapshotAction::Delete { id } => {
             c.call("DELETE", &format!("/api/v1/snapshots/{id}"), None)?;
             println!("snapshot/{id} deleted");
@@ -153,39 +138,49 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
         }
         SnapshotAction::Builds {
             id: None, output, ..
-        } => {
-            let v = c.get("/api/v1/snapshot-builds")?;
-            if output.as_deref() == Some("json") {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-                return Ok(ExitCode::SUCCESS);
-            }
-            let now = knit_server::store::now_ms();
-            let rows: Vec<Vec<String>> = v["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|b| {
-                    vec![
-                        cell(&b["id"]),
-                        cell(&b["pool"]),
-                        cell(&b["status"]),
-                        cell(&b["step"]),
-                        cell(&b["snapshotId"]),
-                        cell(&b["builderInstance"]),
-                        age(b["startedMs"].as_i64().unwrap_or(now), now),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                table(
-                    &["ID", "POOL", "STATUS", "STEP", "SNAPSHOT", "BUILDER", "AGE"],
-                    &rows
-                )
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => list(
+            c,
+            "/api/v1/snapshot-builds",
+            output.as_deref(),
+            &["ID", "POOL", "STATUS", "STEP", "SNAPSHOT", "BUILDER", "AGE"],
+            |b, now| {
+                vec![
+                    cell(&b["id"]),
+                    cell(&b["pool"]),
+                    cell(&b["status"]),
+                    cell(&b["step"]),
+                    cell(&b["snapshotId"]),
+                    cell(&b["builderInstance"]),
+                    age(b["startedMs"].as_i64().unwrap_or(now), now),
+                ]
+            },
+        ),
     }
+}
+
+/// The items at `path`: as JSON with `-o json`, else a table with a row
+/// per item (`row` gets the item and the time now, for ages).
+fn list(
+    c: &Client,
+    path: &str,
+    output: Option<&str>,
+    headers: &[&str],
+    row: impl Fn(&Value, i64) -> Vec<String>,
+) -> Result<ExitCode> {
+    let v = c.get(path)?;
+    if output == Some("json") {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = knit_server::store::now_ms();
+    let rows: Vec<Vec<String>> = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| row(item, now))
+        .collect();
+    print!("{}", table(headers, &rows));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_step(s: &Value, t0: i64) {

@@ -107,12 +107,7 @@ fn snapshot_build_use_stale_and_delete() {
     knit_registry::seed(&push, &env.path("work"), APP, 2, 4 << 20).unwrap();
     let mirror = env.registry_mirror();
 
-    std::fs::write(
-        env.path("workers.yaml"),
-        pool_yaml("workers", &mirror, None),
-    )
-    .unwrap();
-    env.knit_ok(&["create", "-f", env.path("workers.yaml").to_str().unwrap()]);
+    env.create("workers", &pool_yaml("workers", &mirror, None));
 
     // 1. Build.
     let out = env.knit_ok(&[
@@ -404,12 +399,7 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
     // A second `up` finds it running.
     let again = env.knit_ok(&["registry", "up", "--state-dir", &state, "--port", &reg_port]);
     assert!(again.contains("already running"), "{again}");
-    std::fs::write(
-        env.path("workers.yaml"),
-        pool_yaml("workers", &mirror, None),
-    )
-    .unwrap();
-    env.knit_ok(&["create", "-f", env.path("workers.yaml").to_str().unwrap()]);
+    env.create("workers", &pool_yaml("workers", &mirror, None));
     let out = env.knit_ok(&[
         "snapshot",
         "create",

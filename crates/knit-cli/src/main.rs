@@ -720,6 +720,19 @@ fn down(
     let path = config_path(cli_config)?;
     let mut config = ClientConfig::load(&path)?;
     let c = Client::new(&config)?;
+    // A server `knit up` started that has died (killed, host reboot) cannot
+    // delete its pools, nor say which instances were added by attach: stop
+    // before anything is removed and say how to go on.
+    if let Some(pid) = config.pid.filter(|pid| !is_our_server(*pid)) {
+        if !keep_instances {
+            return Err(CliError::Failed(format!(
+                "knit server (pid {pid}) is not running, so its pools were not deleted and nothing was removed \
+                 (the local cloud may hold instances added by attach, which knit never releases). \
+                 Start it again with `knit up` and rerun `knit down`, or keep the instances with `knit down --keep-instances`, \
+                 or remove the local cloud and every instance in it with `knit local down`"
+            )));
+        }
+    }
     // Instances added by attach that the pools' deletion kept (SPEC §2).
     let mut added_kept: Vec<String> = Vec::new();
     if !keep_instances {

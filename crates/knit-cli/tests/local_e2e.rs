@@ -378,6 +378,39 @@ fn knit_down_takes_the_whole_local_setup_down() {
     env.up();
     env.create("pool", POOL);
     env.scale_wait("workers", 1);
+
+    // A crashed server: `knit down` removes nothing (it cannot tell which
+    // instances were added by attach) and says how to go on.
+    let crashed = env.up_pid().unwrap();
+    let killed = Command::new("kill")
+        .args(["-9", &crashed.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.runs_here(crashed) {
+        assert!(Instant::now() < deadline, "the killed server still runs");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, out, err) = env.knit(&["down"]);
+    assert!(!ok, "down with a dead server must fail:\n{out}");
+    for needle in [
+        format!("knit server (pid {crashed}) is not running"),
+        "knit up".to_string(),
+        "knit local down".to_string(),
+    ] {
+        assert!(err.contains(&needle), "{needle:?} missing in:\n{err}");
+    }
+    assert!(
+        Env::link_exists(&env.bridge),
+        "a refused down removed the bridge"
+    );
+    assert!(
+        !env.loop_devices_here().is_empty(),
+        "a refused down removed disks"
+    );
+    // Started again over the same state, then down: everything goes.
+    env.up();
     let server = env.up_pid().unwrap();
     assert!(Env::link_exists(&env.bridge));
     assert!(!env.loop_devices_here().is_empty());

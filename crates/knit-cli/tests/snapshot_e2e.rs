@@ -348,6 +348,10 @@ impl Drop for RegistryDown {
 /// images pulled — only the build knows it. After the restart the build is
 /// reported failed at step `images` (API and CLI), and nothing is left: no
 /// instance at the provider or in the store, no builder pool, no snapshot.
+/// Then a second build is cut off right after its snapshot was recorded
+/// (`snapshot-snapshot`): after the restart it only lacked its release,
+/// which is done, and it succeeds with its snapshot listed and usable,
+/// its builder gone.
 /// The registry is the one `knit registry up --seed` starts, pulled from
 /// through the mirror it prints; `knit down` stops it.
 #[test]
@@ -501,6 +505,122 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
         "{}",
         tail(&log, 20)
     );
+
+    // A build cut off right after its snapshot was recorded only lacks
+    // the release: the restart releases the builder and the build succeeds.
+    env.kill_server();
+    env.set_env("KNIT_SERVER_PAUSE_AT", Some("snapshot-snapshot"));
+    env.start_server();
+    let out = env.knit_ok(&[
+        "snapshot",
+        "create",
+        "--pool",
+        "workers",
+        "--images",
+        APP,
+        "--no-wait",
+    ]);
+    let id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap_or_else(|| panic!("no build id in {out:?}"))
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !env.server_log().contains("paused at snapshot-snapshot") {
+        let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+        assert_eq!(b["status"], "Running", "{b}\n{}", env.server_log_tail());
+        assert!(Instant::now() < deadline, "{b}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    assert_eq!(b["status"], "Running", "{b}");
+    assert_eq!(b["step"], "snapshot", "{b}");
+    let sid = b["snapshotId"].as_str().unwrap().to_string();
+    let builder = b["builderInstance"].as_str().unwrap().to_string();
+    let builder_pool = b["builderPool"].as_str().unwrap().to_string();
+    assert!(env.provider_names().contains(&builder), "{b}");
+
+    env.kill_server();
+    env.set_env("KNIT_SERVER_PAUSE_AT", None);
+    env.start_server();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let b = loop {
+        let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+        if b["done"] == true {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "{b}\n{}", env.server_log_tail());
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert_eq!(b["status"], "Succeeded", "{b}");
+    assert_eq!(b["step"], "release", "{b}");
+    assert_eq!(b["snapshotId"], sid.as_str(), "{b}");
+    assert!(b["error"].is_null(), "{b}");
+    let messages: Vec<&str> = b["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        messages.contains(
+            &format!("builder instance {builder} released (after a server restart)").as_str()
+        ),
+        "{b}"
+    );
+    // Listed with what it holds, and usable: a disk made from it at the
+    // provider (deleted again).
+    let list = env.json(&["snapshot", "list", "-o", "json"]);
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{list}");
+    assert_eq!(items[0]["id"], sid.as_str(), "{list}");
+    assert_eq!(items[0]["kubernetesVersion"], "1.31.4", "{list}");
+    assert!(
+        items[0]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i.as_str().unwrap().starts_with(&format!("{APP}@sha256:"))),
+        "{list}"
+    );
+    let cloud = env.cloud();
+    let snaps = cloud.snapshots().unwrap();
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    assert_eq!(snaps[0].id, sid);
+    let disk = cloud
+        .disk_create(&knit_local::DiskSpec {
+            name: "from-snapshot".into(),
+            size: None,
+            interface: knit_local::DiskInterface::Nvme,
+            snapshot: Some(sid.clone()),
+            format: None,
+        })
+        .unwrap();
+    assert_eq!(disk.from_snapshot.as_deref(), Some(sid.as_str()));
+    cloud.disk_delete(&disk.id).unwrap();
+    // Nothing leaked: builder gone at the provider and in the store, the
+    // builder pool removed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let at_provider = env.provider_names();
+        let in_store: Vec<Value> = env
+            .store_instances()
+            .into_iter()
+            .filter(|i| i["name"] == builder.as_str())
+            .collect();
+        let pool_left = env.knit(&["get", "pools", &builder_pool]).0;
+        if at_provider.is_empty() && in_store.is_empty() && !pool_left {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left: provider {at_provider:?}, store {in_store:?}, pool {pool_left}\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    env.knit_ok(&["snapshot", "delete", &sid]);
+    assert!(env.cloud().snapshots().unwrap().is_empty());
 
     // `knit down` stops it too.
     let down = env.knit_ok(&["down", "--timeout", "120"]);

@@ -401,6 +401,16 @@ impl Env {
         c
     }
 
+    /// Sets (`None`: removes) an environment variable of the next server
+    /// start and of every later `knit` command (e.g. another pause point
+    /// after a restart).
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.opts.env.retain(|(k, _)| k.as_os_str() != key);
+        if let Some(v) = value {
+            self.opts.env.push((key.into(), v.into()));
+        }
+    }
+
     /// Runs `knit args…`: (success, stdout, stderr).
     pub fn knit(&self, args: &[&str]) -> (bool, String, String) {
         let out = self.cmd().args(args).stdin(Stdio::null()).output().unwrap();

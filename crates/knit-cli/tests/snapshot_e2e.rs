@@ -587,6 +587,7 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
     let snaps = cloud.snapshots().unwrap();
     assert_eq!(snaps.len(), 1, "{snaps:?}");
     assert_eq!(snaps[0].id, sid);
+    assert_eq!(snaps[0].name.as_deref(), Some(id.as_str()));
     let disk = cloud
         .disk_create(&knit_local::DiskSpec {
             name: "from-snapshot".into(),

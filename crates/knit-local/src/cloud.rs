@@ -1079,9 +1079,21 @@ impl Cloud {
     // ---- disks and snapshots ------------------------------------------------
 
     pub fn snapshot_create(&self, disk_id: &str) -> Result<SnapshotRecord> {
+        self.snapshot_create_named(disk_id, None)
+    }
+
+    /// A snapshot carrying `name`. The record (method `pending`, with the
+    /// name) is written before the clone: a caller that dies before the id
+    /// comes back can still find its snapshot by name and delete it.
+    pub fn snapshot_create_named(
+        &self,
+        disk_id: &str,
+        name: Option<&str>,
+    ) -> Result<SnapshotRecord> {
         let disk = self.state.disk(disk_id)?;
         let mut snap = SnapshotRecord {
             id: new_id("s-")?,
+            name: name.map(str::to_string),
             source_disk: disk.id.clone(),
             size: disk.size,
             method: "pending".into(),
@@ -1089,6 +1101,7 @@ impl Cloud {
         };
         self.store()?;
         self.state.put_snapshot(&snap)?;
+        Self::checkpoint("snapshot-record");
         // Like a disk: the file in the block store, a link beside the record.
         let link = self.state.snapshot_file(&snap.id);
         let file = self.store.file("snapshots", &snap.id);

@@ -540,6 +540,10 @@ pub struct DiskRecord {
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotRecord {
     pub id: String,
+    /// The caller's name for it (knit: the build's), recorded before the
+    /// clone starts, so a caller killed mid-way finds it by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub source_disk: String,
     pub size: u64,
     /// `reflink` or `sparse-copy`.

@@ -143,6 +143,81 @@ fn a_disk_from_a_snapshot_is_a_reflink_clone() {
     assert!(!clone_target.exists() && !snap_target.exists());
 }
 
+/// Kills (SIGKILL) and reaps the child when dropped, also on panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A snapshot whose maker is killed before the clone (as the knit server
+/// can be while the provider call runs): its record already carries the
+/// caller's name, so the caller finds it by name without its id, and
+/// deleting it leaves nothing in the store.
+#[test]
+fn a_snapshot_cut_off_before_its_clone_carries_its_name_and_deletes_clean() {
+    use std::io::BufRead;
+    let t = TestCloud::new();
+    let disk = t
+        .cloud
+        .disk_create(&spec("src", Some("64Mi"), None))
+        .unwrap();
+    let mut child = KillOnDrop(
+        cli_env(&t.dir, &t.bridge, &t.subnet)
+            .env("KNIT_LOCAL_PAUSE_AFTER", "snapshot-record")
+            .args(["snapshot", "create", &disk.id, "--name", "build-cut"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("paused after snapshot-record") {
+            break;
+        }
+    }
+    assert!(seen.contains("paused after snapshot-record"), "{seen}");
+    drop(child);
+
+    let named: Vec<_> = t
+        .cloud
+        .snapshots()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.name.as_deref() == Some("build-cut"))
+        .collect();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert_eq!(named[0].method, "pending");
+    assert_eq!(named[0].source_disk, disk.id);
+    t.cloud.snapshot_delete(&named[0].id).unwrap();
+    assert!(t.cloud.snapshots().unwrap().is_empty());
+    let store = BlockStore::new(&t.dir);
+    let left: Vec<_> = std::fs::read_dir(store.dir().join("snapshots"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+
+    // A snapshot made whole keeps its name.
+    let whole = t
+        .cloud
+        .snapshot_create_named(&disk.id, Some("build-whole"))
+        .unwrap();
+    assert_eq!(whole.name.as_deref(), Some("build-whole"));
+    assert_eq!(
+        t.cloud.snapshots().unwrap()[0].name.as_deref(),
+        Some("build-whole")
+    );
+    t.cloud.snapshot_delete(&whole.id).unwrap();
+}
+
 #[test]
 fn open_is_idempotent_and_down_removes_the_store() {
     let t = TestCloud::new();

@@ -233,9 +233,9 @@ impl Provider for LocalProvider {
         &self,
         id: &str,
         data_disk_index: usize,
-        _name: &str,
+        name: &str,
     ) -> Result<ProviderSnapshot> {
-        let id = id.to_string();
+        let (id, name) = (id.to_string(), name.to_string());
         let snap = self
             .blocking(move |c| {
                 let instance = c.describe(&id)?;
@@ -245,7 +245,7 @@ impl Provider for LocalProvider {
                         id: format!("{id} #{data_disk_index}"),
                     }
                 })?;
-                c.snapshot_create(&disk.id)
+                c.snapshot_create_named(&disk.id, Some(&name))
             })
             .await?;
         Ok(ProviderSnapshot {
@@ -257,6 +257,16 @@ impl Provider for LocalProvider {
     async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()> {
         let id = snapshot_id.to_string();
         self.blocking(move |c| c.snapshot_delete(&id)).await
+    }
+
+    async fn snapshots_named(&self, name: &str) -> Result<Vec<String>> {
+        let name = name.to_string();
+        let all = self.blocking(|c| c.snapshots()).await?;
+        Ok(all
+            .into_iter()
+            .filter(|s| s.name.as_deref() == Some(name.as_str()))
+            .map(|s| s.id)
+            .collect())
     }
 
     async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {

@@ -85,7 +85,9 @@ pub trait Provider: Send + Sync {
     /// A file from inside the instance (`knit logs`).
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>>;
     /// Snapshot of one data disk of a (stopped) instance, by its index
-    /// among the instance's data disks.
+    /// among the instance's data disks. `name` is recorded with it before
+    /// the copy starts, so that [`Provider::snapshots_named`] finds it even
+    /// when the caller died before the id came back.
     async fn snapshot_create(
         &self,
         id: &str,
@@ -93,6 +95,12 @@ pub trait Provider: Send + Sync {
         name: &str,
     ) -> Result<ProviderSnapshot>;
     async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()>;
+    /// The ids of the provider's snapshots carrying `name`, made whole or
+    /// not. A provider that keeps no snapshot names has none to find.
+    async fn snapshots_named(&self, name: &str) -> Result<Vec<String>> {
+        let _ = name;
+        Ok(Vec::new())
+    }
 
     /// Runs a command inside a running instance (the snapshot builder's
     /// steps): exit status, stdout, stderr. Providers without a way in

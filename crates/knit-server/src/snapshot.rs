@@ -555,6 +555,38 @@ async fn clean_up(cp: &Cp, b: &SnapshotBuildRecord) {
             }
         }
     }
+    // Snapshots named after the build that no record uses: the one whose
+    // id never came back (the server died during the provider call).
+    match retry(|| async { cp.provider()?.snapshots_named(&b.id).await }).await {
+        Ok(ids) => {
+            let recorded: Vec<String> = match cp.store.snapshots() {
+                Ok(s) => s.into_iter().map(|s| s.id).collect(),
+                Err(e) => {
+                    complete = false;
+                    leaked(cp, b, &format!("snapshots named {}: {e}", b.id));
+                    ids.clone()
+                }
+            };
+            for sid in ids.iter().filter(|sid| !recorded.contains(sid)) {
+                match retry(|| async { cp.provider()?.snapshot_delete(sid).await }).await {
+                    Ok(()) => remark(
+                        cp,
+                        &b.id,
+                        "cleanup",
+                        &format!("unrecorded snapshot {sid} (named {}) deleted", b.id),
+                    ),
+                    Err(e) => {
+                        complete = false;
+                        leaked(cp, b, &format!("snapshot {sid} could not be deleted: {e}"))
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            complete = false;
+            leaked(cp, b, &format!("snapshots named {}: {e}", b.id))
+        }
+    }
     match retry(|| release_builder(cp, b)).await {
         Ok(what) => remark(cp, &b.id, "cleanup", &what),
         Err(e) => {
@@ -996,11 +1028,13 @@ async fn build_on(
     progress(cp, id, "stop", format!("instance {instance} stopped")).await?;
 
     // Snapshot of the first data disk; its id is stored before anything
-    // else so that an interrupted build can delete it.
+    // else so that an interrupted build can delete it. It is named after
+    // the build (its id: unique, unlike the build's name), so that the
+    // clean-up finds one whose id never came back (server killed mid-call).
     let t = Instant::now();
     let snap = cp
         .provider()?
-        .snapshot_create(&provider_id, 0, &build.name)
+        .snapshot_create(&provider_id, 0, &build.id)
         .await?;
     cp.store.set_snapshot_build_snapshot(id, &snap.id)?;
     let record = SnapshotRecord {
@@ -1102,6 +1136,146 @@ pub async fn node_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The local cloud of a test, brought down (store unmounted, loop
+    /// device detached, state removed) when dropped, also on panic.
+    struct LocalDown(knit_local::Cloud);
+
+    impl Drop for LocalDown {
+        fn drop(&mut self) {
+            match self.0.down() {
+                Ok(r) if r.errors.is_empty() => {}
+                Ok(r) => eprintln!("local cloud down left: {:?}", r.errors),
+                Err(e) => eprintln!("local cloud down: {e}"),
+            }
+        }
+    }
+
+    /// A server killed during the provider's snapshot call leaves a
+    /// snapshot no record names. The failed build's clean-up finds it by
+    /// the build's name (its id) in the real local cloud and deletes it;
+    /// a recorded snapshot with that name and another build's stay.
+    #[test]
+    fn clean_up_deletes_the_unrecorded_snapshot_named_after_the_build() {
+        knit_local::require_root()
+            .expect("this test needs root (the local cloud's block store is a loop-mounted XFS)");
+        let dir = tempfile::tempdir().unwrap();
+        let config = knit_local::Config {
+            state_dir: dir.path().join("local"),
+            // No instance is made: no bridge or network is created.
+            bridge: format!("kq{:x}", std::process::id()),
+            subnet: "10.217.0.0/24".into(),
+            ..knit_local::Config::default()
+        };
+        let cloud = LocalDown(knit_local::Cloud::open(config.clone()).unwrap());
+        let provider = crate::local::LocalProvider::new(config).unwrap();
+        let store = crate::store::Store::open(&dir.path().join("k.db")).unwrap();
+        let cp = Arc::new(ControlPlane::new(
+            store,
+            Some(Arc::new(provider)),
+            Arc::new(crate::bootstrap::NoCluster),
+            crate::control::Settings::new(dir.path().join("server")),
+            String::new(),
+            String::new(),
+            String::new(),
+        ));
+        let disk = cloud
+            .0
+            .disk_create(&knit_local::DiskSpec {
+                name: "data0".into(),
+                size: Some(knit_local::Quantity::Text("64Mi".into())),
+                interface: knit_local::DiskInterface::Virtio,
+                snapshot: None,
+                format: None,
+            })
+            .unwrap();
+        let build = SnapshotBuildRecord {
+            id: "build-c0ffee".into(),
+            name: "web".into(),
+            pool: "workers".into(),
+            builder_pool: "workers-snap-c0ffee".into(),
+            builder_instance: None,
+            images: vec![],
+            keep_builder: false,
+            status: build_state::FAILED.into(),
+            step: "stop".into(),
+            error: Some("interrupted at step stop".into()),
+            snapshot_id: None,
+            started_ms: 1,
+            finished_ms: Some(2),
+        };
+        cp.store.insert_snapshot_build(&build).unwrap();
+        // What the cut-off call left: named after the build, id unknown.
+        let orphan = cloud
+            .0
+            .snapshot_create_named(&disk.id, Some(&build.id))
+            .unwrap();
+        // A recorded snapshot under the same name, and another build's.
+        let kept = cloud
+            .0
+            .snapshot_create_named(&disk.id, Some(&build.id))
+            .unwrap();
+        cp.store
+            .add_snapshot(&SnapshotRecord {
+                id: kept.id.clone(),
+                pool: "workers".into(),
+                kubernetes_version: "1.31.4".into(),
+                containerd_version: String::new(),
+                images: vec![],
+                size_bytes: 1,
+                created_ms: 1,
+            })
+            .unwrap();
+        let other = cloud
+            .0
+            .snapshot_create_named(&disk.id, Some("build-0ther0"))
+            .unwrap();
+
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(clean_up(&cp, &build));
+
+        let mut left: Vec<String> = cloud
+            .0
+            .snapshots()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        left.sort();
+        let mut want = vec![kept.id.clone(), other.id.clone()];
+        want.sort();
+        assert_eq!(left, want, "{} should be gone", orphan.id);
+        let messages: Vec<String> = cp
+            .store
+            .snapshot_build_steps(&build.id)
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.step == "cleanup")
+            .map(|s| s.message)
+            .collect();
+        assert!(
+            messages.contains(&format!(
+                "unrecorded snapshot {} (named {}) deleted",
+                orphan.id, build.id
+            )),
+            "{messages:?}"
+        );
+        assert_eq!(
+            messages.last().map(String::as_str),
+            Some(CLEANUP_DONE),
+            "{messages:?}"
+        );
+        // Repeating the clean-up (next start) is harmless.
+        rt.block_on(clean_up(&cp, &build));
+        assert_eq!(cloud.0.snapshots().unwrap().len(), 2);
+        for id in [&kept.id, &other.id] {
+            cloud.0.snapshot_delete(id).unwrap();
+        }
+        cloud.0.disk_delete(&disk.id).unwrap();
+    }
 
     #[test]
     fn stale_and_unknown_snapshots_warn_and_strict_refuses() {

@@ -154,9 +154,16 @@ enum DiskCmd {
 
 #[derive(Subcommand)]
 enum SnapCmd {
-    Create { disk: String },
+    Create {
+        disk: String,
+        /// A name recorded with the snapshot (before the clone starts).
+        #[arg(long)]
+        name: Option<String>,
+    },
     List,
-    Delete { id: String },
+    Delete {
+        id: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -306,7 +313,9 @@ fn run(cli: Cli) -> Result<(), LocalError> {
             DiskCmd::Detach { disk } => print(&cloud.disk_detach(&disk)?),
         },
         Cmd::Snapshot(s) => match s {
-            SnapCmd::Create { disk } => print(&cloud.snapshot_create(&disk)?),
+            SnapCmd::Create { disk, name } => {
+                print(&cloud.snapshot_create_named(&disk, name.as_deref())?)
+            }
             SnapCmd::List => print(&cloud.snapshots()?),
             SnapCmd::Delete { id } => cloud.snapshot_delete(&id),
         },

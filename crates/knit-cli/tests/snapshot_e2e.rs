@@ -96,10 +96,18 @@ fn snapshot_build_use_stale_and_delete() {
     ]);
     env.start_server();
 
-    // The registry (started with the server) listens on every address, so
-    // that instances reach it at the bridge gateway (made by the first
-    // instance).
+    // The registry (started with the server, after the local cloud's
+    // network) listens on the bridge's address alone: where instances
+    // reach it, and the test pushes.
     let reg = env.registry();
+    let port = reg.addr().rsplit_once(':').unwrap().1.to_string();
+    assert_eq!(
+        common::listeners(&port),
+        vec![reg.addr().to_string()],
+        "the registry listens elsewhere than {}",
+        reg.addr()
+    );
+    assert!(reg.addr().starts_with(&format!("{}:", env.gateway)));
     let push = env.registry_push_url();
     for r in SYSTEM {
         knit_registry::seed(&push, &env.path("work"), r, 1, 256 << 10).unwrap();
@@ -352,8 +360,9 @@ impl Drop for RegistryDown {
 /// (`snapshot-snapshot`): after the restart it only lacked its release,
 /// which is done, and it succeeds with its snapshot listed and usable,
 /// its builder gone.
-/// The registry is the one `knit registry up --seed` starts, pulled from
-/// through the mirror it prints; `knit down` stops it.
+/// The registry is the one `knit registry up --seed` starts once
+/// `knit local network-up` made the bridge: on the bridge address alone,
+/// pulled from through the mirror it prints; `knit down` stops it.
 #[test]
 fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing() {
     assert!(is_root(), "this test needs root");
@@ -366,6 +375,9 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
         .build();
     env.build_package(true);
     env.start_server();
+    // The local cloud's network first (`knit local network-up`): `knit
+    // registry up` then listens on the bridge's address alone.
+    env.network_up();
     let state = env.state_dir().to_str().unwrap().to_string();
     let reg_port = common::free_port().to_string();
     let up = env.knit_ok(&[
@@ -387,6 +399,9 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
         up.contains(&format!("registry.k8s.io: [\"http://{mirror}\"]")),
         "{up}"
     );
+    assert!(!up.contains("every address"), "{up}");
+    assert!(up.contains(&format!(" on {mirror};")), "{up}");
+    assert_eq!(common::listeners(&reg_port), vec![mirror.clone()]);
     for r in SYSTEM {
         assert!(up.contains(&format!("pushed {r} ")), "{up}");
     }
@@ -394,6 +409,7 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
     assert_eq!(status["running"], true, "{status}");
     assert_eq!(status["answers"], true, "{status}");
     assert_eq!(status["mirror"], mirror.as_str(), "{status}");
+    assert_eq!(status["listen"], mirror.as_str(), "{status}");
     assert_eq!(
         status["repositories"].as_array().unwrap().len(),
         4,

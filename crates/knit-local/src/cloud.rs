@@ -171,6 +171,15 @@ impl Cloud {
 
     // ---- network -------------------------------------------------------
 
+    /// The state directory's network (bridge with the gateway address,
+    /// metadata server), made now if missing, as the first instance would
+    /// make it: so that a host service (e.g. a registry) can listen on the
+    /// bridge address alone before any instance exists. `down` removes it.
+    pub fn network_up(&self) -> Result<NetworkRecord> {
+        let _lock = self.state.lock()?;
+        self.ensure_network()
+    }
+
     fn ensure_network(&self) -> Result<NetworkRecord> {
         let mut rec = match self.state.network()? {
             Some(n) if n.bridge != self.cfg.bridge || n.subnet != self.subnet.to_string() => {

@@ -69,6 +69,17 @@ pub fn on_path(bin: &str) -> bool {
 }
 
 /// The last `n` lines of `s`.
+/// The local addresses (`IP:PORT`) of the host's TCP listeners on `port`
+/// (`ss -Hltn`, this network namespace).
+pub fn listeners(port: &str) -> Vec<String> {
+    output("ss", &["-Hltn"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter(|a| a.rsplit_once(':').is_some_and(|(_, p)| p == port))
+        .map(str::to_string)
+        .collect()
+}
+
 pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -266,8 +277,10 @@ impl EnvBuilder {
         self
     }
 
-    /// Start a `docker-registry` with the server, on every address so that
-    /// instances reach it at the bridge gateway ([`Env::registry_mirror`]).
+    /// Start a `docker-registry` with the server, on the bridge's address
+    /// alone (the local cloud's network is made first, see
+    /// [`Env::network_up`]): instances and the test reach it there
+    /// ([`Env::registry_mirror`], [`Env::registry_push_url`]).
     pub fn registry(mut self, on: bool) -> Self {
         self.registry = on;
         self
@@ -524,7 +537,9 @@ impl Env {
             std::thread::sleep(Duration::from_millis(100));
         }
         if self.opts.registry && self.registry.is_none() {
-            let addr = format!("0.0.0.0:{}", free_port());
+            // Only where instances must reach it: the bridge's address.
+            self.network_up();
+            let addr = format!("{}:{}", self.gateway, free_port());
             let reg = Registry::start(&self.path("registry"), &addr)
                 .unwrap_or_else(|e| panic!("docker-registry: {e}"));
             self.registry = Some(reg);
@@ -662,9 +677,34 @@ impl Env {
         addr.rsplit_once(':').map_or(addr, |(_, port)| port)
     }
 
-    /// Where the test itself pushes images.
+    /// Where the test itself pushes images (the bridge's address: the
+    /// host holds it).
     pub fn registry_push_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.registry_port())
+        format!("http://{}:{}", self.gateway, self.registry_port())
+    }
+
+    /// `knit local network-up` for this environment's local cloud: its
+    /// bridge with the gateway address (and metadata server) before any
+    /// instance, so that host services can listen on the bridge address
+    /// alone. The local cloud's `down` (on drop) removes it.
+    pub fn network_up(&self) {
+        let out = self
+            .cmd()
+            .env("KNIT_LOCAL_STATE_DIR", self.path("local"))
+            .env("KNIT_LOCAL_BRIDGE", &self.bridge)
+            .env("KNIT_LOCAL_SUBNET", &self.subnet)
+            .env("KNIT_LOCAL_METADATA_PORT", "80")
+            .args(["local", "network-up"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "knit local network-up: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(Env::link_exists(&self.bridge), "no bridge {}", self.bridge);
     }
 
     /// `host:port` instances reach the registry at (pool registry mirrors).

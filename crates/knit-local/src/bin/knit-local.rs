@@ -112,6 +112,10 @@ enum Cmd {
     Disk(DiskCmd),
     #[command(subcommand)]
     Snapshot(SnapCmd),
+    /// Make the network (bridge with the gateway address, metadata server)
+    /// now, before any instance: host services can then listen on the
+    /// bridge address alone.
+    NetworkUp,
     /// Remove every leftover of this state directory: processes, loop devices, veths, namespaces, bridge, state.
     Down,
     #[command(name = "__boot", hide = true)]
@@ -319,6 +323,7 @@ fn run(cli: Cli) -> Result<(), LocalError> {
             SnapCmd::List => print(&cloud.snapshots()?),
             SnapCmd::Delete { id } => cloud.snapshot_delete(&id),
         },
+        Cmd::NetworkUp => print(&cloud.network_up()?),
         Cmd::Down => {
             let report = cloud.down()?;
             print(&report)?;

@@ -251,6 +251,18 @@ fn unmount(target: &str) -> std::result::Result<(), String> {
     }
 }
 
+/// A kernel setting's value as written: whitespace collapsed, and for a
+/// choice file (`always [madvise] never`) the chosen word.
+fn kernel_value(text: &str) -> String {
+    let text = text.trim();
+    if let (Some(open), Some(close)) = (text.find('['), text.find(']')) {
+        if open < close {
+            return text[open + 1..close].to_string();
+        }
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Puts the machine back as the ledger says it was, newest change first:
 /// services stopped, mounts undone, kernel settings, files restored or
 /// removed, directories the agent made removed; then the agent's own
@@ -288,6 +300,14 @@ pub fn undo(host: &Host) -> Result<UndoReport> {
     for change in ledger.changes.iter().rev() {
         match change {
             Change::Kernel { path, previous } if host.is_live() => {
+                // Noted before the write, which the kernel may have refused
+                // (a read-only /proc/sys in a container, a sysctl that is
+                // not namespaced): nothing to set back then.
+                let unchanged = std::fs::read_to_string(path)
+                    .is_ok_and(|current| kernel_value(&current) == kernel_value(previous));
+                if unchanged {
+                    continue;
+                }
                 match std::fs::write(path, previous) {
                     Ok(()) => report.done.push(format!("{path} set back to {previous}")),
                     Err(e) => report.failed.push(format!("set {path} back: {e}")),
@@ -374,6 +394,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = Host::without_log(dir.path());
         (dir, host)
+    }
+
+    #[test]
+    fn kernel_values_compare_as_written() {
+        assert_eq!(kernel_value("4096\t87380\t6291456\n"), "4096 87380 6291456");
+        assert_eq!(kernel_value("always [madvise] never\n"), "madvise");
+        assert_eq!(kernel_value("madvise"), "madvise");
+        assert_eq!(kernel_value("262144\n"), "262144");
     }
 
     #[test]

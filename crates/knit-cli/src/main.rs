@@ -806,7 +806,7 @@ fn down(
         } else if !added_kept.is_empty() {
             // Taking the cloud down would destroy the machines users added.
             println!(
-                "local cloud kept: it holds instance(s) added by attach, which knit does not release: {} (stopped); `knit local down` removes the cloud and them",
+                "local cloud kept: it holds instance(s) added by attach, which knit does not release: {}; `knit local down` removes the cloud and them",
                 added_kept.join(", ")
             );
         } else {

@@ -9,7 +9,9 @@
 //!   dry run lists every failed check;
 //! - manual: the printed command run inside an instance (the local cloud's
 //!   exec) → node Ready, the instance's own files and user data untouched;
-//!   the same command again → refused;
+//!   the same command again → refused; the node removed (instance kept) →
+//!   the agent's undo run inside it, still running and as it was before the
+//!   attach, then attached again with a new command;
 //! - diagnosis: an instance whose traffic to the host is dropped fails its
 //!   join within the pool's timeout, the message naming the address and
 //!   pointing at connectivity and security groups.
@@ -53,6 +55,24 @@ userData: |
   umount /mnt/data
   echo mine > /root/own-user-data-ran
 ";
+
+/// A script listing what the agent touches on a machine: some paths with
+/// their entries, `/usr/local/bin`, `/etc/fstab`'s checksum (the data-disk
+/// phase edits it). Equal before and after = the machine is as it was.
+fn machine_snapshot() -> String {
+    const WATCHED: &str = "/var/lib/knit /etc/kubernetes /etc/containerd /var/lib/kubelet \
+        /var/lib/containerd /run/containerd /run/knit /var/lib/container /opt/cni \
+        /etc/cni /var/log/knit /etc/sysctl.d";
+    format!(
+        "for p in {WATCHED}; do [ -e $p ] && echo \"$p: $(ls -A $p 2>/dev/null | tr '\\n' ' ')\"; done; \
+         ls -A /usr/local/bin; sha256sum /etc/fstab"
+    )
+}
+
+/// No mount and no process of knit's inside the machine (run by `exec`).
+const NOTHING_OF_KNIT_RUNS: &str =
+    "! grep -E ' /var/lib/(container|containerd|kubelet) ' /proc/self/mounts; \
+    ! cat /proc/[0-9]*/comm 2>/dev/null | grep -xE 'containerd|kubelet|knit-agent'";
 
 fn node<'a>(nodes: &'a Value, name: &str) -> Option<&'a Value> {
     nodes["items"]
@@ -175,7 +195,11 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
     let id2 = env.instance(
         "name: old-db\nuserData: |\n  #!/bin/bash\n  echo mine > /root/own-user-data-ran\n",
     );
-    env.exec(&id2, "echo keep me > /root/precious");
+    let (ok, machine_before) = env.exec(
+        &id2,
+        &format!("echo keep me > /root/precious; {}", machine_snapshot()),
+    );
+    assert!(ok, "{machine_before}");
     let ud_before = env.cloud().user_data_result(&id2).unwrap();
     let tpl_before = env
         .cloud()
@@ -304,6 +328,85 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
     let (ok, text) = env.exec(&id, "cat /var/lib/container/precious.txt");
     assert!(ok && text.contains("precious"), "{text}");
     assert_eq!(env.pool()["spec"]["replicas"], 2);
+
+    // ---- the manual-mode node removed (instance kept): the agent's undo
+    // runs inside it and it stays running, as it was before the attach.
+    env.knit_ok(&["delete", "node", "old-db"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mine = store_instance(&env, &id2);
+        if mine["state"] == "Detached" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "old-db never Detached: {mine}\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let events = env.knit_ok(&["get", "events"]);
+    assert_eq!(
+        env.cloud().describe(&id2).unwrap().record.state.to_string(),
+        "running",
+        "a manual-mode machine is left running:\n{events}"
+    );
+    assert!(
+        events.contains("keeps it running") && !events.contains("UndoFailed"),
+        "{events}"
+    );
+    let (ok, text) = env.exec(
+        &id2,
+        &format!("cat /root/precious /root/own-user-data-ran; {NOTHING_OF_KNIT_RUNS}"),
+    );
+    assert!(
+        ok && text.contains("keep me") && text.contains("mine"),
+        "{text}"
+    );
+    let (ok, machine_after) = env.exec(&id2, &machine_snapshot());
+    assert!(ok, "{machine_after}");
+    assert_eq!(
+        machine_after, machine_before,
+        "the machine is not as it was before the attach"
+    );
+    assert_eq!(env.pool()["spec"]["replicas"], 1);
+    // Attached again with a new command: Ready again.
+    let command = env.knit_ok(&[
+        "attach-script",
+        "--pool",
+        "workers",
+        "--keep-instance-name",
+        "--expires",
+        "10m",
+    ]);
+    let (ok, text) = env.exec(
+        &id2,
+        &format!(
+            "{} > /root/attach3.log 2>&1; rc=$?; cat /root/attach3.log; exit $rc",
+            command.trim()
+        ),
+    );
+    assert!(
+        ok,
+        "attaching it again failed:\n{text}\n{}",
+        env.server_log_tail()
+    );
+    env.knit_ok(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        "2",
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    let nodes = env.json(&["get", "nodes", "-o", "json"]);
+    assert_eq!(
+        node(&nodes, "old-db").map(|n| n["status"].clone()),
+        Some("Ready".into()),
+        "{nodes}"
+    );
 }
 
 #[test]
@@ -343,15 +446,9 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
     // plane undoes the add.
     let m = env.instance("name: cut-manual\ndisks: [{name: data, size: 2Gi}]\n");
     let mip = env.cloud().describe(&m).unwrap().record.private_ip;
-    // What the machine looked like before: some paths the agent touches,
-    // a file of its own, /etc/fstab (the data-disk phase edits it).
-    const WATCHED: &str = "/var/lib/knit /etc/kubernetes /etc/containerd /var/lib/kubelet \
-        /var/lib/containerd /run/containerd /run/knit /var/lib/container /opt/cni \
-        /etc/cni /var/log/knit /etc/sysctl.d";
-    let snapshot = format!(
-        "for p in {WATCHED}; do [ -e $p ] && echo \"$p: $(ls -A $p 2>/dev/null | tr '\\n' ' ')\"; done; \
-         ls -A /usr/local/bin; sha256sum /etc/fstab"
-    );
+    // What the machine looked like before: a file of its own and what
+    // `machine_snapshot` lists.
+    let snapshot = machine_snapshot();
     let (ok, before) = env.exec(&m, &format!("echo keep me > /root/precious; {snapshot}"));
     assert!(ok, "{before}");
     let api_port = env.cluster_port.unwrap().to_string();
@@ -405,12 +502,7 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
     let (ok, after) = env.exec(&m, &format!("rm /root/attach.log; {snapshot}"));
     assert!(ok, "{after}");
     assert_eq!(after, before, "the machine is not as it was");
-    let (ok, text) = env.exec(
-        &m,
-        "cat /root/precious; \
-         ! grep -E ' /var/lib/(container|containerd|kubelet) ' /proc/self/mounts; \
-         ! cat /proc/[0-9]*/comm 2>/dev/null | grep -xE 'containerd|kubelet|knit-agent'",
-    );
+    let (ok, text) = env.exec(&m, &format!("cat /root/precious; {NOTHING_OF_KNIT_RUNS}"));
     assert!(ok && text.contains("keep me"), "{text}");
     // The control plane undid the add.
     let mine = store_instance(&env, &m);

@@ -540,6 +540,76 @@ pub(crate) async fn undo(cp: &ControlPlane, name: &str, reason: &str) -> Result<
     Ok(())
 }
 
+/// How long the undo inside a leaving machine may take (services are
+/// stopped one by one, each with its own timeout inside the agent).
+const UNDO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether an added instance keeps its own OS (manual mode): leaving its
+/// pool, it is put back as before the attach and left running instead of
+/// being stopped. `Err` says why that cannot be told.
+pub fn added_manually(cp: &ControlPlane, instance: &str) -> std::result::Result<bool, String> {
+    match record(cp, instance) {
+        Ok(r) => Ok(r.is_some_and(|r| r.mode == Mode::Manual)),
+        Err(e) => Err(format!("its attach record is unreadable: {e}")),
+    }
+}
+
+/// What runs inside a manual-mode machine leaving its pool: the agent's
+/// undo (`knit-agent reset --undo`: knit's services stopped, its mounts,
+/// kernel settings and files undone from the ledger), then what the attach
+/// command left (the agent, the CA, the NodeConfig) and the agent's state
+/// directory when nothing else is in it. Safe to run twice (a server that
+/// died half way runs it again): with the agent and its ledger gone there
+/// is nothing left to undo.
+fn leave_script() -> String {
+    let state = knit_agent_state_dir();
+    format!(
+        r#"set -u
+agent={dir}/knit-agent
+if [ -x "$agent" ]; then
+    "$agent" reset --undo || exit $?
+elif [ -e {state}/undo/ledger.json ]; then
+    echo "the agent's undo ledger is there but $agent is gone: nothing can undo its changes" >&2
+    exit 3
+fi
+rm -rf {dir}
+rmdir {state} 2>/dev/null || true
+exit 0
+"#,
+        dir = userdata::BOOTSTRAP_DIR,
+    )
+}
+
+/// Undoes knit's changes inside a running manual-mode instance through the
+/// provider's exec. `Err` is the reason it could not (no exec, a failed or
+/// partial undo, a timeout), for the event of the fallback.
+pub(crate) async fn undo_inside(
+    provider: &dyn crate::provider::Provider,
+    id: &str,
+) -> std::result::Result<(), String> {
+    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), leave_script()];
+    match tokio::time::timeout(UNDO_TIMEOUT, provider.exec(id, &argv)).await {
+        Err(_) => Err(format!(
+            "the undo did not finish within {} s",
+            UNDO_TIMEOUT.as_secs()
+        )),
+        Ok(Err(e)) => Err(format!("cannot run the undo inside it: {e}")),
+        Ok(Ok((0, _, _))) => Ok(()),
+        Ok(Ok((code, stdout, stderr))) => {
+            let text = String::from_utf8_lossy(if stderr.is_empty() { &stdout } else { &stderr });
+            let text = text.trim();
+            // The end says what was not undone; keep events short.
+            let tail: String = {
+                let chars: Vec<char> = text.chars().collect();
+                chars[chars.len().saturating_sub(800)..].iter().collect()
+            };
+            Err(format!(
+                "the undo inside it (knit-agent reset --undo) exited with {code}: {tail}"
+            ))
+        }
+    }
+}
+
 /// Claims an instance for this task: the dispatcher leaves its intents
 /// alone meanwhile. Dropped (even by a cancelled request) → released, and a
 /// pending attach intent left behind is resumed by the reconciler.

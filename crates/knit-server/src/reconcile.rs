@@ -298,7 +298,7 @@ impl ControlPlane {
                     name,
                     "KeepingAdded",
                     &format!(
-                        "removing instance(s) added by attach from the pool: {}; they are stopped and kept, never released by knit (knit delete node NAME --release releases one explicitly)",
+                        "removing instance(s) added by attach from the pool: {}; they are kept, never released by knit (manual mode: put back as before the attach and left running; automatic mode: stopped); knit delete node NAME --release releases one explicitly",
                         kept.join(", ")
                     ),
                 )?;
@@ -580,11 +580,55 @@ impl ControlPlane {
             },
             None => provider.find_by_name(&intent.instance).await?,
         };
+        let added = instance.as_ref().is_some_and(|i| i.added);
+        // A manual-mode machine keeps its own OS and services: it is put
+        // back as before the attach and left running. Otherwise (and when
+        // that cannot be done) it is stopped, so that its kubelet cannot
+        // register the Node again.
+        let manual = if added && !intent.release {
+            crate::attach::added_manually(self, &intent.instance)
+        } else {
+            Ok(false)
+        };
+        let mut left_running = false;
         let outcome = match &found {
             Some(found) if intent.release => provider.delete(&found.id).await,
-            // Stopping a stopped instance is refused by providers.
-            Some(found) if found.state.eq_ignore_ascii_case("stopped") => Ok(()),
-            Some(found) => provider.stop(&found.id).await,
+            Some(found) => {
+                let stopped = found.state.eq_ignore_ascii_case("stopped");
+                let undone = match (manual, stopped) {
+                    (Ok(false), _) => None,
+                    (Ok(true), true) => Some(Err(
+                        "it is stopped, so nothing can run inside it".to_string()
+                    )),
+                    (Ok(true), false) => {
+                        Some(crate::attach::undo_inside(provider.as_ref(), &found.id).await)
+                    }
+                    (Err(why), _) => Some(Err(why)),
+                };
+                if let Some(Err(why)) = &undone {
+                    self.store.add_event(
+                        "Warning",
+                        "Instance",
+                        &intent.instance,
+                        "UndoFailed",
+                        &format!(
+                            "{} cannot be put back as before the attach (manual mode) and left running: {why}; {}. Before starting it again, run {}/knit-agent reset --undo on it, or its kubelet registers the node again",
+                            found.id,
+                            if stopped { "it stays stopped" } else { "stopping it instead" },
+                            crate::userdata::BOOTSTRAP_DIR
+                        ),
+                    )?;
+                }
+                match undone {
+                    Some(Ok(())) => {
+                        left_running = true;
+                        Ok(())
+                    }
+                    // Stopping a stopped instance is refused by providers.
+                    _ if stopped => Ok(()),
+                    _ => provider.stop(&found.id).await,
+                }
+            }
             None => Ok(()),
         };
         if let Err(e) = outcome {
@@ -604,8 +648,9 @@ impl ControlPlane {
             )?;
             return Err(e);
         }
-        // After the instance is stopped or gone, so that its kubelet cannot
-        // register the Node again. knit's nodes run no pods: nothing to drain.
+        // After the instance is stopped, gone or its kubelet stopped by the
+        // undo, so that the kubelet cannot register the Node again. knit's
+        // nodes run no pods: nothing to drain.
         for node in self
             .store
             .nodes()?
@@ -629,13 +674,14 @@ impl ControlPlane {
         } else {
             self.store
                 .set_instance_state(&intent.instance, state::DETACHED, None)?;
-            let added = instance.as_ref().is_some_and(|i| i.added);
             self.store.add_event(
                 "Normal",
                 "Instance",
                 &intent.instance,
                 "Detached",
-                if added {
+                if left_running {
+                    "removed from the pool and the cluster; added by attach (manual mode), so knit keeps it running: knit's services, mounts, kernel settings and files undone inside it (knit-agent reset --undo), its own files and services untouched"
+                } else if added {
                     "removed from the pool and the cluster; added by attach, so knit keeps it: stopped, not released (its disks and the agent's files stay)"
                 } else {
                     "removed from the pool; instance stopped and kept"

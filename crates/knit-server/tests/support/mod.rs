@@ -140,7 +140,8 @@ pub fn instance(id: &str, name: &str, ip: &str) -> InstanceFacts {
 
 /// Fake instances that record every call made about them, in order
 /// (`"<call> <id> [<argument>]"`); `fail_reimage` makes every re-image
-/// fail. Creating instances and snapshots is refused.
+/// fail, `fail_exec` every command run inside an instance. Creating
+/// instances and snapshots is refused.
 #[derive(Default)]
 pub struct FakeCloud {
     calls: Mutex<Vec<String>>,
@@ -148,13 +149,26 @@ pub struct FakeCloud {
     /// Passwords given to `set_password`, to check the right one arrived.
     pub passwords: Mutex<Vec<String>>,
     fail_reimage: bool,
+    fail_exec: bool,
 }
+
+/// What a failing command inside an instance prints on stderr.
+pub const EXEC_FAILURE: &str = "not undone: unmount /var/lib/kubelet: busy";
 
 impl FakeCloud {
     /// A cloud whose every re-image fails.
     pub fn failing_reimage() -> FakeCloud {
         FakeCloud {
             fail_reimage: true,
+            ..FakeCloud::default()
+        }
+    }
+
+    /// A cloud where every command run inside an instance exits 1 with
+    /// [`EXEC_FAILURE`] on stderr.
+    pub fn failing_exec() -> FakeCloud {
+        FakeCloud {
+            fail_exec: true,
             ..FakeCloud::default()
         }
     }
@@ -175,6 +189,11 @@ impl FakeCloud {
         let mut calls = self.calls();
         calls.retain(|c| !c.starts_with("check-image"));
         calls
+    }
+
+    /// Stops an instance behind the server's back (no call recorded).
+    pub fn stop_now(&self, id: &str) {
+        self.instances.lock().unwrap().get_mut(id).unwrap().state = "stopped".into();
     }
 
     pub fn state(&self, id: &str) -> String {
@@ -278,6 +297,19 @@ impl Provider for FakeCloud {
     }
     async fn snapshot_delete(&self, _id: &str) -> Result<()> {
         refuse("snapshot_delete")
+    }
+    /// Recorded as `exec <id> <argv joined by spaces>`; only a running
+    /// instance runs anything.
+    async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
+        self.record(format!("exec {id} {}", argv.join(" ")));
+        let running = self.with(id, |i| i.state == "running")?;
+        if !running {
+            return Err(fail(format!("{id} is not running")));
+        }
+        if self.fail_exec {
+            return Ok((1, Vec::new(), EXEC_FAILURE.as_bytes().to_vec()));
+        }
+        Ok((0, b"undone: service kubelet stopped\n".to_vec(), Vec::new()))
     }
     async fn facts(&self, id: &str) -> Result<InstanceFacts> {
         self.with(id, |i| i.clone())

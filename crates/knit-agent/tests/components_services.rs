@@ -161,7 +161,13 @@ fn supervised_service_gets_limits_output_and_is_not_restarted_by_a_rerun() {
 
     // The supervisor is killed outright: its service keeps running until a
     // new supervisor stops that leftover before starting its own copy.
-    let orphan = services::main_pid(&node.host, "sleeper").unwrap();
+    // The new supervisor writes its service's pid once it has started it.
+    let mut orphan = None;
+    wait_for("the changed service's pid", Duration::from_secs(30), || {
+        orphan = services::main_pid(&node.host, "sleeper");
+        orphan.is_some()
+    });
+    let orphan = orphan.unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(new_supervisor),
         nix::sys::signal::Signal::SIGKILL,

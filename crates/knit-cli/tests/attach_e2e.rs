@@ -82,6 +82,16 @@ fn node<'a>(nodes: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|n| n["name"] == name)
 }
 
+/// The node `name` is registered and Ready.
+fn assert_ready(env: &Env, name: &str) {
+    let nodes = env.json(&["get", "nodes", "-o", "json"]);
+    assert_eq!(
+        node(&nodes, name).map(|n| n["status"].clone()),
+        Some("Ready".into()),
+        "{nodes}"
+    );
+}
+
 #[test]
 fn automatic_and_manual_attach_with_the_embedded_cluster() {
     let mut env = Env::builder().cluster(true).build();
@@ -247,22 +257,8 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         "the attach command failed:\n{text}\n{}",
         env.server_log_tail()
     );
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "2",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
-    let nodes = env.json(&["get", "nodes", "-o", "json"]);
-    assert_eq!(
-        node(&nodes, "old-db").map(|n| n["status"].clone()),
-        Some("Ready".into()),
-        "{nodes}"
-    );
+    env.scale_wait("workers", 2);
+    assert_ready(&env, "old-db");
     let (ok, text) = env.exec(
         &id2,
         "cat /root/precious /root/own-user-data-ran; test ! -e /root/pool-user-data",
@@ -319,12 +315,7 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         "--timeout",
         "300",
     ]);
-    let nodes = env.json(&["get", "nodes", "-o", "json"]);
-    assert_eq!(
-        node(&nodes, "old-web").map(|n| n["status"].clone()),
-        Some("Ready".into()),
-        "{nodes}"
-    );
+    assert_ready(&env, "old-web");
     let (ok, text) = env.exec(&id, "cat /var/lib/container/precious.txt");
     assert!(ok && text.contains("precious"), "{text}");
     assert_eq!(env.pool()["spec"]["replicas"], 2);
@@ -391,22 +382,8 @@ fn automatic_and_manual_attach_with_the_embedded_cluster() {
         "attaching it again failed:\n{text}\n{}",
         env.server_log_tail()
     );
-    env.knit_ok(&[
-        "scale",
-        "pool",
-        "workers",
-        "--replicas",
-        "2",
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
-    let nodes = env.json(&["get", "nodes", "-o", "json"]);
-    assert_eq!(
-        node(&nodes, "old-db").map(|n| n["status"].clone()),
-        Some("Ready".into()),
-        "{nodes}"
-    );
+    env.scale_wait("workers", 2);
+    assert_ready(&env, "old-db");
 }
 
 #[test]

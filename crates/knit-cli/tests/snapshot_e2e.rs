@@ -420,30 +420,8 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
     let again = env.knit_ok(&["registry", "up", "--state-dir", &state, "--port", &reg_port]);
     assert!(again.contains("already running"), "{again}");
     env.create("workers", &pool_yaml("workers", &mirror, None));
-    let out = env.knit_ok(&[
-        "snapshot",
-        "create",
-        "--pool",
-        "workers",
-        "--images",
-        APP,
-        "--no-wait",
-    ]);
-    let id = out
-        .split_whitespace()
-        .find(|w| w.starts_with("build-"))
-        .unwrap_or_else(|| panic!("no build id in {out:?}"))
-        .to_string();
-
     // Paused after the images step.
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while !env.server_log().contains("paused at snapshot-images") {
-        let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
-        assert_eq!(b["status"], "Running", "{b}\n{}", env.server_log_tail());
-        assert!(Instant::now() < deadline, "{b}");
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    let (id, b) = build_paused_at(&env, "images");
     assert_eq!(b["step"], "images", "{b}");
     let builder = b["builderInstance"].as_str().unwrap().to_string();
     let builder_pool = b["builderPool"].as_str().unwrap().to_string();
@@ -527,28 +505,7 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
     env.kill_server();
     env.set_env("KNIT_SERVER_PAUSE_AT", Some("snapshot-snapshot"));
     env.start_server();
-    let out = env.knit_ok(&[
-        "snapshot",
-        "create",
-        "--pool",
-        "workers",
-        "--images",
-        APP,
-        "--no-wait",
-    ]);
-    let id = out
-        .split_whitespace()
-        .find(|w| w.starts_with("build-"))
-        .unwrap_or_else(|| panic!("no build id in {out:?}"))
-        .to_string();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while !env.server_log().contains("paused at snapshot-snapshot") {
-        let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
-        assert_eq!(b["status"], "Running", "{b}\n{}", env.server_log_tail());
-        assert!(Instant::now() < deadline, "{b}");
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    let (id, b) = build_paused_at(&env, "snapshot");
     assert_eq!(b["status"], "Running", "{b}");
     assert_eq!(b["step"], "snapshot", "{b}");
     let sid = b["snapshotId"].as_str().unwrap().to_string();
@@ -650,4 +607,34 @@ fn snapshot_build_interrupted_by_a_restart_fails_at_its_step_and_leaks_nothing()
     assert!(cmdline.is_empty(), "registry pid {reg_pid} still runs");
     let status = env.json(&["registry", "status", "--state-dir", &state, "-o", "json"]);
     assert_eq!(status["running"], false, "{status}");
+}
+
+/// Starts a build of APP from the workers pool on a server started with
+/// `KNIT_SERVER_PAUSE_AT=snapshot-<step>` and waits until it pauses there:
+/// the build's id and its record at that point.
+fn build_paused_at(env: &Env, step: &str) -> (String, Value) {
+    let out = env.knit_ok(&[
+        "snapshot",
+        "create",
+        "--pool",
+        "workers",
+        "--images",
+        APP,
+        "--no-wait",
+    ]);
+    let id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap_or_else(|| panic!("no build id in {out:?}"))
+        .to_string();
+    let paused = format!("paused at snapshot-{step}");
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !env.server_log().contains(&paused) {
+        let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+        assert_eq!(b["status"], "Running", "{b}\n{}", env.server_log_tail());
+        assert!(Instant::now() < deadline, "{b}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let b = env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    (id, b)
 }

@@ -1289,16 +1289,14 @@ impl Cloud {
         // The block store is knit-local's only host mount; anything else
         // under the state directory was left by hand or by a foreign tool.
         // Deepest first, so the store goes after what was mounted inside it.
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<&str> = info
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(4))
+        let mut mounts: Vec<String> = crate::blockstore::mount_points()
+            .into_iter()
             .filter(|m| Path::new(m).starts_with(&root))
             .collect();
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in mounts {
             report.mounts += 1;
-            if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
+            if let Err(e) = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH) {
                 report.errors.push(format!("umount {m}: {e}"));
             }
         }
@@ -1317,6 +1315,11 @@ impl Cloud {
                     report.errors.push(e.to_string());
                 }
             }
+        }
+        // After the instances' namespaces are gone.
+        match net::release_netns_dir() {
+            Ok(n) => report.mounts += n,
+            Err(e) => report.errors.push(e.to_string()),
         }
         if report.errors.is_empty() {
             state::remove_dir_all(&root)?;

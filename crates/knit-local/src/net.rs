@@ -1,7 +1,7 @@
 //! Host networking: the bridge, one network namespace and veth pair per
 //! running instance, optional tc shaping.
 
-use crate::error::{LocalError, Result};
+use crate::error::{LocalError, Result, SysContext};
 use crate::run::{run, run_absent_ok};
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
@@ -137,8 +137,35 @@ pub fn delete_link(name: &str) -> Result<()> {
     )
 }
 
+const NETNS_DIR: &str = "/run/netns";
+
 pub fn netns_path(netns: &str) -> std::path::PathBuf {
-    std::path::Path::new("/run/netns").join(netns)
+    std::path::Path::new(NETNS_DIR).join(netns)
+}
+
+/// `ip netns add` bind-mounts /run/netns on itself the first time it runs
+/// and nothing ever undoes that. Once no namespace is left there (ours or
+/// anyone's) and nothing is mounted below it, that mount goes, so the host
+/// ends as it started. Returns how many mounts were released.
+pub fn release_netns_dir() -> Result<usize> {
+    let dir = std::path::Path::new(NETNS_DIR);
+    let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+    let mounts = crate::blockstore::mount_points();
+    let below = mounts
+        .iter()
+        .any(|m| std::path::Path::new(m).starts_with(dir) && std::path::Path::new(m) != dir);
+    if !empty || below {
+        return Ok(0);
+    }
+    let stacked = mounts
+        .iter()
+        .filter(|m| std::path::Path::new(m) == dir)
+        .count();
+    for _ in 0..stacked {
+        nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH)
+            .sys(|| format!("umount {NETNS_DIR}"))?;
+    }
+    Ok(stacked)
 }
 
 pub fn netns_add(netns: &str) -> Result<()> {

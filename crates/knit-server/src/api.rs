@@ -359,15 +359,7 @@ async fn scale_pool(
         what: "scale request".into(),
         message: e.to_string(),
     })?;
-    let record = cp.store.pool(&name)?.ok_or_else(|| ServerError::NotFound {
-        kind: "pool",
-        name: name.clone(),
-    })?;
-    if record.deleting {
-        return Err(ServerError::Conflict(format!(
-            "pool {name:?} is being deleted"
-        )));
-    }
+    let record = cp.store.live_pool(&name)?;
     let mut pool = record.pool.clone();
     let from = pool.spec.replicas;
     pool.spec.replicas = request.replicas;

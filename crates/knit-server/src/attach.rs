@@ -370,18 +370,7 @@ pub async fn attach(
             field_error("password", format!("<{} chars>", p.chars().count()), &rule)
         })?;
     }
-    let record = cp
-        .store
-        .pool(&pool_name)?
-        .ok_or_else(|| ServerError::NotFound {
-            kind: "pool",
-            name: pool_name.clone(),
-        })?;
-    if record.deleting {
-        return Err(ServerError::Conflict(format!(
-            "pool {pool_name:?} is being deleted"
-        )));
-    }
+    let record = cp.store.live_pool(&pool_name)?;
     let provider = cp.provider()?.clone();
     // The re-image uses the pool's image: one the provider cannot use (an
     // image directory that does not exist) refuses the whole request here,
@@ -1011,18 +1000,7 @@ pub async fn script(
             "must be in [1, 604800] (one week)",
         ));
     }
-    let record = cp
-        .store
-        .pool(&pool_name)?
-        .ok_or_else(|| ServerError::NotFound {
-            kind: "pool",
-            name: pool_name.clone(),
-        })?;
-    if record.deleting {
-        return Err(ServerError::Conflict(format!(
-            "pool {pool_name:?} is being deleted"
-        )));
-    }
+    cp.store.live_pool(&pool_name)?;
     let agent_sha256 = cp.mirror_sha256("bin/knit-agent")?.ok_or_else(|| {
         ServerError::Package(
             "the package mirror has no bin/knit-agent: run `knit package build`".into(),

@@ -493,6 +493,21 @@ impl Store {
         Ok(())
     }
 
+    /// A pool that exists and is not being deleted: what changes to a pool
+    /// (scale, attach) require. NotFound or Conflict otherwise.
+    pub fn live_pool(&self, name: &str) -> Result<PoolRecord> {
+        let record = self.pool(name)?.ok_or_else(|| ServerError::NotFound {
+            kind: "pool",
+            name: name.to_string(),
+        })?;
+        if record.deleting {
+            return Err(ServerError::Conflict(format!(
+                "pool {name:?} is being deleted"
+            )));
+        }
+        Ok(record)
+    }
+
     pub fn pool(&self, name: &str) -> Result<Option<PoolRecord>> {
         let row: Option<(String, i64, i64, i64)> = self
             .conn()

@@ -19,6 +19,7 @@ PACKAGES=(
     iputils-ping                                    # instances ping each other (knit-local tests)
     iptables                                        # attach e2e: cut one instance off the gateway (rule removed after)
     cloud-init                                      # knit-local: the optional cloud-init user-data runner (test)
+    chrony                                          # time-sync on every node (chronyd, tracking only in sandboxes)
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
 )
 

@@ -1,13 +1,27 @@
 //! `time-sync`: keep the node clock on NTP with chronyd (SPEC §1 3.1).
+//!
+//! chronyd steers the clock only when this node owns it: it may set it
+//! (CAP_SYS_TIME) and runs in the initial PID namespace. The clock is not
+//! namespaced, so in a container or a local-cloud sandbox chronyd runs with
+//! `-x`: it tracks NTP and never touches the host's clock.
 
 use crate::engine::{Ctx, Decision, Phase};
-use crate::error::Result;
+use crate::error::{AgentError, Result};
+use crate::host::Host;
 use crate::services::{self, ServiceSpec};
-use knit_api::PhaseName;
+use knit_api::{ErrorCode, PhaseName};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
 
 pub struct TimeSync;
 
 const SERVICE: &str = "chronyd";
+pub const LOG_FILE: &str = "/var/log/chronyd.log";
+/// Written by chronyd once it has read its configuration and started.
+const PID_FILE: &str = "/run/chrony/chronyd.pid";
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// PROC_PID_INIT_INO: the inode of the initial PID namespace (include/linux/proc_ns.h).
+const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
 
 /// Whether this process may set the system clock (CAP_SYS_TIME, bit 25).
 fn can_set_clock() -> bool {
@@ -17,6 +31,38 @@ fn can_set_clock() -> bool {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << 25) != 0)
+}
+
+/// Why chronyd must not steer the clock here, or `None` when it may.
+pub fn clock_not_ours() -> Option<&'static str> {
+    if !can_set_clock() {
+        return Some("without CAP_SYS_TIME");
+    }
+    let initial =
+        std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == INIT_PID_NS_INODE);
+    if !initial {
+        return Some("in a container or sandbox, whose clock is the host's");
+    }
+    None
+}
+
+/// A chronyd this agent did not start (the distribution's service), if one runs.
+fn foreign_chronyd(host: &Host) -> Option<i32> {
+    let pid: i32 = host.read(PID_FILE)?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "chronyd" && services::main_pid(host, SERVICE) != Some(pid)).then_some(pid)
+}
+
+fn log_len(host: &Host) -> u64 {
+    std::fs::metadata(host.path(LOG_FILE)).map_or(0, |m| m.len())
+}
+
+/// The log written since `offset`, bounded to its last lines.
+fn log_since(host: &Host, offset: u64) -> String {
+    let text = std::fs::read(host.path(LOG_FILE)).unwrap_or_default();
+    let new = String::from_utf8_lossy(text.get(offset as usize..).unwrap_or_default()).into_owned();
+    let lines: Vec<&str> = new.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
 }
 
 impl Phase for TimeSync {
@@ -41,6 +87,11 @@ impl Phase for TimeSync {
         if services::is_running(ctx.host, SERVICE) {
             return Ok(Decision::Done("chronyd is running".to_string()));
         }
+        if let Some(pid) = foreign_chronyd(ctx.host) {
+            return Ok(Decision::Done(format!(
+                "chronyd already runs (pid {pid}, started by the system)"
+            )));
+        }
         Ok(Decision::Run("chronyd is not running".to_string()))
     }
 
@@ -51,10 +102,10 @@ impl Phase for TimeSync {
             .unwrap_or_else(|| "chronyd".to_string());
         let mut exec = vec![program, "-d".to_string()];
         let mut note = String::new();
-        if !can_set_clock() {
-            // In a sandbox the clock is the host's: track NTP without setting it.
+        if let Some(why) = clock_not_ours() {
+            // Track NTP without setting the clock.
             exec.push("-x".to_string());
-            note = " (without CAP_SYS_TIME: tracking only, clock left to the host)".to_string();
+            note = format!(" ({why}: tracking only, the clock is left alone)");
         }
         if !ctx.config.time_sync.servers.is_empty() {
             let conf: String = ctx
@@ -65,8 +116,10 @@ impl Phase for TimeSync {
                 .map(|s| format!("server {s} iburst\n"))
                 .collect();
             ctx.host
-                .write_file("/etc/chrony/conf.d/knit.conf", conf.as_bytes(), 0o644)?;
+                .write_file("/etc/chrony/conf.d/knit.conf", conf.as_bytes(), 0o644)
+                .map_err(|e| AgentError::new(ErrorCode::FailSyncTime, e.message))?;
         }
+        let offset = log_len(ctx.host);
         services::ensure_running(
             ctx.host,
             &ServiceSpec {
@@ -76,9 +129,48 @@ impl Phase for TimeSync {
                 limit_nofile: None,
                 limit_core: None,
                 limit_memlock: None,
-                log_file: "/var/log/chronyd.log".to_string(),
+                log_file: LOG_FILE.to_string(),
             },
-        )?;
+        )
+        .map_err(|e| {
+            AgentError::new(
+                ErrorCode::FailSyncTime,
+                format!("cannot start chronyd: {}", e.message),
+            )
+        })?;
+        wait_started(ctx.host, offset)?;
         Ok(format!("chronyd started{note}"))
+    }
+}
+
+/// Waits until chronyd has written its pid file (configuration read, sockets
+/// open); a fatal error in its log, or no start by the deadline, stops it and
+/// fails the phase with what chronyd said.
+fn wait_started(host: &Host, offset: u64) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let main = services::main_pid(host, SERVICE);
+        let written: Option<i32> = host.read(PID_FILE).and_then(|t| t.trim().parse().ok());
+        if main.is_some() && main == written {
+            return Ok(());
+        }
+        let said = log_since(host, offset);
+        let fatal = said.contains("Fatal error");
+        if fatal || Instant::now() > deadline {
+            let _ = services::stop(host, SERVICE);
+            let why = if fatal {
+                "it exited".to_string()
+            } else {
+                format!("it did not start within {}s", READY_TIMEOUT.as_secs())
+            };
+            return Err(AgentError::new(
+                ErrorCode::FailSyncTime,
+                format!(
+                    "chronyd could not be started: {why}; its log {LOG_FILE} says: {}",
+                    if said.is_empty() { "nothing" } else { &said }
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

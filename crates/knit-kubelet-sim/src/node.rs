@@ -278,19 +278,21 @@ impl NodeAgent {
         client: &Client,
         report: &crate::images::ImageReport,
     ) -> Result<(), SimError> {
-        let p = client.patch(
-            &format!("/api/v1/nodes/{}", self.name),
-            &json!({"metadata": {"annotations": {crate::images::ANNOTATION: report.annotation()}}}),
-        )?;
-        if !p.ok() {
-            return Err(p.error("annotating own node"));
-        }
+        // status.images first: the annotation is the "report complete" mark
+        // readers wait for.
         let p = client.patch(
             &format!("/api/v1/nodes/{}/status", self.name),
             &json!({"status": {"images": report.node_images()}}),
         )?;
         if !p.ok() {
             return Err(p.error("updating node images"));
+        }
+        let p = client.patch(
+            &format!("/api/v1/nodes/{}", self.name),
+            &json!({"metadata": {"annotations": {crate::images::ANNOTATION: report.annotation()}}}),
+        )?;
+        if !p.ok() {
+            return Err(p.error("annotating own node"));
         }
         tracing::info!(node = %self.name, summary = %report.annotation(), "image report published");
         Ok(())

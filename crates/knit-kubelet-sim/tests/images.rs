@@ -83,10 +83,15 @@ fn wait_annotation(admin: &Client, sim: &Proc, want_prefix: &str) -> Value {
         &format!("image annotation {want_prefix:?}"),
         sim,
         Duration::from_secs(180),
+        // The annotation and `status.images` are two requests: wait for
+        // both, so the images are never read before they are published.
         |n| {
             n["metadata"]["annotations"]["knit.dev/image-cache"]
                 .as_str()
                 .is_some_and(|a| a.starts_with(want_prefix))
+                && n["status"]["images"]
+                    .as_array()
+                    .is_some_and(|i| i.len() == IMAGES.len())
         },
     )
 }

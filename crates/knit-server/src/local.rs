@@ -10,13 +10,17 @@ use std::sync::Arc;
 
 pub struct LocalProvider {
     cloud: Arc<Cloud>,
+    /// The bridge's address: the first host of the configured subnet.
+    gateway: std::net::Ipv4Addr,
 }
 
 impl LocalProvider {
     pub fn new(config: knit_local::Config) -> Result<LocalProvider> {
+        let gateway = local_gateway(&config.subnet)?;
         let cloud = Cloud::open(config).map_err(err)?;
         Ok(LocalProvider {
             cloud: Arc::new(cloud),
+            gateway,
         })
     }
 
@@ -30,6 +34,19 @@ impl LocalProvider {
             .map_err(|e| ServerError::Internal(format!("local cloud task: {e}")))?
             .map_err(err)
     }
+}
+
+/// The local cloud's gateway for `subnet` (its first host address), where
+/// its instances reach the host.
+pub fn local_gateway(subnet: &str) -> Result<std::net::Ipv4Addr> {
+    knit_local::net::Subnet::parse(subnet)
+        .and_then(|s| s.host(1))
+        .ok_or_else(|| ServerError::Provider {
+            provider: "local".to_string(),
+            message: format!(
+                "subnet {subnet:?}: must be an IPv4 network (CIDR) holding a gateway and an instance"
+            ),
+        })
 }
 
 fn err(e: LocalError) -> ServerError {
@@ -126,6 +143,10 @@ fn not_found_is_none<T>(r: knit_local::Result<T>) -> knit_local::Result<Option<T
 impl Provider for LocalProvider {
     fn name(&self) -> &str {
         "local"
+    }
+
+    fn gateway(&self) -> Option<std::net::IpAddr> {
+        Some(self.gateway.into())
     }
 
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {

@@ -63,6 +63,12 @@ pub struct ProviderSnapshot {
 pub trait Provider: Send + Sync {
     /// Short name for messages and events (`local`).
     fn name(&self) -> &str;
+    /// The host's address on the instances' network (the local cloud's
+    /// bridge gateway for its subnet): where instances reach the control
+    /// plane by default. `None`: the provider has no such address.
+    fn gateway(&self) -> Option<std::net::IpAddr> {
+        None
+    }
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance>;
     async fn get(&self, id: &str) -> Result<Option<ProviderInstance>>;
     async fn list(&self) -> Result<Vec<ProviderInstance>>;

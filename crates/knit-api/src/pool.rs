@@ -182,10 +182,136 @@ pub struct NodePoolSpec {
     /// Register nodes with the `knit.dev/user-data-pending:NoSchedule` taint
     /// until user data succeeds.
     pub user_data_scheduling_gate: bool,
-    /// A node not Ready this long after its instance was created is failed.
+    /// A node not yet Ready this long after its instance was created is
+    /// failed. Only the way to the first Ready: after that, `repair` applies.
     pub join_timeout_seconds: i64,
     /// Replace a node that failed to initialize.
     pub auto_replace: bool,
+    /// What knit does to a node that was Ready once and is not any more.
+    pub repair: RepairSpec,
+}
+
+/// Actions of node repair, in the order a default policy takes them.
+pub const REPAIR_ACTIONS: &[&str] = &["restart-services", "reboot", "replace"];
+pub const DEFAULT_REPAIR_NOT_READY_AFTER_SECONDS: i64 = 600;
+pub const DEFAULT_REPAIR_WAIT_AFTER_ACTION_SECONDS: i64 = 300;
+pub const DEFAULT_REPAIR_MAX_UNHEALTHY: &str = "33%";
+
+/// Node repair, as managed node pools' auto-repair and Cluster API's
+/// MachineHealthCheck: a node that was Ready once and has been NotReady or
+/// Unknown for `notReadyAfterSeconds` is unhealthy; knit takes `actions` in
+/// order, waiting `waitAfterActionSeconds` after each for the node to come
+/// back, at most `maxParallel` nodes at a time, and not at all while more
+/// than `maxUnhealthy` of the pool's nodes are unhealthy. Off unless asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RepairSpec {
+    pub enabled: bool,
+    pub not_ready_after_seconds: i64,
+    /// A count (`2`) or a percentage of the pool's nodes (`"33%"`, rounded up).
+    pub max_unhealthy: IntOrPercent,
+    pub max_parallel: i64,
+    pub wait_after_action_seconds: i64,
+    /// Each of restart-services | reboot | replace, at most once, in the
+    /// order taken.
+    pub actions: Vec<String>,
+}
+
+impl Default for RepairSpec {
+    fn default() -> Self {
+        RepairSpec {
+            enabled: false,
+            not_ready_after_seconds: DEFAULT_REPAIR_NOT_READY_AFTER_SECONDS,
+            max_unhealthy: IntOrPercent::Text(DEFAULT_REPAIR_MAX_UNHEALTHY.to_string()),
+            max_parallel: 1,
+            wait_after_action_seconds: DEFAULT_REPAIR_WAIT_AFTER_ACTION_SECONDS,
+            actions: REPAIR_ACTIONS.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+}
+
+/// A count or a percentage (`"33%"`), like Kubernetes' IntOrString.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IntOrPercent {
+    Count(i64),
+    Text(String),
+}
+
+impl std::fmt::Display for IntOrPercent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IntOrPercent::Count(n) => write!(f, "{n}"),
+            IntOrPercent::Text(t) => write!(f, "{t:?}"),
+        }
+    }
+}
+
+impl IntOrPercent {
+    /// The number it stands for out of `total`; a percentage rounds up, so
+    /// that "33%" of a pool of 1 or 2 still allows one. `Err` is the rule
+    /// a malformed value breaks.
+    pub fn resolve(&self, total: usize) -> Result<usize, &'static str> {
+        const RULE: &str = "must be a count >= 0 or a percentage from \"0%\" to \"100%\"";
+        match self {
+            IntOrPercent::Count(n) if *n >= 0 => Ok(*n as usize),
+            IntOrPercent::Count(_) => Err(RULE),
+            IntOrPercent::Text(t) => {
+                let digits = t.strip_suffix('%').ok_or(RULE)?;
+                if digits.is_empty()
+                    || digits.len() > 3
+                    || !digits.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return Err(RULE);
+                }
+                let pct: usize = digits.parse().map_err(|_| RULE)?;
+                if pct > 100 {
+                    return Err(RULE);
+                }
+                Ok((total * pct).div_ceil(100))
+            }
+        }
+    }
+}
+
+impl RepairSpec {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        let f = |name: &str| format!("{at}.{name}");
+        e.range(
+            &f("notReadyAfterSeconds"),
+            self.not_ready_after_seconds,
+            60,
+            86_400,
+        );
+        if let Err(rule) = self.max_unhealthy.resolve(0) {
+            e.add(f("maxUnhealthy"), &self.max_unhealthy, rule);
+        }
+        e.range(&f("maxParallel"), self.max_parallel, 1, 100);
+        e.range(
+            &f("waitAfterActionSeconds"),
+            self.wait_after_action_seconds,
+            30,
+            3600,
+        );
+        if self.enabled && self.actions.is_empty() {
+            e.add(
+                f("actions"),
+                "[]",
+                format!(
+                    "must list at least one of {} when repair is enabled",
+                    REPAIR_ACTIONS.join("|")
+                ),
+            );
+        }
+        let mut seen = BTreeSet::new();
+        for (i, action) in self.actions.iter().enumerate() {
+            let field = format!("{at}.actions[{i}]");
+            e.one_of(&field, action, REPAIR_ACTIONS);
+            if !seen.insert(action) {
+                e.add(field, quoted(action), "is listed twice");
+            }
+        }
+    }
 }
 
 impl Default for NodePoolSpec {
@@ -214,6 +340,7 @@ impl Default for NodePoolSpec {
             user_data_scheduling_gate: false,
             join_timeout_seconds: DEFAULT_JOIN_TIMEOUT_SECONDS,
             auto_replace: false,
+            repair: RepairSpec::default(),
         }
     }
 }
@@ -431,6 +558,7 @@ impl NodePoolSpec {
             60,
             7200,
         );
+        self.repair.validate(&f("repair"), e);
     }
 
     fn validate_data_disks(&self, at: &str, e: &mut Errors) {
@@ -923,6 +1051,73 @@ mod tests {
             other => panic!("expected Invalid, got {other:?}"),
         }
         assert!(old.validate_update(&old).is_ok());
+    }
+
+    #[test]
+    fn repair_policy_defaults_and_errors() {
+        let pool = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  repair: {enabled: true, maxUnhealthy: 2}\n",
+        )
+        .unwrap();
+        let r = &pool.spec.repair;
+        assert!(r.enabled);
+        assert_eq!(r.max_unhealthy, IntOrPercent::Count(2));
+        assert_eq!(r.not_ready_after_seconds, 600);
+        assert_eq!(r.max_parallel, 1);
+        assert_eq!(r.actions, vec!["restart-services", "reboot", "replace"]);
+        assert!(!RepairSpec::default().enabled, "repair is off unless asked");
+
+        let pct = |t: &str| IntOrPercent::Text(t.to_string());
+        assert_eq!(pct("33%").resolve(3), Ok(1));
+        assert_eq!(pct("33%").resolve(1), Ok(1), "rounds up");
+        assert_eq!(pct("33%").resolve(10), Ok(4));
+        assert_eq!(pct("0%").resolve(10), Ok(0));
+        assert_eq!(pct("100%").resolve(7), Ok(7));
+        assert!(pct("101%").resolve(1).is_err());
+        assert!(pct("33").resolve(1).is_err());
+        assert!(pct("-1%").resolve(1).is_err());
+        assert!(IntOrPercent::Count(-1).resolve(1).is_err());
+
+        let mut bad = NodePool::new("p", NodePoolSpec::default());
+        bad.spec.repair = RepairSpec {
+            enabled: true,
+            not_ready_after_seconds: 5,
+            max_unhealthy: pct("half"),
+            max_parallel: 0,
+            wait_after_action_seconds: 1,
+            actions: vec!["reboot".into(), "reboot".into(), "pray".into()],
+        };
+        match bad.validate() {
+            Err(ApiError::Invalid(list)) => {
+                let got: Vec<(&str, &str)> = list
+                    .iter()
+                    .map(|e| (e.field.as_str(), e.value.as_str()))
+                    .collect();
+                assert_eq!(
+                    got,
+                    vec![
+                        ("spec.repair.notReadyAfterSeconds", "5"),
+                        ("spec.repair.maxUnhealthy", "\"half\""),
+                        ("spec.repair.maxParallel", "0"),
+                        ("spec.repair.waitAfterActionSeconds", "1"),
+                        ("spec.repair.actions[1]", "\"reboot\""),
+                        ("spec.repair.actions[2]", "\"pray\""),
+                    ]
+                );
+                assert!(list[1].rule.contains("percentage"), "{}", list[1].rule);
+                assert!(list[5].rule.contains("restart-services|reboot|replace"));
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        bad.spec.repair = RepairSpec {
+            enabled: true,
+            actions: Vec::new(),
+            ..RepairSpec::default()
+        };
+        match bad.validate() {
+            Err(ApiError::Invalid(list)) => assert_eq!(list[0].field, "spec.repair.actions"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
     }
 
     #[test]

@@ -145,6 +145,27 @@ CREATE INDEX snapshot_build_steps_build ON snapshot_build_steps (build);
     r#"
 ALTER TABLE instances ADD COLUMN added INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Each instance's way to its first Ready and its node repair, so that
+    // the join timeout stops applying once a node has joined and a repair
+    // resumes at the same step after a restart. Nodes already Ready or
+    // initialized count as joined.
+    r#"
+CREATE TABLE instance_health (
+    instance TEXT PRIMARY KEY,
+    joined_ms INTEGER,
+    join_failed_ms INTEGER,
+    unhealthy_since_ms INTEGER,
+    repair_step INTEGER NOT NULL DEFAULT 0,
+    repair_action TEXT,
+    repair_at_ms INTEGER,
+    repair_note TEXT,
+    updated_ms INTEGER NOT NULL
+);
+INSERT INTO instance_health (instance, joined_ms, updated_ms)
+    SELECT instance, MIN(updated_ms), MIN(updated_ms) FROM nodes
+    WHERE status = 'Ready' OR (phase = 'hardening' AND phase_outcome IN ('done', 'skipped'))
+    GROUP BY instance;
+"#,
 ];
 
 pub fn now_ms() -> i64 {
@@ -1332,6 +1353,80 @@ impl Store {
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
+    }
+}
+
+/// One instance's way to its first Ready and its node repair (see
+/// `crate::repair`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceHealth {
+    pub instance: String,
+    /// When its node was first Ready (initialized, without a cluster): the
+    /// join timeout never applies after this.
+    pub joined_ms: Option<i64>,
+    /// When the join timeout failed it (so that a node Ready later recovers).
+    pub join_failed_ms: Option<i64>,
+    /// Since when its joined node is not Ready; `None` while Ready.
+    pub unhealthy_since_ms: Option<i64>,
+    /// Repair actions taken in the current episode.
+    pub repair_step: i64,
+    pub repair_action: Option<String>,
+    pub repair_at_ms: Option<i64>,
+    /// The last hold message given as an event (so it is given once).
+    pub repair_note: Option<String>,
+}
+
+impl Store {
+    /// Every instance's health record, by instance name.
+    pub fn instance_health(&self) -> Result<std::collections::HashMap<String, InstanceHealth>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT instance, joined_ms, join_failed_ms, unhealthy_since_ms, repair_step, repair_action, repair_at_ms, repair_note FROM instance_health",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(InstanceHealth {
+                    instance: r.get(0)?,
+                    joined_ms: r.get(1)?,
+                    join_failed_ms: r.get(2)?,
+                    unhealthy_since_ms: r.get(3)?,
+                    repair_step: r.get(4)?,
+                    repair_action: r.get(5)?,
+                    repair_at_ms: r.get(6)?,
+                    repair_note: r.get(7)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows.into_iter().map(|h| (h.instance.clone(), h)).collect())
+    }
+
+    pub fn put_instance_health(&self, h: &InstanceHealth) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO instance_health (instance, joined_ms, join_failed_ms, unhealthy_since_ms, repair_step, repair_action, repair_at_ms, repair_note, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (instance) DO UPDATE SET joined_ms = ?2, join_failed_ms = ?3, unhealthy_since_ms = ?4, repair_step = ?5, repair_action = ?6, repair_at_ms = ?7, repair_note = ?8, updated_ms = ?9",
+            params![
+                h.instance,
+                h.joined_ms,
+                h.join_failed_ms,
+                h.unhealthy_since_ms,
+                h.repair_step,
+                h.repair_action,
+                h.repair_at_ms,
+                h.repair_note,
+                now_ms()
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Forgets the health of instances released or detached: attached
+    /// again later, an instance joins afresh.
+    pub fn prune_instance_health(&self) -> Result<usize> {
+        Ok(self.conn().execute(
+            "DELETE FROM instance_health WHERE instance NOT IN (SELECT name FROM instances WHERE state != ?1)",
+            params![state::DETACHED],
+        )?)
     }
 }
 

@@ -91,7 +91,7 @@ impl StateDir {
     }
     pub fn put_instance(&self, r: &InstanceRecord) -> Result<()> {
         let dir = self.instance_dir(&r.id);
-        std::fs::create_dir_all(&dir).ctx("cannot create", &dir)?;
+        create_dir_durable(&dir)?;
         write_json(&dir.join("instance.json"), r)
     }
     pub fn instances(&self) -> Result<Vec<InstanceRecord>> {
@@ -107,7 +107,7 @@ impl StateDir {
     }
     pub fn put_disk(&self, r: &DiskRecord) -> Result<()> {
         let dir = self.disk_dir(&r.id);
-        std::fs::create_dir_all(&dir).ctx("cannot create", &dir)?;
+        create_dir_durable(&dir)?;
         write_json(&dir.join("disk.json"), r)
     }
     pub fn disks(&self) -> Result<Vec<DiskRecord>> {
@@ -125,7 +125,7 @@ impl StateDir {
     }
     pub fn put_snapshot(&self, r: &SnapshotRecord) -> Result<()> {
         let dir = self.snapshot_dir(&r.id);
-        std::fs::create_dir_all(&dir).ctx("cannot create", &dir)?;
+        create_dir_durable(&dir)?;
         write_json(&dir.join("snapshot.json"), r)
     }
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
@@ -182,15 +182,53 @@ pub fn read_opt<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
         })
 }
 
-/// Write-then-rename so a crash never leaves half a record.
+/// A record, written with [`write_durable`].
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_vec_pretty(value).map_err(|e| LocalError::State {
         path: path.into(),
         message: e.to_string(),
     })?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text).ctx("cannot write", &tmp)?;
-    std::fs::rename(&tmp, path).ctx("cannot rename into place", path)
+    write_durable(path, &text)
+}
+
+/// Replaces `path` with `bytes` so that a crash (of this process or of the
+/// host) leaves either the old file or the new one, whole: a temporary file
+/// in the same directory is written and fsynced, renamed into place, and
+/// the directory fsynced so the rename itself is on disk when this returns.
+/// Records are written before what they name is made: a record lost to a
+/// power cut would leave a resource nothing knows to release.
+pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .ctx("cannot create a temporary file in", dir)?;
+    std::io::Write::write_all(&mut tmp, bytes).ctx("cannot write", tmp.path())?;
+    tmp.as_file().sync_all().ctx("cannot fsync", tmp.path())?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .ctx("cannot rename into place", path)?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx("cannot fsync directory", dir)
+}
+
+/// Makes `dir` (and its parents) if missing, its entry in its parent on
+/// disk before a record goes into it.
+pub fn create_dir_durable(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).ctx("cannot create", dir)?;
+    if let Some(parent) = dir.parent() {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .ctx("cannot fsync directory", parent)?;
+    }
+    Ok(())
 }
 
 pub fn remove_file(path: &Path) -> Result<()> {

@@ -18,6 +18,7 @@ PACKAGES=(
     curl ca-certificates
     iputils-ping                                    # instances ping each other (knit-local tests)
     iptables                                        # attach e2e: cut one instance off the gateway (rule removed after)
+    nftables                                        # knit-local: anti-spoofing guard on every instance's link (nft)
     cloud-init                                      # knit-local: the optional cloud-init user-data runner (test)
     chrony                                          # time-sync on every node (chronyd, tracking only in sandboxes)
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)

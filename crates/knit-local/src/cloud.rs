@@ -688,7 +688,7 @@ impl Cloud {
                 killed.insert(p.pid);
             }
         }
-        net::delete_link(&rec.veth)?;
+        net::delete_veth(&rec.veth)?;
         net::netns_del(&rec.netns)?;
         loopdev::detach_file(&self.state.system_disk_file(&rec.id))?;
         for id in &rec.disks {

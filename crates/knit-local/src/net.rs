@@ -201,6 +201,8 @@ impl Veth<'_> {
                 self.mac, "netns", self.netns,
             ],
         )?;
+        // Guarded before the link comes up: no frame passes unfiltered.
+        guard_add(self.host, self.mac, self.ip)?;
         run(
             "ip",
             &["link", "set", self.host, "master", self.bridge, "up"],
@@ -211,6 +213,80 @@ impl Veth<'_> {
         );
         crate::run::run_input("ip", &["-n", self.netns, "-batch", "-"], &batch).map(|_| ())
     }
+}
+
+/// The nftables table guarding the host end `host_veth` of an instance's
+/// link. Named after the link, which the instance record holds before the
+/// link is made, so `delete` and `down` find it after a crash at any step.
+pub fn guard_table(host_veth: &str) -> String {
+    format!("knit_guard_{host_veth}")
+}
+
+/// Anti-spoofing, as clouds do on every instance port: of what the instance
+/// sends (ingress of the host end, before the bridge sees it) only IPv4
+/// from its own address and ARP naming its own address, both from its own
+/// MAC, pass; the rest is counted and dropped. So no instance can speak
+/// with another's address (the metadata server knows callers by source
+/// address), take over another's address or MAC in the host's neighbour
+/// table or the bridge's forwarding table, or send IPv6 (instances have no
+/// IPv6 address). Replaces a table left by an earlier boot, atomically.
+pub fn guard_add(host_veth: &str, mac: &str, ip: Ipv4Addr) -> Result<()> {
+    let table = guard_table(host_veth);
+    let rules = [
+        format!("table netdev {table}"),
+        format!("delete table netdev {table}"),
+        format!("table netdev {table} {{"),
+        "  counter spoofed {}".into(),
+        "  chain instance_egress {".into(),
+        format!("    type filter hook ingress device \"{host_veth}\" priority -500; policy drop;"),
+        format!("    ether saddr {mac} ip saddr {ip} accept"),
+        format!("    ether saddr {mac} arp htype 1 arp ptype ip arp saddr ether {mac} arp saddr ip {ip} accept"),
+        "    counter name spoofed drop".into(),
+        "  }".into(),
+        "}".into(),
+    ]
+    .join("\n");
+    match crate::run::run_input("nft", &["-f", "-"], &rules) {
+        Err(LocalError::Command { status, .. }) if status == "not started" => {
+            Err(LocalError::Command {
+                command: "nft".into(),
+                status: "not installed".into(),
+                stderr: "nft (Debian package nftables) guards every instance's link against \
+                         address spoofing; install it (scripts/setup.sh)"
+                    .into(),
+            })
+        }
+        other => other.map(|_| ()),
+    }
+}
+
+/// Removes the guard of `host_veth`, if any (the kernel keeps the table
+/// when the link goes).
+pub fn guard_del(host_veth: &str) -> Result<()> {
+    let table = guard_table(host_veth);
+    match run_absent_ok(
+        "nft",
+        &["delete", "table", "netdev", &table],
+        &["No such file or directory"],
+    ) {
+        // Without nft no guard can have been made.
+        Err(LocalError::Command { status, .. }) if status == "not started" => Ok(()),
+        other => other,
+    }
+}
+
+/// Frames the guard of `host_veth` dropped so far (None: no guard).
+pub fn guard_dropped(host_veth: &str) -> Option<u64> {
+    let table = guard_table(host_veth);
+    let out = run("nft", &["list", "counter", "netdev", &table, "spoofed"]).ok()?;
+    let at = out.find("packets ")? + "packets ".len();
+    out[at..].split_whitespace().next()?.parse().ok()
+}
+
+/// An instance's link and its guard.
+pub fn delete_veth(host_veth: &str) -> Result<()> {
+    delete_link(host_veth)?;
+    guard_del(host_veth)
 }
 
 /// Token-bucket shaping on both directions of an instance's link; `None` removes it.

@@ -130,6 +130,8 @@ pub struct Leftovers {
     pub mounts: Vec<String>,
     pub links: Vec<String>,
     pub netns: Vec<String>,
+    /// nftables guards of the links (`knit_guard_<link>`).
+    pub guard_tables: Vec<String>,
     pub processes: Vec<String>,
     pub state_dir_exists: bool,
 }
@@ -151,6 +153,13 @@ pub fn leftovers(dir: &Path, links: &[String], netns: &[String]) -> Leftovers {
             l.links.push(link.clone());
         }
     }
+    let tables = guard_tables();
+    for link in links {
+        let table = knit_local::net::guard_table(link);
+        if tables.contains(&table) {
+            l.guard_tables.push(table);
+        }
+    }
     for ns in netns {
         if Path::new("/run/netns").join(ns).exists() {
             l.netns.push(ns.clone());
@@ -167,6 +176,19 @@ pub fn leftovers(dir: &Path, links: &[String], netns: &[String]) -> Leftovers {
     }
     l.state_dir_exists = dir.exists();
     l
+}
+
+/// Names of the host's nftables tables of family netdev.
+pub fn guard_tables() -> Vec<String> {
+    let out = Command::new("nft")
+        .args(["list", "tables", "netdev"])
+        .output()
+        .expect("nft (nftables) is not installed: scripts/setup.sh");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("table netdev "))
+        .map(|t| t.trim().to_string())
+        .collect()
 }
 
 /// [`leftovers`] without the block store's mount and loop device, which live

@@ -168,19 +168,19 @@ fn read_unpacked(
 ) -> Result<Package> {
     let manifest_path = dir.join(PACKAGE_MANIFEST);
     let text = fs::read_to_string(&manifest_path)
-        .context(ErrorCode::FailInstallComponents, || {
-            format!("package {source} has no readable {PACKAGE_PREFIX}/{PACKAGE_MANIFEST}")
+        .context(ErrorCode::FailGetKubeVersion, || {
+            format!("cannot get the Kubernetes version of package {source}: no readable {PACKAGE_PREFIX}/{PACKAGE_MANIFEST}")
         })?;
     let manifest: PackageManifest =
-        serde_json::from_str(&text).context(ErrorCode::FailInstallComponents, || {
+        serde_json::from_str(&text).context(ErrorCode::FailGetKubeVersion, || {
             format!(
-                "{} is not a valid package manifest",
+                "cannot get the Kubernetes version: {} is not a valid package manifest",
                 manifest_path.display()
             )
         })?;
     if manifest.version != version {
         return Err(AgentError::new(
-            ErrorCode::FailInstallComponents,
+            ErrorCode::FailGetKubeVersion,
             format!(
                 "package {source} holds Kubernetes {}, kubernetes.version is {version}",
                 manifest.version

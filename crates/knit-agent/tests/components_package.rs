@@ -412,3 +412,41 @@ fn cni_plugins_and_default_network_config_are_installed_unless_one_exists() {
     assert!(!node.path("/etc/cni/net.d/10-knit.conflist").exists());
     assert!(node.log().contains("already holds a network configuration"));
 }
+
+/// The package's Kubernetes version cannot be read, or is not the one asked
+/// for: `FailGetKubeVersion` (it was FailInstallComponents), nothing installed.
+#[test]
+fn package_version_unreadable_or_other_is_fail_get_kube_version() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, _) = build_package(work.path(), "1.30.2", &package_files());
+    let mut config = base_config();
+    config.kubernetes.dir = Some("/opt/knit-packages".into());
+
+    // Another version in the package.
+    let node = Node::new();
+    package::unpack(
+        &tarball,
+        &node.path("/opt/knit-packages").join("pkg/kubernetes"),
+    )
+    .unwrap();
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailGetKubeVersion, "{err}");
+    assert!(
+        err.message.contains("1.30.2") && err.message.contains(VERSION),
+        "{err}"
+    );
+    assert!(!node.path("/usr/local/bin/kubelet").exists());
+    assert_eq!(
+        node.journal().phases[&PhaseName::KubernetesComponents].error_code,
+        Some(ErrorCode::FailGetKubeVersion)
+    );
+
+    // No readable version at all (the manifest is not JSON).
+    let node = Node::new();
+    let pkg = node.path("/opt/knit-packages").join("pkg/kubernetes");
+    package::unpack(&tarball, &pkg).unwrap();
+    std::fs::write(pkg.join(package::PACKAGE_MANIFEST), b"{ truncated").unwrap();
+    let err = node.init(&config).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailGetKubeVersion, "{err}");
+    assert!(err.message.contains(package::PACKAGE_MANIFEST), "{err}");
+}

@@ -64,6 +64,7 @@ fn chooses_last_virtio_disk() {
             "time-sync",
             "node-identity",
             "data-disk",
+            "os-config-initial",
             "kubernetes-components",
             "optional-components",
             "join",

@@ -3,13 +3,17 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// The agent's phases, in the order they run (SPEC §1 steps 3.1–3.7).
+/// The agent's phases, in the order they run (SPEC §1 steps 3.1–3.7; the OS
+/// configuration is applied in 3.1 and again in 3.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PhaseName {
     TimeSync,
     NodeIdentity,
     DataDisk,
+    /// The pool's OS parameters applied before the kubelet starts (forwarding
+    /// and bridge settings matter to it); `OsConfig` applies them again at the end.
+    OsConfigInitial,
     KubernetesComponents,
     OptionalComponents,
     Join,
@@ -19,10 +23,11 @@ pub enum PhaseName {
 }
 
 impl PhaseName {
-    pub const ALL: [PhaseName; 9] = [
+    pub const ALL: [PhaseName; 10] = [
         PhaseName::TimeSync,
         PhaseName::NodeIdentity,
         PhaseName::DataDisk,
+        PhaseName::OsConfigInitial,
         PhaseName::KubernetesComponents,
         PhaseName::OptionalComponents,
         PhaseName::Join,
@@ -36,6 +41,7 @@ impl PhaseName {
             PhaseName::TimeSync => "time-sync",
             PhaseName::NodeIdentity => "node-identity",
             PhaseName::DataDisk => "data-disk",
+            PhaseName::OsConfigInitial => "os-config-initial",
             PhaseName::KubernetesComponents => "kubernetes-components",
             PhaseName::OptionalComponents => "optional-components",
             PhaseName::Join => "join",

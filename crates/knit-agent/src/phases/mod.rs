@@ -1,4 +1,4 @@
-//! The nine phases, in the order they run.
+//! The ten phases, in the order they run.
 
 pub mod base_packages;
 pub mod components;
@@ -17,11 +17,12 @@ pub fn all() -> Vec<Box<dyn Phase>> {
         Box::new(time_sync::TimeSync),
         Box::new(node_identity::NodeIdentityPhase),
         Box::new(data_disk::DataDisk),
+        Box::new(os_config::OsConfigPhase { initial: true }),
         Box::new(components::KubernetesComponents),
         Box::new(optional::OptionalComponentsPhase),
         Box::new(join::Join),
         Box::new(base_packages::BasePackagesPhase),
-        Box::new(os_config::OsConfigPhase),
+        Box::new(os_config::OsConfigPhase { initial: false }),
         Box::new(hardening::HardeningPhase),
     ]
 }

@@ -1,12 +1,15 @@
-//! `os-config`: the pool's kernel parameters and transparent huge pages,
-//! applied after every package is installed so that they hold (SPEC §1 3.6).
-//! The file is written always; values are applied where this node may: under
-//! `--root`, or where a parameter is host-wide and read-only in a sandbox, it
-//! is left to the next boot and the log says so.
+//! `os-config-initial` and `os-config`: the pool's kernel parameters and
+//! transparent huge pages. Applied once before the kubelet starts (forwarding
+//! and bridge settings matter to it, SPEC §1 3.1) and again after every
+//! package is installed so that they hold (3.6). The file is written always;
+//! values are applied where this node may: under `--root`, or where a
+//! parameter is host-wide and read-only in a sandbox, it is left to the next
+//! boot and the log says so.
 
 use crate::engine::{Ctx, Decision, Phase};
-use crate::error::Result;
-use knit_api::PhaseName;
+use crate::error::{AgentError, Result};
+use crate::host::Host;
+use knit_api::{ErrorCode, PhaseName};
 use std::collections::BTreeMap;
 
 pub const SYSCTL_FILE: &str = "/etc/sysctl.d/90-knit.conf";
@@ -14,7 +17,50 @@ pub const SYSCTL_FILE: &str = "/etc/sysctl.d/90-knit.conf";
 pub const USER_SYSCTL_FILE: &str = "/etc/sysctl.d/99-user-customized.conf";
 const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 
-pub struct OsConfigPhase;
+/// `initial`: the application before the kubelet starts; otherwise the
+/// re-application after packages.
+pub struct OsConfigPhase {
+    pub initial: bool,
+}
+
+fn os_error(e: AgentError) -> AgentError {
+    AgentError::new(ErrorCode::FailOsConfig, e.message)
+}
+
+/// Writes each kernel parameter to `/proc/sys` unless it already holds the
+/// value (recorded in the undo ledger first). Returns how many hold now and
+/// the ones the kernel refused (read-only in a sandbox, unknown key), with
+/// the reason. Under `--root` nothing is written: the kernel is the host's.
+pub fn apply_sysctls(
+    host: &Host,
+    sysctls: &BTreeMap<String, String>,
+) -> Result<(usize, Vec<String>)> {
+    let mut applied = 0;
+    let mut left: Vec<String> = Vec::new();
+    if !host.is_live() {
+        left.push("all (not applied under --root: the kernel is the host's)".to_string());
+        return Ok((0, left));
+    }
+    for (key, value) in sysctls {
+        let path = proc_path(key);
+        let current = std::fs::read_to_string(&path);
+        if current
+            .as_ref()
+            .is_ok_and(|cur| cur.split_whitespace().collect::<Vec<_>>().join(" ") == *value)
+        {
+            applied += 1;
+            continue;
+        }
+        if let Ok(previous) = &current {
+            crate::undo::note_kernel(host, &path, previous)?;
+        }
+        match std::fs::write(&path, value) {
+            Ok(()) => applied += 1,
+            Err(e) => left.push(format!("{key} ({e})")),
+        }
+    }
+    Ok((applied, left))
+}
 
 fn render(sysctls: &BTreeMap<String, String>) -> String {
     let mut text = String::from("# Written by knit-agent from the node pool's OS parameters.\n");
@@ -48,12 +94,16 @@ fn thp_current(text: &str) -> Option<&str> {
 
 impl Phase for OsConfigPhase {
     fn name(&self) -> PhaseName {
-        PhaseName::OsConfig
+        if self.initial {
+            PhaseName::OsConfigInitial
+        } else {
+            PhaseName::OsConfig
+        }
     }
 
     fn inspect(&self, ctx: &Ctx) -> Result<Decision> {
-        // Always applied again: this phase exists to re-assert the values after
-        // packages may have changed them.
+        // Always applied: before the kubelet, and again after packages may
+        // have changed the values.
         let sysctls = ctx.config.os.effective_sysctls();
         let written = ctx
             .host
@@ -67,43 +117,22 @@ impl Phase for OsConfigPhase {
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<String> {
+        let phase = self.name().as_str();
         let mut sysctls = ctx.config.os.effective_sysctls();
         ctx.host
-            .write_file(SYSCTL_FILE, render(&sysctls).as_bytes(), 0o644)?;
+            .write_file(SYSCTL_FILE, render(&sysctls).as_bytes(), 0o644)
+            .map_err(os_error)?;
         if let Some(user) = ctx.host.read(USER_SYSCTL_FILE) {
             sysctls.extend(parse_sysctl_file(&user));
         }
-        let mut applied = 0;
-        let mut left: Vec<String> = Vec::new();
-        if ctx.host.is_live() {
-            for (key, value) in &sysctls {
-                let path = proc_path(key);
-                let current = std::fs::read_to_string(&path);
-                if current
-                    .as_ref()
-                    .is_ok_and(|cur| cur.split_whitespace().collect::<Vec<_>>().join(" ") == *value)
-                {
-                    applied += 1;
-                    continue;
-                }
-                if let Ok(previous) = &current {
-                    crate::undo::note_kernel(ctx.host, &path, previous)?;
-                }
-                match std::fs::write(&path, value) {
-                    Ok(()) => applied += 1,
-                    Err(e) => left.push(format!("{key} ({e})")),
-                }
-            }
-        } else {
-            left.push("all (not applied under --root: the kernel is the host's)".to_string());
-        }
+        let (applied, left) = apply_sysctls(ctx.host, &sysctls).map_err(os_error)?;
         let mut summary = format!(
             "{SYSCTL_FILE} written; {applied} of {} applied now",
             sysctls.len()
         );
         if !left.is_empty() {
             let note = format!("not applied now, set at next boot: {}", left.join(", "));
-            ctx.host.log.line("os-config", &note);
+            ctx.host.log.line(phase, &note);
             summary.push_str(&format!("; {} left to boot", left.len()));
         }
         let thp = &ctx.config.os.transparent_huge_page;
@@ -119,14 +148,14 @@ impl Phase for OsConfigPhase {
                 continue;
             }
             if let Some(previous) = thp_current(&current) {
-                crate::undo::note_kernel(ctx.host, &path, previous)?;
+                crate::undo::note_kernel(ctx.host, &path, previous).map_err(os_error)?;
             }
             match std::fs::write(&path, want) {
                 Ok(()) => summary.push_str(&format!("; THP {file}={want}")),
                 Err(e) => {
                     ctx.host
                         .log
-                        .line("os-config", &format!("THP {file}={want} not applied: {e}"));
+                        .line(phase, &format!("THP {file}={want} not applied: {e}"));
                     summary.push_str(&format!("; THP {file} not applied ({e})"));
                 }
             }
@@ -138,6 +167,27 @@ impl Phase for OsConfigPhase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sysctl file that cannot be written fails the phase with its own code
+    /// (it was FailCommand).
+    #[test]
+    fn unwritable_sysctl_file_is_fail_os_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        // A file where the directory should be: the write must fail.
+        std::fs::write(dir.path().join("etc/sysctl.d"), b"not a directory").unwrap();
+        let host = Host::without_log(dir.path());
+        let mut config = knit_api::NodeConfig::default();
+        config.node.region = Some("cn-test".into());
+        config.node.instance_id = Some("i-1".into());
+        config.node.ip = Some("10.0.0.7".into());
+        let mut ctx = crate::engine::context(&host, &config).unwrap();
+        for initial in [true, false] {
+            let err = OsConfigPhase { initial }.run(&mut ctx).unwrap_err();
+            assert_eq!(err.code, ErrorCode::FailOsConfig, "{err}");
+            assert!(err.message.contains("90-knit.conf"), "{err}");
+        }
+    }
 
     #[test]
     fn parses_and_reads_thp() {

@@ -2,6 +2,7 @@
 //! `-f FILE`, `-o wide|json|yaml`.
 
 mod attach;
+mod image;
 mod local_cloud;
 mod output;
 mod registry;
@@ -37,6 +38,8 @@ enum CliError {
     Failed(String),
     #[error("{0}")]
     Registry(#[from] knit_registry::RegistryError),
+    #[error("{0}")]
+    Local(#[from] knit_local::LocalError),
 }
 
 impl CliError {
@@ -48,6 +51,7 @@ impl CliError {
             CliError::Io { .. } => "IoError".into(),
             CliError::Failed(_) => "Failed".into(),
             CliError::Registry(e) => e.code().into(),
+            CliError::Local(e) => e.code().into(),
         }
     }
 }
@@ -111,10 +115,14 @@ struct ServerOpts {
     /// Database, CA, admin token and package mirror.
     #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
     state_dir: PathBuf,
-    /// Where to listen; instances must reach it (all addresses by default).
-    #[arg(long, default_value_t = format!("0.0.0.0:{DEFAULT_PORT}"))]
-    listen: String,
-    /// Host instances use to reach the server (default: the local cloud's gateway).
+    /// Where to listen: ADDRESS:PORT, or several on one port separated by
+    /// commas. Default: loopback and the local cloud's gateway (the first
+    /// host of --local-subnet, e.g. 127.0.0.1:7443,10.213.0.1:7443); with
+    /// --provider none, loopback only. 0.0.0.0:7443 listens everywhere.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Host instances use to reach the server (default: the local cloud's
+    /// gateway when the server listens there or everywhere).
     #[arg(long)]
     advertise_address: Option<String>,
     /// local: the local cloud; none: store and API only, no instance is made.
@@ -252,6 +260,11 @@ enum Cmd {
     Registry {
         #[command(subcommand)]
         action: registry::RegistryAction,
+    },
+    /// The node OS image (Debian 12, built from Debian packages): build, show.
+    Image {
+        #[command(subcommand)]
+        action: image::ImageAction,
     },
     /// Package mirror.
     Package {
@@ -403,6 +416,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Registry { action } => registry::run(action),
         Cmd::Attach(args) => attach::attach(&client(&cli.config)?, args),
         Cmd::AttachScript(args) => attach::script(&client(&cli.config)?, args),
+        Cmd::Image { action } => image::run(action),
         Cmd::Package { action } => package(action),
         Cmd::Local { args } => local(&args),
     }
@@ -410,22 +424,61 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 // ---- server
 
+/// The provider's gateway: where its instances reach this host.
+fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
+    if opts.provider != "local" {
+        return Ok(None);
+    }
+    Ok(Some(
+        knit_server::local::local_gateway(&opts.local_subnet)?.into(),
+    ))
+}
+
+/// The addresses to listen on: `--listen`, else loopback and the gateway.
+fn listen_addrs(opts: &ServerOpts) -> Result<Vec<std::net::SocketAddr>> {
+    let Some(list) = &opts.listen else {
+        let mut addrs = vec![std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))];
+        if let Some(g) = gateway(opts)? {
+            addrs.push(std::net::SocketAddr::new(g, DEFAULT_PORT));
+        }
+        return Ok(addrs);
+    };
+    let addrs = list
+        .split(',')
+        .map(|a| {
+            a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                CliError::Usage(format!(
+                    "--listen {list:?}: {a:?} must be ADDRESS:PORT (several: separated by commas)"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if addrs.iter().any(|a| a.port() != addrs[0].port()) {
+        return Err(CliError::Usage(format!(
+            "--listen {list:?}: every address must use the same port"
+        )));
+    }
+    Ok(addrs)
+}
+
 fn settings(opts: &ServerOpts) -> Result<Settings> {
     let mut s = Settings::new(opts.state_dir.clone());
-    s.listen = opts.listen.parse().map_err(|_| {
-        CliError::Usage(format!("--listen {:?}: must be ADDRESS:PORT", opts.listen))
-    })?;
+    let addrs = listen_addrs(opts)?;
+    s.listen = addrs[0];
+    s.also_listen = addrs[1..].iter().map(|a| a.ip()).collect();
     s.advertise_host = opts.advertise_address.clone();
     s.parallelism = opts.parallelism.max(1);
     s.join_token_ttl = Duration::from_secs(opts.join_token_ttl);
     Ok(s)
 }
 
-/// The URL a CLI on this machine uses for a listen address.
-fn local_url(listen: &str) -> Result<String> {
-    let addr: std::net::SocketAddr = listen
-        .parse()
-        .map_err(|_| CliError::Usage(format!("--listen {listen:?}: must be ADDRESS:PORT")))?;
+/// The URL a CLI on this machine uses for the server's listen addresses.
+fn local_url(opts: &ServerOpts) -> Result<String> {
+    let addrs = listen_addrs(opts)?;
+    let addr = addrs
+        .iter()
+        .find(|a| a.ip().is_loopback())
+        .unwrap_or(&addrs[0]);
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_string()
     } else {
@@ -442,7 +495,7 @@ fn server_init(cli_config: &Option<PathBuf>, opts: &ServerOpts) -> Result<ExitCo
     let token = knit_server::pki::load_or_create_token(&s.admin_token_path())?;
     let path = config_path(cli_config)?;
     ClientConfig {
-        server: local_url(&opts.listen)?,
+        server: local_url(opts)?,
         token,
         ca_cert: pki.ca_pem,
         state_dir: Some(s.state_dir.display().to_string()),
@@ -466,15 +519,23 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
         .with_writer(std::io::stderr)
         .init();
     let s = settings(&opts)?;
+    // Listening on the gateway needs the bridge that holds it: made now,
+    // as the first instance would (`knit down` removes it).
+    if let Some(g) = gateway(&opts)? {
+        if s.listen.ip() == g || s.also_listen.contains(&g) {
+            knit_local::Cloud::open(local_config(&opts))
+                .and_then(|c| c.network_up())
+                .map_err(|e| {
+                    CliError::Failed(format!(
+                        "the local cloud's network ({} on {}), needed to listen on {g}: {e}",
+                        opts.local_bridge, opts.local_subnet
+                    ))
+                })?;
+        }
+    }
     let provider: Option<Arc<dyn knit_server::provider::Provider>> = match opts.provider.as_str() {
         "local" => Some(Arc::new(knit_server::local::LocalProvider::new(
-            knit_local::Config {
-                state_dir: opts.local_state_dir.clone(),
-                bridge: opts.local_bridge.clone(),
-                subnet: opts.local_subnet.clone(),
-                metadata_port: opts.local_metadata_port,
-                helper: None,
-            },
+            local_config(&opts),
         )?)),
         _ => None,
     };
@@ -519,21 +580,41 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
     })
 }
 
+fn local_config(opts: &ServerOpts) -> knit_local::Config {
+    knit_local::Config {
+        state_dir: opts.local_state_dir.clone(),
+        bridge: opts.local_bridge.clone(),
+        subnet: opts.local_subnet.clone(),
+        metadata_port: opts.local_metadata_port,
+        helper: None,
+    }
+}
+
+/// Where the embedded Kubernetes API listens (one address): everywhere
+/// when the server does, else the gateway when the server listens there
+/// (instances must reach it), else the server's first address.
+fn cluster_listen(s: &Settings, gateway: Option<std::net::IpAddr>, port: u16) -> std::net::SocketAddr {
+    let ip = if s.listen.ip().is_unspecified() {
+        s.listen.ip()
+    } else {
+        match gateway.filter(|g| s.listen.ip() == *g || s.also_listen.contains(g)) {
+            Some(g) => g,
+            None => s.listen.ip(),
+        }
+    };
+    std::net::SocketAddr::new(ip, port)
+}
+
 /// The embedded Kubernetes API, on the server's address and the cluster
 /// port, advertised at the host instances reach.
 async fn start_cluster(
     s: &Settings,
     opts: &ServerOpts,
 ) -> Result<knit_server::cluster::EmbeddedJoin> {
-    let mut listen = s.listen;
-    listen.set_port(opts.cluster_port);
-    let advertise = s.advertise_host.clone().unwrap_or_else(|| {
-        if listen.ip().is_unspecified() {
-            knit_server::control::LOCAL_GATEWAY.to_string()
-        } else {
-            listen.ip().to_string()
-        }
-    });
+    let gateway = gateway(opts)?;
+    let listen = cluster_listen(s, gateway, opts.cluster_port);
+    let addrs = [listen];
+    let advertise = knit_server::server::advertise_host(s, &addrs, gateway);
     let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
     cfg.advertise_address = Some(advertise);
     let cluster = knit_cluster::EmbeddedCluster::start(cfg)
@@ -552,11 +633,11 @@ async fn start_cluster(
 
 fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     let path = config_path(cli_config)?;
-    if opts.listen.ends_with(":0") {
+    if listen_addrs(&opts)?.iter().any(|a| a.port() == 0) {
         // The config written below must name the port before the server runs.
         return Err(CliError::Usage(format!(
             "--listen {:?}: knit up needs a fixed port (use `knit server --write-config` for an ephemeral one)",
-            opts.listen
+            opts.listen.as_deref().unwrap_or_default()
         )));
     }
     if let Ok(existing) = ClientConfig::load(&path) {
@@ -574,13 +655,7 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
         // Before the server runs: `knit down` removes the cloud it made.
         local_cloud::record(
             &opts.state_dir,
-            &knit_local::Config {
-                state_dir: opts.local_state_dir.clone(),
-                bridge: opts.local_bridge.clone(),
-                subnet: opts.local_subnet.clone(),
-                metadata_port: opts.local_metadata_port,
-                helper: None,
-            },
+            &local_config(&opts),
         )?;
     }
     // Embedded defaults: a server without a package mirror could make no
@@ -617,7 +692,7 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     cmd.arg("server")
         .arg("--state-dir")
         .arg(&opts.state_dir)
-        .args(["--listen", &opts.listen, "--provider", &opts.provider])
+        .args(["--provider", &opts.provider])
         .args([
             "--cluster",
             &opts.cluster,
@@ -644,6 +719,9 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     if let Some(a) = &opts.advertise_address {
         cmd.args(["--advertise-address", a]);
     }
+    if let Some(l) = &opts.listen {
+        cmd.args(["--listen", l]);
+    }
     // The server outlives this command: its own session, no terminal.
     unsafe {
         use std::os::unix::process::CommandExt;
@@ -656,7 +734,7 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     let pid = child.id();
     let pki_ca = opts.state_dir.join("pki/ca.pem");
     let token_path = opts.state_dir.join("admin-token");
-    let url = local_url(&opts.listen)?;
+    let url = local_url(opts)?;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(Some(status)) = child.try_wait() {

@@ -10,6 +10,7 @@ pub mod blockstore;
 pub mod boot;
 pub mod cloud;
 pub mod error;
+pub mod image;
 pub mod loopdev;
 pub mod metadata;
 pub mod model;

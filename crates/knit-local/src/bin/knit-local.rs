@@ -118,6 +118,13 @@ enum Cmd {
     NetworkUp,
     /// Remove every leftover of this state directory: processes, loop devices, veths, namespaces, bridge, state.
     Down,
+    /// Build the node OS image (what `knit image build` does): mmdebstrap
+    /// from the host's apt sources into DIR/<key>; nothing when built.
+    #[command(name = "image-build")]
+    ImageBuild {
+        #[arg(long, env = knit_local::image::DIR_ENV, default_value = knit_local::image::DEFAULT_DIR)]
+        out: PathBuf,
+    },
     #[command(name = "__boot", hide = true)]
     Boot {
         spec: PathBuf,
@@ -179,6 +186,16 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("knit-local metadata: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Cmd::ImageBuild { out } => {
+            let built = knit_local::image::build(&out, &mut |line| eprintln!("{line}"));
+            return match built.and_then(|b| print(&b.manifest)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error[{}]: {e}", e.code());
                     ExitCode::FAILURE
                 }
             };
@@ -339,6 +356,6 @@ fn run(cli: Cli) -> Result<(), LocalError> {
                 ),
             })
         }
-        Cmd::Boot { .. } | Cmd::Metadata { .. } => Ok(()),
+        Cmd::Boot { .. } | Cmd::Metadata { .. } | Cmd::ImageBuild { .. } => Ok(()),
     }
 }

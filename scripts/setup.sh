@@ -22,6 +22,8 @@ PACKAGES=(
     cloud-init                                      # knit-local: the optional cloud-init user-data runner (test)
     chrony                                          # time-sync on every node (chronyd, tracking only in sandboxes)
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
+    mmdebstrap                                      # knit image build: the node OS image from Debian packages
+    dosfstools mtools                               # knit-qemu: the cloud-init NoCloud seed (vfat, label CIDATA)
 )
 
 missing=()
@@ -32,6 +34,28 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "setup.sh: installing ${missing[*]}"
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The QEMU provider: qemu-system-x86 and qemu-utils (qemu-img) must come from
+# the same Debian release. A machine image may ship a newer qemu-utils
+# (a backport) than bookworm's qemu-system-x86, and apt then refuses the pair:
+# install both at qemu-system-x86's candidate version, downgrading qemu-utils.
+qemu_version=$(apt-cache policy qemu-system-x86 2>/dev/null | awk '/Candidate:/ {print $2}')
+if [ -z "$qemu_version" ] || [ "$qemu_version" = "(none)" ]; then
+    apt-get update -q
+    qemu_version=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ {print $2}')
+fi
+if [ -n "$qemu_version" ] && [ "$qemu_version" != "(none)" ]; then
+    have_system=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
+    have_utils=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+    if [ "$have_system" != "$qemu_version" ] || [ "$have_utils" != "$qemu_version" ]; then
+        echo "setup.sh: installing qemu-system-x86 and qemu-utils $qemu_version"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends --allow-downgrades \
+            "qemu-system-x86=$qemu_version" "qemu-utils=$qemu_version" \
+            "qemu-block-extra=$qemu_version"
+    fi
+else
+    echo "setup.sh: qemu-system-x86 has no install candidate in apt's sources; the QEMU provider's tests will be skipped" >&2
 fi
 
 # Debian starts services on install where it can; knit runs its own instances

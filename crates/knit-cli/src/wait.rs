@@ -14,8 +14,41 @@ const COUNTED: &[&str] = &["Pending", "Creating", "Running", "Failed"];
 
 struct Snapshot {
     lines: String,
+    /// The header line and the rows, for output without a terminal.
+    header: String,
+    rows: Vec<Vec<String>>,
     done: bool,
     failures: Vec<String>,
+}
+
+/// Without a terminal, a log gets one line per change: the header when the
+/// count changes, and an instance's row when anything but its elapsed time
+/// (the last column, which changes every second) changed.
+#[derive(Default)]
+struct ChangeLog {
+    header: String,
+    rows: std::collections::HashMap<String, Vec<String>>,
+}
+
+impl ChangeLog {
+    fn changes(&mut self, header: &str, rows: &[Vec<String>]) -> Vec<String> {
+        let mut out = Vec::new();
+        if header != self.header {
+            self.header = header.to_string();
+            out.push(header.trim_end().to_string());
+        }
+        for row in rows {
+            let Some((name, _)) = row.split_first() else {
+                continue;
+            };
+            let key = &row[..row.len().saturating_sub(1)];
+            if self.rows.get(name).map(Vec::as_slice) != Some(key) {
+                self.rows.insert(name.clone(), key.to_vec());
+                out.push(row.join("  "));
+            }
+        }
+        out
+    }
 }
 
 fn look(c: &Client, pool: &str) -> Result<Snapshot> {
@@ -108,9 +141,9 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
         }
     );
     let lines = if rows.is_empty() {
-        header
+        header.clone()
     } else {
-        header
+        header.clone()
             + &table(
                 &["INSTANCE", "STATE", "NODE", "PHASE", "STATUS", "ELAPSED"],
                 &rows,
@@ -118,6 +151,8 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
     };
     Ok(Snapshot {
         lines,
+        header,
+        rows,
         done,
         failures,
     })
@@ -128,7 +163,7 @@ pub fn scale(c: &Client, pool: &str, timeout: Duration) -> Result<ExitCode> {
     let tty = unsafe { libc::isatty(1) } == 1;
     let deadline = Instant::now() + timeout;
     let mut shown_lines = 0;
-    let mut last = String::new();
+    let mut log = ChangeLog::default();
     let mut stdout = std::io::stdout();
     loop {
         let s = look(c, pool)?;
@@ -139,11 +174,12 @@ pub fn scale(c: &Client, pool: &str, timeout: Duration) -> Result<ExitCode> {
             }
             let _ = write!(stdout, "{}", s.lines);
             shown_lines = s.lines.lines().count();
-        } else if s.lines != last {
-            let _ = write!(stdout, "{}", s.lines);
+        } else {
+            for line in log.changes(&s.header, &s.rows) {
+                let _ = writeln!(stdout, "{line}");
+            }
         }
         let _ = stdout.flush();
-        last = s.lines;
         if !s.failures.is_empty() {
             return Err(CliError::Failed(format!(
                 "pool {pool}:\n  {}",
@@ -161,5 +197,36 @@ pub fn scale(c: &Client, pool: &str, timeout: Duration) -> Result<ExitCode> {
             )));
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChangeLog;
+
+    fn row(cells: &[&str]) -> Vec<String> {
+        cells.iter().map(|c| c.to_string()).collect()
+    }
+
+    #[test]
+    fn without_a_terminal_only_changes_are_printed() {
+        let mut log = ChangeLog::default();
+        let h = "nodepool/w: 0/2 initialized\n";
+        let a = row(&["w-1", "Creating", "-", "-", "-", "1s"]);
+        let b = row(&["w-2", "Creating", "-", "-", "-", "1s"]);
+        assert_eq!(log.changes(h, &[a.clone(), b.clone()]).len(), 3);
+        // Only the elapsed time moved: nothing to print.
+        let a2 = row(&["w-1", "Creating", "-", "-", "-", "2s"]);
+        let b2 = row(&["w-2", "Creating", "-", "-", "-", "2s"]);
+        assert!(log.changes(h, &[a2, b2.clone()]).is_empty());
+        // One instance moved on: its line alone.
+        let a3 = row(&["w-1", "Running", "w-1", "join/started", "-", "3s"]);
+        assert_eq!(
+            log.changes(h, &[a3, b2]),
+            vec!["w-1  Running  w-1  join/started  -  3s".to_string()]
+        );
+        // The count changed: the header line.
+        let out = log.changes("nodepool/w: 1/2 initialized\n", &[]);
+        assert_eq!(out, vec!["nodepool/w: 1/2 initialized".to_string()]);
     }
 }

@@ -51,8 +51,7 @@ if [ -n "$qemu_version" ] && [ "$qemu_version" != "(none)" ]; then
     if [ "$have_system" != "$qemu_version" ] || [ "$have_utils" != "$qemu_version" ]; then
         echo "setup.sh: installing qemu-system-x86 and qemu-utils $qemu_version"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends --allow-downgrades \
-            "qemu-system-x86=$qemu_version" "qemu-utils=$qemu_version" \
-            "qemu-block-extra=$qemu_version"
+            "qemu-system-x86=$qemu_version" "qemu-utils=$qemu_version"
     fi
 else
     echo "setup.sh: qemu-system-x86 has no install candidate in apt's sources; the QEMU provider's tests will be skipped" >&2

@@ -308,7 +308,9 @@ fn supervisor_ensure(host: &Host, spec: &ServiceSpec) -> Result<()> {
     }
 }
 
-/// The systemd unit for a spec; limits as systemd spells them.
+/// The systemd unit for a spec; limits as systemd spells them. Output goes
+/// to journald (`journalctl -u <name>`), as for any unit; the spec's log file
+/// is the supervisor's, used where systemd is not PID 1.
 pub fn render_unit(spec: &ServiceSpec) -> String {
     let limit = |v: Option<u64>| v.map_or("infinity".to_string(), |n| n.to_string());
     let mut unit = format!(
@@ -342,14 +344,15 @@ pub fn render_unit(spec: &ServiceSpec) -> String {
          LimitNOFILE={}\n\
          LimitCORE={}\n\
          LimitMEMLOCK={}\n\
-         StandardOutput=append:{log}\n\
-         StandardError=append:{log}\n\n\
+         StandardOutput=journal\n\
+         StandardError=journal\n\
+         SyslogIdentifier={name}\n\n\
          [Install]\n\
          WantedBy=multi-user.target\n",
         limit(spec.limit_nofile),
         limit(spec.limit_core),
         limit(spec.limit_memlock),
-        log = spec.log_file,
+        name = spec.name,
     ));
     unit
 }
@@ -377,9 +380,6 @@ fn systemd_ensure(host: &Host, spec: &ServiceSpec) -> Result<()> {
         host.log
             .line("service", &format!("{name} already active (systemd)"));
         return Ok(());
-    }
-    if let Some(dir) = std::path::Path::new(&spec.log_file).parent() {
-        host.create_dir(&dir.to_string_lossy())?;
     }
     host.write_file(&unit_path, unit.as_bytes(), 0o644)?;
     let t = Duration::from_secs(120);
@@ -409,7 +409,10 @@ mod tests {
         assert!(unit.contains("ExecStart=/usr/local/bin/kubelet \"--x=a b\"\n"));
         assert!(unit.contains("Environment=A=1$$\n"));
         assert!(unit.contains("LimitNOFILE=1048576\nLimitCORE=infinity\nLimitMEMLOCK=infinity\n"));
-        assert!(unit.contains("StandardOutput=append:/var/log/knit/kubelet.log\n"));
+        // journald, so that `journalctl -u kubelet` shows the kubelet's output.
+        assert!(unit.contains("StandardOutput=journal\nStandardError=journal\n"));
+        assert!(!unit.contains("append:"), "{unit}");
+        assert!(unit.contains("SyslogIdentifier=kubelet\n"));
     }
 
     #[test]

@@ -163,12 +163,17 @@ fn wait_started(host: &Host, offset: u64) -> Result<()> {
             } else {
                 format!("it did not start within {}s", READY_TIMEOUT.as_secs())
             };
+            let log = if services::uses_systemd(host) {
+                "`journalctl -u chronyd`".to_string()
+            } else {
+                format!(
+                    "its log {LOG_FILE} says: {}",
+                    if said.is_empty() { "nothing" } else { &said }
+                )
+            };
             return Err(AgentError::new(
                 ErrorCode::FailSyncTime,
-                format!(
-                    "chronyd could not be started: {why}; its log {LOG_FILE} says: {}",
-                    if said.is_empty() { "nothing" } else { &said }
-                ),
+                format!("chronyd could not be started: {why}; see {log}"),
             ));
         }
         std::thread::sleep(Duration::from_millis(100));

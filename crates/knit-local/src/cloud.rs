@@ -69,6 +69,12 @@ pub struct Cloud {
     store: BlockStore,
 }
 
+/// A base root with every link resolved (the image it names now); as
+/// given when it cannot be resolved (validation reports that).
+fn resolve_base_root(root: &Path) -> PathBuf {
+    std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf())
+}
+
 pub fn require_root() -> Result<()> {
     let uid = nix::unistd::geteuid();
     if uid.is_root() {
@@ -298,6 +304,11 @@ impl Cloud {
     pub fn create(&self, tpl: &Template) -> Result<Instance> {
         tpl.validate()?;
         self.check_snapshots(&tpl.disks)?;
+        // The instance keeps the image it was made from: a link such as
+        // the images directory's `debian-12` moves with the next build.
+        let mut resolved = tpl.clone();
+        resolved.base_root = resolve_base_root(&tpl.base_root);
+        let tpl = &resolved;
         let os = tpl
             .attributes
             .os
@@ -784,6 +795,8 @@ impl Cloud {
         base_root: Option<&Path>,
     ) -> Result<Instance> {
         let mut rec = self.state.instance(id)?;
+        let base_root = base_root.map(resolve_base_root);
+        let base_root = base_root.as_deref();
         if let Some(root) = base_root {
             // The whole recorded template against the new root: baseRoot's
             // rule, and cloud-init present when that runner is used.

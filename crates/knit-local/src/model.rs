@@ -430,6 +430,8 @@ pub fn check_base_root(root: &std::path::Path) -> std::result::Result<(), &'stat
         Err("must not contain ',', ':' or a newline (overlayfs options)")
     } else if !root.is_absolute() {
         Err("must be an absolute path")
+    } else if !root.exists() && root.starts_with(crate::image::images_dir()) {
+        Err("is not built yet: run `knit image build` (or name another root directory; `/` is the host's root)")
     } else if !root.join("bin").exists() && !root.join("usr/bin").exists() {
         Err("must be a root filesystem directory (no bin/ or usr/bin/ in it)")
     } else {

@@ -36,11 +36,17 @@ pub struct DataDiskProgress {
     pub device: Option<String>,
     /// `major:minor` of the chosen device: identifies it across renames.
     pub dev_id: Option<String>,
+    /// Serial, WWID, by-id link and size of the chosen device: a format is
+    /// resumed only on the disk that has them (`major:minor` is reused by
+    /// whatever disk is attached next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::disk::DiskIdentity>,
     pub format_started: bool,
     pub format_completed: bool,
     pub fs_uuid: Option<String>,
     /// The disk was formatted by this agent (not mounted as found).
     pub formatted_here: bool,
+    /// `/var/.keep-container-data`: the copy onto the disk finished.
     pub copy_completed: bool,
 }
 

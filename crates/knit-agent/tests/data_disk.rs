@@ -557,3 +557,151 @@ fn invalid_config_lists_every_error() {
         "FailConfig"
     );
 }
+
+/// Runs `init` until the agent reports `checkpoint`, then kills it (-9).
+fn kill_at(node: &Node, config: &str, checkpoint: &str) {
+    let cfg = node.write_config(config);
+    let mut child = node
+        .agent_cmd(&[
+            "init",
+            "--config",
+            &cfg.to_string_lossy(),
+            "--stop-after",
+            "data-disk",
+        ])
+        .env("KNIT_AGENT_PAUSE_AT", checkpoint)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr_pipe = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    use std::io::Read;
+    let mut buf = [0u8; 256];
+    while !seen.contains("paused at checkpoint") {
+        let n = stderr_pipe.read(&mut buf).unwrap();
+        assert!(n > 0, "agent ended before the checkpoint: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(!child.wait().unwrap().success());
+}
+
+/// Killed after copying /var/lib/containerd but before /var/lib/kubelet: the
+/// rerun finds the disk mounted and must finish the copy (it used to declare
+/// the phase done and bind the disk over the kubelet's uncopied data).
+#[test]
+fn killed_during_copy_rerun_copies_the_rest() {
+    let mut node = Node::new();
+    node.add_disk("vdb", 128);
+    fs::create_dir_all(node.path("/var/lib/containerd/x")).unwrap();
+    fs::write(node.path("/var/lib/containerd/x/f"), b"images").unwrap();
+    fs::create_dir_all(node.path("/var/lib/kubelet/pods")).unwrap();
+    fs::write(node.path("/var/lib/kubelet/pods/state"), b"kubelet").unwrap();
+    fs::write(node.path("/var/.keep-container-data"), b"").unwrap();
+    kill_at(&node, &disk_config(""), "during-copy");
+    let journal = node.journal();
+    assert_eq!(journal["dataDisk"]["formatCompleted"], true);
+    assert_eq!(journal["dataDisk"]["copyCompleted"], false);
+    assert!(node.mounted_at("/var/lib/container"));
+
+    let out = init(&node, &disk_config(""));
+    assert!(out.status.success(), "{}\n{}", stderr(&out), node.log());
+    assert_eq!(mkfs_runs(&node), 1, "{}", node.log());
+    assert!(node.log().contains("resuming the copy"), "{}", node.log());
+    // Seen through the bind mounts, i.e. on the disk.
+    assert!(node.mounted_at("/var/lib/kubelet"));
+    assert_eq!(
+        fs::read(node.path("/var/lib/kubelet/pods/state")).unwrap(),
+        b"kubelet"
+    );
+    assert_eq!(
+        fs::read(node.path("/var/lib/containerd/x/f")).unwrap(),
+        b"images"
+    );
+    assert_eq!(node.journal()["dataDisk"]["copyCompleted"], true);
+}
+
+/// Killed after the format, before the mount: the rerun mounts the disk it
+/// formatted and still makes the copy.
+#[test]
+fn killed_after_format_rerun_still_copies() {
+    let mut node = Node::new();
+    node.add_disk("vdb", 128);
+    fs::create_dir_all(node.path("/var/lib/kubelet")).unwrap();
+    fs::write(node.path("/var/lib/kubelet/state"), b"kubelet").unwrap();
+    fs::write(node.path("/var/.keep-container-data"), b"").unwrap();
+    kill_at(&node, &disk_config(""), "after-format");
+    let out = init(&node, &disk_config(""));
+    assert!(out.status.success(), "{}\n{}", stderr(&out), node.log());
+    assert_eq!(mkfs_runs(&node), 1, "{}", node.log());
+    assert!(node.mounted_at("/var/lib/kubelet"));
+    assert_eq!(
+        fs::read(node.path("/var/lib/kubelet/state")).unwrap(),
+        b"kubelet"
+    );
+    assert_eq!(node.journal()["dataDisk"]["copyCompleted"], true);
+}
+
+/// The format intent names the disk by identity, not only `major:minor`:
+/// killed before mkfs, the same disk resumes the format; another disk that
+/// got the same loop device (same `major:minor`) is treated as new — here it
+/// holds a filesystem with data, which is mounted, never formatted.
+#[test]
+fn unfinished_format_resumes_only_on_the_same_disk() {
+    // Same disk: resumed (the first run was killed before its mkfs).
+    let mut node = Node::new();
+    node.add_disk("vdb", 128);
+    kill_at(&node, &disk_config(""), "format-intent");
+    let journal = node.journal();
+    assert_eq!(journal["dataDisk"]["formatStarted"], true);
+    assert_eq!(journal["dataDisk"]["identity"]["sizeBytes"], 128u64 << 20);
+    let out = init(&node, &disk_config(""));
+    assert!(out.status.success(), "{}\n{}", stderr(&out), node.log());
+    assert!(node.log().contains("resuming a format"), "{}", node.log());
+    assert_eq!(mkfs_runs(&node), 1);
+    drop(node);
+
+    // Another disk at the same major:minor.
+    let mut node = Node::new();
+    let loop_dev = node.add_disk("vdb", 128);
+    kill_at(&node, &disk_config(""), "format-intent");
+    let other = tempfile::NamedTempFile::new().unwrap();
+    other.as_file().set_len(96 << 20).unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-F", "-q"])
+        .arg(other.path())
+        .output()
+        .unwrap();
+    assert!(mkfs.status.success());
+    let debugfs = Command::new("debugfs")
+        .args(["-w", "-R", "mkdir precious"])
+        .arg(other.path())
+        .output()
+        .unwrap();
+    assert!(debugfs.status.success());
+    node.replace_disk_backing(&loop_dev, other.path());
+
+    let out = init(&node, &disk_config(""));
+    assert!(out.status.success(), "{}\n{}", stderr(&out), node.log());
+    assert_eq!(
+        mkfs_runs(&node),
+        0,
+        "the other disk was formatted: {}",
+        node.log()
+    );
+    let log = node.log();
+    assert!(log.contains("stale format intent ignored"), "{log}");
+    assert!(
+        log.contains("size was 134217728 bytes, is 100663296 bytes"),
+        "{log}"
+    );
+    assert!(node.path("/var/lib/container/precious").is_dir());
+    assert_eq!(
+        node.journal()["dataDisk"]["identity"]["sizeBytes"],
+        96u64 << 20
+    );
+}

@@ -20,6 +20,10 @@ pub struct BlockDisk {
     pub size_bytes: u64,
     pub read_only: bool,
     pub serial: Option<String>,
+    /// World-wide identifier from sysfs (`wwid`, `device/wwid`), where the bus has one.
+    pub wwid: Option<String>,
+    /// The `/dev/disk/by-id` link naming this device, if any.
+    pub by_id: Option<String>,
     /// Partitions as `major:minor`.
     pub partitions: Vec<String>,
     /// Devices stacked on this one (device-mapper, md …).
@@ -35,6 +39,54 @@ impl BlockDisk {
 
     pub fn is_nvme(&self) -> bool {
         self.name.starts_with("nvme")
+    }
+
+    pub fn identity(&self) -> DiskIdentity {
+        DiskIdentity {
+            serial: self.serial.clone(),
+            wwid: self.wwid.clone(),
+            by_id: self.by_id.clone(),
+            size_bytes: self.size_bytes,
+        }
+    }
+}
+
+/// What tells one disk from another beyond its `major:minor`, which the
+/// kernel hands to whatever disk is attached next.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskIdentity {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_id: Option<String>,
+    pub size_bytes: u64,
+}
+
+impl DiskIdentity {
+    /// `Err` with the first difference when `now` is not the disk recorded
+    /// as `self`. An identifier present on one side only is a difference.
+    pub fn same_disk(&self, now: &DiskIdentity) -> std::result::Result<(), String> {
+        let fields = [
+            ("serial", &self.serial, &now.serial),
+            ("wwid", &self.wwid, &now.wwid),
+            ("by-id link", &self.by_id, &now.by_id),
+        ];
+        for (what, was, is) in fields {
+            if was != is {
+                let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".to_string());
+                return Err(format!("{what} was {}, is {}", show(was), show(is)));
+            }
+        }
+        if self.size_bytes != now.size_bytes {
+            return Err(format!(
+                "size was {} bytes, is {} bytes",
+                self.size_bytes, now.size_bytes
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -81,23 +133,39 @@ fn mounted_dev_ids() -> BTreeSet<String> {
         .collect()
 }
 
-/// The disk serial from sysfs, or from a `/dev/disk/by-id` link to the device.
-fn serial_of(host: &Host, sys: &Path, name: &str) -> Option<String> {
+/// The `/dev/disk/by-id` link to the device named `name`, if any.
+fn by_id_link(host: &Host, name: &str) -> Option<String> {
+    let by_id = host.path("/dev/disk/by-id");
+    let mut links: Vec<String> = fs::read_dir(by_id)
+        .ok()?
+        .flatten()
+        .filter(|entry| {
+            fs::read_link(entry.path())
+                .is_ok_and(|target| target.file_name().is_some_and(|f| f == name))
+        })
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    links.sort();
+    links.into_iter().next()
+}
+
+/// The disk serial from sysfs, or from its `/dev/disk/by-id` link.
+fn serial_of(sys: &Path, by_id: Option<&str>) -> Option<String> {
     if let Some(s) =
         read_trim(&sys.join("serial")).or_else(|| read_trim(&sys.join("device/serial")))
     {
         return Some(s);
     }
-    let by_id = host.path("/dev/disk/by-id");
-    for entry in fs::read_dir(by_id).ok()?.flatten() {
-        let target = fs::read_link(entry.path()).ok()?;
-        if target.file_name().is_some_and(|f| f == name) {
-            let id = entry.file_name().to_string_lossy().into_owned();
-            let serial = id.split_once('-').map(|(_, s)| s.to_string()).unwrap_or(id);
-            return Some(serial);
-        }
-    }
-    None
+    let id = by_id?;
+    Some(
+        id.split_once('-')
+            .map(|(_, s)| s.to_string())
+            .unwrap_or_else(|| id.to_string()),
+    )
+}
+
+fn wwid_of(sys: &Path) -> Option<String> {
+    read_trim(&sys.join("wwid")).or_else(|| read_trim(&sys.join("device/wwid")))
 }
 
 /// Lists candidate disks, sorted by name. Excluded disks are kept in the list
@@ -172,8 +240,11 @@ pub fn discover(host: &Host) -> Result<Vec<BlockDisk>> {
         } else {
             None
         };
+        let by_id = by_id_link(host, &name);
         disks.push(BlockDisk {
-            serial: serial_of(host, &sys, &name),
+            serial: serial_of(&sys, by_id.as_deref()),
+            wwid: wwid_of(&sys),
+            by_id,
             path: format!("/dev/{name}"),
             name,
             major,
@@ -216,10 +287,28 @@ mod tests {
             size_bytes: 1 << 30,
             read_only: false,
             serial: None,
+            wwid: None,
+            by_id: None,
             partitions: vec![],
             holders: vec![],
             excluded: None,
         }
+    }
+
+    #[test]
+    fn identity_differences() {
+        let mut was = disk("vdb").identity();
+        was.serial = Some("d-1".into());
+        assert_eq!(was.same_disk(&was.clone()), Ok(()));
+        let mut other = was.clone();
+        other.serial = Some("d-2".into());
+        assert_eq!(was.same_disk(&other), Err("serial was d-1, is d-2".into()));
+        let mut no_serial = was.clone();
+        no_serial.serial = None;
+        assert!(was.same_disk(&no_serial).is_err());
+        let mut bigger = was.clone();
+        bigger.size_bytes += 512;
+        assert!(was.same_disk(&bigger).unwrap_err().contains("size"));
     }
 
     #[test]

@@ -5,5 +5,5 @@ pub mod discover;
 pub mod mounts;
 pub mod signature;
 
-pub use discover::{discover, BlockDisk};
+pub use discover::{discover, BlockDisk, DiskIdentity};
 pub use signature::{read_signature, Signature};

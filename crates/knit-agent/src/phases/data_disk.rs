@@ -52,8 +52,9 @@ pub struct DiskPlan {
 enum Choice {
     Skip(String),
     Done(String),
-    /// Only the bind mounts / fstab are missing.
-    Complete(MountEntry),
+    /// Mounted; the bind mounts / fstab are missing, or the copy for
+    /// `/var/.keep-container-data` did not finish (`true`).
+    Complete(MountEntry, bool),
     Format(BlockDisk, String),
     Mount(BlockDisk, String, String),
     Refuse(Option<BlockDisk>, ErrorCode, String),
@@ -102,6 +103,9 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
             .host
             .read("/etc/fstab")
             .is_some_and(|t| t.contains(FSTAB_BEGIN));
+        if copy_pending(ctx) {
+            return Ok((Choice::Complete(entry, true), vec![], None));
+        }
         return Ok(if binds_ok && fstab_ok {
             (
                 Choice::Done(format!(
@@ -112,7 +116,7 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
                 None,
             )
         } else {
-            (Choice::Complete(entry), vec![], None)
+            (Choice::Complete(entry, false), vec![], None)
         });
     }
     let disks = discover(ctx.host)?;
@@ -164,9 +168,10 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
         format!("cannot read {}", disk.path)
     })?;
     let progress = &ctx.journal.data_disk;
-    let resuming = progress.format_started
-        && !progress.format_completed
-        && progress.dev_id.as_deref() == Some(disk.dev_id().as_str());
+    let (resuming, stale) = match stale_intent(progress, &disk) {
+        Ok(resuming) => (resuming, None),
+        Err(stale) => (false, Some(stale)),
+    };
     let policy = config.format;
     let choice = match &signature {
         _ if resuming => Choice::Format(
@@ -202,7 +207,67 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
             ),
         ),
     };
+    let choice = match stale {
+        None => choice,
+        Some(stale) => match choice {
+            Choice::Format(d, r) => Choice::Format(d, format!("{r}; {stale}")),
+            Choice::Mount(d, fs, r) => Choice::Mount(d, fs, format!("{r}; {stale}")),
+            Choice::Refuse(d, code, r) => Choice::Refuse(d, code, format!("{r}; {stale}")),
+            other => other,
+        },
+    };
     Ok((choice, disks, Some(signature)))
+}
+
+/// Whether the journal's unfinished format is this disk's (`Ok(true)`: resume
+/// it), no format is pending for this `major:minor` (`Ok(false)`), or the
+/// pending one was another disk that had the same `major:minor` (`Err`, the
+/// stale intent described: this disk is treated as new).
+fn stale_intent(
+    progress: &crate::journal::DataDiskProgress,
+    disk: &BlockDisk,
+) -> std::result::Result<bool, String> {
+    if !progress.format_started
+        || progress.format_completed
+        || progress.dev_id.as_deref() != Some(disk.dev_id().as_str())
+    {
+        return Ok(false);
+    }
+    let stale = |why: String| {
+        format!(
+            "stale format intent ignored: the journal's unfinished format was of another disk at {} ({why}), so {} is treated as a new disk",
+            disk.dev_id(),
+            disk.path
+        )
+    };
+    match &progress.identity {
+        None => Err(stale(
+            "the journal did not record which disk it was".to_string(),
+        )),
+        Some(recorded) => recorded
+            .same_disk(&disk.identity())
+            .map(|()| true)
+            .map_err(stale),
+    }
+}
+
+/// The journal's disk is this one: same `major:minor` and same identity.
+fn journal_disk_is(progress: &crate::journal::DataDiskProgress, disk: &BlockDisk) -> bool {
+    progress.dev_id.as_deref() == Some(disk.dev_id().as_str())
+        && progress
+            .identity
+            .as_ref()
+            .is_some_and(|id| id.same_disk(&disk.identity()).is_ok())
+}
+
+/// `/var/.keep-container-data` asked for a copy onto the disk this agent
+/// formatted, and the copy has not finished (e.g. the agent was killed).
+fn copy_pending(ctx: &Ctx) -> bool {
+    let progress = &ctx.journal.data_disk;
+    markers::present(ctx.host, markers::KEEP_CONTAINER_DATA)
+        && progress.formatted_here
+        && progress.format_completed
+        && !progress.copy_completed
 }
 
 pub fn plan(ctx: &Ctx) -> Result<DiskPlan> {
@@ -210,10 +275,14 @@ pub fn plan(ctx: &Ctx) -> Result<DiskPlan> {
     let (device, action, reason) = match choice {
         Choice::Skip(r) => (None, "skip", r),
         Choice::Done(r) => (ctx.journal.data_disk.device.clone(), "done", r),
-        Choice::Complete(m) => (
+        Choice::Complete(m, copy) => (
             ctx.journal.data_disk.device.clone(),
             "mount",
-            format!("{} mounted; bind mounts or fstab entry missing", m.dev_id),
+            if copy {
+                format!("{} mounted; resume the copy of container data", m.dev_id)
+            } else {
+                format!("{} mounted; bind mounts or fstab entry missing", m.dev_id)
+            },
         ),
         Choice::Format(d, r) => (Some(d.path), "format", r),
         Choice::Mount(d, _, r) => (Some(d.path), "mount", r),
@@ -247,7 +316,13 @@ impl Phase for DataDisk {
         Ok(match decide(ctx)?.0 {
             Choice::Skip(r) => Decision::Skip(r),
             Choice::Done(r) => Decision::Done(r),
-            Choice::Complete(_) => Decision::Run("bind mounts or fstab entry missing".to_string()),
+            Choice::Complete(_, true) => Decision::Run(format!(
+                "the copy for {} did not finish: resume it",
+                markers::KEEP_CONTAINER_DATA
+            )),
+            Choice::Complete(_, false) => {
+                Decision::Run("bind mounts or fstab entry missing".to_string())
+            }
             Choice::Format(_, r) => Decision::Run(format!("format: {r}")),
             Choice::Mount(_, _, r) => Decision::Run(format!("mount: {r}")),
             // Refusals surface as failures when the phase runs.
@@ -257,13 +332,32 @@ impl Phase for DataDisk {
 
     fn run(&self, ctx: &mut Ctx) -> Result<String> {
         let (choice, _, _) = decide(ctx)?;
+        let reason = match &choice {
+            Choice::Format(_, r) | Choice::Mount(_, _, r) | Choice::Refuse(_, _, r) => r.as_str(),
+            _ => "",
+        };
+        if let Some(stale) = reason
+            .split("; ")
+            .find(|p| p.starts_with("stale format intent"))
+        {
+            ctx.host.log.line("data-disk", stale);
+            ctx.journal.data_disk = Default::default();
+            ctx.save_journal()?;
+        }
         let fs_type = ctx.config.data_disk.fs_type.as_str();
         let summary = match choice {
             Choice::Skip(r) | Choice::Done(r) => r,
             Choice::Refuse(_, code, reason) => return Err(AgentError::new(code, reason)),
-            Choice::Complete(entry) => {
+            Choice::Complete(entry, copy) => {
+                if copy {
+                    resume_copy(ctx, &entry.dev_id)?;
+                }
                 finish_mounts(ctx, &entry.dev_id)?;
-                format!("completed bind mounts for {}", entry.dev_id)
+                if copy {
+                    format!("resumed the copy of container data onto {}", entry.dev_id)
+                } else {
+                    format!("completed bind mounts for {}", entry.dev_id)
+                }
             }
             Choice::Format(disk, reason) => {
                 format_disk(ctx, &disk, fs_type)?;
@@ -276,13 +370,22 @@ impl Phase for DataDisk {
                 )
             }
             Choice::Mount(disk, found_fs, reason) => {
+                // A disk this agent formatted (killed before the copy ended)
+                // is the same filesystem it made: finish the copy on it.
+                let ours = journal_disk_is(&ctx.journal.data_disk, &disk)
+                    && ctx.journal.data_disk.format_completed
+                    && ctx.journal.data_disk.formatted_here;
+                if !ours {
+                    ctx.journal.data_disk = Default::default();
+                }
                 ctx.journal.data_disk.device = Some(disk.path.clone());
                 ctx.journal.data_disk.dev_id = Some(disk.dev_id());
+                ctx.journal.data_disk.identity = Some(disk.identity());
                 ctx.save_journal()?;
                 mount_disk(ctx, &disk, &found_fs)?;
-                if markers::present(ctx.host, markers::KEEP_CONTAINER_DATA)
-                    && !ctx.journal.data_disk.formatted_here
-                {
+                if ours {
+                    keep_container_data(ctx)?;
+                } else if markers::present(ctx.host, markers::KEEP_CONTAINER_DATA) {
                     ctx.host.log.line(
                         "data-disk",
                         &format!(
@@ -315,11 +418,13 @@ fn format_disk(ctx: &mut Ctx, disk: &BlockDisk, fs_type: &str) -> Result<()> {
     let progress = &mut ctx.journal.data_disk;
     progress.device = Some(disk.path.clone());
     progress.dev_id = Some(disk.dev_id());
+    progress.identity = Some(disk.identity());
     progress.format_started = true;
     progress.format_completed = false;
     progress.formatted_here = true;
     progress.copy_completed = false;
     ctx.save_journal()?;
+    checkpoint("format-intent");
     let device = ctx.host.host_path(&disk.path);
     let timeout = Duration::from_secs(600);
     match fs_type {
@@ -403,6 +508,34 @@ fn mount_disk(ctx: &mut Ctx, disk: &BlockDisk, fs_type: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Resumes an unfinished copy on the mounted disk. The source is what the
+/// runtime directories hold underneath; once the bind mounts are in place
+/// they hide it, so the copy cannot be resumed then (not a state the agent
+/// leaves: it binds only after the copy completed).
+fn resume_copy(ctx: &mut Ctx, dev_id: &str) -> Result<()> {
+    let hidden: Vec<&str> = RUNTIME_DIRS
+        .iter()
+        .map(|(dir, _)| *dir)
+        .filter(|dir| mounted_at(&ctx.host.host_path(dir)).is_some_and(|m| m.dev_id == dev_id))
+        .collect();
+    if !hidden.is_empty() {
+        return Err(AgentError::new(
+            ErrorCode::FailKeepContainerData,
+            format!(
+                "the copy for {} did not finish, and {} is already bound from the data disk, hiding the data to copy: unmount it (umount {}) and rerun",
+                markers::KEEP_CONTAINER_DATA,
+                hidden.join(", "),
+                hidden.join(" ")
+            ),
+        ));
+    }
+    ctx.host.log.line(
+        "data-disk",
+        "resuming the copy of container data an earlier run did not finish",
+    );
+    keep_container_data(ctx)
 }
 
 /// `/var/.keep-container-data`: copy what the runtime directories held onto

@@ -87,6 +87,31 @@ impl Node {
         loop_dev
     }
 
+    /// Detaches `loop_dev` and attaches `backing` to the same loop device:
+    /// another disk with the same `major:minor`, as after a detach/attach.
+    pub fn replace_disk_backing(&mut self, loop_dev: &str, backing: &Path) {
+        sh("losetup", &["-d", loop_dev]);
+        // The kernel may take a moment to release the device.
+        let mut tries = 0;
+        loop {
+            let out = Command::new("losetup")
+                .args([loop_dev, &backing.to_string_lossy()])
+                .output()
+                .expect("losetup");
+            if out.status.success() {
+                break;
+            }
+            tries += 1;
+            assert!(
+                tries < 50,
+                "cannot attach {} to {loop_dev}: {}",
+                backing.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     pub fn write_config(&self, yaml: &str) -> PathBuf {
         let path = self.path("/etc/knit/node.yaml");
         fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");

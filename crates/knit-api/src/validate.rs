@@ -864,3 +864,101 @@ impl DataDiskConfig {
         }
     }
 }
+
+/// Marker files that steer initialization (SPEC §1), with the agent phase
+/// that reads them. Only pre-user-data runs before that phase.
+pub const INIT_MARKERS: &[(&str, &str)] = &[
+    ("/var/.skip-auto-fdisk", "data-disk"),
+    ("/var/.keep-container-data", "data-disk"),
+    ("/var/.skip-yum", "base-packages"),
+    ("/var/.skip-security-fix", "base-packages"),
+];
+
+/// A pool document accepted, but probably not doing what its author meant.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Warning {
+    /// Stable code, e.g. `UserDataMarkerTooLate`.
+    pub code: String,
+    /// Dotted path of the field, e.g. `spec.userData`.
+    pub field: String,
+    pub message: String,
+}
+
+impl Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}: {}", self.code, self.field, self.message)
+    }
+}
+
+/// Warnings for a pool's `userData` that touches an initialization marker:
+/// user data runs after the node is initialized (SPEC §1 step 4), when the
+/// phase reading the marker has already run, so the marker has no effect.
+/// The place for it is `preUserData`, which runs before initialization.
+/// Comment lines are ignored; one warning per marker. Pure: callers (pool
+/// create and update) decide how to show them.
+pub fn userdata_marker_warnings(user_data: &str) -> Vec<Warning> {
+    let code_lines: Vec<&str> = user_data
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            !t.starts_with('#') || t.starts_with("#!") || t.starts_with("#cloud-config")
+        })
+        .collect();
+    INIT_MARKERS
+        .iter()
+        .filter(|(marker, _)| code_lines.iter().any(|l| mentions_path(l, marker)))
+        .map(|(marker, phase)| Warning {
+            code: "UserDataMarkerTooLate".to_string(),
+            field: "spec.userData".to_string(),
+            message: format!(
+                "userData touches {marker}, but user data runs after initialization, when the \
+                 {phase} phase that reads this marker has already run: it has no effect there. \
+                 Create the marker in preUserData, which runs before initialization \
+                 (e.g. `touch {marker}`)"
+            ),
+        })
+        .collect()
+}
+
+/// `path` occurs in `line` as a whole path (not a prefix of a longer name).
+fn mentions_path(line: &str, path: &str) -> bool {
+    line.match_indices(path).any(|(at, _)| {
+        line[at + path.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
+    })
+}
+
+#[cfg(test)]
+mod marker_warning_tests {
+    use super::*;
+
+    #[test]
+    fn touching_a_marker_in_user_data_names_pre_user_data() {
+        let w = userdata_marker_warnings("#!/bin/bash\ntouch /var/.skip-yum\necho done\n");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].code, "UserDataMarkerTooLate");
+        assert_eq!(w[0].field, "spec.userData");
+        assert!(w[0].message.contains("/var/.skip-yum"));
+        assert!(w[0].message.contains("preUserData"));
+        assert!(w[0].message.contains("base-packages"));
+
+        let cloud_config =
+            "#cloud-config\nwrite_files:\n- path: /var/.keep-container-data\n  content: ''\n";
+        let w = userdata_marker_warnings(cloud_config);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].message.contains("data-disk"));
+
+        let both = "touch /var/.skip-auto-fdisk; : > /var/.skip-security-fix\n";
+        assert_eq!(userdata_marker_warnings(both).len(), 2);
+    }
+
+    #[test]
+    fn no_warning_without_a_marker_or_in_comments_or_longer_names() {
+        assert!(userdata_marker_warnings("").is_empty());
+        assert!(userdata_marker_warnings("#!/bin/sh\necho hi\n").is_empty());
+        assert!(userdata_marker_warnings("# touch /var/.skip-yum in preUserData\n").is_empty());
+        assert!(userdata_marker_warnings("touch /var/.skip-yum-not-a-marker\n").is_empty());
+    }
+}

@@ -1,0 +1,403 @@
+//! The one way knit talks to the ECS (and STS) OpenAPI: [`Client::call`].
+//! Every request is signed (V3), bounded in time and answer size, and sent
+//! again only where that is safe: a throttled request was never carried out;
+//! a server error or a lost answer is repeated only for a read, an operation
+//! that is idempotent by nature, or one carrying a `ClientToken`.
+
+use crate::credentials::Credentials;
+use crate::error::EcsError;
+use crate::sign::{self, SignInput};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+pub type Params = BTreeMap<String, String>;
+
+pub const ECS_VERSION: &str = "2014-05-26";
+pub const STS_VERSION: &str = "2015-04-01";
+
+/// The public ECS endpoint of a region as the official SDKs resolve it: the
+/// SDKs' endpoint map names cn-hangzhou's own host; every other public
+/// region follows the regional rule `ecs.<region>.aliyuncs.com`.
+pub fn ecs_endpoint(region: &str) -> String {
+    match region {
+        "cn-hangzhou" => "https://ecs-cn-hangzhou.aliyuncs.com".into(),
+        r => format!("https://ecs.{r}.aliyuncs.com"),
+    }
+}
+
+/// STS's regional endpoint.
+pub fn sts_endpoint(region: &str) -> String {
+    format!("https://sts.{region}.aliyuncs.com")
+}
+
+/// A region id as ECS spells them (`cn-shanghai`, `ap-southeast-1`).
+pub fn check_region(region: &str) -> Result<(), EcsError> {
+    let ok = !region.is_empty()
+        && region.len() <= 64
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !region.starts_with('-')
+        && !region.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(EcsError::Invalid(format!(
+            "region {region:?}: must be an Alibaba Cloud region id such as cn-shanghai \
+             (lower-case letters, digits and dashes)"
+        )))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+    /// No new attempt starts after this much time since the first.
+    pub deadline: Duration,
+    pub max_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            first_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(10),
+            deadline: Duration::from_secs(60),
+            max_attempts: 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub region: String,
+    /// `https://host[:port]` of the ECS API.
+    pub ecs_endpoint: String,
+    /// `https://host[:port]` of STS.
+    pub sts_endpoint: String,
+    /// Per request, connect to last byte.
+    pub timeout: Duration,
+    /// Largest answer body read.
+    pub max_answer_bytes: usize,
+    pub retry: RetryPolicy,
+}
+
+impl ClientConfig {
+    /// The region's public endpoints, or `endpoint` (a private endpoint, a
+    /// test's fake) for both ECS and STS.
+    pub fn new(region: &str, endpoint: Option<&str>) -> Result<ClientConfig, EcsError> {
+        check_region(region)?;
+        let (ecs, sts) = match endpoint {
+            Some(e) => {
+                let e = e.trim_end_matches('/').to_string();
+                if !(e.starts_with("https://") || e.starts_with("http://")) {
+                    return Err(EcsError::Invalid(format!(
+                        "ecs endpoint {e:?}: must be an http:// or https:// URL"
+                    )));
+                }
+                (e.clone(), e)
+            }
+            None => (ecs_endpoint(region), sts_endpoint(region)),
+        };
+        Ok(ClientConfig {
+            region: region.to_string(),
+            ecs_endpoint: ecs,
+            sts_endpoint: sts,
+            timeout: Duration::from_secs(30),
+            max_answer_bytes: 8 << 20,
+            retry: RetryPolicy::default(),
+        })
+    }
+}
+
+/// Which API a call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Ecs,
+    Sts,
+}
+
+pub struct Client {
+    config: ClientConfig,
+    credentials: Credentials,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("config", &self.config)
+            .field("credentials", &self.credentials)
+            .finish()
+    }
+}
+
+/// Operations that change nothing, or that end in the same state when
+/// carried out twice (a second delete finds nothing, a second modify sets
+/// the same values).
+fn idempotent(action: &str, params: &Params) -> bool {
+    action.starts_with("Describe")
+        || action.starts_with("Get")
+        || params.contains_key("ClientToken")
+        || matches!(
+            action,
+            "ModifyInstanceAttribute" | "DeleteInstance" | "DeleteInstances" | "DeleteSnapshot"
+        )
+}
+
+fn nonce() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_err() {
+        // A nonce must be unique, not secret: time and a counter will do.
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        return format!("{t:x}{n:x}");
+    }
+    hex::encode(b)
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` in UTC.
+pub fn iso8601(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Seconds since the epoch of an `iso8601` time.
+pub fn parse_iso8601(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    Some(days * 86400 + hh * 3600 + mm * 60 + ss)
+}
+
+fn host_of(endpoint: &str) -> &str {
+    let rest = endpoint
+        .split_once("://")
+        .map(|(_, r)| r)
+        .unwrap_or(endpoint);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+impl Client {
+    pub fn new(config: ClientConfig, credentials: Credentials) -> Client {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(config.timeout.min(Duration::from_secs(10)))
+            .timeout(config.timeout)
+            .redirects(0)
+            .build();
+        Client {
+            config,
+            credentials,
+            agent,
+        }
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    pub fn region(&self) -> &str {
+        &self.config.region
+    }
+
+    /// An ECS action. `RegionId` is added when absent.
+    pub fn call(&self, action: &str, params: Params) -> Result<serde_json::Value, EcsError> {
+        self.call_service(Service::Ecs, action, params)
+    }
+
+    pub fn call_service(
+        &self,
+        service: Service,
+        action: &str,
+        mut params: Params,
+    ) -> Result<serde_json::Value, EcsError> {
+        if service == Service::Ecs {
+            params
+                .entry("RegionId".into())
+                .or_insert_with(|| self.config.region.clone());
+        }
+        let policy = &self.config.retry;
+        let started = Instant::now();
+        let mut backoff = policy.first_backoff;
+        let mut attempt = 1;
+        loop {
+            let outcome = self.once(service, action, &params);
+            let err = match outcome {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let throttled =
+                matches!(&err, EcsError::Api { code, .. } if code.starts_with("Throttling"));
+            let may_repeat = err.is_retryable() && (throttled || idempotent(action, &params));
+            if !may_repeat
+                || attempt >= policy.max_attempts
+                || started.elapsed() + backoff > policy.deadline
+            {
+                return Err(err);
+            }
+            tracing::info!(
+                action,
+                attempt,
+                code = err.code(),
+                backoff_ms = backoff.as_millis() as u64,
+                "ECS call failed, repeating it"
+            );
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(policy.max_backoff);
+            attempt += 1;
+        }
+    }
+
+    fn once(
+        &self,
+        service: Service,
+        action: &str,
+        params: &Params,
+    ) -> Result<serde_json::Value, EcsError> {
+        let (endpoint, version) = match service {
+            Service::Ecs => (&self.config.ecs_endpoint, ECS_VERSION),
+            Service::Sts => (&self.config.sts_endpoint, STS_VERSION),
+        };
+        let host = host_of(endpoint).to_string();
+        let hashed = sign::sha256_hex(b"");
+        let mut headers: BTreeMap<String, String> = BTreeMap::new();
+        headers.insert("host".into(), host);
+        headers.insert("x-acs-action".into(), action.to_string());
+        headers.insert("x-acs-version".into(), version.to_string());
+        headers.insert("x-acs-date".into(), iso8601(std::time::SystemTime::now()));
+        headers.insert("x-acs-signature-nonce".into(), nonce());
+        headers.insert("x-acs-content-sha256".into(), hashed.clone());
+        if let Some(token) = self.credentials.security_token() {
+            headers.insert("x-acs-security-token".into(), token.to_string());
+        }
+        let input = SignInput {
+            method: "POST",
+            path: "/",
+            query: params,
+            headers: &headers,
+            hashed_payload: &hashed,
+        };
+        let authorization = sign::authorization(
+            &input,
+            self.credentials.access_key_id(),
+            self.credentials.secret(),
+        );
+        // Parameters travel in the query string, as the official SDKs send
+        // RPC-style actions; the URL is never logged (it may hold a
+        // password or user data).
+        let url = format!("{endpoint}/?{}", sign::canonical_query(params));
+        let mut request = self.agent.post(&url);
+        for (k, v) in &headers {
+            request = request.set(k, v);
+        }
+        request = request
+            .set("Authorization", &authorization)
+            .set("Accept", "application/json");
+        let (status, response) = match request.send_bytes(&[]) {
+            Ok(r) => (r.status(), r),
+            Err(ureq::Error::Status(code, r)) => (code, r),
+            Err(ureq::Error::Transport(t)) => {
+                return Err(EcsError::Transport {
+                    action: action.to_string(),
+                    endpoint: endpoint.clone(),
+                    reason: t.kind().to_string(),
+                })
+            }
+        };
+        let cap = self.config.max_answer_bytes;
+        let mut body = Vec::new();
+        response
+            .into_reader()
+            .take(cap as u64 + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| EcsError::Transport {
+                action: action.to_string(),
+                endpoint: endpoint.clone(),
+                reason: format!("reading the answer: {e}"),
+            })?;
+        if body.len() > cap {
+            return Err(EcsError::Decode {
+                action: action.to_string(),
+                reason: format!("answer larger than {cap} bytes"),
+            });
+        }
+        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+            if status >= 500 {
+                // A gateway's HTML error page: a server error all the same.
+                return EcsError::Api {
+                    action: action.to_string(),
+                    status,
+                    code: "ServiceUnavailable".into(),
+                    message: format!("HTTP {status} without a JSON body"),
+                    request_id: String::new(),
+                };
+            }
+            EcsError::Decode {
+                action: action.to_string(),
+                reason: format!("HTTP {status}, body is not JSON: {e}"),
+            }
+        })?;
+        let request_id = value
+            .get("RequestId")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
+        if (200..300).contains(&status) {
+            tracing::debug!(action, request_id, "ECS call done");
+            return Ok(value);
+        }
+        let text = |k: &str| {
+            value
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        Err(EcsError::Api {
+            action: action.to_string(),
+            status,
+            code: text("Code"),
+            message: text("Message"),
+            request_id,
+        })
+    }
+}

@@ -1,0 +1,16 @@
+//! knit's way to Alibaba Cloud ECS: the ACS3-HMAC-SHA256 request signature
+//! ([`sign`]), credentials that never show ([`Credentials`]), one client
+//! through which every call goes ([`Client::call`]) with typed requests and
+//! answers for the actions knit uses ([`api`]), and a stateful fake of the
+//! API on loopback for tests ([`fake`]).
+
+pub mod api;
+pub mod client;
+pub mod credentials;
+pub mod error;
+pub mod fake;
+pub mod sign;
+
+pub use client::{Client, ClientConfig, Params, RetryPolicy};
+pub use credentials::Credentials;
+pub use error::EcsError;

@@ -1,7 +1,12 @@
-//! The user-data runner: cloud-init compatible for scripts. A `#!` script, or
-//! MIME multipart whose `text/x-shellscript` parts run in order; output is
-//! appended to `/var/log/cloud-init-output.log` and a result record is
-//! written to `/run/cloud-init/result.json`, as cloud-init does.
+//! The user-data runner, cloud-init compatible: a `#!` script, a
+//! `#cloud-config`, or MIME multipart whose parts run in order. Shell parts
+//! run as scripts; cloud-config parts are applied by the real cloud-init
+//! (`cloud-init single` per module, see [`CLOUD_CONFIG_MODULES`]); any other
+//! part, or a cloud-config with keys outside that table, is not run and is
+//! reported as such (never as succeeded). Output is appended to
+//! `/var/log/cloud-init-output.log`, ending with a status line as cloud-init's
+//! final message, and a result record is written to
+//! `/run/cloud-init/result.json`, as cloud-init does.
 
 use base64::Engine;
 use serde::Serialize;
@@ -164,16 +169,88 @@ fn param(value: &str, name: &str) -> Option<String> {
     })
 }
 
+/// The cloud-config keys knit's runner applies, each with the cloud-init
+/// module that applies them, in the order cloud-init runs those modules
+/// (init: bootcmd, write_files; config: runcmd; final: packages, deferred
+/// files, then the runcmd script, as `scripts_user` does).
+pub const CLOUD_CONFIG_MODULES: &[(&str, &[&str])] = &[
+    ("bootcmd", &["bootcmd"]),
+    ("write_files", &["write_files"]),
+    ("runcmd", &["runcmd"]),
+    (
+        "package_update_upgrade_install",
+        &[
+            "packages",
+            "package_update",
+            "package_upgrade",
+            "package_reboot_if_required",
+            "apt_update",
+            "apt_upgrade",
+            "apt_reboot_if_required",
+        ],
+    ),
+    ("write_files_deferred", &["write_files"]),
+];
+/// Keys that say how cloud-config parts merge, not what to apply.
+const CLOUD_CONFIG_MERGE_KEYS: &[&str] = &["merge_how", "merge_type"];
+const CLOUD_INIT: &str = "/usr/bin/cloud-init";
+
+/// How a part ended.
+pub mod status {
+    pub const SUCCEEDED: &str = "succeeded";
+    pub const FAILED: &str = "failed";
+    /// Not run at all: a type or cloud-config keys this runner does not handle.
+    pub const NOT_RUN: &str = "not-run";
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct PartResult {
     filename: String,
     content_type: String,
-    /// None: not run (unsupported type) or could not start.
+    /// `succeeded`, `failed` or `not-run` (see [`status`]).
+    status: &'static str,
+    /// None: not run, or could not start.
     exit_code: Option<i32>,
     error: Option<String>,
+    /// cloud-config: the cloud-init modules run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    modules: Vec<String>,
     started_at: f64,
     duration_ms: u64,
+}
+
+impl PartResult {
+    fn new(p: &Part) -> PartResult {
+        PartResult {
+            filename: p.filename.clone(),
+            content_type: p.content_type.clone(),
+            status: status::FAILED,
+            exit_code: None,
+            error: None,
+            modules: Vec::new(),
+            started_at: epoch(),
+            duration_ms: 0,
+        }
+    }
+
+    fn not_run(p: &Part, why: String) -> PartResult {
+        let mut r = PartResult::new(p);
+        r.status = status::NOT_RUN;
+        r.error = Some(format!("not run: {why}"));
+        r
+    }
+
+    /// Sets the status from the exit code.
+    fn finish(mut self, clock: Instant) -> PartResult {
+        self.status = if self.exit_code == Some(0) && self.error.is_none() {
+            status::SUCCEEDED
+        } else {
+            status::FAILED
+        };
+        self.duration_ms = clock.elapsed().as_millis() as u64;
+        self
+    }
 }
 
 fn epoch() -> f64 {
@@ -203,20 +280,32 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
             Ok(parts) => {
                 let dir = format!("/var/lib/cloud/instances/{id}/scripts");
                 for p in parts {
-                    if p.content_type != "text/x-shellscript" {
-                        skipped.push(format!(
-                            "{} ({}): only cloud-init handles this type",
-                            p.filename, p.content_type
-                        ));
-                        continue;
-                    }
-                    let r = run_part(&dir, &p, log.as_ref());
-                    if r.exit_code != Some(0) {
+                    let r = match p.content_type.as_str() {
+                        "text/x-shellscript" => run_part(&dir, &p, log.as_ref()),
+                        "text/cloud-config" => run_cloud_config(&dir, &p, log.as_ref()),
+                        other => PartResult::not_run(
+                            &p,
+                            format!(
+                                "knit's user-data runner does not handle {other} (it runs \
+                                 text/x-shellscript and text/cloud-config; userDataRunner: \
+                                 cloud-init handles every type)"
+                            ),
+                        ),
+                    };
+                    if r.status != status::SUCCEEDED {
                         let why = r.error.clone().unwrap_or_else(|| {
                             format!("exited with {}", r.exit_code.unwrap_or(-1))
                         });
                         errors.push(format!("{}: {why}", p.filename));
                         failed_part.get_or_insert(p.filename.clone());
+                    }
+                    if r.status == status::NOT_RUN {
+                        skipped.push(format!(
+                            "{} ({}): {}",
+                            p.filename,
+                            p.content_type,
+                            r.error.clone().unwrap_or_default()
+                        ));
                     }
                     results.push(r);
                 }
@@ -240,6 +329,20 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
     let text = serde_json::to_string_pretty(&result).unwrap_or_default();
     for path in ["/var/lib/cloud/data/result.json", RESULT] {
         write_atomic(path, &text);
+    }
+    if let Some(mut l) = log.as_ref() {
+        let count = |want: &str| results.iter().filter(|r| r.status == want).count();
+        let _ = writeln!(
+            l,
+            "{}",
+            final_message(
+                epoch(),
+                &uptime(),
+                count(status::SUCCEEDED),
+                count(status::FAILED),
+                count(status::NOT_RUN),
+            )
+        );
     }
     let _ = std::fs::write(
         format!("/var/lib/cloud/instances/{id}/boot-finished"),
@@ -308,44 +411,274 @@ fn script_command(program: &str, log: Option<&std::fs::File>) -> Command {
 }
 
 fn run_part(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartResult {
-    let started_at = epoch();
     let clock = Instant::now();
     let path = format!("{dir}/{}", p.filename);
-    let mut r = PartResult {
-        filename: p.filename.clone(),
-        content_type: p.content_type.clone(),
-        exit_code: None,
-        error: None,
-        started_at,
-        duration_ms: 0,
-    };
-    let written = std::fs::create_dir_all(dir).and_then(|_| {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(0o700)
-            .open(&path)?;
-        f.write_all(&p.body)
-    });
-    if let Err(e) = written {
+    let mut r = PartResult::new(p);
+    if let Err(e) = write_private(dir, &path, &p.body, 0o700) {
         r.error = Some(format!("cannot write {path}: {e}"));
-        return r;
+        return r.finish(clock);
     }
     if let Some(mut l) = log {
         let _ = writeln!(l, "knit-local: running {path}");
     }
-    match script_command(&path, log).status() {
+    let (code, error) = run_logged(&path, &[], log);
+    r.exit_code = code;
+    r.error = error;
+    r.finish(clock)
+}
+
+fn write_private(dir: &str, path: &str, body: &[u8], mode: u32) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(mode)
+        .open(path)?;
+    f.write_all(body)
+}
+
+/// Runs a program with its output appended to the log: (exit code, error).
+fn run_logged(
+    program: &str,
+    args: &[&str],
+    log: Option<&std::fs::File>,
+) -> (Option<i32>, Option<String>) {
+    match script_command(program, log).args(args).status() {
         Ok(s) => {
-            r.exit_code =
+            (
                 Some(s.code().unwrap_or(
                     128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0),
-                ));
+                )),
+                None,
+            )
         }
-        Err(e) => r.error = Some(format!("cannot execute {path}: {e}")),
+        Err(e) => (None, Some(format!("cannot execute {program}: {e}"))),
     }
-    r.duration_ms = clock.elapsed().as_millis() as u64;
-    r
+}
+
+/// The top-level keys of a cloud-config document, or why it is not one.
+pub fn cloud_config_keys(body: &[u8]) -> Result<Vec<String>, String> {
+    let value: serde_yaml::Value =
+        serde_yaml::from_slice(body).map_err(|e| format!("not valid YAML: {e}"))?;
+    match value {
+        serde_yaml::Value::Null => Ok(Vec::new()),
+        serde_yaml::Value::Mapping(m) => Ok(m
+            .keys()
+            .map(|k| match k {
+                serde_yaml::Value::String(s) => s.clone(),
+                other => serde_yaml::to_string(other)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            })
+            .collect()),
+        _ => Err("a cloud-config must be a mapping of keys".to_string()),
+    }
+}
+
+/// The cloud-init modules a cloud-config with these keys needs, in order,
+/// or the keys this runner does not apply.
+pub fn cloud_config_plan(keys: &[String]) -> Result<Vec<&'static str>, Vec<String>> {
+    let unknown: Vec<String> = keys
+        .iter()
+        .filter(|k| {
+            !CLOUD_CONFIG_MERGE_KEYS.contains(&k.as_str())
+                && !CLOUD_CONFIG_MODULES
+                    .iter()
+                    .any(|(_, ks)| ks.contains(&k.as_str()))
+        })
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(unknown);
+    }
+    Ok(CLOUD_CONFIG_MODULES
+        .iter()
+        .filter(|(_, ks)| ks.iter().any(|k| keys.iter().any(|have| have == k)))
+        .map(|(module, _)| *module)
+        .collect())
+}
+
+/// A `text/cloud-config` part, applied by the real cloud-init: the document
+/// is checked with `cloud-init schema`, then each needed module runs with
+/// `cloud-init --file <part> single --name <module> --frequency always`
+/// (no datasource needed), and the script `runcmd` generated is run.
+fn run_cloud_config(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartResult {
+    let clock = Instant::now();
+    let mut r = PartResult::new(p);
+    let keys = match cloud_config_keys(&p.body) {
+        Ok(keys) => keys,
+        Err(e) => {
+            r.error = Some(e);
+            return r.finish(clock);
+        }
+    };
+    let modules = match cloud_config_plan(&keys) {
+        Ok(m) => m,
+        Err(unknown) => {
+            let known: Vec<&str> = CLOUD_CONFIG_MODULES
+                .iter()
+                .flat_map(|(_, ks)| ks.iter().copied())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            return PartResult::not_run(
+                p,
+                format!(
+                    "cloud-config keys {} are not applied by knit's user-data runner (it applies {}); \
+                     nothing of this part was applied (userDataRunner: cloud-init applies every module)",
+                    unknown.join(", "),
+                    known.join(", ")
+                ),
+            );
+        }
+    };
+    if !Path::new(CLOUD_INIT).exists() {
+        return PartResult::not_run(
+            p,
+            format!("{CLOUD_INIT} is not installed in this image (package cloud-init)"),
+        );
+    }
+    let path = format!("{dir}/{}.cloud-config", p.filename);
+    if let Err(e) = write_private(dir, &path, &p.body, 0o600) {
+        r.error = Some(format!("cannot write {path}: {e}"));
+        return r.finish(clock);
+    }
+    if let Some(mut l) = log {
+        let _ = writeln!(
+            l,
+            "knit-local: applying {} with cloud-init modules {}",
+            p.filename,
+            modules.join(", ")
+        );
+    }
+    let (code, error) = run_logged(CLOUD_INIT, &["schema", "--config-file", &path], log);
+    if code != Some(0) {
+        r.exit_code = code;
+        r.error = Some(error.unwrap_or_else(|| {
+            format!("invalid cloud-config (cloud-init schema; see {OUTPUT_LOG})")
+        }));
+        return r.finish(clock);
+    }
+    // runcmd writes its script under the (datasource-less) instance's
+    // scripts directory; an old one must not be mistaken for this part's.
+    if modules.contains(&"runcmd") {
+        for old in runcmd_scripts() {
+            let _ = std::fs::remove_file(old);
+        }
+    }
+    for module in &modules {
+        r.modules.push(module.to_string());
+        let (code, error) = run_logged(
+            CLOUD_INIT,
+            &[
+                "--file",
+                &path,
+                "single",
+                "--name",
+                module,
+                "--frequency",
+                "always",
+            ],
+            log,
+        );
+        if code != Some(0) {
+            r.exit_code = code;
+            r.error = Some(error.unwrap_or_else(|| {
+                format!(
+                    "cloud-init module {module} failed (exit {}); see /var/log/cloud-init.log",
+                    code.unwrap_or(-1)
+                )
+            }));
+            return r.finish(clock);
+        }
+    }
+    if modules.contains(&"runcmd") {
+        let Some(script) = runcmd_scripts().into_iter().next() else {
+            r.error = Some("cloud-init's runcmd module wrote no script".to_string());
+            return r.finish(clock);
+        };
+        if let Some(mut l) = log {
+            let _ = writeln!(l, "knit-local: running {}", script.display());
+        }
+        let (code, error) = run_logged(&script.to_string_lossy(), &[], log);
+        r.exit_code = code;
+        r.error = error.or_else(|| {
+            (code != Some(0)).then(|| format!("runcmd exited with {}", code.unwrap_or(-1)))
+        });
+        return r.finish(clock);
+    }
+    r.exit_code = Some(0);
+    r.finish(clock)
+}
+
+/// `runcmd` scripts cloud-init wrote, newest first.
+fn runcmd_scripts() -> Vec<std::path::PathBuf> {
+    let mut found: Vec<(std::time::SystemTime, std::path::PathBuf)> =
+        std::fs::read_dir("/var/lib/cloud/instances")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("scripts/runcmd"))
+            .filter_map(|p| {
+                let modified = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+                Some((modified, p))
+            })
+            .collect();
+    found.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+fn uptime() -> String {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
+
+/// The last line of the output log, shaped like cloud-init's final message
+/// (`Cloud-init v. … finished at … Datasource …  Up N seconds`).
+pub fn final_message(
+    at: f64,
+    uptime: &str,
+    succeeded: usize,
+    failed: usize,
+    not_run: usize,
+) -> String {
+    format!(
+        "knit-local user-data runner v. {} finished at {}. Datasource DataSourceKnitLocal.  Up {uptime} seconds. Parts: {succeeded} succeeded, {failed} failed, {not_run} not run",
+        env!("CARGO_PKG_VERSION"),
+        rfc2822(at as i64)
+    )
+}
+
+/// `Tue, 01 Dec 2026 01:43:21 +0000` (UTC), as cloud-init prints times.
+pub fn rfc2822(epoch_secs: i64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = epoch_secs.div_euclid(86_400);
+    let secs = epoch_secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{}, {day:02} {} {year} {:02}:{:02}:{:02} +0000",
+        DAYS[days.rem_euclid(7) as usize],
+        MONTHS[(month - 1) as usize],
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
 }
 
 fn write_atomic(path: &str, text: &str) {
@@ -395,6 +728,40 @@ mod tests {
         assert_eq!(p[1].body, b"#!/bin/sh\necho one");
         assert_eq!(p[2].body, b"#!/bin/sh\necho two\n");
         assert_eq!(p[3].body, b"#!/bin/sh\necho three");
+    }
+
+    #[test]
+    fn cloud_config_keys_map_to_modules_in_cloud_init_order() {
+        let keys = cloud_config_keys(b"#cloud-config\nruncmd: [ls]\nwrite_files: []\n").unwrap();
+        assert_eq!(
+            cloud_config_plan(&keys).unwrap(),
+            ["write_files", "runcmd", "write_files_deferred"]
+        );
+        let keys = cloud_config_keys(b"#cloud-config\nusers: []\nruncmd: [ls]\n").unwrap();
+        assert_eq!(cloud_config_plan(&keys).unwrap_err(), ["users"]);
+        assert!(cloud_config_keys(b"#cloud-config\n- a\n").is_err());
+        assert!(
+            cloud_config_plan(&cloud_config_keys(b"#cloud-config\n").unwrap())
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn final_message_has_cloud_init_shape() {
+        assert_eq!(rfc2822(0), "Thu, 01 Jan 1970 00:00:00 +0000");
+        assert_eq!(rfc2822(1_796_088_201), "Tue, 01 Dec 2026 01:23:21 +0000");
+        assert_eq!(rfc2822(951_782_400), "Tue, 29 Feb 2000 00:00:00 +0000");
+        let line = final_message(0.0, "12.5", 2, 1, 1);
+        assert!(
+            line.starts_with("knit-local user-data runner v. "),
+            "{line}"
+        );
+        assert!(line.contains(" finished at Thu, 01 Jan 1970 00:00:00 +0000. Datasource DataSourceKnitLocal.  Up 12.5 seconds."), "{line}");
+        assert!(
+            line.ends_with("Parts: 2 succeeded, 1 failed, 1 not run"),
+            "{line}"
+        );
     }
 
     #[test]

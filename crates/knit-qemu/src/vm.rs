@@ -1,0 +1,1404 @@
+//! The VM lifecycle over the state directory.
+
+use crate::agent::{self, ExecOutput, Guest};
+use crate::error::{IoContext, QemuError, Result};
+use crate::run::run;
+use crate::state::{
+    now, random_hex, DiskRecord, Interface, Process, SnapshotRecord, State, VmRecord, VmState,
+};
+use base64::Engine;
+use knit_local::net::Subnet;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CMD_TIMEOUT: Duration = Duration::from_secs(60);
+/// `qemu-img convert` of a whole data disk (snapshots).
+const COPY_TIMEOUT: Duration = Duration::from_secs(1800);
+/// QEMU's parent process returns once the VM is set up (`-daemonize`).
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
+const QMP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most data disks a VM takes (PCI slots 5 … 20).
+const MAX_DISKS: usize = 16;
+const MAX_DISK_BYTES: u64 = 16 << 40;
+
+/// Which accelerator QEMU runs the guest with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// KVM when `/dev/kvm` can run guests, TCG otherwise.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn parse(s: &str) -> Option<Accel> {
+        match s {
+            "auto" => Some(Accel::Auto),
+            "kvm" => Some(Accel::Kvm),
+            "tcg" => Some(Accel::Tcg),
+            _ => None,
+        }
+    }
+
+    /// `kvm` or `tcg`. Auto takes KVM only when `/dev/kvm` opens and the
+    /// CPU shows hardware virtualisation (vmx/svm): a nested host can
+    /// expose a `/dev/kvm` whose guests never run (this build host does).
+    pub fn resolve(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+            Accel::Auto => {
+                let opens = std::fs::File::options()
+                    .read(true)
+                    .write(true)
+                    .open("/dev/kvm")
+                    .is_ok();
+                let flags = std::fs::read_to_string("/proc/cpuinfo")
+                    .map(|c| {
+                        c.lines()
+                            .filter(|l| l.starts_with("flags"))
+                            .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+                    })
+                    .unwrap_or(false);
+                if opens && flags {
+                    "kvm"
+                } else {
+                    "tcg"
+                }
+            }
+        }
+    }
+}
+
+/// Addresses of the subnet used by others (the local cloud's instances).
+pub type Reserved = Arc<dyn Fn() -> Vec<Ipv4Addr> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct Config {
+    pub state_dir: PathBuf,
+    /// Where base disks made from OS images are kept (see [`crate::base`]).
+    pub cache_dir: PathBuf,
+    /// The bridge every VM's tap joins; it must exist.
+    pub bridge: String,
+    /// The bridge's subnet; its first host is the gateway.
+    pub subnet: String,
+    pub accel: Accel,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub qemu: String,
+    /// Never given to a VM.
+    pub reserved: Option<Reserved>,
+    /// How long a stop waits for the guest to power off before QEMU is
+    /// told to quit.
+    pub stop_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: "/var/lib/knit/qemu".into(),
+            cache_dir: crate::base::DEFAULT_CACHE.into(),
+            bridge: "knit0".into(),
+            subnet: "10.213.0.0/24".into(),
+            accel: Accel::Auto,
+            memory_mib: 1024,
+            cpus: 1,
+            qemu: "qemu-system-x86_64".into(),
+            reserved: None,
+            stop_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    /// Bytes; `None` only for a disk from a snapshot (the snapshot's size).
+    pub size_bytes: Option<u64>,
+    pub interface: Interface,
+    pub snapshot: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmTemplate {
+    /// Lower-case DNS name, at most 64 characters; also the hostname.
+    pub name: String,
+    /// An OS image directory (`knit image build`).
+    pub image: PathBuf,
+    pub system_disk_bytes: u64,
+    pub disks: Vec<DiskSpec>,
+    pub user_data: String,
+    pub tags: BTreeMap<String, String>,
+    pub memory_mib: Option<u32>,
+    pub cpus: Option<u32>,
+    pub ip: Option<Ipv4Addr>,
+}
+
+/// A VM as seen now: its record and whether its QEMU process lives.
+#[derive(Debug, Clone)]
+pub struct Vm {
+    pub record: VmRecord,
+    pub alive: bool,
+    pub dir: PathBuf,
+}
+
+/// What [`Machines::down`] released.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownReport {
+    pub vms: Vec<String>,
+    pub processes: Vec<i32>,
+    pub taps: Vec<String>,
+    pub snapshots: Vec<String>,
+}
+
+pub struct Machines {
+    cfg: Config,
+    state: State,
+    subnet: Subnet,
+    gateway: Ipv4Addr,
+}
+
+fn pause(step: &str) {
+    // Test hook: stop here until killed (crash tests).
+    if std::env::var("KNIT_QEMU_PAUSE_AFTER").is_ok_and(|v| v == step) {
+        eprintln!("paused after {step}");
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+}
+
+impl Machines {
+    pub fn open(cfg: Config) -> Result<Machines> {
+        crate::require_root()?;
+        let subnet = Subnet::parse(&cfg.subnet)
+            .filter(|s| s.prefix <= 30)
+            .ok_or_else(|| {
+                QemuError::invalid(
+                    "subnet",
+                    format!("{:?}", cfg.subnet),
+                    "must be an IPv4 network in CIDR form with room for a gateway and a VM (prefix at most /30)",
+                )
+            })?;
+        let gateway = subnet.host(1).ok_or_else(|| {
+            QemuError::invalid("subnet", &cfg.subnet, "must hold a gateway address")
+        })?;
+        valid_link_name("bridge", &cfg.bridge)?;
+        let state = State::open(&cfg.state_dir)?;
+        Ok(Machines {
+            cfg,
+            state,
+            subnet,
+            gateway,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.gateway
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        self.state.root()
+    }
+
+    fn view(&self, record: VmRecord) -> Vm {
+        let dir = self.state.vm_dir(&record.id);
+        let alive = !live_pids(&record, &dir).is_empty();
+        Vm { record, alive, dir }
+    }
+
+    pub fn describe(&self, id: &str) -> Result<Vm> {
+        Ok(self.view(self.state.vm(id)?))
+    }
+
+    pub fn list(&self) -> Result<Vec<Vm>> {
+        Ok(self
+            .state
+            .vms()?
+            .into_iter()
+            .map(|r| self.view(r))
+            .collect())
+    }
+
+    /// Makes and boots a VM. Returns once QEMU runs it (the guest boots on;
+    /// see [`Machines::wait_agent`]). On any failure everything made is
+    /// released.
+    pub fn create(&self, t: &VmTemplate) -> Result<Vm> {
+        self.validate(t)?;
+        let boot = crate::base::prepare(&t.image, &self.cfg.cache_dir, &mut |l| {
+            tracing::info!("{l}")
+        })?;
+        let base_bytes = std::fs::metadata(&boot.disk)
+            .ctx("cannot stat", &boot.disk)?
+            .len();
+        if t.system_disk_bytes < base_bytes {
+            return Err(QemuError::invalid(
+                "systemDiskSize",
+                t.system_disk_bytes,
+                format!(
+                    "must be at least the image's disk ({base_bytes} bytes, {} GiB)",
+                    base_bytes.div_ceil(1 << 30)
+                ),
+            ));
+        }
+        self.require_bridge()?;
+        let rec = {
+            let _lock = self.state.lock()?;
+            let hex = random_hex(6)?;
+            let ip = self.pick_ip(t.ip)?;
+            let mut disks = Vec::new();
+            for d in &t.disks {
+                let size_bytes = match (&d.snapshot, d.size_bytes) {
+                    (Some(s), size) => {
+                        let snap = self.state.snapshot(s)?;
+                        size.unwrap_or(snap.size_bytes).max(snap.size_bytes)
+                    }
+                    (None, Some(size)) => size,
+                    (None, None) => 0,
+                };
+                disks.push(DiskRecord {
+                    id: format!("d-{}", random_hex(5)?),
+                    interface: d.interface,
+                    size_bytes,
+                    snapshot: d.snapshot.clone(),
+                });
+            }
+            let rec = VmRecord {
+                id: format!("vm-{hex}"),
+                name: t.name.clone(),
+                hostname: t.name.clone(),
+                state: VmState::Creating,
+                boot,
+                system_disk_bytes: t.system_disk_bytes,
+                memory_mib: t.memory_mib.unwrap_or(self.cfg.memory_mib),
+                cpus: t.cpus.unwrap_or(self.cfg.cpus),
+                bridge: self.cfg.bridge.clone(),
+                tap: format!("kq{hex}"),
+                mac: format!("52:54:00:{}", colon_hex(&random_hex(3)?)),
+                ip: ip.to_string(),
+                prefix: self.subnet.prefix,
+                gateway: self.gateway.to_string(),
+                disks,
+                generation: 1,
+                tags: t.tags.clone(),
+                process: None,
+                accel: None,
+                created_at: now(),
+                password_set_at: None,
+            };
+            // Written before any file, tap or process it names.
+            self.state.put_vm(&rec)?;
+            rec
+        };
+        pause("record");
+        let made = (|| {
+            let dir = self.state.vm_dir(&rec.id);
+            self.system_overlay(&rec)?;
+            for d in &rec.disks {
+                let file = disk_file(&dir, &d.id);
+                let size = d.size_bytes.to_string();
+                let f = file.display().to_string();
+                match &d.snapshot {
+                    Some(s) => {
+                        let backing = self.snapshot_file(s).display().to_string();
+                        run(
+                            "qemu-img",
+                            &[
+                                "create", "-q", "-f", "qcow2", "-b", &backing, "-F", "qcow2", &f,
+                                &size,
+                            ],
+                            CMD_TIMEOUT,
+                        )?;
+                    }
+                    None => {
+                        run(
+                            "qemu-img",
+                            &["create", "-q", "-f", "qcow2", &f, &size],
+                            CMD_TIMEOUT,
+                        )?;
+                    }
+                }
+            }
+            pause("disks");
+            self.write_seed(&rec, Some(&t.user_data))?;
+            pause("seed");
+            let mut rec = rec.clone();
+            self.spawn(&mut rec)?;
+            Ok(rec)
+        })();
+        match made {
+            Ok(rec) => Ok(self.view(rec)),
+            Err(e) => {
+                if let Err(cleanup) = self.delete(&rec.id) {
+                    tracing::warn!(id = %rec.id, error = %cleanup, "releasing a failed create");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn validate(&self, t: &VmTemplate) -> Result<()> {
+        crate::require_root()?;
+        valid_name(&t.name)?;
+        crate::base::check_image(&t.image)?;
+        if t.disks.len() > MAX_DISKS {
+            return Err(QemuError::invalid(
+                "disks",
+                t.disks.len(),
+                format!("must be at most {MAX_DISKS} data disks"),
+            ));
+        }
+        for (i, d) in t.disks.iter().enumerate() {
+            if let Some(size) = d.size_bytes {
+                if size == 0 || size > MAX_DISK_BYTES || size % 512 != 0 {
+                    return Err(QemuError::invalid(
+                        &format!("disks[{i}].size"),
+                        size,
+                        format!("must be a positive multiple of 512 bytes up to {MAX_DISK_BYTES}"),
+                    ));
+                }
+            } else if d.snapshot.is_none() {
+                return Err(QemuError::invalid(
+                    &format!("disks[{i}].size"),
+                    "(none)",
+                    "is required unless the disk comes from a snapshot",
+                ));
+            }
+            if let Some(s) = &d.snapshot {
+                let snap = self.state.snapshot(s).map_err(|_| {
+                    QemuError::invalid(
+                        &format!("disks[{i}].snapshot"),
+                        s,
+                        "must name an existing snapshot",
+                    )
+                })?;
+                if !snap.complete {
+                    return Err(QemuError::invalid(
+                        &format!("disks[{i}].snapshot"),
+                        s,
+                        "must be a complete snapshot (this one's copy never finished)",
+                    ));
+                }
+            }
+        }
+        if let Some(m) = t.memory_mib {
+            if !(256..=1 << 20).contains(&m) {
+                return Err(QemuError::invalid(
+                    "memoryMiB",
+                    m,
+                    "must be between 256 and 1048576",
+                ));
+            }
+        }
+        if let Some(c) = t.cpus {
+            if !(1..=64).contains(&c) {
+                return Err(QemuError::invalid("cpus", c, "must be between 1 and 64"));
+            }
+        }
+        Ok(())
+    }
+
+    fn require_bridge(&self) -> Result<()> {
+        if !Path::new("/sys/class/net")
+            .join(&self.cfg.bridge)
+            .join("bridge")
+            .is_dir()
+        {
+            return Err(QemuError::invalid(
+                "bridge",
+                &self.cfg.bridge,
+                "must be an existing bridge (the local cloud's, made by `knit local network-up`)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The requested address if free, else the highest free one (the local
+    /// cloud hands out addresses from the bottom of the subnet).
+    fn pick_ip(&self, want: Option<Ipv4Addr>) -> Result<Ipv4Addr> {
+        let mut used: BTreeSet<Ipv4Addr> = self
+            .state
+            .vms()?
+            .iter()
+            .filter_map(|r| r.ip.parse().ok())
+            .collect();
+        if let Some(reserved) = &self.cfg.reserved {
+            used.extend(reserved());
+        }
+        let size = 1u64 << (32 - self.subnet.prefix);
+        let hosts = (2..size.saturating_sub(1) as u32).filter_map(|n| self.subnet.host(n));
+        if let Some(want) = want {
+            if !hosts.clone().any(|h| h == want) {
+                return Err(QemuError::invalid(
+                    "ip",
+                    want,
+                    format!(
+                        "must be a host address of {} other than the gateway",
+                        self.subnet
+                    ),
+                ));
+            }
+            if used.contains(&want) {
+                return Err(QemuError::invalid("ip", want, "is already in use"));
+            }
+            return Ok(want);
+        }
+        hosts
+            .rev()
+            .find(|h| !used.contains(h))
+            .ok_or_else(|| QemuError::Busy {
+                what: format!("subnet {}", self.subnet),
+                message: "no free address left".into(),
+            })
+    }
+
+    fn system_overlay(&self, rec: &VmRecord) -> Result<()> {
+        let file = self.state.vm_dir(&rec.id).join("system.qcow2");
+        let _ = std::fs::remove_file(&file);
+        let (b, f, size) = (
+            rec.boot.disk.display().to_string(),
+            file.display().to_string(),
+            rec.system_disk_bytes.to_string(),
+        );
+        run(
+            "qemu-img",
+            &[
+                "create", "-q", "-f", "qcow2", "-b", &b, "-F", "raw", &f, &size,
+            ],
+            CMD_TIMEOUT,
+        )
+        .map(|_| ())
+    }
+
+    fn snapshot_file(&self, id: &str) -> PathBuf {
+        self.state.snapshot_dir(id).join("snapshot.qcow2")
+    }
+
+    /// The NoCloud seed: a vfat image labelled CIDATA holding meta-data,
+    /// network-config and (when given) user-data. The user data (it holds a
+    /// bootstrap token) lives only in the seed, mode 0600, never in a record.
+    fn write_seed(&self, rec: &VmRecord, user_data: Option<&str>) -> Result<()> {
+        let dir = self.state.vm_dir(&rec.id);
+        let stage = dir.join("seed.d");
+        let _ = std::fs::remove_dir_all(&stage);
+        std::fs::create_dir(&stage).ctx("cannot create", &stage)?;
+        let result = (|| {
+            let mut files = vec![
+                ("meta-data", meta_data(rec)),
+                ("network-config", network_config(rec)),
+            ];
+            if let Some(u) = user_data {
+                files.push(("user-data", u.to_string()));
+            }
+            for (name, body) in &files {
+                write_private(&stage.join(name), body.as_bytes())?;
+            }
+            let seed = dir.join("seed.img");
+            let s = seed.display().to_string();
+            if user_data.is_some() {
+                let total: usize = files.iter().map(|(_, b)| b.len()).sum();
+                let kib = ((total * 2) / 1024 + 1024).max(1024);
+                let _ = std::fs::remove_file(&seed);
+                run(
+                    "mkfs.vfat",
+                    &["-n", "CIDATA", "-C", &s, &kib.to_string()],
+                    CMD_TIMEOUT,
+                )?;
+                set_mode(&seed, 0o600)?;
+            }
+            for (name, _) in &files {
+                let src = stage.join(name).display().to_string();
+                run(
+                    "mcopy",
+                    &["-o", "-i", &s, &src, &format!("::{name}")],
+                    CMD_TIMEOUT,
+                )?;
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_dir_all(&stage);
+        result
+    }
+
+    /// Starts QEMU for a recorded VM (tap first), records its process.
+    fn spawn(&self, rec: &mut VmRecord) -> Result<()> {
+        let dir = self.state.vm_dir(&rec.id);
+        if !live_pids(rec, &dir).is_empty() {
+            return Ok(());
+        }
+        self.require_bridge()?;
+        for f in ["qmp.sock", "qga.sock", "qemu.pid"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+        if !link_exists(&rec.tap) {
+            run(
+                "ip",
+                &["tuntap", "add", "dev", &rec.tap, "mode", "tap"],
+                CMD_TIMEOUT,
+            )?;
+        }
+        run(
+            "ip",
+            &["link", "set", "dev", &rec.tap, "master", &rec.bridge],
+            CMD_TIMEOUT,
+        )?;
+        run("ip", &["link", "set", "dev", &rec.tap, "up"], CMD_TIMEOUT)?;
+        pause("tap");
+        let accel = self.cfg.accel.resolve();
+        let args = qemu_args(rec, &dir, accel);
+        let log = dir.join("qemu.log");
+        let log_file = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .ctx("cannot open", &log)?;
+        let mut child = std::process::Command::new(&self.cfg.qemu)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| QemuError::Command {
+                command: self.cfg.qemu.clone(),
+                status: "not started".into(),
+                stderr: if e.kind() == std::io::ErrorKind::NotFound {
+                    format!(
+                        "{} is not installed (qemu-system-x86; scripts/setup.sh installs it)",
+                        self.cfg.qemu
+                    )
+                } else {
+                    e.to_string()
+                },
+            })?;
+        // With -daemonize the parent exits once the VM is set up (or failed).
+        let deadline = Instant::now() + SPAWN_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(QemuError::Boot {
+                        id: rec.id.clone(),
+                        message: format!(
+                            "QEMU did not set up within {} s",
+                            SPAWN_TIMEOUT.as_secs()
+                        ),
+                    });
+                }
+            }
+        };
+        if !status.success() {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+            return Err(QemuError::Boot {
+                id: rec.id.clone(),
+                message: format!(
+                    "{} exited with {status}: {}",
+                    self.cfg.qemu,
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                ),
+            });
+        }
+        let pid_file = dir.join("qemu.pid");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .ctx("cannot read", &pid_file)?
+            .trim()
+            .parse()
+            .map_err(|_| QemuError::Boot {
+                id: rec.id.clone(),
+                message: format!("{} holds no PID", pid_file.display()),
+            })?;
+        let process = owned_process(pid, &dir).ok_or_else(|| QemuError::Boot {
+            id: rec.id.clone(),
+            message: format!(
+                "QEMU (pid {pid}) exited right after starting; see {}",
+                dir.join("console.log").display()
+            ),
+        })?;
+        rec.process = Some(process);
+        rec.state = VmState::Running;
+        rec.accel = Some(accel.to_string());
+        self.state.put_vm(rec)?;
+        tracing::info!(id = %rec.id, pid, accel, ip = %rec.ip, "VM started");
+        Ok(())
+    }
+
+    pub fn start(&self, id: &str) -> Result<Vm> {
+        crate::require_root()?;
+        let mut rec = self.state.vm(id)?;
+        match rec.state {
+            VmState::Creating | VmState::Deleting => {
+                return Err(QemuError::WrongState {
+                    what: format!("VM {id}"),
+                    message: format!("is {}; only a running or stopped VM starts", rec.state),
+                })
+            }
+            VmState::Running | VmState::Stopped => {}
+        }
+        self.spawn(&mut rec)?;
+        Ok(self.view(rec))
+    }
+
+    /// The guest is asked to power off (ACPI, through QMP); after the stop
+    /// timeout QEMU is told to quit, then killed. The tap goes; files stay.
+    pub fn stop(&self, id: &str) -> Result<Vm> {
+        crate::require_root()?;
+        let mut rec = self.state.vm(id)?;
+        let dir = self.state.vm_dir(id);
+        if !live_pids(&rec, &dir).is_empty() {
+            let qmp = dir.join("qmp.sock");
+            let asked = agent::qmp(&qmp, "system_powerdown", None, QMP_TIMEOUT).is_ok();
+            let gone = asked && wait_gone(&rec, &dir, self.cfg.stop_timeout);
+            if !gone {
+                tracing::warn!(id, "the guest did not power off in time: quitting QEMU");
+                self.end_process(&rec, &dir);
+            }
+        }
+        self.release_tap(&rec)?;
+        rec.process = None;
+        if rec.state == VmState::Running {
+            rec.state = VmState::Stopped;
+        }
+        self.state.put_vm(&rec)?;
+        Ok(self.view(rec))
+    }
+
+    /// QMP quit, then SIGKILL to what is still ours.
+    fn end_process(&self, rec: &VmRecord, dir: &Path) {
+        let _ = agent::qmp(&dir.join("qmp.sock"), "quit", None, QMP_TIMEOUT);
+        if !wait_gone(rec, dir, Duration::from_secs(10)) {
+            for pid in live_pids(rec, dir) {
+                // Checked just now to be this VM's QEMU (cmdline names its dir).
+                // SAFETY: kill(2) on a PID we identified as ours.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            wait_gone(rec, dir, Duration::from_secs(10));
+        }
+    }
+
+    fn release_tap(&self, rec: &VmRecord) -> Result<()> {
+        if link_exists(&rec.tap) {
+            run("ip", &["link", "delete", "dev", &rec.tap], CMD_TIMEOUT)?;
+        }
+        Ok(())
+    }
+
+    /// Restarts the guest: a clean reboot through the guest agent, or a
+    /// reset (QMP) when the agent does not answer; returns once the guest
+    /// agent answers from a new boot (a new `boot_id`).
+    pub fn reboot(&self, id: &str, timeout: Duration) -> Result<()> {
+        let vm = self.describe(id)?;
+        if !vm.alive {
+            return Err(QemuError::WrongState {
+                what: format!("VM {id}"),
+                message: "is not running".into(),
+            });
+        }
+        let before = self.boot_id(id, Duration::from_secs(30)).ok();
+        let mut requested = false;
+        if before.is_some() {
+            // guest-shutdown sends no reply on success: send and go.
+            if let Ok(mut g) = Guest::connect(&vm.dir.join("qga.sock"), Duration::from_secs(10)) {
+                let r = g.call("guest-shutdown", Some(json!({"mode": "reboot"})));
+                requested =
+                    !matches!(&r, Err(e) if !e.0.contains("deadline") && !e.0.contains("closed"));
+            }
+        }
+        if !requested {
+            agent::qmp(&vm.dir.join("qmp.sock"), "system_reset", None, QMP_TIMEOUT).map_err(
+                |e| QemuError::Qmp {
+                    id: id.to_string(),
+                    message: e.0,
+                },
+            )?;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(now) = self.boot_id(id, Duration::from_secs(10)) {
+                if Some(&now) != before.as_ref() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(QemuError::Timeout {
+                    what: format!("reboot of {id}"),
+                    secs: timeout.as_secs(),
+                });
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// The guest's `/proc/sys/kernel/random/boot_id`.
+    pub fn boot_id(&self, id: &str, timeout: Duration) -> Result<String> {
+        let bytes = self.read_file(id, "/proc/sys/kernel/random/boot_id", 64, timeout)?;
+        Ok(String::from_utf8_lossy(&bytes).trim().to_string())
+    }
+
+    /// Waits until the guest agent answers (the guest has booted far
+    /// enough to run commands).
+    pub fn wait_agent(&self, id: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let socket = self.state.vm_dir(id).join("qga.sock");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match Guest::connect(&socket, left.min(Duration::from_secs(5)))
+                .and_then(|mut g| g.call("guest-ping", None))
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if left.is_zero() => {
+                    return Err(QemuError::Timeout {
+                        what: format!("the guest agent of {id} ({})", e.0),
+                        secs: timeout.as_secs(),
+                    })
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    fn guest(&self, id: &str, timeout: Duration) -> Result<Guest> {
+        let vm = self.describe(id)?;
+        if !vm.alive {
+            return Err(QemuError::WrongState {
+                what: format!("VM {id}"),
+                message: "is not running".into(),
+            });
+        }
+        Guest::connect(&vm.dir.join("qga.sock"), timeout).map_err(|e| QemuError::Agent {
+            id: id.to_string(),
+            message: e.0,
+        })
+    }
+
+    /// Runs `argv` inside through qemu-guest-agent: exit code and output
+    /// (each at most [`agent::EXEC_MAX_OUTPUT`]); killed inside after
+    /// `timeout`.
+    pub fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput> {
+        if argv.is_empty() || argv[0].is_empty() {
+            return Err(QemuError::invalid("argv", "[]", "must name a command"));
+        }
+        let mut g = self.guest(id, timeout)?;
+        g.exec(argv, None).map_err(|e| QemuError::Agent {
+            id: id.to_string(),
+            message: format!("{}: {}", argv[0], e.0),
+        })
+    }
+
+    /// A file from inside, refused when larger than `max_bytes`.
+    pub fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let mut g = self.guest(id, timeout)?;
+        g.read_file(path, max_bytes).map_err(|e| QemuError::Agent {
+            id: id.to_string(),
+            message: e.0,
+        })
+    }
+
+    /// Root's password, set by the guest agent (guest-set-user-password).
+    /// The password goes only over the VM's socket: never into argv, a
+    /// record, a log or an error.
+    pub fn set_password(&self, id: &str, password: &str) -> Result<()> {
+        if password.is_empty() || password.len() > 256 || password.contains(['\n', '\r', '\0', ':'])
+        {
+            return Err(QemuError::invalid(
+                "password",
+                format!("({} characters)", password.chars().count()),
+                "must be 1 to 256 bytes without newline, NUL or ':'",
+            ));
+        }
+        let mut g = self.guest(id, Duration::from_secs(60))?;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(password);
+        g.call(
+            "guest-set-user-password",
+            Some(json!({"username": "root", "password": b64, "crypted": false})),
+        )
+        .map_err(|e| QemuError::Agent {
+            id: id.to_string(),
+            // qemu-ga's message never holds the password (it is sent base64 to chpasswd's stdin).
+            message: e.0,
+        })?;
+        let _lock = self.state.lock()?;
+        let mut rec = self.state.vm(id)?;
+        rec.password_set_at = Some(now());
+        self.state.put_vm(&rec)
+    }
+
+    /// New name and hostname: in the record and the seed's meta-data (the
+    /// next boot's cloud-init), and at once inside a running guest.
+    pub fn rename(&self, id: &str, name: &str) -> Result<Vm> {
+        valid_name(name)?;
+        let rec = {
+            let _lock = self.state.lock()?;
+            let mut rec = self.state.vm(id)?;
+            rec.name = name.to_string();
+            rec.hostname = name.to_string();
+            self.state.put_vm(&rec)?;
+            rec
+        };
+        self.write_seed(&rec, None)?;
+        let vm = self.view(rec);
+        if vm.alive {
+            let argv: Vec<String> = [
+                "sh",
+                "-c",
+                "printf '%s\\n' \"$1\" > /etc/hostname && hostname \"$1\"",
+                "sh",
+                name,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let out = self.exec(id, &argv, Duration::from_secs(60))?;
+            if out.code != 0 {
+                return Err(QemuError::Agent {
+                    id: id.to_string(),
+                    message: format!(
+                        "setting the hostname: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                });
+            }
+        }
+        Ok(vm)
+    }
+
+    /// A new system disk from `image` (default: the VM's current image),
+    /// data disks kept, a new seed with `user_data` and a new instance-id
+    /// (cloud-init runs it as a new instance); boots. The image is checked
+    /// (and its base disk made) before the VM is stopped.
+    pub fn reimage(&self, id: &str, image: Option<&Path>, user_data: &str) -> Result<Vm> {
+        let current = self.state.vm(id)?;
+        let boot = crate::base::prepare(
+            image.unwrap_or(&current.boot.image),
+            &self.cfg.cache_dir,
+            &mut |l| tracing::info!("{l}"),
+        )?;
+        let base_bytes = std::fs::metadata(&boot.disk)
+            .ctx("cannot stat", &boot.disk)?
+            .len();
+        if current.system_disk_bytes < base_bytes {
+            return Err(QemuError::invalid(
+                "image",
+                boot.image.display(),
+                format!(
+                    "its disk ({base_bytes} bytes) is larger than the VM's system disk ({} bytes)",
+                    current.system_disk_bytes
+                ),
+            ));
+        }
+        self.stop(id)?;
+        let rec = {
+            let _lock = self.state.lock()?;
+            let mut rec = self.state.vm(id)?;
+            rec.boot = boot;
+            rec.generation += 1;
+            rec.password_set_at = None;
+            self.state.put_vm(&rec)?;
+            rec
+        };
+        self.system_overlay(&rec)?;
+        self.write_seed(&rec, Some(user_data))?;
+        self.start(id)
+    }
+
+    /// Releases everything of a VM: its QEMU process, tap, disks and files.
+    /// Works from what was recorded, and from the directory alone when a
+    /// crash came before the record.
+    pub fn delete(&self, id: &str) -> Result<()> {
+        crate::require_root()?;
+        if !crate::state::valid_id(id, "vm-") {
+            return Err(QemuError::NotFound {
+                kind: "VM",
+                id: id.to_string(),
+            });
+        }
+        let dir = self.state.vm_dir(id);
+        if !dir.exists() {
+            return Err(QemuError::NotFound {
+                kind: "VM",
+                id: id.to_string(),
+            });
+        }
+        let rec = crate::state::read_opt::<VmRecord>(&dir.join("vm.json"))?;
+        if let Some(mut rec) = rec.clone() {
+            rec.state = VmState::Deleting;
+            self.state.put_vm(&rec)?;
+            if !live_pids(&rec, &dir).is_empty() {
+                self.end_process(&rec, &dir);
+            }
+            self.release_tap(&rec)?;
+        } else {
+            for pid in pids_naming(&dir) {
+                // SAFETY: a process whose command line names this VM's directory.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if !pids_naming(&dir).is_empty() {
+            return Err(QemuError::Busy {
+                what: format!("VM {id}"),
+                message: "its QEMU process did not end".into(),
+            });
+        }
+        std::fs::remove_dir_all(&dir).ctx("cannot remove", &dir)?;
+        Ok(())
+    }
+
+    /// A snapshot of a data disk: a standalone qcow2 copy (`qemu-img
+    /// convert`). Of a running VM it is crash-consistent (`-U`): run `sync`
+    /// inside first. The record (with `name`) is written before the copy.
+    pub fn snapshot_create(
+        &self,
+        vm_id: &str,
+        disk_index: usize,
+        name: Option<&str>,
+    ) -> Result<SnapshotRecord> {
+        let vm = self.describe(vm_id)?;
+        let disk = vm
+            .record
+            .disks
+            .get(disk_index)
+            .cloned()
+            .ok_or_else(|| QemuError::NotFound {
+                kind: "data disk",
+                id: format!("{vm_id} #{disk_index}"),
+            })?;
+        let mut rec = SnapshotRecord {
+            id: format!("s-{}", random_hex(6)?),
+            name: name.map(str::to_string),
+            source_disk: disk.id.clone(),
+            size_bytes: disk.size_bytes,
+            complete: false,
+            created_at: now(),
+        };
+        self.state.put_snapshot(&rec)?;
+        pause("snapshot-record");
+        let src = disk_file(&vm.dir, &disk.id).display().to_string();
+        let dst = self.snapshot_file(&rec.id).display().to_string();
+        let mut args = vec!["convert", "-O", "qcow2"];
+        if vm.alive {
+            args.push("-U");
+        }
+        args.extend([src.as_str(), dst.as_str()]);
+        if let Err(e) = run("qemu-img", &args, COPY_TIMEOUT) {
+            let _ = std::fs::remove_dir_all(self.state.snapshot_dir(&rec.id));
+            return Err(e);
+        }
+        rec.complete = true;
+        self.state.put_snapshot(&rec)?;
+        Ok(rec)
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
+        self.state.snapshots()
+    }
+
+    /// Refused while a disk is an overlay on it (its backing file).
+    pub fn snapshot_delete(&self, id: &str) -> Result<()> {
+        self.state.snapshot(id)?;
+        let users: Vec<String> = self
+            .state
+            .vms()?
+            .into_iter()
+            .filter(|v| v.disks.iter().any(|d| d.snapshot.as_deref() == Some(id)))
+            .map(|v| v.id)
+            .collect();
+        if !users.is_empty() {
+            return Err(QemuError::Busy {
+                what: format!("snapshot {id}"),
+                message: format!(
+                    "is the backing file of disks of {}; delete those first",
+                    users.join(", ")
+                ),
+            });
+        }
+        let dir = self.state.snapshot_dir(id);
+        std::fs::remove_dir_all(&dir).ctx("cannot remove", &dir)
+    }
+
+    /// Removes every VM, tap, process, snapshot and file of this state
+    /// directory, then the directory. The bridge and the base-disk cache
+    /// are not ours to remove here.
+    pub fn down(&self) -> Result<DownReport> {
+        crate::require_root()?;
+        let mut report = DownReport::default();
+        for id in self.state.vm_dirs()? {
+            let dir = self.state.vm_dir(&id);
+            if let Some(rec) = crate::state::read_opt::<VmRecord>(&dir.join("vm.json"))? {
+                report.processes.extend(live_pids(&rec, &dir));
+                if link_exists(&rec.tap) {
+                    report.taps.push(rec.tap.clone());
+                }
+            } else {
+                report.processes.extend(pids_naming(&dir));
+            }
+            if crate::state::valid_id(&id, "vm-") {
+                self.delete(&id)?;
+            } else {
+                std::fs::remove_dir_all(&dir).ctx("cannot remove", &dir)?;
+            }
+            report.vms.push(id);
+        }
+        for s in self.state.snapshots()? {
+            report.snapshots.push(s.id);
+        }
+        let root = self.state.root().to_path_buf();
+        match std::fs::remove_dir_all(&root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).ctx("cannot remove", &root)
+            }
+            _ => {}
+        }
+        Ok(report)
+    }
+
+    /// PIDs of QEMU processes of this VM that are alive now.
+    pub fn qemu_pids(&self, id: &str) -> Vec<i32> {
+        match self.state.vm(id) {
+            Ok(rec) => live_pids(&rec, &self.state.vm_dir(id)),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+fn disk_file(dir: &Path, disk_id: &str) -> PathBuf {
+    dir.join(format!("disk-{disk_id}.qcow2"))
+}
+
+fn colon_hex(hex: &str) -> String {
+    hex.as_bytes()
+        .chunks(2)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn write_private(path: &Path, body: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::File::options()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .ctx("cannot write", path)?;
+    f.write_all(body).ctx("cannot write", path)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).ctx("cannot chmod", path)
+}
+
+fn meta_data(rec: &VmRecord) -> String {
+    format!(
+        "instance-id: {}-{}\nlocal-hostname: {}\n",
+        rec.id, rec.generation, rec.hostname
+    )
+}
+
+/// cloud-init network-config v2: the VM's address on the bridge's subnet,
+/// matched by MAC, default route through the gateway.
+fn network_config(rec: &VmRecord) -> String {
+    format!(
+        "version: 2\nethernets:\n  eth0:\n    match:\n      macaddress: \"{mac}\"\n    set-name: eth0\n    addresses: [\"{ip}/{prefix}\"]\n    routes:\n    - to: 0.0.0.0/0\n      via: {gw}\n",
+        mac = rec.mac,
+        ip = rec.ip,
+        prefix = rec.prefix,
+        gw = rec.gateway
+    )
+}
+
+/// QEMU's command line. PCI slots are fixed so device names are stable:
+/// the system disk is `vda`; virtio data disks `vdb`, `vdc` … and NVMe ones
+/// `nvme0n1` … in template order; the seed (last slot) comes after them.
+pub(crate) fn qemu_args(rec: &VmRecord, dir: &Path, accel: &str) -> Vec<String> {
+    let p = |f: &str| dir.join(f).display().to_string();
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
+    push(&["-name", &format!("{},process=knit-{}", rec.id, rec.id)]);
+    push(&["-machine", &format!("pc,accel={accel}")]);
+    if accel == "kvm" {
+        push(&["-cpu", "host"]);
+    }
+    push(&[
+        "-m",
+        &rec.memory_mib.to_string(),
+        "-smp",
+        &rec.cpus.to_string(),
+    ]);
+    push(&["-nodefaults", "-no-user-config", "-display", "none"]);
+    push(&["-serial", &format!("file:{}", p("console.log"))]);
+    push(&["-kernel", &rec.boot.kernel.display().to_string()]);
+    push(&["-initrd", &rec.boot.initrd.display().to_string()]);
+    push(&["-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0"]);
+    push(&[
+        "-drive",
+        &format!(
+            "file={},if=none,id=sys,format=qcow2,discard=unmap",
+            p("system.qcow2")
+        ),
+        "-device",
+        "virtio-blk-pci,drive=sys,addr=0x4,serial=system",
+    ]);
+    for (i, d) in rec.disks.iter().enumerate() {
+        push(&[
+            "-drive",
+            &format!(
+                "file={},if=none,id=d{i},format=qcow2,discard=unmap",
+                disk_file(dir, &d.id).display()
+            ),
+        ]);
+        let device = match d.interface {
+            Interface::Virtio => "virtio-blk-pci",
+            Interface::Nvme => "nvme",
+        };
+        push(&[
+            "-device",
+            &format!("{device},drive=d{i},serial={},addr={:#x}", d.id, 5 + i),
+        ]);
+    }
+    push(&[
+        "-drive",
+        &format!(
+            "file={},if=none,id=seed,format=raw,readonly=on",
+            p("seed.img")
+        ),
+        "-device",
+        "virtio-blk-pci,drive=seed,addr=0x1e,serial=cidata",
+    ]);
+    push(&[
+        "-netdev",
+        &format!("tap,id=net0,ifname={},script=no,downscript=no", rec.tap),
+        "-device",
+        &format!("virtio-net-pci,netdev=net0,mac={},addr=0x3", rec.mac),
+    ]);
+    push(&["-device", "virtio-rng-pci,addr=0x1c"]);
+    push(&[
+        "-chardev",
+        &format!("socket,id=qmp,path={},server=on,wait=off", p("qmp.sock")),
+        "-mon",
+        "chardev=qmp,mode=control",
+    ]);
+    push(&[
+        "-chardev",
+        &format!("socket,id=qga0,path={},server=on,wait=off", p("qga.sock")),
+        "-device",
+        "virtio-serial-pci,addr=0x1d",
+        "-device",
+        "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+    ]);
+    push(&["-pidfile", &p("qemu.pid"), "-daemonize"]);
+    a
+}
+
+fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+fn valid_link_name(field: &str, name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 15
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(QemuError::invalid(
+            field,
+            format!("{name:?}"),
+            "must be a link name: 1-15 letters, digits, '-', '_' or '.'",
+        ));
+    }
+    Ok(())
+}
+
+/// A VM name: a lower-case DNS name of at most 64 characters.
+pub(crate) fn valid_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        });
+    if !ok {
+        return Err(QemuError::invalid(
+            "name",
+            format!("{name:?}"),
+            "must be a lower-case DNS name (letters, digits, '-', '.') of at most 64 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// (start time, state) from /proc/PID/stat.
+fn proc_stat(pid: i32) -> Option<(u64, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    Some((fields.get(19)?.parse().ok()?, state))
+}
+
+/// Processes whose command line names this VM's QMP socket: the only
+/// QEMU processes we ever signal (a PID alone could have been reused).
+fn pids_naming(dir: &Path) -> Vec<i32> {
+    let needle = format!("path={},", dir.join("qmp.sock").display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    c.split(|b| *b == 0)
+                        .any(|arg| arg.starts_with(needle.as_bytes()))
+                })
+                .unwrap_or(false)
+        })
+        .filter(|pid| proc_stat(*pid).is_some_and(|(_, s)| s != 'Z'))
+        .collect()
+}
+
+/// `pid` when it is alive and is this VM's QEMU.
+fn owned_process(pid: i32, dir: &Path) -> Option<Process> {
+    let (start_time, state) = proc_stat(pid)?;
+    (state != 'Z' && pids_naming(dir).contains(&pid)).then_some(Process { pid, start_time })
+}
+
+fn live_pids(rec: &VmRecord, dir: &Path) -> Vec<i32> {
+    let mut pids = pids_naming(dir);
+    if let Some(p) = rec.process {
+        if proc_stat(p.pid).is_some_and(|(t, s)| t == p.start_time && s != 'Z')
+            && !pids.contains(&p.pid)
+        {
+            pids.push(p.pid);
+        }
+    }
+    pids
+}
+
+fn wait_gone(rec: &VmRecord, dir: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if live_pids(rec, dir).is_empty() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::BootFiles;
+
+    fn record() -> VmRecord {
+        VmRecord {
+            id: "vm-0123456789ab".into(),
+            name: "n1".into(),
+            hostname: "n1".into(),
+            state: VmState::Creating,
+            boot: BootFiles {
+                image: "/img".into(),
+                disk: "/img/disk.raw".into(),
+                kernel: "/img/vmlinuz".into(),
+                initrd: "/img/initrd.img".into(),
+            },
+            system_disk_bytes: 4 << 30,
+            memory_mib: 1024,
+            cpus: 1,
+            bridge: "br0".into(),
+            tap: "kq0123456789ab".into(),
+            mac: "52:54:00:aa:bb:cc".into(),
+            ip: "10.9.0.254".into(),
+            prefix: 24,
+            gateway: "10.9.0.1".into(),
+            disks: vec![
+                DiskRecord {
+                    id: "d-0000000001".into(),
+                    interface: Interface::Nvme,
+                    size_bytes: 1 << 30,
+                    snapshot: None,
+                },
+                DiskRecord {
+                    id: "d-0000000002".into(),
+                    interface: Interface::Virtio,
+                    size_bytes: 1 << 30,
+                    snapshot: None,
+                },
+            ],
+            generation: 1,
+            tags: BTreeMap::new(),
+            process: None,
+            accel: None,
+            created_at: 0,
+            password_set_at: None,
+        }
+    }
+
+    #[test]
+    fn command_line_puts_disks_on_their_interfaces_in_order() {
+        let a = qemu_args(&record(), Path::new("/s/vms/vm-0123456789ab"), "tcg").join(" ");
+        assert!(
+            a.contains("-device nvme,drive=d0,serial=d-0000000001,addr=0x5"),
+            "{a}"
+        );
+        assert!(
+            a.contains("-device virtio-blk-pci,drive=d1,serial=d-0000000002,addr=0x6"),
+            "{a}"
+        );
+        assert!(a.contains("ifname=kq0123456789ab,script=no"), "{a}");
+        assert!(a.contains("accel=tcg"));
+        assert!(!a.contains("-cpu host"));
+        // The system disk's slot comes before every data disk's; the seed's after.
+        assert!(a.find("addr=0x4").unwrap() < a.find("addr=0x5").unwrap());
+        assert!(a.contains("virtio-blk-pci,drive=seed,addr=0x1e"));
+    }
+
+    #[test]
+    fn seed_documents_name_the_vm_and_its_address() {
+        let r = record();
+        assert_eq!(
+            meta_data(&r),
+            "instance-id: vm-0123456789ab-1\nlocal-hostname: n1\n"
+        );
+        let n = network_config(&r);
+        assert!(n.contains("macaddress: \"52:54:00:aa:bb:cc\""));
+        assert!(n.contains("addresses: [\"10.9.0.254/24\"]"));
+        assert!(n.contains("via: 10.9.0.1"));
+    }
+
+    #[test]
+    fn names_follow_the_dns_rule() {
+        assert!(valid_name("workers-abcde").is_ok());
+        for bad in ["", "Upper", "-x", "a_b", &"a".repeat(65)] {
+            let e = valid_name(bad).unwrap_err().to_string();
+            assert!(e.starts_with("name: value"), "{e}");
+        }
+    }
+}

@@ -6,7 +6,14 @@ use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
 use knit_api::{ErrorCode, HardeningProfile, PhaseName};
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+const SYSCTL_FILE: &str = "/etc/sysctl.d/91-knit-hardening.conf";
+const SSHD_FILE: &str = "/etc/ssh/sshd_config.d/90-knit-hardening.conf";
+/// Where sshd keeps its pid (Debian, RHEL).
+const SSHD_PID_FILES: &[&str] = &["/run/sshd.pid", "/var/run/sshd.pid"];
 
 pub struct HardeningPhase;
 
@@ -69,7 +76,7 @@ pub fn rules(profile: HardeningProfile) -> Vec<Rule> {
     }
     let mut rules = vec![
         Rule::File {
-            path: "/etc/sysctl.d/91-knit-hardening.conf",
+            path: SYSCTL_FILE,
             content: OS_SYSCTLS
                 .iter()
                 .map(|(k, v)| format!("{k} = {v}\n"))
@@ -77,7 +84,7 @@ pub fn rules(profile: HardeningProfile) -> Vec<Rule> {
             mode: 0o644,
         },
         Rule::File {
-            path: "/etc/ssh/sshd_config.d/90-knit-hardening.conf",
+            path: SSHD_FILE,
             content: sshd.iter().map(|l| format!("{l}\n")).collect(),
             mode: 0o600,
         },
@@ -208,6 +215,81 @@ fn profile_name(profile: HardeningProfile) -> &'static str {
     }
 }
 
+fn os_sysctls() -> BTreeMap<String, String> {
+    OS_SYSCTLS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Kernel settings of the profile that differ from the running kernel and
+/// that this node may write (in a sandbox only the network namespace's are).
+fn pending_kernel_settings(host: &Host) -> Vec<String> {
+    if !host.is_live() {
+        return Vec::new();
+    }
+    OS_SYSCTLS
+        .iter()
+        .filter(|(key, value)| {
+            let path = format!("/proc/sys/{}", key.replace('.', "/"));
+            let current = std::fs::read_to_string(&path).unwrap_or_default();
+            current.trim() != *value
+                && nix::unistd::access(path.as_str(), nix::unistd::AccessFlags::W_OK).is_ok()
+        })
+        .map(|(key, _)| key.to_string())
+        .collect()
+}
+
+/// A running sshd's pid (guarded against a stale pid file).
+fn sshd_pid(host: &Host) -> Option<i32> {
+    SSHD_PID_FILES.iter().find_map(|file| {
+        let pid: i32 = host.read(file)?.trim().parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "sshd").then_some(pid)
+    })
+}
+
+/// Makes a running sshd read its configuration again, after checking it
+/// (`sshd -t`: a broken configuration is never loaded). Returns what was done.
+fn reload_sshd(host: &Host) -> Result<String> {
+    if !host.is_live() {
+        return Ok("sshd not reloaded under --root".to_string());
+    }
+    let Some(pid) = sshd_pid(host) else {
+        return Ok("sshd is not running: the settings apply when it starts".to_string());
+    };
+    let sshd = host
+        .find_program("sshd")
+        .unwrap_or_else(|| "/usr/sbin/sshd".to_string());
+    host.run(
+        ErrorCode::FailHardening,
+        &sshd,
+        &["-t"],
+        Duration::from_secs(30),
+    )
+    .map_err(|e| {
+        AgentError::new(
+            ErrorCode::FailHardening,
+            format!(
+                "sshd rejects its configuration with {SSHD_FILE}, not reloaded: {}",
+                e.message
+            ),
+        )
+    })?;
+    // What `systemctl reload ssh` does (ExecReload=kill -HUP $MAINPID).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .map_err(|e| {
+        AgentError::new(
+            ErrorCode::FailHardening,
+            format!("cannot reload sshd (pid {pid}): {e}"),
+        )
+    })?;
+    Ok(format!("sshd (pid {pid}) reloaded"))
+}
+
 impl Phase for HardeningPhase {
     fn name(&self) -> PhaseName {
         PhaseName::Hardening
@@ -226,11 +308,12 @@ impl Phase for HardeningPhase {
         if profile == HardeningProfile::None {
             return Ok(Decision::Skip("hardening.profile is none".to_string()));
         }
-        let pending: Vec<String> = rules(profile)
+        let mut pending: Vec<String> = rules(profile)
             .iter()
             .filter(|r| !holds(ctx.host, r))
             .map(describe)
             .collect();
+        pending.extend(pending_kernel_settings(ctx.host));
         if pending.is_empty() {
             Ok(Decision::Done(format!("profile {name}: every rule holds")))
         } else {
@@ -262,9 +345,31 @@ impl Phase for HardeningPhase {
                 changed.push(describe(&rule));
             }
         }
+        // The files take effect at boot; apply them now too.
+        let (applied, left) = crate::phases::os_config::apply_sysctls(ctx.host, &os_sysctls())
+            .map_err(|e| AgentError::new(ErrorCode::FailHardening, e.message))?;
+        if !left.is_empty() {
+            ctx.host.log.line(
+                "hardening",
+                &format!(
+                    "kernel settings not applied now, set at next boot: {}",
+                    left.join(", ")
+                ),
+            );
+        }
+        let sshd = if changed.iter().any(|c| c == SSHD_FILE) {
+            reload_sshd(ctx.host)?
+        } else {
+            "sshd settings unchanged".to_string()
+        };
+        ctx.host.log.line("hardening", &sshd);
         ctx.journal.hardening_profile = Some(name.to_string());
         ctx.save_journal()?;
-        Ok(format!("profile {name}: {} rule(s) applied", changed.len()))
+        Ok(format!(
+            "profile {name}: {} rule(s) applied; {applied} of {} kernel settings in effect now; {sshd}",
+            changed.len(),
+            OS_SYSCTLS.len()
+        ))
     }
 }
 

@@ -119,8 +119,24 @@ pub fn link_exists(name: &str) -> bool {
     std::path::Path::new("/sys/class/net").join(name).exists()
 }
 
+/// The bridge's own MAC: fixed, derived from the gateway address, locally
+/// administered. Left to the kernel, a bridge takes the lowest MAC of its
+/// ports and changes it whenever such a port comes or goes; every
+/// instance's neighbour entry for the gateway then names a MAC nobody
+/// answers to, and all instances lose the control plane at once for as long
+/// as that entry lives (measured: 40-50 s after one instance was deleted or
+/// added).
+pub fn bridge_mac(gateway: Ipv4Addr) -> String {
+    let o = gateway.octets();
+    format!("02:6b:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
+}
+
 pub fn create_bridge(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<()> {
-    run("ip", &["link", "add", bridge, "type", "bridge"])?;
+    let mac = bridge_mac(gateway);
+    run(
+        "ip",
+        &["link", "add", bridge, "address", &mac, "type", "bridge"],
+    )?;
     run(
         "ip",
         &["addr", "add", &format!("{gateway}/{prefix}"), "dev", bridge],

@@ -259,6 +259,15 @@ fn init_on_a_sandbox_machine_syncs_time_and_applies_os_settings_in_order() {
         "{left}"
     );
     assert!(log.contains("sshd is not running"), "{log}");
+
+    // A rerun finds chronyd running as wanted and leaves it alone.
+    let out = s.init("--stop-after time-sync");
+    assert!(out.status.success());
+    assert_eq!(
+        s.journal()["phases"]["time-sync"]["reason"],
+        "chronyd is running"
+    );
+    assert_eq!(s.sh("cat /run/chrony/chronyd.pid").trim(), pid);
 }
 
 /// A chronyd that cannot start fails `time-sync` with FailSyncTime and what

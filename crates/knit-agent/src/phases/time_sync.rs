@@ -65,6 +65,27 @@ fn log_since(host: &Host, offset: u64) -> String {
     lines[lines.len().saturating_sub(5)..].join(" | ")
 }
 
+/// chronyd in the foreground under the service manager; `-x` (never touch
+/// the clock) unless this node owns it.
+fn spec(host: &Host) -> ServiceSpec {
+    let program = host
+        .find_program("chronyd")
+        .unwrap_or_else(|| "chronyd".to_string());
+    let mut exec = vec![program, "-d".to_string()];
+    if clock_not_ours().is_some() {
+        exec.push("-x".to_string());
+    }
+    ServiceSpec {
+        name: SERVICE.to_string(),
+        exec,
+        env: vec![],
+        limit_nofile: None,
+        limit_core: None,
+        limit_memlock: None,
+        log_file: LOG_FILE.to_string(),
+    }
+}
+
 impl Phase for TimeSync {
     fn name(&self) -> PhaseName {
         PhaseName::TimeSync
@@ -84,8 +105,14 @@ impl Phase for TimeSync {
                 "chronyd is not installed in this image (package chrony)".to_string(),
             ));
         }
-        if services::is_running(ctx.host, SERVICE) {
+        if services::runs_as(ctx.host, &spec(ctx.host)) {
             return Ok(Decision::Done("chronyd is running".to_string()));
+        }
+        if services::is_running(ctx.host, SERVICE) {
+            // E.g. started without -x by an older agent: restarted as wanted.
+            return Ok(Decision::Run(
+                "chronyd runs with another command line".to_string(),
+            ));
         }
         if let Some(pid) = foreign_chronyd(ctx.host) {
             return Ok(Decision::Done(format!(
@@ -96,17 +123,10 @@ impl Phase for TimeSync {
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<String> {
-        let program = ctx
-            .host
-            .find_program("chronyd")
-            .unwrap_or_else(|| "chronyd".to_string());
-        let mut exec = vec![program, "-d".to_string()];
-        let mut note = String::new();
-        if let Some(why) = clock_not_ours() {
-            // Track NTP without setting the clock.
-            exec.push("-x".to_string());
-            note = format!(" ({why}: tracking only, the clock is left alone)");
-        }
+        let note = match clock_not_ours() {
+            Some(why) => format!(" ({why}: tracking only, the clock is left alone)"),
+            None => String::new(),
+        };
         if !ctx.config.time_sync.servers.is_empty() {
             let conf: String = ctx
                 .config
@@ -120,19 +140,7 @@ impl Phase for TimeSync {
                 .map_err(|e| AgentError::new(ErrorCode::FailSyncTime, e.message))?;
         }
         let offset = log_len(ctx.host);
-        services::ensure_running(
-            ctx.host,
-            &ServiceSpec {
-                name: SERVICE.to_string(),
-                exec,
-                env: vec![],
-                limit_nofile: None,
-                limit_core: None,
-                limit_memlock: None,
-                log_file: LOG_FILE.to_string(),
-            },
-        )
-        .map_err(|e| {
+        services::ensure_running(ctx.host, &spec(ctx.host)).map_err(|e| {
             AgentError::new(
                 ErrorCode::FailSyncTime,
                 format!("cannot start chronyd: {}", e.message),

@@ -298,9 +298,17 @@ impl Client {
             Service::Sts => (&self.config.sts_endpoint, STS_VERSION),
         };
         let host = host_of(endpoint).to_string();
-        let hashed = sign::sha256_hex(b"");
+        // Parameters travel as a form body, never in the URL: HTTP
+        // libraries log URLs (ureq does, at debug), and a URL would carry a
+        // password or user data. The body is signed through its hash.
+        let body = sign::canonical_query(params);
+        let hashed = sign::sha256_hex(body.as_bytes());
         let mut headers: BTreeMap<String, String> = BTreeMap::new();
         headers.insert("host".into(), host);
+        headers.insert(
+            "content-type".into(),
+            "application/x-www-form-urlencoded".into(),
+        );
         headers.insert("x-acs-action".into(), action.to_string());
         headers.insert("x-acs-version".into(), version.to_string());
         headers.insert("x-acs-date".into(), iso8601(std::time::SystemTime::now()));
@@ -309,10 +317,11 @@ impl Client {
         if let Some(token) = self.credentials.security_token() {
             headers.insert("x-acs-security-token".into(), token.to_string());
         }
+        let no_query = Params::new();
         let input = SignInput {
             method: "POST",
             path: "/",
-            query: params,
+            query: &no_query,
             headers: &headers,
             hashed_payload: &hashed,
         };
@@ -321,10 +330,7 @@ impl Client {
             self.credentials.access_key_id(),
             self.credentials.secret(),
         );
-        // Parameters travel in the query string, as the official SDKs send
-        // RPC-style actions; the URL is never logged (it may hold a
-        // password or user data).
-        let url = format!("{endpoint}/?{}", sign::canonical_query(params));
+        let url = format!("{endpoint}/");
         let mut request = self.agent.post(&url);
         for (k, v) in &headers {
             request = request.set(k, v);
@@ -332,7 +338,7 @@ impl Client {
         request = request
             .set("Authorization", &authorization)
             .set("Accept", "application/json");
-        let (status, response) = match request.send_bytes(&[]) {
+        let (status, response) = match request.send_bytes(body.as_bytes()) {
             Ok(r) => (r.status(), r),
             Err(ureq::Error::Status(code, r)) => (code, r),
             Err(ureq::Error::Transport(t)) => {

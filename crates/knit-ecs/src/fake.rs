@@ -58,6 +58,8 @@ pub struct FakeConfig {
     pub account_id: String,
     pub access_key_id: String,
     pub access_key_secret: String,
+    /// An STS key's token, required on every request when set.
+    pub security_token: Option<String>,
     /// DescribeInstances polls an instance stays in each passing state.
     pub polls_per_state: u32,
     pub images: Vec<String>,
@@ -84,6 +86,7 @@ impl Default for FakeConfig {
             account_id: "1234567890123456".into(),
             access_key_id: "LTAI5tFakeKeyId0000000".into(),
             access_key_secret: "fake-secret-0f9e8d7c6b5a".into(),
+            security_token: None,
             polls_per_state: 2,
             images: vec![
                 "aliyun_3_x64_20G_alibase_20240819.vhd".into(),
@@ -306,8 +309,12 @@ impl FakeEcs {
     /// The key the fake accepts.
     pub fn credentials(&self) -> crate::Credentials {
         let s = self.lock();
-        crate::Credentials::new(&s.config.access_key_id, &s.config.access_key_secret, None)
-            .expect("fake credentials")
+        crate::Credentials::new(
+            &s.config.access_key_id,
+            &s.config.access_key_secret,
+            s.config.security_token.as_deref(),
+        )
+        .expect("fake credentials")
     }
 
     pub fn config(&self) -> FakeConfig {
@@ -705,6 +712,20 @@ impl State {
                     400,
                     "IncompleteSignature",
                     format!("The request signature does not conform to Aliyun standards: {required} is not signed."),
+                ));
+            }
+        }
+        if let Some(token) = &self.config.security_token {
+            let sent = header("x-acs-security-token");
+            let signed = parsed
+                .signed_headers
+                .iter()
+                .any(|h| h == "x-acs-security-token");
+            if sent.as_deref() != Some(token.as_str()) || !signed {
+                return Err(fail(
+                    400,
+                    "InvalidSecurityToken.Mismatch",
+                    "Specified SecurityToken is missing, unsigned or does not match the AccessKey.",
                 ));
             }
         }

@@ -14,3 +14,8 @@ pub mod sign;
 pub use client::{Client, ClientConfig, Params, RetryPolicy};
 pub use credentials::Credentials;
 pub use error::EcsError;
+
+/// The log filter directive a process using this crate adds: ureq prints
+/// every request header but Authorization at debug, and an STS key's
+/// `x-acs-security-token` is a header.
+pub const LOG_DIRECTIVE: &str = "ureq=warn";

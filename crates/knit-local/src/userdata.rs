@@ -477,6 +477,19 @@ pub fn cloud_config_keys(body: &[u8]) -> Result<Vec<String>, String> {
     }
 }
 
+/// True when a `write_files` entry has `defer: true`.
+pub fn has_deferred_files(body: &[u8]) -> bool {
+    serde_yaml::from_slice::<serde_yaml::Value>(body).is_ok_and(|v| {
+        v.get("write_files")
+            .and_then(|w| w.as_sequence())
+            .is_some_and(|files| {
+                files
+                    .iter()
+                    .any(|f| f.get("defer").and_then(|d| d.as_bool()) == Some(true))
+            })
+    })
+}
+
 /// The cloud-init modules a cloud-config with these keys needs, in order,
 /// or the keys this runner does not apply.
 pub fn cloud_config_plan(keys: &[String]) -> Result<Vec<&'static str>, Vec<String>> {
@@ -515,6 +528,11 @@ fn run_cloud_config(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartRes
         }
     };
     let modules = match cloud_config_plan(&keys) {
+        // write_files_deferred has work only for entries with `defer: true`.
+        Ok(m) if !has_deferred_files(&p.body) => m
+            .into_iter()
+            .filter(|m| *m != "write_files_deferred")
+            .collect(),
         Ok(m) => m,
         Err(unknown) => {
             let known: Vec<&str> = CLOUD_CONFIG_MODULES
@@ -740,6 +758,12 @@ mod tests {
         let keys = cloud_config_keys(b"#cloud-config\nusers: []\nruncmd: [ls]\n").unwrap();
         assert_eq!(cloud_config_plan(&keys).unwrap_err(), ["users"]);
         assert!(cloud_config_keys(b"#cloud-config\n- a\n").is_err());
+        assert!(!has_deferred_files(
+            b"#cloud-config\nwrite_files: [{path: /a}]\n"
+        ));
+        assert!(has_deferred_files(
+            b"#cloud-config\nwrite_files: [{path: /a, defer: true}]\n"
+        ));
         assert!(
             cloud_config_plan(&cloud_config_keys(b"#cloud-config\n").unwrap())
                 .unwrap()

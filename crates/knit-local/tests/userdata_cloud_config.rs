@@ -20,6 +20,9 @@ const USER_DATA: &str = r#"userData: |
     content: |
       from write_files
     permissions: '0640'
+  - path: /root/deferred
+    content: written late
+    defer: true
   runcmd:
   - echo "runcmd saw $(cat /etc/knit-test/written.conf)" > /root/runcmd-out
   - [sh, -c, "echo second >> /root/runcmd-out"]
@@ -79,6 +82,7 @@ fn cloud_config_is_applied_and_unhandled_parts_are_reported_not_run() {
         parts[0]["modules"],
         serde_json::json!(["write_files", "runcmd", "write_files_deferred"])
     );
+    assert_eq!(t.sh(&id, "cat /root/deferred"), "written late");
     // Applied inside the instance by cloud-init: the file, its mode, and the
     // runcmd commands after it, in order.
     assert_eq!(

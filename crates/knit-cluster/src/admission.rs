@@ -4,6 +4,7 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use knit_api::validate::{check_label_key, check_label_value, is_dns_subdomain};
+use knit_api::USER_DATA_GATE_TAINT;
 use serde_json::{json, Value};
 
 use crate::auth::Identity;
@@ -302,7 +303,8 @@ pub fn kubelet_may_set_label(key: &str) -> bool {
 }
 
 /// A node may not add, change or remove labels it is not allowed to set
-/// (e.g. `node-role.kubernetes.io/*`): 403, as NodeRestriction does.
+/// (e.g. `node-role.kubernetes.io/*`), nor change its taints after it
+/// registered: 403, as NodeRestriction does.
 pub fn node_restriction(
     who: &Identity,
     def: &ResourceDef,
@@ -330,6 +332,25 @@ pub fn node_restriction(
         .collect();
     touched.sort();
     touched.dedup();
+    if let Some(current) = current {
+        // Taints are the node's at registration only (NodeRestriction): a
+        // node that could edit them later could lift what keeps workloads
+        // off it, such as the user-data scheduling gate.
+        let taints = |o: &Value| o["spec"]["taints"].as_array().cloned().unwrap_or_default();
+        let (before, after) = (taints(current), taints(next));
+        if before != after {
+            let gate_lifted = before.iter().any(|t| t["key"] == USER_DATA_GATE_TAINT)
+                && !after.iter().any(|t| t["key"] == USER_DATA_GATE_TAINT);
+            let why = if gate_lifted {
+                format!(" (it may not remove the scheduling gate taint {USER_DATA_GATE_TAINT}; knit removes it when the node's user data has run)")
+            } else {
+                String::new()
+            };
+            return Err(ApiStatus::forbidden(format!(
+                "nodes \"{node}\" is forbidden: node \"{node}\" is not allowed to modify taints: spec.taints may be set only when the node registers{why}"
+            )));
+        }
+    }
     if touched.is_empty() {
         return Ok(());
     }

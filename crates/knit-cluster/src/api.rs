@@ -18,12 +18,18 @@ use crate::error::ApiStatus;
 use crate::metrics::Metrics;
 use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
-use crate::store::{Change, EventType, Store};
+use crate::store::{Change, EventType, Store, MAX_OBJECT_BYTES};
 use crate::table::{self, Include};
 use crate::{admission, patch, tokens, util};
 
-/// Largest request body accepted (Kubernetes' limit is 3 MiB).
-const MAX_BODY: usize = 3 * 1024 * 1024;
+/// Largest request body accepted (kube-apiserver's limit: 3 MiB).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+/// How much of a body over the limit is still read (and discarded) so that
+/// the client, which may not read before it has sent everything, gets the
+/// 413 instead of a reset connection. Beyond this the connection is closed.
+const DRAIN_LIMIT: usize = 64 * 1024 * 1024;
+/// Requests slower than this are logged as a warning.
+const SLOW_REQUEST: Duration = Duration::from_secs(1);
 
 pub struct AppState {
     pub store: Arc<Store>,
@@ -33,9 +39,9 @@ pub struct AppState {
     pub shutdown: watch::Receiver<bool>,
 }
 
-/// CN and O of the verified client certificate of this connection.
+/// The verified client certificate of this connection, if any.
 #[derive(Clone, Debug, Default)]
-pub struct PeerIdentity(pub Option<(String, Vec<String>)>);
+pub struct PeerIdentity(pub Option<crate::pki::ClientCert>);
 
 impl IntoResponse for ApiStatus {
     fn into_response(self) -> Response {
@@ -60,29 +66,109 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         .get::<PeerIdentity>()
         .cloned()
         .unwrap_or_default();
-    let body = match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(b) => b,
-        Err(e) => {
-            return ApiStatus::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "RequestEntityTooLarge",
-                e.to_string(),
-            )
-            .into_response()
-        }
-    };
-    let query: HashMap<String, String> =
-        parts.uri.query().map(url_decode_pairs).unwrap_or_default();
     let method = parts.method.clone();
     let path = parts.uri.path().to_string();
     let started = std::time::Instant::now();
-    let result = serve(&st, &method, &path, &query, &parts.headers, &peer, body).await;
-    let response = result.unwrap_or_else(IntoResponse::into_response);
+    let query: HashMap<String, String> =
+        parts.uri.query().map(url_decode_pairs).unwrap_or_default();
+    let response = match read_body(&parts.headers, body).await {
+        // The store (SQLite) and the patch and admission work run on the
+        // blocking pool: a slow disk or a large object never holds up the
+        // async workers that accept, read and answer every other request.
+        Ok(body) => {
+            let (st2, method2, path2, query2) =
+                (st.clone(), method.clone(), path.clone(), query.clone());
+            let headers = parts.headers.clone();
+            let work = tokio::task::spawn_blocking(move || {
+                serve(&st2, &method2, &path2, &query2, &headers, &peer, body)
+                    .unwrap_or_else(IntoResponse::into_response)
+            });
+            match work.await {
+                Ok(r) => r,
+                Err(e) => {
+                    ApiStatus::internal(format!("request handler failed: {e}")).into_response()
+                }
+            }
+        }
+        Err(too_large) => too_large,
+    };
     let code = response.status().as_u16();
     let (verb, resource) = labels(&st, &method, &path, &query);
-    st.metrics.record(verb, resource, code, started.elapsed());
+    let took = started.elapsed();
+    if took > SLOW_REQUEST {
+        tracing::warn!(%method, %path, verb, resource = %resource, status = code, took_ms = took.as_millis() as u64, "slow API request");
+    }
+    st.metrics.record(verb, resource, code, took);
     tracing::debug!(%method, %path, status = code, "request");
     response
+}
+
+fn too_large(what: String) -> Response {
+    let mut r = ApiStatus::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", what)
+        .into_response();
+    // The rest of an oversized body is not read: this connection ends.
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
+/// The request body, at most `MAX_BODY` bytes; otherwise a 413 naming the
+/// limit. A body over the limit is still read to its end (up to
+/// `DRAIN_LIMIT`) before answering, so that a client that sends it all
+/// before reading gets the answer rather than a reset.
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    use futures_util::StreamExt;
+    let limit_msg = |size: String| {
+        format!("request entity too large: the request body is {size} bytes; the limit is {MAX_BODY} bytes (3 MiB)")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|n| *n > MAX_BODY as u64) {
+        if n > DRAIN_LIMIT as u64 {
+            return Err(too_large(limit_msg(n.to_string())));
+        }
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut total: usize = 0;
+    let read_all = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiStatus::bad_request(format!("reading the request body: {e}")).into_response()
+            })?;
+            total += chunk.len();
+            if total <= MAX_BODY {
+                buf.extend_from_slice(&chunk);
+            } else {
+                buf = Vec::new();
+                if total > DRAIN_LIMIT {
+                    return Err(too_large(limit_msg(format!("over {DRAIN_LIMIT}"))));
+                }
+            }
+        }
+        Ok(())
+    };
+    // A client that stops sending mid-body does not hold the request forever.
+    match tokio::time::timeout(Duration::from_secs(60), read_all).await {
+        Ok(Ok(())) => {}
+        Ok(Err(r)) => return Err(r),
+        Err(_) => {
+            return Err(ApiStatus::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "Timeout",
+                "the request body was not received within 60 s",
+            )
+            .into_response())
+        }
+    }
+    if total > MAX_BODY {
+        return Err(too_large(limit_msg(total.to_string())));
+    }
+    Ok(Bytes::from(buf))
 }
 
 fn url_decode_pairs(q: &str) -> HashMap<String, String> {
@@ -146,11 +232,18 @@ fn authenticate(
             groups,
         });
     }
-    if let Some((cn, orgs)) = &peer.0 {
-        let mut groups = orgs.clone();
+    if let Some(cert) = &peer.0 {
+        // A node knit removed keeps no working credential.
+        if let Some(node) = st.store.revoked_node(&cert.serial) {
+            return Err(ApiStatus::unauthorized(format!(
+                "Unauthorized: the client certificate (serial {}) of node {node:?} was revoked when the node was deleted",
+                cert.serial
+            )));
+        }
+        let mut groups = cert.organizations.clone();
         groups.push("system:authenticated".into());
         return Ok(Identity {
-            user: cn.clone(),
+            user: cert.common_name.clone(),
             groups,
         });
     }
@@ -203,6 +296,24 @@ enum Route {
     Resource(Target),
 }
 
+/// A name or namespace from a path segment, percent-decoded: one object's
+/// name (a DNS-1123 subdomain), so that `x%2F..%2Fvictim` addresses nothing.
+fn object_name(what: &str, segment: &str) -> Result<String, ApiStatus> {
+    let name = percent_decode_path(segment);
+    if knit_api::validate::is_dns_subdomain(&name) {
+        Ok(name)
+    } else {
+        Err(ApiStatus::bad_request(format!(
+            "invalid {what} {name:?} in the request path: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+        )))
+    }
+}
+
+/// Percent-decoding of a path segment (`+` is itself there).
+fn percent_decode_path(s: &str) -> String {
+    percent_decode(&s.replace('+', "%2B"))
+}
+
 fn route(st: &AppState, path: &str) -> Result<Route, ApiStatus> {
     let segs: Vec<&str> = path
         .trim_matches('/')
@@ -251,19 +362,20 @@ fn route(st: &AppState, path: &str) -> Result<Route, ApiStatus> {
     }
     let (name, sub) = match tail {
         [] => (None, None),
-        [name] => (Some(name.to_string()), None),
+        [name] => (Some(object_name("name", name)?), None),
         [name, sub] => {
             if !def.subresources.iter().any(|(s, _)| s == sub) {
                 return Err(nf());
             }
-            (Some(name.to_string()), Some(sub.to_string()))
+            (Some(object_name("name", name)?), Some(sub.to_string()))
         }
         _ => return Err(nf()),
     };
+    let ns = ns.map(|n| object_name("namespace", &n)).transpose()?;
     Ok(Route::Resource(Target { def, ns, name, sub }))
 }
 
-async fn serve(
+fn serve(
     st: &Arc<AppState>,
     method: &Method,
     path: &str,
@@ -582,23 +694,53 @@ impl Ctx<'_> {
             admission::fold_string_data(&mut obj);
         }
         let def = self.t.def;
-        let updated = self
-            .st
-            .store
-            .update(def.plural, self.ns(), name, expected, |current| {
-                let next = self.scoped(current, obj);
-                admission::validate(def, &next)?;
-                admission::node_restriction(self.who, def, Some(current), &next)?;
-                Ok(next)
-            })
-            .map_err(|e| {
-                if e.code == 404 {
-                    self.not_found(name)
-                } else {
-                    e
-                }
-            })?;
+        let updated = self.guaranteed_update(name, expected, |current| {
+            let next = self.scoped(current, obj.clone());
+            admission::validate(def, &next)?;
+            admission::node_restriction(self.who, def, Some(current), &next)?;
+            Ok(next)
+        })?;
         Ok(json_response(StatusCode::OK, &updated))
+    }
+
+    /// Read the object, compute its next state with no lock held, and
+    /// write it if nothing changed it meanwhile; otherwise read again and
+    /// recompute (kube-apiserver's GuaranteedUpdate). With `expected` (the
+    /// client's resourceVersion) a changed object is a 409 for the client.
+    fn guaranteed_update(
+        &self,
+        name: &str,
+        expected: Option<u64>,
+        compute: impl Fn(&Value) -> Result<Value, ApiStatus>,
+    ) -> Result<Value, ApiStatus> {
+        const ATTEMPTS: usize = 8;
+        let plural = self.t.def.plural;
+        let conflict = || {
+            ApiStatus::conflict(format!(
+                "Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ))
+        };
+        for _ in 0..ATTEMPTS {
+            let current = self
+                .st
+                .store
+                .get(plural, self.ns(), name)?
+                .ok_or_else(|| self.not_found(name))?;
+            if expected.is_some_and(|e| util::rv_of(&current) != Some(e)) {
+                return Err(conflict());
+            }
+            let next = compute(&current)?;
+            match self
+                .st
+                .store
+                .replace(plural, self.ns(), name, &current, next)
+            {
+                Err(e) if e.code == 409 && expected.is_none() => continue,
+                Err(e) if e.code == 404 => return Err(self.not_found(name)),
+                other => return other,
+            }
+        }
+        Err(conflict())
     }
 
     fn patch(&self, name: &str, body: &[u8]) -> Result<Response, ApiStatus> {
@@ -623,33 +765,36 @@ impl Ctx<'_> {
                 _ => None,
             };
         let def = self.t.def;
-        let updated = self
-            .st
-            .store
-            .update(def.plural, self.ns(), name, expected, |current| {
-                let mut next = current.clone();
-                match ctype.as_str() {
-                    "application/merge-patch+json" => patch::merge_patch(&mut next, &p),
-                    "application/strategic-merge-patch+json" => patch::strategic_merge_patch(&mut next, &p)?,
-                    "application/json-patch+json" => patch::json_patch(&mut next, &p)?,
-                    other => {
-                        return Err(ApiStatus::unsupported_media(format!(
-                            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
-                        )))
-                    }
+        if !matches!(
+            ctype.as_str(),
+            "application/merge-patch+json"
+                | "application/strategic-merge-patch+json"
+                | "application/json-patch+json"
+        ) {
+            return Err(ApiStatus::unsupported_media(format!(
+                "the body of the request was in an unknown format ({ctype:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+            )));
+        }
+        let updated = self.guaranteed_update(name, expected, |current| {
+            let mut next = current.clone();
+            match ctype.as_str() {
+                "application/merge-patch+json" => patch::merge_patch(&mut next, &p),
+                "application/strategic-merge-patch+json" => {
+                    patch::strategic_merge_patch(&mut next, &p)?
                 }
-                if !next.is_object() {
-                    return Err(ApiStatus::bad_request("patch must leave an object"));
-                }
-                if self.t.def.kind == "Secret" {
-                    admission::fold_string_data(&mut next);
-                }
-                let next = self.scoped(current, next);
-                admission::validate(def, &next)?;
-                admission::node_restriction(self.who, def, Some(current), &next)?;
-                Ok(next)
-            })
-            .map_err(|e| if e.code == 404 { self.not_found(name) } else { e })?;
+                _ => patch::json_patch(&mut next, &p, MAX_OBJECT_BYTES)?,
+            }
+            if !next.is_object() {
+                return Err(ApiStatus::bad_request("patch must leave an object"));
+            }
+            if def.kind == "Secret" {
+                admission::fold_string_data(&mut next);
+            }
+            let next = self.scoped(current, next);
+            admission::validate(def, &next)?;
+            admission::node_restriction(self.who, def, Some(current), &next)?;
+            Ok(next)
+        })?;
         Ok(json_response(StatusCode::OK, &updated))
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -35,27 +35,44 @@ pub struct Controllers {
 impl Controllers {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut feed = self.store.subscribe();
-        let mut view = self.resync();
+        // Store work (SQLite) blocks: block_in_place hands this worker's
+        // other tasks to another thread meanwhile.
+        let mut view = tokio::task::block_in_place(|| self.resync());
         let monitor = (self.grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5));
         let mut node_tick = tokio::time::interval(monitor);
+        node_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut token_tick = tokio::time::interval(TOKEN_SWEEP);
+        let mut last_check = Instant::now();
         loop {
             let result = tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = node_tick.tick() => self.check_nodes(&view),
-                _ = token_tick.tick() => self.sweep_tokens(),
+                _ = node_tick.tick() => {
+                    // A check far later than its interval means this process
+                    // could not run (frozen, starved): the API could not take
+                    // renewals either, so that time is nobody's fault and
+                    // every node gets its grace period afresh.
+                    let late = last_check.elapsed();
+                    if late > monitor + self.grace / 2 {
+                        tracing::warn!(late_ms = late.as_millis() as u64, "node lifecycle check ran late (the control plane was stalled): every node gets a fresh grace period");
+                        view.refresh_all();
+                    }
+                    let r = tokio::task::block_in_place(|| self.check_nodes(&view));
+                    last_check = Instant::now();
+                    r
+                }
+                _ = token_tick.tick() => tokio::task::block_in_place(|| self.sweep_tokens()),
                 r = feed.recv() => match r {
                     Ok(c) => {
                         view.apply(&c);
-                        match (c.resource.as_str(), c.kind) {
+                        tokio::task::block_in_place(|| match (c.resource.as_str(), c.kind) {
                         (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
                         ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
                         ("nodes", EventType::Deleted) => self.collect_lease(&c.name),
                         _ => Ok(()),
-                        }
+                        })
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        view = self.resync();
+                        view = tokio::task::block_in_place(|| self.resync());
                         Ok(())
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -150,6 +167,12 @@ impl Controllers {
                 )
             }
         };
+        // Recorded before it is handed out: deleting the Node revokes it.
+        if let Some(c) = crate::pki::pem_cert_identity(&cert) {
+            if let Some(node) = c.common_name.strip_prefix(auth::NODE_PREFIX) {
+                self.store.record_node_cert(&c.serial, node, c.not_after)?;
+            }
+        }
         self.store
             .update(CSRS, "", name, None, |cur| {
                 let mut next = cur.clone();
@@ -276,11 +299,17 @@ impl Controllers {
     }
 
     fn check_nodes(&self, view: &NodeView) -> Result<(), ClusterError> {
-        let now = util::now();
         for (name, facts) in &view.nodes {
-            let last = view.renewed.get(name).copied().or(facts.created);
-            let stale = last
-                .is_none_or(|t| (now - t).whole_milliseconds() > self.grace.as_millis() as i128);
+            // When this server last saw the node's lease renewed (or the
+            // node appear): its own clock, as kube-controller-manager's
+            // probe time, so the nodes' clocks do not matter.
+            let last = view
+                .renewed
+                .get(name)
+                .map(|r| r.seen)
+                .unwrap_or(facts.seen)
+                .max(facts.seen);
+            let stale = last.elapsed() > self.grace;
             if stale == facts.unknown && facts.taints_ok {
                 continue;
             }
@@ -308,24 +337,30 @@ impl Controllers {
 #[derive(Default)]
 struct NodeView {
     nodes: HashMap<String, NodeFacts>,
-    /// Lease renewTime per node name (kube-node-lease).
-    renewed: HashMap<String, time::OffsetDateTime>,
+    /// Lease renewals per node name (kube-node-lease).
+    renewed: HashMap<String, Renewal>,
+}
+
+struct Renewal {
+    /// The lease's renewTime as the node wrote it.
+    renew_time: time::OffsetDateTime,
+    /// When this server saw that renewTime first.
+    seen: Instant,
 }
 
 struct NodeFacts {
     unknown: bool,
     taints_ok: bool,
-    created: Option<time::OffsetDateTime>,
+    /// When this server first saw the node (or last gave it a fresh grace).
+    seen: Instant,
 }
 
 impl NodeFacts {
-    fn of(node: &Value) -> NodeFacts {
+    fn of(node: &Value, seen: Instant) -> NodeFacts {
         NodeFacts {
             unknown: ready_of(node) == Some("Unknown"),
             taints_ok: taints_match(node),
-            created: node["metadata"]["creationTimestamp"]
-                .as_str()
-                .and_then(util::parse_time),
+            seen,
         }
     }
 }
@@ -337,27 +372,50 @@ fn renew_time(lease: &Value) -> Option<time::OffsetDateTime> {
 }
 
 impl NodeView {
+    /// At start (and after a resync) every node gets a full grace period,
+    /// as kube-controller-manager gives after its own restart.
     fn load(store: &Store) -> Result<NodeView, ClusterError> {
+        let now = Instant::now();
         let mut v = NodeView::default();
         for n in store.list("nodes", None)?.0 {
             v.nodes
-                .insert(util::name_of(&n).to_string(), NodeFacts::of(&n));
+                .insert(util::name_of(&n).to_string(), NodeFacts::of(&n, now));
         }
         for l in store.list("leases", Some("kube-node-lease"))?.0 {
             if let Some(t) = renew_time(&l) {
-                v.renewed.insert(util::name_of(&l).to_string(), t);
+                v.renewed.insert(
+                    util::name_of(&l).to_string(),
+                    Renewal {
+                        renew_time: t,
+                        seen: now,
+                    },
+                );
             }
         }
         Ok(v)
     }
 
+    /// Every node's grace period starts again now.
+    fn refresh_all(&mut self) {
+        let now = Instant::now();
+        for f in self.nodes.values_mut() {
+            f.seen = now;
+        }
+        for r in self.renewed.values_mut() {
+            r.seen = now;
+        }
+    }
+
     fn apply(&mut self, c: &Change) {
+        let now = Instant::now();
         match (c.resource.as_str(), c.kind) {
             ("nodes", EventType::Deleted) => {
                 self.nodes.remove(&c.name);
             }
             ("nodes", _) => {
-                self.nodes.insert(c.name.clone(), NodeFacts::of(&c.object));
+                let seen = self.nodes.get(&c.name).map_or(now, |f| f.seen);
+                self.nodes
+                    .insert(c.name.clone(), NodeFacts::of(&c.object, seen));
             }
             ("leases", kind) if c.namespace == "kube-node-lease" => {
                 match (kind, renew_time(&c.object)) {
@@ -365,7 +423,16 @@ impl NodeView {
                         self.renewed.remove(&c.name);
                     }
                     (_, Some(t)) => {
-                        self.renewed.insert(c.name.clone(), t);
+                        // Only a new renewTime is a renewal.
+                        let same = self.renewed.get(&c.name).filter(|r| r.renew_time == t);
+                        let seen = same.map_or(now, |r| r.seen);
+                        self.renewed.insert(
+                            c.name.clone(),
+                            Renewal {
+                                renew_time: t,
+                                seen,
+                            },
+                        );
                     }
                 }
             }

@@ -98,6 +98,11 @@ impl ShutdownHandle {
     }
 }
 
+/// Async workers of the API server's own runtime.
+const API_WORKERS: usize = 2;
+/// Threads for store work (SQLite, patches) at most; more requests wait.
+const API_BLOCKING_THREADS: usize = 64;
+
 pub struct EmbeddedCluster {
     endpoint: String,
     local_addr: SocketAddr,
@@ -106,12 +111,74 @@ pub struct EmbeddedCluster {
     admin_kubeconfig: PathBuf,
     metrics: Arc<metrics::Metrics>,
     shutdown: ShutdownHandle,
-    tasks: Vec<JoinHandle<()>>,
+    /// Fires when the server and controllers have ended.
+    stopped: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Drop for EmbeddedCluster {
+    fn drop(&mut self) {
+        // Its runtime thread serves until told: the owner going is that.
+        self.shutdown.shutdown();
+    }
 }
 
 impl EmbeddedCluster {
     /// Open (or initialize) the data dir, bind, and serve until shut down.
+    ///
+    /// The API server and its controllers run on a runtime of their own
+    /// (own threads): whatever the embedding process does on its async
+    /// workers, even blocking them, never delays a node's lease renewal.
     pub async fn start(cfg: ClusterConfig) -> Result<EmbeddedCluster, ClusterError> {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("knit-cluster".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(API_WORKERS)
+                    .max_blocking_threads(API_BLOCKING_THREADS)
+                    .thread_name("knit-cluster-api")
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ =
+                            started_tx.send(Err(ClusterError::io("the API server's runtime", e)));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match EmbeddedCluster::start_here(cfg).await {
+                        Ok((cluster, tasks)) => {
+                            if started_tx.send(Ok(cluster)).is_err() {
+                                return; // the caller is gone; Drop stopped it
+                            }
+                            for t in tasks {
+                                // A task that panicked is already over.
+                                let _ = t.await;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                        }
+                    }
+                });
+                // Watch streams still open end with the runtime.
+                rt.shutdown_timeout(Duration::from_secs(5));
+                let _ = stopped_tx.send(());
+            })
+            .map_err(|e| ClusterError::io("the API server's thread", e))?;
+        let mut cluster = started_rx.await.map_err(|_| {
+            ClusterError::Config("the API server's thread ended while starting".into())
+        })??;
+        cluster.stopped = Some(stopped_rx);
+        Ok(cluster)
+    }
+
+    async fn start_here(
+        cfg: ClusterConfig,
+    ) -> Result<(EmbeddedCluster, Vec<JoinHandle<()>>), ClusterError> {
         let pki_dir = cfg.data_dir.join("pki");
         create_private_dir(&cfg.data_dir)?;
         create_private_dir(&pki_dir)?;
@@ -204,16 +271,19 @@ impl EmbeddedCluster {
             )),
         ];
         tracing::info!(%endpoint, ca_pin = ca.pin(), "embedded cluster API serving");
-        Ok(EmbeddedCluster {
-            endpoint,
-            local_addr,
-            ca,
-            store,
-            admin_kubeconfig,
-            metrics,
-            shutdown,
+        Ok((
+            EmbeddedCluster {
+                endpoint,
+                local_addr,
+                ca,
+                store,
+                admin_kubeconfig,
+                metrics,
+                shutdown,
+                stopped: None,
+            },
             tasks,
-        })
+        ))
     }
 
     /// `https://host:port` clients use.
@@ -294,11 +364,11 @@ impl EmbeddedCluster {
     }
 
     /// Stop serving and wait for the server and controllers to end.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.shutdown.shutdown();
-        for t in self.tasks {
-            // A task that panicked is already over; nothing to clean.
-            let _ = t.await;
+        if let Some(stopped) = self.stopped.take() {
+            // An error only means the thread is already gone.
+            let _ = stopped.await;
         }
     }
 }

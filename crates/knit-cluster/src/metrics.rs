@@ -11,10 +11,26 @@ use std::time::Duration;
 /// (verb, resource, HTTP code) of a request.
 type Labels = (&'static str, String, u16);
 
+/// Upper bounds (seconds) of the latency histogram buckets.
+const BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Latency histogram of one (verb, resource).
+#[derive(Default, Clone)]
+struct Histogram {
+    /// Requests at or below each bound of `BUCKETS` (not cumulative here).
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
 #[derive(Default)]
 pub struct Metrics {
     /// labels → (count, total seconds)
     requests: Mutex<BTreeMap<Labels, (u64, f64)>>,
+    /// (verb, resource) → latency histogram
+    latency: Mutex<BTreeMap<(&'static str, String), Histogram>>,
     watches: AtomicI64,
 }
 
@@ -29,10 +45,19 @@ impl Drop for WatchGuard {
 
 impl Metrics {
     pub fn record(&self, verb: &'static str, resource: String, code: u16, took: Duration) {
+        let secs = took.as_secs_f64();
+        if let Ok(mut m) = self.latency.lock() {
+            let h = m.entry((verb, resource.clone())).or_default();
+            if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+                h.counts[i] += 1;
+            }
+            h.count += 1;
+            h.sum += secs;
+        }
         if let Ok(mut m) = self.requests.lock() {
             let e = m.entry((verb, resource, code)).or_insert((0, 0.0));
             e.0 += 1;
-            e.1 += took.as_secs_f64();
+            e.1 += secs;
         }
     }
 
@@ -67,6 +92,42 @@ impl Metrics {
                 "knit_cluster_request_seconds_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} {secs:.6}"
             );
         }
+        let _ = writeln!(out, "# HELP knit_cluster_request_duration_seconds API request latency by verb and resource (watches: until the stream is set up).");
+        let _ = writeln!(
+            out,
+            "# TYPE knit_cluster_request_duration_seconds histogram"
+        );
+        let latency: Vec<_> = self
+            .latency
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        for ((verb, resource), h) in &latency {
+            let labels = format!("verb=\"{verb}\",resource=\"{resource}\"");
+            let mut cumulative = 0;
+            for (bound, n) in BUCKETS.iter().zip(h.counts) {
+                cumulative += n;
+                let _ = writeln!(
+                    out,
+                    "knit_cluster_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "knit_cluster_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "knit_cluster_request_duration_seconds_sum{{{labels}}} {:.6}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "knit_cluster_request_duration_seconds_count{{{labels}}} {}",
+                h.count
+            );
+        }
         let _ = writeln!(out, "# HELP knit_cluster_watches Open watch streams.");
         let _ = writeln!(out, "# TYPE knit_cluster_watches gauge");
         let _ = writeln!(
@@ -93,6 +154,7 @@ mod tests {
         let m = Arc::new(Metrics::default());
         m.record("get", "nodes".into(), 200, Duration::from_millis(2));
         m.record("get", "nodes".into(), 200, Duration::from_millis(3));
+        m.record("get", "nodes".into(), 404, Duration::from_secs(3));
         let w = m.watch();
         let t = m.text(42);
         assert!(
@@ -102,6 +164,15 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("knit_cluster_watches 1\n"));
+        for line in [
+            "knit_cluster_request_duration_seconds_bucket{verb=\"get\",resource=\"nodes\",le=\"0.005\"} 2\n",
+            "knit_cluster_request_duration_seconds_bucket{verb=\"get\",resource=\"nodes\",le=\"2.5\"} 2\n",
+            "knit_cluster_request_duration_seconds_bucket{verb=\"get\",resource=\"nodes\",le=\"5\"} 3\n",
+            "knit_cluster_request_duration_seconds_bucket{verb=\"get\",resource=\"nodes\",le=\"+Inf\"} 3\n",
+            "knit_cluster_request_duration_seconds_count{verb=\"get\",resource=\"nodes\"} 3\n",
+        ] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
         assert!(t.contains("knit_cluster_resource_version 42\n"));
         drop(w);
         assert!(m.text(42).contains("knit_cluster_watches 0\n"));

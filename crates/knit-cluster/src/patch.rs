@@ -128,12 +128,71 @@ fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) -> Result<(), Ap
     Ok(())
 }
 
-/// JSON patch (RFC 6902): add, remove, replace, test, move, copy.
-pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), ApiStatus> {
+/// Most operations one JSON patch may have (kube-apiserver's limit).
+pub const MAX_JSON_PATCH_OPS: usize = 10_000;
+
+fn too_large(message: String) -> ApiStatus {
+    ApiStatus::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "RequestEntityTooLarge",
+        message,
+    )
+}
+
+/// Serialized size of `v`, counted up to `cap` bytes: `None` when larger.
+/// Counting stops at the cap, so measuring a huge value costs no more.
+fn size_within(v: &Value, cap: usize) -> Option<usize> {
+    struct Count(usize, usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            if self.0 > self.1 {
+                return Err(std::io::Error::other("over the cap"));
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0, cap);
+    serde_json::to_writer(&mut c, v).ok().map(|_| c.0)
+}
+
+/// JSON patch (RFC 6902): add, remove, replace, test, move, copy. At most
+/// `MAX_JSON_PATCH_OPS` operations, and the object may not grow past
+/// `max_bytes` on the way (counted before each value is added or copied,
+/// so a `copy` of an object into its own child, doubling it per
+/// operation, is refused before the memory is spent): 413.
+pub fn json_patch(target: &mut Value, ops: &Value, max_bytes: usize) -> Result<(), ApiStatus> {
     let ops = ops
         .as_array()
         .ok_or_else(|| ApiStatus::bad_request("JSON patch must be an array of operations"))?;
+    if ops.len() > MAX_JSON_PATCH_OPS {
+        return Err(too_large(format!(
+            "the allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPS}, got {}",
+            ops.len()
+        )));
+    }
+    let over = |size: &str| {
+        too_large(format!(
+            "the JSON patch would make the object {size} bytes; the limit for a stored object is {max_bytes} bytes (1.5 MiB)"
+        ))
+    };
+    // An upper bound of the object's size as the operations apply: what
+    // they add counts, what they remove does not.
+    let mut size = size_within(target, max_bytes).ok_or_else(|| over("over"))?;
     for op in ops {
+        let kind = op["op"].as_str().unwrap_or("");
+        let added = match kind {
+            "add" | "replace" => Some(&op["value"]),
+            "copy" => op["from"].as_str().and_then(|f| target.pointer(f)),
+            _ => None,
+        };
+        if let Some(v) = added {
+            let room = max_bytes.saturating_sub(size);
+            size += size_within(v, room).ok_or_else(|| over(&format!("more than {max_bytes}")))?;
+        }
         let kind = op["op"].as_str().unwrap_or("");
         let path = op["path"]
             .as_str()
@@ -296,14 +355,34 @@ mod tests {
             {"op": "add", "path": "/spec/taints/-", "value": {"key": "k", "effect": "NoSchedule"}},
             {"op": "remove", "path": "/metadata/labels/a~1b"},
             {"op": "test", "path": "/spec/taints/0/key", "value": "k"}
-        ])).unwrap();
+        ]), 1 << 20).unwrap();
         assert_eq!(n["metadata"]["labels"], json!({}));
         assert_eq!(n["spec"]["taints"][0]["key"], "k");
         let err = json_patch(
             &mut n,
             &json!([{"op": "replace", "path": "/nope", "value": 1}]),
+            1 << 20,
         )
         .unwrap_err();
         assert_eq!(err.code, 422);
+    }
+
+    #[test]
+    fn json_patch_copy_doubling_is_refused_before_the_memory_is_spent() {
+        let mut n = json!({"data": {"a": "x".repeat(1000)}});
+        // 40 doublings would be a terabyte.
+        let ops: Vec<Value> = (0..40)
+            .map(|i| json!({"op": "copy", "from": "/data", "path": format!("/data/c{i}")}))
+            .collect();
+        let err = json_patch(&mut n, &Value::Array(ops), 64 * 1024).unwrap_err();
+        assert_eq!(err.code, 413, "{}", err.message);
+        assert!(err.message.contains("65536"), "{}", err.message);
+        let many = Value::Array(vec![
+            json!({"op": "test", "path": "/data/a", "value": null});
+            MAX_JSON_PATCH_OPS + 1
+        ]);
+        let err = json_patch(&mut json!({}), &many, 1 << 20).unwrap_err();
+        assert_eq!(err.code, 413);
+        assert!(err.message.contains("10000"), "{}", err.message);
     }
 }

@@ -270,8 +270,19 @@ pub fn parse_csr(pem: &str) -> Result<CsrSubject, ClusterError> {
     })
 }
 
-/// CN and O of a (TLS-verified) client certificate.
-pub fn cert_identity(der: &[u8]) -> Option<(String, Vec<String>)> {
+/// What the server uses of a (TLS-verified) client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    /// Serial number, lowercase hex: what revocation records.
+    pub serial: String,
+    /// Expiry, Unix seconds: a revocation is kept no longer than this.
+    pub not_after: i64,
+}
+
+/// CN, O, serial and expiry of a DER certificate.
+pub fn cert_identity(der: &[u8]) -> Option<ClientCert> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     let subject = cert.subject();
     let cn = subject
@@ -284,7 +295,18 @@ pub fn cert_identity(der: &[u8]) -> Option<(String, Vec<String>)> {
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_string))
         .collect();
-    Some((cn, orgs))
+    Some(ClientCert {
+        common_name: cn,
+        organizations: orgs,
+        serial: hex::encode(cert.raw_serial()),
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
+/// Like `cert_identity`, for a PEM certificate (as CSRs hold them).
+pub fn pem_cert_identity(pem: &str) -> Option<ClientCert> {
+    let der = pem_der(pem, "certificate").ok()?;
+    cert_identity(&der)
 }
 
 #[cfg(test)]
@@ -326,7 +348,7 @@ mod tests {
         let ca_der = pem_der(ca.cert_pem(), "ca").unwrap();
         let (_, ca_cert) = X509Certificate::from_der(&ca_der).unwrap();
         cert.verify_signature(Some(ca_cert.public_key())).unwrap();
-        assert_eq!(cert_identity(&der).unwrap().0, "system:node:n1");
+        assert_eq!(cert_identity(&der).unwrap().common_name, "system:node:n1");
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! resourceVersion for the whole cluster, and the change feed that watches
 //! read. Objects are kept as the JSON the API serves.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
@@ -17,6 +17,9 @@ use crate::util;
 /// still in this window; older ones get 410 Gone, as from etcd compaction.
 const HISTORY: usize = 20_000;
 const FEED_CAPACITY: usize = 8_192;
+/// Largest stored object, serialized (etcd's default request limit,
+/// 1.5 MiB): however an object is written (create, update, any patch).
+pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -52,6 +55,9 @@ pub struct Change {
 pub struct Store {
     inner: Mutex<Inner>,
     feed: broadcast::Sender<Arc<Change>>,
+    /// Revoked node client certificates: serial (hex) → node name. Read on
+    /// every request with a client certificate, so not behind `inner`.
+    revoked: RwLock<HashMap<String, String>>,
 }
 
 struct Inner {
@@ -82,8 +88,36 @@ impl Store {
                  resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
                  rv INTEGER NOT NULL, body TEXT NOT NULL,
                  PRIMARY KEY (resource, namespace, name));
-             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS node_certs (
+                 serial TEXT PRIMARY KEY, node TEXT NOT NULL,
+                 not_after INTEGER NOT NULL, revoked_at INTEGER);
+             CREATE INDEX IF NOT EXISTS node_certs_node ON node_certs (node);",
         )?;
+        // Node certificates issued before they were recorded at signing
+        // are still on their CSRs.
+        for csr in list_in(&conn, "certificatesigningrequests", None)? {
+            if let Some(c) = issued_node_cert(&csr) {
+                conn.execute(
+                    "INSERT OR IGNORE INTO node_certs (serial, node, not_after) VALUES (?1, ?2, ?3)",
+                    params![c.serial, c.node, c.not_after],
+                )?;
+            }
+        }
+        // Certificates that expired need no revocation any more.
+        conn.execute(
+            "DELETE FROM node_certs WHERE not_after < ?1",
+            params![util::now().unix_timestamp()],
+        )?;
+        let mut revoked = HashMap::new();
+        {
+            let mut st =
+                conn.prepare("SELECT serial, node FROM node_certs WHERE revoked_at IS NOT NULL")?;
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                revoked.insert(r.get::<_, String>(0)?, r.get::<_, String>(1)?);
+            }
+        }
         let rv: u64 = conn
             .query_row("SELECT value FROM meta WHERE key = 'rv'", [], |r| {
                 r.get::<_, i64>(0)
@@ -99,7 +133,32 @@ impl Store {
                 history_floor: rv,
             }),
             feed,
+            revoked: RwLock::new(revoked),
         })
+    }
+
+    /// Remember a node client certificate the CA issued, so that deleting
+    /// the Node revokes it.
+    pub fn record_node_cert(
+        &self,
+        serial: &str,
+        node: &str,
+        not_after: i64,
+    ) -> Result<(), ClusterError> {
+        self.lock().conn.execute(
+            "INSERT OR IGNORE INTO node_certs (serial, node, not_after) VALUES (?1, ?2, ?3)",
+            params![serial, node, not_after],
+        )?;
+        Ok(())
+    }
+
+    /// The node whose certificate with this serial was revoked, if it was.
+    pub fn revoked_node(&self, serial: &str) -> Option<String> {
+        self.revoked
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(serial)
+            .cloned()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -113,7 +172,9 @@ impl Store {
     }
 
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Result<Option<Value>, ClusterError> {
-        get_in(&self.lock().conn, resource, ns, name)
+        // Parsed after the lock is released.
+        let body = get_raw(&self.lock().conn, resource, ns, name)?;
+        body.map(|b| parse(&b)).transpose()
     }
 
     /// All objects of a resource (in one namespace, or all when `ns` is None),
@@ -123,8 +184,15 @@ impl Store {
         resource: &str,
         ns: Option<&str>,
     ) -> Result<(Vec<Value>, u64), ClusterError> {
-        let inner = self.lock();
-        Ok((list_in(&inner.conn, resource, ns)?, inner.rv))
+        let (bodies, rv) = {
+            let inner = self.lock();
+            (list_raw(&inner.conn, resource, ns)?, inner.rv)
+        };
+        let items = bodies
+            .iter()
+            .map(|b| parse(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((items, rv))
     }
 
     pub fn create(&self, resource: &str, ns: &str, mut obj: Value) -> Result<Value, ApiStatus> {
@@ -199,6 +267,63 @@ impl Store {
         )
     }
 
+    /// Replace `base` (an object read earlier) by `next`, computed from it
+    /// without holding the store: 409 if the object changed since `base`
+    /// was read (the caller reads again and retries), 404 if it is gone.
+    pub fn replace(
+        &self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        base: &Value,
+        mut next: Value,
+    ) -> Result<Value, ApiStatus> {
+        for key in ["uid", "creationTimestamp", "name", "namespace"] {
+            let meta = util::meta_mut(&mut next);
+            match base["metadata"].get(key) {
+                Some(v) => meta.insert(key.into(), v.clone()),
+                None => meta.remove(key),
+            };
+        }
+        let mut cmp = next.clone();
+        util::meta_mut(&mut cmp).insert(
+            "resourceVersion".into(),
+            base["metadata"]["resourceVersion"].clone(),
+        );
+        let unchanged = cmp == *base;
+        let mut inner = self.lock();
+        let stored_rv: Option<i64> = inner
+            .conn
+            .query_row(
+                "SELECT rv FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+                params![resource, ns, name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(ClusterError::from)?;
+        let Some(stored_rv) = stored_rv else {
+            return Err(ApiStatus::not_found(format!(
+                "{resource} \"{name}\" not found"
+            )));
+        };
+        if util::rv_of(base) != Some(stored_rv as u64) {
+            return Err(ApiStatus::conflict(format!(
+                "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            )));
+        }
+        // A no-op write does not bump the resourceVersion (like Kubernetes).
+        if unchanged {
+            return Ok(base.clone());
+        }
+        self.write(
+            &mut inner,
+            EventType::Modified,
+            (resource, ns, name),
+            next,
+            Some(base.clone()),
+        )
+    }
+
     pub fn delete(&self, resource: &str, ns: &str, name: &str) -> Result<Value, ApiStatus> {
         let mut inner = self.lock();
         let current = get_in(&inner.conn, resource, ns, name)?
@@ -222,16 +347,41 @@ impl Store {
     ) -> Result<Value, ApiStatus> {
         let rv = inner.rv + 1;
         util::meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        let body = obj.to_string();
+        if kind != EventType::Deleted && body.len() > MAX_OBJECT_BYTES {
+            return Err(ApiStatus::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                format!(
+                    "{resource} \"{name}\" would be {} bytes; the limit for a stored object is {MAX_OBJECT_BYTES} bytes (1.5 MiB)",
+                    body.len()
+                ),
+            ));
+        }
         let tx = inner.conn.transaction()?;
+        let mut revoked = Vec::new();
         if kind == EventType::Deleted {
             tx.execute(
                 "DELETE FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
                 params![resource, ns, name],
             )?;
+            if resource == "nodes" {
+                // A removed node keeps no working credential: its client
+                // certificates are revoked with the Node, atomically.
+                tx.execute(
+                    "UPDATE node_certs SET revoked_at = ?2 WHERE node = ?1 AND revoked_at IS NULL",
+                    params![name, util::now().unix_timestamp()],
+                )?;
+                let mut st = tx.prepare("SELECT serial FROM node_certs WHERE node = ?1")?;
+                let mut rows = st.query(params![name])?;
+                while let Some(r) = rows.next()? {
+                    revoked.push(r.get::<_, String>(0)?);
+                }
+            }
         } else {
             tx.execute(
                 "INSERT OR REPLACE INTO objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![resource, ns, name, rv as i64, obj.to_string()],
+                params![resource, ns, name, rv as i64, body],
             )?;
         }
         tx.execute(
@@ -239,6 +389,17 @@ impl Store {
             params![rv as i64],
         )?;
         tx.commit()?;
+        if !revoked.is_empty() {
+            tracing::info!(
+                node = name,
+                certificates = revoked.len(),
+                "node deleted: its client certificates are revoked"
+            );
+            let mut set = self.revoked.write().unwrap_or_else(|p| p.into_inner());
+            for serial in revoked {
+                set.insert(serial, name.to_string());
+            }
+        }
         inner.rv = rv;
         let change = Arc::new(Change {
             kind,
@@ -312,31 +473,41 @@ impl Store {
     }
 }
 
+fn get_raw(
+    conn: &Connection,
+    resource: &str,
+    ns: &str,
+    name: &str,
+) -> Result<Option<String>, ClusterError> {
+    Ok(conn
+        .query_row(
+            "SELECT body FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+            params![resource, ns, name],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
+
 fn get_in(
     conn: &Connection,
     resource: &str,
     ns: &str,
     name: &str,
 ) -> Result<Option<Value>, ClusterError> {
-    let body: Option<String> = conn
-        .query_row(
-            "SELECT body FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-            params![resource, ns, name],
-            |r| r.get(0),
-        )
-        .optional()?;
-    body.map(|b| parse(&b)).transpose()
+    get_raw(conn, resource, ns, name)?
+        .map(|b| parse(&b))
+        .transpose()
 }
 
-fn list_in(
+fn list_raw(
     conn: &Connection,
     resource: &str,
     ns: Option<&str>,
-) -> Result<Vec<Value>, ClusterError> {
+) -> Result<Vec<String>, ClusterError> {
     let mut out = Vec::new();
     let mut push = |rows: &mut rusqlite::Rows<'_>| -> Result<(), ClusterError> {
         while let Some(row) = rows.next()? {
-            out.push(parse(&row.get::<_, String>(0)?)?);
+            out.push(row.get::<_, String>(0)?);
         }
         Ok(())
     };
@@ -355,6 +526,37 @@ fn list_in(
         }
     }
     Ok(out)
+}
+
+fn list_in(
+    conn: &Connection,
+    resource: &str,
+    ns: Option<&str>,
+) -> Result<Vec<Value>, ClusterError> {
+    list_raw(conn, resource, ns)?
+        .iter()
+        .map(|b| parse(b))
+        .collect()
+}
+
+/// A node client certificate a CSR object holds.
+pub struct IssuedNodeCert {
+    pub serial: String,
+    pub node: String,
+    pub not_after: i64,
+}
+
+pub fn issued_node_cert(csr: &Value) -> Option<IssuedNodeCert> {
+    use base64::Engine;
+    let b64 = csr["status"]["certificate"].as_str()?;
+    let pem = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    let cert = crate::pki::pem_cert_identity(std::str::from_utf8(&pem).ok()?)?;
+    let node = cert.common_name.strip_prefix(crate::auth::NODE_PREFIX)?;
+    Some(IssuedNodeCert {
+        serial: cert.serial,
+        node: node.to_string(),
+        not_after: cert.not_after,
+    })
 }
 
 fn parse(body: &str) -> Result<Value, ClusterError> {

@@ -99,14 +99,17 @@ pub fn spki_pin(der: &[u8]) -> Result<String> {
     Ok(format!("sha256:{}", hex::encode(digest)))
 }
 
-/// Accepts the CA bundle if one of its certificates has the pinned key.
-pub fn check_ca_pin(ca_pem: &str, pin: &str, what: &str) -> Result<()> {
+/// The certificate of `ca_pem` (a PEM bundle) whose public key has the pin,
+/// alone, as PEM: the only trust anchor the node uses. Any other
+/// certificate of the bundle is dropped, never trusted (kubeadm's
+/// `--discovery-token-ca-cert-hash` names one CA).
+pub fn check_ca_pin(ca_pem: &str, pin: &str, what: &str) -> Result<String> {
     let want = pin.trim().to_lowercase();
     let mut seen = Vec::new();
     for cert in parse_pem_certs(ca_pem)? {
         let got = spki_pin(&cert)?;
         if got == want {
-            return Ok(());
+            return Ok(der_to_pem(&cert));
         }
         seen.push(got);
     }
@@ -118,6 +121,62 @@ pub fn check_ca_pin(ca_pem: &str, pin: &str, what: &str) -> Result<()> {
             seen.join(", ")
         ),
     ))
+}
+
+fn der_to_pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// Checks kubeadm's detached JWS of `cluster-info`'s kubeconfig
+/// (`jws-kubeconfig-<token-id>`: HS256 keyed with the token secret), which
+/// proves the kubeconfig comes from a server that knows the node's
+/// bootstrap token.
+pub fn verify_cluster_info_jws(
+    kubeconfig: &str,
+    jws: &str,
+    token: &str,
+) -> std::result::Result<(), String> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let (id, secret) = token
+        .split_once('.')
+        .ok_or("the bootstrap token is not <id>.<secret>")?;
+    let (header_b64, rest) = jws
+        .split_once('.')
+        .ok_or("not a detached JWS (header..signature)")?;
+    let sig_b64 = rest
+        .strip_prefix('.')
+        .ok_or("not a detached JWS (header..signature)")?;
+    let header: serde_json::Value = URL_SAFE_NO_PAD
+        .decode(header_b64)
+        .ok()
+        .and_then(|h| serde_json::from_slice(&h).ok())
+        .ok_or("the JWS header is not base64url JSON")?;
+    if header["alg"] != "HS256" {
+        return Err(format!("JWS algorithm {} is not HS256", header["alg"]));
+    }
+    if header["kid"] != id {
+        return Err(format!(
+            "JWS key id {} is not the token id {id:?}",
+            header["kid"]
+        ));
+    }
+    let sig = URL_SAFE_NO_PAD
+        .decode(sig_b64)
+        .map_err(|_| "the JWS signature is not base64url")?;
+    let signed = format!("{header_b64}.{}", URL_SAFE_NO_PAD.encode(kubeconfig));
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    // Constant-time comparison.
+    ring::hmac::verify(&key, signed.as_bytes(), &sig)
+        .map_err(|_| "the signature does not match the bootstrap token".to_string())
 }
 
 /// Trusts any server: only for fetching `cluster-info`, whose CA is then
@@ -173,9 +232,12 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
 pub const CLUSTER_INFO_PATH: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
 
 /// Discovers the cluster CA from the `cluster-info` ConfigMap (anonymous,
-/// unverified TLS), accepts it only if it matches `pin`, then checks that the
-/// endpoint really serves a certificate of that CA. Returns the CA PEM.
-pub fn discover_ca(endpoint: &str, pin: &str, timeout: Duration) -> Result<String> {
+/// unverified TLS) as kubeadm does: the kubeconfig there is trusted only if
+/// its `jws-kubeconfig-<token-id>` signature verifies with the bootstrap
+/// `token`, and of its CA bundle only the certificate with the pinned key is
+/// kept; then the endpoint must really serve a certificate of that CA.
+/// Returns the pinned CA certificate (PEM).
+pub fn discover_ca(endpoint: &str, pin: &str, token: &str, timeout: Duration) -> Result<String> {
     use base64::Engine;
     let url = format!("{}{CLUSTER_INFO_PATH}", endpoint.trim_end_matches('/'));
     let join_error = |what: String| AgentError::new(ErrorCode::FailJoin, what);
@@ -207,6 +269,20 @@ pub fn discover_ca(endpoint: &str, pin: &str, timeout: Duration) -> Result<Strin
             "{url}: the cluster-info ConfigMap has no data.kubeconfig"
         ))
     })?;
+    let token_id = token.split_once('.').map_or(token, |(id, _)| id);
+    let jws_key = format!("jws-kubeconfig-{token_id}");
+    let jws = body["data"][&jws_key].as_str().ok_or_else(|| {
+        join_error(format!(
+            "{url}: cluster-info has no {jws_key} signature for this node's bootstrap token: \
+             refusing to trust its kubeconfig (the token is unknown to the server, or expired)"
+        ))
+    })?;
+    verify_cluster_info_jws(kubeconfig, jws, token).map_err(|why| {
+        join_error(format!(
+            "{url}: the {jws_key} signature of cluster-info does not verify ({why}): \
+             refusing to trust its kubeconfig"
+        ))
+    })?;
     let kubeconfig: serde_yaml::Value = serde_yaml::from_str(kubeconfig)
         .map_err(|e| join_error(format!("{url}: data.kubeconfig is not a kubeconfig: {e}")))?;
     let ca_data = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]
@@ -225,7 +301,7 @@ pub fn discover_ca(endpoint: &str, pin: &str, timeout: Duration) -> Result<Strin
                 "{url}: certificate-authority-data is not base64 PEM"
             ))
         })?;
-    check_ca_pin(&ca_pem, pin, &format!("the CA served by {url}"))?;
+    let ca_pem = check_ca_pin(&ca_pem, pin, &format!("the CA served by {url}"))?;
     // The pinned CA must also be the one the endpoint's certificate chains to.
     http_agent(Some(&ca_pem), timeout)?
         .get(&url)

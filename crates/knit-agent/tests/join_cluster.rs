@@ -219,18 +219,43 @@ fn unreachable_api_server_fails_the_join_and_a_rerun_resumes() {
     drop(server);
 }
 
-/// An HTTPS server serving `cluster-info` with `ca_pem` in its kubeconfig.
+/// kubeadm's detached JWS of `content` for a bootstrap token, computed here
+/// independently of the agent (HS256 over header.payload).
+fn jws_for(content: &str, token: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let (id, secret) = token.split_once('.').unwrap();
+    let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"HS256","kid":"{id}"}}"#));
+    let signed = format!("{header}.{}", URL_SAFE_NO_PAD.encode(content));
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    let sig = ring::hmac::sign(&key, signed.as_bytes());
+    format!("{header}..{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+}
+
+/// An HTTPS server serving `cluster-info` with `ca_pem` in its kubeconfig,
+/// signed for TOKEN.
 fn cluster_info_server(pki: &Pki, advertised_ca: &str) -> Server {
+    cluster_info_server_signed(pki, advertised_ca, Some(TOKEN))
+}
+
+/// Like `cluster_info_server`, signed with `signer` (None: no signature).
+fn cluster_info_server_signed(pki: &Pki, advertised_ca: &str, signer: Option<&str>) -> Server {
     use base64::Engine;
     let kubeconfig = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: https://127.0.0.1\n    certificate-authority-data: {}\n",
         base64::engine::general_purpose::STANDARD.encode(advertised_ca)
     );
+    let mut data = serde_json::json!({"kubeconfig": kubeconfig});
+    if let Some(token) = signer {
+        // Keyed under TOKEN's id whoever signed: a wrong secret must fail.
+        let id = TOKEN.split_once('.').unwrap().0;
+        data[format!("jws-kubeconfig-{id}")] = serde_json::json!(jws_for(&kubeconfig, token));
+    }
     let body = serde_json::json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "cluster-info", "namespace": "kube-public"},
-        "data": {"kubeconfig": kubeconfig},
+        "data": data,
     })
     .to_string();
     Server::start(
@@ -244,6 +269,71 @@ fn cluster_info_server(pki: &Pki, advertised_ca: &str) -> Server {
             }
         },
     )
+}
+
+/// Only the pinned certificate of a CA bundle is trusted: a bundle that
+/// also holds another CA does not make a server of that CA trusted; and
+/// cluster-info's kubeconfig is trusted only with a valid JWS for the
+/// node's bootstrap token.
+#[test]
+fn only_the_pinned_ca_is_trusted_and_cluster_info_must_be_signed() {
+    let work = tempfile::tempdir().unwrap();
+    let pki = Pki::new("test-cluster-ca");
+    let pin = openssl_pin(&pki.ca_pem, work.path());
+    let other = Pki::new("unpinned-ca");
+    let timeout = Duration::from_secs(5);
+
+    // A bundle with an extra CA: only the pinned one comes back.
+    let bundle = format!("{}{}", other.ca_pem, pki.ca_pem);
+    let pinned = tls::check_ca_pin(&bundle, &pin, "bundle").unwrap();
+    assert_eq!(tls::parse_pem_certs(&pinned).unwrap().len(), 1);
+    assert_eq!(
+        tls::parse_pem_certs(&pinned).unwrap()[0].as_ref(),
+        pki.ca_der.as_slice()
+    );
+
+    // cluster-info advertising that bundle, served with a certificate of
+    // the unpinned CA: refused (before, the whole bundle was trusted).
+    let lying = cluster_info_server(&other, &bundle);
+    let err = tls::discover_ca(&lying.url("https"), &pin, TOKEN, timeout).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailJoin);
+    assert!(
+        err.message
+            .contains("does not present a certificate of the pinned CA"),
+        "{err}"
+    );
+    // Served by the pinned CA: only the pinned certificate is returned.
+    let honest = cluster_info_server(&pki, &bundle);
+    let ca = tls::discover_ca(&honest.url("https"), &pin, TOKEN, timeout).unwrap();
+    assert_eq!(tls::parse_pem_certs(&ca).unwrap().len(), 1, "{ca}");
+
+    // Signed with another secret, or not signed: refused.
+    let forged = cluster_info_server_signed(&pki, &pki.ca_pem, Some("abcdef.ffffffffffffffff"));
+    let err = tls::discover_ca(&forged.url("https"), &pin, TOKEN, timeout).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailJoin);
+    assert!(err.message.contains("does not verify"), "{err}");
+    let unsigned = cluster_info_server_signed(&pki, &pki.ca_pem, None);
+    let err = tls::discover_ca(&unsigned.url("https"), &pin, TOKEN, timeout).unwrap_err();
+    assert!(err.message.contains("jws-kubeconfig-abcdef"), "{err}");
+
+    // Through init, with a given bundle: only the pinned CA is written for
+    // the kubelet.
+    let node = prepared_node();
+    let mut config = join_config(&honest.url("https"), &pki);
+    config.cluster.ca_cert = Some(bundle.clone());
+    config.cluster.ca_pin = Some(pin.clone());
+    config.join.timeout_seconds = 1;
+    let _ = node.init(&config);
+    let written = std::fs::read_to_string(node.path("/etc/kubernetes/pki/ca.crt")).unwrap();
+    assert_eq!(
+        tls::parse_pem_certs(&written).unwrap().len(),
+        1,
+        "{written}"
+    );
+    assert_eq!(
+        tls::parse_pem_certs(&written).unwrap()[0].as_ref(),
+        pki.ca_der.as_slice()
+    );
 }
 
 #[test]
@@ -263,10 +353,10 @@ fn ca_pin_is_checked_and_mismatches_refused() {
     let endpoint = server.url("https");
     let timeout = Duration::from_secs(5);
     assert_eq!(
-        tls::discover_ca(&endpoint, &pin, timeout).unwrap(),
+        tls::discover_ca(&endpoint, &pin, TOKEN, timeout).unwrap(),
         pki.ca_pem
     );
-    let err = tls::discover_ca(&endpoint, &wrong_pin, timeout).unwrap_err();
+    let err = tls::discover_ca(&endpoint, &wrong_pin, TOKEN, timeout).unwrap_err();
     assert_eq!(err.code, ErrorCode::FailJoin);
     assert!(err.message.contains("refusing"), "{err}");
     assert!(err.message.contains(&wrong_pin), "{err}");
@@ -275,7 +365,7 @@ fn ca_pin_is_checked_and_mismatches_refused() {
     // certificate is refused too.
     let impostor = Pki::new("impostor-ca");
     let lying = cluster_info_server(&impostor, &pki.ca_pem);
-    let err = tls::discover_ca(&lying.url("https"), &pin, timeout).unwrap_err();
+    let err = tls::discover_ca(&lying.url("https"), &pin, TOKEN, timeout).unwrap_err();
     assert_eq!(err.code, ErrorCode::FailJoin);
     assert!(
         err.message

@@ -37,23 +37,27 @@ fn join_error(message: impl Into<String>) -> AgentError {
 pub fn resolve_ca(ctx: &Ctx, endpoint: &str) -> Result<String> {
     let cluster = &ctx.config.cluster;
     match (&cluster.ca_cert, &cluster.ca_pin) {
-        (Some(ca), Some(pin)) => {
-            tls::check_ca_pin(ca, pin, "cluster.caCert")?;
-            Ok(ca.clone())
-        }
+        // Only the pinned certificate of the bundle is trusted.
+        (Some(ca), Some(pin)) => tls::check_ca_pin(ca, pin, "cluster.caCert"),
         (Some(ca), None) => Ok(ca.clone()),
         (None, Some(pin)) => {
             // Discovered by an earlier run: reused if it still has the pin.
             if let Some(ca) = ctx.host.read(render::CLUSTER_CA) {
-                if tls::check_ca_pin(&ca, pin, render::CLUSTER_CA).is_ok() {
-                    return Ok(ca);
+                if let Ok(pinned) = tls::check_ca_pin(&ca, pin, render::CLUSTER_CA) {
+                    return Ok(pinned);
                 }
             }
+            let Some(token) = &cluster.bootstrap_token else {
+                return Err(join_error(
+                    "cluster.caPin without cluster.caCert needs cluster.bootstrapToken: the CA is \
+                     discovered from cluster-info, whose signature is checked with the token",
+                ));
+            };
             ctx.host.log.line(
                 SCOPE,
                 &format!("discovering the cluster CA from {endpoint} (pin {pin})"),
             );
-            tls::discover_ca(endpoint, pin, PROBE_TIMEOUT)
+            tls::discover_ca(endpoint, pin, token, PROBE_TIMEOUT)
         }
         (None, None) => Err(join_error(
             "cluster.endpoint is set but neither cluster.caCert nor cluster.caPin: \

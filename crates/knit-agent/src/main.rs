@@ -71,6 +71,9 @@ enum Command {
         #[arg(long)]
         undo: bool,
     },
+    /// Restart containerd, then kubelet (the control plane's node repair
+    /// runs this first when a node stays NotReady).
+    RestartServices,
     /// Run one service under the agent's supervisor (started by `init`
     /// where systemd is not PID 1; not for direct use).
     #[command(hide = true)]
@@ -86,6 +89,39 @@ fn load_config(path: &PathBuf) -> Result<NodeConfig, AgentError> {
     })?;
     NodeConfig::from_yaml(&text)
         .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("{}: {e}", path.display())))
+}
+
+/// Stops and starts one service knit-agent init set up, with the same
+/// definition (a systemd unit: `systemctl restart`).
+fn restart_service(host: &Host, name: &str) -> Result<(), AgentError> {
+    use knit_agent::services;
+    host.log
+        .line("service", &format!("restarting {name} (node repair)"));
+    if services::uses_systemd(host) {
+        host.run(
+            ErrorCode::FailCommand,
+            "systemctl",
+            &["restart", name],
+            std::time::Duration::from_secs(60),
+        )?;
+        return Ok(());
+    }
+    // Read before stopping: stopping removes the supervisor's files.
+    let path = host.path(&services::spec_file(name));
+    let spec: services::ServiceSpec = std::fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_json::from_slice(&text).map_err(|e| e.to_string()))
+        .map_err(|why| {
+            AgentError::new(
+                ErrorCode::FailCommand,
+                format!(
+                    "service {name}: cannot read its definition {}: {why} (did knit-agent init start it?)",
+                    path.display()
+                ),
+            )
+        })?;
+    services::stop(host, name)?;
+    services::ensure_running(host, &spec)
 }
 
 fn main() -> ExitCode {
@@ -176,6 +212,14 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             Ok(())
         }
         Command::Supervise { name } => knit_agent::supervise::run(&cli.root, &name),
+        Command::RestartServices => {
+            let host = Host::new(&cli.root);
+            for name in ["containerd", "kubelet"] {
+                restart_service(&host, name)?;
+                println!("restarted {name}");
+            }
+            Ok(())
+        }
         Command::Reset { undo: true } => {
             let host = Host::without_log(&cli.root);
             let report = knit_agent::undo::undo(&host)?;

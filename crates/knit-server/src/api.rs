@@ -359,21 +359,11 @@ async fn scale_pool(
         what: "scale request".into(),
         message: e.to_string(),
     })?;
-    let record = cp.store.live_pool(&name)?;
-    let mut pool = record.pool.clone();
-    let from = pool.spec.replicas;
-    pool.spec.replicas = request.replicas;
-    pool.validate()?;
-    check_quota(&cp, &pool)?;
-    cp.store.update_pool(&pool)?;
-    cp.store.add_event(
-        "Normal",
-        "NodePool",
-        &name,
-        "Scaled",
-        &format!("replicas {from} -> {}", request.replicas),
-    )?;
-    cp.plan_pool(&name, request.release).await?;
+    // The count and the release choice change under the plan lock at once.
+    cp.scale_pool(&name, request.replicas, request.release, |pool| {
+        check_quota(&cp, pool)
+    })
+    .await?;
     let record = cp
         .store
         .pool(&name)?

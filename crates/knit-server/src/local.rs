@@ -3,10 +3,16 @@
 //! so every call runs on tokio's blocking pool.
 
 use crate::error::{Result, ServerError};
-use crate::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, TAG_NAME};
+use crate::provider::{
+    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, READ_FILE_MAX_BYTES,
+    READ_FILE_TIMEOUT, TAG_NAME,
+};
 use async_trait::async_trait;
 use knit_local::{Cloud, DiskInterface, DiskSpec, Instance, LocalError, Quantity, Template};
+use std::process::Stdio;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
 
 pub struct LocalProvider {
     cloud: Arc<Cloud>,
@@ -131,6 +137,85 @@ fn view(i: &Instance) -> ProviderInstance {
     }
 }
 
+/// `timeout -s KILL <s> head -c <max + 1> -- <path>`: the bounded read run
+/// inside an instance.
+fn bounded_read_argv(path: &str, max_bytes: usize, limit: Duration) -> Vec<String> {
+    [
+        "timeout",
+        "-s",
+        "KILL",
+        &limit.as_secs().max(1).to_string(),
+        "head",
+        "-c",
+        &(max_bytes + 1).to_string(),
+        "--",
+        path,
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
+}
+
+/// Runs a bounded read (`bounded_read_argv`, here wrapped in nsenter) and
+/// returns its output: refused when more than `max_bytes` come, or when it
+/// outlives `limit` (then it is killed: `kill_on_drop`).
+async fn run_bounded_read(
+    command: std::process::Command,
+    what: &str,
+    max_bytes: usize,
+    limit: Duration,
+) -> Result<Vec<u8>> {
+    let mut command = tokio::process::Command::from(command);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| ServerError::io(format!("read {what}"), e))?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(ServerError::Internal(format!("read {what}: no pipes")));
+    };
+    let read = async move {
+        let mut out = Vec::new();
+        stdout
+            .take(max_bytes as u64 + 1)
+            .read_to_end(&mut out)
+            .await?;
+        let mut err = Vec::new();
+        stderr.take(64 << 10).read_to_end(&mut err).await?;
+        let status = child.wait().await?;
+        Ok::<_, std::io::Error>((status, out, err))
+    };
+    let fail = |message: String| ServerError::Provider {
+        provider: "local".into(),
+        message,
+    };
+    let too_slow = || {
+        format!(
+            "reading {what} did not finish within {} s",
+            limit.as_secs().max(1)
+        )
+    };
+    // A grace over the inner limit for nsenter itself.
+    let (status, out, err) = match tokio::time::timeout(limit + Duration::from_secs(5), read).await
+    {
+        Err(_) => return Err(fail(too_slow())),
+        Ok(Err(e)) => return Err(ServerError::io(format!("read {what}"), e)),
+        Ok(Ok(done)) => done,
+    };
+    if out.len() > max_bytes {
+        return Err(fail(format!("{what} is larger than {max_bytes} bytes")));
+    }
+    match status.code() {
+        Some(0) => Ok(out),
+        // timeout(1): 124 after TERM, 137 after KILL.
+        Some(124) | Some(137) | None => Err(fail(too_slow())),
+        Some(_) => Err(fail(String::from_utf8_lossy(&err).trim().to_string())),
+    }
+}
+
 fn not_found_is_none<T>(r: knit_local::Result<T>) -> knit_local::Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -237,17 +322,27 @@ impl Provider for LocalProvider {
     }
 
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
-        let (id, path) = (id.to_string(), path.to_string());
-        let output = self
-            .blocking(move |c| c.exec(&id, &["cat".to_string(), "--".to_string(), path]))
+        self.read_file_limited(id, path, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT)
+            .await
+    }
+
+    /// Bounded on both sides: inside the instance `timeout` kills the reader
+    /// (a FIFO blocks in open(2) forever) and `head` stops one byte past the
+    /// cap (/dev/zero never ends); here at most that much is read, and the
+    /// whole exec is killed when it outlives the limit.
+    async fn read_file_limited(
+        &self,
+        id: &str,
+        path: &str,
+        max_bytes: usize,
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
+        let argv = bounded_read_argv(path, max_bytes, limit);
+        let target = id.to_string();
+        let command = self
+            .blocking(move |c| c.exec_command(&target, &argv))
             .await?;
-        if !output.status.success() {
-            return Err(ServerError::Provider {
-                provider: "local".into(),
-                message: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-            });
-        }
-        Ok(output.stdout)
+        run_bounded_read(command, &format!("{path} inside {id}"), max_bytes, limit).await
     }
 
     async fn snapshot_create(
@@ -307,6 +402,47 @@ impl Provider for LocalProvider {
 mod tests {
     use super::*;
     use crate::provider::DiskTemplate;
+
+    /// The bounded read itself, run on this host (inside an instance it is
+    /// the same argv behind nsenter): a FIFO nobody writes, /dev/zero behind
+    /// a symlink, a small file, a missing one.
+    #[tokio::test]
+    async fn bounded_read_stops_a_fifo_and_an_endless_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("result.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let zero = dir.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let small = dir.path().join("small.json");
+        std::fs::write(&small, b"{}").unwrap();
+        let read = |path: &std::path::Path, max: usize| {
+            let argv = bounded_read_argv(path.to_str().unwrap(), max, Duration::from_secs(1));
+            let mut command = std::process::Command::new(&argv[0]);
+            command.args(&argv[1..]);
+            run_bounded_read(command, "the file", max, Duration::from_secs(1))
+        };
+        let e = read(&fifo, 1024).await.unwrap_err().to_string();
+        assert!(e.contains("did not finish within 1 s"), "{e}");
+        assert!(crate::provider::is_limit_error(
+            &read(&fifo, 1024).await.unwrap_err()
+        ));
+        let e = read(&zero, 1 << 20).await.unwrap_err();
+        assert!(e.to_string().contains("larger than 1048576 bytes"), "{e}");
+        assert!(crate::provider::is_limit_error(&e));
+        assert_eq!(read(&small, 2).await.unwrap(), b"{}");
+        assert!(read(&small, 1)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("larger than 1 bytes"));
+        let e = read(&dir.path().join("absent"), 10).await.unwrap_err();
+        assert!(e.to_string().contains("No such file"), "{e}");
+        assert!(!crate::provider::is_limit_error(&e));
+    }
 
     #[test]
     fn template_maps_pool_settings() {

@@ -5,6 +5,42 @@ use crate::error::Result;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Largest file [`Provider::read_file`] returns (`knit logs`).
+pub const READ_FILE_MAX_BYTES: usize = 16 << 20;
+/// How long [`Provider::read_file`] may take.
+pub const READ_FILE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a provider call about one instance (get, list, stop, start,
+/// delete) may take before the reconciler gives up on it for this pass.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long making one instance may take (disks from snapshots included).
+pub const CREATE_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Whether `e` is a read or call that went past its time or size limit
+/// (from [`within`] or a bounded read), rather than a plain failure.
+pub fn is_limit_error(e: &crate::error::ServerError) -> bool {
+    matches!(e, crate::error::ServerError::Provider { message, .. }
+        if message.contains(" did not finish within ") || message.contains(" is larger than "))
+}
+
+/// `call` unless it takes longer than `limit`: then a provider error
+/// naming `what` and the limit. Every provider call of the reconciler goes
+/// through this, so a provider that never answers holds up nothing else.
+pub async fn within<T>(
+    provider: &str,
+    what: &str,
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(crate::error::ServerError::Provider {
+            provider: provider.to_string(),
+            message: format!("{what} did not finish within {} s", limit.as_secs()),
+        }),
+    }
+}
 
 /// Tag every knit-made instance carries: the pool it belongs to.
 pub const TAG_POOL: &str = "knit.dev/pool";
@@ -88,8 +124,39 @@ pub trait Provider: Send + Sync {
     /// store.
     async fn set_password(&self, id: &str, password: &str) -> Result<()>;
     async fn delete(&self, id: &str) -> Result<()>;
-    /// A file from inside the instance (`knit logs`).
+    /// A file from inside the instance (`knit logs`), at most
+    /// [`READ_FILE_MAX_BYTES`] within [`READ_FILE_TIMEOUT`] where the
+    /// provider can bound it (see [`Provider::read_file_limited`]).
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>>;
+
+    /// A file from inside the instance, refused when larger than
+    /// `max_bytes` or slower than `limit` (a FIFO, /dev/zero, a hung file
+    /// system). Providers that can read with a bound override this; the
+    /// default bounds the time and checks the size after the read.
+    async fn read_file_limited(
+        &self,
+        id: &str,
+        path: &str,
+        max_bytes: usize,
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
+        let what = format!("reading {path} inside {id}");
+        let data = within(self.name(), &what, limit, self.read_file(id, path)).await?;
+        if data.len() > max_bytes {
+            return Err(crate::error::ServerError::Provider {
+                provider: self.name().to_string(),
+                message: format!("{path} inside {id} is larger than {max_bytes} bytes"),
+            });
+        }
+        Ok(data)
+    }
+
+    /// Restarts a running instance (node repair). Default: stop, then
+    /// start.
+    async fn reboot(&self, id: &str) -> Result<()> {
+        self.stop(id).await?;
+        self.start(id).await
+    }
     /// Snapshot of one data disk of a (stopped) instance, by its index
     /// among the instance's data disks. `name` is recorded with it before
     /// the copy starts, so that [`Provider::snapshots_named`] finds it even

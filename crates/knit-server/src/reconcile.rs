@@ -6,8 +6,11 @@
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki;
-use crate::provider::{DiskTemplate, InstanceTemplate, ProviderInstance, TAG_NAME, TAG_POOL};
-use crate::store::{now_ms, state, InstanceRecord, IntentRecord, NodeRecord};
+use crate::provider::{
+    within, DiskTemplate, InstanceTemplate, ProviderInstance, CALL_TIMEOUT, CREATE_TIMEOUT,
+    TAG_NAME, TAG_POOL,
+};
+use crate::store::{now_ms, state, InstanceHealth, InstanceRecord, IntentRecord, NodeRecord};
 use crate::userdata;
 use serde_json::Value;
 use std::sync::Arc;
@@ -15,6 +18,45 @@ use std::time::Instant;
 
 /// cloud-init's result record, written when the user-data runner finishes.
 pub const USER_DATA_RESULT: &str = "/run/cloud-init/result.json";
+/// Largest result record read (a few KiB in practice).
+pub const USER_DATA_RESULT_MAX_BYTES: usize = 1 << 20;
+/// How long reading the result record may take.
+pub const USER_DATA_RESULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a call to the cluster's API may take.
+pub const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Nodes whose result record could not be read (too slow or too large),
+/// with failures so far and when to try again: such a node is not read on
+/// every pass. In memory: after a restart each is tried once more.
+static UNREADABLE: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
+> = std::sync::LazyLock::new(Default::default);
+
+fn unreadable_due(node: &str, now: i64) -> bool {
+    UNREADABLE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(node)
+        .is_none_or(|(_, next)| *next <= now)
+}
+
+/// Records one more failed read; returns the seconds until the next try
+/// (30 s, longer than a read may take, doubling to at most 10 min).
+fn note_unreadable(node: &str, now: i64) -> i64 {
+    let mut all = UNREADABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = all.entry(node.to_string()).or_insert((0, now));
+    entry.0 += 1;
+    let delay_s = (30i64 << (entry.0 - 1).min(5)).min(600);
+    entry.1 = now + delay_s * 1000;
+    delay_s
+}
+
+fn forget_unreadable(node: &str) {
+    UNREADABLE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(node);
+}
 
 /// The pool's user-data part (`03-user-data`) from a result record: knit's
 /// runner lists each part's exit code; plain cloud-init lists errors.
@@ -126,8 +168,17 @@ impl ControlPlane {
     /// Plans every pool and writes the resulting intents. Serialized with the
     /// API's own planning so two planners never double-count.
     pub async fn plan_all(&self) -> Result<()> {
+        self.plan_all_at(now_ms()).await
+    }
+
+    /// [`ControlPlane::plan_all`] as if the time were `now` (ms): the join
+    /// timeout and the node health it records are judged at `now`.
+    pub async fn plan_all_at(&self, now: i64) -> Result<()> {
         let started = Instant::now();
         let _guard = self.plan_lock.lock().await;
+        self.store.prune_instance_health()?;
+        let nodes = self.store.nodes()?;
+        let mut health = self.store.instance_health()?;
         for record in self.store.pools()? {
             let name = record.pool.metadata.name.clone();
             let desired = if record.deleting {
@@ -136,7 +187,8 @@ impl ControlPlane {
                 record.pool.spec.replicas.max(0) as usize
             };
             let mut instances = self.store.instances(Some(&name))?;
-            if self.check_join_timeouts(&record.pool, &instances)? {
+            self.track_health(&instances, &nodes, &mut health, now)?;
+            if self.check_join_timeouts(&record.pool, &instances, &nodes, &mut health, now)? {
                 instances = self.store.instances(Some(&name))?;
             }
             let p = plan(desired, &instances);
@@ -159,22 +211,29 @@ impl ControlPlane {
 
     /// A running instance whose node is not initialized (or Ready) within the
     /// pool's join timeout is marked Failed with its last phase; with
-    /// `autoReplace` it is released and the planner makes a new one.
+    /// `autoReplace` it is released and the planner makes a new one. Only
+    /// the way to the first Ready: an instance whose node joined once is
+    /// never failed here (node repair, `spec.repair`, is what applies then).
     fn check_join_timeouts(
         &self,
         pool: &knit_api::NodePool,
         instances: &[InstanceRecord],
+        nodes: &[NodeRecord],
+        health: &mut std::collections::HashMap<String, InstanceHealth>,
+        now: i64,
     ) -> Result<bool> {
         let timeout_ms = pool.spec.join_timeout_seconds * 1000;
-        let now = now_ms();
         let late: Vec<&InstanceRecord> = instances
             .iter()
-            .filter(|i| i.state == state::RUNNING && now - i.created_ms > timeout_ms)
+            .filter(|i| {
+                i.state == state::RUNNING
+                    && now - i.created_ms > timeout_ms
+                    && health.get(&i.name).is_none_or(|h| h.joined_ms.is_none())
+            })
             .collect();
         if late.is_empty() {
             return Ok(false);
         }
-        let nodes = self.store.nodes()?;
         let mut changed = false;
         for i in late {
             let node = nodes.iter().find(|n| n.instance == i.name);
@@ -202,6 +261,14 @@ impl ControlPlane {
             let message = crate::attach::diagnose(self, &i.name, message);
             self.store
                 .set_instance_state(&i.name, state::FAILED, Some(&message))?;
+            // Remembered, so that the node Ready later is Running again.
+            let mut h = health.get(&i.name).cloned().unwrap_or(InstanceHealth {
+                instance: i.name.clone(),
+                ..InstanceHealth::default()
+            });
+            h.join_failed_ms = Some(now);
+            self.store.put_instance_health(&h)?;
+            health.insert(i.name.clone(), h);
             self.store
                 .add_event("Warning", "Instance", &i.name, "JoinTimeout", &message)?;
             if pool.spec.auto_replace && i.added {
@@ -247,6 +314,39 @@ impl ControlPlane {
         self.apply_plan(&record.pool, &p, release)?;
         self.wake.notify_one();
         Ok(p)
+    }
+
+    /// Sets a pool's desired count and plans it with the caller's choice of
+    /// releasing removed instances, all under the plan lock: the reconciler
+    /// can never plan the new count first with its own choice (release).
+    /// `check` sees the changed pool before it is stored (quota). Returns
+    /// the count before.
+    pub async fn scale_pool(
+        &self,
+        pool_name: &str,
+        replicas: i64,
+        release: bool,
+        check: impl FnOnce(&knit_api::NodePool) -> Result<()>,
+    ) -> Result<(i64, Plan)> {
+        let _guard = self.plan_lock.lock().await;
+        let mut pool = self.store.live_pool(pool_name)?.pool;
+        let from = pool.spec.replicas;
+        pool.spec.replicas = replicas;
+        pool.validate()?;
+        check(&pool)?;
+        self.store.update_pool(&pool)?;
+        self.store.add_event(
+            "Normal",
+            "NodePool",
+            pool_name,
+            "Scaled",
+            &format!("replicas {from} -> {replicas}"),
+        )?;
+        let instances = self.store.instances(Some(pool_name))?;
+        let p = plan(replicas.max(0) as usize, &instances);
+        self.apply_plan(&pool, &p, release)?;
+        self.wake.notify_one();
+        Ok((from, p))
     }
 
     fn apply_plan(&self, pool: &knit_api::NodePool, p: &Plan, release: bool) -> Result<()> {
@@ -399,7 +499,14 @@ impl ControlPlane {
             .set_instance_state(&instance.name, state::CREATING, None)?;
         // Restart safety: an instance made before a crash is adopted, not
         // made twice.
-        if let Some(existing) = provider.find_by_name(&instance.name).await? {
+        if let Some(existing) = within(
+            provider.name(),
+            "finding the instance",
+            CALL_TIMEOUT,
+            provider.find_by_name(&instance.name),
+        )
+        .await?
+        {
             if existing.state.eq_ignore_ascii_case("running") {
                 self.adopt(
                     intent,
@@ -411,7 +518,13 @@ impl ControlPlane {
                 return Ok(());
             }
             // Half-made when the server died: release it and make it again.
-            provider.delete(&existing.id).await?;
+            within(
+                provider.name(),
+                "releasing a half-made instance",
+                CALL_TIMEOUT,
+                provider.delete(&existing.id),
+            )
+            .await?;
             self.store.add_event(
                 "Normal",
                 "Instance",
@@ -424,7 +537,15 @@ impl ControlPlane {
             )?;
         }
         let outcome = match self.instance_template(&pool.pool, &instance).await {
-            Ok(template) => provider.create(&template).await,
+            Ok(template) => {
+                within(
+                    provider.name(),
+                    "creating the instance",
+                    CREATE_TIMEOUT,
+                    provider.create(&template),
+                )
+                .await
+            }
             Err(e) => Err(e),
         };
         match outcome {
@@ -444,8 +565,21 @@ impl ControlPlane {
                 self.metrics.instance_create_failed(&intent.pool);
                 let message = e.to_string();
                 // Nothing half-made stays behind.
-                if let Ok(Some(partial)) = provider.find_by_name(&instance.name).await {
-                    let _ = provider.delete(&partial.id).await;
+                if let Ok(Some(partial)) = within(
+                    provider.name(),
+                    "finding the instance",
+                    CALL_TIMEOUT,
+                    provider.find_by_name(&instance.name),
+                )
+                .await
+                {
+                    let _ = within(
+                        provider.name(),
+                        "releasing a half-made instance",
+                        CALL_TIMEOUT,
+                        provider.delete(&partial.id),
+                    )
+                    .await;
                 }
                 let attempts = intent.attempts + 1;
                 if attempts >= self.settings.max_create_attempts {
@@ -574,11 +708,34 @@ impl ControlPlane {
         let provider = self.provider()?;
         let instance = self.store.instance(&intent.instance)?;
         let found = match instance.as_ref().and_then(|i| i.provider_id.clone()) {
-            Some(id) => match provider.get(&id).await? {
+            Some(id) => match within(
+                provider.name(),
+                "describing the instance",
+                CALL_TIMEOUT,
+                provider.get(&id),
+            )
+            .await?
+            {
                 Some(found) => Some(found),
-                None => provider.find_by_name(&intent.instance).await?,
+                None => {
+                    within(
+                        provider.name(),
+                        "finding the instance",
+                        CALL_TIMEOUT,
+                        provider.find_by_name(&intent.instance),
+                    )
+                    .await?
+                }
             },
-            None => provider.find_by_name(&intent.instance).await?,
+            None => {
+                within(
+                    provider.name(),
+                    "finding the instance",
+                    CALL_TIMEOUT,
+                    provider.find_by_name(&intent.instance),
+                )
+                .await?
+            }
         };
         let added = instance.as_ref().is_some_and(|i| i.added);
         // A manual-mode machine keeps its own OS and services: it is put
@@ -592,7 +749,15 @@ impl ControlPlane {
         };
         let mut left_running = false;
         let outcome = match &found {
-            Some(found) if intent.release => provider.delete(&found.id).await,
+            Some(found) if intent.release => {
+                within(
+                    provider.name(),
+                    "releasing the instance",
+                    CALL_TIMEOUT,
+                    provider.delete(&found.id),
+                )
+                .await
+            }
             Some(found) => {
                 let stopped = found.state.eq_ignore_ascii_case("stopped");
                 let undone = match (manual, stopped) {
@@ -626,7 +791,15 @@ impl ControlPlane {
                     }
                     // Stopping a stopped instance is refused by providers.
                     _ if stopped => Ok(()),
-                    _ => provider.stop(&found.id).await,
+                    _ => {
+                        within(
+                            provider.name(),
+                            "stopping the instance",
+                            CALL_TIMEOUT,
+                            provider.stop(&found.id),
+                        )
+                        .await
+                    }
                 }
             }
             None => Ok(()),
@@ -657,7 +830,13 @@ impl ControlPlane {
             .into_iter()
             .filter(|n| n.instance == intent.instance)
         {
-            self.cluster.remove_node(&node.name).await?;
+            within(
+                "cluster",
+                "removing the node",
+                CLUSTER_CALL_TIMEOUT,
+                self.cluster.remove_node(&node.name),
+            )
+            .await?;
         }
         if intent.release {
             self.store.remove_instance(&intent.instance)?;
@@ -706,6 +885,10 @@ impl ControlPlane {
             if let Err(e) = self.plan_all().await {
                 tracing::error!(error = %e, "planning failed");
             }
+            // Repair actions run in their own tasks: not waited for here.
+            if let Err(e) = self.repair_all_at(now_ms()).await {
+                tracing::error!(error = %e, "node repair failed");
+            }
             if let Err(e) = self.dispatch() {
                 tracing::error!(error = %e, "dispatch failed");
             }
@@ -726,24 +909,29 @@ impl ControlPlane {
     /// Records each node's user-data outcome once its runner has finished,
     /// and lifts the pool's scheduling gate when it succeeded (SPEC §5). At
     /// most 20 nodes are looked at per pass: each look reads a file inside
-    /// the instance through the provider.
+    /// the instance through the provider, all at once, each bounded in time
+    /// and size, so one instance (a FIFO, /dev/zero, a hung disk) holds up
+    /// no other; it is skipped with an event and tried again later.
     pub async fn check_user_data(&self) -> Result<()> {
         let Some(provider) = &self.provider else {
             return Ok(());
         };
-        let waiting: Vec<NodeRecord> = self
+        let now = now_ms();
+        let mut reads = tokio::task::JoinSet::new();
+        let candidates: Vec<NodeRecord> = self
             .store
             .nodes()?
             .into_iter()
             .filter(|n| n.user_data.is_none() && crate::api::node_initialized(n))
+            .filter(|n| unreadable_due(&n.name, now))
             .take(20)
             .collect();
-        for node in waiting {
+        for node in candidates {
             let Some(instance) = self.store.instance(&node.instance)? else {
                 continue;
             };
             let (Some(id), true) = (
-                instance.provider_id.as_deref(),
+                instance.provider_id.clone(),
                 instance.state == state::RUNNING,
             ) else {
                 continue;
@@ -751,60 +939,107 @@ impl ControlPlane {
             let Some(pool) = self.store.pool(&node.pool)? else {
                 continue;
             };
-            // Absent until the runner has run every part.
-            let Ok(raw) = provider.read_file(id, USER_DATA_RESULT).await else {
+            let provider = Arc::clone(provider);
+            reads.spawn(async move {
+                let raw = provider
+                    .read_file_limited(
+                        &id,
+                        USER_DATA_RESULT,
+                        USER_DATA_RESULT_MAX_BYTES,
+                        USER_DATA_RESULT_TIMEOUT,
+                    )
+                    .await;
+                (node, pool, raw)
+            });
+        }
+        while let Some(done) = reads.join_next().await {
+            let Ok((node, pool, raw)) = done else {
                 continue;
             };
-            let Ok(result) = serde_json::from_slice::<Value>(&raw) else {
-                continue;
-            };
-            let gate = pool.pool.spec.user_data_scheduling_gate && self.cluster.attached();
-            match user_data_outcome(&result) {
-                Ok(()) => {
-                    if gate {
-                        if !self
-                            .cluster
-                            .remove_taint(&node.name, knit_api::USER_DATA_GATE_TAINT)
-                            .await?
-                        {
-                            continue; // not registered yet: next pass
-                        }
-                        self.store.add_event(
-                            "Normal",
-                            "Node",
-                            &node.name,
-                            "SchedulingGateRemoved",
-                            &format!(
-                                "user data succeeded: taint {} removed",
-                                knit_api::USER_DATA_GATE_TAINT
-                            ),
-                        )?;
-                    }
-                    self.store.set_node_user_data(&node.name, "succeeded")?;
-                    self.store.add_event(
-                        "Normal",
-                        "Node",
-                        &node.name,
-                        "UserDataSucceeded",
-                        "the pool's user data ran successfully",
-                    )?;
+            let raw = match raw {
+                Ok(raw) => {
+                    forget_unreadable(&node.name);
+                    raw
                 }
-                Err(why) => {
-                    self.store
-                        .set_node_user_data(&node.name, &format!("failed: {why}"))?;
-                    let kept = if gate {
-                        "; the scheduling gate taint stays"
-                    } else {
-                        ""
-                    };
+                Err(e) if crate::provider::is_limit_error(&e) => {
+                    // From now, not the pass's start: the read took its time.
+                    let retry_s = note_unreadable(&node.name, now_ms());
                     self.store.add_event(
                         "Warning",
                         "Node",
                         &node.name,
-                        "UserDataFailed",
-                        &format!("{why}{kept}"),
+                        "UserDataUnreadable",
+                        &format!("{e}; skipped, tried again in {retry_s} s"),
+                    )?;
+                    continue;
+                }
+                // Absent until the runner has run every part.
+                Err(_) => continue,
+            };
+            let Ok(result) = serde_json::from_slice::<Value>(&raw) else {
+                continue;
+            };
+            self.record_user_data(&node, &pool, &result).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_user_data(
+        &self,
+        node: &NodeRecord,
+        pool: &crate::store::PoolRecord,
+        result: &Value,
+    ) -> Result<()> {
+        let gate = pool.pool.spec.user_data_scheduling_gate && self.cluster.attached();
+        match user_data_outcome(result) {
+            Ok(()) => {
+                if gate {
+                    let removed = crate::provider::within(
+                        "cluster",
+                        "removing the scheduling gate taint",
+                        CLUSTER_CALL_TIMEOUT,
+                        self.cluster
+                            .remove_taint(&node.name, knit_api::USER_DATA_GATE_TAINT),
+                    )
+                    .await?;
+                    if !removed {
+                        return Ok(()); // not registered yet: next pass
+                    }
+                    self.store.add_event(
+                        "Normal",
+                        "Node",
+                        &node.name,
+                        "SchedulingGateRemoved",
+                        &format!(
+                            "user data succeeded: taint {} removed",
+                            knit_api::USER_DATA_GATE_TAINT
+                        ),
                     )?;
                 }
+                self.store.set_node_user_data(&node.name, "succeeded")?;
+                self.store.add_event(
+                    "Normal",
+                    "Node",
+                    &node.name,
+                    "UserDataSucceeded",
+                    "the pool's user data ran successfully",
+                )?;
+            }
+            Err(why) => {
+                self.store
+                    .set_node_user_data(&node.name, &format!("failed: {why}"))?;
+                let kept = if gate {
+                    "; the scheduling gate taint stays"
+                } else {
+                    ""
+                };
+                self.store.add_event(
+                    "Warning",
+                    "Node",
+                    &node.name,
+                    "UserDataFailed",
+                    &format!("{why}{kept}"),
+                )?;
             }
         }
         Ok(())
@@ -813,8 +1048,15 @@ impl ControlPlane {
     /// Copies each node's Ready condition from the cluster; every change
     /// is an event.
     pub async fn sync_node_statuses(&self) -> Result<()> {
-        let statuses: std::collections::HashMap<String, String> =
-            self.cluster.node_statuses().await?.into_iter().collect();
+        let statuses: std::collections::HashMap<String, String> = crate::provider::within(
+            "cluster",
+            "listing node statuses",
+            CLUSTER_CALL_TIMEOUT,
+            self.cluster.node_statuses(),
+        )
+        .await?
+        .into_iter()
+        .collect();
         if statuses.is_empty() {
             return Ok(());
         }
@@ -1027,6 +1269,57 @@ mod tests {
             "{}",
             kept.message
         );
+    }
+
+    /// The reconciler's pass waits on the plan lock when `scale --replicas 1
+    /// --release=false` arrives: whichever plans first, nothing is released.
+    #[tokio::test]
+    async fn scale_with_release_false_never_releases_when_the_reconciler_plans_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 3;
+        cp.store.insert_pool(&pool).unwrap();
+        for (i, name) in ["p-a", "p-b", "p-c"].iter().enumerate() {
+            cp.store
+                .add_create_intents("p", &[(name.to_string(), "t".into())])
+                .unwrap();
+            cp.store
+                .set_instance_created(name, &format!("i-{i}"), None)
+                .unwrap();
+        }
+        for intent in cp.store.pending_intents().unwrap() {
+            cp.store.finish_intent(intent.id, "done", None).unwrap();
+        }
+        let held = cp.plan_lock.lock().await;
+        let reconciler = tokio::spawn({
+            let cp = Arc::clone(&cp);
+            async move { cp.plan_all().await.unwrap() }
+        });
+        // Queued on the lock first (tokio's mutex is fair: first come,
+        // first served).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let scale = tokio::spawn({
+            let cp = Arc::clone(&cp);
+            async move { cp.scale_pool("p", 1, false, |_| Ok(())).await.unwrap() }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        reconciler.await.unwrap();
+        let (from, _) = scale.await.unwrap();
+        assert_eq!(from, 3);
+        cp.plan_all().await.unwrap();
+        let deletes = pending_deletes(&cp);
+        assert_eq!(deletes.len(), 2, "{deletes:?}");
+        assert!(
+            deletes.iter().all(|(_, release)| !release),
+            "release: false kept: {deletes:?}"
+        );
+        assert_eq!(cp.store.pool("p").unwrap().unwrap().pool.spec.replicas, 1);
     }
 
     #[test]

@@ -13,6 +13,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build"
 cargo build --workspace --all-targets --locked
 
+echo "== node image"
+# Sandboxes run on the node OS image: build it once (a no-op when the same
+# packages and versions were built before).
+target/debug/knit image build
+
 echo "== tests"
 # Tests that touch loop devices, mounts or namespaces create their own, with
 # unique names, and remove them; they are safe to run in parallel.

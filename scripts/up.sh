@@ -12,6 +12,8 @@ echo "== build (release)"
 cargo build --release --locked -p knit-cli -p knit-agent -p knit-kubelet-sim -p knit-local
 export PATH="$PWD/target/release:$PATH"
 
+echo "== node image (Debian 12 from Debian packages; a no-op once built)"
+knit image build
 echo "== package mirror"
 knit package build
 echo "== control plane"

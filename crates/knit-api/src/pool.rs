@@ -22,6 +22,8 @@ pub const BASIC_NODE_QUOTA: i64 = 10;
 pub const PRO_NODE_QUOTA: i64 = 5000;
 pub const DEFAULT_JOIN_TIMEOUT_SECONDS: i64 = 900;
 pub const MAX_DATA_DISKS: usize = 64;
+/// A pool's default `image`: the node OS image `knit image build` makes.
+pub const DEFAULT_IMAGE: &str = "debian-12";
 
 fn quoted(s: &str) -> String {
     format!("{s:?}")
@@ -157,8 +159,10 @@ pub struct NodePoolSpec {
     pub scaling: Option<ScalingSpec>,
     /// Instance types, in order of preference.
     pub instance_types: Vec<String>,
-    /// Base OS image. On the local cloud: `host` (the host's root, read only)
-    /// or an absolute path to an image directory.
+    /// Base OS image. On the local cloud: `debian-12` (default: the node
+    /// image `knit image build` makes), `host` (the host's root, read only:
+    /// an explicit opt-in, instances see the host's files) or an absolute
+    /// path to an image directory.
     pub image: String,
     pub zone: Option<String>,
     /// normal | enterprise.
@@ -321,7 +325,7 @@ impl Default for NodePoolSpec {
             replicas: 0,
             scaling: None,
             instance_types: vec!["ecs.g7.large".to_string()],
-            image: "host".to_string(),
+            image: DEFAULT_IMAGE.to_string(),
             zone: None,
             security_group_type: "normal".to_string(),
             system_disk: SystemDisk::default(),
@@ -499,11 +503,13 @@ impl NodePoolSpec {
                 );
             }
         }
-        if !(self.image == "host" || self.image.starts_with('/')) || self.image.contains("..") {
+        if !(self.image == DEFAULT_IMAGE || self.image == "host" || self.image.starts_with('/'))
+            || self.image.contains("..")
+        {
             e.add(
                 f("image"),
                 quoted(&self.image),
-                "must be \"host\" or an absolute path without '..'",
+                "must be \"debian-12\", \"host\" or an absolute path without '..'",
             );
         }
         if let Some(zone) = &self.zone {

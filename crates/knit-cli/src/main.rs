@@ -125,9 +125,28 @@ struct ServerOpts {
     /// gateway when the server listens there or everywhere).
     #[arg(long)]
     advertise_address: Option<String>,
-    /// local: the local cloud; none: store and API only, no instance is made.
-    #[arg(long, default_value = "local", value_parser = ["local", "none"])]
+    /// local: the local cloud; ecs: Alibaba Cloud ECS in --region (key from
+    /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET or a
+    /// mode-0600 credentials file, never a flag); none: store and API only,
+    /// no instance is made.
+    #[arg(long, default_value = "local", value_parser = ["local", "ecs", "none"])]
     provider: String,
+    /// ECS region id (cn-shanghai …), with --provider ecs.
+    #[arg(long, env = "KNIT_ECS_REGION")]
+    region: Option<String>,
+    /// ECS API endpoint instead of the region's public one (a private
+    /// endpoint; tests' fake ECS).
+    #[arg(long, env = "KNIT_ECS_ENDPOINT")]
+    ecs_endpoint: Option<String>,
+    /// vSwitch new ECS instances join (it fixes VPC and zone).
+    #[arg(long, env = "KNIT_ECS_VSWITCH")]
+    ecs_vswitch: Option<String>,
+    /// Security groups of new ECS instances, comma-separated.
+    #[arg(long, env = "KNIT_ECS_SECURITY_GROUPS", value_delimiter = ',')]
+    ecs_security_group: Vec<String>,
+    /// ECS image id used for pools whose image is `host`.
+    #[arg(long, env = "KNIT_ECS_IMAGE")]
+    ecs_image: Option<String>,
     /// Provider calls in flight at once.
     #[arg(long, default_value_t = 4)]
     parallelism: usize,
@@ -424,6 +443,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 // ---- server
 
+/// The ECS provider from the server's flags; the key from the environment
+/// or a credentials file (knit-ecs refuses one others can read).
+fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::ecs::EcsProvider> {
+    let region = opts.region.as_deref().ok_or_else(|| {
+        CliError::Usage("--provider ecs needs --region <id> (e.g. cn-shanghai)".into())
+    })?;
+    let credentials =
+        knit_ecs::Credentials::discover().map_err(|e| CliError::Failed(e.to_string()))?;
+    let mut s = knit_server::ecs::EcsSettings::new(region);
+    s.endpoint = opts.ecs_endpoint.clone();
+    s.v_switch_id = opts.ecs_vswitch.clone();
+    s.security_group_ids = opts.ecs_security_group.clone();
+    s.default_image = opts.ecs_image.clone();
+    Ok(knit_server::ecs::EcsProvider::new(s, credentials)?)
+}
+
 /// The provider's gateway: where its instances reach this host.
 fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
     if opts.provider != "local" {
@@ -514,7 +549,13 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+                // ureq prints request headers at debug: an STS token is one.
+                .add_directive(
+                    knit_ecs::LOG_DIRECTIVE
+                        .parse()
+                        .map_err(|e| CliError::Failed(format!("log filter: {e}")))?,
+                ),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -537,6 +578,7 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
         "local" => Some(Arc::new(knit_server::local::LocalProvider::new(
             local_config(&opts),
         )?)),
+        "ecs" => Some(Arc::new(ecs_provider(&opts)?)),
         _ => None,
     };
     let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;

@@ -18,7 +18,9 @@ pub struct Template {
     pub hostname: Option<String>,
     #[serde(default = "default_instance_type")]
     pub instance_type: String,
-    /// Read-only lower layer of the root filesystem.
+    /// Read-only lower layer of the root filesystem. Default: the node
+    /// image's root (`knit image build`); `/` is the host's root, an
+    /// explicit opt-in.
     #[serde(default = "default_base_root")]
     pub base_root: PathBuf,
     #[serde(default = "default_system_disk_size")]
@@ -61,7 +63,7 @@ fn default_instance_type() -> String {
     "local.small".into()
 }
 fn default_base_root() -> PathBuf {
-    PathBuf::from("/")
+    crate::image::default_root()
 }
 fn default_system_disk_size() -> Quantity {
     Quantity::Text("20Gi".into())

@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod client;
 pub mod cluster;
 pub mod control;
+pub mod ecs;
 pub mod error;
 pub mod external;
 pub mod local;

@@ -108,10 +108,10 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
 /// A pool's `image` as the local cloud's base root: `host` is the host's
 /// root, anything else an image directory.
 fn base_root(image: &str) -> std::path::PathBuf {
-    if image == "host" {
-        "/".into()
-    } else {
-        image.into()
+    match image {
+        knit_api::DEFAULT_IMAGE => knit_local::image::default_root(),
+        "host" => "/".into(),
+        dir => dir.into(),
     }
 }
 

@@ -297,6 +297,7 @@ impl EnvBuilder {
             is_root(),
             "this test needs root (it creates namespaces, loop devices and a bridge)"
         );
+        ensure_node_image();
         let dir = tempfile::Builder::new()
             .prefix("knit-e2e-")
             .tempdir()
@@ -321,6 +322,20 @@ impl EnvBuilder {
         env.publish();
         env
     }
+}
+
+/// Instances run on the node image (pools' default `debian-12`, the local
+/// cloud's default base root): built once, here if scripts/test.sh did not
+/// (minutes; concurrent builds wait on its lock and find it built).
+fn ensure_node_image() {
+    static IMAGE: Once = Once::new();
+    IMAGE.call_once(|| {
+        let dir = knit_local::image::images_dir();
+        if knit_local::image::current(&dir).unwrap().is_none() {
+            knit_local::image::build(&dir, &mut |line| eprintln!("{line}"))
+                .expect("knit image build");
+        }
+    });
 }
 
 /// One knit server, its local cloud and (optionally) a registry, under one

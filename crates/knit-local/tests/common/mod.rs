@@ -43,6 +43,7 @@ pub fn unique() -> (String, String) {
 
 impl TestCloud {
     pub fn new() -> TestCloud {
+        ensure_node_image();
         let (bridge, subnet) = unique();
         let tmp = tempfile::Builder::new()
             .prefix("knit-local-test-")
@@ -103,6 +104,19 @@ impl TestCloud {
             .output()
             .expect("run knit-local")
     }
+}
+
+/// Templates without `baseRoot` run on the node image: built here once if
+/// scripts/test.sh did not (minutes; concurrent builds wait on its lock).
+pub fn ensure_node_image() {
+    static IMAGE: std::sync::Once = std::sync::Once::new();
+    IMAGE.call_once(|| {
+        let dir = knit_local::image::images_dir();
+        if knit_local::image::current(&dir).unwrap().is_none() {
+            knit_local::image::build(&dir, &mut |line| eprintln!("{line}"))
+                .expect("knit image build");
+        }
+    });
 }
 
 pub fn cli_env(dir: &Path, bridge: &str, subnet: &str) -> Command {

@@ -1,0 +1,926 @@
+//! Alibaba Cloud ECS as a [`Provider`]: real instances, cloud disks and
+//! snapshots through the ECS OpenAPI (knit-ecs). Every call goes through
+//! knit-ecs's one signed client on tokio's blocking pool; waits for a state
+//! poll DescribeInstances / DescribeDisks / DescribeSnapshots with a limit.
+//! Commands inside instances (exec, read_file, the preflight's OS facts) go
+//! through Cloud Assistant, paged so that no answer exceeds its 24 KB
+//! output limit.
+
+use crate::error::{Result, ServerError};
+use crate::preflight::{DiskFacts, InstanceFacts, RuleFacts, SecurityGroupFacts};
+use crate::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, TAG_NAME};
+use async_trait::async_trait;
+use base64::Engine;
+use knit_ecs::api::{
+    DataDisk, DescribeInstances, DescribeSnapshots, Instance, ModifyInstanceAttribute,
+    RunInstances, StoppedMode,
+};
+use knit_ecs::{Client, ClientConfig, Credentials, EcsError, RetryPolicy};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// Bytes of a file read by one Cloud Assistant command: base64 makes
+/// 16 KiB into 21 848 characters, under the 24 KB output limit.
+const CHUNK: usize = 16 * 1024;
+/// Output of an exec returned inline (base64 of both streams stays under
+/// the output limit); larger output is read back in chunks.
+const INLINE_OUTPUT: usize = 12 * 1024;
+/// How long one Cloud Assistant command may run inside the instance.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+/// Largest file `read_file` returns (`knit logs`), as for every provider.
+pub const READ_FILE_MAX_BYTES: usize = 16 << 20;
+/// How long `read_file` may take.
+pub const READ_FILE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tag carrying knit's snapshot name (SnapshotName has ECS's own rules).
+const TAG_SNAPSHOT_NAME: &str = "knit.dev/snapshot-name";
+/// knit's node image name (a pool's default `image`).
+const KNIT_NODE_IMAGE: &str = "debian-12";
+
+/// Where and how the provider makes instances.
+#[derive(Debug, Clone)]
+pub struct EcsSettings {
+    pub region: String,
+    /// A private endpoint or a test's fake, for ECS and STS alike.
+    pub endpoint: Option<String>,
+    /// The vSwitch new instances join (it fixes VPC and zone).
+    pub v_switch_id: Option<String>,
+    pub security_group_ids: Vec<String>,
+    /// The ECS image used for a pool whose `image` is `host`.
+    pub default_image: Option<String>,
+    pub disk_category: String,
+    pub poll_interval: Duration,
+    /// Longest wait for one state (Running, Stopped, a disk, a snapshot).
+    pub wait_limit: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl EcsSettings {
+    pub fn new(region: &str) -> EcsSettings {
+        EcsSettings {
+            region: region.to_string(),
+            endpoint: None,
+            v_switch_id: None,
+            security_group_ids: Vec::new(),
+            default_image: None,
+            disk_category: "cloud_essd".into(),
+            poll_interval: Duration::from_secs(5),
+            wait_limit: Duration::from_secs(600),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+pub struct EcsProvider {
+    client: Arc<Client>,
+    settings: EcsSettings,
+    account: tokio::sync::OnceCell<String>,
+}
+
+fn err(e: EcsError) -> ServerError {
+    ServerError::Provider {
+        provider: "ecs".into(),
+        message: format!("{e} [{}]", e.code()),
+    }
+}
+
+fn fail(message: String) -> ServerError {
+    ServerError::Provider {
+        provider: "ecs".into(),
+        message,
+    }
+}
+
+/// A ClientToken (at most 64 ASCII characters) that is the same for the
+/// same `parts` in every process, so a request repeated after a crash is
+/// recognised by ECS.
+pub fn client_token(kind: &str, parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    format!("knit-{kind}-{}", &hex::encode(h.finalize())[..40])
+}
+
+/// `'…'` for sh.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// ECS's state word as knit's providers spell them (`running`).
+fn state_word(status: &str) -> String {
+    status.to_ascii_lowercase()
+}
+
+fn view(i: &Instance) -> ProviderInstance {
+    let tags = i.tags.map();
+    ProviderInstance {
+        id: i.instance_id.clone(),
+        name: tags
+            .get(TAG_NAME)
+            .cloned()
+            .or_else(|| Some(i.instance_name.clone()).filter(|n| !n.is_empty())),
+        state: state_word(&i.status),
+        ip: i.private_ip(),
+        tags,
+    }
+}
+
+/// SnapshotName must start with a letter and not with `auto`.
+fn ecs_snapshot_name(name: &str) -> String {
+    let ok = name.len() >= 2
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !name.to_ascii_lowercase().starts_with("auto")
+        && !name.starts_with("http");
+    if ok {
+        name.to_string()
+    } else {
+        format!("knit-{name}")
+    }
+}
+
+/// `/dev/xvdb` (ECS's name) → `vdb` (the guest's).
+fn guest_device(device: &str) -> Option<String> {
+    let d = device.strip_prefix("/dev/")?;
+    Some(
+        d.strip_prefix("xvd")
+            .map(|r| format!("vd{r}"))
+            .unwrap_or_else(|| d.to_string()),
+    )
+}
+
+fn rule(p: &knit_ecs::api::Permission) -> Option<RuleFacts> {
+    let cidr = if p.direction == "egress" {
+        &p.dest_cidr_ip
+    } else {
+        &p.source_cidr_ip
+    };
+    // A rule naming a security group or prefix list instead of a CIDR does
+    // not open the port to arbitrary peers: left out.
+    if cidr.is_empty() {
+        return None;
+    }
+    Some(RuleFacts {
+        direction: p.direction.to_ascii_lowercase(),
+        protocol: p.ip_protocol.to_ascii_lowercase(),
+        port_range: Some(p.port_range.clone()).filter(|r| !r.is_empty() && r != "-1/-1"),
+        cidr: Some(cidr.clone()),
+        policy: p.policy.to_ascii_lowercase(),
+    })
+}
+
+/// os-release's `KEY=value` (quotes removed).
+fn os_release_field(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .unwrap_or_default()
+}
+
+impl EcsProvider {
+    pub fn new(settings: EcsSettings, credentials: Credentials) -> Result<EcsProvider> {
+        let mut config =
+            ClientConfig::new(&settings.region, settings.endpoint.as_deref()).map_err(err)?;
+        config.retry = settings.retry.clone();
+        Ok(EcsProvider {
+            client: Arc::new(Client::new(config, credentials)),
+            settings,
+            account: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// Runs blocking client work on tokio's blocking pool.
+    async fn ecs<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Client) -> std::result::Result<T, EcsError> + Send + 'static,
+    ) -> Result<T> {
+        let client = self.client.clone();
+        tokio::task::spawn_blocking(move || f(&client))
+            .await
+            .map_err(|e| ServerError::Internal(format!("ECS task: {e}")))?
+            .map_err(err)
+    }
+
+    async fn describe(&self, id: &str) -> Result<Option<Instance>> {
+        let id = id.to_string();
+        self.ecs(move |c| c.describe_instance(&id)).await
+    }
+
+    /// Polls until the instance's status is `want`.
+    async fn wait_status(&self, id: &str, want: &str) -> Result<Instance> {
+        let started = Instant::now();
+        loop {
+            let Some(i) = self.describe(id).await? else {
+                return Err(ServerError::NotFound {
+                    kind: "ECS instance",
+                    name: id.to_string(),
+                });
+            };
+            if i.status == want && i.operation_locks.lock_reason.is_empty() {
+                return Ok(i);
+            }
+            if started.elapsed() > self.settings.wait_limit {
+                return Err(fail(format!(
+                    "instance {id} is {} after {} s, waiting for {want}",
+                    i.status,
+                    self.settings.wait_limit.as_secs()
+                )));
+            }
+            tokio::time::sleep(self.settings.poll_interval).await;
+        }
+    }
+
+    /// The ECS image id for a pool's `image`.
+    fn image_id(&self, image: &str) -> Result<String> {
+        let refuse = |rule: &str| Err(fail(format!("image {image:?}: {rule}")));
+        // knit's own image names (the node image, the host's root) have no
+        // meaning on ECS: the server's --ecs-image stands for them.
+        if image == "host" || image == KNIT_NODE_IMAGE {
+            return match &self.settings.default_image {
+                Some(i) => Ok(i.clone()),
+                None => refuse(
+                    "knit's image names have no meaning on ECS: start the server with \
+                     --ecs-image <ECS image id> (aliyun_3_x64_20G_alibase_….vhd, m-…), or set the \
+                     pool's image to an ECS image id",
+                ),
+            };
+        }
+        let ok = !image.is_empty()
+            && image.len() <= 128
+            && !image.starts_with('/')
+            && image
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if ok {
+            Ok(image.to_string())
+        } else {
+            refuse("must be an ECS image id (letters, digits, '.', '_', '-'), not a directory")
+        }
+    }
+
+    fn v_switch(&self) -> Result<String> {
+        self.settings.v_switch_id.clone().ok_or_else(|| {
+            fail(
+                "no vSwitch: start the server with --ecs-vswitch <vsw-…> (it fixes VPC and zone)"
+                    .into(),
+            )
+        })
+    }
+
+    /// Starts a shell script through Cloud Assistant and waits for it:
+    /// exit code and output. Refuses output the limit cut short.
+    async fn run_script(
+        &self,
+        id: &str,
+        script: String,
+        limit: Duration,
+    ) -> Result<(i64, Vec<u8>)> {
+        let started = Instant::now();
+        let mut token_bytes = [0u8; 16];
+        getrandom::getrandom(&mut token_bytes)
+            .map_err(|e| ServerError::Internal(format!("random: {e}")))?;
+        // Unique per command: a repeat after a lost answer is de-duplicated,
+        // a second command with the same text is not.
+        let token = format!("knit-cmd-{}", hex::encode(token_bytes));
+        let timeout = limit.min(COMMAND_TIMEOUT).as_secs().max(10);
+        let (iid, s) = (id.to_string(), script);
+        let invoke = self
+            .ecs(move |c| c.run_command(&iid, &s, timeout, &token))
+            .await?;
+        loop {
+            let (iid, inv) = (id.to_string(), invoke.clone());
+            let r = self
+                .ecs(move |c| c.describe_invocation_result(&inv, &iid))
+                .await?;
+            if let Some(r) = r {
+                let finished = matches!(
+                    r.invocation_status.as_str(),
+                    "Success"
+                        | "Failed"
+                        | "Timeout"
+                        | "Error"
+                        | "Stopped"
+                        | "Cancelled"
+                        | "Terminated"
+                ) || matches!(
+                    r.invoke_record_status.as_str(),
+                    "Finished" | "Failed" | "Stopped"
+                );
+                if finished {
+                    if r.invocation_status == "Timeout" {
+                        return Err(fail(format!(
+                            "command inside {id} did not finish within {timeout} s"
+                        )));
+                    }
+                    if r.dropped > 0 {
+                        return Err(fail(format!(
+                            "command output inside {id} was cut by {} bytes at Cloud Assistant's limit",
+                            r.dropped
+                        )));
+                    }
+                    if matches!(
+                        r.invocation_status.as_str(),
+                        "Error" | "Cancelled" | "Stopped" | "Terminated"
+                    ) {
+                        return Err(fail(format!(
+                            "Cloud Assistant command inside {id} ended {}: {} {}",
+                            r.invocation_status, r.error_code, r.error_info
+                        )));
+                    }
+                    let output = B64.decode(r.output.trim()).map_err(|e| {
+                        fail(format!("Cloud Assistant output of {id} is not base64: {e}"))
+                    })?;
+                    return Ok((r.exit_code, output));
+                }
+            }
+            if started.elapsed() > limit {
+                return Err(fail(format!(
+                    "command inside {id} did not finish within {} s",
+                    limit.as_secs()
+                )));
+            }
+            tokio::time::sleep(self.settings.poll_interval).await;
+        }
+    }
+
+    /// A regular file inside the instance, read in chunks that each fit
+    /// Cloud Assistant's output limit; refused when larger than `max`.
+    async fn read_chunked(
+        &self,
+        id: &str,
+        path: &str,
+        max: usize,
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
+        let started = Instant::now();
+        let mut data = Vec::new();
+        for index in 0.. {
+            let left = limit.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(fail(format!(
+                    "reading {path} inside {id} did not finish within {} s",
+                    limit.as_secs()
+                )));
+            }
+            let script = format!(
+                "f={q}\n[ -f \"$f\" ] && [ -r \"$f\" ] || {{ echo \"not a readable regular file\"; exit 3; }}\n\
+                 timeout -s KILL {secs} dd if=\"$f\" bs={CHUNK} skip={index} count=1 2>/dev/null | base64 -w0\n",
+                q = quote(path),
+                secs = left.as_secs().max(1),
+            );
+            let (code, out) = self.run_script(id, script, left).await?;
+            if code != 0 {
+                return Err(fail(format!(
+                    "{path} inside {id}: {}",
+                    String::from_utf8_lossy(&out).trim()
+                )));
+            }
+            let chunk = B64
+                .decode(String::from_utf8_lossy(&out).trim())
+                .map_err(|e| fail(format!("reading {path} inside {id}: bad chunk: {e}")))?;
+            let last = chunk.len() < CHUNK;
+            data.extend_from_slice(&chunk);
+            if data.len() > max {
+                return Err(fail(format!(
+                    "{path} inside {id} is larger than {max} bytes"
+                )));
+            }
+            if last {
+                break;
+            }
+        }
+        Ok(data)
+    }
+
+    /// RebootInstance, waited for until Running again.
+    pub async fn reboot_instance(&self, id: &str) -> Result<()> {
+        let i = self.wait_status(id, "Running").await?;
+        let iid = i.instance_id.clone();
+        self.ecs(move |c| c.reboot_instance(&iid, false)).await?;
+        self.wait_status(id, "Running").await.map(|_| ())
+    }
+
+    /// A regular file inside the instance, refused when larger than
+    /// `max_bytes` or slower than `limit`: bounded inside the instance
+    /// (`timeout`, one chunk per command) and here (the loop's deadline).
+    pub async fn read_file_bounded(
+        &self,
+        id: &str,
+        path: &str,
+        max_bytes: usize,
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
+        self.read_chunked(id, path, max_bytes, limit).await
+    }
+
+    async fn account_id(&self) -> Result<String> {
+        self.account
+            .get_or_try_init(|| async {
+                self.ecs(|c| c.get_caller_identity().map(|i| i.account_id))
+                    .await
+            })
+            .await
+            .cloned()
+    }
+}
+
+#[async_trait]
+impl Provider for EcsProvider {
+    fn name(&self) -> &str {
+        "ecs"
+    }
+
+    async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
+        let image = self.image_id(&template.image)?;
+        let mut tags = template.tags.clone();
+        tags.insert(TAG_NAME.to_string(), template.name.clone());
+        let request = RunInstances {
+            zone_id: template.zone.clone(),
+            image_id: image,
+            instance_type: template.instance_type.clone(),
+            v_switch_id: Some(self.v_switch()?),
+            security_group_ids: self.settings.security_group_ids.clone(),
+            instance_name: template.name.clone(),
+            host_name: Some(template.name.clone()),
+            user_data: template.user_data.clone(),
+            system_disk_gib: Some(template.system_disk_gib),
+            system_disk_category: Some(self.settings.disk_category.clone()),
+            data_disks: template
+                .data_disks
+                .iter()
+                .map(|d| DataDisk {
+                    // A disk from a snapshot takes the snapshot's size.
+                    size_gib: if d.snapshot_id.is_some() {
+                        None
+                    } else {
+                        Some(d.size_gib)
+                    },
+                    snapshot_id: d.snapshot_id.clone(),
+                    category: Some(self.settings.disk_category.clone()),
+                    delete_with_instance: true,
+                })
+                .collect(),
+            tags,
+            // Derived from knit's name: a create repeated after a crash gets
+            // the instance the first one made.
+            client_token: client_token("run", &[&template.name]),
+        };
+        let id = match self
+            .ecs({
+                let r = request.clone();
+                move |c| c.run_instances(&r)
+            })
+            .await
+        {
+            Ok(id) => id,
+            // The same name was used with other settings (a pool changed
+            // between a crash and the retry): the instance it made is the
+            // one knit named.
+            Err(e) if e.to_string().contains("IdempotentParameterMismatch") => {
+                match self.find_by_name(&template.name).await? {
+                    Some(found) => found.id,
+                    None => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let running = self.wait_status(&id, "Running").await?;
+        Ok(view(&running))
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<ProviderInstance>> {
+        Ok(self.describe(id).await?.map(|i| view(&i)))
+    }
+
+    async fn list(&self) -> Result<Vec<ProviderInstance>> {
+        let all = self
+            .ecs(|c| c.describe_instances(&DescribeInstances::default()))
+            .await?;
+        Ok(all.iter().map(view).collect())
+    }
+
+    async fn find_by_name(&self, name: &str) -> Result<Option<ProviderInstance>> {
+        let filter = DescribeInstances {
+            tags: [(TAG_NAME.to_string(), name.to_string())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        let found = self.ecs(move |c| c.describe_instances(&filter)).await?;
+        Ok(found.first().map(view))
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        let i = self
+            .describe(id)
+            .await?
+            .ok_or_else(|| ServerError::NotFound {
+                kind: "ECS instance",
+                name: id.to_string(),
+            })?;
+        if i.status != "Running" && i.status != "Starting" {
+            if i.status == "Stopping" {
+                self.wait_status(id, "Stopped").await?;
+            }
+            let iid = id.to_string();
+            self.ecs(move |c| c.start_instance(&iid)).await?;
+        }
+        self.wait_status(id, "Running").await.map(|_| ())
+    }
+
+    async fn stop(&self, id: &str) -> Result<()> {
+        let i = self
+            .describe(id)
+            .await?
+            .ok_or_else(|| ServerError::NotFound {
+                kind: "ECS instance",
+                name: id.to_string(),
+            })?;
+        if i.status != "Stopped" && i.status != "Stopping" {
+            if i.status == "Starting" || i.status == "Pending" {
+                self.wait_status(id, "Running").await?;
+            }
+            let iid = id.to_string();
+            self.ecs(move |c| c.stop_instance(&iid, StoppedMode::KeepCharging, false))
+                .await?;
+        }
+        self.wait_status(id, "Stopped").await.map(|_| ())
+    }
+
+    async fn reimage(&self, id: &str, image: &str, user_data: &str) -> Result<()> {
+        // Checked before the instance is touched.
+        let image = self.image_id(image)?;
+        self.stop(id).await?;
+        let modify = ModifyInstanceAttribute {
+            instance_id: id.to_string(),
+            user_data: Some(user_data.to_string()),
+            ..Default::default()
+        };
+        self.ecs(move |c| c.modify_instance_attribute(&modify))
+            .await?;
+        let digest = hex::encode(Sha256::digest(user_data.as_bytes()));
+        let token = client_token("reimage", &[id, &image, &digest]);
+        let (iid, img) = (id.to_string(), image.clone());
+        let disk = self
+            .ecs(move |c| c.replace_system_disk(&iid, &img, None, &token))
+            .await?;
+        // The new system disk is usable when it is In_use with no lock.
+        let started = Instant::now();
+        loop {
+            let iid = id.to_string();
+            let disks = self.ecs(move |c| c.describe_disks(&iid, "system")).await?;
+            let ready = disks.iter().any(|d| {
+                (disk.is_empty() || d.disk_id == disk)
+                    && d.status == "In_use"
+                    && d.operation_locks.lock_reason.is_empty()
+            });
+            if ready {
+                break;
+            }
+            if started.elapsed() > self.settings.wait_limit {
+                return Err(fail(format!(
+                    "new system disk {disk} of {id} not In_use after {} s",
+                    self.settings.wait_limit.as_secs()
+                )));
+            }
+            tokio::time::sleep(self.settings.poll_interval).await;
+        }
+        self.start(id).await
+    }
+
+    async fn check_image(&self, image: &str) -> Result<()> {
+        self.image_id(image).map(|_| ())
+    }
+
+    async fn rename(&self, id: &str, name: &str) -> Result<()> {
+        let modify = ModifyInstanceAttribute {
+            instance_id: id.to_string(),
+            instance_name: Some(name.to_string()),
+            host_name: Some(name.to_string()),
+            ..Default::default()
+        };
+        self.ecs(move |c| c.modify_instance_attribute(&modify))
+            .await
+    }
+
+    async fn set_password(&self, id: &str, password: &str) -> Result<()> {
+        let modify = ModifyInstanceAttribute {
+            instance_id: id.to_string(),
+            password: Some(password.to_string()),
+            ..Default::default()
+        };
+        // knit-ecs's errors never carry a request's parameters.
+        self.ecs(move |c| c.modify_instance_attribute(&modify))
+            .await?;
+        // ECS applies a new password at the next start.
+        match self.describe(id).await? {
+            Some(i) if i.status == "Running" => self.reboot_instance(id).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        let iid = id.to_string();
+        match self.ecs(move |c| c.delete_instance(&iid, true)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.to_string().contains(".NotFound") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
+        self.read_file_bounded(id, path, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT)
+            .await
+    }
+
+    async fn snapshot_create(
+        &self,
+        id: &str,
+        data_disk_index: usize,
+        name: &str,
+    ) -> Result<ProviderSnapshot> {
+        let iid = id.to_string();
+        let mut disks = self.ecs(move |c| c.describe_disks(&iid, "data")).await?;
+        disks.sort_by(|a, b| a.device.cmp(&b.device));
+        let disk = disks
+            .get(data_disk_index)
+            .ok_or_else(|| ServerError::NotFound {
+                kind: "data disk",
+                name: format!("{id} #{data_disk_index}"),
+            })?;
+        let disk_id = disk.disk_id.clone();
+        let tags = [(TAG_SNAPSHOT_NAME.to_string(), name.to_string())]
+            .into_iter()
+            .collect();
+        let token = client_token("snap", &[id, &disk_id, name]);
+        let ecs_name = ecs_snapshot_name(name);
+        let snap_id = self
+            .ecs(move |c| c.create_snapshot(&disk_id, &ecs_name, &tags, &token))
+            .await?;
+        let started = Instant::now();
+        loop {
+            let f = DescribeSnapshots {
+                snapshot_ids: vec![snap_id.clone()],
+                ..Default::default()
+            };
+            let found = self.ecs(move |c| c.describe_snapshots(&f)).await?;
+            match found.first() {
+                Some(s) if s.status == "accomplished" => {
+                    return Ok(ProviderSnapshot {
+                        id: s.snapshot_id.clone(),
+                        size_bytes: s.source_disk_size << 30,
+                    })
+                }
+                Some(s) if s.status == "failed" => {
+                    return Err(fail(format!("snapshot {snap_id} of {id} failed")))
+                }
+                _ => {}
+            }
+            if started.elapsed() > self.settings.wait_limit {
+                return Err(fail(format!(
+                    "snapshot {snap_id} of {id} not accomplished after {} s",
+                    self.settings.wait_limit.as_secs()
+                )));
+            }
+            tokio::time::sleep(self.settings.poll_interval).await;
+        }
+    }
+
+    async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()> {
+        let sid = snapshot_id.to_string();
+        match self.ecs(move |c| c.delete_snapshot(&sid)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.to_string().contains(".NotFound") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn snapshots_named(&self, name: &str) -> Result<Vec<String>> {
+        let f = DescribeSnapshots {
+            snapshot_name: Some(ecs_snapshot_name(name)),
+            ..Default::default()
+        };
+        let name = name.to_string();
+        let found = self.ecs(move |c| c.describe_snapshots(&f)).await?;
+        Ok(found
+            .into_iter()
+            .filter(|s| s.tags.map().get(TAG_SNAPSHOT_NAME) == Some(&name))
+            .map(|s| s.snapshot_id)
+            .collect())
+    }
+
+    /// The command's output streams go to files inside the instance; small
+    /// ones come back in the same answer, larger ones are read in chunks.
+    async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
+        if argv.is_empty() {
+            return Err(fail("exec: an empty command".into()));
+        }
+        let command = argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ");
+        let script = format!(
+            "d=$(mktemp -d \"${{TMPDIR:-/tmp}}/knit-exec.XXXXXX\") || exit 125\n\
+             ( {command} ) </dev/null >\"$d/out\" 2>\"$d/err\"\n\
+             s=$?\n\
+             o=$(wc -c <\"$d/out\"); e=$(wc -c <\"$d/err\")\n\
+             echo \"knit-exec $s $o $e $d\"\n\
+             if [ $((o + e)) -le {INLINE_OUTPUT} ]; then base64 -w0 \"$d/out\"; echo; base64 -w0 \"$d/err\"; echo; rm -rf \"$d\"; fi\n"
+        );
+        let (code, out) = self.run_script(id, script, COMMAND_TIMEOUT).await?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines
+            .next()
+            .and_then(|l| l.strip_prefix("knit-exec "))
+            .map(|l| l.split(' ').collect())
+            .unwrap_or_default();
+        if code != 0 || head.len() != 4 {
+            return Err(fail(format!(
+                "exec inside {id} could not start (exit {code}): {}",
+                text.trim()
+            )));
+        }
+        let status: i32 = head[0].parse().unwrap_or(-1);
+        let (out_len, err_len): (usize, usize) =
+            (head[1].parse().unwrap_or(0), head[2].parse().unwrap_or(0));
+        let dir = head[3].to_string();
+        if out_len + err_len <= INLINE_OUTPUT {
+            let decode = |l: Option<&str>| B64.decode(l.unwrap_or("").trim()).unwrap_or_default();
+            let stdout = decode(lines.next());
+            let stderr = decode(lines.next());
+            return Ok((status, stdout, stderr));
+        }
+        let stdout = self
+            .read_chunked(
+                id,
+                &format!("{dir}/out"),
+                READ_FILE_MAX_BYTES,
+                READ_FILE_TIMEOUT,
+            )
+            .await;
+        let stderr = self
+            .read_chunked(
+                id,
+                &format!("{dir}/err"),
+                READ_FILE_MAX_BYTES,
+                READ_FILE_TIMEOUT,
+            )
+            .await;
+        // Removed whatever the reads did.
+        let _ = self
+            .run_script(
+                id,
+                format!("rm -rf {}\n", quote(&dir)),
+                Duration::from_secs(60),
+            )
+            .await;
+        Ok((status, stdout?, stderr?))
+    }
+
+    async fn facts(&self, id: &str) -> Result<InstanceFacts> {
+        let i = self
+            .describe(id)
+            .await?
+            .ok_or_else(|| ServerError::NotFound {
+                kind: "ECS instance",
+                name: id.to_string(),
+            })?;
+        let account_id = self.account_id().await?;
+        let itype = vec![i.instance_type.clone()];
+        let limits = self.ecs(move |c| c.describe_instance_types(&itype)).await?;
+        let limit = limits
+            .iter()
+            .find(|t| t.instance_type_id == i.instance_type);
+        let group_ids = i.security_group_ids.security_group_id.clone();
+        let ids = group_ids.clone();
+        let kinds = if ids.is_empty() {
+            Vec::new()
+        } else {
+            self.ecs(move |c| c.describe_security_groups(&ids)).await?
+        };
+        let mut security_groups = Vec::new();
+        for g in group_ids {
+            let gid = g.clone();
+            let attr = self
+                .ecs(move |c| c.describe_security_group_attribute(&gid))
+                .await?;
+            security_groups.push(SecurityGroupFacts {
+                kind: kinds
+                    .iter()
+                    .find(|k| k.security_group_id == g)
+                    .map(|k| k.security_group_type.clone())
+                    .unwrap_or_else(|| "normal".into()),
+                id: g,
+                rules: attr
+                    .permissions
+                    .permission
+                    .iter()
+                    .filter_map(rule)
+                    .collect(),
+            });
+        }
+        let iid = id.to_string();
+        let ram_role = self
+            .ecs(move |c| c.describe_instance_ram_role(&iid))
+            .await?;
+        let iid = id.to_string();
+        let mut disks = self.ecs(move |c| c.describe_disks(&iid, "data")).await?;
+        disks.sort_by(|a, b| a.device.cmp(&b.device));
+        // What only the guest knows (OS release, swap), read through Cloud
+        // Assistant while it runs; ECS's OS name otherwise.
+        let (mut os_id, mut os_version, mut os_name, mut swap) =
+            (String::new(), String::new(), i.os_name_en.clone(), false);
+        if i.status == "Running" {
+            let script = "cat /etc/os-release 2>/dev/null; echo knit-swaps; tail -n +2 /proc/swaps 2>/dev/null\n";
+            match self
+                .run_script(id, script.into(), Duration::from_secs(120))
+                .await
+            {
+                Ok((0, out)) => {
+                    let text = String::from_utf8_lossy(&out);
+                    let (release, swaps) = text.split_once("knit-swaps").unwrap_or((&text, ""));
+                    os_id = os_release_field(release, "ID");
+                    os_version = os_release_field(release, "VERSION_ID");
+                    let pretty = os_release_field(release, "PRETTY_NAME");
+                    if !pretty.is_empty() {
+                        os_name = pretty;
+                    }
+                    swap = swaps.lines().any(|l| !l.trim().is_empty());
+                }
+                Ok((code, _)) => tracing::warn!(instance = id, code, "reading os-release failed"),
+                Err(e) => {
+                    tracing::warn!(instance = id, error = %e, "Cloud Assistant unavailable for facts")
+                }
+            }
+        }
+        let nics = &i.network_interfaces.network_interface;
+        Ok(InstanceFacts {
+            id: i.instance_id.clone(),
+            name: i.instance_name.clone(),
+            state: state_word(&i.status),
+            ip: i.private_ip(),
+            instance_type: i.instance_type.clone(),
+            account_id,
+            region_id: self.settings.region.clone(),
+            zone_id: i.zone_id.clone(),
+            vpc_id: i.vpc_attributes.vpc_id.clone(),
+            v_switch_id: i.vpc_attributes.v_switch_id.clone(),
+            security_groups,
+            eni_count: nics.len().max(1) as u32,
+            max_enis: limit.map(|l| l.eni_quantity as u32).unwrap_or(0),
+            max_ips_per_eni: limit
+                .map(|l| l.eni_private_ip_address_quantity as u32)
+                .unwrap_or(0),
+            ram_role,
+            ipv6: nics.iter().any(|n| !n.ipv6_sets.ipv6_set.is_empty()),
+            swap,
+            os_id,
+            os_version,
+            os_name,
+            tags: i.tags.map(),
+            password_login: i.key_pair_name.is_empty(),
+            data_disks: disks
+                .iter()
+                .map(|d| DiskFacts {
+                    id: d.disk_id.clone(),
+                    device: guest_device(&d.device),
+                    size_bytes: d.size << 30,
+                })
+                .collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_stable_and_fit() {
+        let a = client_token("run", &["workers-abcde"]);
+        assert_eq!(a, client_token("run", &["workers-abcde"]));
+        assert_ne!(a, client_token("run", &["workers-abcdf"]));
+        assert!(a.len() <= 64 && a.is_ascii());
+    }
+
+    #[test]
+    fn names_devices_and_rules() {
+        assert_eq!(ecs_snapshot_name("build-1"), "build-1");
+        assert_eq!(ecs_snapshot_name("0a1b"), "knit-0a1b");
+        assert_eq!(ecs_snapshot_name("auto-x"), "knit-auto-x");
+        assert_eq!(guest_device("/dev/xvdb").as_deref(), Some("vdb"));
+        assert_eq!(guest_device("").as_deref(), None);
+        let r = rule(&knit_ecs::api::Permission {
+            direction: "ingress".into(),
+            ip_protocol: "TCP".into(),
+            port_range: "6443/6443".into(),
+            source_cidr_ip: "10.0.0.0/8".into(),
+            policy: "Accept".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((r.protocol.as_str(), r.policy.as_str()), ("tcp", "accept"));
+        assert_eq!(quote("it's"), "'it'\\''s'");
+    }
+}

@@ -105,8 +105,9 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
     }
 }
 
-/// A pool's `image` as the local cloud's base root: `host` is the host's
-/// root, anything else an image directory.
+/// A pool's `image` as the local cloud's base root: `debian-12` is the
+/// node image (`knit image build`), `host` the host's root (opt-in),
+/// anything else an image directory.
 fn base_root(image: &str) -> std::path::PathBuf {
     match image {
         knit_api::DEFAULT_IMAGE => knit_local::image::default_root(),

@@ -34,13 +34,15 @@ GW=10.218.$NET.1
 PORT=$((21000 + $$ % 9000))
 CPORT=$((PORT + 1))
 RPORT=$((PORT + 2))
+WPORT=$((PORT + 3))
 export KNIT_CONFIG=$WORK/config
 export KNIT_LOCAL_BANDWIDTH_MBIT=$MBIT
 SERVER= REG=
 cleanup() {
     trap - EXIT INT TERM
     if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
-    if [ -n "$REG" ]; then kill "$REG" 2>/dev/null || true; wait "$REG" 2>/dev/null || true; fi
+    # shellcheck disable=SC2086 # two PIDs
+    if [ -n "$REG" ]; then kill $REG 2>/dev/null || true; wait $REG 2>/dev/null || true; fi
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
     rm -rf "$WORK"
 }
@@ -59,13 +61,20 @@ knit server --write-config --state-dir "$WORK/server" --cluster embedded --clust
 SERVER=$!
 for _ in $(seq 300); do [ -f "$KNIT_CONFIG" ] && knit get clusters >/dev/null 2>&1 && break; sleep 0.1; done
 
+# Pull-only where instances reach it; pushes go to a loopback writer over
+# the same storage.
 "$BIN/knit-registry" serve --dir "$WORK/registry" --addr "0.0.0.0:$RPORT" >"$WORK/registry.log" 2>&1 &
 REG=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$RPORT/v2/" >/dev/null && break; sleep 0.1; done
+"$BIN/knit-registry" serve --dir "$WORK/registry" --addr "127.0.0.1:$WPORT" >"$WORK/registry-push.log" 2>&1 &
+REG="$REG $!"
+for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$RPORT/v2/" >/dev/null && curl -sf "http://127.0.0.1:$WPORT/v2/" >/dev/null && break
+    sleep 0.1
+done
 APP=docker.io/knit/bench-app:1
 IMAGES=(registry.k8s.io/pause:3.10 registry.k8s.io/kube-proxy:v1.31.4 docker.io/flannel/flannel:v0.26.1 "$APP")
 t=$(ms)
-"$BIN/knit-registry" seed --registry "http://127.0.0.1:$RPORT" --work "$WORK/seed" \
+"$BIN/knit-registry" seed --registry "http://127.0.0.1:$WPORT" --work "$WORK/seed" \
     registry.k8s.io/pause:3.10=512K registry.k8s.io/kube-proxy:v1.31.4=28M \
     docker.io/flannel/flannel:v0.26.1=30M "$APP=${BIG}x${BIG_LAYERS}" >"$WORK/seed.json"
 seed_ms=$(($(ms) - t))

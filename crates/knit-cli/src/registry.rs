@@ -3,10 +3,14 @@
 //! Debian's `docker-registry` (through the knit-registry library), started
 //! in the background on the local cloud's bridge address, with its storage,
 //! config, log and a record (`registry.json`, its PID) under
-//! `<state-dir>/registry`. `up --seed` pushes the local package set's system
-//! images (built here from random bytes, no image from the internet); `up`
-//! prints the containerd mirror configuration a pool needs. `down` (and
-//! `knit down`) stops it by its recorded PID; the stored images stay.
+//! `<state-dir>/registry`. Instances may only pull: on the bridge (or every
+//! address) it runs in docker-registry's read-only mode (push and delete
+//! answer 405), and a second docker-registry over the same storage takes
+//! pushes on a loopback port, from the host only. `up --seed` pushes the
+//! local package set's system images there (built here from random bytes,
+//! no image from the internet); `up` prints the containerd mirror
+//! configuration a pool needs. `down` (and `knit down`) stops both by their
+//! recorded PIDs; the stored images stay.
 
 use crate::{io, CliError, Result};
 use clap::{Args, Subcommand};
@@ -80,6 +84,22 @@ struct Record {
     /// `IP:PORT` instances use (pool registry mirrors).
     mirror: String,
     started_ms: i64,
+    /// The loopback writer beside a pull-only `listen` (absent when
+    /// `listen` is loopback itself, which takes pushes).
+    #[serde(default)]
+    push_pid: Option<u32>,
+    #[serde(default)]
+    push_listen: Option<String>,
+}
+
+impl Record {
+    /// Where the host pushes.
+    fn push_url(&self) -> String {
+        match &self.push_listen {
+            Some(l) => format!("http://{l}"),
+            None => local_url(&self.listen),
+        }
+    }
 }
 
 fn dir(place: &Place) -> PathBuf {
@@ -121,20 +141,31 @@ fn host_has(ip: Ipv4Addr) -> bool {
         .unwrap_or(false)
 }
 
-/// True when `pid` is the docker-registry serving this directory's config
-/// (so a recycled PID is never signalled).
+/// True when `pid` is a docker-registry serving one of this directory's
+/// configs (so a recycled PID is never signalled).
 fn is_ours(pid: u32, place: &Place) -> bool {
-    let config = dir(place).join("config.yml");
+    let configs = [
+        dir(place).join("config.yml"),
+        dir(place).join("config-pull.yml"),
+    ];
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
             let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
             args.first()
                 .is_some_and(|a| a.ends_with(b"docker-registry"))
-                && args
-                    .iter()
-                    .any(|a| *a == config.as_os_str().as_encoded_bytes())
+                && args.iter().any(|a| {
+                    configs
+                        .iter()
+                        .any(|c| *a == c.as_os_str().as_encoded_bytes())
+                })
         })
         .unwrap_or(false)
+}
+
+/// Both of its processes run (the pull listener and, beside a pull-only
+/// one, the loopback writer).
+fn alive(r: &Record, place: &Place) -> bool {
+    is_ours(r.pid, place) && r.push_pid.is_none_or(|p| is_ours(p, place))
 }
 
 fn local_url(listen: &str) -> String {
@@ -184,14 +215,19 @@ fn up(
         pushes.push(knit_registry::parse_image_arg(arg)?);
     }
     let gw = gateway(&place.local_subnet)?;
-    let record = match load(place).filter(|r| is_ours(r.pid, place)) {
-        Some(r) => {
+    let record = match load(place) {
+        Some(r) if alive(&r, place) => {
             println!("registry already running (pid {}) on {}", r.pid, r.listen);
             r
         }
+        Some(_) => {
+            // Half of it is gone: the rest is stopped and both start again.
+            stop(place)?;
+            start(place, port, address, gw)?
+        }
         None => start(place, port, address, gw)?,
     };
-    let push = local_url(&record.listen);
+    let push = record.push_url();
     if !pushes.is_empty() {
         let work = dir(place).join("seed");
         for (reference, layers, bytes) in &pushes {
@@ -229,12 +265,78 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
         listen.clone()
     };
     let dir = dir(place);
-    let (bin, config) = knit_registry::prepare(&dir, &listen)?;
     let log_path = dir.join("registry.log");
+    let access = knit_registry::access_for(&listen);
+    // Killed (by the handle of the child just started) if anything below
+    // fails: nothing may run without a record to stop it.
+    let end = |children: &mut Vec<std::process::Child>| {
+        for c in children.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    };
+    let mut children = vec![spawn(&dir, &listen, access, &log_path)?];
+    let mut push_listen = None;
+    let mut waited = wait_answers(&mut children[0], &listen, &log_path);
+    if waited.is_ok() && access == knit_registry::Access::PullOnly {
+        waited = knit_registry::free_loopback_addr()
+            .map_err(CliError::from)
+            .and_then(|at| {
+                let child = spawn(&dir, &at, knit_registry::Access::ReadWrite, &log_path)?;
+                children.push(child);
+                push_listen = Some(at.clone());
+                wait_answers(&mut children[1], &at, &log_path)
+            });
+    }
+    if let Err(e) = waited {
+        end(&mut children);
+        return Err(e);
+    }
+    let pid = children[0].id();
+    let record = Record {
+        pid,
+        listen: listen.clone(),
+        mirror,
+        started_ms: knit_server::store::now_ms(),
+        push_pid: children.get(1).map(std::process::Child::id),
+        push_listen,
+    };
+    let text = serde_json::to_string_pretty(&record)
+        .map_err(|e| CliError::Failed(format!("encode the registry record: {e}")))?;
+    if let Err(e) = std::fs::write(record_path(place), text) {
+        // Without its record nothing could stop them later.
+        end(&mut children);
+        return Err(io(format!("write {}", record_path(place).display()))(e));
+    }
+    match &record.push_listen {
+        Some(push) => println!(
+            "registry running (pid {pid}) on {listen}; pull only there, pushes from this host on {push} (pid {}); storage {}; log {}",
+            record.push_pid.unwrap_or_default(),
+            dir.join("storage").display(),
+            log_path.display()
+        ),
+        None => println!(
+            "registry running (pid {pid}) on {listen}; storage {}; log {}",
+            dir.join("storage").display(),
+            log_path.display()
+        ),
+    }
+    Ok(record)
+}
+
+/// Starts one docker-registry for `listen` in its own session (it outlives
+/// this command), logging to `log_path`.
+fn spawn(
+    dir: &Path,
+    listen: &str,
+    access: knit_registry::Access,
+    log_path: &Path,
+) -> Result<std::process::Child> {
+    let (bin, config) = knit_registry::prepare(dir, listen, access)?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
+        .open(log_path)
         .map_err(io(format!("open {}", log_path.display())))?;
     let log2 = log.try_clone().map_err(io("dup the registry log"))?;
     let mut cmd = std::process::Command::new(bin);
@@ -243,7 +345,6 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(log2);
-    // The registry outlives this command: its own session, no terminal.
     // SAFETY: setsid is async-signal-safe and touches no memory of ours.
     unsafe {
         use std::os::unix::process::CommandExt;
@@ -252,16 +353,19 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(io("start docker-registry"))?;
-    let pid = child.id();
-    let url = local_url(&listen);
+    cmd.spawn().map_err(io("start docker-registry"))
+}
+
+/// Waits until the registry on `listen` answers `/v2/` (30 s at most).
+fn wait_answers(child: &mut std::process::Child, listen: &str, log_path: &Path) -> Result<()> {
+    let url = local_url(listen);
     let deadline = Instant::now() + Duration::from_secs(30);
+    let log_tail = || {
+        let text = std::fs::read_to_string(log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    };
     while !knit_registry::answers(&url) {
-        let log_tail = || {
-            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            lines[lines.len().saturating_sub(5)..].join("\n")
-        };
         if let Ok(Some(st)) = child.try_wait() {
             return Err(CliError::Failed(format!(
                 "docker-registry exited ({st}) on {listen}:\n{}",
@@ -269,9 +373,6 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
             )));
         }
         if Instant::now() > deadline {
-            // SAFETY: pid is the child just started.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            let _ = child.wait();
             return Err(CliError::Failed(format!(
                 "docker-registry did not answer on {listen} within 30 s:\n{}",
                 log_tail()
@@ -279,27 +380,7 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let record = Record {
-        pid,
-        listen: listen.clone(),
-        mirror,
-        started_ms: knit_server::store::now_ms(),
-    };
-    let text = serde_json::to_string_pretty(&record)
-        .map_err(|e| CliError::Failed(format!("encode the registry record: {e}")))?;
-    if let Err(e) = std::fs::write(record_path(place), text) {
-        // Without its record nothing could stop it later.
-        // SAFETY: pid is the child just started.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        let _ = child.wait();
-        return Err(io(format!("write {}", record_path(place).display()))(e));
-    }
-    println!(
-        "registry running (pid {pid}) on {listen}; storage {}; log {}",
-        dir.join("storage").display(),
-        log_path.display()
-    );
-    Ok(record)
+    Ok(())
 }
 
 /// Stops the registry `up` started for this state directory, if it runs.
@@ -320,8 +401,12 @@ fn stop(place: &Place) -> Result<bool> {
         println!("no registry started by `knit registry up` here");
         return Ok(false);
     };
-    let pid = record.pid;
-    let stopped = if is_ours(pid, place) {
+    let mut stopped = false;
+    for pid in std::iter::once(record.pid).chain(record.push_pid) {
+        if !is_ours(pid, place) {
+            println!("registry (pid {pid}) is not running");
+            continue;
+        }
         // SAFETY: the recorded registry process, checked above.
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -336,11 +421,8 @@ fn stop(place: &Place) -> Result<bool> {
             }
         }
         println!("registry (pid {pid}) stopped");
-        true
-    } else {
-        println!("registry (pid {pid}) is not running");
-        false
-    };
+        stopped = true;
+    }
     let path = record_path(place);
     std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())))?;
     Ok(stopped)
@@ -348,7 +430,7 @@ fn stop(place: &Place) -> Result<bool> {
 
 fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
     let record = load(place);
-    let running = record.as_ref().is_some_and(|r| is_ours(r.pid, place));
+    let running = record.as_ref().is_some_and(|r| alive(r, place));
     let url = record.as_ref().map(|r| local_url(&r.listen));
     let answers = running && url.as_deref().is_some_and(knit_registry::answers);
     let repositories = match (&url, answers) {
@@ -362,6 +444,8 @@ fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
             "pid": record.as_ref().map(|r| r.pid),
             "listen": record.as_ref().map(|r| r.listen.clone()),
             "mirror": record.as_ref().map(|r| r.mirror.clone()),
+            "push": record.as_ref().map(Record::push_url),
+            "pushPid": record.as_ref().and_then(|r| r.push_pid),
             "repositories": repositories,
             "dir": dir(place),
         });
@@ -381,6 +465,13 @@ fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
             );
             println!("Listen:        {}", r.listen);
             println!("Mirror:        {} (for instances)", r.mirror);
+            match &r.push_listen {
+                Some(p) => println!(
+                    "Access:        pull only on {}; pushes on {p} (this host only)",
+                    r.listen
+                ),
+                None => println!("Access:        pull and push on {}", r.listen),
+            }
             println!("Repositories:  {}", repositories.join(", "));
             println!("Storage:       {}", dir(place).join("storage").display());
             print!("{}", mirror_config(&r.mirror));

@@ -3,7 +3,10 @@
 //!
 //! - [`Registry`] runs Debian's `docker-registry` (distribution 2.x) with its
 //!   own storage directory and address; its log (with the HTTP access log)
-//!   goes to a file the caller reads. Killed by PID when dropped.
+//!   goes to a file the caller reads. Killed by PID when dropped. Writes
+//!   only from the host ([`access_for`]): on any address but loopback it is
+//!   pull-only (the registry's read-only mode), with a loopback writer over
+//!   the same storage for pushes.
 //! - [`build_image`] makes a Docker v2 image: layers of random
 //!   (incompressible) bytes in a tar.gz each, an image config, a manifest.
 //! - [`push`] uploads blobs (monolithic `POST` + `PUT ?digest=`) and the
@@ -54,9 +57,49 @@ fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> RegistryEr
     move |source| RegistryError::Io { what, source }
 }
 
-/// The `docker-registry` binary and a config for `addr` with storage under
-/// `dir` (written to `dir/config.yml`).
-pub fn prepare(dir: &Path, addr: &str) -> Result<(PathBuf, PathBuf)> {
+/// What a listener lets its clients do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Pull, push, delete: only ever on a loopback address (the host).
+    ReadWrite,
+    /// `GET`/`HEAD` only: docker-registry's read-only maintenance mode
+    /// answers every push or delete with 405, and deletes are off.
+    PullOnly,
+}
+
+/// The rule: writes only from the host. A listener on a loopback address
+/// takes pushes; any other (a bridge address instances reach, every
+/// address) serves pulls only, and pushes go to a second registry on
+/// loopback over the same storage.
+pub fn access_for(addr: &str) -> Access {
+    let ip = addr
+        .parse::<std::net::SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| addr.parse::<std::net::IpAddr>());
+    match ip {
+        Ok(ip) if ip.is_loopback() => Access::ReadWrite,
+        _ => Access::PullOnly,
+    }
+}
+
+/// A free `127.0.0.1:PORT` (the kernel's pick), for the loopback writer.
+pub fn free_loopback_addr() -> Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("bind 127.0.0.1:0"))?;
+    let addr = l.local_addr().map_err(io("bind 127.0.0.1:0"))?;
+    Ok(addr.to_string())
+}
+
+/// The `docker-registry` binary and a config for `addr` with `access` and
+/// storage under `dir` (written to `dir/config.yml` for the writer,
+/// `dir/config-pull.yml` for a pull-only listener: both may serve the
+/// same storage at once).
+pub fn prepare(dir: &Path, addr: &str, access: Access) -> Result<(PathBuf, PathBuf)> {
+    if access == Access::ReadWrite && access_for(addr) != Access::ReadWrite {
+        return Err(RegistryError::Invalid(format!(
+            "address {addr}: a registry that takes pushes listens on loopback only \
+             (instances may only pull)"
+        )));
+    }
     let bin = ["/usr/bin/docker-registry", "/usr/local/bin/docker-registry"]
         .iter()
         .map(PathBuf::from)
@@ -69,13 +112,20 @@ pub fn prepare(dir: &Path, addr: &str) -> Result<(PathBuf, PathBuf)> {
         })?;
     let storage = dir.join("storage");
     std::fs::create_dir_all(&storage).map_err(io(storage.display()))?;
-    let config = dir.join("config.yml");
+    let (config, storage_mode) = match access {
+        Access::ReadWrite => (dir.join("config.yml"), "  delete:\n    enabled: true\n"),
+        // No upload purging either: uploads in progress are the writer's.
+        Access::PullOnly => (
+            dir.join("config-pull.yml"),
+            "  delete:\n    enabled: false\n  maintenance:\n    uploadpurging:\n      enabled: false\n    readonly:\n      enabled: true\n",
+        ),
+    };
     // The access log is on: tests count blob and manifest requests.
     std::fs::write(
         &config,
         format!(
             "version: 0.1\nlog:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: false\n\
-             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n{storage_mode}\
              http:\n  addr: {addr}\n",
             storage.display()
         ),
@@ -84,61 +134,91 @@ pub fn prepare(dir: &Path, addr: &str) -> Result<(PathBuf, PathBuf)> {
     Ok((bin, config))
 }
 
-/// A running `docker-registry`, stopped (by PID) when dropped.
+/// Waits until `/v2/` answers at `url`, or the process exits, or 30 s.
+fn wait_answers(url: &str, child: &mut Child, log: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if answers(url) {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(RegistryError::Start(format!(
+                "docker-registry exited ({st}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(RegistryError::Start(format!(
+                "docker-registry did not answer at {url} within 30s: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A running `docker-registry` (two when its address is not loopback: a
+/// pull-only one there and a writer on loopback, one storage), stopped (by
+/// PID) when dropped.
 pub struct Registry {
-    child: Option<Child>,
+    children: Vec<Child>,
     addr: String,
+    push_addr: String,
     log: PathBuf,
 }
 
 impl Registry {
     /// Starts the registry on `addr` (`IP:PORT`) with storage and log under
-    /// `dir`, and waits until `/v2/` answers.
+    /// `dir`, and waits until `/v2/` answers. On a loopback address it takes
+    /// pushes; on any other it serves pulls only, and [`Registry::push_url`]
+    /// is a second listener on loopback.
     pub fn start(dir: &Path, addr: &str) -> Result<Registry> {
-        let (bin, config) = prepare(dir, addr)?;
         let log = dir.join("registry.log");
-        let out = std::fs::File::create(&log).map_err(io(log.display()))?;
-        let err = out.try_clone().map_err(io(log.display()))?;
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(io("spawn docker-registry"))?;
+        std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
+        // Both processes append to one log (O_APPEND: lines do not mix).
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&log)
+            .map_err(io(log.display()))?;
+        drop(out);
         let mut reg = Registry {
-            child: Some(child),
+            children: Vec::new(),
             addr: addr.to_string(),
+            push_addr: addr.to_string(),
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if ureq::get(&format!("{}/v2/", reg.url()))
-                .timeout(Duration::from_secs(2))
-                .call()
-                .is_ok()
-            {
-                return Ok(reg);
-            }
-            if let Some(c) = reg.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    return Err(RegistryError::Start(format!(
-                        "docker-registry exited ({st}): {}",
-                        reg.log_text()
-                    )));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(RegistryError::Start(format!(
-                    "docker-registry did not answer on {addr} within 30s: {}",
-                    reg.log_text()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let mut listeners = vec![(addr.to_string(), access_for(addr))];
+        if access_for(addr) == Access::PullOnly {
+            reg.push_addr = free_loopback_addr()?;
+            listeners.push((reg.push_addr.clone(), Access::ReadWrite));
         }
+        for (at, access) in listeners {
+            let (bin, config) = prepare(dir, &at, access)?;
+            let out = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&reg.log)
+                .map_err(io(reg.log.display()))?;
+            let err = out.try_clone().map_err(io(reg.log.display()))?;
+            let child = Command::new(bin)
+                .arg("serve")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .map_err(io("spawn docker-registry"))?;
+            reg.children.push(child);
+            let url = format!("http://{at}");
+            if let Some(c) = reg.children.last_mut() {
+                wait_answers(&url, c, &reg.log)?;
+            }
+        }
+        Ok(reg)
     }
 
+    /// Where clients pull (the address it was started on).
     pub fn addr(&self) -> &str {
         &self.addr
     }
@@ -147,8 +227,19 @@ impl Registry {
         format!("http://{}", self.addr)
     }
 
+    /// Where the host pushes: loopback.
+    pub fn push_url(&self) -> String {
+        format!("http://{}", self.push_addr)
+    }
+
+    /// The PID of the registry serving [`Registry::addr`].
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.children.first().map(Child::id)
+    }
+
+    /// Every process it runs (the pull listener first).
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
     }
 
     pub fn log_path(&self) -> &Path {
@@ -165,7 +256,7 @@ impl Registry {
     }
 
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
+        for mut c in self.children.drain(..) {
             let _ = c.kill();
             let _ = c.wait();
         }

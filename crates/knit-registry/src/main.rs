@@ -1,5 +1,7 @@
 //! `knit-registry serve --dir D --addr IP:PORT`: runs docker-registry in the
-//! foreground (this process becomes it), log on stdout/stderr.
+//! foreground (this process becomes it), log on stdout/stderr. It takes
+//! pushes on a loopback address only; on any other it serves pulls only
+//! (run a second `serve` of the same `--dir` on 127.0.0.1 to push).
 //! `knit-registry seed --registry http://IP:PORT [--work D] REF=SIZE[xLAYERS]…`:
 //! builds each image from random bytes and pushes it; prints one JSON line
 //! per image (reference, digest, bytes).
@@ -31,7 +33,14 @@ fn run(mut args: Vec<String>) -> Result<()> {
         "serve" => {
             let dir = flag(&mut args, "--dir").ok_or_else(usage)?;
             let addr = flag(&mut args, "--addr").ok_or_else(usage)?;
-            let (bin, config) = knit_registry::prepare(&PathBuf::from(dir), &addr)?;
+            let access = knit_registry::access_for(&addr);
+            if access == knit_registry::Access::PullOnly {
+                eprintln!(
+                    "knit-registry: {addr} is not loopback: pulls only (push and delete answer 405); \
+                     to push, serve the same --dir on 127.0.0.1 too"
+                );
+            }
+            let (bin, config) = knit_registry::prepare(&PathBuf::from(dir), &addr, access)?;
             // exec: the caller's PID is the registry's, so it can be killed by PID.
             let e = std::process::Command::new(bin)
                 .arg("serve")

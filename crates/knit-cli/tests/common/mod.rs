@@ -375,7 +375,7 @@ impl Env {
             .map(Child::id)
             .into_iter()
             .chain(self.up_pid)
-            .chain(self.registry.as_ref().and_then(Registry::pid))
+            .chain(self.registry.iter().flat_map(Registry::pids))
             .collect();
         Holdings {
             dir: self.dir().to_path_buf(),
@@ -692,10 +692,10 @@ impl Env {
         addr.rsplit_once(':').map_or(addr, |(_, port)| port)
     }
 
-    /// Where the test itself pushes images (the bridge's address: the
-    /// host holds it).
+    /// Where the test itself pushes images: the registry's loopback
+    /// writer (on the bridge's address it is pull-only).
     pub fn registry_push_url(&self) -> String {
-        format!("http://{}:{}", self.gateway, self.registry_port())
+        self.registry().push_url()
     }
 
     /// `knit local network-up` for this environment's local cloud: its

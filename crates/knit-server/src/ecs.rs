@@ -8,7 +8,10 @@
 
 use crate::error::{Result, ServerError};
 use crate::preflight::{DiskFacts, InstanceFacts, RuleFacts, SecurityGroupFacts};
-use crate::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, TAG_NAME};
+use crate::provider::{
+    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, READ_FILE_MAX_BYTES,
+    READ_FILE_TIMEOUT, TAG_NAME,
+};
 use async_trait::async_trait;
 use base64::Engine;
 use knit_ecs::api::{
@@ -30,10 +33,6 @@ const CHUNK: usize = 16 * 1024;
 const INLINE_OUTPUT: usize = 12 * 1024;
 /// How long one Cloud Assistant command may run inside the instance.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
-/// Largest file `read_file` returns (`knit logs`), as for every provider.
-pub const READ_FILE_MAX_BYTES: usize = 16 << 20;
-/// How long `read_file` may take.
-pub const READ_FILE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Tag carrying knit's snapshot name (SnapshotName has ECS's own rules).
 const TAG_SNAPSHOT_NAME: &str = "knit.dev/snapshot-name";
 /// knit's node image name (a pool's default `image`).
@@ -634,6 +633,21 @@ impl Provider for EcsProvider {
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
         self.read_file_bounded(id, path, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT)
             .await
+    }
+
+    async fn read_file_limited(
+        &self,
+        id: &str,
+        path: &str,
+        max_bytes: usize,
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
+        self.read_file_bounded(id, path, max_bytes, limit).await
+    }
+
+    /// RebootInstance rather than the default stop and start.
+    async fn reboot(&self, id: &str) -> Result<()> {
+        self.reboot_instance(id).await
     }
 
     async fn snapshot_create(

@@ -81,7 +81,12 @@ async fn every_operation_over_the_fake() {
     p.start(&made.id).await.unwrap();
     assert_eq!(fake.instance(&made.id).unwrap().status, "Running");
     let boots = fake.instance(&made.id).unwrap().boots;
-    p.reboot_instance(&made.id).await.unwrap();
+    p.reboot(&made.id).await.unwrap();
+    assert_eq!(
+        fake.calls("RebootInstance"),
+        1,
+        "RebootInstance, not stop + start"
+    );
     assert_eq!(fake.instance(&made.id).unwrap().boots, boots + 1);
 
     // rename.
@@ -127,8 +132,9 @@ async fn every_operation_over_the_fake() {
     std::fs::write(&file, &data).unwrap();
     let read = p.read_file(&made.id, file.to_str().unwrap()).await.unwrap();
     assert_eq!(read, data);
+    let commands = fake.calls("RunCommand");
     let small = p
-        .read_file_bounded(
+        .read_file_limited(
             &made.id,
             file.to_str().unwrap(),
             1000,
@@ -137,6 +143,11 @@ async fn every_operation_over_the_fake() {
         .await
         .unwrap_err();
     assert!(small.to_string().contains("larger than 1000"), "{small}");
+    assert_eq!(
+        fake.calls("RunCommand"),
+        commands + 1,
+        "stopped at the first chunk"
+    );
     let missing = p
         .read_file(&made.id, "/nonexistent/knit")
         .await

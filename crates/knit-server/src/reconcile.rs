@@ -22,6 +22,9 @@ pub const USER_DATA_RESULT: &str = "/run/cloud-init/result.json";
 pub const USER_DATA_RESULT_MAX_BYTES: usize = 1 << 20;
 /// How long reading the result record may take.
 pub const USER_DATA_RESULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How a join timeout's message starts (also how an instance failed by one
+/// before its time was stored is recognized).
+pub const JOIN_TIMEOUT_MESSAGE_START: &str = "not initialized ";
 /// How long a call to the cluster's API may take.
 pub const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -255,7 +258,7 @@ impl ControlPlane {
                 None => "the agent never reported (check the instance's user-data log: knit logs node NAME --file user-data)".to_string(),
             };
             let message = format!(
-                "not initialized {} s after creation; {last}",
+                "{JOIN_TIMEOUT_MESSAGE_START}{} s after creation; {last}",
                 pool.spec.join_timeout_seconds
             );
             let message = crate::attach::diagnose(self, &i.name, message);

@@ -269,7 +269,13 @@ impl ControlPlane {
                     ),
                 )?;
             }
-            if i.state == state::FAILED && after.join_failed_ms.is_some() && joined {
+            // Failed by the join timeout: recorded, or (failed before the
+            // time was stored) told by its message.
+            let join_failed = after.join_failed_ms.is_some()
+                || i.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with(crate::reconcile::JOIN_TIMEOUT_MESSAGE_START));
+            if i.state == state::FAILED && join_failed && joined {
                 after.join_failed_ms = None;
                 self.store
                     .set_instance_state(&i.name, state::RUNNING, None)?;

@@ -405,6 +405,33 @@ async fn a_node_failed_by_the_join_timeout_that_becomes_ready_recovers() {
     assert_eq!(env.state("p-a"), state::RUNNING);
 }
 
+#[tokio::test]
+async fn an_instance_failed_by_the_join_timeout_before_the_upgrade_recovers_too() {
+    let env = Env::new();
+    env.pool("p", 2, |s| s.auto_replace = false);
+    env.running("p", "p-a");
+    env.running("p", "p-b");
+    // Failed by an older server: no stored time, only its message.
+    env.cp
+        .store
+        .set_instance_state(
+            "p-a",
+            state::FAILED,
+            Some("not initialized 60 s after creation; last phase join started"),
+        )
+        .unwrap();
+    // A failure of another kind stays.
+    env.cp
+        .store
+        .set_instance_state("p-b", state::FAILED, Some("gave up after 5 attempt(s)"))
+        .unwrap();
+    let t = t0(&env, "p-a");
+    env.observe("p-a", "Ready", t + 20 * MIN).await;
+    assert_eq!(env.state("p-a"), state::RUNNING);
+    env.observe("p-b", "Ready", t + 21 * MIN).await;
+    assert_eq!(env.state("p-b"), state::FAILED);
+}
+
 fn repair(spec: &mut NodePoolSpec) {
     spec.repair.enabled = true;
     spec.repair.not_ready_after_seconds = 600;

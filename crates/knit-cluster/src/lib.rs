@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -72,6 +72,9 @@ pub struct ClusterConfig {
     pub node_grace_period: Duration,
     /// Interval of BOOKMARK events on watches that allow them.
     pub bookmark_interval: Duration,
+    /// A connection that sends no complete request head within this long
+    /// (at its start or between requests) is closed.
+    pub header_timeout: Duration,
 }
 
 impl ClusterConfig {
@@ -84,6 +87,7 @@ impl ClusterConfig {
             cert_ttl: Duration::from_secs(365 * 24 * 3600),
             node_grace_period: Duration::from_secs(40),
             bookmark_interval: Duration::from_secs(60),
+            header_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -102,6 +106,8 @@ impl ShutdownHandle {
 const API_WORKERS: usize = 2;
 /// Threads for store work (SQLite, patches) at most; more requests wait.
 const API_BLOCKING_THREADS: usize = 64;
+/// Open API connections at most (each kubelet keeps one or two).
+const MAX_CONNECTIONS: usize = 4096;
 
 pub struct EmbeddedCluster {
     endpoint: String,
@@ -267,6 +273,7 @@ impl EmbeddedCluster {
                 listener,
                 tokio_rustls::TlsAcceptor::from(tls),
                 app,
+                cfg.header_timeout,
                 rx,
             )),
         ];
@@ -439,8 +446,11 @@ async fn serve(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     app: axum::Router,
+    header_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut last_refusal: Option<std::time::Instant> = None;
     loop {
         let (tcp, peer) = tokio::select! {
             _ = shutdown.changed() => return,
@@ -454,10 +464,23 @@ async fn serve(
                 }
             },
         };
+        // Bounded: idle or slow clients cannot take every descriptor of the
+        // process (the knit server shares it).
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            if last_refusal
+                .is_none_or(|t: std::time::Instant| t.elapsed() > Duration::from_secs(10))
+            {
+                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many open API connections: refusing new ones");
+                last_refusal = Some(std::time::Instant::now());
+            }
+            drop(tcp);
+            continue;
+        };
         let acceptor = acceptor.clone();
         let app = app.clone();
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let tls =
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                     Ok(Ok(s)) => s,
@@ -480,7 +503,27 @@ async fn serve(
                     app.clone().oneshot(req.map(axum::body::Body::new))
                 },
             );
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // The protocol ALPN chose, without sniffing the first bytes (a
+            // sniff waits for them with no timeout).
+            builder = if h2 {
+                builder.http2_only()
+            } else {
+                builder.http1_only()
+            };
+            // A client that sends no complete request head in time is
+            // dropped; HTTP/2 peers that vanished (a deleted instance) are
+            // found by pings instead of holding the connection forever.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(Duration::from_secs(30)))
+                .keep_alive_timeout(Duration::from_secs(20));
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
             tokio::select! {
                 r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },

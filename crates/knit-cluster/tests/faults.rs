@@ -510,3 +510,61 @@ async fn names_in_paths_are_validated() {
     .await;
     cluster.shutdown().await;
 }
+
+/// A client that stops half-way through a request head does not hold its
+/// connection: the server closes it after the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_head_is_closed_after_the_header_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = knit_cluster::ClusterConfig::new(dir.path(), "127.0.0.1:0".parse().unwrap());
+    cfg.header_timeout = Duration::from_secs(1);
+    let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+    let (addr, ca) = (cluster.local_addr(), cluster.ca_pem().to_string());
+    blocking(move || {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tls = Arc::new(tls);
+        for partial in [&b"GET /version HTTP/1.1\r\nHost: x\r\n"[..]] {
+            let tcp = std::net::TcpStream::connect(addr).unwrap();
+            // A bound for the test only: the server must close well before.
+            tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let conn = rustls::ClientConnection::new(tls.clone(), "127.0.0.1".try_into().unwrap())
+                .unwrap();
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            s.write_all(partial).unwrap();
+            s.flush().unwrap();
+            let mut buf = [0u8; 1024];
+            let got = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break Ok(()),
+                    Ok(_) => continue,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::WouldBlock
+                            || e.kind() == std::io::ErrorKind::TimedOut =>
+                    {
+                        break Err(e)
+                    }
+                    // Closed without close_notify, or reset: closed all the same.
+                    Err(_) => break Ok(()),
+                }
+            };
+            assert!(
+                got.is_ok(),
+                "the server kept an idle connection ({partial:?}) open: {got:?}"
+            );
+        }
+    })
+    .await;
+    cluster.shutdown().await;
+}

@@ -5,6 +5,7 @@
 //! crate and it depends on nothing of knit.
 
 pub mod config;
+pub mod disk;
 pub mod error;
 pub mod events;
 pub mod phase;

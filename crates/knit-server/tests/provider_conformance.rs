@@ -1,0 +1,174 @@
+//! One conformance suite for every provider that exists: the same
+//! operations and the same expectations (the crash contract included: a
+//! created instance is found again by knit's name) against the ECS provider
+//! over the fake ECS and against the local cloud.
+
+use knit_server::ecs::{EcsProvider, EcsSettings};
+use knit_server::provider::{DiskTemplate, InstanceTemplate, Provider, TAG_NAME, TAG_POOL};
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn template(name: &str) -> InstanceTemplate {
+    InstanceTemplate {
+        name: name.into(),
+        instance_type: "ecs.g7.large".into(),
+        image: "host".into(),
+        system_disk_gib: 40,
+        data_disks: vec![DiskTemplate {
+            size_gib: 1,
+            interface: "virtio".into(),
+            snapshot_id: None,
+        }],
+        user_data: "#!/bin/sh\ntrue\n".into(),
+        region: "cn-shanghai".into(),
+        zone: None,
+        vpc: "vpc-fake0001".into(),
+        tags: [
+            (TAG_POOL.to_string(), "conformance".to_string()),
+            (TAG_NAME.to_string(), name.to_string()),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+fn argv(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+/// What every provider must do.
+async fn conformance(p: &dyn Provider, name: &str) {
+    // An image that cannot exist is refused before anything is made.
+    assert!(p.check_image("/nonexistent/knit-image").await.is_err());
+
+    let made = p.create(&template(name)).await.unwrap();
+    assert!(made.state.eq_ignore_ascii_case("running"), "{made:?}");
+    assert_eq!(made.name.as_deref(), Some(name));
+    assert!(made.ip.is_some());
+    // The crash contract: found again by knit's name, by id, in the list.
+    assert_eq!(p.find_by_name(name).await.unwrap().unwrap().id, made.id);
+    assert_eq!(p.get(&made.id).await.unwrap().unwrap().id, made.id);
+    assert!(p.list().await.unwrap().iter().any(|i| i.id == made.id));
+
+    let (code, out, err) = p
+        .exec(&made.id, &argv("echo out; echo err >&2; exit 3"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (code, out.as_slice(), err.as_slice()),
+        (3, &b"out\n"[..], &b"err\n"[..])
+    );
+    let file = format!("/tmp/knit-conformance-{name}");
+    let (code, _, _) = p
+        .exec(&made.id, &argv(&format!("printf knit > {file}")))
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    assert_eq!(p.read_file(&made.id, &file).await.unwrap(), b"knit");
+    let (code, _, _) = p
+        .exec(&made.id, &argv(&format!("rm -f {file}")))
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+
+    p.rename(&made.id, &format!("{name}-r")).await.unwrap();
+    assert_eq!(p.find_by_name(name).await.unwrap().unwrap().id, made.id);
+
+    p.stop(&made.id).await.unwrap();
+    let stopped = p.get(&made.id).await.unwrap().unwrap();
+    assert!(stopped.state.eq_ignore_ascii_case("stopped"), "{stopped:?}");
+    let snap = p
+        .snapshot_create(&made.id, 0, &format!("conf-{name}"))
+        .await
+        .unwrap();
+    assert!(snap.size_bytes > 0);
+    assert_eq!(
+        p.snapshots_named(&format!("conf-{name}")).await.unwrap(),
+        vec![snap.id.clone()]
+    );
+    p.start(&made.id).await.unwrap();
+    let started = p.get(&made.id).await.unwrap().unwrap();
+    assert!(started.state.eq_ignore_ascii_case("running"), "{started:?}");
+
+    p.delete(&made.id).await.unwrap();
+    assert!(p.get(&made.id).await.unwrap().is_none());
+    assert!(p.find_by_name(name).await.unwrap().is_none());
+    p.snapshot_delete(&snap.id).await.unwrap();
+    assert!(p
+        .snapshots_named(&format!("conf-{name}"))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecs_over_the_fake() {
+    let fake = knit_ecs::fake::FakeEcs::start();
+    let mut s = EcsSettings::new(&fake.region());
+    s.endpoint = Some(fake.url());
+    s.v_switch_id = Some("vsw-fake0001".into());
+    s.security_group_ids = vec!["sg-fake0001".into()];
+    s.default_image = Some(fake.config().images[0].clone());
+    s.poll_interval = Duration::from_millis(5);
+    s.retry.first_backoff = Duration::from_millis(1);
+    let p = EcsProvider::new(s, fake.credentials()).unwrap();
+    conformance(&p, "conf-ecs").await;
+}
+
+/// The local cloud's helper binary, next to this test's own directory.
+fn local_helper() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let helper = exe.parent()?.parent()?.join("knit-local");
+    helper.exists().then_some(helper)
+}
+
+/// A 10.2xx.y.0/24 no host route uses, starting from the pid.
+fn free_subnet(pid: u32) -> String {
+    let routes = std::process::Command::new("ip")
+        .args(["-4", "route", "show", "table", "all"])
+        .output()
+        .unwrap();
+    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+    (0..50 * 256u32)
+        .map(|i| (pid + i) % (50 * 256))
+        .map(|c| format!("10.{}.{}.", 200 + c / 256, c % 256))
+        .find(|prefix| !routes.contains(prefix.as_str()))
+        .map(|prefix| format!("{prefix}0/24"))
+        .unwrap()
+}
+
+/// Takes the local cloud down (bridge, namespaces, mounts) on drop.
+struct Down(knit_local::Cloud);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        match self.0.down() {
+            Ok(r) if r.errors.is_empty() => {}
+            Ok(r) => eprintln!("down left errors: {:?}", r.errors),
+            Err(e) => eprintln!("down failed: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cloud() {
+    let Some(helper) = local_helper() else {
+        eprintln!("skipped: no knit-local binary next to the tests (cargo build -p knit-local)");
+        return;
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix("knit-conformance-")
+        .tempdir()
+        .unwrap();
+    let pid = std::process::id();
+    let config = knit_local::Config {
+        state_dir: tmp.path().join("local"),
+        bridge: format!("kc{pid:x}"),
+        subnet: free_subnet(pid),
+        metadata_port: 80,
+        helper: Some(helper),
+    };
+    let _down = Down(knit_local::Cloud::open(config.clone()).unwrap());
+    let p = knit_server::local::LocalProvider::new(config).unwrap();
+    conformance(&p, "conf-local").await;
+}

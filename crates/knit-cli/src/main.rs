@@ -373,7 +373,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let c = client(&cli.config)?;
             let body = serde_json::json!({ "replicas": replicas, "release": release }).to_string();
-            c.call("POST", &format!("/api/v1/pools/{name}/scale"), Some(&body))?;
+            c.call(
+                "POST",
+                &format!("/api/v1/pools/{}/scale", seg(&name)),
+                Some(&body),
+            )?;
             println!("nodepool/{name} scaled to {replicas}");
             if wait {
                 return wait::scale(&c, &name, Duration::from_secs(timeout));
@@ -388,13 +392,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let c = client(&cli.config)?;
             match kind {
                 One::Pool => {
-                    c.call("DELETE", &format!("/api/v1/pools/{name}"), None)?;
+                    c.call("DELETE", &format!("/api/v1/pools/{}", seg(&name)), None)?;
                     println!("nodepool/{name} deleted (scaling to 0, then removed)");
                 }
                 One::Node => {
                     let path = match release {
-                        Some(r) => format!("/api/v1/nodes/{name}?release={r}"),
-                        None => format!("/api/v1/nodes/{name}"),
+                        Some(r) => format!("/api/v1/nodes/{}?release={r}", seg(&name)),
+                        None => format!("/api/v1/nodes/{}", seg(&name)),
                     };
                     let answer = c.call("DELETE", &path, None)?;
                     println!(
@@ -416,8 +420,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     "logs are per node: knit logs node NAME".into(),
                 ));
             }
-            let text =
-                client(&cli.config)?.get_text(&format!("/api/v1/nodes/{name}/logs?file={file}"))?;
+            let text = client(&cli.config)?
+                .get_text(&format!("/api/v1/nodes/{}/logs?file={file}", seg(&name)))?;
             print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
@@ -439,6 +443,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Package { action } => package(action),
         Cmd::Local { args } => local(&args),
     }
+}
+
+/// A name as one URL path segment (percent-encoded).
+fn seg(name: &str) -> String {
+    knit_server::client::segment(name)
 }
 
 // ---- server
@@ -526,7 +535,7 @@ fn server_init(cli_config: &Option<PathBuf>, opts: &ServerOpts) -> Result<ExitCo
     let s = settings(opts)?;
     std::fs::create_dir_all(&s.state_dir)
         .map_err(io(format!("create {}", s.state_dir.display())))?;
-    let pki = knit_server::pki::Pki::load_or_create(&s.pki_dir())?;
+    let pki = knit_server::pki::Pki::load_or_create(&s.pki_dir(), &[s.admin_token_path()])?;
     let token = knit_server::pki::load_or_create_token(&s.admin_token_path())?;
     let path = config_path(cli_config)?;
     ClientConfig {
@@ -635,7 +644,11 @@ fn local_config(opts: &ServerOpts) -> knit_local::Config {
 /// Where the embedded Kubernetes API listens (one address): everywhere
 /// when the server does, else the gateway when the server listens there
 /// (instances must reach it), else the server's first address.
-fn cluster_listen(s: &Settings, gateway: Option<std::net::IpAddr>, port: u16) -> std::net::SocketAddr {
+fn cluster_listen(
+    s: &Settings,
+    gateway: Option<std::net::IpAddr>,
+    port: u16,
+) -> std::net::SocketAddr {
     let ip = if s.listen.ip().is_unspecified() {
         s.listen.ip()
     } else {
@@ -695,10 +708,7 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
     if opts.provider == "local" {
         // Before the server runs: `knit down` removes the cloud it made.
-        local_cloud::record(
-            &opts.state_dir,
-            &local_config(&opts),
-        )?;
+        local_cloud::record(&opts.state_dir, &local_config(&opts))?;
     }
     // Embedded defaults: a server without a package mirror could make no
     // node, so the first `up` assembles one from this machine.
@@ -776,7 +786,7 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     let pid = child.id();
     let pki_ca = opts.state_dir.join("pki/ca.pem");
     let token_path = opts.state_dir.join("admin-token");
-    let url = local_url(opts)?;
+    let url = local_url(&opts)?;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -859,7 +869,7 @@ fn down(
         let pools = c.get("/api/v1/pools")?;
         for p in pools["items"].as_array().into_iter().flatten() {
             let name = cell(&p["metadata"]["name"]);
-            c.call("DELETE", &format!("/api/v1/pools/{name}"), None)?;
+            c.call("DELETE", &format!("/api/v1/pools/{}", seg(&name)), None)?;
             println!("nodepool/{name} deleted");
         }
         let deadline = std::time::Instant::now() + timeout;
@@ -1194,7 +1204,7 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
     let now = knit_server::store::now_ms();
     match kind {
         One::Node => {
-            let n = c.get(&format!("/api/v1/nodes/{name}"))?;
+            let n = c.get(&format!("/api/v1/nodes/{}", seg(name)))?;
             println!("Name:          {}", cell(&n["name"]));
             println!("Pool:          {}", cell(&n["pool"]));
             println!(
@@ -1282,7 +1292,7 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
             }
         }
         One::Pool => {
-            let p = c.get(&format!("/api/v1/pools/{name}"))?;
+            let p = c.get(&format!("/api/v1/pools/{}", seg(name)))?;
             let mut spec = p.clone();
             if let Some(obj) = spec.as_object_mut() {
                 obj.remove("status");
@@ -1380,7 +1390,7 @@ fn submit(c: &Client, file: &Path, apply: bool, strict: bool) -> Result<ExitCode
             "NodePool" if apply => c
                 .call(
                     "PUT",
-                    &format!("/api/v1/pools/{name}?strict={strict}"),
+                    &format!("/api/v1/pools/{}?strict={strict}", seg(&name)),
                     Some(&body),
                 )
                 .map(|v| print_warnings(&v))

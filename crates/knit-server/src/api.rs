@@ -7,6 +7,7 @@ use crate::bootstrap::{expected_node_name, node_config, NodeConfigInput, Package
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::metrics::PoolGauge;
+use crate::names;
 use crate::pki;
 use crate::reconcile::counts_toward_pool;
 use crate::store::{now_ms, state, InstanceRecord, NodeRecord, PoolRecord, Redeem};
@@ -89,7 +90,82 @@ pub fn router(cp: Cp) -> Router {
         .route("/attach/v1/manual", post(crate::attach::manual))
         .route("/attach/v1/failed", post(crate::attach::manual_failed))
         .route("/report/v1/events", post(report))
+        .fallback(no_route)
+        // The body limit is ours (413 with the limit, body drained), not the
+        // extractors' (which drop the connection mid-upload).
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(cp.clone(), limit_body))
         .with_state(cp)
+}
+
+/// Unknown paths: a JSON error like every other, never an empty 404.
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> ServerError {
+    ServerError::NotFound {
+        kind: "route",
+        name: format!("{method} {}", uri.path()),
+    }
+}
+
+/// How much of an over-limit body is read (and dropped) so that the client,
+/// still sending, receives the 413 instead of a reset connection.
+const DRAIN_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Reads every request body up to the limit; a larger one is answered 413
+/// naming the limit (after the rest is drained, up to `DRAIN_LIMIT_BYTES`).
+async fn limit_body(State(cp): State<Cp>, request: Request, next: Next) -> Response {
+    use http_body_util::BodyExt;
+    let limit = cp.settings.limits.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let (parts, mut body) = request.into_parts();
+    let mut read: u64 = 0;
+    let mut kept = Vec::new();
+    let mut over = declared.is_some_and(|n| n > limit as u64);
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                return false;
+            };
+            if let Some(data) = frame.data_ref() {
+                read += data.len() as u64;
+                if read > limit as u64 {
+                    over = true;
+                    kept = Vec::new();
+                }
+                if !over {
+                    kept.extend_from_slice(data);
+                } else if read > DRAIN_LIMIT_BYTES {
+                    return false;
+                }
+            }
+        }
+        true
+    })
+    .await
+    .unwrap_or(false);
+    if over {
+        let mut response = ServerError::PayloadTooLarge {
+            size: declared.unwrap_or(read),
+            limit,
+        }
+        .into_response();
+        if !drained {
+            response.headers_mut().insert(
+                header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        return response;
+    }
+    if !drained {
+        return ServerError::BadRequest("the request body could not be read".into())
+            .into_response();
+    }
+    next.run(Request::from_parts(parts, Body::from(kept))).await
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -122,6 +198,7 @@ fn pool_view(cp: &ControlPlane, record: &PoolRecord) -> Result<Value> {
     let count = |s: &str| c.instances.get(s).copied().unwrap_or(0);
     let mut view =
         serde_json::to_value(&record.pool).map_err(|e| ServerError::Internal(e.to_string()))?;
+    hide_password(&mut view);
     view["metadata"]["creationTimestampMs"] = json!(record.created_ms);
     view["status"] = json!({
         "desired": record.pool.spec.replicas,
@@ -136,6 +213,19 @@ fn pool_view(cp: &ControlPlane, record: &PoolRecord) -> Result<Value> {
         "clusterAttached": cp.cluster.attached(),
     });
     Ok(view)
+}
+
+/// A pool's login password is never answered: the view says whether one is
+/// set (`spec.login.passwordSet`).
+pub fn hide_password(view: &mut Value) {
+    if let Some(login) = view
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("login"))
+        .and_then(Value::as_object_mut)
+    {
+        let set = login.remove("password").is_some_and(|p| !p.is_null());
+        login.insert("passwordSet".into(), json!(set));
+    }
 }
 
 /// The agent finished its last phase (or a phase failed: it stops there).
@@ -176,12 +266,8 @@ async fn put_cluster(State(cp): State<Cp>, body: String) -> Result<Json<Cluster>
         .filter(|p| !p.deleting)
         .map(|p| p.pool.spec.max_nodes())
         .sum();
-    let quota = cluster.spec.effective_node_quota();
-    if used > quota {
-        return Err(ServerError::QuotaExceeded {
-            requested: used,
-            quota,
-        });
+    if used > cluster.spec.effective_node_quota() {
+        return Err(ServerError::quota_exceeded(used, &cluster.spec));
     }
     cp.store.put_cluster(&cluster)?;
     cp.store.add_event(
@@ -198,7 +284,8 @@ async fn put_cluster(State(cp): State<Cp>, body: String) -> Result<Json<Cluster>
 
 /// Sum of every pool's node count with `pool` replaced, against the quota.
 fn check_quota(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
-    let quota = cp.cluster_doc()?.spec.effective_node_quota();
+    let cluster = cp.cluster_doc()?.spec;
+    let quota = cluster.effective_node_quota();
     let others: i64 = cp
         .store
         .pools()?
@@ -208,7 +295,7 @@ fn check_quota(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
         .sum();
     let requested = others + pool.spec.max_nodes();
     if requested > quota {
-        return Err(ServerError::QuotaExceeded { requested, quota });
+        return Err(ServerError::quota_exceeded(requested, &cluster));
     }
     Ok(())
 }
@@ -224,6 +311,7 @@ async fn list_pools(State(cp): State<Cp>) -> Result<Json<Value>> {
 }
 
 async fn get_pool(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json<Value>> {
+    names::check_pool("metadata.name", &name)?;
     let record = cp
         .store
         .pool(&name)?
@@ -272,6 +360,7 @@ async fn apply_pool(
     Query(q): Query<PoolWriteQuery>,
     body: String,
 ) -> Result<(StatusCode, Json<Value>)> {
+    names::check_pool("metadata.name", &name)?;
     let mut pool = NodePool::from_yaml(&body)?;
     if pool.metadata.name != name {
         return Err(ApiError::Invalid(vec![FieldError {
@@ -323,6 +412,7 @@ async fn delete_pool(
     State(cp): State<Cp>,
     Path(name): Path<String>,
 ) -> Result<(StatusCode, Json<Value>)> {
+    names::check_pool("metadata.name", &name)?;
     cp.store.mark_pool_deleting(&name)?;
     cp.store.add_event(
         "Normal",
@@ -355,6 +445,7 @@ async fn scale_pool(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>> {
+    names::check_pool("metadata.name", &name)?;
     let request: ScaleRequest = serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
         what: "scale request".into(),
         message: e.to_string(),
@@ -395,6 +486,7 @@ async fn list_nodes(State(cp): State<Cp>) -> Result<Json<Value>> {
 }
 
 async fn get_node(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json<Value>> {
+    names::check_node("metadata.name", &name)?;
     let node = cp
         .store
         .node(&name)?
@@ -420,6 +512,7 @@ async fn delete_node(
     Path(name): Path<String>,
     Query(q): Query<DeleteNodeQuery>,
 ) -> Result<(StatusCode, Json<Value>)> {
+    names::check_node("metadata.name", &name)?;
     let instance_name = match cp.store.node(&name)? {
         Some(node) => node.instance,
         None => match cp.store.instance(&name)? {
@@ -498,6 +591,7 @@ async fn node_logs(
     Path(name): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> Result<Response> {
+    names::check_node("metadata.name", &name)?;
     let which = q.file.unwrap_or_else(|| "init".to_string());
     let Some((_, path)) = LOG_FILES.iter().find(|(k, _)| *k == which) else {
         return Err(ApiError::Invalid(vec![FieldError {
@@ -621,8 +715,11 @@ async fn bootstrap(
     // Unused, but read so the connection can serve the next request.
     _body: Bytes,
 ) -> Result<Response> {
-    let peer = peer
-        .map(|Extension(Peer(p))| p.to_string())
+    // The address without the port: refusals from one machine read alike
+    // (and aggregate into one event).
+    let peer_addr = peer.map(|Extension(Peer(p))| p);
+    let peer = peer_addr
+        .map(|p| p.ip().to_string())
         .unwrap_or_else(|| "unknown".into());
     let Some(token) = bearer(&headers) else {
         cp.metrics.bootstrap_refused();
@@ -642,26 +739,51 @@ async fn bootstrap(
         Err(ServerError::TokenRefused(why))
     };
     let now = now_ms();
-    let (instance_name, pool_name) =
-        match cp.store.redeem_join_token(&pki::token_hash(token), now)? {
-            Redeem::Ok { instance, pool } => (instance, pool),
-            Redeem::Unknown => return refuse(None, "unknown token".into()),
-            Redeem::Used { instance, used_ms } => {
-                return refuse(
-                    Some(&instance),
-                    format!("token already used {} s ago", (now - used_ms) / 1000),
-                )
-            }
-            Redeem::Expired {
-                instance,
-                expires_ms,
-            } => {
-                return refuse(
-                    Some(&instance),
-                    format!("token expired {} s ago", (now - expires_ms) / 1000),
-                )
-            }
-        };
+    let hash = pki::token_hash(token);
+    // The token's kind before anything is spent: an attach token presented
+    // here is refused and stays usable for its own command.
+    if token.starts_with(crate::attach::ATTACH_TOKEN_PREFIX)
+        || cp
+            .store
+            .live_join_token(&hash, now)?
+            .is_some_and(|(instance, _)| instance == crate::attach::ATTACH_SENTINEL)
+    {
+        return refuse(
+            None,
+            "an attach token cannot bootstrap a node: run the attach command it came with (knit attach-script)".into(),
+        );
+    }
+    // The node the instance will be, before the token is spent: a token
+    // that cannot be bound to a node name is never minted.
+    if let Some((instance_name, pool_name)) = cp.store.live_join_token(&hash, now)? {
+        if let (Some(instance), Some(pool)) = (
+            cp.store.instance(&instance_name)?,
+            cp.store.pool(&pool_name)?,
+        ) {
+            let mut instance = instance;
+            fill_peer_ip(&mut instance, peer_addr);
+            bound_node_name(&cp, &instance, &pool.pool)?;
+        }
+    }
+    let (instance_name, pool_name) = match cp.store.redeem_join_token(&hash, now)? {
+        Redeem::Ok { instance, pool } => (instance, pool),
+        Redeem::Unknown => return refuse(None, "unknown token".into()),
+        Redeem::Used { instance, used_ms } => {
+            return refuse(
+                Some(&instance),
+                format!("token already used {} s ago", (now - used_ms) / 1000),
+            )
+        }
+        Redeem::Expired {
+            instance,
+            expires_ms,
+        } => {
+            return refuse(
+                Some(&instance),
+                format!("token expired {} s ago", (now - expires_ms) / 1000),
+            )
+        }
+    };
     let mut instance = cp
         .store
         .instance(&instance_name)?
@@ -671,20 +793,13 @@ async fn bootstrap(
         .pool(&pool_name)?
         .ok_or_else(|| ServerError::Conflict(format!("pool {pool_name} was removed")))?;
     let cluster = cp.cluster_doc()?;
-    if instance.ip.is_none() {
-        // Instances reach the server directly over the bridge: the peer is
-        // the instance's own address.
-        if let Ok(addr) = peer.parse::<SocketAddr>() {
-            instance.ip = Some(addr.ip().to_string());
-        }
-    }
-    let report_token = pki::random_hex(32)?;
+    fill_peer_ip(&mut instance, peer_addr);
+    let node_name = bound_node_name(&cp, &instance, &pool.pool)?;
+    // The report token names its node; only its hash is stored, against
+    // its instance, so the name in it cannot be changed by the holder.
+    let report_token = format!("{}.{node_name}", pki::random_hex(32)?);
     cp.store
         .set_report_token_hash(&instance.name, &pki::token_hash(&report_token))?;
-    let node_name = match crate::attach::node_name(&cp, &instance)? {
-        Some(kept) => kept,
-        None => expected_node_name(&cluster.spec.region, &instance, &pool.pool).unwrap_or_default(),
-    };
     let join = cp.cluster.join_material(&pool_name, &node_name).await?;
     let version = cluster.spec.kubernetes_version.clone();
     let tarball = format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz");
@@ -721,6 +836,45 @@ async fn bootstrap(
         .into_response())
 }
 
+/// Instances reach the server directly over the bridge: the peer is the
+/// instance's own address when the provider has not said it.
+fn fill_peer_ip(instance: &mut InstanceRecord, peer: Option<SocketAddr>) {
+    if instance.ip.is_none() {
+        instance.ip = peer.map(|p| p.ip().to_string());
+    }
+}
+
+/// The node name an instance's credentials are bound to: the kept name of
+/// an added instance, else the pool's rule. Refused when it cannot be
+/// computed yet (no instance id or IP known) or is no valid node name:
+/// a credential is never minted unbound.
+fn bound_node_name(
+    cp: &ControlPlane,
+    instance: &InstanceRecord,
+    pool: &NodePool,
+) -> Result<String> {
+    let name = match crate::attach::node_name(cp, instance)? {
+        Some(kept) => Some(kept),
+        None => expected_node_name(&cp.cluster_doc()?.spec.region, instance, pool),
+    };
+    let Some(name) = name else {
+        return Err(ServerError::Conflict(format!(
+            "instance {}'s node name cannot be computed yet (its provider id or address is not recorded): retry in a few seconds",
+            instance.name
+        )));
+    };
+    names::check_node("node name", &name)?;
+    Ok(name)
+}
+
+/// The node a report token is bound to (the part after its first `.`).
+fn report_token_node(token: &str) -> Option<&str> {
+    token
+        .split_once('.')
+        .map(|(_, node)| node)
+        .filter(|n| !n.is_empty())
+}
+
 async fn report(State(cp): State<Cp>, headers: HeaderMap, body: Bytes) -> Result<StatusCode> {
     let token =
         bearer(&headers).ok_or_else(|| ServerError::Unauthorized("no bearer token".into()))?;
@@ -732,10 +886,22 @@ async fn report(State(cp): State<Cp>, headers: HeaderMap, body: Bytes) -> Result
         what: "PhaseEvent".into(),
         message: e.to_string(),
     })?;
+    let Some(bound) = report_token_node(token) else {
+        return Err(ServerError::Forbidden(format!(
+            "this report token of instance {} names no node (issued before reports were bound to nodes): re-bootstrap the instance",
+            instance.name
+        )));
+    };
+    if event.node != bound {
+        return Err(ServerError::Forbidden(format!(
+            "this report token belongs to node {bound} (instance {}): a report about node {:?} is refused",
+            instance.name, event.node
+        )));
+    }
     if let Some(id) = &instance.provider_id {
         if &event.instance_id != id {
-            return Err(ServerError::Unauthorized(format!(
-                "this report token belongs to instance {id}, not {}",
+            return Err(ServerError::Forbidden(format!(
+                "this report token belongs to instance {id} (node {bound}), not {:?}",
                 event.instance_id
             )));
         }

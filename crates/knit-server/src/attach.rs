@@ -152,18 +152,11 @@ fn attach_dir(cp: &ControlPlane) -> PathBuf {
 }
 
 fn write_json(path: &std::path::Path, value: &impl Serialize) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| ServerError::Internal(format!("{} has no parent", path.display())))?;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
     let text =
         serde_json::to_vec_pretty(value).map_err(|e| ServerError::Internal(e.to_string()))?;
-    // Written whole, then renamed: a reader never sees half a record.
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)
-        .map_err(|e| ServerError::io(format!("write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path).map_err(|e| ServerError::io(format!("rename {}", tmp.display()), e))
+    // Whole, fsynced, renamed, directory fsynced: after a crash the record
+    // is there complete or not at all (a resumed attach relies on it).
+    crate::durable::write(path, &text, 0o600)
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &std::path::Path) -> Result<Option<T>> {
@@ -1126,9 +1119,15 @@ umask 077
 swap=false
 esc() {{ printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }}
 facts="{{\"osId\":\"$(esc "$os_id")\",\"osVersion\":\"$(esc "$os_version")\",\"osName\":\"$(esc "$os_name")\",\"swap\":$swap}}"
+# Bearer tokens reach curl in a mode-0600 file (umask 077 above), never on
+# its command line, which every local user can read in /proc/*/cmdline;
+# printf is a shell builtin, so no process carries the token either.
+auth="$work/auth.header"
+bearer() {{ printf 'Authorization: Bearer %s\n' "$1" > "$auth"; }}
+bearer '{token}'
 # Server-side preflight; the answer is a one-time join token for this machine.
 code=$(curl -sS --connect-timeout 5 --cacert "$work/control-plane-ca.pem" -o "$work/attach-answer" -w '%{{http_code}}' \
-    -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' --data "$facts" '{base}/attach/v1/manual') || {{
+    -X POST -H @"$auth" -H 'Content-Type: application/json' --data "$facts" '{base}/attach/v1/manual') || {{
     echo "knit: cannot reach the control plane at {base}: check connectivity and the security-group rules (egress TCP to that address)" >&2
     exit 1
 }}
@@ -1163,8 +1162,9 @@ rollback() {{
         || report_token=
     diag=
     if [ -n "$report_token" ]; then
+        bearer "$report_token"
         diag=$(curl -sS --connect-timeout 5 --max-time 30 --cacert "$dir/control-plane-ca.pem" -X POST \
-            -H "Authorization: Bearer $report_token" -H 'Content-Type: text/plain' --data-binary "$why" \
+            -H @"$auth" -H 'Content-Type: text/plain' --data-binary "$why" \
             '{base}/attach/v1/failed' 2>/dev/null) || diag=
     fi
     if [ -n "$diag" ]; then
@@ -1175,7 +1175,8 @@ rollback() {{
     echo "knit: $undone. The command's token is spent: to retry, fix the cause, make a new command (knit attach-script --pool POOL) and run it here" >&2
     exit 1
 }}
-fetch -X POST -H "Authorization: Bearer $join_token" -o "$dir/node-config.yaml" '{base}/bootstrap/v1/config' \
+bearer "$join_token"
+fetch -X POST -H @"$auth" -o "$dir/node-config.yaml" '{base}/bootstrap/v1/config' \
     || rollback "cannot fetch this machine's NodeConfig from {base}"
 if "$dir/knit-agent" init --config "$dir/node-config.yaml"; then
     ok=1
@@ -1509,6 +1510,44 @@ mod tests {
         let shown = format!("{req:?}");
         assert!(!shown.contains("N3w-pass!x7"), "{shown}");
         assert!(shown.contains("(redacted)"), "{shown}");
+    }
+
+    /// Every command of the script that talks to the control plane reads
+    /// its bearer token from a file: the token is only in the `bearer`
+    /// builtin call (printf), never in a program's argv.
+    #[test]
+    fn the_manual_script_keeps_tokens_off_command_lines() {
+        let token = "knitattach.abcdef0123456789";
+        let s = manual_script(&ManualScript {
+            base_url: "https://10.219.1.1:7443",
+            agent_sha256: &"ab".repeat(32),
+            token,
+            ca_pem: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            ca_pin: "sha256:00",
+        });
+        // Commands as the shell sees them: continuation lines joined.
+        let joined = s.replace("\\\n", " ");
+        let lines: Vec<&str> = joined.lines().map(str::trim).collect();
+        let with_token: Vec<&&str> = lines.iter().filter(|l| l.contains(token)).collect();
+        assert_eq!(with_token, vec![&&*format!("bearer '{token}'")]);
+        assert!(lines.iter().any(|l| l.starts_with("bearer() { printf ")));
+        let talkers: Vec<&&str> = lines
+            .iter()
+            .filter(|l| {
+                !l.starts_with('#')
+                    && (l.contains("curl ") || l.starts_with("fetch "))
+                    && !l.starts_with("fetch() {")
+            })
+            .collect();
+        assert!(talkers.len() >= 4, "{talkers:#?}");
+        for l in talkers {
+            assert!(!l.contains("Bearer"), "a token on a command line: {l}");
+        }
+        assert_eq!(
+            lines.iter().filter(|l| l.contains("-H @\"$auth\"")).count(),
+            3,
+            "the attach, bootstrap and failure calls read the header file"
+        );
     }
 
     #[test]

@@ -179,3 +179,18 @@ fn remote_error(status: u16, text: &str) -> ServerError {
             .unwrap_or_default(),
     }
 }
+
+/// One path segment of an API URL, percent-encoded: a name never adds a
+/// path level (`../evil` is sent as `..%2Fevil` and refused by the server
+/// with the field and rule, instead of reaching another route).
+pub fn segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

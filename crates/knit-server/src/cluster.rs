@@ -153,14 +153,12 @@ impl ClusterJoin for EmbeddedJoin {
     async fn remove_node(&self, node: &str) -> Result<()> {
         // No pods run on knit's nodes, so draining has nothing to evict:
         // deleting the Node object is the whole removal.
-        self.call("DELETE", format!("/api/v1/nodes/{node}"))
-            .await
-            .map(|_| ())
+        self.call("DELETE", node_path(node)?).await.map(|_| ())
     }
 
     async fn node_status(&self, node: &str) -> Result<Option<String>> {
         Ok(self
-            .call("GET", format!("/api/v1/nodes/{node}"))
+            .call("GET", node_path(node)?)
             .await?
             .map(|n| node_ready_status(&n)))
     }
@@ -174,7 +172,7 @@ impl ClusterJoin for EmbeddedJoin {
     }
 
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool> {
-        let Some(current) = self.call("GET", format!("/api/v1/nodes/{node}")).await? else {
+        let Some(current) = self.call("GET", node_path(node)?).await? else {
             return Ok(false);
         };
         let taints: Vec<Value> = current["spec"]["taints"]
@@ -187,7 +185,7 @@ impl ClusterJoin for EmbeddedJoin {
         // A merge patch replaces the list: the other taints are kept as read.
         let patch = serde_json::json!({ "spec": { "taints": taints } });
         Ok(self
-            .call_with("PATCH", format!("/api/v1/nodes/{node}"), Some(patch))
+            .call_with("PATCH", node_path(node)?, Some(patch))
             .await?
             .is_some())
     }
@@ -208,6 +206,13 @@ impl ClusterJoin for EmbeddedJoin {
             })
             .collect())
     }
+}
+
+/// The cluster API path of one Node. The name is checked first (a DNS-1123
+/// subdomain): a name like `x/../victim` never addresses another object.
+fn node_path(node: &str) -> Result<String> {
+    crate::names::check_node("node", node)?;
+    Ok(format!("/api/v1/nodes/{node}"))
 }
 
 #[cfg(test)]
@@ -243,6 +248,9 @@ mod tests {
             // node is not an error.
             assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
             join.remove_node("local.i-1").await.unwrap();
+            // A name that would address another path is refused unsent.
+            let e = join.remove_node("x/../victim").await.unwrap_err();
+            assert_eq!(e.http_status(), 422, "{e}");
             assert!(join.node_statuses().await.unwrap().is_empty());
             join.stop();
         });

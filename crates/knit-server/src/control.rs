@@ -13,19 +13,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The local cloud's bridge gateway: where instances reach the host.
-pub const LOCAL_GATEWAY: &str = "10.213.0.1";
 pub const DEFAULT_PORT: u16 = 7443;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Database, CA, admin token and package mirror live here.
     pub state_dir: PathBuf,
+    /// The first address to listen on (port 0: an ephemeral one).
     pub listen: SocketAddr,
+    /// More addresses to listen on, on the same port as `listen` (the CLI's
+    /// default: loopback, then the provider's gateway).
+    pub also_listen: Vec<std::net::IpAddr>,
     /// Host (IP or name) instances use to reach this server. Default: the
-    /// local cloud's gateway when listening on all addresses, else the
-    /// listen address.
+    /// provider's gateway when the server listens there (or on all
+    /// addresses), else the listen address.
     pub advertise_host: Option<String>,
+    /// The connection limits of the HTTPS listener.
+    pub limits: ConnectionLimits,
     /// Provider calls in flight at once, across all pools.
     pub parallelism: usize,
     pub join_token_ttl: Duration,
@@ -33,12 +37,45 @@ pub struct Settings {
     pub reconcile_interval: Duration,
 }
 
+/// What one client may hold of the HTTPS listener: the server shares its
+/// process (and its file descriptors) with the embedded Kubernetes API, so
+/// idle or slow sockets must never pile up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once; beyond it new ones wait in the kernel's
+    /// backlog until one closes.
+    pub max_connections: usize,
+    /// A TLS handshake not finished in this time closes the connection.
+    pub handshake_timeout: Duration,
+    /// Request headers not complete in this time close the connection.
+    pub header_timeout: Duration,
+    /// A connection with no request in flight and no byte moving for this
+    /// long is closed (idle keep-alive sockets).
+    pub idle_timeout: Duration,
+    /// The largest request body; larger ones are answered 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 512,
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_body_bytes: 2 * 1024 * 1024,
+        }
+    }
+}
+
 impl Settings {
     pub fn new(state_dir: PathBuf) -> Settings {
         Settings {
             state_dir,
-            listen: SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
+            listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
+            also_listen: Vec::new(),
             advertise_host: None,
+            limits: ConnectionLimits::default(),
             parallelism: 4,
             join_token_ttl: Duration::from_secs(30 * 60),
             max_create_attempts: 5,

@@ -25,9 +25,22 @@ pub enum ServerError {
         user: usize,
     },
     #[error(
-        "cluster node quota exceeded: {requested} nodes requested across pools, quota is {quota}"
+        "cluster node quota exceeded: {requested} nodes requested across pools, quota is {quota} ({source_of_quota}). To raise it, set the Cluster's spec.nodeQuota (e.g. nodeQuota: {requested}) or spec.edition: pro (5000 nodes), then `knit apply -f cluster.yaml`; or lower the pools' counts"
     )]
-    QuotaExceeded { requested: i64, quota: i64 },
+    QuotaExceeded {
+        requested: i64,
+        quota: i64,
+        /// Where the quota comes from: `nodeQuota` or the edition.
+        source_of_quota: String,
+    },
+    #[error(
+        "request body of {size} bytes is over the limit of {limit} bytes: send a smaller request"
+    )]
+    PayloadTooLarge { size: u64, limit: usize },
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     #[error("store: {0}")]
     Store(#[from] rusqlite::Error),
     #[error("{what}: {source}")]
@@ -68,6 +81,9 @@ impl ServerError {
             ServerError::TokenRefused(_) => "TokenRefused",
             ServerError::UserDataTooLarge { .. } => "UserDataTooLarge",
             ServerError::QuotaExceeded { .. } => "QuotaExceeded",
+            ServerError::PayloadTooLarge { .. } => "PayloadTooLarge",
+            ServerError::BadRequest(_) => "BadRequest",
+            ServerError::Forbidden(_) => "Forbidden",
             ServerError::Store(_) => "StoreError",
             ServerError::Io { .. } => "IoError",
             ServerError::Pki(_) => "PkiError",
@@ -85,6 +101,9 @@ impl ServerError {
             ServerError::Api(ApiError::Invalid(_)) => 422,
             ServerError::UserDataTooLarge { .. } | ServerError::QuotaExceeded { .. } => 422,
             ServerError::NotFound { .. } => 404,
+            ServerError::PayloadTooLarge { .. } => 413,
+            ServerError::BadRequest(_) => 400,
+            ServerError::Forbidden(_) => 403,
             ServerError::AlreadyExists { .. } | ServerError::Conflict(_) => 409,
             ServerError::Unauthorized(_) | ServerError::TokenRefused(_) => 401,
             _ => 500,
@@ -96,6 +115,18 @@ impl ServerError {
         match self {
             ServerError::Api(ApiError::Invalid(list)) => list,
             _ => &[],
+        }
+    }
+
+    /// The quota error for `requested` nodes against a cluster's quota.
+    pub fn quota_exceeded(requested: i64, cluster: &knit_api::ClusterSpec) -> ServerError {
+        ServerError::QuotaExceeded {
+            requested,
+            quota: cluster.effective_node_quota(),
+            source_of_quota: match cluster.node_quota {
+                Some(q) => format!("spec.nodeQuota: {q}"),
+                None => format!("edition {}", cluster.edition),
+            },
         }
     }
 

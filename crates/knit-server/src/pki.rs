@@ -11,9 +11,7 @@ use rcgen::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use sha2::{Digest, Sha256};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const CA_CN: &str = "knit control plane CA";
@@ -22,21 +20,9 @@ fn pki_err(e: impl std::fmt::Display) -> ServerError {
     ServerError::Pki(e.to_string())
 }
 
-/// Writes a file readable by its owner only (keys, tokens).
+/// Writes a file readable by its owner only (keys, tokens), durably.
 pub fn write_secret(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| ServerError::io(format!("create {}", tmp.display()), e))?;
-    f.write_all(data)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| ServerError::io(format!("write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| ServerError::io(format!("rename to {}", path.display()), e))
+    crate::durable::write(path, data, 0o600)
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -106,13 +92,51 @@ fn ca_params() -> Result<CertificateParams> {
 }
 
 impl Pki {
-    /// Loads the CA from `dir`, creating it at first start.
-    pub fn load_or_create(dir: &Path) -> Result<Pki> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
+    /// Loads the CA from `dir`, creating it at first start. `state` lists
+    /// files whose presence means this is not a first start (the store, the
+    /// admin token): then a missing CA is refused, never made again, since
+    /// every running node trusts the old one.
+    pub fn load_or_create(dir: &Path, state: &[PathBuf]) -> Result<Pki> {
         let cert_path = dir.join("ca.pem");
         let key_path = dir.join("ca.key");
-        if cert_path.exists() && key_path.exists() {
+        let missing: Vec<&PathBuf> = [&cert_path, &key_path]
+            .into_iter()
+            .filter(|p| !p.exists())
+            .collect();
+        let existing: Vec<&PathBuf> = state.iter().filter(|p| p.exists()).collect();
+        if missing.len() == 1 || (!missing.is_empty() && !existing.is_empty()) {
+            return Err(ServerError::Pki(format!(
+                "the control plane's CA is incomplete: {} missing{}; nodes trust the CA this state was made with, so knit will not make a new one. Restore {} from a backup of {}; or, to start over with a new CA (every node must then be re-bootstrapped), move {} away",
+                missing
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+                if existing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " while {} exist(s)",
+                        existing
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                },
+                missing
+                    .iter()
+                    .filter_map(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+                dir.display(),
+                dir.parent().unwrap_or(dir).display(),
+            )));
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
+        if missing.is_empty() {
             let ca_key = KeyPair::from_pem(&read(&key_path)?).map_err(pki_err)?;
             return Ok(Pki {
                 ca_pem: read(&cert_path)?,
@@ -122,8 +146,7 @@ impl Pki {
         let ca_key = KeyPair::generate().map_err(pki_err)?;
         let cert = ca_params()?.self_signed(&ca_key).map_err(pki_err)?;
         write_secret(&key_path, ca_key.serialize_pem().as_bytes())?;
-        std::fs::write(&cert_path, cert.pem())
-            .map_err(|e| ServerError::io(format!("write {}", cert_path.display()), e))?;
+        crate::durable::write(&cert_path, cert.pem().as_bytes(), 0o644)?;
         Ok(Pki {
             ca_pem: cert.pem(),
             ca_key,
@@ -188,8 +211,8 @@ mod tests {
     #[test]
     fn ca_is_made_once_and_token_file_is_private() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Pki::load_or_create(dir.path()).unwrap();
-        let b = Pki::load_or_create(dir.path()).unwrap();
+        let a = Pki::load_or_create(dir.path(), &[]).unwrap();
+        let b = Pki::load_or_create(dir.path(), &[]).unwrap();
         assert_eq!(a.ca_pem, b.ca_pem);
         assert!(b
             .server_config(&["127.0.0.1".into(), "localhost".into()])
@@ -207,6 +230,34 @@ mod tests {
         assert_eq!(t1.len(), 64);
         let mode = std::fs::metadata(&token_path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_missing_ca_is_refused_once_other_state_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        let db = dir.path().join("knit.db");
+        // First start: nothing there, the CA is made.
+        Pki::load_or_create(&pki, std::slice::from_ref(&db)).unwrap();
+        std::fs::write(&db, b"").unwrap();
+        // The CA lost, the store kept: refused, nothing made.
+        std::fs::remove_file(pki.join("ca.pem")).unwrap();
+        std::fs::remove_file(pki.join("ca.key")).unwrap();
+        let e = Pki::load_or_create(&pki, std::slice::from_ref(&db))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("ca.pem") && e.contains("ca.key") && e.contains("knit.db"),
+            "{e}"
+        );
+        assert!(e.contains("Restore") && e.contains("move"), "{e}");
+        assert!(!pki.join("ca.pem").exists(), "no new CA was made");
+        // Half a CA: refused even without other state.
+        Pki::load_or_create(&pki, &[]).unwrap();
+        std::fs::remove_file(pki.join("ca.key")).unwrap();
+        let e = Pki::load_or_create(&pki, &[]).err().unwrap().to_string();
+        assert!(e.contains("ca.key missing"), "{e}");
     }
 
     #[test]

@@ -162,7 +162,9 @@ impl Default for Context {
             peered_vpcs: Vec::new(),
             cluster_nodes: 0,
             adding: 1,
-            api_server_ip: crate::control::LOCAL_GATEWAY.into(),
+            // Every real check sets the advertised host (attach::context);
+            // this default (the default local subnet's gateway) is for tests.
+            api_server_ip: "10.213.0.1".into(),
             worker_ram_role: DEFAULT_WORKER_RAM_ROLE.into(),
             route_entries_used: 0,
             route_entry_quota: ROUTE_ENTRY_QUOTA,

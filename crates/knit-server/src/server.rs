@@ -3,20 +3,29 @@
 
 use crate::api::{router, Peer};
 use crate::bootstrap::ClusterJoin;
-use crate::control::{ControlPlane, Settings, LOCAL_GATEWAY};
+use crate::control::{ConnectionLimits, ControlPlane, Settings};
 use crate::error::{Result, ServerError};
 use crate::pki::{load_or_create_token, Pki};
 use crate::provider::Provider;
 use crate::store::Store;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::watch;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 
 /// A running server; dropping it does not stop it, call [`Server::shutdown`].
 pub struct Server {
+    /// The first address listened on.
     pub addr: SocketAddr,
+    /// Every address listened on.
+    pub addrs: Vec<SocketAddr>,
     /// URL the CLI on this machine uses.
     pub local_url: String,
     pub control: Arc<ControlPlane>,
@@ -55,9 +64,20 @@ pub async fn start(
         .map_err(|e| ServerError::io(format!("chmod {}", dir.display()), e))?;
     std::fs::create_dir_all(settings.mirror_dir())
         .map_err(|e| ServerError::io(format!("create {}", settings.mirror_dir().display()), e))?;
-    let pki = Pki::load_or_create(&settings.pki_dir())?;
-    let admin_token = load_or_create_token(&settings.admin_token_path())?;
     let store = Store::open(&settings.db_path())?;
+    // The CA is made at the first start only: when the admin token (made
+    // with it) exists, or instances that fetched their NodeConfig (whose
+    // nodes trust it), a missing CA is refused, never made again.
+    let mut state = vec![settings.admin_token_path()];
+    if store
+        .instances(None)?
+        .iter()
+        .any(|i| i.report_token_hash.is_some())
+    {
+        state.push(settings.db_path());
+    }
+    let pki = Pki::load_or_create(&settings.pki_dir(), &state)?;
+    let admin_token = load_or_create_token(&settings.admin_token_path())?;
     if store.cluster()?.is_none() {
         store.put_cluster(&knit_api::Cluster::default())?;
     }
@@ -65,19 +85,10 @@ pub async fn start(
     let spec = store.cluster()?.unwrap_or_default();
     let cluster = crate::external::select(&spec, cluster, settings.join_token_ttl).await?;
 
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .map_err(|e| ServerError::io(format!("listen on {}", settings.listen), e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ServerError::io("local address", e))?;
-    let advertise_host = settings.advertise_host.clone().unwrap_or_else(|| {
-        if addr.ip().is_unspecified() {
-            LOCAL_GATEWAY.to_string()
-        } else {
-            addr.ip().to_string()
-        }
-    });
+    let gateway = provider.as_ref().and_then(|p| p.gateway());
+    let (listeners, addrs) = bind_all(&settings).await?;
+    let addr = addrs[0];
+    let advertise_host = advertise_host(&settings, &addrs, gateway);
     let local_host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_string()
     } else {
@@ -89,8 +100,16 @@ pub async fn start(
         "127.0.0.1".to_string(),
         advertise_host.clone(),
     ];
-    if addr.ip().is_unspecified() {
-        sans.push(LOCAL_GATEWAY.to_string());
+    sans.extend(
+        addrs
+            .iter()
+            .filter(|a| !a.ip().is_unspecified())
+            .map(|a| a.ip().to_string()),
+    );
+    // Listening everywhere: instances may use the gateway even when another
+    // host name is advertised.
+    if let Some(g) = gateway.filter(|_| addrs.iter().any(|a| a.ip().is_unspecified())) {
+        sans.push(g.to_string());
     }
     let tls = tokio_rustls::TlsAcceptor::from(pki.server_config(&sans)?);
     let host_port = |h: &str| {
@@ -116,25 +135,107 @@ pub async fn start(
     crate::snapshot::recover(&control)?;
     let (shutdown, rx) = watch::channel(false);
     let app = router(control.clone());
-    let accept = tokio::spawn(accept_loop(listener, tls, app, rx.clone()));
-    let reconciler = tokio::spawn(control.clone().run_reconciler(rx));
-    tracing::info!(%addr, advertise = %control.advertise_url, "knit server listening");
+    // One cap for all listeners: it guards the process's descriptors.
+    let slots = Arc::new(Semaphore::new(
+        control.settings.limits.max_connections.max(1),
+    ));
+    let mut tasks = Vec::new();
+    for listener in listeners {
+        tasks.push(tokio::spawn(accept_loop(
+            listener,
+            tls.clone(),
+            app.clone(),
+            control.settings.limits,
+            slots.clone(),
+            rx.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(control.clone().run_reconciler(rx)));
+    tracing::info!(addresses = ?addrs, advertise = %control.advertise_url, "knit server listening");
     Ok(Server {
         addr,
+        addrs,
         local_url,
         control,
         shutdown,
-        tasks: vec![accept, reconciler],
+        tasks,
     })
 }
 
+/// Binds `settings.listen`, then every address of `settings.also_listen` on
+/// the same port (the one the first bind got, for port 0).
+async fn bind_all(settings: &Settings) -> Result<(Vec<TcpListener>, Vec<SocketAddr>)> {
+    let first = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| ServerError::io(format!("listen on {}", settings.listen), e))?;
+    let port = first
+        .local_addr()
+        .map_err(|e| ServerError::io("local address", e))?
+        .port();
+    let mut listeners = vec![first];
+    for ip in &settings.also_listen {
+        let want = SocketAddr::new(*ip, port);
+        if listeners
+            .iter()
+            .any(|l| l.local_addr().is_ok_and(|a| a == want))
+        {
+            continue;
+        }
+        let listener = TcpListener::bind(want)
+            .await
+            .map_err(|e| ServerError::io(format!("listen on {want}"), e))?;
+        listeners.push(listener);
+    }
+    let addrs = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| ServerError::io("local address", e))?;
+    Ok((listeners, addrs))
+}
+
+/// The host instances use: as told, else the provider's gateway when the
+/// server listens there (or everywhere), else the first specific listen
+/// address, else loopback.
+pub fn advertise_host(
+    settings: &Settings,
+    addrs: &[SocketAddr],
+    gateway: Option<std::net::IpAddr>,
+) -> String {
+    if let Some(host) = &settings.advertise_host {
+        return host.clone();
+    }
+    if let Some(g) = gateway {
+        if addrs.iter().any(|a| a.ip() == g || a.ip().is_unspecified()) {
+            return g.to_string();
+        }
+    }
+    addrs
+        .iter()
+        .map(|a| a.ip())
+        .find(|ip| !ip.is_unspecified())
+        .map(|ip| ip.to_string())
+        .unwrap_or_else(|| "127.0.0.1".to_string())
+}
+
 async fn accept_loop(
-    listener: tokio::net::TcpListener,
+    listener: TcpListener,
     tls: tokio_rustls::TlsAcceptor,
     app: axum::Router,
+    limits: ConnectionLimits,
+    slots: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
+        // A slot first: at the cap, new connections wait in the backlog
+        // (no descriptor is taken) until a connection ends.
+        let slot = tokio::select! {
+            _ = shutdown.changed() => return,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+        };
         let (tcp, peer) = tokio::select! {
             _ = shutdown.changed() => return,
             accepted = listener.accept() => match accepted {
@@ -142,7 +243,7 @@ async fn accept_loop(
                 Err(e) => {
                     // Out of descriptors and similar: wait instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
@@ -150,25 +251,145 @@ async fn accept_loop(
         let tls = tls.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let stream = match tls.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-            };
-            let service = hyper::service::service_fn(
-                move |mut request: hyper::Request<hyper::body::Incoming>| {
-                    request.extensions_mut().insert(Peer(peer));
-                    app.clone().oneshot(request.map(axum::body::Body::new))
-                },
-            );
-            if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            let _slot = slot;
+            serve_connection(tcp, peer, tls, app, limits).await;
+        });
+    }
+}
+
+/// What a connection's watchdog reads: when a byte last moved and how many
+/// requests are being answered.
+#[derive(Default)]
+struct Activity {
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn touch(&self, epoch: Instant) {
+        self.last_ms
+            .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request in flight for as long as its handler runs.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    tls: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+    limits: ConnectionLimits,
+) {
+    let stream = match tokio::time::timeout(limits.handshake_timeout, tls.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let epoch = Instant::now();
+    let activity = Arc::new(Activity::default());
+    let io = Watched {
+        inner: stream,
+        activity: activity.clone(),
+        epoch,
+    };
+    let requests = activity.clone();
+    let service =
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(Peer(peer));
+            requests.in_flight.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight(requests.clone());
+            let app = app.clone();
+            async move {
+                let response = app.oneshot(request.map(axum::body::Body::new)).await;
+                drop(guard);
+                response
             }
         });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(None);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let tick = (limits.idle_timeout / 4).max(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep(tick) => {
+                let idle = epoch.elapsed().saturating_sub(Duration::from_millis(
+                    activity.last_ms.load(Ordering::Relaxed),
+                ));
+                if activity.in_flight.load(Ordering::Relaxed) == 0 && idle >= limits.idle_timeout {
+                    tracing::debug!(%peer, idle_s = idle.as_secs(), "closing an idle connection");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A connection's stream that records when bytes move.
+struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    epoch: Instant,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch(self.epoch);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch(self.epoch);
+        }
+        polled
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -52,7 +52,11 @@ fi
 chmod 755 "$dir/knit-agent.part"
 mv "$dir/knit-agent.part" "$dir/knit-agent"
 umask 077
-fetch -X POST -H 'Authorization: Bearer {token}' -o "$dir/node-config.yaml" '{bootstrap}'
+# The token reaches curl in a mode-0600 file, never on a command line
+# (/proc/*/cmdline is readable by every local user); printf is a builtin.
+printf 'Authorization: Bearer %s\n' '{token}' > "$dir/join-token.header"
+fetch -X POST -H @"$dir/join-token.header" -o "$dir/node-config.yaml" '{bootstrap}'
+rm -f "$dir/join-token.header"
 "$dir/knit-agent" init --config "$dir/node-config.yaml"
 "#,
         sha = p.agent_sha256,
@@ -272,6 +276,115 @@ mod tests {
         let new_boundary = out.lines().next().unwrap().split('"').nth(1).unwrap();
         assert!(!tricky.contains(new_boundary));
         assert_eq!(out.matches(&format!("\n--{new_boundary}\n")).count(), 2);
+    }
+
+    /// Runs the stub with a fake `curl` and `knit-agent` and a logging shim
+    /// for every other program it runs: the join token must reach curl
+    /// through a mode-0600 header file and appear in no process's argv.
+    #[test]
+    fn the_stub_never_puts_the_token_on_a_command_line() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let bin = root.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let log = root.join("argv.log");
+        let headers = root.join("headers.log");
+        let agent = format!(
+            "#!/bin/sh\nprintf '%s\\n' \"knit-agent $*\" >> {}\n",
+            log.display()
+        );
+        let sha = hex::encode(Sha256::digest(agent.as_bytes()));
+        let exe = |path: &std::path::Path, text: &str| {
+            std::fs::write(path, text).unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        std::fs::write(root.join("agent"), &agent).unwrap();
+        // curl: logs its argv; `-H @file` logs the file's mode and text;
+        // `-o` gets the agent or a NodeConfig.
+        exe(
+            &bin.join("curl"),
+            &format!(
+                r#"#!/bin/sh
+printf '%s\n' "curl $*" >> {log}
+out=; url=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -o) out="$2"; shift;;
+        -H) case "$2" in @*) f="${{2#@}}"; echo "mode $(stat -c %a "$f") $(cat "$f")" >> {headers};; esac; shift;;
+        https://*) url="$1";;
+    esac
+    shift
+done
+case "$url" in
+    */bin/knit-agent) cat {agent} > "$out";;
+    *) echo "config" > "$out";;
+esac
+"#,
+                log = log.display(),
+                headers = headers.display(),
+                agent = root.join("agent").display(),
+            ),
+        );
+        for tool in ["mkdir", "chmod", "cat", "sha256sum", "mv", "rm"] {
+            let real = std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .unwrap();
+            let real = String::from_utf8(real.stdout).unwrap().trim().to_string();
+            assert!(!real.is_empty(), "{tool} not found");
+            exe(
+                &bin.join(tool),
+                &format!(
+                    "#!/bin/sh\nprintf '%s\\n' \"{tool} $*\" >> {}\nexec {real} \"$@\"\n",
+                    log.display()
+                ),
+            );
+        }
+        let token = "tok3n-0123456789abcdef0123456789";
+        let stub = agent_stub(&StubParams {
+            mirror_url: "https://10.219.1.1:7443/mirror",
+            agent_sha256: &sha,
+            bootstrap_url: "https://10.219.1.1:7443/bootstrap/v1/config",
+            join_token: token,
+            ca_pem: CA,
+        });
+        let dir = root.join("bootstrap");
+        let stub = stub.replace(
+            &format!("dir={BOOTSTRAP_DIR}"),
+            &format!("dir={}", dir.display()),
+        );
+        assert!(stub.contains(&format!("dir={}", dir.display())));
+        let out = std::process::Command::new("/bin/bash")
+            .arg("-c")
+            .arg(&stub)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let argv = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            argv.contains("curl ") && argv.contains("knit-agent init"),
+            "{argv}"
+        );
+        assert!(
+            !argv.contains(token),
+            "the token is on a command line:\n{argv}"
+        );
+        let sent = std::fs::read_to_string(&headers).unwrap();
+        assert_eq!(
+            sent.trim(),
+            format!("mode 600 Authorization: Bearer {token}")
+        );
+        assert!(
+            !dir.join("join-token.header").exists(),
+            "the header file is removed after use"
+        );
     }
 
     /// Parses the composed document with Python's `email` package exactly as

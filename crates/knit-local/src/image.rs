@@ -726,6 +726,16 @@ mod tests {
     }
 
     #[test]
+    fn an_unbuilt_image_says_how_to_build_it() {
+        let root = images_dir().join("0000000000000000/root");
+        let rule = crate::check_base_root(&root).unwrap_err();
+        assert!(rule.contains("knit image build"), "{rule}");
+        // Any other missing directory keeps the general rule.
+        let rule = crate::check_base_root(Path::new("/nonexistent-knit-root")).unwrap_err();
+        assert!(rule.contains("root filesystem directory"), "{rule}");
+    }
+
+    #[test]
     fn comment_only_sources_do_not_count() {
         assert!(!has_entries("# deb http://x y main\n\n"));
         assert!(has_entries("Types: deb\n"));

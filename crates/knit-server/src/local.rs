@@ -286,6 +286,11 @@ impl Provider for LocalProvider {
         self.blocking(move |c| c.stop(&id)).await.map(|_| ())
     }
 
+    async fn reboot(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.blocking(move |c| c.reboot(&id)).await.map(|_| ())
+    }
+
     async fn reimage(&self, id: &str, image: &str, user_data: &str) -> Result<()> {
         let root = base_root(image);
         let (id, user_data) = (id.to_string(), user_data.to_string());

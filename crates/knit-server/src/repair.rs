@@ -227,6 +227,14 @@ pub fn observe(
     h
 }
 
+/// The last 400 characters of a command's stderr (its stdout when it
+/// printed nothing there): events stay short, the end says what failed.
+fn output_tail(stdout: &[u8], stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(if stderr.is_empty() { stdout } else { stderr });
+    let chars: Vec<char> = text.trim().chars().collect();
+    chars[chars.len().saturating_sub(400)..].iter().collect()
+}
+
 /// A repair action to take outside the plan lock.
 pub struct RepairJob {
     pub instance: String,
@@ -484,6 +492,38 @@ impl ControlPlane {
         Ok(handles)
     }
 
+    /// Runs `knit-agent init` again after a reboot: it finds every phase
+    /// done and starts the services that are not running (services under
+    /// the agent's own supervisor, as on the local cloud, do not come back
+    /// by themselves; systemd units do, and init leaves them be).
+    async fn restart_after_reboot(
+        &self,
+        provider: &dyn crate::provider::Provider,
+        job: &RepairJob,
+    ) -> std::result::Result<String, String> {
+        let dir = crate::userdata::BOOTSTRAP_DIR;
+        let argv = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            format!("exec {dir}/knit-agent init --config {dir}/node-config.yaml"),
+        ];
+        let rebooted = format!("instance {} rebooted", job.provider_id);
+        match tokio::time::timeout(REBOOT_STEP_TIMEOUT, provider.exec(&job.provider_id, &argv))
+            .await
+        {
+            Err(_) => Err(format!(
+                "{rebooted}; knit-agent init did not finish within {} s",
+                REBOOT_STEP_TIMEOUT.as_secs()
+            )),
+            Ok(Err(e)) => Err(format!("{rebooted}; cannot run knit-agent init: {e}")),
+            Ok(Ok((0, _, _))) => Ok(format!("{rebooted}; knit-agent init ran again")),
+            Ok(Ok((code, stdout, stderr))) => Err(format!(
+                "{rebooted}; knit-agent init exited with {code}: {}",
+                output_tail(&stdout, &stderr)
+            )),
+        }
+    }
+
     async fn run_repair(&self, job: &RepairJob) {
         let Ok(provider) = self.provider() else {
             return;
@@ -510,15 +550,10 @@ impl ControlPlane {
                     )),
                     Ok(Err(e)) => Err(format!("cannot run knit-agent restart-services: {e}")),
                     Ok(Ok((0, _, _))) => Ok("kubelet and containerd restarted by the agent".into()),
-                    Ok(Ok((code, stdout, stderr))) => {
-                        let text = if stderr.is_empty() { stdout } else { stderr };
-                        let text = String::from_utf8_lossy(&text);
-                        let tail: String = text.trim().chars().rev().take(400).collect();
-                        Err(format!(
-                            "knit-agent restart-services exited with {code}: {}",
-                            tail.chars().rev().collect::<String>()
-                        ))
-                    }
+                    Ok(Ok((code, stdout, stderr))) => Err(format!(
+                        "knit-agent restart-services exited with {code}: {}",
+                        output_tail(&stdout, &stderr)
+                    )),
                 }
             }
             RepairAction::Reboot => {
@@ -533,7 +568,7 @@ impl ControlPlane {
                         (REBOOT_STEP_TIMEOUT * 2).as_secs()
                     )),
                     Ok(Err(e)) => Err(format!("reboot failed: {e}")),
-                    Ok(Ok(())) => Ok(format!("instance {} rebooted", job.provider_id)),
+                    Ok(Ok(())) => self.restart_after_reboot(provider.as_ref(), job).await,
                 }
             }
             // Replacing is a delete intent, written under the plan lock.

@@ -470,8 +470,12 @@ async fn repair_restarts_then_reboots_then_replaces_and_survives_a_restart() {
     env.pass(t + 25 * MIN).await;
     assert_eq!(
         env.cloud.calls()[1..],
-        ["stop i-p-a".to_string(), "start i-p-a".to_string()],
-        "rebooted next, restart-services not taken twice"
+        [
+            "stop i-p-a".to_string(),
+            "start i-p-a".to_string(),
+            "exec i-p-a /bin/sh -c exec /var/lib/knit/bootstrap/knit-agent init --config /var/lib/knit/bootstrap/node-config.yaml".to_string()
+        ],
+        "rebooted next (and the agent's services started again), restart-services not taken twice"
     );
     env.pass(t + 29 * MIN).await;
     assert_eq!(env.deletes(), vec![]);
@@ -616,8 +620,8 @@ async fn an_added_instance_is_never_released_by_repair() {
     }
     assert_eq!(
         env.cloud.calls().len(),
-        3,
-        "restart-services and reboot (stop, start): {:?}",
+        4,
+        "restart-services and reboot (stop, start, init): {:?}",
         env.cloud.calls()
     );
     assert_eq!(env.deletes(), vec![], "never released");

@@ -38,6 +38,53 @@ fn running_names(instances: &[Value]) -> Vec<String> {
     names
 }
 
+/// A file planted on the host for one test, removed on drop.
+struct Planted(std::path::PathBuf);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Pools run on the node image by default (`image: debian-12`): a node
+/// reads neither a file under the host's /var/lib nor the server's CA key.
+fn nodes_see_nothing_of_the_host(env: &Env) {
+    let planted = Planted(std::path::PathBuf::from(format!(
+        "/var/lib/knit-e2e-secret-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&planted.0).unwrap();
+    let secret = planted.0.join("token");
+    std::fs::write(&secret, "planted-on-the-host\n").unwrap();
+    let ca_key = env.state_dir().join("pki/ca.key");
+    assert!(ca_key.exists(), "{} not on the host", ca_key.display());
+    let image = knit_local::image::current(&knit_local::image::images_dir())
+        .unwrap()
+        .expect("the node image");
+    let instances = env.cloud().list().unwrap();
+    assert!(!instances.is_empty());
+    for i in instances {
+        assert_eq!(i.record.template.base_root, image.root);
+        let (ok, text) = env.exec(
+            &i.record.id,
+            &format!(
+                "cat {} {} /root/.knit/config 2>&1; . /etc/os-release; echo $ID-$VERSION_ID",
+                secret.display(),
+                ca_key.display()
+            ),
+        );
+        assert!(
+            ok && !text.contains("planted-on-the-host") && !text.contains("BEGIN"),
+            "{text}"
+        );
+        assert!(
+            text.contains("No such file") && text.ends_with("debian-12\n"),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     // The reconciler is under test here: nodes join no cluster.
@@ -73,6 +120,7 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     );
     let log = env.knit_ok(&["logs", "node", node]);
     assert!(log.contains("[data-disk]"), "{log}");
+    nodes_see_nothing_of_the_host(&env);
 
     // 3 -> 1: newest first, released at the provider.
     env.scale_wait("workers", 1);

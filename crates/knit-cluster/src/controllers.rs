@@ -513,6 +513,12 @@ fn kubelet_subject_problem(csr: &Value, pem: &str) -> Option<String> {
             subject.common_name
         ));
     }
+    let node = &subject.common_name[auth::NODE_PREFIX.len()..];
+    if !knit_api::validate::is_dns_subdomain(node) {
+        return Some(format!(
+            "node name {node:?} in the subject CN is not a lowercase RFC 1123 subdomain"
+        ));
+    }
     if subject.organizations != [auth::NODES] {
         return Some(format!(
             "subject O {:?} must be exactly [\"system:nodes\"]",

@@ -508,6 +508,38 @@ async fn names_in_paths_are_validated() {
         assert_eq!(admin.get("/api/v1/nodes/victim").0, 200);
     })
     .await;
+    // Nor is a client certificate issued for a node name that is not one.
+    let token = cluster
+        .create_bootstrap_token(None, Duration::from_secs(600), &[])
+        .unwrap()
+        .token();
+    let (ep, ca) = (cluster.endpoint().to_string(), cluster.ca_pem().to_string());
+    let admin = Client::admin(&cluster);
+    blocking(move || {
+        let boot = Client::new(&ep, &ca, Who::Token(&token));
+        let (pem, _) = csr("system:node:x/../victim", &["system:nodes"]);
+        let (code, created) = boot.post(
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            &csr_object(&pem, KUBELET),
+        );
+        assert_eq!(code, 201, "{created}");
+        let name = created["metadata"]["name"].as_str().unwrap().to_string();
+        let decided = wait_for("CSR decision", Duration::from_secs(30), || {
+            let (_, c) = admin.get(&format!(
+                "/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}"
+            ));
+            c["status"]["conditions"]
+                .as_array()
+                .filter(|c| !c.is_empty())
+                .map(|_| c.clone())
+        });
+        assert_eq!(
+            decided["status"]["conditions"][0]["type"], "Denied",
+            "{decided}"
+        );
+        assert!(decided["status"]["certificate"].is_null(), "{decided}");
+    })
+    .await;
     cluster.shutdown().await;
 }
 

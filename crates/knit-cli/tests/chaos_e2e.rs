@@ -386,7 +386,10 @@ fn a_pool_survives_a_random_schedule_of_faults() {
             .filter(|e| e["objectName"] == name.as_str())
             .filter(|e| {
                 let r = e["reason"].as_str().unwrap_or("");
-                r == "JoinTimeout" || r.contains("Replace") || r.contains("Release")
+                r == "JoinTimeout"
+                    || r.starts_with("Repair")
+                    || r.contains("Replac")
+                    || r.contains("Release")
             })
             .collect();
         assert!(harm.is_empty(), "seed {seed}: {name}: {harm:#?}");

@@ -1,0 +1,84 @@
+//! A real knit server (TLS, SQLite, reconciler) over the ECS provider over
+//! the fake ECS: a pool's replicas become ECS instances carrying knit's tags
+//! and user data, and scaling down deletes them.
+
+mod support;
+
+use knit_ecs::fake::{FakeEcs, Fault};
+use knit_server::ecs::{EcsProvider, EcsSettings};
+use knit_server::provider::{TAG_NAME, TAG_POOL};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::TestServer;
+
+/// Waits (bounded) until `done` holds.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn pool_replicas_become_ecs_instances() {
+    let fake = FakeEcs::start();
+    let mut s = EcsSettings::new(&fake.region());
+    s.endpoint = Some(fake.url());
+    s.v_switch_id = Some("vsw-fake0001".into());
+    s.security_group_ids = vec!["sg-fake0001".into()];
+    s.default_image = Some(fake.config().images[0].clone());
+    s.poll_interval = Duration::from_millis(10);
+    s.retry.first_backoff = Duration::from_millis(1);
+    let provider = EcsProvider::new(s, fake.credentials()).unwrap();
+    // Throttling on the first creates: the reconciler still gets there.
+    fake.inject("RunInstances", Fault::Throttling, 2);
+
+    let mut srv = TestServer::new();
+    srv.start(Some(Arc::new(provider)));
+    srv.write_agent_checksum();
+    let yaml = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: workers\nspec:\n  replicas: 2\n";
+    srv.client()
+        .call("POST", "/api/v1/pools", Some(yaml))
+        .unwrap();
+
+    let mine = |f: &FakeEcs| {
+        f.instances()
+            .into_iter()
+            .filter(|i| i.tags.get(TAG_POOL).map(String::as_str) == Some("workers"))
+            .collect::<Vec<_>>()
+    };
+    wait_for("two running ECS instances", || {
+        let list = mine(&fake);
+        list.len() == 2 && list.iter().all(|i| i.status == "Running")
+    });
+    for i in mine(&fake) {
+        assert!(i.tags.contains_key(TAG_NAME), "{:?}", i.tags);
+        assert!(!i.user_data.is_empty(), "knit's user data reached ECS");
+        assert_eq!(i.image, fake.config().images[0]);
+    }
+    let recorded = srv.client().get("/api/v1/instances").unwrap();
+    let ids: Vec<String> = recorded["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["providerId"].as_str().map(str::to_string))
+        .collect();
+    for i in mine(&fake) {
+        assert!(
+            ids.contains(&i.id),
+            "{} recorded by the server: {ids:?}",
+            i.id
+        );
+    }
+
+    srv.client()
+        .call(
+            "POST",
+            "/api/v1/pools/workers/scale",
+            Some(r#"{"replicas": 0}"#),
+        )
+        .unwrap();
+    wait_for("the instances deleted", || mine(&fake).is_empty());
+    assert!(fake.disks().is_empty(), "disks went with their instances");
+}

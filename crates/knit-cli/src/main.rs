@@ -4,6 +4,7 @@
 mod attach;
 mod image;
 mod local_cloud;
+mod qemu_cloud;
 mod output;
 mod registry;
 mod snapshot;
@@ -125,11 +126,12 @@ struct ServerOpts {
     /// gateway when the server listens there or everywhere).
     #[arg(long)]
     advertise_address: Option<String>,
-    /// local: the local cloud; ecs: Alibaba Cloud ECS in --region (key from
+    /// local: the local cloud; qemu: QEMU VMs on the local cloud's bridge
+    /// (docs/providers.md); ecs: Alibaba Cloud ECS in --region (key from
     /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET or a
     /// mode-0600 credentials file, never a flag); none: store and API only,
     /// no instance is made.
-    #[arg(long, default_value = "local", value_parser = ["local", "ecs", "none"])]
+    #[arg(long, default_value = "local", value_parser = ["local", "qemu", "ecs", "none"])]
     provider: String,
     /// ECS region id (cn-shanghai …), with --provider ecs.
     #[arg(long, env = "KNIT_ECS_REGION")]
@@ -470,7 +472,7 @@ fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::ecs::EcsProvider> {
 
 /// The provider's gateway: where its instances reach this host.
 fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
-    if opts.provider != "local" {
+    if opts.provider != "local" && opts.provider != "qemu" {
         return Ok(None);
     }
     Ok(Some(
@@ -588,6 +590,7 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
             local_config(&opts),
         )?)),
         "ecs" => Some(Arc::new(ecs_provider(&opts)?)),
+        "qemu" => Some(qemu_cloud::provider(local_config(&opts))?),
         _ => None,
     };
     let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;
@@ -706,9 +709,12 @@ fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     }
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
-    if opts.provider == "local" {
+    if opts.provider == "local" || opts.provider == "qemu" {
         // Before the server runs: `knit down` removes the cloud it made.
         local_cloud::record(&opts.state_dir, &local_config(&opts))?;
+    }
+    if opts.provider == "qemu" {
+        qemu_cloud::record(&opts.state_dir, &local_config(&opts))?;
     }
     // Embedded defaults: a server without a package mirror could make no
     // node, so the first `up` assembles one from this machine.
@@ -940,6 +946,8 @@ fn down(
                 added_kept.join(", ")
             );
         } else {
+            // VMs first: their taps are on the local cloud's bridge.
+            qemu_cloud::down(Path::new(dir))?;
             local_cloud::down(Path::new(dir))?;
         }
     }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Changes whenever what the base disk holds changes.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 3;
 /// Default cache (kept across `down`: it is derived from the image only).
 pub const DEFAULT_CACHE: &str = "/var/cache/knit/qemu";
 const MKFS_TIMEOUT: Duration = Duration::from_secs(1200);
@@ -34,7 +34,7 @@ const MKFS_TIMEOUT: Duration = Duration::from_secs(1200);
 const FILES: &[(&str, &str)] = &[
     (
         "/etc/cloud/cloud.cfg.d/90-knit-qemu.cfg",
-        "# knit QEMU provider: the seed disk (label CIDATA) is the only datasource.\ndatasource_list: [NoCloud, None]\n",
+        "# knit QEMU provider: the seed disk (label CIDATA) is the only datasource.\ndatasource_list: [NoCloud, None]\n# The image carries no locales package (update-locale): keep the C.UTF-8 default.\nlocale: false\n",
     ),
     (
         "/etc/fstab",
@@ -98,12 +98,13 @@ pub fn check_image(image: &Path) -> Result<()> {
         ));
     }
     image_key(image)?;
-    for f in ["root/sbin/init", "vmlinuz", "initrd.img"] {
-        if !image.join(f).exists() {
+    for f in ["root/usr/lib/systemd/systemd", "vmlinuz", "initrd.img"] {
+        // symlink_metadata: root/sbin/init links to an absolute path inside the image.
+        if std::fs::symlink_metadata(image.join(f)).is_err() {
             return Err(QemuError::invalid(
                 "image",
                 image.display(),
-                format!("must hold {f} (a VM boots the image's kernel and initramfs): rebuild it with `knit image build`"),
+                format!("must hold {f} (a VM boots the image's kernel and initramfs, systemd as PID 1): rebuild it with `knit image build`"),
             ));
         }
     }
@@ -158,7 +159,7 @@ pub fn prepare(image: &Path, cache: &Path, progress: &mut dyn FnMut(&str)) -> Re
     let used = du(&root)?;
     // Room for the guest's first boot (logs, cloud-init, journal); the
     // overlay grows the filesystem to the system disk size at boot.
-    let size = ((used + used / 2 + (768 << 20)) >> 30).max(1) << 30;
+    let size = (used + used / 2 + (768 << 20)).div_ceil(1 << 30) << 30;
     let raw = tmp.join("disk.raw");
     progress(&format!(
         "making the VM base disk from {} ({} MiB used) into {}",

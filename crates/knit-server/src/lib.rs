@@ -23,6 +23,7 @@ pub mod pause;
 pub mod pki;
 pub mod preflight;
 pub mod provider;
+pub mod qemu;
 pub mod reconcile;
 pub mod repair;
 pub mod server;

@@ -4,7 +4,7 @@
 use crate::bootstrap::ClusterJoin;
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
-use crate::provider::Provider;
+use crate::provider::{BoundedProvider, Provider};
 use crate::store::Store;
 use knit_api::Cluster;
 use std::collections::HashSet;
@@ -129,7 +129,9 @@ impl ControlPlane {
         ControlPlane {
             store,
             metrics: Metrics::default(),
-            provider,
+            // Every caller gets a provider whose calls are bounded in time
+            // and output, whatever the provider itself does.
+            provider: provider.map(BoundedProvider::wrap),
             cluster,
             mirror_dir: settings.mirror_dir(),
             settings,

@@ -53,6 +53,16 @@ pub enum ServerError {
     Pki(String),
     #[error("provider {provider}: {message}")]
     Provider { provider: String, message: String },
+    /// A provider call that outlived its limit (see `provider::CallLimits`).
+    #[error("provider {provider}: {operation} of {instance} did not finish within {limit_secs} s")]
+    ProviderTimeout {
+        provider: String,
+        /// The `Provider` operation (create, get, exec …).
+        operation: String,
+        /// The instance (or image, snapshot, name) it was about.
+        instance: String,
+        limit_secs: u64,
+    },
     #[error("package: {0}")]
     Package(String),
     #[error("request to the knit server failed: {0}")]
@@ -88,6 +98,7 @@ impl ServerError {
             ServerError::Io { .. } => "IoError",
             ServerError::Pki(_) => "PkiError",
             ServerError::Provider { .. } => "ProviderError",
+            ServerError::ProviderTimeout { .. } => "ProviderTimeout",
             ServerError::Package(_) => "PackageError",
             ServerError::Client(_) => "ClientError",
             ServerError::Remote { .. } => "RemoteError",
@@ -106,6 +117,7 @@ impl ServerError {
             ServerError::Forbidden(_) => 403,
             ServerError::AlreadyExists { .. } | ServerError::Conflict(_) => 409,
             ServerError::Unauthorized(_) | ServerError::TokenRefused(_) => 401,
+            ServerError::ProviderTimeout { .. } => 504,
             _ => 500,
         }
     }

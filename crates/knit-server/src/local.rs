@@ -4,8 +4,8 @@
 
 use crate::error::{Result, ServerError};
 use crate::provider::{
-    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, READ_FILE_MAX_BYTES,
-    READ_FILE_TIMEOUT, TAG_NAME,
+    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, EXEC_OUTPUT_MAX_BYTES,
+    EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
 };
 use async_trait::async_trait;
 use knit_local::{Cloud, DiskInterface, DiskSpec, Instance, LocalError, Quantity, Template};
@@ -217,6 +217,88 @@ async fn run_bounded_read(
     }
 }
 
+/// How much later than the caller's limit the command is killed inside the
+/// instance: the caller's own timeout (which kills nsenter and answers
+/// `ProviderTimeout`) comes first; this one makes sure the command itself
+/// does not outlive it (nsenter's child is not killed with nsenter).
+const EXEC_KILL_AFTER: Duration = Duration::from_secs(2);
+
+/// `argv` run under `timeout -s KILL` inside the instance (timeout kills
+/// the command's whole process group).
+fn bounded_exec_argv(argv: &[String], limit: Duration) -> Vec<String> {
+    let secs = (limit + EXEC_KILL_AFTER).as_secs().max(1).to_string();
+    ["timeout", "-s", "KILL", &secs]
+        .iter()
+        .map(|a| a.to_string())
+        .chain(argv.iter().cloned())
+        .collect()
+}
+
+/// Everything `reader` gives, of which at most `max_bytes` are kept (the
+/// rest is read and dropped, so the command never blocks on a full pipe);
+/// the flag says whether anything was dropped.
+async fn read_capped(
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    max_bytes: usize,
+) -> std::io::Result<(Vec<u8>, bool)> {
+    let mut kept = Vec::new();
+    let mut cut = false;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            return Ok((kept, cut));
+        }
+        let room = max_bytes - kept.len();
+        kept.extend_from_slice(&buf[..n.min(room)]);
+        cut |= n > room;
+    }
+}
+
+/// Runs an exec command (nsenter …, `bounded_exec_argv` inside) within
+/// `limit`, each stream capped at `max_output`; past the limit nsenter is
+/// killed (`kill_on_drop`) and the answer is `ProviderTimeout`.
+async fn run_bounded_exec(
+    command: std::process::Command,
+    id: &str,
+    limit: Duration,
+    max_output: usize,
+) -> Result<crate::provider::ExecOutput> {
+    let mut command = tokio::process::Command::from(command);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| ServerError::io(format!("run a command inside {id}"), e))?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(ServerError::Internal(format!("exec inside {id}: no pipes")));
+    };
+    let run = async move {
+        let (out, err) = tokio::try_join!(
+            read_capped(stdout, max_output),
+            read_capped(stderr, max_output)
+        )?;
+        let status = child.wait().await?;
+        Ok::<_, std::io::Error>((status, out, err))
+    };
+    match tokio::time::timeout(limit, run).await {
+        Err(_) => Err(crate::provider::timed_out("local", "exec", id, limit)),
+        Ok(Err(e)) => Err(ServerError::io(format!("run a command inside {id}"), e)),
+        Ok(Ok((status, (stdout, stdout_cut), (stderr, stderr_cut)))) => {
+            Ok(crate::provider::ExecOutput {
+                code: status.code().unwrap_or(-1),
+                stdout,
+                stderr,
+                stdout_cut,
+                stderr_cut,
+            })
+        }
+    }
+}
+
 fn not_found_is_none<T>(r: knit_local::Result<T>) -> knit_local::Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -398,9 +480,28 @@ impl Provider for LocalProvider {
     }
 
     async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
-        let (id, argv) = (id.to_string(), argv.to_vec());
-        let out = self.blocking(move |c| c.exec(&id, &argv)).await?;
-        Ok((out.status.code().unwrap_or(-1), out.stdout, out.stderr))
+        let out = self
+            .exec_limited(id, argv, EXEC_TIMEOUT, EXEC_OUTPUT_MAX_BYTES)
+            .await?;
+        Ok(out.into_parts())
+    }
+
+    /// Bounded at the source: at most `max_output` bytes of each stream are
+    /// kept in memory, nsenter is killed after `limit` and the command
+    /// itself (under `timeout -s KILL` inside) just after.
+    async fn exec_limited(
+        &self,
+        id: &str,
+        argv: &[String],
+        limit: Duration,
+        max_output: usize,
+    ) -> Result<crate::provider::ExecOutput> {
+        let inner = bounded_exec_argv(argv, limit);
+        let target = id.to_string();
+        let command = self
+            .blocking(move |c| c.exec_command(&target, &inner))
+            .await?;
+        run_bounded_exec(command, id, limit, max_output).await
     }
 }
 
@@ -448,6 +549,54 @@ mod tests {
         let e = read(&dir.path().join("absent"), 10).await.unwrap_err();
         assert!(e.to_string().contains("No such file"), "{e}");
         assert!(!crate::provider::is_limit_error(&e));
+    }
+
+    /// The bounded exec itself, run on this host (inside an instance it is
+    /// the same argv behind nsenter): an endless stream is cut at the cap
+    /// with the exit code kept, an exit code comes back, a command past its
+    /// limit is a ProviderTimeout.
+    #[tokio::test]
+    async fn bounded_exec_cuts_output_and_stops_a_slow_command() {
+        let run = |argv: &[&str], limit: Duration, cap: usize| {
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+            let inner = bounded_exec_argv(&argv, limit);
+            let mut command = std::process::Command::new(&inner[0]);
+            command.args(&inner[1..]);
+            run_bounded_exec(command, "i-test", limit, cap)
+        };
+        let out = run(
+            &["head", "-c", "1000000", "/dev/zero"],
+            Duration::from_secs(60),
+            1000,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (out.code, out.stdout.len(), out.stdout_cut),
+            (0, 1000, true)
+        );
+        assert!(!out.stderr_cut);
+        let out = run(
+            &["sh", "-c", "echo out; echo err >&2; exit 7"],
+            Duration::from_secs(60),
+            1000,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (out.code, &out.stdout[..], &out.stderr[..]),
+            (7, &b"out\n"[..], &b"err\n"[..])
+        );
+        assert!(!out.stdout_cut && !out.stderr_cut);
+        let e = run(&["sleep", "4"], Duration::from_secs(1), 1000)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, ServerError::ProviderTimeout { operation, instance, limit_secs: 1, .. }
+                if operation == "exec" && instance == "i-test"),
+            "{e}"
+        );
+        assert!(crate::provider::is_limit_error(&e));
     }
 
     #[test]

@@ -17,11 +17,71 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long making one instance may take (disks from snapshots included).
 pub const CREATE_TIMEOUT: Duration = Duration::from_secs(900);
 
+/// How long a command run inside an instance ([`Provider::exec`]) may take
+/// unless the caller asks for less (`knit exec`'s `timeoutSeconds`).
+pub const EXEC_TIMEOUT: Duration = CALL_TIMEOUT;
+/// Largest stdout, and largest stderr, [`Provider::exec`] returns: a longer
+/// stream is cut there and ends with [`EXEC_CUT_MARKER`].
+pub const EXEC_OUTPUT_MAX_BYTES: usize = 16 << 20;
+/// The line a cut exec stream ends with (only [`ExecOutput::into_parts`]
+/// adds it; [`ExecOutput`] says so in its flags).
+pub const EXEC_CUT_MARKER: &str = "\n[knit: output cut: over the limit]\n";
+/// What [`BoundedProvider`] adds to a limit the provider enforces itself
+/// (a bounded read, a killed command), so that the provider's own, more
+/// precise error is the one callers see.
+pub const LIMIT_GRACE: Duration = Duration::from_secs(10);
+
 /// Whether `e` is a read or call that went past its time or size limit
-/// (from [`within`] or a bounded read), rather than a plain failure.
+/// (from [`within`], [`BoundedProvider`] or a bounded read), rather than a
+/// plain failure.
 pub fn is_limit_error(e: &crate::error::ServerError) -> bool {
-    matches!(e, crate::error::ServerError::Provider { message, .. }
-        if message.contains(" did not finish within ") || message.contains(" is larger than "))
+    match e {
+        crate::error::ServerError::ProviderTimeout { .. } => true,
+        crate::error::ServerError::Provider { message, .. } => {
+            message.contains(" did not finish within ") || message.contains(" is larger than ")
+        }
+        _ => false,
+    }
+}
+
+/// What a command run inside an instance gave back, each stream at most the
+/// cap the call was given.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecOutput {
+    /// The command's exit status; -1 when it ended by a signal.
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// stdout was longer than the cap and was cut.
+    pub stdout_cut: bool,
+    pub stderr_cut: bool,
+}
+
+impl ExecOutput {
+    /// Cuts each stream to `max_bytes` (no-op when already within).
+    pub fn capped(mut self, max_bytes: usize) -> ExecOutput {
+        if self.stdout.len() > max_bytes {
+            self.stdout.truncate(max_bytes);
+            self.stdout_cut = true;
+        }
+        if self.stderr.len() > max_bytes {
+            self.stderr.truncate(max_bytes);
+            self.stderr_cut = true;
+        }
+        self
+    }
+
+    /// The tuple [`Provider::exec`] returns; a cut stream ends with
+    /// [`EXEC_CUT_MARKER`] so that no reader takes it for the whole output.
+    pub fn into_parts(mut self) -> (i32, Vec<u8>, Vec<u8>) {
+        if self.stdout_cut {
+            self.stdout.extend_from_slice(EXEC_CUT_MARKER.as_bytes());
+        }
+        if self.stderr_cut {
+            self.stderr.extend_from_slice(EXEC_CUT_MARKER.as_bytes());
+        }
+        (self.code, self.stdout, self.stderr)
+    }
 }
 
 /// `call` unless it takes longer than `limit`: then a provider error
@@ -186,6 +246,32 @@ pub trait Provider: Send + Sync {
         })
     }
 
+    /// [`Provider::exec`] bounded: the command is ended (killed where the
+    /// provider can) after `limit`, which is then a
+    /// [`crate::error::ServerError::ProviderTimeout`], and each stream is cut
+    /// at `max_output` bytes. Providers that can bound at the source (stop
+    /// reading, kill the command) override this; the default bounds the time
+    /// and cuts after the read.
+    async fn exec_limited(
+        &self,
+        id: &str,
+        argv: &[String],
+        limit: Duration,
+        max_output: usize,
+    ) -> Result<ExecOutput> {
+        let (code, stdout, stderr) = match tokio::time::timeout(limit, self.exec(id, argv)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(timed_out(self.name(), "exec", id, limit)),
+        };
+        Ok(ExecOutput {
+            code,
+            stdout,
+            stderr,
+            ..ExecOutput::default()
+        }
+        .capped(max_output))
+    }
+
     /// What the add-existing preflight reads about an instance (account,
     /// VPC, security groups, ENIs, OS, disks …). Providers that cannot
     /// tell refuse.
@@ -203,5 +289,230 @@ pub trait Provider: Send + Sync {
             i.name.as_deref() == Some(name)
                 || i.tags.get(TAG_NAME).map(String::as_str) == Some(name)
         }))
+    }
+}
+
+/// The typed error of a provider call that outlived `limit`.
+pub fn timed_out(
+    provider: &str,
+    operation: &str,
+    instance: &str,
+    limit: Duration,
+) -> crate::error::ServerError {
+    crate::error::ServerError::ProviderTimeout {
+        provider: provider.to_string(),
+        operation: operation.to_string(),
+        instance: instance.to_string(),
+        limit_secs: limit.as_secs_f64().ceil() as u64,
+    }
+}
+
+/// The time limits [`BoundedProvider`] puts on each kind of provider call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// get, list, start, stop, reboot, delete, rename, set_password,
+    /// check_image, facts, snapshot_delete, snapshots_named, find_by_name.
+    pub call: Duration,
+    /// create, reimage, snapshot_create: they copy disks.
+    pub create: Duration,
+    /// read_file (a caller of read_file_limited gives its own).
+    pub read_file: Duration,
+    /// exec (a caller of exec_limited gives its own).
+    pub exec: Duration,
+    /// Largest stdout and stderr of any exec.
+    pub exec_output_max: usize,
+}
+
+impl Default for CallLimits {
+    fn default() -> CallLimits {
+        CallLimits {
+            call: CALL_TIMEOUT,
+            create: CREATE_TIMEOUT,
+            read_file: READ_FILE_TIMEOUT,
+            exec: EXEC_TIMEOUT,
+            exec_output_max: EXEC_OUTPUT_MAX_BYTES,
+        }
+    }
+}
+
+/// Any provider with every call bounded: the control plane installs it
+/// around its provider ([`crate::control::ControlPlane::new`]), so no
+/// caller (reconciler, attach, snapshots, API, preflight) can wait on a
+/// provider forever or take an unbounded command output into memory. A call
+/// past its limit is a [`crate::error::ServerError::ProviderTimeout`]
+/// naming the operation, the instance and the limit.
+pub struct BoundedProvider {
+    inner: std::sync::Arc<dyn Provider>,
+    limits: CallLimits,
+}
+
+impl BoundedProvider {
+    pub fn new(inner: std::sync::Arc<dyn Provider>, limits: CallLimits) -> BoundedProvider {
+        BoundedProvider { inner, limits }
+    }
+
+    /// `inner` with the default limits, as the trait object callers use.
+    pub fn wrap(inner: std::sync::Arc<dyn Provider>) -> std::sync::Arc<dyn Provider> {
+        std::sync::Arc::new(BoundedProvider::new(inner, CallLimits::default()))
+    }
+
+    async fn bound<T>(
+        &self,
+        operation: &str,
+        instance: &str,
+        limit: Duration,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(timed_out(self.inner.name(), operation, instance, limit)),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for BoundedProvider {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn gateway(&self) -> Option<std::net::IpAddr> {
+        self.inner.gateway()
+    }
+    async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
+        let limit = self.limits.create;
+        self.bound("create", &template.name, limit, self.inner.create(template))
+            .await
+    }
+    async fn get(&self, id: &str) -> Result<Option<ProviderInstance>> {
+        self.bound("get", id, self.limits.call, self.inner.get(id))
+            .await
+    }
+    async fn list(&self) -> Result<Vec<ProviderInstance>> {
+        self.bound("list", "(all)", self.limits.call, self.inner.list())
+            .await
+    }
+    async fn start(&self, id: &str) -> Result<()> {
+        self.bound("start", id, self.limits.call, self.inner.start(id))
+            .await
+    }
+    async fn stop(&self, id: &str) -> Result<()> {
+        self.bound("stop", id, self.limits.call, self.inner.stop(id))
+            .await
+    }
+    async fn reimage(&self, id: &str, image: &str, user_data: &str) -> Result<()> {
+        let call = self.inner.reimage(id, image, user_data);
+        self.bound("reimage", id, self.limits.create, call).await
+    }
+    async fn check_image(&self, image: &str) -> Result<()> {
+        let call = self.inner.check_image(image);
+        self.bound("check_image", image, self.limits.call, call)
+            .await
+    }
+    async fn rename(&self, id: &str, name: &str) -> Result<()> {
+        let call = self.inner.rename(id, name);
+        self.bound("rename", id, self.limits.call, call).await
+    }
+    async fn set_password(&self, id: &str, password: &str) -> Result<()> {
+        let call = self.inner.set_password(id, password);
+        self.bound("set_password", id, self.limits.call, call).await
+    }
+    async fn delete(&self, id: &str) -> Result<()> {
+        self.bound("delete", id, self.limits.call, self.inner.delete(id))
+            .await
+    }
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
+        let limit = self.limits.read_file;
+        self.read_file_limited(id, path, READ_FILE_MAX_BYTES, limit)
+            .await
+    }
+    async fn read_file_limited(
+        &self,
+        id: &str,
+        path: &str,
+        max_bytes: usize,
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
+        let call = self.inner.read_file_limited(id, path, max_bytes, limit);
+        let data = self
+            .bound("read_file", id, limit + LIMIT_GRACE, call)
+            .await?;
+        if data.len() > max_bytes {
+            return Err(crate::error::ServerError::Provider {
+                provider: self.name().to_string(),
+                message: format!("{path} inside {id} is larger than {max_bytes} bytes"),
+            });
+        }
+        Ok(data)
+    }
+    async fn reboot(&self, id: &str) -> Result<()> {
+        self.bound("reboot", id, self.limits.call, self.inner.reboot(id))
+            .await
+    }
+    async fn snapshot_create(
+        &self,
+        id: &str,
+        data_disk_index: usize,
+        name: &str,
+    ) -> Result<ProviderSnapshot> {
+        let call = self.inner.snapshot_create(id, data_disk_index, name);
+        self.bound("snapshot_create", id, self.limits.create, call)
+            .await
+    }
+    async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()> {
+        let call = self.inner.snapshot_delete(snapshot_id);
+        self.bound("snapshot_delete", snapshot_id, self.limits.call, call)
+            .await
+    }
+    async fn snapshots_named(&self, name: &str) -> Result<Vec<String>> {
+        let call = self.inner.snapshots_named(name);
+        self.bound("snapshots_named", name, self.limits.call, call)
+            .await
+    }
+    async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
+        let (limit, max) = (self.limits.exec, self.limits.exec_output_max);
+        Ok(self.exec_limited(id, argv, limit, max).await?.into_parts())
+    }
+    /// The caller's limit and cap, the cap never above this provider's.
+    async fn exec_limited(
+        &self,
+        id: &str,
+        argv: &[String],
+        limit: Duration,
+        max_output: usize,
+    ) -> Result<ExecOutput> {
+        let max = max_output.min(self.limits.exec_output_max);
+        let call = self.inner.exec_limited(id, argv, limit, max);
+        let out = self.bound("exec", id, limit + LIMIT_GRACE, call).await?;
+        Ok(out.capped(max))
+    }
+    async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
+        self.bound("facts", id, self.limits.call, self.inner.facts(id))
+            .await
+    }
+    async fn find_by_name(&self, name: &str) -> Result<Option<ProviderInstance>> {
+        let call = self.inner.find_by_name(name);
+        self.bound("find_by_name", name, self.limits.call, call)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_stream_says_so_and_a_whole_one_is_untouched() {
+        let out = ExecOutput {
+            code: 3,
+            stdout: vec![b'x'; 10],
+            stderr: b"ok".to_vec(),
+            ..ExecOutput::default()
+        }
+        .capped(4);
+        assert!(out.stdout_cut && !out.stderr_cut);
+        let (code, stdout, stderr) = out.into_parts();
+        assert_eq!(code, 3);
+        assert_eq!(stdout, format!("xxxx{EXEC_CUT_MARKER}").into_bytes());
+        assert_eq!(stderr, b"ok");
     }
 }

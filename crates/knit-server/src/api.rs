@@ -77,6 +77,7 @@ pub fn router(cp: Cp) -> Router {
             get(crate::snapshot::build_status),
         )
         .route("/api/v1/jointokens", get(list_join_tokens))
+        .route("/api/v1/exec", post(exec_command))
         .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
     Router::new()
         .merge(admin)
@@ -621,6 +622,100 @@ async fn node_logs(
     })?;
     let bytes = cp.provider()?.read_file(&id, path).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+}
+
+/// Runs a command on one machine through its provider (`knit exec`).
+/// Admin only (under `require_admin`); each run is an event naming the
+/// command, the instance and the exit code or error, never the output.
+async fn exec_command(
+    State(cp): State<Cp>,
+    body: Bytes,
+) -> Result<Json<crate::client::ExecResponse>> {
+    use crate::client::{
+        ExecRequest, ExecResponse, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
+        EXEC_MAX_TIMEOUT_SECONDS,
+    };
+    use base64::Engine;
+    let req: ExecRequest = serde_json::from_slice(&body)
+        .map_err(|e| ServerError::BadRequest(format!("exec request (JSON): {e}")))?;
+    let invalid = |field: &str, value: String, rule: String| -> ServerError {
+        ApiError::Invalid(vec![FieldError {
+            field: field.into(),
+            value,
+            rule,
+        }])
+        .into()
+    };
+    names::check_node("name", &req.name)?;
+    let instance_name = match req.kind.as_str() {
+        "node" => {
+            let node = cp.store.node(&req.name)?;
+            node.ok_or_else(|| ServerError::NotFound {
+                kind: "node",
+                name: req.name.clone(),
+            })?
+            .instance
+        }
+        "instance" => req.name.clone(),
+        other => {
+            let rule = "must be node or instance".to_string();
+            return Err(invalid("kind", format!("{other:?}"), rule));
+        }
+    };
+    if req.argv.first().is_none_or(|c| c.is_empty()) {
+        let rule = "must start with a command (a non-empty first element)".to_string();
+        return Err(invalid("argv", format!("{:?}", req.argv), rule));
+    }
+    let secs = req.timeout_seconds.unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS);
+    if !(1..=EXEC_MAX_TIMEOUT_SECONDS).contains(&secs) {
+        let rule = format!("must be 1 to {EXEC_MAX_TIMEOUT_SECONDS} (seconds)");
+        return Err(invalid("timeoutSeconds", secs.to_string(), rule));
+    }
+    let instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "instance",
+            name: instance_name.clone(),
+        })?;
+    let id = instance.provider_id.clone().ok_or_else(|| {
+        ServerError::Conflict(format!("instance {} is not created yet", instance.name))
+    })?;
+    let limit = std::time::Duration::from_secs(secs);
+    let outcome = cp
+        .provider()?
+        .exec_limited(&id, &req.argv, limit, EXEC_API_OUTPUT_MAX_BYTES)
+        .await;
+    // The command as run (cut: an event is a line), never its output.
+    let command: String = format!("{:?}", req.argv).chars().take(300).collect();
+    let ran = format!("admin ran {command} on {} ({id})", instance.name);
+    match &outcome {
+        Ok(out) => cp.store.add_event(
+            "Normal",
+            "Instance",
+            &instance.name,
+            "Exec",
+            &format!("{ran}: exit code {}", out.code),
+        )?,
+        Err(e) => cp.store.add_event(
+            "Warning",
+            "Instance",
+            &instance.name,
+            "ExecFailed",
+            &format!("{ran}: {e}"),
+        )?,
+    };
+    let out = outcome?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    Ok(Json(ExecResponse {
+        instance: instance.name,
+        provider_id: id,
+        exit_code: out.code,
+        stdout: b64.encode(&out.stdout),
+        stderr: b64.encode(&out.stderr),
+        stdout_cut: out.stdout_cut,
+        stderr_cut: out.stderr_cut,
+    }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -60,6 +60,68 @@ impl ClientConfig {
     }
 }
 
+/// `knit exec`'s default time limit for the command.
+pub const EXEC_DEFAULT_TIMEOUT_SECONDS: u64 = 60;
+/// The longest `timeoutSeconds` an exec request may ask for (the
+/// provider's exec limit).
+pub const EXEC_MAX_TIMEOUT_SECONDS: u64 = crate::provider::EXEC_TIMEOUT.as_secs();
+/// Largest stdout, and largest stderr, `POST /api/v1/exec` answers: a
+/// longer stream is cut there (`stdoutCut`/`stderrCut`). Smaller than the
+/// provider's cap: it travels base64-encoded in one JSON answer.
+pub const EXEC_API_OUTPUT_MAX_BYTES: usize = 4 << 20;
+/// Largest exec answer the client reads (both streams base64 plus room).
+const EXEC_ANSWER_MAX_BYTES: u64 = 12 << 20;
+
+/// `POST /api/v1/exec`: run a command on one machine through its provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecRequest {
+    /// `node` (a node's name) or `instance` (knit's instance name).
+    pub kind: String,
+    pub name: String,
+    /// The command and its arguments, run as given (no shell, no quoting).
+    pub argv: Vec<String>,
+    /// 1 ..= [`EXEC_MAX_TIMEOUT_SECONDS`]; default
+    /// [`EXEC_DEFAULT_TIMEOUT_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// The answer to an [`ExecRequest`]: the command's exit code and output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResponse {
+    /// knit's instance name and the provider's id of the machine.
+    pub instance: String,
+    pub provider_id: String,
+    /// The command's exit status; -1 when it ended by a signal.
+    pub exit_code: i32,
+    /// base64 (standard alphabet) of the bytes the command wrote.
+    pub stdout: String,
+    pub stderr: String,
+    /// The stream was longer than [`EXEC_API_OUTPUT_MAX_BYTES`] and was cut.
+    pub stdout_cut: bool,
+    pub stderr_cut: bool,
+}
+
+impl ExecResponse {
+    /// Decoded stdout and stderr.
+    pub fn output(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+        use base64::Engine;
+        let decode = |field: &str, text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| {
+                    ServerError::Client(format!("exec answer: {field} is not base64: {e}"))
+                })
+        };
+        Ok((
+            decode("stdout", &self.stdout)?,
+            decode("stderr", &self.stderr)?,
+        ))
+    }
+}
+
 pub struct Client {
     agent: ureq::Agent,
     base: String,
@@ -148,6 +210,47 @@ impl Client {
             return serde_json::from_str(&text).or(Ok(Value::String(text)));
         }
         Err(remote_error(status, &text))
+    }
+
+    /// Runs a command on one machine (`POST /api/v1/exec`); waits as long
+    /// as the command may run, plus time for the answer.
+    pub fn exec(&self, request: &ExecRequest) -> Result<ExecResponse> {
+        use std::io::Read;
+        let path = "/api/v1/exec";
+        let wait = request
+            .timeout_seconds
+            .unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS)
+            .min(EXEC_MAX_TIMEOUT_SECONDS)
+            + 30;
+        let body =
+            serde_json::to_string(request).map_err(|e| ServerError::Internal(e.to_string()))?;
+        let outcome = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(wait))
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .set("Content-Type", "application/json")
+            .send_string(&body);
+        let response = match outcome {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(ureq::Error::Transport(t)) => {
+                return Err(ServerError::Client(format!("{} {path}: {t}", self.base)))
+            }
+        };
+        let status = response.status();
+        let mut text = String::new();
+        response
+            .into_reader()
+            .take(EXEC_ANSWER_MAX_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|e| ServerError::Client(format!("reading the answer to {path}: {e}")))?;
+        if !(200..300).contains(&status) {
+            return Err(remote_error(status, &text));
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            ServerError::Client(format!("the answer to {path} is not an exec answer: {e}"))
+        })
     }
 
     pub fn get(&self, path: &str) -> Result<Value> {

@@ -8,6 +8,12 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
     ("/healthz", "get", "Liveness", "none"),
     ("/openapi.json", "get", "This document", "none"),
     ("/metrics", "get", "Prometheus metrics", "admin"),
+    (
+        "/api/v1/exec",
+        "post",
+        "Run a command on a machine through its provider: {\"kind\": \"node\"|\"instance\", \"name\", \"argv\": [..], \"timeoutSeconds\"}; exit code, base64 stdout/stderr (each cut at 4 MiB); audited as an event without the output",
+        "admin",
+    ),
     ("/api/v1/cluster", "get", "The cluster spec", "admin"),
     (
         "/api/v1/cluster",

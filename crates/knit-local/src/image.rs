@@ -448,8 +448,10 @@ fn remove_unfinished(out: &Path) -> Result<()> {
 }
 
 /// Runs mmdebstrap in a private mount namespace (the /proc, /sys and /dev
-/// it mounts in the chroot go with it, even when it is killed), killed if
-/// knit dies, holding the build lock while any of its processes live.
+/// it mounts in the chroot go with it, even when it is killed: run
+/// directly, a killed mmdebstrap leaves them mounted and its dpkg running)
+/// and a PID namespace, all killed if knit dies, holding the build lock
+/// while any of its processes live.
 fn mmdebstrap(
     root: &Path,
     sources: &[PathBuf],
@@ -460,6 +462,11 @@ fn mmdebstrap(
         "--mount".into(),
         "--propagation".into(),
         "private".into(),
+        // Its own PID namespace, whose init (mmdebstrap) unshare kills when
+        // it dies: no dpkg or apt of a killed build keeps running.
+        "--pid".into(),
+        "--fork".into(),
+        "--kill-child".into(),
         "mmdebstrap".into(),
         "--mode=root".into(),
         "--format=directory".into(),

@@ -277,6 +277,20 @@ fn a_killed_build_leaves_no_half_image() {
         "{:?}",
         mounts_under(out.path())
     );
+    // No dpkg or apt of the killed build is left running in its chroot.
+    let survivors: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read_link(e.path().join("root")).is_ok_and(|r| r.starts_with(&build_dir))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        survivors.is_empty(),
+        "processes of the killed build: {survivors:?}"
+    );
     assert!(image::current(out.path()).unwrap().is_none());
     drop(lock);
     image::clean_unfinished(out.path()).unwrap();

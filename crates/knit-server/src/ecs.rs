@@ -738,7 +738,7 @@ impl Provider for EcsProvider {
              ( {command} ) </dev/null >\"$d/out\" 2>\"$d/err\"\n\
              s=$?\n\
              o=$(wc -c <\"$d/out\"); e=$(wc -c <\"$d/err\")\n\
-             echo \"knit-exec $s $o $e $d\"\n\
+             echo \"knit-exec $s $((o)) $((e)) $d\"\n\
              if [ $((o + e)) -le {INLINE_OUTPUT} ]; then base64 -w0 \"$d/out\"; echo; base64 -w0 \"$d/err\"; echo; rm -rf \"$d\"; fi\n"
         );
         let (code, out) = self.run_script(id, script, COMMAND_TIMEOUT).await?;
@@ -747,7 +747,7 @@ impl Provider for EcsProvider {
         let head: Vec<&str> = lines
             .next()
             .and_then(|l| l.strip_prefix("knit-exec "))
-            .map(|l| l.split(' ').collect())
+            .map(|l| l.splitn(4, ' ').collect())
             .unwrap_or_default();
         if code != 0 || head.len() != 4 {
             return Err(fail(format!(
@@ -760,9 +760,12 @@ impl Provider for EcsProvider {
             (head[1].parse().unwrap_or(0), head[2].parse().unwrap_or(0));
         let dir = head[3].to_string();
         if out_len + err_len <= INLINE_OUTPUT {
-            let decode = |l: Option<&str>| B64.decode(l.unwrap_or("").trim()).unwrap_or_default();
-            let stdout = decode(lines.next());
-            let stderr = decode(lines.next());
+            let decode = |l: Option<&str>| {
+                B64.decode(l.unwrap_or("").trim())
+                    .map_err(|e| fail(format!("exec inside {id}: output is not base64: {e}")))
+            };
+            let stdout = decode(lines.next())?;
+            let stderr = decode(lines.next())?;
             return Ok((status, stdout, stderr));
         }
         let stdout = self

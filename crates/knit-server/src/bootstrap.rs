@@ -45,6 +45,12 @@ pub trait ClusterJoin: Send + Sync {
     /// Removes the taint with `key` from a node; `false` when the node is
     /// not registered (yet).
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool>;
+    /// One annotation of a registered Node, as the node published it (e.g.
+    /// the kubelet's image report); `None` when the node or the annotation
+    /// is not there, or no cluster is attached.
+    async fn node_annotation(&self, _node: &str, _key: &str) -> Result<Option<String>> {
+        Ok(None)
+    }
 }
 
 /// No cluster attached: nodes get no join material (their `join` phase
@@ -120,10 +126,11 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
     // The gate taint is not added here: the agent registers it itself from
     // `userData.schedulingGate` (adding it twice makes the Node invalid).
     let taints = spec.taints.clone();
-    // SPEC §1 3.1: the runtime disk is the last data disk; its settings
-    // decide the filesystem and the mount target.
-    let data_disk = match spec.data_disks.last() {
-        Some(disk) => DataDiskConfig {
+    // SPEC §1 3.1: the runtime disk (knit_api::disk: the last NVMe data
+    // disk, else the last one, as the agent picks it); its settings decide
+    // the filesystem and the mount target.
+    let data_disk = match knit_api::disk::runtime_data_disk(&spec.data_disks) {
+        Some((_, disk)) => DataDiskConfig {
             enabled: disk.auto_format || disk.snapshot_id.is_some(),
             fs_type: if disk.fs_type == "xfs" {
                 FsType::Xfs

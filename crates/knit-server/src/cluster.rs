@@ -102,7 +102,7 @@ impl EmbeddedJoin {
     }
 
     /// One API call; `None` for 404. A body is sent as a JSON merge patch.
-    async fn call_with(
+    pub(crate) async fn call_with(
         &self,
         method: &'static str,
         path: String,
@@ -188,6 +188,14 @@ impl ClusterJoin for EmbeddedJoin {
             .call_with("PATCH", node_path(node)?, Some(patch))
             .await?
             .is_some())
+    }
+
+    async fn node_annotation(&self, node: &str, key: &str) -> Result<Option<String>> {
+        Ok(self.call("GET", node_path(node)?).await?.and_then(|n| {
+            n["metadata"]["annotations"][key]
+                .as_str()
+                .map(str::to_string)
+        }))
     }
 
     async fn node_statuses(&self) -> Result<Vec<(String, String)>> {

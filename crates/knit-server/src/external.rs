@@ -216,6 +216,15 @@ impl ClusterJoin for ExternalJoin {
         }
     }
 
+    async fn node_annotation(&self, node: &str, key: &str) -> Result<Option<String>> {
+        let found = self
+            .nodes()
+            .get_opt(node)
+            .await
+            .map_err(|e| external_err(format!("get node {node}: {e}")))?;
+        Ok(found.and_then(|n| n.metadata.annotations.and_then(|mut a| a.remove(key))))
+    }
+
     async fn node_status(&self, node: &str) -> Result<Option<String>> {
         let found = self
             .nodes()

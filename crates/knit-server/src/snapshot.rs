@@ -17,7 +17,8 @@
 //!    (`kubelet --ensure-images`, run through the provider's exec);
 //! 6. `clean`: per-node credentials removed from the disk, `sync`;
 //! 7. `stop`: the instance stopped;
-//! 8. `snapshot`: its first data disk snapshotted and recorded (Kubernetes
+//! 8. `snapshot`: its runtime disk ([`knit_api::disk`]: the disk the agent
+//!    mounted) snapshotted and recorded (Kubernetes
 //!    and containerd versions, images with digests, used bytes, pool, time);
 //! 9. `release`: the builder instance released unless `keepBuilder`, the
 //!    builder pool removed.
@@ -53,6 +54,20 @@ type Cp = Arc<ControlPlane>;
 const READY_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// Where the agent installs the package's binaries (the kubelet stand-in).
 const KUBELET: &str = "/usr/local/bin/kubelet";
+/// The `images` step's deadline (the pulls' own retries against an
+/// unreachable registry run for tens of minutes); the request's
+/// `imagesTimeoutSeconds` overrides it.
+const IMAGES_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// How often the `images` step says it is still pulling, and what.
+const IMAGES_PROGRESS_EVERY: Duration = Duration::from_secs(15);
+/// The pulls' log in the builder (the kubelet stand-in's stderr).
+const IMAGES_LOG: &str = "/var/log/knit/snapshot-images.log";
+/// What to do when the builder cannot pull.
+const REGISTRY_FIX: &str = "the nodes cannot pull from the registry: give the pool registry \
+     mirrors its nodes reach (spec.containerd.registryMirrors, e.g. \
+     {\"docker.io\": [\"http://10.213.0.1:5000\"]}, and insecureRegistries for plain HTTP), \
+     or run `knit registry up --seed` (and `--image` for your own) and name it there; \
+     see docs/snapshots.md";
 /// Provider calls of a clean-up are retried this many times.
 const CLEANUP_ATTEMPTS: u32 = 5;
 /// The `cleanup` message that ends a complete clean-up; a failed build
@@ -87,6 +102,9 @@ pub struct BuildRequest {
     pub name: Option<String>,
     #[serde(default)]
     pub keep_builder: bool,
+    /// Deadline of the `images` step (default 600 s).
+    #[serde(default)]
+    pub images_timeout_seconds: Option<u64>,
 }
 
 /// A build as the API shows it: the stored record, its messages and, once
@@ -200,15 +218,26 @@ fn uses(pool: &NodePool, snapshot: &str) -> bool {
         .any(|d| d.snapshot_id.as_deref() == Some(snapshot))
 }
 
-/// Warnings for a pool whose data disks come from snapshots: unknown to
-/// knit, or holding another Kubernetes version than the cluster. With
-/// `strict` a version mismatch is refused.
+/// Warnings at pool create and update (`warnings` in the answer, printed
+/// by the CLI as `Warning: …`): data disks from snapshots unknown to knit,
+/// holding another Kubernetes version than the cluster, or on a disk the
+/// agent does not mount; user data that touches an initialization marker
+/// too late (`UserDataMarkerTooLate`). With `strict` a version mismatch is
+/// refused.
 pub fn check_pool(cp: &ControlPlane, pool: &NodePool, strict: bool) -> Result<Vec<String>> {
     let cluster_version = cp.cluster_doc()?.spec.kubernetes_version;
     let known = cp.store.snapshots()?;
     let mut warnings = Vec::new();
+    let runtime = knit_api::disk::runtime_data_disk(&pool.spec.data_disks).map(|(i, _)| i);
     for (i, d) in pool.spec.data_disks.iter().enumerate() {
         let Some(id) = &d.snapshot_id else { continue };
+        if let Some(r) = runtime.filter(|r| *r != i) {
+            warnings.push(format!(
+                "spec.dataDisks[{i}].snapshotId: snapshot {id} is on data disk #{i}, but the \
+                 runtime disk (the one the agent mounts: the last data disk, NVMe preferred) is \
+                 #{r}: nodes will not use its caches; name the snapshot on spec.dataDisks[{r}]"
+            ));
+        }
         match known.iter().find(|s| &s.id == id) {
             None => warnings.push(format!(
                 "spec.dataDisks[{i}].snapshotId: snapshot {id} was not built by knit: \
@@ -230,6 +259,9 @@ pub fn check_pool(cp: &ControlPlane, pool: &NodePool, strict: bool) -> Result<Ve
             }
             Some(_) => {}
         }
+    }
+    for w in knit_api::validate::userdata_marker_warnings(&pool.spec.user_data) {
+        warnings.push(format!("{}: {} ({})", w.field, w.message, w.code));
     }
     Ok(warnings)
 }
@@ -304,7 +336,17 @@ pub async fn create(
         return Err(invalid(
             "pool",
             &req.pool,
-            "the pool has no data disk: a snapshot is made of the first data disk, the runtime's home",
+            "the pool has no data disk: a snapshot is made of the runtime disk (the last data disk, NVMe preferred), the runtime's home",
+        ));
+    }
+    if let Some(t) = req
+        .images_timeout_seconds
+        .filter(|t| !(1..=86_400).contains(t))
+    {
+        return Err(invalid(
+            "imagesTimeoutSeconds",
+            &t.to_string(),
+            "1 to 86400 seconds",
         ));
     }
     for img in &req.images {
@@ -641,6 +683,141 @@ where
     }
 }
 
+/// `sh -c` inside the builder: exit code, stdout, stderr.
+async fn sh_status(
+    cp: &ControlPlane,
+    provider_id: &str,
+    script: &str,
+) -> Result<(i32, String, String)> {
+    let (code, out, err) = cp
+        .provider()?
+        .exec(
+            provider_id,
+            &["sh".to_string(), "-c".to_string(), script.to_string()],
+        )
+        .await?;
+    Ok((
+        code,
+        String::from_utf8_lossy(&out).to_string(),
+        String::from_utf8_lossy(&err).to_string(),
+    ))
+}
+
+/// The last line of the pulls' log in the builder (for progress and
+/// errors); empty when it cannot be read.
+async fn last_pull_line(cp: &ControlPlane, provider_id: &str) -> String {
+    let Ok(provider) = cp.provider() else {
+        return String::new();
+    };
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        provider.read_file(provider_id, IMAGES_LOG),
+    )
+    .await;
+    let Ok(Ok(bytes)) = read else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    line.chars().take(400).collect()
+}
+
+/// Why the pulls failed, from the stand-in's report (stdout): each failed
+/// image with its registry's error.
+pub fn pull_failures(report: &str) -> Vec<String> {
+    let Ok(report) = serde_json::from_str::<Value>(report.trim()) else {
+        return Vec::new();
+    };
+    report["images"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| {
+            i["error"]
+                .as_str()
+                .map(|e| format!("{}: {e}", i["image"].as_str().unwrap_or("?")))
+        })
+        .collect()
+}
+
+/// Pulls `images` through CRI in the builder with a deadline (`timeout`
+/// in the builder, and the same bound here should the exec itself hang),
+/// noting progress every few seconds. A pull that fails or does not finish
+/// fails the build with the registry's error and the fix.
+async fn pull_images(
+    cp: &ControlPlane,
+    id: &str,
+    provider_id: &str,
+    images: &[String],
+    limit: Duration,
+) -> Result<String> {
+    let secs = limit.as_secs().max(1);
+    let script = format!(
+        "mkdir -p /var/log/knit; timeout -k 10 {secs} {KUBELET} --ensure-images={} 2>{IMAGES_LOG}",
+        quote(&images.join(","))
+    );
+    let started = Instant::now();
+    let pull = sh_status(cp, provider_id, &script);
+    tokio::pin!(pull);
+    let backstop = tokio::time::sleep(limit + Duration::from_secs(30));
+    tokio::pin!(backstop);
+    let mut tick = tokio::time::interval(IMAGES_PROGRESS_EVERY);
+    tick.tick().await;
+    let outcome = loop {
+        tokio::select! {
+            r = &mut pull => break Some(r?),
+            _ = &mut backstop => break None,
+            _ = tick.tick() => {
+                let last = last_pull_line(cp, provider_id).await;
+                note(cp, id, "images", format!(
+                    "still pulling after {}s (deadline {secs}s){}",
+                    started.elapsed().as_secs(),
+                    if last.is_empty() { String::new() } else { format!(": {last}") }
+                ))?;
+            }
+        }
+    };
+    let timed_out = |last: String| {
+        ServerError::Conflict(format!(
+            "images: not all of {} image(s) pulled within the deadline of {secs}s{}; {REGISTRY_FIX}",
+            images.len(),
+            if last.is_empty() { String::new() } else { format!(" (last: {last})") }
+        ))
+    };
+    match outcome {
+        None => Err(timed_out(last_pull_line(cp, provider_id).await)),
+        // `timeout` exits 124 (137 after its KILL).
+        Some((124 | 137, _, _)) => Err(timed_out(last_pull_line(cp, provider_id).await)),
+        Some((0, out, _)) => Ok(out),
+        Some((code, out, err)) => {
+            let failures = pull_failures(&out);
+            let why = if failures.is_empty() {
+                format!(
+                    "the pull exited {code}: {}",
+                    if err.trim().is_empty() {
+                        last_pull_line(cp, provider_id).await
+                    } else {
+                        err.trim().chars().take(400).collect()
+                    }
+                )
+            } else {
+                format!(
+                    "{} image(s) could not be pulled: {}",
+                    failures.len(),
+                    failures.join("; ")
+                )
+            };
+            Err(ServerError::Conflict(format!(
+                "images: {why}; {REGISTRY_FIX}"
+            )))
+        }
+    }
+}
+
 /// `sh -c` inside the builder; the output on success.
 async fn sh(cp: &ControlPlane, provider_id: &str, script: &str) -> Result<String> {
     let (code, out, err) = cp
@@ -869,17 +1046,15 @@ async fn build_on(
     )
     .await?;
 
-    // The package cache, verified file by file.
-    let mount = pool.spec.data_disks[0]
-        .mount_target
-        .clone()
-        .unwrap_or_else(|| knit_api::config::DEFAULT_DATA_DISK_MOUNT.to_string());
+    // The package cache, verified file by file, on the disk the agent
+    // mounted (the runtime disk).
+    let (disk_index, mount) = runtime_disk(pool)?;
     let cache = format!("{mount}/ack/kubernetes");
     let manifest = sh(cp, &provider_id, &format!("cat {}", quote(&format!("{cache}/knit-cache.json"))))
         .await
         .map_err(|e| {
             ServerError::Conflict(format!(
-                "the builder has no package cache at {cache} (is the first data disk mounted there?): {e}"
+                "the builder has no package cache at {cache} (is the runtime disk, data disk #{disk_index}, mounted there?): {e}"
             ))
         })?;
     let manifest: Value = serde_json::from_str(&manifest)
@@ -963,15 +1138,11 @@ async fn build_on(
             ),
         )?;
         let t = Instant::now();
-        let out = sh(
-            cp,
-            &provider_id,
-            &format!(
-                "{KUBELET} --ensure-images={} 2>/var/log/knit/snapshot-images.log",
-                quote(&all.join(","))
-            ),
-        )
-        .await?;
+        let limit = req
+            .images_timeout_seconds
+            .map(Duration::from_secs)
+            .unwrap_or(IMAGES_TIMEOUT);
+        let out = pull_images(cp, id, &provider_id, &all, limit).await?;
         let report: Value = serde_json::from_str(out.trim())
             .map_err(|e| ServerError::Internal(format!("image report {out:?}: {e}")))?;
         for img in report["images"].as_array().into_iter().flatten() {
@@ -1027,14 +1198,14 @@ async fn build_on(
     cp.provider()?.stop(&provider_id).await?;
     progress(cp, id, "stop", format!("instance {instance} stopped")).await?;
 
-    // Snapshot of the first data disk; its id is stored before anything
+    // Snapshot of the runtime disk; its id is stored before anything
     // else so that an interrupted build can delete it. It is named after
     // the build (its id: unique, unlike the build's name), so that the
     // clean-up finds one whose id never came back (server killed mid-call).
     let t = Instant::now();
     let snap = cp
         .provider()?
-        .snapshot_create(&provider_id, 0, &build.id)
+        .snapshot_create(&provider_id, disk_index, &build.id)
         .await?;
     cp.store.set_snapshot_build_snapshot(id, &snap.id)?;
     let record = SnapshotRecord {
@@ -1091,9 +1262,57 @@ async fn build_on(
     Ok(record)
 }
 
+/// The builder's runtime disk: its index among the pool's data disks (the
+/// provider's disk order) and its mount target. The same rule picks the
+/// disk the agent formats and mounts ([`knit_api::disk`]), so the snapshot
+/// holds what the node wrote.
+fn runtime_disk(pool: &NodePool) -> Result<(usize, String)> {
+    let (index, disk) =
+        knit_api::disk::runtime_data_disk(&pool.spec.data_disks).ok_or_else(|| {
+            invalid(
+                "pool",
+                &pool.metadata.name,
+                "the pool has no data disk: a snapshot is made of the runtime disk",
+            )
+        })?;
+    let mount = disk
+        .mount_target
+        .clone()
+        .unwrap_or_else(|| knit_api::config::DEFAULT_DATA_DISK_MOUNT.to_string());
+    Ok((index, mount))
+}
+
+/// The Node annotation in which the kubelet (stand-in) publishes its image
+/// report: `hit=N miss=N bytes=N[ failed=N]`.
+pub const IMAGE_CACHE_ANNOTATION: &str = "knit.dev/image-cache";
+/// The report's file beside the kubelet's state, with each image's outcome.
+const IMAGE_REPORT_FILE: &str = "/var/lib/kubelet/knit-images.json";
+/// Bound on each look at the cluster or into the instance for a describe.
+const DESCRIBE_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `hit=N miss=N bytes=N[ failed=N]` as the report's counters
+/// (`hit`, `miss`, `bytesPulled`, `failed`); `None` when malformed.
+pub fn parse_image_annotation(text: &str) -> Option<Value> {
+    let mut out = json!({"hit": 0, "miss": 0, "bytesPulled": 0, "failed": 0});
+    for part in text.split_whitespace() {
+        let (k, v) = part.split_once('=')?;
+        let v: u64 = v.parse().ok()?;
+        let key = match k {
+            "hit" | "miss" | "failed" => k,
+            "bytes" => "bytesPulled",
+            _ => continue,
+        };
+        out[key] = json!(v);
+    }
+    Some(out)
+}
+
 /// What a node took from caches (for `knit describe node`): the package
-/// (from the agent's kubernetes-components report) and the system images
-/// (the kubelet stand-in's report on the node, read through the provider).
+/// (from the agent's kubernetes-components report) and the system images.
+/// The images come from the node's own published report (the kubelet's
+/// Node annotation, read from the cluster: what the node's credential
+/// wrote); each image's outcome (failed pulls with their error) is added
+/// from the report file inside the instance when the provider can read it.
 pub async fn node_cache(
     cp: &ControlPlane,
     node: &crate::store::NodeRecord,
@@ -1116,18 +1335,37 @@ pub async fn node_cache(
             .unwrap_or(0);
         out["package"] = json!({"cacheHit": hit, "bytesDownloaded": if hit { 0 } else { bytes }});
     }
-    let Some(pid) = instance.and_then(|i| i.provider_id.clone()) else {
-        return out;
-    };
-    let Ok(provider) = cp.provider() else {
-        return out;
-    };
-    if let Ok(bytes) = provider
-        .read_file(&pid, "/var/lib/kubelet/knit-images.json")
+    let published = tokio::time::timeout(
+        DESCRIBE_READ_TIMEOUT,
+        cp.cluster
+            .node_annotation(&node.name, IMAGE_CACHE_ANNOTATION),
+    )
+    .await;
+    if let Ok(Ok(Some(text))) = published {
+        if let Some(mut summary) = parse_image_annotation(&text) {
+            summary["source"] = json!("node annotation");
+            out["images"] = summary;
+        }
+    }
+    let detail = async {
+        let pid = instance.and_then(|i| i.provider_id.clone())?;
+        let provider = cp.provider().ok()?;
+        let bytes = tokio::time::timeout(
+            DESCRIBE_READ_TIMEOUT,
+            provider.read_file(&pid, IMAGE_REPORT_FILE),
+        )
         .await
-    {
-        if let Ok(report) = serde_json::from_slice::<Value>(&bytes) {
+        .ok()?
+        .ok()?;
+        serde_json::from_slice::<Value>(&bytes).ok()
+    };
+    if let Some(report) = detail.await {
+        if out["images"].is_null() {
+            // No cluster to publish to (or not published yet): the file.
             out["images"] = report;
+            out["images"]["source"] = json!("report file");
+        } else if report["images"].is_array() {
+            out["images"]["images"] = report["images"].clone();
         }
     }
     out
@@ -1321,5 +1559,123 @@ mod tests {
         let w = check_pool(&cp, &pool("s-other"), true).unwrap();
         assert!(w[0].contains("not built by knit"), "{w:?}");
         assert!(uses(&pool("s-old"), "s-old") && !uses(&pool("s-old"), "s-fresh"));
+    }
+
+    /// Two data disks: the builder snapshots the disk the agent mounted
+    /// (the last one; before, it took the first, an empty disk), and the
+    /// node's configuration names that disk's mount target.
+    #[test]
+    fn the_builder_snapshots_the_disk_the_agent_mounts() {
+        let pool = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  dataDisks:\n  - {mountTarget: /mnt/logs}\n  - {mountTarget: /var/lib/container}\n",
+        )
+        .unwrap();
+        let (index, mount) = runtime_disk(&pool).unwrap();
+        assert_eq!((index, mount.as_str()), (1, "/var/lib/container"));
+        let instance = crate::store::InstanceRecord {
+            name: "p-abcde".into(),
+            pool: "p".into(),
+            provider_id: Some("i-1".into()),
+            state: "Running".into(),
+            ip: None,
+            instance_type: "ecs.g7.large".into(),
+            report_token_hash: None,
+            last_error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            added: false,
+        };
+        let config = crate::bootstrap::node_config(crate::bootstrap::NodeConfigInput {
+            cluster: &knit_api::Cluster::default(),
+            pool: &pool,
+            instance: &instance,
+            join: None,
+            package: crate::bootstrap::PackageRef {
+                url: "https://10.213.0.1:7443/mirror/pkg/kubernetes/".into(),
+                sha256: None,
+            },
+            report_url: "https://10.213.0.1:7443/report/v1/events".into(),
+            report_token: "t".into(),
+            control_plane_ca_pem: "pem".into(),
+        });
+        assert_eq!(config.data_disk.mount_target, mount);
+        // Inside the instance the disks are vdb, vdc: the agent's rule
+        // picks the device of the same index.
+        assert_eq!(knit_api::disk::runtime_device(&["vdb", "vdc"]), Some("vdc"));
+        let none = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec: {}\n",
+        )
+        .unwrap();
+        assert!(runtime_disk(&none).is_err());
+    }
+
+    /// A node whose kubelet published a report of 3 failed pulls (its Node
+    /// annotation, in a real embedded cluster): `describe node` gets the
+    /// counters from the cluster (before: only the file inside the
+    /// instance was read, so "no report from the kubelet yet").
+    #[test]
+    fn describe_reads_the_image_report_the_node_published() {
+        assert_eq!(
+            parse_image_annotation("hit=2 miss=1 bytes=42 failed=3").unwrap(),
+            json!({"hit": 2, "miss": 1, "bytesPulled": 42, "failed": 3})
+        );
+        assert!(parse_image_annotation("hit=x").is_none());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg = knit_cluster::ClusterConfig::new(
+                dir.path().join("cluster"),
+                "127.0.0.1:0".parse().unwrap(),
+            );
+            let cluster = knit_cluster::EmbeddedCluster::start(cfg).await.unwrap();
+            let join =
+                crate::cluster::EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
+            let node_doc = json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": "n-1",
+                    "annotations": {IMAGE_CACHE_ANNOTATION: "hit=0 miss=0 bytes=0 failed=3"}
+                }
+            });
+            join.call_with("POST", "/api/v1/nodes".into(), Some(node_doc))
+                .await
+                .unwrap()
+                .expect("node created");
+            let join = Arc::new(join);
+            let store = crate::store::Store::open(&dir.path().join("k.db")).unwrap();
+            let cp = ControlPlane::new(
+                store,
+                None,
+                join.clone(),
+                crate::control::Settings::new(dir.path().to_path_buf()),
+                String::new(),
+                String::new(),
+                String::new(),
+            );
+            let node = crate::store::NodeRecord {
+                name: "n-1".into(),
+                instance: "p-abcde".into(),
+                pool: "p".into(),
+                status: "Ready".into(),
+                phase: None,
+                phase_outcome: None,
+                error_code: None,
+                error: None,
+                created_ms: 0,
+                updated_ms: 0,
+                user_data: None,
+            };
+            let cache = node_cache(&cp, &node, None).await;
+            assert_eq!(cache["images"]["failed"], 3, "{cache}");
+            assert_eq!(cache["images"]["source"], "node annotation", "{cache}");
+            // A node that published nothing: no report.
+            let other = crate::store::NodeRecord {
+                name: "n-2".into(),
+                ..node
+            };
+            assert!(node_cache(&cp, &other, None).await["images"].is_null());
+            join.stop();
+        });
     }
 }

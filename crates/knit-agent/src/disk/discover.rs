@@ -260,18 +260,19 @@ pub fn discover(host: &Host) -> Result<Vec<BlockDisk>> {
     Ok(disks)
 }
 
-/// SPEC §1 3.1: NVMe preferred; among the preferred kind, the last by
-/// byte-wise lexicographic order of the device name.
+/// SPEC §1 3.1: the runtime disk, by the rule the server also uses
+/// ([`knit_api::disk::runtime_device`]): NVMe preferred; among the
+/// preferred kind, the last device name in attach order.
 pub fn choose(disks: &[BlockDisk]) -> Option<&BlockDisk> {
-    let usable: Vec<&BlockDisk> = disks.iter().filter(|d| d.excluded.is_none()).collect();
-    let last = |nvme: bool| {
-        usable
-            .iter()
-            .filter(|d| d.is_nvme() == nvme)
-            .max_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()))
-            .copied()
-    };
-    last(true).or_else(|| last(false))
+    let usable: Vec<&str> = disks
+        .iter()
+        .filter(|d| d.excluded.is_none())
+        .map(|d| d.name.as_str())
+        .collect();
+    let name = knit_api::disk::runtime_device(&usable)?;
+    disks
+        .iter()
+        .find(|d| d.excluded.is_none() && d.name == name)
 }
 
 #[cfg(test)]

@@ -232,8 +232,10 @@ const POOL_NO_AUTO_SCALING: Check = c("pool-no-auto-scaling", "PreflightAutoScal
 const NEW_PASSWORD: Check = c("new-password", "PreflightPasswordRequired");
 const SWAP_OFF: Check = c("swap-off", "PreflightSwapOn");
 const OS_ALLOWED: Check = c("os-allowed", "PreflightOsNotAllowed");
+const OS_UNLISTED: Check = c("os-allowed", "PreflightOsUnlisted");
 const INSTANCE_TYPE: Check = c("instance-type", "PreflightInstanceTypeUnsupported");
 const INSTANCE_TYPE_MIG: Check = c("instance-type", "PreflightMigReset");
+const INSTANCE_TYPE_IN_POOL: Check = c("instance-type-in-pool", "PreflightInstanceTypeNotInPool");
 const API_WHITELIST: Check = c("api-whitelist", "PreflightNotWhitelisted");
 const SG_TYPE: Check = c("security-group-type", "PreflightSecurityGroupType");
 const SG_API_ACCESS: Check = c(
@@ -264,8 +266,10 @@ const ALL_CHECKS: &[Check] = &[
     NEW_PASSWORD,
     SWAP_OFF,
     OS_ALLOWED,
+    OS_UNLISTED,
     INSTANCE_TYPE,
     INSTANCE_TYPE_MIG,
+    INSTANCE_TYPE_IN_POOL,
     API_WHITELIST,
     SG_TYPE,
     SG_API_ACCESS,
@@ -574,6 +578,25 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
         );
     }
 
+    // The pool manages several instance types; an added instance's type
+    // must be one of them (the add-existing seed's precondition).
+    o.require(
+        INSTANCE_TYPE_IN_POOL,
+        ps.instance_types.contains(&i.instance_type),
+        format!("instance type {} is in pool {pool_name}'s instance types", i.instance_type),
+        failure(
+            format!(
+                "instance type {} is not in pool {pool_name}'s instance types ({})",
+                i.instance_type,
+                ps.instance_types.join(", ")
+            ),
+            format!(
+                "add {} to the pool's spec.instanceTypes (knit apply -f), or add an instance of one of the listed types",
+                i.instance_type
+            ),
+        ),
+    );
+
     // API server whitelist.
     match ip {
         Some(a) => o.require(
@@ -723,6 +746,88 @@ fn check_terway(o: &mut Out, cluster: &Cluster, pool: &NodePool, i: &InstanceFac
     );
 }
 
+/// One supported OS release and the Kubernetes minors it runs (inclusive;
+/// `None`: no bound). Used for instances added in manual mode (their OS is
+/// kept).
+struct OsSupport {
+    /// os-release `ID` values of the distribution.
+    ids: &'static [&'static str],
+    /// os-release `VERSION_ID`: equal, or this followed by `.` (`2` takes
+    /// `2.1903`).
+    version: &'static str,
+    name: &'static str,
+    oldest: Option<(u32, u32)>,
+    newest: Option<(u32, u32)>,
+}
+
+const fn os(
+    ids: &'static [&'static str],
+    version: &'static str,
+    name: &'static str,
+    oldest: Option<(u32, u32)>,
+    newest: Option<(u32, u32)>,
+) -> OsSupport {
+    OsSupport {
+        ids,
+        version,
+        name,
+        oldest,
+        newest,
+    }
+}
+
+const ALINUX: &[&str] = &["alinux", "aliyun"];
+const RHEL_LIKE: &[&str] = &["rhel", "rocky", "almalinux"];
+
+/// Supported OS releases per Kubernetes version, in one place
+/// (docs/add-existing.md shows it). CentOS 7 and Alibaba Cloud Linux 2 end
+/// at 1.30 (the add-existing seed); the other bounds are knit's, from each
+/// release's kernel, cgroup and glibc support and its end of life.
+const OS_SUPPORT: &[OsSupport] = &[
+    os(&["centos"], "7", "CentOS 7", None, Some((1, 30))),
+    os(ALINUX, "2", "Alibaba Cloud Linux 2", None, Some((1, 30))),
+    os(ALINUX, "3", "Alibaba Cloud Linux 3", Some((1, 20)), None),
+    os(
+        RHEL_LIKE,
+        "8",
+        "Red Hat Enterprise Linux 8 family",
+        Some((1, 22)),
+        None,
+    ),
+    os(
+        RHEL_LIKE,
+        "9",
+        "Red Hat Enterprise Linux 9 family",
+        Some((1, 26)),
+        None,
+    ),
+    os(&["anolis"], "8", "Anolis OS 8", Some((1, 22)), None),
+    os(&["kylin"], "v10", "Kylin V10", Some((1, 22)), None),
+    os(&["ubuntu"], "20.04", "Ubuntu 20.04", None, Some((1, 30))),
+    os(&["ubuntu"], "22.04", "Ubuntu 22.04", Some((1, 24)), None),
+    os(&["ubuntu"], "24.04", "Ubuntu 24.04", Some((1, 30)), None),
+    os(&["debian"], "11", "Debian 11", Some((1, 22)), Some((1, 32))),
+    os(&["debian"], "12", "Debian 12", Some((1, 26)), None),
+];
+
+fn os_row(id: &str, version: &str) -> Option<&'static OsSupport> {
+    OS_SUPPORT.iter().find(|r| {
+        r.ids.contains(&id)
+            && version
+                .strip_prefix(r.version)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
+}
+
+fn range_text(r: &OsSupport) -> String {
+    match (r.oldest, r.newest) {
+        (Some((a, b)), Some((c, d))) => format!("Kubernetes {a}.{b} to {c}.{d}"),
+        (Some((a, b)), None) => format!("Kubernetes {a}.{b} and newer"),
+        (None, Some((c, d))) => format!("Kubernetes up to {c}.{d}"),
+        (None, None) => "every Kubernetes version".into(),
+    }
+}
+
 fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
     let id = i.os_id.to_ascii_lowercase();
     let name = if i.os_name.is_empty() {
@@ -740,8 +845,6 @@ fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
     }
     let windows = id.contains("windows");
     let container_os = id == "lifsea" || id.contains("containeros");
-    let eol = (id == "centos" && i.os_version.starts_with('7'))
-        || (matches!(id.as_str(), "aliyun" | "alinux") && i.os_version.starts_with('2'));
     if windows || container_os {
         o.fail(
             OS_ALLOWED,
@@ -750,13 +853,28 @@ fn check_os(o: &mut Out, version: &str, i: &InstanceFacts, mode: Mode) {
                 "use automatic mode (the pool's image replaces the OS) or another instance",
             ),
         );
-    } else if eol && minor(version) > (1, 30) {
+        return;
+    }
+    let Some(row) = os_row(&id, i.os_version.trim()) else {
+        o.warn(OS_UNLISTED, failure(
+            format!("{name} (ID {}, VERSION_ID {}) is not in knit's table of supported OS releases; it may work with Kubernetes {version}, untested", i.os_id, i.os_version),
+            "use automatic mode (the pool's image replaces the OS), or an OS release listed in docs/add-existing.md",
+        ));
+        return;
+    };
+    let cluster = minor(version);
+    let too_old = row.oldest.is_some_and(|m| cluster < m);
+    let too_new = row.newest.is_some_and(|m| cluster > m);
+    if too_old || too_new {
         o.fail(OS_ALLOWED, failure(
-            format!("{name} is end of life and supported only up to Kubernetes 1.30; the cluster runs {version}"),
-            "use automatic mode (the pool's image replaces the OS) or upgrade the OS",
+            format!("{} is supported with {}; the cluster runs {version}", row.name, range_text(row)),
+            "use automatic mode (the pool's image replaces the OS) or an OS release that supports the cluster's version",
         ));
     } else {
-        o.pass(OS_ALLOWED, name);
+        o.pass(
+            OS_ALLOWED,
+            format!("{name}: {} supports {}", row.name, range_text(row)),
+        );
     }
 }
 
@@ -963,7 +1081,7 @@ mod tests {
     fn a_good_instance_passes_every_check() {
         let r = check(&terway(), &pool(), &good(), &Context::default());
         assert!(r.passed(), "{r:?}");
-        assert_eq!(r.results.len(), 23);
+        assert_eq!(r.results.len(), 24);
     }
 
     #[test]
@@ -1165,18 +1283,117 @@ mod tests {
     }
     #[test]
     fn instance_type() {
+        // Each family is listed in the pool: only the family check speaks.
+        let set = |p: &mut NodePool, i: &mut InstanceFacts, t: &str| {
+            i.instance_type = t.into();
+            p.spec.instance_types.push(t.into());
+        };
         pair(
             "instance-type",
             Status::Error,
             "PreflightInstanceTypeUnsupported",
-            |_, _, i, _| i.instance_type = "ecs.t5.small".into(),
+            |_, p, i, _| set(p, i, "ecs.t5.small"),
         );
         pair(
             "instance-type",
             Status::Warning,
             "PreflightMigReset",
-            |_, _, i, _| i.instance_type = "ecs.ebmgn7e.32xlarge".into(),
+            |_, p, i, _| set(p, i, "ecs.ebmgn7e.32xlarge"),
         );
+    }
+    #[test]
+    fn instance_type_in_pool() {
+        // The seed's precondition: an instance of a type the pool does not
+        // list is refused (before, it was accepted).
+        pair(
+            "instance-type-in-pool",
+            Status::Error,
+            "PreflightInstanceTypeNotInPool",
+            |_, _, i, _| i.instance_type = "ecs.c7.xlarge".into(),
+        );
+        let mut p = pool();
+        p.spec.instance_types = vec!["ecs.g7.large".into(), "ecs.c7.xlarge".into()];
+        let i = InstanceFacts {
+            instance_type: "ecs.c7.xlarge".into(),
+            ..good()
+        };
+        let r = result(
+            &terway(),
+            &p,
+            &i,
+            &Context::default(),
+            "instance-type-in-pool",
+        );
+        assert_eq!(r.status, Status::Pass, "{r:?}");
+        let bad = result(
+            &terway(),
+            &pool(),
+            &i,
+            &Context::default(),
+            "instance-type-in-pool",
+        );
+        assert!(
+            bad.message.contains("ecs.c7.xlarge") && bad.fix.contains("spec.instanceTypes"),
+            "{bad:?}"
+        );
+    }
+    #[test]
+    fn os_table_per_kubernetes_version() {
+        let manual = Context {
+            mode: Mode::Manual,
+            ..Context::default()
+        };
+        let at = |k8s: &str, id: &str, v: &str| {
+            let mut c = terway();
+            c.spec.kubernetes_version = k8s.into();
+            let i = InstanceFacts {
+                os_id: id.into(),
+                os_version: v.into(),
+                os_name: String::new(),
+                ..good()
+            };
+            result(&c, &pool(), &i, &manual, "os-allowed")
+        };
+        // Beyond the seed's one example: the table's bounds, both ways.
+        let r = at("1.31.5", "ubuntu", "20.04");
+        assert_eq!(
+            (r.status, r.code.as_str()),
+            (Status::Error, "PreflightOsNotAllowed"),
+            "{r:?}"
+        );
+        assert!(
+            r.message.contains("up to 1.30") && r.message.contains("1.31.5"),
+            "{r:?}"
+        );
+        assert_eq!(at("1.30.7", "ubuntu", "20.04").status, Status::Pass);
+        let r = at("1.22.3", "debian", "12");
+        assert_eq!(r.status, Status::Error, "{r:?}");
+        assert!(r.message.contains("1.26 and newer"), "{r:?}");
+        assert_eq!(at("1.33.1", "debian", "11").status, Status::Error);
+        assert_eq!(at("1.31.5", "rocky", "9.4").status, Status::Pass);
+        assert_eq!(at("1.31.5", "alinux", "3").status, Status::Pass);
+        assert_eq!(at("1.31.5", "aliyun", "2.1903").status, Status::Error);
+        // A release the table does not list: a warning, not a pass.
+        let r = at("1.31.5", "debian", "13");
+        assert_eq!(
+            (r.status, r.code.as_str()),
+            (Status::Warning, "PreflightOsUnlisted"),
+            "{r:?}"
+        );
+        let r = at("1.31.5", "gentoo", "2.15");
+        assert_eq!(r.status, Status::Warning, "{r:?}");
+        // Every row's bounds are ordered and its name is in the docs.
+        let doc = include_str!("../../../docs/add-existing.md");
+        for row in OS_SUPPORT {
+            if let (Some(a), Some(b)) = (row.oldest, row.newest) {
+                assert!(a <= b, "{}", row.name);
+            }
+            assert!(
+                doc.contains(row.name),
+                "{} is not in docs/add-existing.md",
+                row.name
+            );
+        }
     }
     #[test]
     fn api_whitelist() {

@@ -114,7 +114,18 @@ fn client_credentials(
     cfg: &KubeletConfig,
     name: &str,
 ) -> Result<Kubeconfig, SimError> {
-    if flags.kubeconfig.exists() {
+    credentials(flags, cfg, name, false)
+}
+
+/// Like `client_credentials`; with `refused`, the existing certificate was
+/// refused by the server and is not used again.
+fn credentials(
+    flags: &Flags,
+    cfg: &KubeletConfig,
+    name: &str,
+    refused: bool,
+) -> Result<Kubeconfig, SimError> {
+    if flags.kubeconfig.exists() && !refused {
         match Kubeconfig::load(&flags.kubeconfig) {
             Ok(kc)
                 if certs::load_current(&flags.cert_dir).is_some()
@@ -206,7 +217,18 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     let (qps, burst) = (cfg.kube_api_qps, cfg.kube_api_burst);
     let mut client = Client::new(&kc, qps, burst)?;
     let mut agent = NodeAgent::new(name.clone(), flags.clone(), cfg.clone())?;
-    with_retry("registering the node", || agent.register(&client))?;
+    match with_retry("registering the node", || agent.register(&client)) {
+        // The server revokes a node's certificates when its Node is
+        // deleted: a machine joined again (new bootstrap token) must not
+        // keep failing on the old one.
+        Err(SimError::Api { code: 401, .. }) if flags.bootstrap_kubeconfig.is_some() => {
+            tracing::warn!("the API server refused the existing client certificate (401; revoked when this node was removed?); bootstrapping again");
+            kc = credentials(&flags, &cfg, &name, true)?;
+            client = Client::new(&kc, qps, burst)?;
+            with_retry("registering the node", || agent.register(&client))?;
+        }
+        other => other?,
+    }
 
     let images = start_image_ensure(&flags, &cfg)?;
     let mut image_report: Option<images::ImageReport> = None;

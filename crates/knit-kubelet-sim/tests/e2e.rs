@@ -570,3 +570,68 @@ async fn a_pool_of_two_nodes_goes_ready_and_kubectl_lists_them() {
     .await;
     c.shutdown().await;
 }
+
+/// A node removed from the cluster (its Node deleted, which revokes its
+/// client certificate) and joined again with a new bootstrap token, with
+/// the old kubelet files still on disk: the stand-in finds the old
+/// certificate refused (401) and bootstraps again instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joined_again_after_removal_bootstraps_a_new_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(
+        &dir.path().join("cluster"),
+        Duration::from_secs(40),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let token = c
+        .create_bootstrap_token(Some("again-1"), Duration::from_secs(600), &[])
+        .unwrap();
+    let f = NodeFiles::new(
+        &dir.path().join("node"),
+        c.endpoint(),
+        c.ca_pem(),
+        &token.token(),
+    );
+    let nowhere = dir.path().join("no-runtime.sock");
+    let args = f.args("again-1", &nowhere, &["--lightweight"]);
+    let sim = spawn(SIM, &args, dir.path().join("sim.log"));
+    let admin = Client::admin(&c);
+    let admin2 = admin.clone();
+    let mut sim = blocking(move || {
+        wait_node(&admin2, "again-1", "Ready", &sim, |n| ready(n).0 == "True");
+        sim
+    })
+    .await;
+    sim.kill();
+    let admin2 = admin.clone();
+    blocking(move || {
+        assert_eq!(
+            admin2.call("DELETE", "/api/v1/nodes/again-1", None, None).0,
+            200
+        );
+    })
+    .await;
+    // Joined again: a new token in the bootstrap kubeconfig, old files kept.
+    let token = c
+        .create_bootstrap_token(Some("again-1"), Duration::from_secs(600), &[])
+        .unwrap();
+    bootstrap_kubeconfig(
+        &f.path("etc/kubernetes/bootstrap-kubelet.conf"),
+        c.endpoint(),
+        c.ca_pem(),
+        &token.token(),
+    );
+    assert!(f
+        .path("var/lib/kubelet/pki/kubelet-client-current.pem")
+        .exists());
+    let sim = spawn(SIM, &args, dir.path().join("sim2.log"));
+    blocking(move || {
+        wait_node(&admin, "again-1", "Ready again", &sim, |n| {
+            ready(n).0 == "True"
+        });
+        assert!(sim.log().contains("bootstrapping again"), "{}", sim.log());
+    })
+    .await;
+    c.shutdown().await;
+}

@@ -9,8 +9,8 @@
 use crate::error::{Result, ServerError};
 use crate::preflight::{DiskFacts, InstanceFacts, RuleFacts, SecurityGroupFacts};
 use crate::provider::{
-    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, READ_FILE_MAX_BYTES,
-    READ_FILE_TIMEOUT, TAG_NAME,
+    timed_out, ExecOutput, InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot,
+    EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
 };
 use async_trait::async_trait;
 use base64::Engine;
@@ -354,6 +354,23 @@ impl EcsProvider {
         max: usize,
         limit: Duration,
     ) -> Result<Vec<u8>> {
+        match self.read_chunks(id, path, max, limit).await? {
+            (_, true) => Err(fail(format!(
+                "{path} inside {id} is larger than {max} bytes"
+            ))),
+            (data, false) => Ok(data),
+        }
+    }
+
+    /// At most `max` bytes of a regular file inside the instance, and
+    /// whether there was more: reading stops at the chunk past the cap.
+    async fn read_chunks(
+        &self,
+        id: &str,
+        path: &str,
+        max: usize,
+        limit: Duration,
+    ) -> Result<(Vec<u8>, bool)> {
         let started = Instant::now();
         let mut data = Vec::new();
         for index in 0.. {
@@ -383,15 +400,103 @@ impl EcsProvider {
             let last = chunk.len() < CHUNK;
             data.extend_from_slice(&chunk);
             if data.len() > max {
-                return Err(fail(format!(
-                    "{path} inside {id} is larger than {max} bytes"
-                )));
+                data.truncate(max);
+                return Ok((data, true));
             }
             if last {
                 break;
             }
         }
-        Ok(data)
+        Ok((data, false))
+    }
+
+    /// A command inside the instance, ended after `limit` inside the
+    /// instance itself (`timeout -s KILL`, and Cloud Assistant's own
+    /// Timeout just after), each stream cut at `max_output` bytes without
+    /// reading past it. The streams go to files in a `mktemp -d` directory:
+    /// small ones come back in the same answer, larger ones in chunks.
+    pub async fn exec_bounded(
+        &self,
+        id: &str,
+        argv: &[String],
+        limit: Duration,
+        max_output: usize,
+    ) -> Result<ExecOutput> {
+        if argv.is_empty() {
+            return Err(fail("exec: an empty command".into()));
+        }
+        let secs = limit.as_secs().max(1);
+        let command = argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ");
+        let script = format!(
+            "d=$(mktemp -d \"${{TMPDIR:-/tmp}}/knit-exec.XXXXXX\") || exit 125\n\
+             timeout -s KILL {secs} {command} </dev/null >\"$d/out\" 2>\"$d/err\"\n\
+             s=$?\n\
+             o=$(wc -c <\"$d/out\"); e=$(wc -c <\"$d/err\")\n\
+             echo \"knit-exec $s $((o)) $((e)) $d\"\n\
+             if [ $((o + e)) -le {INLINE_OUTPUT} ]; then base64 -w0 \"$d/out\"; echo; base64 -w0 \"$d/err\"; echo; rm -rf \"$d\"; fi\n"
+        );
+        let (code, out) = self
+            .run_script(id, script, limit + Duration::from_secs(60))
+            .await?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines
+            .next()
+            .and_then(|l| l.strip_prefix("knit-exec "))
+            .map(|l| l.splitn(4, ' ').collect())
+            .unwrap_or_default();
+        if code != 0 || head.len() != 4 {
+            return Err(fail(format!(
+                "exec inside {id} could not start (exit {code}): {}",
+                text.trim()
+            )));
+        }
+        let status: i32 = head[0].parse().unwrap_or(-1);
+        let (out_len, err_len): (usize, usize) =
+            (head[1].parse().unwrap_or(0), head[2].parse().unwrap_or(0));
+        let dir = head[3].to_string();
+        let output = if out_len + err_len <= INLINE_OUTPUT {
+            let decode = |l: Option<&str>| {
+                B64.decode(l.unwrap_or("").trim())
+                    .map_err(|e| fail(format!("exec inside {id}: output is not base64: {e}")))
+            };
+            let stdout = decode(lines.next())?;
+            let stderr = decode(lines.next())?;
+            ExecOutput {
+                code: status,
+                stdout,
+                stderr,
+                ..ExecOutput::default()
+            }
+        } else {
+            let stdout = self
+                .read_chunks(id, &format!("{dir}/out"), max_output, READ_FILE_TIMEOUT)
+                .await;
+            let stderr = self
+                .read_chunks(id, &format!("{dir}/err"), max_output, READ_FILE_TIMEOUT)
+                .await;
+            // Removed whatever the reads did.
+            let _ = self
+                .run_script(
+                    id,
+                    format!("rm -rf {}\n", quote(&dir)),
+                    Duration::from_secs(60),
+                )
+                .await;
+            let ((stdout, stdout_cut), (stderr, stderr_cut)) = (stdout?, stderr?);
+            ExecOutput {
+                code: status,
+                stdout,
+                stderr,
+                stdout_cut,
+                stderr_cut,
+            }
+        };
+        // timeout(1) with -s KILL: 137 when it ended the command.
+        if status == 137 {
+            return Err(timed_out("ecs", "exec", id, limit));
+        }
+        Ok(output.capped(max_output))
     }
 
     /// RebootInstance, waited for until Running again.
@@ -726,73 +831,21 @@ impl Provider for EcsProvider {
             .collect())
     }
 
-    /// The command's output streams go to files inside the instance; small
-    /// ones come back in the same answer, larger ones are read in chunks.
     async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
-        if argv.is_empty() {
-            return Err(fail("exec: an empty command".into()));
-        }
-        let command = argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ");
-        let script = format!(
-            "d=$(mktemp -d \"${{TMPDIR:-/tmp}}/knit-exec.XXXXXX\") || exit 125\n\
-             ( {command} ) </dev/null >\"$d/out\" 2>\"$d/err\"\n\
-             s=$?\n\
-             o=$(wc -c <\"$d/out\"); e=$(wc -c <\"$d/err\")\n\
-             echo \"knit-exec $s $((o)) $((e)) $d\"\n\
-             if [ $((o + e)) -le {INLINE_OUTPUT} ]; then base64 -w0 \"$d/out\"; echo; base64 -w0 \"$d/err\"; echo; rm -rf \"$d\"; fi\n"
-        );
-        let (code, out) = self.run_script(id, script, COMMAND_TIMEOUT).await?;
-        let text = String::from_utf8_lossy(&out).into_owned();
-        let mut lines = text.lines();
-        let head: Vec<&str> = lines
-            .next()
-            .and_then(|l| l.strip_prefix("knit-exec "))
-            .map(|l| l.splitn(4, ' ').collect())
-            .unwrap_or_default();
-        if code != 0 || head.len() != 4 {
-            return Err(fail(format!(
-                "exec inside {id} could not start (exit {code}): {}",
-                text.trim()
-            )));
-        }
-        let status: i32 = head[0].parse().unwrap_or(-1);
-        let (out_len, err_len): (usize, usize) =
-            (head[1].parse().unwrap_or(0), head[2].parse().unwrap_or(0));
-        let dir = head[3].to_string();
-        if out_len + err_len <= INLINE_OUTPUT {
-            let decode = |l: Option<&str>| {
-                B64.decode(l.unwrap_or("").trim())
-                    .map_err(|e| fail(format!("exec inside {id}: output is not base64: {e}")))
-            };
-            let stdout = decode(lines.next())?;
-            let stderr = decode(lines.next())?;
-            return Ok((status, stdout, stderr));
-        }
-        let stdout = self
-            .read_chunked(
-                id,
-                &format!("{dir}/out"),
-                READ_FILE_MAX_BYTES,
-                READ_FILE_TIMEOUT,
-            )
-            .await;
-        let stderr = self
-            .read_chunked(
-                id,
-                &format!("{dir}/err"),
-                READ_FILE_MAX_BYTES,
-                READ_FILE_TIMEOUT,
-            )
-            .await;
-        // Removed whatever the reads did.
-        let _ = self
-            .run_script(
-                id,
-                format!("rm -rf {}\n", quote(&dir)),
-                Duration::from_secs(60),
-            )
-            .await;
-        Ok((status, stdout?, stderr?))
+        Ok(self
+            .exec_bounded(id, argv, EXEC_TIMEOUT, EXEC_OUTPUT_MAX_BYTES)
+            .await?
+            .into_parts())
+    }
+
+    async fn exec_limited(
+        &self,
+        id: &str,
+        argv: &[String],
+        limit: Duration,
+        max_output: usize,
+    ) -> Result<ExecOutput> {
+        self.exec_bounded(id, argv, limit, max_output).await
     }
 
     async fn facts(&self, id: &str) -> Result<InstanceFacts> {

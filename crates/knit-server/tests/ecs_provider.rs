@@ -125,6 +125,30 @@ async fn every_operation_over_the_fake() {
     assert_eq!(code, 0);
     assert_eq!(out, vec![b'a'; 70000]);
 
+    // exec_limited: cut at the cap without reading the rest, and a command
+    // that outlives its limit is killed inside the instance.
+    let commands = fake.calls("RunCommand");
+    let cut = p
+        .exec_limited(
+            &made.id,
+            &argv("head -c 70000 /dev/zero | tr '\\0' b"),
+            Duration::from_secs(60),
+            1000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (cut.stdout.len(), cut.stdout_cut, cut.stderr_cut),
+        (1000, true, false)
+    );
+    // The command, one chunk of stdout, stderr, the clean-up.
+    assert_eq!(fake.calls("RunCommand"), commands + 4);
+    let slow = p
+        .exec_limited(&made.id, &argv("sleep 30"), Duration::from_secs(1), 1000)
+        .await
+        .unwrap_err();
+    assert!(knit_server::provider::is_limit_error(&slow), "{slow}");
+
     // read_file: a file larger than the output limit, byte for byte.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.log");

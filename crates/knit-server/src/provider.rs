@@ -17,9 +17,13 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long making one instance may take (disks from snapshots included).
 pub const CREATE_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// How long a command run inside an instance ([`Provider::exec`]) may take
-/// unless the caller asks for less (`knit exec`'s `timeoutSeconds`).
-pub const EXEC_TIMEOUT: Duration = CALL_TIMEOUT;
+/// How long [`Provider::exec`] may take: a backstop against a provider
+/// that never answers, as long as the longest command a caller runs through
+/// it (the snapshot builder's image pulls: `imagesTimeoutSeconds` up to
+/// 86 400 s, which the builder bounds itself). Callers that know their
+/// command's bound give it to [`Provider::exec_limited`] (`knit exec`: at
+/// most 300 s).
+pub const EXEC_TIMEOUT: Duration = Duration::from_secs(86_400 + 300);
 /// Largest stdout, and largest stderr, [`Provider::exec`] returns: a longer
 /// stream is cut there and ends with [`EXEC_CUT_MARKER`].
 pub const EXEC_OUTPUT_MAX_BYTES: usize = 16 << 20;

@@ -2,6 +2,7 @@
 //! `-f FILE`, `-o wide|json|yaml`.
 
 mod attach;
+mod exec;
 mod image;
 mod local_cloud;
 mod qemu_cloud;
@@ -251,6 +252,10 @@ enum Cmd {
         #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         release: Option<bool>,
     },
+    /// Run a command on a node's or instance's machine through its
+    /// provider: `knit exec node NAME -- CMD…`; prints its output, exits
+    /// with its code.
+    Exec(exec::ExecArgs),
     /// A node's log, read from the instance through the provider.
     Logs {
         kind: One,
@@ -416,6 +421,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Exec(args) => Ok(exec::run(&client(&cli.config)?, args)?),
         Cmd::Logs { kind, name, file } => {
             if kind != One::Node {
                 return Err(CliError::Usage(

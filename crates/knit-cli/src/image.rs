@@ -39,9 +39,9 @@ pub fn run(action: ImageAction) -> Result<ExitCode> {
             };
             let built = image::build(&out, &mut progress)?;
             if json {
-                println!("{}", summary(&built));
+                print_out(&summary(&built));
             } else {
-                println!(
+                print_out(&format!(
                     "image {} {}: root {}\n  {} MiB, {} packages, built in {:.0} s{}",
                     image::NAME,
                     built.manifest.key,
@@ -50,13 +50,13 @@ pub fn run(action: ImageAction) -> Result<ExitCode> {
                     built.manifest.installed.len(),
                     built.manifest.build_seconds,
                     if built.reused { " (already built)" } else { "" }
-                );
+                ));
             }
             Ok(ExitCode::SUCCESS)
         }
         ImageAction::Show { dir } => match image::current(&dir)? {
             Some(built) => {
-                println!("{}", summary(&built));
+                print_out(&summary(&built));
                 Ok(ExitCode::SUCCESS)
             }
             None => Err(CliError::Failed(format!(
@@ -65,6 +65,11 @@ pub fn run(action: ImageAction) -> Result<ExitCode> {
             ))),
         },
     }
+}
+
+/// One result on stdout; a closed pipe (`| head`) is not an error.
+fn print_out(text: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
 }
 
 fn summary(b: &image::Built) -> String {

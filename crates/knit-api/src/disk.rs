@@ -5,14 +5,15 @@
 //! settings go into the node's configuration, which disk a snapshot is
 //! taken of) and the agent (which attached device it formats and mounts).
 //!
-//! **The runtime disk is the last NVMe data disk when the instance has one,
-//! otherwise the last data disk.** "Last" is the spec's order
-//! (`spec.dataDisks`); clouds attach disks in that order and name the
-//! devices in it (`vdb`, `vdc`, … and `nvme0n1`, `nvme1n1`, …), so inside
-//! the instance it is the NVMe device, or else the device, with the
-//! highest name in attach order ([`device_order`]).
-
-use std::cmp::Ordering;
+//! **The runtime disk is the last NVMe data disk device when the instance
+//! has one, otherwise the last data disk device, in byte-wise
+//! lexicographic order of the device name** (SPEC §1 3.1). Clouds attach
+//! a pool's disks in `spec.dataDisks` order and name each the next free
+//! name of its interface (`vdb`, `vdc`, … and `nvme0n1`, `nvme1n1`, …), so
+//! the server finds the same disk by its index: [`runtime_disk_index`]
+//! names the disks that way and applies the device rule. With two data
+//! disks of one interface it is the second; byte-wise, `nvme10n1` sorts
+//! before `nvme9n1` (SPEC's order, kept).
 
 /// Whether a data disk interface (`spec.dataDisks[].interface`) or a
 /// device name is NVMe.
@@ -20,11 +21,37 @@ pub fn is_nvme(interface_or_device: &str) -> bool {
     interface_or_device.starts_with("nvme")
 }
 
+/// The device names a cloud gives data disks attached in this order
+/// (`spec.dataDisks[].interface`): the next free name of each interface.
+pub fn attach_names<S: AsRef<str>>(interfaces: &[S]) -> Vec<String> {
+    let (mut virtio, mut nvme) = (0usize, 0usize);
+    interfaces
+        .iter()
+        .map(|i| {
+            if is_nvme(i.as_ref()) {
+                nvme += 1;
+                format!("nvme{}n1", nvme - 1)
+            } else {
+                virtio += 1;
+                // vdb … vdz, then vdaa, vdab, …
+                let letter = |n: usize| (b'a' + n as u8) as char;
+                if virtio <= 25 {
+                    format!("vd{}", letter(virtio))
+                } else {
+                    let n = virtio - 26;
+                    format!("vd{}{}", letter(n / 26), letter(n % 26))
+                }
+            }
+        })
+        .collect()
+}
+
 /// The runtime disk's index among a pool's data disks, given each disk's
 /// `interface` in spec order; `None` without data disks.
 pub fn runtime_disk_index<S: AsRef<str>>(interfaces: &[S]) -> Option<usize> {
-    let last_nvme = interfaces.iter().rposition(|i| is_nvme(i.as_ref()));
-    last_nvme.or_else(|| interfaces.len().checked_sub(1))
+    let names = attach_names(interfaces);
+    let chosen = runtime_device(&names)?;
+    names.iter().position(|n| n == chosen)
 }
 
 /// The runtime disk of a pool's data disks (`spec.dataDisks`), with its
@@ -36,21 +63,16 @@ pub fn runtime_data_disk(
     runtime_disk_index(&interfaces).map(|i| (i, &disks[i]))
 }
 
-/// Attach order of two device names of one interface: a longer name comes
-/// later (`vdaa` after `vdz`, `nvme10n1` after `nvme9n1`), then bytes.
-pub fn device_order(a: &str, b: &str) -> Ordering {
-    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
-}
-
 /// The runtime disk among a node's usable data disk devices (`vdb`,
-/// `nvme0n1`; any order): the last NVMe one, else the last one.
+/// `nvme0n1`; any order): the last NVMe one, else the last one, by
+/// byte-wise order of the name.
 pub fn runtime_device<S: AsRef<str>>(devices: &[S]) -> Option<&str> {
     let last = |nvme: bool| {
         devices
             .iter()
             .map(AsRef::as_ref)
             .filter(|d| is_nvme(d) == nvme)
-            .max_by(|a, b| device_order(a, b))
+            .max_by(|a, b| a.as_bytes().cmp(b.as_bytes()))
     };
     last(true).or_else(|| last(false))
 }
@@ -58,29 +80,6 @@ pub fn runtime_device<S: AsRef<str>>(devices: &[S]) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Device names as a cloud gives them: in spec order, the next free
-    /// name of the disk's interface.
-    fn attach(interfaces: &[&str]) -> Vec<String> {
-        let (mut virtio, mut nvme) = (0u8, 0u32);
-        interfaces
-            .iter()
-            .map(|i| {
-                if is_nvme(i) {
-                    nvme += 1;
-                    format!("nvme{}n1", nvme - 1)
-                } else {
-                    virtio += 1;
-                    let n = virtio as usize; // vdb is the first data disk
-                    if n < 25 {
-                        format!("vd{}", (b'a' + n as u8) as char)
-                    } else {
-                        format!("vda{}", (b'a' + (n - 25) as u8) as char)
-                    }
-                }
-            })
-            .collect()
-    }
 
     #[test]
     fn spec_index_and_device_agree() {
@@ -93,7 +92,7 @@ mod tests {
             &["nvme", "nvme"],
         ];
         for case in cases {
-            let devices = attach(case);
+            let devices = attach_names(case);
             let index = runtime_disk_index(case).unwrap();
             assert_eq!(
                 runtime_device(&devices),
@@ -101,13 +100,19 @@ mod tests {
                 "{case:?} attached as {devices:?}"
             );
         }
+        assert_eq!(
+            attach_names(&["virtio", "nvme", "virtio"]),
+            ["vdb", "nvme0n1", "vdc"]
+        );
+        assert_eq!(runtime_disk_index(&["nvme", "nvme", "virtio"]), Some(1));
+        // Byte-wise (SPEC): of twelve NVMe disks, nvme9n1 (the tenth).
         let many = vec!["nvme"; 12];
-        let devices = attach(&many);
-        assert_eq!(runtime_device(&devices), Some("nvme11n1"));
-        assert_eq!(runtime_disk_index(&many), Some(11));
+        assert_eq!(runtime_device(&attach_names(&many)), Some("nvme9n1"));
+        assert_eq!(runtime_disk_index(&many), Some(9));
         let many = vec!["virtio"; 27];
-        let devices = attach(&many);
-        assert_eq!(runtime_device(&devices), Some(devices[26].as_str()));
+        let names = attach_names(&many);
+        assert_eq!((names[24].as_str(), names[25].as_str()), ("vdz", "vdaa"));
+        assert_eq!(runtime_disk_index(&many), Some(24));
     }
 
     #[test]

@@ -262,7 +262,7 @@ pub fn discover(host: &Host) -> Result<Vec<BlockDisk>> {
 
 /// SPEC §1 3.1: the runtime disk, by the rule the server also uses
 /// ([`knit_api::disk::runtime_device`]): NVMe preferred; among the
-/// preferred kind, the last device name in attach order.
+/// preferred kind, the last by byte-wise order of the device name.
 pub fn choose(disks: &[BlockDisk]) -> Option<&BlockDisk> {
     let usable: Vec<&str> = disks
         .iter()

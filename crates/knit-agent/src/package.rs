@@ -51,15 +51,22 @@ pub struct CacheManifest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Cache,
+    /// A cache made by hand (the seed's `mv pkg/kubernetes`): checked
+    /// against the package's own manifest.
+    HandMadeCache,
     LocalDir(String),
     LocalTarball(String),
-    Download { url: String, bytes: u64 },
+    Download {
+        url: String,
+        bytes: u64,
+    },
 }
 
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Source::Cache => write!(f, "the data-disk cache"),
+            Source::HandMadeCache => write!(f, "the data-disk cache (made by hand)"),
             Source::LocalDir(dir) => write!(f, "{dir}"),
             Source::LocalTarball(path) => write!(f, "{path}"),
             Source::Download { url, .. } => write!(f, "{url}"),
@@ -136,8 +143,15 @@ pub fn check_cache(
         return Err(format!("no cache at {cache_abs}"));
     }
     let manifest_path = dir.join(CACHE_MANIFEST);
-    let text = fs::read_to_string(&manifest_path)
-        .map_err(|e| format!("cannot read {cache_abs}/{CACHE_MANIFEST}: {e}"))?;
+    if !manifest_path.exists() && dir.join(PACKAGE_MANIFEST).exists() {
+        return check_hand_made_cache(&dir, cache_abs, version);
+    }
+    let text = fs::read_to_string(&manifest_path).map_err(|e| {
+        format!(
+            "cannot read {cache_abs}/{CACHE_MANIFEST} (and no {PACKAGE_MANIFEST}, so the \
+             version cannot be told): {e}"
+        )
+    })?;
     let cache: CacheManifest = serde_json::from_str(&text)
         .map_err(|e| format!("{cache_abs}/{CACHE_MANIFEST} is corrupt: {e}"))?;
     if cache.version != version {
@@ -156,6 +170,41 @@ pub fn check_cache(
         },
         tarball_sha256: cache.tarball_sha256,
         source: Source::Cache,
+    })
+}
+
+/// A cache made by hand with the seed's procedure (`tar -xf` the package,
+/// `mv pkg/kubernetes <mount>/ack/`): no `knit-cache.json`, but the
+/// package's own `knit-package.json` came along. What it says is checked:
+/// the version, and every listed file present with its sha256. (The
+/// tarball's digest is unknown: the cache is trusted as far as its files
+/// match the manifest that came with them.)
+fn check_hand_made_cache(
+    dir: &Path,
+    cache_abs: &str,
+    version: &str,
+) -> std::result::Result<Package, String> {
+    let text = fs::read_to_string(dir.join(PACKAGE_MANIFEST)).map_err(|e| {
+        format!("hand-made cache (no {CACHE_MANIFEST}): cannot read {cache_abs}/{PACKAGE_MANIFEST}: {e}")
+    })?;
+    let manifest: PackageManifest = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "hand-made cache (no {CACHE_MANIFEST}): {cache_abs}/{PACKAGE_MANIFEST} is corrupt: {e}"
+        )
+    })?;
+    if manifest.version != version {
+        return Err(format!(
+            "hand-made cache (no {CACHE_MANIFEST}) holds version {}, this node wants {version}",
+            manifest.version
+        ));
+    }
+    verify_files(dir, &manifest.files)
+        .map_err(|e| format!("hand-made cache (no {CACHE_MANIFEST}) corrupt: {e}"))?;
+    Ok(Package {
+        dir: dir.to_path_buf(),
+        manifest,
+        tarball_sha256: String::new(),
+        source: Source::HandMadeCache,
     })
 }
 
@@ -517,6 +566,24 @@ fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Adopts a hand-made cache that passed its checks: writes the
+/// `knit-cache.json` it lacked (from the package's own manifest), so the
+/// next reader (a snapshot build, a rerun) finds a regular cache.
+pub fn adopt_hand_made_cache(package: &Package) -> Result<()> {
+    let manifest = CacheManifest {
+        version: package.manifest.version.clone(),
+        tarball_sha256: String::new(),
+        files: package.manifest.files.clone(),
+    };
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| {
+        AgentError::new(
+            ErrorCode::FailInstallComponents,
+            format!("encode cache manifest: {e}"),
+        )
+    })?;
+    crate::host::write_atomic(&package.dir.join(CACHE_MANIFEST), &text, 0o644)
 }
 
 /// Where a package being cached is assembled, beside the cache (same

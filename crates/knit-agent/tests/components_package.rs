@@ -450,3 +450,96 @@ fn package_version_unreadable_or_other_is_fail_get_kube_version() {
     assert_eq!(err.code, ErrorCode::FailGetKubeVersion, "{err}");
     assert!(err.message.contains(package::PACKAGE_MANIFEST), "{err}");
 }
+
+/// A cache made by hand with the seed's own procedure (`tar -xvf` the
+/// package, `mv pkg/kubernetes /var/lib/container/ack/`) has no
+/// knit-cache.json. It is used (before: refused for the missing manifest,
+/// the package downloaded again): the version and every file are checked
+/// against the package's own knit-package.json, the log says so, and the
+/// missing knit-cache.json is written. One of another version, or with a
+/// damaged file, is not used.
+#[test]
+fn a_hand_made_cache_is_checked_and_used() {
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    let hand_made = |node: &Node| {
+        let unpack = work.path().join(format!("unpack-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&unpack);
+        std::fs::create_dir_all(&unpack).unwrap();
+        let st = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&tarball)
+            .current_dir(&unpack)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let ack = node.path("/var/lib/container/ack");
+        std::fs::create_dir_all(&ack).unwrap();
+        let st = std::process::Command::new("mv")
+            .arg(unpack.join("pkg/kubernetes"))
+            .arg(&ack)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        ack.join("kubernetes")
+    };
+
+    let node = Node::new();
+    let cache = hand_made(&node);
+    assert!(!cache.join("knit-cache.json").exists());
+    let server = Server::http(|_| Response::status(500));
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    let journal = node.init(&config).expect("init");
+    assert_eq!(server.total(), 0, "the mirror is never asked");
+    assert_eq!(journal.package_cache_hit, Some(true));
+    let log = node.log();
+    assert!(!log.contains("check cached kubernetes failed"), "{log}");
+    assert!(
+        log.contains("made by hand (no knit-cache.json)")
+            && log.contains("checked against its knit-package.json: version 1.31.4, 2 files present with matching sha256"),
+        "{log}"
+    );
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("knit-cache.json")).unwrap()).unwrap();
+    assert_eq!(written["version"], VERSION);
+    assert_eq!(
+        std::fs::read(node.path("/usr/local/bin/kubelet")).unwrap(),
+        KUBELET
+    );
+
+    // Another version made by hand: named, and the package downloaded.
+    let node = Node::new();
+    let other = hand_made(&node);
+    let text = std::fs::read_to_string(other.join("knit-package.json")).unwrap();
+    std::fs::write(
+        other.join("knit-package.json"),
+        text.replace(VERSION, "1.30.9"),
+    )
+    .unwrap();
+    let server = mirror(&tarball, Some(sha.clone()));
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    let journal = node.init(&config).expect("init");
+    assert_eq!(journal.package_cache_hit, Some(false));
+    assert!(
+        node.log().contains("check cached kubernetes failed: hand-made cache (no knit-cache.json) holds version 1.30.9, this node wants 1.31.4"),
+        "{}",
+        node.log()
+    );
+
+    // A damaged file: refused with the file named.
+    let node = Node::new();
+    let damaged = hand_made(&node);
+    std::fs::write(damaged.join("bin/kubelet"), b"bit rot").unwrap();
+    let server = mirror(&tarball, Some(sha));
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    node.init(&config).expect("init");
+    assert!(
+        node.log()
+            .contains("hand-made cache (no knit-cache.json) corrupt: bin/kubelet: sha256"),
+        "{}",
+        node.log()
+    );
+}

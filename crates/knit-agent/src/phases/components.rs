@@ -163,6 +163,34 @@ impl Phase for KubernetesComponents {
             host.path(&format!("{}/kubernetes-{version}", package::STAGING_DIR))
         };
         let mut package = match package::check_cache(host, &cache_abs, &version) {
+            Ok(mut package) if package.source == Source::HandMadeCache => {
+                host.log.line(
+                    SCOPE,
+                    &format!(
+                        "using cached kubernetes {version} from {cache_abs}: made by hand (no {}); \
+                         checked against its {}: version {version}, {} files present with matching sha256",
+                        package::CACHE_MANIFEST,
+                        package::PACKAGE_MANIFEST,
+                        package.manifest.files.len()
+                    ),
+                );
+                match package::adopt_hand_made_cache(&package) {
+                    Ok(()) => host.log.line(
+                        SCOPE,
+                        &format!(
+                            "wrote {cache_abs}/{} for the hand-made cache",
+                            package::CACHE_MANIFEST
+                        ),
+                    ),
+                    Err(e) => host.log.line(
+                        SCOPE,
+                        &format!("cannot write {} (continuing): {e}", package::CACHE_MANIFEST),
+                    ),
+                }
+                ctx.journal.package_cache_hit = Some(true);
+                package.source = Source::Cache;
+                package
+            }
             Ok(package) => {
                 host.log.line(
                     SCOPE,

@@ -137,7 +137,10 @@ fn an_interrupted_attach_is_rolled_forward_by_the_next_server() {
     assert_eq!(i["added"], true, "{i}");
     assert_eq!(
         h.cloud.changes(),
-        vec!["reimage i-000000000001 host".to_string()],
+        vec![format!(
+            "reimage i-000000000001 {}",
+            knit_api::DEFAULT_IMAGE
+        )],
         "stopped already: re-imaged once, nothing else"
     );
     assert_eq!(

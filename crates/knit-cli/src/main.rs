@@ -205,8 +205,14 @@ enum Cmd {
         #[arg(short = 'o', long)]
         output: Option<Format>,
     },
-    /// Show one pool or node in detail (a node's phase timeline).
-    Describe { kind: One, name: String },
+    /// Show one pool or node in detail (a node's phase timeline);
+    /// `-o json|yaml`: the same details as one document.
+    Describe {
+        kind: One,
+        name: String,
+        #[arg(short = 'o', long)]
+        output: Option<Format>,
+    },
     /// Create the resources in a file (NodePool, Cluster); `-` reads stdin.
     Create {
         #[arg(short = 'f', long)]
@@ -362,7 +368,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Get { kind, name, output } => {
             get(&client(&cli.config)?, kind, name.as_deref(), output)
         }
-        Cmd::Describe { kind, name } => describe(&client(&cli.config)?, kind, &name),
+        Cmd::Describe { kind, name, output } => {
+            describe(&client(&cli.config)?, kind, &name, output)
+        }
         Cmd::Create { file, strict } => submit(&client(&cli.config)?, &file, false, strict),
         Cmd::Apply { file, strict } => submit(&client(&cli.config)?, &file, true, strict),
         Cmd::Scale {
@@ -1214,7 +1222,68 @@ fn render_table(kind: Kind, items: &[Value], wide: bool) -> String {
     table(&headers, &rows)
 }
 
-fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
+/// A pool's instances and the last events of the pool, its instances and
+/// its nodes (what `describe pool` shows).
+fn pool_related(c: &Client, name: &str) -> Result<(Vec<Value>, Vec<Value>)> {
+    let instances = c.get("/api/v1/instances")?;
+    let mine: Vec<Value> = instances["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["pool"] == name)
+        .cloned()
+        .collect();
+    let events = c.get("/api/v1/events?limit=1000")?;
+    // The pool's own events, its instances' and its nodes'.
+    let mut related_names: Vec<String> = mine.iter().map(|i| cell(&i["name"])).collect();
+    let nodes = c.get("/api/v1/nodes")?;
+    related_names.extend(
+        nodes["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["pool"] == name)
+            .map(|n| cell(&n["name"])),
+    );
+    let related: Vec<Value> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["objectName"] == name || related_names.contains(&cell(&e["objectName"])))
+        .cloned()
+        .collect();
+    let last = related[related.len().saturating_sub(20)..].to_vec();
+    Ok((mine, last))
+}
+
+/// `describe -o json|yaml`: a node's document as the API gives it
+/// (timeline and caches included); a pool's with its `instances` and last
+/// `events`.
+fn describe_doc(c: &Client, kind: One, name: &str) -> Result<Value> {
+    Ok(match kind {
+        One::Node => c.get(&format!("/api/v1/nodes/{}", seg(name)))?,
+        One::Pool => {
+            let mut p = c.get(&format!("/api/v1/pools/{}", seg(name)))?;
+            let (instances, events) = pool_related(c, name)?;
+            p["instances"] = Value::Array(instances);
+            p["events"] = Value::Array(events);
+            p
+        }
+    })
+}
+
+fn describe(c: &Client, kind: One, name: &str, format: Option<Format>) -> Result<ExitCode> {
+    match format {
+        Some(Format::Json) => {
+            print!("{}", output::json(&describe_doc(c, kind, name)?));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(Format::Yaml) => {
+            print!("{}", output::yaml(&describe_doc(c, kind, name)?));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(Format::Wide) | None => {}
+    }
     let now = knit_server::store::now_ms();
     match kind {
         One::Node => {
@@ -1316,46 +1385,11 @@ fn describe(c: &Client, kind: One, name: &str) -> Result<ExitCode> {
             for (k, v) in p["status"].as_object().into_iter().flatten() {
                 println!("  {k}: {v}");
             }
-            let instances = c.get("/api/v1/instances")?;
-            let mine: Vec<Value> = instances["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|i| i["pool"] == name)
-                .cloned()
-                .collect();
+            let (mine, related) = pool_related(c, name)?;
             println!("Instances:");
             print!("{}", render_table(Kind::Instances, &mine, true));
-            let events = c.get("/api/v1/events?limit=1000")?;
-            // The pool's own events, its instances' and its nodes'.
-            let mut related_names: Vec<String> = mine.iter().map(|i| cell(&i["name"])).collect();
-            let nodes = c.get("/api/v1/nodes")?;
-            related_names.extend(
-                nodes["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|n| n["pool"] == name)
-                    .map(|n| cell(&n["name"])),
-            );
-            let related: Vec<Value> = events["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|e| {
-                    e["objectName"] == name || related_names.contains(&cell(&e["objectName"]))
-                })
-                .cloned()
-                .collect();
             println!("Events:");
-            print!(
-                "{}",
-                render_table(
-                    Kind::Events,
-                    &related[related.len().saturating_sub(20)..],
-                    false
-                )
-            );
+            print!("{}", render_table(Kind::Events, &related, false));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -1558,4 +1592,29 @@ fn local(args: &[String]) -> Result<ExitCode> {
         Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
         None => ExitCode::FAILURE,
     })
+}
+
+#[cfg(test)]
+mod describe_tests {
+    use super::*;
+
+    /// `knit describe` takes `-o json|yaml` like `get` (before: an
+    /// unexpected argument).
+    #[test]
+    fn describe_takes_an_output_format() {
+        for (flag, want) in [("json", Format::Json), ("yaml", Format::Yaml)] {
+            let cli = Cli::try_parse_from(["knit", "describe", "node", "n-1", "-o", flag])
+                .unwrap_or_else(|e| panic!("-o {flag}: {e}"));
+            match cli.cmd {
+                Cmd::Describe { name, output, .. } => {
+                    assert_eq!(name, "n-1");
+                    assert!(output == Some(want), "-o {flag}");
+                }
+                _ => panic!("not describe"),
+            }
+        }
+        let cli = Cli::try_parse_from(["knit", "describe", "pool", "workers"]).unwrap();
+        assert!(matches!(cli.cmd, Cmd::Describe { output: None, .. }));
+        assert!(Cli::try_parse_from(["knit", "describe", "pool", "w", "-o", "xml"]).is_err());
+    }
 }

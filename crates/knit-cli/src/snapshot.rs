@@ -24,6 +24,10 @@ pub enum SnapshotAction {
         /// Keep the builder instance (stopped) instead of releasing it.
         #[arg(long)]
         keep_builder: bool,
+        /// Deadline of the image pulls (the `images` step), in seconds:
+        /// an unreachable registry fails the build then.
+        #[arg(long, default_value_t = 600)]
+        images_timeout: u64,
         /// Do not wait; print the build id.
         #[arg(long)]
         no_wait: bool,
@@ -59,11 +63,17 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
             images,
             name,
             keep_builder,
+            images_timeout,
             no_wait,
             timeout,
         } => {
-            let body =
-                json!({"pool": pool, "images": images, "name": name, "keepBuilder": keep_builder});
+            let body = json!({
+                "pool": pool,
+                "images": images,
+                "name": name,
+                "keepBuilder": keep_builder,
+                "imagesTimeoutSeconds": images_timeout,
+            });
             let b = c.call("POST", "/api/v1/snapshots", Some(&body.to_string()))?;
             let id = b["id"].as_str().unwrap_or_default().to_string();
             println!("snapshot build {id} started from pool {pool}");
@@ -260,25 +270,81 @@ fn print_snapshot(s: &Value) {
 
 /// `knit describe node`'s cache section.
 pub fn describe_cache(n: &Value) {
+    print!("{}", cache_lines(n));
+}
+
+/// The cache section's lines: the package, the images' counters, and each
+/// image that failed to pull with its error (when the node's report file
+/// could be read; else where to find them).
+pub fn cache_lines(n: &Value) -> String {
     let c = &n["cache"];
+    let mut out = String::new();
     match c["package"]["cacheHit"].as_bool() {
-        Some(true) => println!("Package:       data-disk cache hit (0 bytes downloaded)"),
-        Some(false) => println!(
-            "Package:       cache miss, {} bytes downloaded",
+        Some(true) => out.push_str("Package:       data-disk cache hit (0 bytes downloaded)\n"),
+        Some(false) => out.push_str(&format!(
+            "Package:       cache miss, {} bytes downloaded\n",
             cell(&c["package"]["bytesDownloaded"])
-        ),
-        None => println!("Package:       (not installed yet)"),
+        )),
+        None => out.push_str("Package:       (not installed yet)\n"),
     }
     let i = &c["images"];
     if i.is_null() {
-        println!("Images:        (no report from the kubelet yet)");
-    } else {
-        println!(
-            "Images:        cache hit {}, miss {}, failed {}, {} bytes pulled",
-            cell(&i["hit"]),
-            cell(&i["miss"]),
-            cell(&i["failed"]),
-            cell(&i["bytesPulled"])
+        out.push_str("Images:        (no report from the kubelet yet)\n");
+        return out;
+    }
+    out.push_str(&format!(
+        "Images:        cache hit {}, miss {}, failed {}, {} bytes pulled\n",
+        cell(&i["hit"]),
+        cell(&i["miss"]),
+        cell(&i["failed"]),
+        cell(&i["bytesPulled"])
+    ));
+    let failed: Vec<&Value> = i["images"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|img| !img["error"].is_null())
+        .collect();
+    for img in &failed {
+        out.push_str(&format!(
+            "  failed:      {}: {}\n",
+            cell(&img["image"]),
+            cell(&img["error"])
+        ));
+    }
+    if failed.is_empty() && i["failed"].as_u64().unwrap_or(0) > 0 {
+        out.push_str(
+            "  failed:      (each image's error: /var/lib/kubelet/knit-images.json on the node)\n",
         );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node whose kubelet published a report of 3 failed pulls: the
+    /// counters and each failure are shown, never "no report".
+    #[test]
+    fn failed_pulls_are_shown() {
+        let n = serde_json::json!({"cache": {"images": {
+            "hit": 0, "miss": 0, "failed": 3, "bytesPulled": 0, "source": "node annotation",
+            "images": [
+                {"image": "r/a:1", "error": "connection refused"},
+                {"image": "r/b:1", "error": "connection refused"},
+                {"image": "r/c:1", "error": "no such host"},
+                {"image": "r/d:1", "cached": true}
+            ]
+        }}});
+        let text = cache_lines(&n);
+        assert!(text.contains("failed 3"), "{text}");
+        assert!(text.contains("r/c:1: no such host"), "{text}");
+        assert_eq!(text.matches("  failed:").count(), 3, "{text}");
+        assert!(!text.contains("no report"), "{text}");
+        let summary_only = serde_json::json!({"cache": {"images": {
+            "hit": 0, "miss": 0, "failed": 3, "bytesPulled": 0
+        }}});
+        assert!(cache_lines(&summary_only).contains("knit-images.json"));
     }
 }

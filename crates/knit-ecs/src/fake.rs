@@ -198,6 +198,8 @@ struct State {
     faults: HashMap<String, Vec<Fault>>,
     calls: Vec<String>,
     runs: HashMap<String, Arc<Mutex<Run>>>,
+    /// RunCommand's Timeout of every command, in order.
+    command_timeouts: Vec<u64>,
     next: u64,
     scratch: std::path::PathBuf,
 }
@@ -263,6 +265,7 @@ impl FakeEcs {
             faults: HashMap::new(),
             calls: Vec::new(),
             runs: HashMap::new(),
+            command_timeouts: Vec::new(),
             next: 0,
             scratch: scratch.clone(),
         }));
@@ -339,6 +342,11 @@ impl FakeEcs {
     /// How many signed calls of `action` reached the fake (faults included).
     pub fn calls(&self, action: &str) -> usize {
         self.lock().calls.iter().filter(|a| *a == action).count()
+    }
+
+    /// The Timeout (seconds) of every RunCommand carried out, in order.
+    pub fn command_timeouts(&self) -> Vec<u64> {
+        self.lock().command_timeouts.clone()
     }
 
     pub fn instance(&self, id: &str) -> Option<FakeInstance> {
@@ -1631,6 +1639,14 @@ impl State {
             ));
         }
         let timeout: u64 = p.get("Timeout").and_then(|t| t.parse().ok()).unwrap_or(60);
+        if !(10..=86_400).contains(&timeout) {
+            return Err(fail(
+                400,
+                "InvalidTimeout.ExceedLimit",
+                "Timeout must be 10 to 86400 seconds.",
+            ));
+        }
+        self.command_timeouts.push(timeout);
         let ids: Vec<String> = indexed(p, "InstanceId", "")
             .into_iter()
             .map(|(_, v)| v)

@@ -31,8 +31,9 @@ const CHUNK: usize = 16 * 1024;
 /// Output of an exec returned inline (base64 of both streams stays under
 /// the output limit); larger output is read back in chunks.
 const INLINE_OUTPUT: usize = 12 * 1024;
-/// How long one Cloud Assistant command may run inside the instance.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+/// Cloud Assistant's largest `Timeout` for one command (a day); a
+/// longer `exec` limit is cut to it.
+const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(86_400);
 /// Tag carrying knit's snapshot name (SnapshotName has ECS's own rules).
 const TAG_SNAPSHOT_NAME: &str = "knit.dev/snapshot-name";
 /// knit's node image name (a pool's default `image`).
@@ -284,7 +285,7 @@ impl EcsProvider {
         // Unique per command: a repeat after a lost answer is de-duplicated,
         // a second command with the same text is not.
         let token = format!("knit-cmd-{}", hex::encode(token_bytes));
-        let timeout = limit.min(COMMAND_TIMEOUT).as_secs().max(10);
+        let timeout = limit.min(MAX_COMMAND_TIMEOUT).as_secs().max(10);
         let (iid, s) = (id.to_string(), script);
         let invoke = self
             .ecs(move |c| c.run_command(&iid, &s, timeout, &token))

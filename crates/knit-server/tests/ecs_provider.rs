@@ -113,6 +113,9 @@ async fn every_operation_over_the_fake() {
         .exec(&made.id, &argv("echo out; echo 'it''s err' >&2; exit 3"))
         .await
         .unwrap();
+    // exec's limit (a day and more, for the snapshot builder's pulls) is
+    // not cut short by Cloud Assistant: its largest Timeout is asked for.
+    assert_eq!(fake.command_timeouts().last(), Some(&86_400));
     assert_eq!(
         (code, out.as_slice(), err.as_slice()),
         (3, &b"out\n"[..], &b"its err\n"[..])

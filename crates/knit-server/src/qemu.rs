@@ -116,10 +116,11 @@ fn err(e: QemuError) -> ServerError {
     }
 }
 
-/// A pool's `image` as an OS image directory: `host` (a VM cannot boot the
-/// host's root) means the node OS image `knit image build` made.
+/// A pool's `image` as an OS image directory: `debian-12` (the pools'
+/// default) and `host` (a VM cannot boot the host's root) mean the node OS
+/// image `knit image build` made.
 fn image_dir(image: &str) -> PathBuf {
-    if image == "host" {
+    if image == "host" || image == knit_api::DEFAULT_IMAGE {
         knit_local::image::images_dir().join(knit_local::image::NAME)
     } else {
         PathBuf::from(image)
@@ -384,5 +385,14 @@ mod tests {
         assert_eq!(v.disks[1].size_bytes, None);
         assert_eq!(v.disks[1].snapshot.as_deref(), Some("s-0123456789ab"));
         assert!(v.image.ends_with(knit_local::image::NAME));
+        // The pools' default image is the same node image, by absolute path.
+        let v = vm_template(&InstanceTemplate {
+            image: knit_api::DEFAULT_IMAGE.into(),
+            ..t
+        });
+        assert_eq!(
+            v.image,
+            knit_local::image::images_dir().join(knit_local::image::NAME)
+        );
     }
 }

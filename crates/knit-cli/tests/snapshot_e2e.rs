@@ -33,9 +33,13 @@ const SYSTEM: &[&str] = &[
 const APP: &str = "docker.io/knit/app:1";
 
 fn pool_yaml(name: &str, mirror: &str, snapshot: Option<&str>) -> String {
+    // Two data disks: the runtime disk (the one the agent mounts, and the
+    // one snapshotted) is the last; the first stays empty.
     let disk = match snapshot {
-        Some(s) => format!("[{{snapshotId: {s}, interface: nvme}}]"),
-        None => "[{sizeGiB: 40, interface: nvme}]".to_string(),
+        Some(s) => {
+            format!("[{{sizeGiB: 40, interface: nvme}}, {{snapshotId: {s}, interface: nvme}}]")
+        }
+        None => "[{sizeGiB: 40, interface: nvme}, {sizeGiB: 40, interface: nvme}]".to_string(),
     };
     format!(
         "apiVersion: knit.dev/v1alpha1
@@ -180,6 +184,43 @@ fn snapshot_build_use_stale_and_delete() {
     assert!(cloud.list().unwrap().is_empty(), "builder not released");
     assert_eq!(cloud.snapshots().unwrap().len(), 1);
 
+    // 1b. An unreachable registry (a closed port) fails the build at
+    // `images` with the registry's error and the fix, instead of waiting
+    // forever; the builder is cleaned up.
+    let (ok, out, err) = env.knit(&[
+        "snapshot",
+        "create",
+        "--pool",
+        "workers",
+        "--images",
+        "127.0.0.1:1/acme/unreachable:1",
+        "--images-timeout",
+        "300",
+        "--timeout",
+        "900",
+    ]);
+    assert!(!ok, "{out}{err}");
+    let failed_id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap()
+        .to_string();
+    let failed = env.json(&["snapshot", "builds", &failed_id, "-o", "json"]);
+    assert_eq!(failed["status"], "Failed", "{failed}");
+    assert_eq!(failed["step"], "images", "{failed}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("127.0.0.1:1/acme/unreachable:1")
+            && error.contains("registryMirrors")
+            && error.contains("knit registry up"),
+        "{failed}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !cloud.list().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "failed builder not released");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
     // 2. A pool from the snapshot: nothing downloaded, nothing pulled.
     let gets_before = knit_registry::count_blob_gets(&reg.log_text());
     let manifests_before = knit_registry::count_manifest_gets(&reg.log_text());
@@ -216,6 +257,12 @@ fn snapshot_build_use_stale_and_delete() {
         described.contains("Images:        cache hit 3, miss 0, failed 0, 0 bytes pulled"),
         "{described}"
     );
+    // The same details as one document (`describe -o json`).
+    let doc = env.json(&["describe", "node", &node, "-o", "json"]);
+    assert_eq!(doc["name"], node.as_str(), "{doc}");
+    assert_eq!(doc["cache"]["images"]["hit"], 3, "{doc}");
+    assert_eq!(doc["cache"]["images"]["source"], "node annotation", "{doc}");
+    assert_eq!(doc["cache"]["package"]["cacheHit"], true, "{doc}");
     let init = env.knit_ok(&["logs", "node", &node]);
     assert!(!init.contains("check cached kubernetes failed"), "{init}");
     assert!(init.contains("using cached kubernetes 1.31.4"), "{init}");

@@ -151,9 +151,39 @@ impl ClusterJoin for EmbeddedJoin {
     }
 
     async fn remove_node(&self, node: &str) -> Result<()> {
-        // No pods run on knit's nodes, so draining has nothing to evict:
-        // deleting the Node object is the whole removal.
-        self.call("DELETE", node_path(node)?).await.map(|_| ())
+        // Drain, as on any cluster: cordon, then the node's pods. The
+        // embedded cluster runs no pods (its pods are read-only and always
+        // empty), so the eviction pass finds none; a pod found anyway is
+        // not silently dropped: the removal fails naming it.
+        let path = node_path(node)?;
+        let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+        if self
+            .call_with("PATCH", path.clone(), Some(cordon))
+            .await?
+            .is_some()
+        {
+            let pods = self
+                .call(
+                    "GET",
+                    format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"),
+                )
+                .await?
+                .unwrap_or_default();
+            let names: Vec<String> = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+                .collect();
+            if !names.is_empty() {
+                return Err(cluster_err(format!(
+                    "node {node} still runs pod(s) {}: the embedded cluster cannot evict them",
+                    names.join(", ")
+                )));
+            }
+            tracing::info!(node, "node cordoned and drained: 0 pod(s) evicted");
+        }
+        self.call("DELETE", path).await.map(|_| ())
     }
 
     async fn node_status(&self, node: &str) -> Result<Option<String>> {
@@ -256,6 +286,11 @@ mod tests {
             // node is not an error.
             assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
             join.remove_node("local.i-1").await.unwrap();
+            // A registered node: cordoned, its (zero) pods listed, deleted.
+            let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "local.i-2"}});
+            join.call_with("POST", "/api/v1/nodes".into(), Some(node)).await.unwrap();
+            join.remove_node("local.i-2").await.unwrap();
+            assert_eq!(join.node_status("local.i-2").await.unwrap(), None);
             // A name that would address another path is refused unsent.
             let e = join.remove_node("x/../victim").await.unwrap_err();
             assert_eq!(e.http_status(), 422, "{e}");

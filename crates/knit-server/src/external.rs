@@ -13,9 +13,9 @@ use crate::bootstrap::{ClusterJoin, JoinMaterial};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;
 use base64::Engine;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::ByteString;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -109,6 +109,110 @@ impl ExternalJoin {
 
     fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
+    }
+}
+
+/// How long a drain keeps retrying evictions a PodDisruptionBudget
+/// refuses (429). Within the callers' 30 s bound on a cluster call; a
+/// drain cut short is repeated by the next removal attempt (the node stays
+/// cordoned, evicted pods stay evicted).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Whether drain evicts this pod: not a DaemonSet's (it would come back),
+/// not a static pod's mirror, not finished.
+fn evictable(p: &Pod) -> bool {
+    let daemon = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet");
+    let mirror = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let finished = p
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+    !daemon && !mirror && !finished
+}
+
+impl ExternalJoin {
+    /// `kubectl drain`'s steps: cordon the node, then evict its pods
+    /// through the Eviction API (which enforces PodDisruptionBudgets) until
+    /// none is left or [`DRAIN_TIMEOUT`] passes. What was done, or why not.
+    pub async fn drain(&self, node: &str) -> Result<String> {
+        let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+        match self
+            .nodes()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&cordon))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Ok(format!("node {node} is not registered: nothing to drain"))
+            }
+            Err(e) => return Err(external_err(format!("cordon node {node}: {e}"))),
+        }
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
+        let mut evicted = 0usize;
+        loop {
+            let pods: Vec<Pod> = all
+                .list(&on_node)
+                .await
+                .map_err(|e| external_err(format!("list the pods of node {node}: {e}")))?
+                .items
+                .into_iter()
+                .filter(evictable)
+                .collect();
+            if pods.is_empty() {
+                return Ok(format!(
+                    "node {node} cordoned and drained: {evicted} pod(s) evicted"
+                ));
+            }
+            let mut refused = Vec::new();
+            for p in &pods {
+                let ns = p
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into());
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+                match api.evict(&name, &EvictParams::default()).await {
+                    Ok(_) => evicted += 1,
+                    // Gone already.
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    // A PodDisruptionBudget does not allow it now.
+                    Err(kube::Error::Api(s)) if s.code == 429 => {
+                        refused.push(format!("{ns}/{name}"))
+                    }
+                    Err(e) => {
+                        return Err(external_err(format!(
+                            "evict pod {ns}/{name} from node {node}: {e}"
+                        )))
+                    }
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(external_err(format!(
+                    "draining node {node}: {} pod(s) still on it after {}s{}; the node stays cordoned and the removal is retried",
+                    pods.len(),
+                    DRAIN_TIMEOUT.as_secs(),
+                    if refused.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (evictions refused by a PodDisruptionBudget: {})", refused.join(", "))
+                    }
+                )));
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
     }
 }
 
@@ -207,8 +311,10 @@ impl ClusterJoin for ExternalJoin {
     }
 
     async fn remove_node(&self, node: &str) -> Result<()> {
-        // No pods run on knit's nodes, so draining has nothing to evict:
-        // deleting the Node object is the whole removal.
+        // Cordon and evict first (PodDisruptionBudgets respected: a refused
+        // eviction fails the removal, which its caller retries).
+        let drained = self.drain(node).await?;
+        tracing::info!(node, "{drained}");
         match self.nodes().delete(node, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -547,6 +653,20 @@ mod tests {
                 other => panic!("a stale patch was not a conflict: {other:?}"),
             }
 
+            // Removal drains first: cordoned, and no pod to evict on the
+            // embedded cluster (it runs none).
+            let drained = join.drain("local.i-1").await.unwrap();
+            assert!(
+                drained.contains("cordoned and drained: 0 pod(s) evicted"),
+                "{drained}"
+            );
+            let cordoned = nodes.get("local.i-1").await.unwrap();
+            assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
+            assert!(join
+                .drain("local.i-9")
+                .await
+                .unwrap()
+                .contains("not registered"));
             join.remove_node("local.i-1").await.unwrap();
             assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
             // Removing an absent node is not an error.

@@ -172,3 +172,70 @@ async fn local_cloud() {
     let p = knit_server::local::LocalProvider::new(config).unwrap();
     conformance(&p, "conf-local").await;
 }
+
+/// The local cloud's exec through the control plane's bounded provider, in
+/// a real instance: an endless stream is cut at the cap (exit code kept);
+/// a command past its limit is a ProviderTimeout and is killed inside the
+/// instance too (`timeout -s KILL` there), not left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_exec_is_bounded_inside_the_instance() {
+    use knit_server::provider::{BoundedProvider, CallLimits};
+    let Some(helper) = local_helper() else {
+        eprintln!("skipped: no knit-local binary next to the tests (cargo build -p knit-local)");
+        return;
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix("knit-exec-bound-")
+        .tempdir()
+        .unwrap();
+    let pid = std::process::id();
+    let config = knit_local::Config {
+        state_dir: tmp.path().join("local"),
+        bridge: format!("kb{pid:x}"),
+        subnet: free_subnet(pid),
+        metadata_port: 80,
+        helper: Some(helper),
+    };
+    let _down = Down(knit_local::Cloud::open(config.clone()).unwrap());
+    let local = knit_server::local::LocalProvider::new(config).unwrap();
+    let p = BoundedProvider::new(
+        std::sync::Arc::new(local),
+        CallLimits {
+            exec_output_max: 1 << 20,
+            ..CallLimits::default()
+        },
+    );
+    let made = p.create(&template("exec-bound")).await.unwrap();
+
+    let (code, out, _) = p
+        .exec(&made.id, &argv("head -c 50000000 /dev/zero; exit 4"))
+        .await
+        .unwrap();
+    assert_eq!(code, 4);
+    let marker = knit_server::provider::EXEC_CUT_MARKER.as_bytes();
+    assert_eq!(out.len(), (1 << 20) + marker.len());
+    assert!(out.ends_with(marker));
+
+    let e = p
+        .exec_limited(
+            &made.id,
+            &argv("sleep 7 && touch /tmp/knit-survived"),
+            Duration::from_secs(1),
+            1024,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "ProviderTimeout", "{e}");
+    // Past the inner kill (limit + 2 s) and the sleep: nothing was left to
+    // finish it.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let (code, _, _) = p
+        .exec(&made.id, &argv("test ! -e /tmp/knit-survived"))
+        .await
+        .unwrap();
+    assert_eq!(
+        code, 0,
+        "the command outlived its limit inside the instance"
+    );
+    p.delete(&made.id).await.unwrap();
+}

@@ -36,6 +36,9 @@ metadata: {name: workers}
 spec:
   replicas: 0
   systemDisk: {sizeGiB: 20}
+  # An added instance's type must be one of the pool's: the local cloud's
+  # default and those the preflight cases use.
+  instanceTypes: [local.small, ecs.g7.large, ecs.t5.small, ecs.ebmgn7e.32xlarge]
   preUserData: |
     touch /var/.skip-yum
     mkdir -p /etc/cni/net.d
@@ -602,6 +605,7 @@ fn each_preflight_check_fails_alone_on_a_real_instance() {
         ("attributes: {swap: true}", "error", "PreflightSwapOn"),
         ("instanceType: ecs.t5.small", "error", "PreflightInstanceTypeUnsupported"),
         ("instanceType: ecs.ebmgn7e.32xlarge", "warning", "PreflightMigReset"),
+        ("instanceType: ecs.c7.xlarge", "error", "PreflightInstanceTypeNotInPool"),
         (
             "attributes: {securityGroups: [{id: sg-e, type: enterprise, rules: [{direction: egress, protocol: tcp, portRange: 6443/6443, cidr: 0.0.0.0/0}]}]}",
             "error",

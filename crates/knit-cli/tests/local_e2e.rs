@@ -120,6 +120,10 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     );
     let log = env.knit_ok(&["logs", "node", node]);
     assert!(log.contains("[data-disk]"), "{log}");
+    // `knit exec` runs on the node's own machine (its hostname is its
+    // instance's name), through the server's API.
+    let hostname = env.knit_ok(&["exec", "node", node, "--", "cat", "/etc/hostname"]);
+    assert_eq!(hostname.trim(), nodes[0]["instance"].as_str().unwrap());
     nodes_see_nothing_of_the_host(&env);
 
     // 3 -> 1: newest first, released at the provider.

@@ -660,8 +660,12 @@ impl Machines {
         let mut rec = self.state.vm(id)?;
         let dir = self.state.vm_dir(id);
         if !live_pids(&rec, &dir).is_empty() {
-            let qmp = dir.join("qmp.sock");
-            let asked = agent::qmp(&qmp, "system_powerdown", None, QMP_TIMEOUT).is_ok();
+            // systemd powers off when the guest agent asks; the ACPI power
+            // button needs systemd-logind (and D-Bus), which an image may lack.
+            let asked = self
+                .exec(id, &detached_systemctl("poweroff"), Duration::from_secs(20))
+                .is_ok_and(|out| out.code == 0)
+                || agent::qmp(&dir.join("qmp.sock"), "system_powerdown", None, QMP_TIMEOUT).is_ok();
             let gone = asked && wait_gone(&rec, &dir, self.cfg.stop_timeout);
             if !gone {
                 tracing::warn!(id, "the guest did not power off in time: quitting QEMU");
@@ -714,7 +718,7 @@ impl Machines {
         // when the guest cannot be asked.
         let requested = before.is_some()
             && self
-                .exec(id, &reboot_argv(), Duration::from_secs(30))
+                .exec(id, &detached_systemctl("reboot"), Duration::from_secs(30))
                 .is_ok_and(|out| out.code == 0);
         if !requested {
             tracing::warn!(id, "the guest could not be asked to reboot: resetting it");
@@ -1081,16 +1085,15 @@ impl Machines {
     }
 }
 
-/// Reboots two seconds after it returns, so the guest agent answers first.
-fn reboot_argv() -> Vec<String> {
+/// `systemctl VERB` two seconds after it returns, so the guest agent
+/// answers first.
+fn detached_systemctl(verb: &str) -> Vec<String> {
     [
-        "sh",
-        "-c",
-        "(sleep 2; systemctl reboot) </dev/null >/dev/null 2>&1 &",
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("(sleep 2; systemctl {verb}) </dev/null >/dev/null 2>&1 &"),
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    .to_vec()
 }
 
 fn disk_file(dir: &Path, disk_id: &str) -> PathBuf {

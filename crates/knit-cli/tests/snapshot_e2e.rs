@@ -119,7 +119,17 @@ fn snapshot_build_use_stale_and_delete() {
     knit_registry::seed(&push, &env.path("work"), APP, 2, 4 << 20).unwrap();
     let mirror = env.registry_mirror();
 
-    env.create("workers", &pool_yaml("workers", &mirror, None));
+    // A registry that takes connections and never answers (a listener on
+    // the bridge's address that is never accepted from): pulls from it
+    // hang. Plain HTTP, so that nothing but our deadline ends them.
+    let hanging = std::net::TcpListener::bind((env.gateway.as_str(), 0)).unwrap();
+    let hanging_addr = hanging.local_addr().unwrap().to_string();
+    let workers = pool_yaml("workers", &mirror, None).replace(
+        &format!("insecureRegistries: [\"{mirror}\"]"),
+        &format!("insecureRegistries: [\"{mirror}\", \"{hanging_addr}\"]"),
+    );
+    assert!(workers.contains(&hanging_addr), "{workers}");
+    env.create("workers", &workers);
 
     // 1. Build.
     let out = env.knit_ok(&[
@@ -215,6 +225,54 @@ fn snapshot_build_use_stale_and_delete() {
             && error.contains("knit registry up"),
         "{failed}"
     );
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !cloud.list().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "failed builder not released");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    // 1c. A registry that never answers: the pull is ended by the images
+    // step's deadline (before: the build sat at `images` indefinitely),
+    // with progress on the way and the fix in the error.
+    let hang_image = format!("{hanging_addr}/acme/hang:1");
+    let (ok, out, err) = env.knit(&[
+        "snapshot",
+        "create",
+        "--pool",
+        "workers",
+        "--images",
+        &hang_image,
+        "--images-timeout",
+        "40",
+        "--timeout",
+        "900",
+    ]);
+    assert!(!ok, "{out}{err}");
+    let hung_id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap()
+        .to_string();
+    let hung = env.json(&["snapshot", "builds", &hung_id, "-o", "json"]);
+    assert_eq!(hung["status"], "Failed", "{hung}");
+    assert_eq!(hung["step"], "images", "{hung}");
+    let error = hung["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("within the deadline of 40s") && error.contains("knit registry up"),
+        "{hung}"
+    );
+    assert!(
+        hung["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("still pulling after")),
+        "{hung}"
+    );
+    drop(hanging);
     let deadline = Instant::now() + Duration::from_secs(300);
     while !cloud.list().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "failed builder not released");

@@ -470,18 +470,21 @@ fn seg(name: &str) -> String {
 
 /// The ECS provider from the server's flags; the key from the environment
 /// or a credentials file (knit-ecs refuses one others can read).
-fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::ecs::EcsProvider> {
+fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProvider> {
     let region = opts.region.as_deref().ok_or_else(|| {
         CliError::Usage("--provider ecs needs --region <id> (e.g. cn-shanghai)".into())
     })?;
     let credentials =
         knit_ecs::Credentials::discover().map_err(|e| CliError::Failed(e.to_string()))?;
-    let mut s = knit_server::ecs::EcsSettings::new(region);
+    let mut s = knit_server::provider::ecs::EcsSettings::new(region);
     s.endpoint = opts.ecs_endpoint.clone();
     s.v_switch_id = opts.ecs_vswitch.clone();
     s.security_group_ids = opts.ecs_security_group.clone();
     s.default_image = opts.ecs_image.clone();
-    Ok(knit_server::ecs::EcsProvider::new(s, credentials)?)
+    Ok(knit_server::provider::ecs::EcsProvider::new(
+        s,
+        credentials,
+    )?)
 }
 
 /// The provider's gateway: where its instances reach this host.
@@ -490,7 +493,7 @@ fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
         return Ok(None);
     }
     Ok(Some(
-        knit_server::local::local_gateway(&opts.local_subnet)?.into(),
+        knit_server::provider::local::local_gateway(&opts.local_subnet)?.into(),
     ))
 }
 
@@ -600,7 +603,7 @@ fn serve(cli_config: &Option<PathBuf>, opts: ServerOpts, write_config: bool) -> 
         }
     }
     let provider: Option<Arc<dyn knit_server::provider::Provider>> = match opts.provider.as_str() {
-        "local" => Some(Arc::new(knit_server::local::LocalProvider::new(
+        "local" => Some(Arc::new(knit_server::provider::local::LocalProvider::new(
             local_config(&opts),
         )?)),
         "ecs" => Some(Arc::new(ecs_provider(&opts)?)),

@@ -21,15 +21,15 @@ struct Record {
 pub fn provider(
     local: knit_local::Config,
 ) -> Result<std::sync::Arc<dyn knit_server::provider::Provider>> {
-    let cfg = knit_server::qemu::qemu_config(&local)?;
-    Ok(std::sync::Arc::new(knit_server::qemu::QemuProvider::new(
-        local, cfg,
-    )?))
+    let cfg = knit_server::provider::qemu::qemu_config(&local)?;
+    Ok(std::sync::Arc::new(
+        knit_server::provider::qemu::QemuProvider::new(local, cfg)?,
+    ))
 }
 
 /// Records the VMs' state directory the server started by `up` will use.
 pub fn record(server_state: &Path, local: &knit_local::Config) -> Result<()> {
-    let cfg = knit_server::qemu::qemu_config(local)?;
+    let cfg = knit_server::provider::qemu::qemu_config(local)?;
     let rec = Record {
         state_dir: cfg.state_dir,
         bridge: cfg.bridge,

@@ -4,26 +4,21 @@
 //! exchanges one-time tokens for NodeConfigs, receives the agents' phase
 //! reports, and serves the package mirror.
 
-pub mod api;
 pub mod attach;
 pub mod bootstrap;
 pub mod client;
 pub mod cluster;
 pub mod control;
 pub mod durable;
-pub mod ecs;
 pub mod error;
-pub mod external;
-pub mod local;
+pub mod http;
 pub mod metrics;
 pub mod mirror;
 pub mod names;
-pub mod openapi;
 pub mod pause;
 pub mod pki;
 pub mod preflight;
 pub mod provider;
-pub mod qemu;
 pub mod reconcile;
 pub mod repair;
 pub mod server;

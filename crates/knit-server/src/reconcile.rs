@@ -244,7 +244,7 @@ impl ControlPlane {
             // the agent finished.
             let attached = self.cluster.attached();
             if node.is_some_and(|n| {
-                n.status == "Ready" || (!attached && crate::api::node_initialized(n))
+                n.status == "Ready" || (!attached && crate::http::node_initialized(n))
             }) {
                 continue;
             }
@@ -925,7 +925,7 @@ impl ControlPlane {
             .store
             .nodes()?
             .into_iter()
-            .filter(|n| n.user_data.is_none() && crate::api::node_initialized(n))
+            .filter(|n| n.user_data.is_none() && crate::http::node_initialized(n))
             .filter(|n| unreadable_due(&n.name, now))
             .take(20)
             .collect();

@@ -1,10 +1,10 @@
 //! Starting the control plane: state directory, CA, admin token, store,
 //! HTTPS listener and reconciler.
 
-use crate::api::{router, Peer};
 use crate::bootstrap::ClusterJoin;
 use crate::control::{ConnectionLimits, ControlPlane, Settings};
 use crate::error::{Result, ServerError};
+use crate::http::{router, Peer};
 use crate::pki::{load_or_create_token, Pki};
 use crate::provider::Provider;
 use crate::store::Store;
@@ -83,7 +83,7 @@ pub async fn start(
     }
     // `apiServer: external` in the stored spec: nodes join that cluster.
     let spec = store.cluster()?.unwrap_or_default();
-    let cluster = crate::external::select(&spec, cluster, settings.join_token_ttl).await?;
+    let cluster = crate::cluster::external::select(&spec, cluster, settings.join_token_ttl).await?;
 
     let gateway = provider.as_ref().and_then(|p| p.gateway());
     let (listeners, addrs) = bind_all(&settings).await?;

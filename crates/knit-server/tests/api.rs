@@ -39,7 +39,7 @@ fn every_admin_route_refuses_without_the_token() {
     let h = harness();
     let anonymous = h.client().with_token("");
     let wrong = h.client().with_token("not-the-token");
-    for (path, method, _, auth) in knit_server::openapi::OPERATIONS {
+    for (path, method, _, auth) in knit_server::http::openapi::OPERATIONS {
         let concrete = path
             .replace("{name}", "x")
             .replace("{path}", "x")

@@ -13,7 +13,7 @@
 //! Cloud Assistant, snapshots the data disk, and removes everything it
 //! made (found by its own pool tag and snapshot name), failed or not.
 
-use knit_server::ecs::{EcsProvider, EcsSettings};
+use knit_server::provider::ecs::{EcsProvider, EcsSettings};
 use knit_server::provider::{DiskTemplate, InstanceTemplate, Provider, TAG_NAME, TAG_POOL};
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! password never in an error or a Debug text.
 
 use knit_ecs::fake::{FakeEcs, Fault};
-use knit_server::ecs::{EcsProvider, EcsSettings};
+use knit_server::provider::ecs::{EcsProvider, EcsSettings};
 use knit_server::provider::{DiskTemplate, InstanceTemplate, Provider, TAG_NAME, TAG_POOL};
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 mod support;
 
 use knit_ecs::fake::{FakeEcs, Fault};
-use knit_server::ecs::{EcsProvider, EcsSettings};
+use knit_server::provider::ecs::{EcsProvider, EcsSettings};
 use knit_server::provider::{TAG_NAME, TAG_POOL};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

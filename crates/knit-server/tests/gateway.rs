@@ -106,7 +106,7 @@ fn the_advertised_host_is_the_providers_gateway_where_the_server_listens() {
     );
     // The local cloud's gateway is its subnet's first host.
     assert_eq!(
-        knit_server::local::local_gateway("10.219.1.0/24").unwrap(),
+        knit_server::provider::local::local_gateway("10.219.1.0/24").unwrap(),
         "10.219.1.1".parse::<std::net::Ipv4Addr>().unwrap()
     );
 }

@@ -3,7 +3,7 @@
 //! created instance is found again by knit's name) against the ECS provider
 //! over the fake ECS and against the local cloud.
 
-use knit_server::ecs::{EcsProvider, EcsSettings};
+use knit_server::provider::ecs::{EcsProvider, EcsSettings};
 use knit_server::provider::{DiskTemplate, InstanceTemplate, Provider, TAG_NAME, TAG_POOL};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -169,7 +169,7 @@ async fn local_cloud() {
         helper: Some(helper),
     };
     let _down = Down(knit_local::Cloud::open(config.clone()).unwrap());
-    let p = knit_server::local::LocalProvider::new(config).unwrap();
+    let p = knit_server::provider::local::LocalProvider::new(config).unwrap();
     conformance(&p, "conf-local").await;
 }
 
@@ -197,7 +197,7 @@ async fn local_exec_is_bounded_inside_the_instance() {
         helper: Some(helper),
     };
     let _down = Down(knit_local::Cloud::open(config.clone()).unwrap());
-    let local = knit_server::local::LocalProvider::new(config).unwrap();
+    let local = knit_server::provider::local::LocalProvider::new(config).unwrap();
     let p = BoundedProvider::new(
         std::sync::Arc::new(local),
         CallLimits {

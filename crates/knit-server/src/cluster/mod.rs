@@ -3,6 +3,8 @@
 //! pin, and Node status and removal through the cluster's own HTTPS API with
 //! the admin client certificate, as any Kubernetes client would.
 
+pub mod external;
+
 use crate::bootstrap::{ClusterJoin, JoinMaterial};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;

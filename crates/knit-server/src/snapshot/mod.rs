@@ -977,7 +977,7 @@ async fn build_on(
             if attached {
                 n.status == "Ready"
             } else {
-                crate::api::node_initialized(n)
+                crate::http::node_initialized(n)
             }
         }))
     })
@@ -1406,7 +1406,7 @@ mod tests {
             ..knit_local::Config::default()
         };
         let cloud = LocalDown(knit_local::Cloud::open(config.clone()).unwrap());
-        let provider = crate::local::LocalProvider::new(config).unwrap();
+        let provider = crate::provider::local::LocalProvider::new(config).unwrap();
         let store = crate::store::Store::open(&dir.path().join("k.db")).unwrap();
         let cp = Arc::new(ControlPlane::new(
             store,

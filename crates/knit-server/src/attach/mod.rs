@@ -18,9 +18,9 @@
 //! old → new disk ids) is kept in `<state>/attach/<instance>.json`, read by
 //! the bootstrap endpoint when it makes the NodeConfig.
 
-use crate::api::Peer;
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
+use crate::http::Peer;
 use crate::preflight::{self, Context, DiskFacts, InstanceFacts, Mode, Report};
 use crate::reconcile::counts_toward_pool;
 use crate::store::{now_ms, state, Enrollment, InstanceRecord, IntentRecord, Redeem};

@@ -3,6 +3,8 @@
 //! package mirror, `/healthz` and `/openapi.json` are public (they hold no
 //! secret: the mirror serves the same binaries to every node).
 
+pub mod openapi;
+
 use crate::bootstrap::{expected_node_name, node_config, NodeConfigInput, PackageRef};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
@@ -84,7 +86,7 @@ pub fn router(cp: Cp) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/openapi.json",
-            get(|| async { Json(crate::openapi::document()) }),
+            get(|| async { Json(crate::http::openapi::document()) }),
         )
         .route("/mirror/*path", get(mirror_file))
         .route("/bootstrap/v1/config", post(bootstrap))

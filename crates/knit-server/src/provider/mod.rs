@@ -1,6 +1,10 @@
 //! Where instances come from. The reconciler speaks only this trait; the
 //! local cloud (knit-local) is the implementation that exists today.
 
+pub mod ecs;
+pub mod local;
+pub mod qemu;
+
 use crate::error::Result;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

@@ -243,9 +243,7 @@ impl ControlPlane {
             // Joining a cluster, a node is done when Ready; otherwise when
             // the agent finished.
             let attached = self.cluster.attached();
-            if node.is_some_and(|n| {
-                n.status == "Ready" || (!attached && crate::http::node_initialized(n))
-            }) {
+            if node.is_some_and(|n| n.status == "Ready" || (!attached && n.initialized())) {
                 continue;
             }
             let last = match node {
@@ -925,7 +923,7 @@ impl ControlPlane {
             .store
             .nodes()?
             .into_iter()
-            .filter(|n| n.user_data.is_none() && crate::http::node_initialized(n))
+            .filter(|n| n.user_data.is_none() && n.initialized())
             .filter(|n| unreadable_due(&n.name, now))
             .take(20)
             .collect();

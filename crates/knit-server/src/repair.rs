@@ -195,7 +195,7 @@ fn node_state(nodes: &[NodeRecord], instance: &str, attached: bool) -> (bool, bo
     let mut ready = false;
     for n in mine {
         ready |= n.status == "Ready";
-        joined |= n.status == "Ready" || (!attached && crate::http::node_initialized(n));
+        joined |= n.status == "Ready" || (!attached && n.initialized());
     }
     (joined, ready)
 }

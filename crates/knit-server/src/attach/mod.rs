@@ -21,7 +21,7 @@
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::http::Peer;
-use crate::preflight::{self, Context, DiskFacts, InstanceFacts, Mode, Report};
+use crate::preflight::{self, Context, InstanceFacts, Mode, Report};
 use crate::reconcile::counts_toward_pool;
 use crate::store::{now_ms, state, Enrollment, InstanceRecord, IntentRecord, Redeem};
 use crate::{pki, userdata};
@@ -50,75 +50,6 @@ pub const DEFAULT_EXPIRES_SECONDS: i64 = 3600;
 const MAX_EXPIRES_SECONDS: i64 = 7 * 24 * 3600;
 
 type Cp = Arc<ControlPlane>;
-
-/// The local cloud's attributes as preflight facts (simulated cloud objects).
-pub fn local_facts(i: &knit_local::Instance) -> InstanceFacts {
-    let r = &i.record;
-    let a = &r.template.attributes;
-    let os = a.os.clone().unwrap_or_else(|| r.os.clone());
-    InstanceFacts {
-        id: r.id.clone(),
-        name: r
-            .template
-            .name
-            .clone()
-            .unwrap_or_else(|| r.hostname.clone()),
-        state: if r.state.to_string() == "running" && !i.alive {
-            "dead".into()
-        } else {
-            r.state.to_string()
-        },
-        ip: Some(r.private_ip.clone()),
-        instance_type: r.template.instance_type.clone(),
-        account_id: a.account_id.clone(),
-        region_id: a.region_id.clone(),
-        zone_id: a.zone_id.clone(),
-        vpc_id: a.vpc_id.clone(),
-        v_switch_id: a.v_switch_id.clone(),
-        security_groups: a
-            .security_groups
-            .iter()
-            .map(|g| preflight::SecurityGroupFacts {
-                id: g.id.clone(),
-                kind: match g.kind {
-                    knit_local::SecurityGroupType::Normal => "normal".into(),
-                    knit_local::SecurityGroupType::Enterprise => "enterprise".into(),
-                },
-                rules: g
-                    .rules
-                    .iter()
-                    .map(|x| preflight::RuleFacts {
-                        direction: x.direction.clone(),
-                        protocol: x.protocol.clone(),
-                        port_range: x.port_range.clone(),
-                        cidr: x.cidr.clone(),
-                        policy: x.policy.clone(),
-                    })
-                    .collect(),
-            })
-            .collect(),
-        eni_count: a.enis.count,
-        max_enis: a.instance_type_limits.max_enis,
-        max_ips_per_eni: a.instance_type_limits.max_ips_per_eni,
-        ram_role: a.ram_role.clone(),
-        ipv6: a.ipv6,
-        swap: a.swap,
-        os_id: os.id,
-        os_version: os.version_id,
-        os_name: os.pretty_name,
-        tags: a.tags.clone(),
-        password_login: a.login.password.is_some(),
-        data_disks: i
-            .data_disks
-            .iter()
-            .map(|d| DiskFacts {
-                id: d.id.clone(),
-                device: d.device.clone(),
-                size_bytes: d.size,
-            })
-            .collect(),
-    }
-}
 
 /// What one attach decided, kept for the bootstrap endpoint and for users.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -231,12 +231,6 @@ pub fn hide_password(view: &mut Value) {
     }
 }
 
-/// The agent finished its last phase (or a phase failed: it stops there).
-pub fn node_initialized(n: &NodeRecord) -> bool {
-    n.phase.as_deref() == Some("hardening")
-        && matches!(n.phase_outcome.as_deref(), Some("done") | Some("skipped"))
-}
-
 fn node_view(
     cp: &ControlPlane,
     node: &NodeRecord,
@@ -244,7 +238,7 @@ fn node_view(
     with_timeline: bool,
 ) -> Result<Value> {
     let mut view = serde_json::to_value(node).map_err(|e| ServerError::Internal(e.to_string()))?;
-    view["initialized"] = json!(node_initialized(node));
+    view["initialized"] = json!(node.initialized());
     view["providerId"] = json!(instance.and_then(|i| i.provider_id.clone()));
     view["ip"] = json!(instance.and_then(|i| i.ip.clone()));
     if with_timeline {

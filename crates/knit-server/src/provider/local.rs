@@ -3,6 +3,7 @@
 //! so every call runs on tokio's blocking pool.
 
 use crate::error::{Result, ServerError};
+use crate::preflight;
 use crate::provider::{
     InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, EXEC_OUTPUT_MAX_BYTES,
     EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
@@ -476,7 +477,7 @@ impl Provider for LocalProvider {
     async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
         let id = id.to_string();
         let instance = self.blocking(move |c| c.describe(&id)).await?;
-        Ok(crate::attach::local_facts(&instance))
+        Ok(local_facts(&instance))
     }
 
     async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
@@ -502,6 +503,75 @@ impl Provider for LocalProvider {
             .blocking(move |c| c.exec_command(&target, &inner))
             .await?;
         run_bounded_exec(command, id, limit, max_output).await
+    }
+}
+
+/// The local cloud's attributes as preflight facts (simulated cloud objects).
+pub fn local_facts(i: &knit_local::Instance) -> preflight::InstanceFacts {
+    let r = &i.record;
+    let a = &r.template.attributes;
+    let os = a.os.clone().unwrap_or_else(|| r.os.clone());
+    preflight::InstanceFacts {
+        id: r.id.clone(),
+        name: r
+            .template
+            .name
+            .clone()
+            .unwrap_or_else(|| r.hostname.clone()),
+        state: if r.state.to_string() == "running" && !i.alive {
+            "dead".into()
+        } else {
+            r.state.to_string()
+        },
+        ip: Some(r.private_ip.clone()),
+        instance_type: r.template.instance_type.clone(),
+        account_id: a.account_id.clone(),
+        region_id: a.region_id.clone(),
+        zone_id: a.zone_id.clone(),
+        vpc_id: a.vpc_id.clone(),
+        v_switch_id: a.v_switch_id.clone(),
+        security_groups: a
+            .security_groups
+            .iter()
+            .map(|g| preflight::SecurityGroupFacts {
+                id: g.id.clone(),
+                kind: match g.kind {
+                    knit_local::SecurityGroupType::Normal => "normal".into(),
+                    knit_local::SecurityGroupType::Enterprise => "enterprise".into(),
+                },
+                rules: g
+                    .rules
+                    .iter()
+                    .map(|x| preflight::RuleFacts {
+                        direction: x.direction.clone(),
+                        protocol: x.protocol.clone(),
+                        port_range: x.port_range.clone(),
+                        cidr: x.cidr.clone(),
+                        policy: x.policy.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        eni_count: a.enis.count,
+        max_enis: a.instance_type_limits.max_enis,
+        max_ips_per_eni: a.instance_type_limits.max_ips_per_eni,
+        ram_role: a.ram_role.clone(),
+        ipv6: a.ipv6,
+        swap: a.swap,
+        os_id: os.id,
+        os_version: os.version_id,
+        os_name: os.pretty_name,
+        tags: a.tags.clone(),
+        password_login: a.login.password.is_some(),
+        data_disks: i
+            .data_disks
+            .iter()
+            .map(|d| preflight::DiskFacts {
+                id: d.id.clone(),
+                device: d.device.clone(),
+                size_bytes: d.size,
+            })
+            .collect(),
     }
 }
 

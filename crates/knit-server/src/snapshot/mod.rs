@@ -977,7 +977,7 @@ async fn build_on(
             if attached {
                 n.status == "Ready"
             } else {
-                crate::http::node_initialized(n)
+                n.initialized()
             }
         }))
     })

@@ -245,6 +245,17 @@ pub struct NodeRecord {
     pub user_data: Option<String>,
 }
 
+impl NodeRecord {
+    /// The agent finished its last phase (or a phase failed: it stops there).
+    pub fn initialized(&self) -> bool {
+        self.phase.as_deref() == Some("hardening")
+            && matches!(
+                self.phase_outcome.as_deref(),
+                Some("done") | Some("skipped")
+            )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TimelineEntry {

@@ -4,13 +4,16 @@
 //! Pure data and validation, no I/O: everything else in knit depends on this
 //! crate and it depends on nothing of knit.
 
+pub mod agent;
 pub mod config;
 pub mod disk;
 pub mod error;
 pub mod events;
 pub mod phase;
 pub mod pool;
+pub mod state;
 pub mod validate;
+pub mod views;
 
 pub use config::*;
 pub use error::{ApiError, FieldError};

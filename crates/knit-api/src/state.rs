@@ -1,0 +1,284 @@
+//! Every state knit records and shows as a word: an instance's lifecycle, an
+//! intent's action and status, a node's Ready status, an event's type, a
+//! snapshot build's status, a data disk's interface (and the phase outcome
+//! of [`crate::events`]).
+//!
+//! Each word is written once here: the serde name is the one on the wire
+//! and the one stored in the control plane's database, so a value written
+//! by an older knit reads back as the same variant. Never rename one.
+
+use crate::error::FieldError;
+use crate::events::PhaseOutcome;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// An enum whose variants are words: serde names, `as_str`, `ALL`,
+/// `Display`, and `FromStr` refusing any other word with a [`FieldError`]
+/// that names the field and the words allowed.
+macro_rules! word_enum {
+    (
+        $(#[$meta:meta])*
+        $name:ident, field = $field:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $word:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $word)] $variant, )+
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The word on the wire and in the database.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = FieldError;
+
+            fn from_str(word: &str) -> Result<Self, FieldError> {
+                match word {
+                    $($word => Ok($name::$variant),)+
+                    _ => Err(unknown_word($field, word, &[$($word),+])),
+                }
+            }
+        }
+    };
+}
+
+fn unknown_word(field: &str, word: &str, allowed: &[&str]) -> FieldError {
+    FieldError {
+        field: field.to_string(),
+        value: format!("{word:?}"),
+        rule: format!("must be one of {}", allowed.join(", ")),
+    }
+}
+
+word_enum! {
+    /// An instance's lifecycle as the control plane sees it.
+    InstanceState, field = "instance.state" {
+        /// Intent written, not yet sent to the provider.
+        Pending = "Pending",
+        /// Provider call in flight; on restart the provider is asked whether
+        /// it exists. Also an added instance being re-imaged.
+        Creating = "Creating",
+        Running = "Running",
+        /// Creation failed more times than allowed, or its node never
+        /// joined; kept for inspection.
+        Failed = "Failed",
+        Deleting = "Deleting",
+        /// Removed from its pool with the instance kept (`--release=false`,
+        /// or an attach undone).
+        Detached = "Detached",
+    }
+}
+
+impl InstanceState {
+    /// Whether the instance counts in its pool: not being deleted and not
+    /// detached from it.
+    pub fn is_member(self) -> bool {
+        matches!(
+            self,
+            InstanceState::Pending
+                | InstanceState::Creating
+                | InstanceState::Running
+                | InstanceState::Failed
+        )
+    }
+}
+
+word_enum! {
+    /// What an intent asks the reconciler to do with an instance.
+    IntentAction, field = "intent.action" {
+        Create = "create",
+        Delete = "delete",
+        /// An existing machine added to a pool (attach).
+        Attach = "attach",
+    }
+}
+
+word_enum! {
+    /// An intent's status: pending until the reconciler ends it.
+    IntentStatus, field = "intent.status" {
+        Pending = "pending",
+        Done = "done",
+        Failed = "failed",
+        /// Superseded (a delete of a not yet created instance) or its
+        /// instance or pool went away.
+        Cancelled = "cancelled",
+    }
+}
+
+word_enum! {
+    /// A node's Ready condition as the cluster reports it.
+    NodeStatus, field = "node.status" {
+        Ready = "Ready",
+        NotReady = "NotReady",
+        /// The node stopped reporting (its kubelet's lease expired).
+        Unknown = "Unknown",
+    }
+}
+
+word_enum! {
+    /// An event's type, as in Kubernetes.
+    EventType, field = "event.type" {
+        Normal = "Normal",
+        Warning = "Warning",
+    }
+}
+
+word_enum! {
+    /// A snapshot build's status.
+    BuildStatus, field = "build.status" {
+        Running = "Running",
+        Succeeded = "Succeeded",
+        Failed = "Failed",
+    }
+}
+
+word_enum! {
+    /// A data disk's interface (`spec.dataDisks[].interface`).
+    DiskInterface, field = "dataDisks.interface" {
+        Virtio = "virtio",
+        Nvme = "nvme",
+    }
+}
+
+impl PhaseOutcome {
+    /// Every outcome, in the order a phase goes through them.
+    pub const ALL: &'static [PhaseOutcome] = &[
+        PhaseOutcome::Started,
+        PhaseOutcome::Done,
+        PhaseOutcome::Skipped,
+        PhaseOutcome::Failed,
+    ];
+
+    /// The word on the wire (its serde name) and in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PhaseOutcome::Started => "started",
+            PhaseOutcome::Done => "done",
+            PhaseOutcome::Skipped => "skipped",
+            PhaseOutcome::Failed => "failed",
+        }
+    }
+
+    /// Whether the phase ended without failing.
+    pub fn is_success(self) -> bool {
+        matches!(self, PhaseOutcome::Done | PhaseOutcome::Skipped)
+    }
+}
+
+impl fmt::Display for PhaseOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PhaseOutcome {
+    type Err = FieldError;
+
+    fn from_str(word: &str) -> Result<Self, FieldError> {
+        PhaseOutcome::ALL
+            .iter()
+            .copied()
+            .find(|o| o.as_str() == word)
+            .ok_or_else(|| {
+                let allowed: Vec<&str> = PhaseOutcome::ALL.iter().map(|o| o.as_str()).collect();
+                unknown_word("phase.outcome", word, &allowed)
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each variant's serde name is the word given, `as_str` agrees, and
+    /// the word parses back to it.
+    fn pins<T>(all: &[T], words: &[&str])
+    where
+        T: Copy + fmt::Debug + PartialEq + Serialize + FromStr + fmt::Display,
+        for<'de> T: Deserialize<'de>,
+        <T as FromStr>::Err: fmt::Debug,
+    {
+        assert_eq!(all.len(), words.len(), "a variant without a pinned word");
+        for (v, word) in all.iter().zip(words) {
+            assert_eq!(serde_json::to_value(v).unwrap(), serde_json::json!(word));
+            assert_eq!(
+                serde_json::from_value::<T>(serde_json::json!(word)).unwrap(),
+                *v
+            );
+            assert_eq!(v.to_string(), *word);
+            assert_eq!(word.parse::<T>().unwrap(), *v);
+        }
+    }
+
+    #[test]
+    fn serde_names_are_pinned() {
+        pins(
+            InstanceState::ALL,
+            &[
+                "Pending", "Creating", "Running", "Failed", "Deleting", "Detached",
+            ],
+        );
+        pins(IntentAction::ALL, &["create", "delete", "attach"]);
+        pins(
+            IntentStatus::ALL,
+            &["pending", "done", "failed", "cancelled"],
+        );
+        pins(NodeStatus::ALL, &["Ready", "NotReady", "Unknown"]);
+        pins(EventType::ALL, &["Normal", "Warning"]);
+        pins(BuildStatus::ALL, &["Running", "Succeeded", "Failed"]);
+        pins(DiskInterface::ALL, &["virtio", "nvme"]);
+        pins(PhaseOutcome::ALL, &["started", "done", "skipped", "failed"]);
+    }
+
+    #[test]
+    fn an_unknown_word_names_field_value_and_rule() {
+        let err = "running".parse::<InstanceState>().unwrap_err();
+        assert_eq!(err.field, "instance.state");
+        assert_eq!(err.value, "\"running\"");
+        assert_eq!(
+            err.rule,
+            "must be one of Pending, Creating, Running, Failed, Deleting, Detached"
+        );
+        let err = "ok".parse::<PhaseOutcome>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "phase.outcome: value \"ok\" must be one of started, done, skipped, failed"
+        );
+    }
+
+    #[test]
+    fn members_of_a_pool() {
+        let members: Vec<InstanceState> = InstanceState::ALL
+            .iter()
+            .copied()
+            .filter(|s| s.is_member())
+            .collect();
+        assert_eq!(
+            members,
+            vec![
+                InstanceState::Pending,
+                InstanceState::Creating,
+                InstanceState::Running,
+                InstanceState::Failed
+            ]
+        );
+    }
+}

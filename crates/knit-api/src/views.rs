@@ -1,0 +1,1172 @@
+//! The REST API's wire types: what the control plane answers under
+//! `/api/v1/*` and what it takes there, shared by the server (which builds
+//! them) and the client (which reads them).
+//!
+//! Their JSON is the API: field names, casing, and whether an unknown value
+//! is sent as `null` or left out are pinned by the tests below. Views the
+//! client reads ignore fields they do not know (a newer server may add
+//! some); requests the server takes refuse unknown fields (a typo is an
+//! error, not a silently ignored option).
+
+use crate::error::FieldError;
+use crate::pool::{NodePool, NodePoolSpec, ObjectMeta};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A list answer: `{"items": [...]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Items<T> {
+    pub items: Vec<T>,
+}
+
+impl<T> Items<T> {
+    pub fn new(items: Vec<T>) -> Items<T> {
+        Items { items }
+    }
+}
+
+/// Every error answer: a stable code, the message, the invalid fields (an
+/// empty list unless the request was invalid) and, for an attach refused
+/// by its preflight, the reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorView {
+    pub code: String,
+    pub message: String,
+    #[serde(default)]
+    pub errors: Vec<FieldError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<Vec<PreflightReport>>,
+}
+
+// ---- pools
+
+/// `?strict=true` on pool create and apply: refuse a pool whose snapshot is
+/// stale (else a warning).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolWriteQuery {
+    #[serde(default)]
+    pub strict: bool,
+}
+
+/// A pool as the API shows it: its document with the login password
+/// hidden, when it was created, and its status. `warnings` only in the
+/// answer to a create or apply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolView {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: PoolMetaView,
+    pub spec: PoolSpecView,
+    pub status: PoolStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warnings: Option<Vec<String>>,
+}
+
+impl PoolView {
+    /// The view of `pool`: its password, if any, never leaves the server.
+    pub fn new(pool: NodePool, creation_timestamp_ms: i64, status: PoolStatus) -> PoolView {
+        let NodePool {
+            api_version,
+            kind,
+            metadata: ObjectMeta { name, labels },
+            spec,
+        } = pool;
+        PoolView {
+            api_version,
+            kind,
+            metadata: PoolMetaView {
+                name,
+                labels,
+                creation_timestamp_ms,
+            },
+            spec: PoolSpecView::new(spec),
+            status,
+            warnings: None,
+        }
+    }
+}
+
+/// `metadata` of a pool view: the document's, plus its creation time.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolMetaView {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub creation_timestamp_ms: i64,
+}
+
+/// A pool's spec as shown: `login` says whether a password is set
+/// (`passwordSet`) instead of carrying it. `spec.login` here always has
+/// no password.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpecView {
+    pub spec: NodePoolSpec,
+    pub login: LoginView,
+}
+
+impl PoolSpecView {
+    pub fn new(mut spec: NodePoolSpec) -> PoolSpecView {
+        let login = LoginView {
+            key_pair: spec.login.key_pair.clone(),
+            password_set: spec.login.password.take().is_some(),
+        };
+        PoolSpecView { spec, login }
+    }
+}
+
+/// `spec.login` of a pool view.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoginView {
+    #[serde(default)]
+    pub key_pair: Option<String>,
+    #[serde(default)]
+    pub password_set: bool,
+}
+
+// By hand: the spec's own `login` (which holds the password) is replaced by
+// the view's, in place, so every other spec field keeps its one definition.
+impl Serialize for PoolSpecView {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let mut spec = serde_json::to_value(&self.spec).map_err(S::Error::custom)?;
+        let login = serde_json::to_value(&self.login).map_err(S::Error::custom)?;
+        match spec.as_object_mut() {
+            Some(fields) => {
+                fields.insert("login".into(), login);
+            }
+            None => return Err(S::Error::custom("a pool spec is not a JSON object")),
+        }
+        spec.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for PoolSpecView {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut spec = Value::deserialize(deserializer)?;
+        let login = match spec.as_object_mut() {
+            Some(fields) => fields.remove("login"),
+            None => return Err(D::Error::custom("a pool spec must be a JSON object")),
+        };
+        let login = match login {
+            Some(login) => serde_json::from_value(login).map_err(D::Error::custom)?,
+            None => LoginView::default(),
+        };
+        let mut spec: NodePoolSpec = serde_json::from_value(spec).map_err(D::Error::custom)?;
+        spec.login.key_pair = login.key_pair.clone();
+        Ok(PoolSpecView { spec, login })
+    }
+}
+
+/// `status` of a pool view: its instances by state and its nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PoolStatus {
+    /// `spec.replicas`.
+    pub desired: i64,
+    /// Instances that count toward the pool (not deleting, failed or detached).
+    pub instances: i64,
+    /// Pending or being created.
+    pub pending: i64,
+    pub running: i64,
+    pub failed: i64,
+    pub deleting_instances: i64,
+    /// Nodes whose agent finished its phases.
+    pub initialized: i64,
+    pub ready: i64,
+    /// The pool itself is being deleted.
+    pub deleting: bool,
+    pub cluster_attached: bool,
+}
+
+/// The answer to `DELETE /api/v1/pools/{name}` (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolDeleting {
+    pub name: String,
+    pub deleting: bool,
+}
+
+/// `POST /api/v1/pools/{name}/scale`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleRequest {
+    pub replicas: i64,
+    /// On scale-in, release the removed instances (else keep them,
+    /// detached). Default: release.
+    #[serde(default = "release_by_default")]
+    pub release: bool,
+}
+
+fn release_by_default() -> bool {
+    true
+}
+
+// ---- instances and nodes
+
+/// One instance (`GET /api/v1/instances`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceView {
+    pub name: String,
+    pub pool: String,
+    #[serde(default)]
+    pub provider_id: Option<String>,
+    /// Pending, Creating, Running, Failed, Deleting or Detached.
+    pub state: String,
+    #[serde(default)]
+    pub ip: Option<String>,
+    pub instance_type: String,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// Added to its pool by attach: knit never releases it on its own.
+    #[serde(default)]
+    pub added: bool,
+}
+
+/// One node (`GET /api/v1/nodes`, `GET /api/v1/nodes/{name}`). `timeline`
+/// and `cache` only in the answer about one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub name: String,
+    pub instance: String,
+    pub pool: String,
+    /// Registering, Ready, NotReady, Unknown, ...
+    pub status: String,
+    /// The agent's latest phase and its outcome.
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub phase_outcome: Option<String>,
+    #[serde(default)]
+    pub error_code: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// `succeeded` or `failed: <why>` once the pool's user data ran.
+    #[serde(default)]
+    pub user_data: Option<String>,
+    /// The agent finished its last phase.
+    #[serde(default)]
+    pub initialized: bool,
+    #[serde(default)]
+    pub provider_id: Option<String>,
+    #[serde(default)]
+    pub ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<TimelineEntryView>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<NodeCacheView>,
+}
+
+/// One phase event of a node, as the agent reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimelineEntryView {
+    pub phase: String,
+    /// started, done, skipped or failed.
+    pub outcome: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub error_code: Option<String>,
+    pub at_ms: i64,
+    #[serde(default)]
+    pub duration_ms: Option<i64>,
+}
+
+/// What a node took from caches (`knit describe node`); each part only
+/// when known.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCacheView {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<PackageCacheView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImageCacheView>,
+}
+
+/// The Kubernetes package: from the data disk's cache or downloaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PackageCacheView {
+    pub cache_hit: bool,
+    pub bytes_downloaded: u64,
+}
+
+/// The system images: counts from the node's published report, each
+/// image's outcome when the report file inside the node could be read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageCacheView {
+    #[serde(default)]
+    pub hit: u64,
+    #[serde(default)]
+    pub miss: u64,
+    #[serde(default)]
+    pub bytes_pulled: u64,
+    #[serde(default)]
+    pub failed: u64,
+    /// `node annotation` or `report file`.
+    #[serde(default)]
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<Value>>,
+    /// Anything else the node's report file holds (e.g. `totalMillis`),
+    /// passed through as the node wrote it.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+/// `DELETE /api/v1/nodes/{name}`'s query.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteNodeQuery {
+    /// Absent: release an instance knit created, keep one added by attach.
+    #[serde(default)]
+    pub release: Option<bool>,
+}
+
+/// The answer to `DELETE /api/v1/nodes/{name}` (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRemoving {
+    /// The instance being removed.
+    pub instance: String,
+    /// Whether it is released (else kept, detached).
+    pub release: bool,
+    /// Added to its pool by attach.
+    pub added: bool,
+}
+
+/// `GET /api/v1/nodes/{name}/logs`'s query; the answer is the file's text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLogsQuery {
+    /// One of [`LOG_FILES`]' names; default `init`.
+    #[serde(default)]
+    pub file: Option<String>,
+}
+
+/// A node's log files the API reads: the name asked for and its path on
+/// the node.
+pub const LOG_FILES: &[(&str, &str)] = &[
+    ("init", "/var/log/ack-deploy.log"),
+    ("user-data", "/var/log/cloud-init-output.log"),
+    ("error-code", "/var/log/ack-deploy-error-code.log"),
+    ("error-msg", "/var/log/ack-deploy-error-msg.log"),
+];
+
+// ---- events and join tokens
+
+/// `GET /api/v1/events`'s query: the newest `limit` events (default 500).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventsQuery {
+    #[serde(default)]
+    pub limit: Option<i64>,
+}
+
+/// One event (aggregated: `count` times between `atMs` and `lastMs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventView {
+    pub id: i64,
+    /// When it first happened.
+    pub at_ms: i64,
+    #[serde(default = "one")]
+    pub count: i64,
+    /// When it last happened.
+    #[serde(default)]
+    pub last_ms: i64,
+    /// Normal or Warning.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub object_kind: String,
+    pub object_name: String,
+    pub reason: String,
+    pub message: String,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// One join token (`GET /api/v1/jointokens`): never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenView {
+    pub token_id: String,
+    pub instance: String,
+    pub pool: String,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+    #[serde(default)]
+    pub used_ms: Option<i64>,
+}
+
+// ---- exec
+
+/// `knit exec`'s default time limit for the command.
+pub const EXEC_DEFAULT_TIMEOUT_SECONDS: u64 = 60;
+/// The longest `timeoutSeconds` an exec request may ask for: `knit exec`
+/// is for short commands; a request holds its connection that long.
+pub const EXEC_MAX_TIMEOUT_SECONDS: u64 = 300;
+/// Largest stdout, and largest stderr, `POST /api/v1/exec` answers: a
+/// longer stream is cut there (`stdoutCut`/`stderrCut`). Smaller than the
+/// provider's cap: it travels base64-encoded in one JSON answer.
+pub const EXEC_API_OUTPUT_MAX_BYTES: usize = 4 << 20;
+
+/// `POST /api/v1/exec`: run a command on one machine through its provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecRequest {
+    /// `node` (a node's name) or `instance` (knit's instance name).
+    pub kind: String,
+    pub name: String,
+    /// The command and its arguments, run as given (no shell, no quoting).
+    pub argv: Vec<String>,
+    /// 1 ..= [`EXEC_MAX_TIMEOUT_SECONDS`]; default
+    /// [`EXEC_DEFAULT_TIMEOUT_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// The answer to an [`ExecRequest`]: the command's exit code and output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResponse {
+    /// knit's instance name and the provider's id of the machine.
+    pub instance: String,
+    pub provider_id: String,
+    /// The command's exit status; -1 when it ended by a signal.
+    pub exit_code: i32,
+    /// base64 (standard alphabet) of the bytes the command wrote.
+    pub stdout: String,
+    pub stderr: String,
+    /// The stream was longer than [`EXEC_API_OUTPUT_MAX_BYTES`] and was cut.
+    pub stdout_cut: bool,
+    pub stderr_cut: bool,
+}
+
+// ---- snapshots
+
+/// A data-disk snapshot knit built.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    pub id: String,
+    /// The pool it was built from.
+    pub pool: String,
+    pub kubernetes_version: String,
+    pub containerd_version: String,
+    pub images: Vec<String>,
+    pub size_bytes: i64,
+    pub created_ms: i64,
+}
+
+/// One snapshot in `GET /api/v1/snapshots`: with whether it holds another
+/// Kubernetes version than the cluster's, and the pools that use it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+    pub stale: bool,
+    pub cluster_kubernetes_version: String,
+    pub used_by: Vec<String>,
+}
+
+/// The answer to `DELETE /api/v1/snapshots/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotDeleted {
+    pub id: String,
+    pub deleted: bool,
+}
+
+/// `POST /api/v1/snapshots`: build a snapshot of a pool's data disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotBuildRequest {
+    pub pool: String,
+    /// Business images to pull besides the system images.
+    #[serde(default)]
+    pub images: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub keep_builder: bool,
+    /// Deadline of the `images` step (default 600 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images_timeout_seconds: Option<u64>,
+}
+
+/// One snapshot build (`GET /api/v1/snapshot-builds`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotBuildView {
+    pub id: String,
+    /// The snapshot's name at the provider.
+    pub name: String,
+    /// The source pool.
+    pub pool: String,
+    pub builder_pool: String,
+    #[serde(default)]
+    pub builder_instance: Option<String>,
+    pub images: Vec<String>,
+    pub keep_builder: bool,
+    /// Running, Succeeded or Failed.
+    pub status: String,
+    /// Where the build is, or where it stopped.
+    pub step: String,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+    pub started_ms: i64,
+    #[serde(default)]
+    pub finished_ms: Option<i64>,
+}
+
+/// One progress message of a build.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStepView {
+    pub at_ms: i64,
+    pub step: String,
+    pub message: String,
+}
+
+/// A build with its messages and, once made, its snapshot
+/// (`POST /api/v1/snapshots`, `GET /api/v1/snapshot-builds/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotBuildStatus {
+    #[serde(flatten)]
+    pub build: SnapshotBuildView,
+    pub steps: Vec<BuildStepView>,
+    /// No longer running (succeeded or failed).
+    pub done: bool,
+    #[serde(default)]
+    pub snapshot: Option<Snapshot>,
+}
+
+// ---- attach
+
+/// `POST /api/v1/pools/{pool}/attach`: add existing instances to a pool.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttachRequest {
+    /// The provider's ids of the instances.
+    pub instances: Vec<String>,
+    #[serde(default)]
+    pub format_data_disk: bool,
+    #[serde(default)]
+    pub keep_instance_name: bool,
+    /// New login password (password pools); never stored, never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+// By hand: a request logged with `{:?}` must not show the password.
+impl fmt::Debug for AttachRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttachRequest")
+            .field("instances", &self.instances)
+            .field("format_data_disk", &self.format_data_disk)
+            .field("keep_instance_name", &self.keep_instance_name)
+            .field("password", &self.password.as_ref().map(|_| "(redacted)"))
+            .field("dry_run", &self.dry_run)
+            .finish()
+    }
+}
+
+/// The answer to an [`AttachRequest`]: the preflight of every instance
+/// and, unless a dry run or refused, what became of each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachResponse {
+    pub pool: String,
+    /// `automatic`.
+    pub mode: String,
+    pub dry_run: bool,
+    pub passed: bool,
+    pub preflight: Vec<PreflightReport>,
+    pub attached: Vec<AttachOutcome>,
+}
+
+/// One instance of an attach: added, or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AttachOutcome {
+    Attached(AttachedInstance),
+    Failed(AttachFailure),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachedInstance {
+    pub provider_id: String,
+    /// knit's instance name.
+    pub instance: String,
+    #[serde(default)]
+    pub ip: Option<String>,
+    /// Kept, or renamed to the pool rule's node name.
+    pub node_name: String,
+    pub old_disks: Vec<String>,
+    pub new_disks: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachFailure {
+    pub provider_id: String,
+    pub error: String,
+    /// The error's stable code.
+    pub code: String,
+}
+
+/// `POST /api/v1/pools/{pool}/attach-script`: an attach command for a
+/// machine to run itself (manual mode). The body may be empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttachScriptRequest {
+    #[serde(default)]
+    pub format_data_disk: bool,
+    #[serde(default)]
+    pub keep_instance_name: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_seconds: Option<i64>,
+}
+
+/// The answer to an [`AttachScriptRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachScriptResponse {
+    pub pool: String,
+    pub token_id: String,
+    pub expires_ms: i64,
+    /// `sha256:<hex>` of the control-plane CA the command trusts.
+    pub ca_pin: String,
+    /// The one line to paste on the machine.
+    pub command: String,
+    /// The script that line runs.
+    pub script: String,
+}
+
+/// What the attach command tells of its machine (`POST /attach/v1/manual`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MachineFacts {
+    pub os_id: String,
+    pub os_version: String,
+    pub os_name: String,
+    pub swap: bool,
+}
+
+/// Every preflight check's result for one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightReport {
+    /// The provider's id of the instance.
+    pub instance: String,
+    pub results: Vec<PreflightResult>,
+}
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightResult {
+    /// Stable name, e.g. `same-vpc`.
+    pub check: String,
+    /// Stable code, e.g. `PreflightVpcMismatch` (also on a pass).
+    pub code: String,
+    pub status: PreflightStatus,
+    pub message: String,
+    /// What to do; empty on a pass.
+    pub fix: String,
+}
+
+/// What a check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreflightStatus {
+    Pass,
+    /// A failed check that blocks.
+    Error,
+    /// A failed check that does not block.
+    Warning,
+    /// Not applicable.
+    Skipped,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::DeserializeOwned;
+    use serde_json::json;
+
+    /// `value` serializes to `wire` exactly, and `wire` reads back as `value`.
+    fn pinned<T>(value: &T, wire: Value)
+    where
+        T: Serialize + DeserializeOwned + PartialEq + fmt::Debug,
+    {
+        assert_eq!(serde_json::to_value(value).unwrap(), wire);
+        assert_eq!(&serde_json::from_value::<T>(wire).unwrap(), value);
+    }
+
+    fn pool_status() -> PoolStatus {
+        PoolStatus {
+            desired: 2,
+            instances: 2,
+            pending: 1,
+            running: 1,
+            failed: 0,
+            deleting_instances: 0,
+            initialized: 1,
+            ready: 1,
+            deleting: false,
+            cluster_attached: true,
+        }
+    }
+
+    #[test]
+    fn pool_view_hides_the_password_and_says_it_is_set() {
+        let mut pool = NodePool::new("workers", NodePoolSpec::default());
+        pool.spec.replicas = 2;
+        pool.spec.login.password = Some("Secret-123".into());
+        let mut view = PoolView::new(pool.clone(), 1_700_000_000_000, pool_status());
+        let mut wire = serde_json::to_value(&pool).unwrap();
+        wire["spec"]["login"] = json!({"keyPair": null, "passwordSet": true});
+        wire["metadata"]["creationTimestampMs"] = json!(1_700_000_000_000i64);
+        wire["status"] = json!({
+            "desired": 2, "instances": 2, "pending": 1, "running": 1, "failed": 0,
+            "deletingInstances": 0, "initialized": 1, "ready": 1,
+            "deleting": false, "clusterAttached": true,
+        });
+        assert!(!wire.to_string().contains("Secret-123"));
+        pinned(&view, wire.clone());
+        view.warnings = Some(vec!["spec.userData: late marker".into()]);
+        wire["warnings"] = json!(["spec.userData: late marker"]);
+        pinned(&view, wire);
+    }
+
+    #[test]
+    fn pool_view_without_a_password_says_so() {
+        let mut pool = NodePool::new("plain", NodePoolSpec::default());
+        pool.spec.login.key_pair = Some("ops".into());
+        let view = PoolView::new(pool, 1, PoolStatus::default());
+        let wire = serde_json::to_value(&view).unwrap();
+        assert_eq!(
+            wire["spec"]["login"],
+            json!({"keyPair": "ops", "passwordSet": false})
+        );
+        assert_eq!(wire["metadata"]["labels"], json!({}));
+    }
+
+    #[test]
+    fn pool_deleting_and_scale() {
+        pinned(
+            &PoolDeleting {
+                name: "workers".into(),
+                deleting: true,
+            },
+            json!({"name": "workers", "deleting": true}),
+        );
+        let scale: ScaleRequest = serde_json::from_value(json!({"replicas": 3})).unwrap();
+        assert_eq!(
+            scale,
+            ScaleRequest {
+                replicas: 3,
+                release: true
+            }
+        );
+        pinned(
+            &ScaleRequest {
+                replicas: 0,
+                release: false,
+            },
+            json!({"replicas": 0, "release": false}),
+        );
+        assert!(serde_json::from_value::<ScaleRequest>(json!({"replicas": 1, "x": 1})).is_err());
+    }
+
+    #[test]
+    fn instance_view_sends_unknowns_as_null() {
+        pinned(
+            &Items::new(vec![InstanceView {
+                name: "workers-abcde".into(),
+                pool: "workers".into(),
+                provider_id: None,
+                state: "Pending".into(),
+                ip: None,
+                instance_type: "ecs.g7.large".into(),
+                last_error: None,
+                created_ms: 10,
+                updated_ms: 20,
+                added: false,
+            }]),
+            json!({"items": [{
+                "name": "workers-abcde", "pool": "workers", "providerId": null,
+                "state": "Pending", "ip": null, "instanceType": "ecs.g7.large",
+                "lastError": null, "createdMs": 10, "updatedMs": 20, "added": false,
+            }]}),
+        );
+    }
+
+    fn node() -> NodeView {
+        NodeView {
+            name: "cn-local.10.88.0.2".into(),
+            instance: "workers-abcde".into(),
+            pool: "workers".into(),
+            status: "Ready".into(),
+            phase: Some("join".into()),
+            phase_outcome: Some("failed".into()),
+            error_code: Some("FailJoin".into()),
+            error: Some("kubelet did not register".into()),
+            created_ms: 1,
+            updated_ms: 2,
+            user_data: None,
+            initialized: false,
+            provider_id: Some("i-1".into()),
+            ip: None,
+            timeline: None,
+            cache: None,
+        }
+    }
+
+    fn node_wire() -> Value {
+        json!({
+            "name": "cn-local.10.88.0.2", "instance": "workers-abcde", "pool": "workers",
+            "status": "Ready", "phase": "join", "phaseOutcome": "failed",
+            "errorCode": "FailJoin", "error": "kubelet did not register",
+            "createdMs": 1, "updatedMs": 2, "userData": null,
+            "initialized": false, "providerId": "i-1", "ip": null,
+        })
+    }
+
+    #[test]
+    fn node_view_in_a_list_has_no_timeline_or_cache() {
+        pinned(&node(), node_wire());
+    }
+
+    #[test]
+    fn node_view_of_one_node_has_its_timeline_and_cache() {
+        let mut view = node();
+        view.timeline = Some(vec![
+            TimelineEntryView {
+                phase: "time-sync".into(),
+                outcome: "started".into(),
+                reason: None,
+                error_code: None,
+                at_ms: 5,
+                duration_ms: None,
+            },
+            TimelineEntryView {
+                phase: "join".into(),
+                outcome: "failed".into(),
+                reason: Some("timeout".into()),
+                error_code: Some("FailJoin".into()),
+                at_ms: 9,
+                duration_ms: Some(4),
+            },
+        ]);
+        view.cache = Some(NodeCacheView {
+            package: Some(PackageCacheView {
+                cache_hit: false,
+                bytes_downloaded: 1024,
+            }),
+            images: Some(ImageCacheView {
+                hit: 2,
+                miss: 1,
+                bytes_pulled: 42,
+                failed: 0,
+                source: "report file".into(),
+                images: Some(vec![json!({"image": "pause:3.9", "cached": true})]),
+                other: BTreeMap::from([("totalMillis".to_string(), json!(77))]),
+            }),
+        });
+        let mut wire = node_wire();
+        wire["timeline"] = json!([
+            {"phase": "time-sync", "outcome": "started", "reason": null,
+             "errorCode": null, "atMs": 5, "durationMs": null},
+            {"phase": "join", "outcome": "failed", "reason": "timeout",
+             "errorCode": "FailJoin", "atMs": 9, "durationMs": 4},
+        ]);
+        wire["cache"] = json!({
+            "package": {"cacheHit": false, "bytesDownloaded": 1024},
+            "images": {"hit": 2, "miss": 1, "bytesPulled": 42, "failed": 0,
+                       "source": "report file", "totalMillis": 77,
+                       "images": [{"image": "pause:3.9", "cached": true}]},
+        });
+        pinned(&view, wire);
+        pinned(&NodeCacheView::default(), json!({}));
+    }
+
+    #[test]
+    fn node_removing() {
+        pinned(
+            &NodeRemoving {
+                instance: "workers-abcde".into(),
+                release: false,
+                added: true,
+            },
+            json!({"instance": "workers-abcde", "release": false, "added": true}),
+        );
+    }
+
+    #[test]
+    fn event_and_join_token_views() {
+        pinned(
+            &EventView {
+                id: 7,
+                at_ms: 100,
+                count: 3,
+                last_ms: 300,
+                event_type: "Warning".into(),
+                object_kind: "Instance".into(),
+                object_name: "-".into(),
+                reason: "BootstrapRefused".into(),
+                message: "unknown token (from 10.0.0.9)".into(),
+            },
+            json!({"id": 7, "atMs": 100, "count": 3, "lastMs": 300, "type": "Warning",
+                   "objectKind": "Instance", "objectName": "-",
+                   "reason": "BootstrapRefused", "message": "unknown token (from 10.0.0.9)"}),
+        );
+        pinned(
+            &JoinTokenView {
+                token_id: "abc123".into(),
+                instance: "workers-abcde".into(),
+                pool: "workers".into(),
+                created_ms: 1,
+                expires_ms: 2,
+                used_ms: None,
+            },
+            json!({"tokenId": "abc123", "instance": "workers-abcde", "pool": "workers",
+                   "createdMs": 1, "expiresMs": 2, "usedMs": null}),
+        );
+    }
+
+    #[test]
+    fn exec_request_and_response() {
+        pinned(
+            &ExecRequest {
+                kind: "node".into(),
+                name: "n1".into(),
+                argv: vec!["cat".into(), "/etc/hostname".into()],
+                timeout_seconds: None,
+            },
+            json!({"kind": "node", "name": "n1", "argv": ["cat", "/etc/hostname"]}),
+        );
+        pinned(
+            &ExecResponse {
+                instance: "workers-abcde".into(),
+                provider_id: "i-1".into(),
+                exit_code: 0,
+                stdout: "aGk=".into(),
+                stderr: String::new(),
+                stdout_cut: false,
+                stderr_cut: false,
+            },
+            json!({"instance": "workers-abcde", "providerId": "i-1", "exitCode": 0,
+                   "stdout": "aGk=", "stderr": "", "stdoutCut": false, "stderrCut": false}),
+        );
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            id: "snap-1".into(),
+            pool: "workers".into(),
+            kubernetes_version: "1.31.1".into(),
+            containerd_version: "1.7.20".into(),
+            images: vec!["nginx:1".into()],
+            size_bytes: 4096,
+            created_ms: 3,
+        }
+    }
+
+    #[test]
+    fn snapshot_views() {
+        let wire = json!({"id": "snap-1", "pool": "workers", "kubernetesVersion": "1.31.1",
+                          "containerdVersion": "1.7.20", "images": ["nginx:1"],
+                          "sizeBytes": 4096, "createdMs": 3});
+        pinned(&snapshot(), wire.clone());
+        let mut listed = wire.clone();
+        listed["stale"] = json!(true);
+        listed["clusterKubernetesVersion"] = json!("1.32.0");
+        listed["usedBy"] = json!(["workers"]);
+        pinned(
+            &SnapshotView {
+                snapshot: snapshot(),
+                stale: true,
+                cluster_kubernetes_version: "1.32.0".into(),
+                used_by: vec!["workers".into()],
+            },
+            listed,
+        );
+        pinned(
+            &SnapshotDeleted {
+                id: "snap-1".into(),
+                deleted: true,
+            },
+            json!({"id": "snap-1", "deleted": true}),
+        );
+        let build = SnapshotBuildView {
+            id: "b-1".into(),
+            name: "knit-b-1".into(),
+            pool: "workers".into(),
+            builder_pool: "workers-builder-a1b2c3".into(),
+            builder_instance: None,
+            images: vec![],
+            keep_builder: false,
+            status: "Succeeded".into(),
+            step: "done".into(),
+            error: None,
+            snapshot_id: Some("snap-1".into()),
+            started_ms: 1,
+            finished_ms: Some(9),
+        };
+        let build_wire = json!({"id": "b-1", "name": "knit-b-1", "pool": "workers",
+            "builderPool": "workers-builder-a1b2c3", "builderInstance": null, "images": [],
+            "keepBuilder": false, "status": "Succeeded", "step": "done", "error": null,
+            "snapshotId": "snap-1", "startedMs": 1, "finishedMs": 9});
+        pinned(&build, build_wire.clone());
+        let mut status_wire = build_wire;
+        status_wire["steps"] = json!([{"atMs": 2, "step": "images", "message": "pulled"}]);
+        status_wire["done"] = json!(true);
+        status_wire["snapshot"] = wire;
+        pinned(
+            &SnapshotBuildStatus {
+                build,
+                steps: vec![BuildStepView {
+                    at_ms: 2,
+                    step: "images".into(),
+                    message: "pulled".into(),
+                }],
+                done: true,
+                snapshot: Some(snapshot()),
+            },
+            status_wire,
+        );
+        let request: SnapshotBuildRequest =
+            serde_json::from_value(json!({"pool": "workers"})).unwrap();
+        assert_eq!(request.images, Vec::<String>::new());
+        assert!(!request.keep_builder);
+        assert!(
+            serde_json::from_value::<SnapshotBuildRequest>(json!({"pool": "w", "x": 1})).is_err()
+        );
+    }
+
+    fn report() -> PreflightReport {
+        PreflightReport {
+            instance: "i-1".into(),
+            results: vec![PreflightResult {
+                check: "same-vpc".into(),
+                code: "PreflightVpcMismatch".into(),
+                status: PreflightStatus::Error,
+                message: "other VPC".into(),
+                fix: "use the cluster's VPC".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn attach_views() {
+        let report_wire = json!({"instance": "i-1", "results": [{
+            "check": "same-vpc", "code": "PreflightVpcMismatch", "status": "error",
+            "message": "other VPC", "fix": "use the cluster's VPC"}]});
+        pinned(&report(), report_wire.clone());
+        pinned(
+            &AttachResponse {
+                pool: "workers".into(),
+                mode: "automatic".into(),
+                dry_run: false,
+                passed: false,
+                preflight: vec![report()],
+                attached: vec![
+                    AttachOutcome::Attached(AttachedInstance {
+                        provider_id: "i-2".into(),
+                        instance: "workers-x1y2z".into(),
+                        ip: Some("10.0.0.2".into()),
+                        node_name: "cn-local.10.0.0.2".into(),
+                        old_disks: vec!["d-1".into()],
+                        new_disks: vec![],
+                    }),
+                    AttachOutcome::Failed(AttachFailure {
+                        provider_id: "i-3".into(),
+                        error: "re-image failed".into(),
+                        code: "Provider".into(),
+                    }),
+                ],
+            },
+            json!({"pool": "workers", "mode": "automatic", "dryRun": false, "passed": false,
+            "preflight": [report_wire],
+            "attached": [
+                {"providerId": "i-2", "instance": "workers-x1y2z", "ip": "10.0.0.2",
+                 "nodeName": "cn-local.10.0.0.2", "oldDisks": ["d-1"], "newDisks": []},
+                {"providerId": "i-3", "error": "re-image failed", "code": "Provider"},
+            ]}),
+        );
+        let request: AttachRequest =
+            serde_json::from_value(json!({"instances": ["i-1"], "password": "Secret-123"}))
+                .unwrap();
+        assert!(!format!("{request:?}").contains("Secret-123"));
+        assert!(serde_json::from_value::<AttachRequest>(json!({"instance": ["i-1"]})).is_err());
+        pinned(
+            &AttachScriptResponse {
+                pool: "workers".into(),
+                token_id: "abc123".into(),
+                expires_ms: 5,
+                ca_pin: "sha256:00".into(),
+                command: "echo x | base64 -d | bash".into(),
+                script: "#!/bin/bash\n".into(),
+            },
+            json!({"pool": "workers", "tokenId": "abc123", "expiresMs": 5, "caPin": "sha256:00",
+                   "command": "echo x | base64 -d | bash", "script": "#!/bin/bash\n"}),
+        );
+        assert_eq!(
+            serde_json::from_value::<AttachScriptRequest>(json!({})).unwrap(),
+            AttachScriptRequest::default()
+        );
+        let facts: MachineFacts = serde_json::from_value(json!({"osId": "debian"})).unwrap();
+        assert_eq!(facts.os_id, "debian");
+    }
+
+    #[test]
+    fn error_view() {
+        pinned(
+            &ErrorView {
+                code: "NotFound".into(),
+                message: "pool \"x\" not found".into(),
+                errors: vec![],
+                preflight: None,
+            },
+            json!({"code": "NotFound", "message": "pool \"x\" not found", "errors": []}),
+        );
+        pinned(
+            &ErrorView {
+                code: "PreflightFailed".into(),
+                message: "preflight failed for i-1".into(),
+                errors: vec![],
+                preflight: Some(vec![report()]),
+            },
+            json!({"code": "PreflightFailed", "message": "preflight failed for i-1",
+                   "errors": [], "preflight": [serde_json::to_value(report()).unwrap()]}),
+        );
+    }
+
+    #[test]
+    fn views_read_by_the_client_ignore_unknown_fields() {
+        let mut wire = node_wire();
+        wire["addedLater"] = json!(1);
+        assert_eq!(serde_json::from_value::<NodeView>(wire).unwrap(), node());
+    }
+}

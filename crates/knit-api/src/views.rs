@@ -9,7 +9,10 @@
 //! error, not a silently ignored option).
 
 use crate::error::FieldError;
+use crate::events::PhaseOutcome;
+use crate::phase::{ErrorCode, PhaseName};
 use crate::pool::{NodePool, NodePoolSpec, ObjectMeta};
+use crate::state::{BuildStatus, EventType, InstanceState, NodeStatus};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -218,8 +221,7 @@ pub struct InstanceView {
     pub pool: String,
     #[serde(default)]
     pub provider_id: Option<String>,
-    /// Pending, Creating, Running, Failed, Deleting or Detached.
-    pub state: String,
+    pub state: InstanceState,
     #[serde(default)]
     pub ip: Option<String>,
     pub instance_type: String,
@@ -240,15 +242,14 @@ pub struct NodeView {
     pub name: String,
     pub instance: String,
     pub pool: String,
-    /// Registering, Ready, NotReady, Unknown, ...
-    pub status: String,
+    pub status: NodeStatus,
     /// The agent's latest phase and its outcome.
     #[serde(default)]
-    pub phase: Option<String>,
+    pub phase: Option<PhaseName>,
     #[serde(default)]
-    pub phase_outcome: Option<String>,
+    pub phase_outcome: Option<PhaseOutcome>,
     #[serde(default)]
-    pub error_code: Option<String>,
+    pub error_code: Option<ErrorCode>,
     #[serde(default)]
     pub error: Option<String>,
     pub created_ms: i64,
@@ -273,13 +274,12 @@ pub struct NodeView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TimelineEntryView {
-    pub phase: String,
-    /// started, done, skipped or failed.
-    pub outcome: String,
+    pub phase: PhaseName,
+    pub outcome: PhaseOutcome,
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]
-    pub error_code: Option<String>,
+    pub error_code: Option<ErrorCode>,
     pub at_ms: i64,
     #[serde(default)]
     pub duration_ms: Option<i64>,
@@ -385,9 +385,8 @@ pub struct EventView {
     /// When it last happened.
     #[serde(default)]
     pub last_ms: i64,
-    /// Normal or Warning.
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: EventType,
     pub object_kind: String,
     pub object_name: String,
     pub reason: String,
@@ -521,8 +520,7 @@ pub struct SnapshotBuildView {
     pub builder_instance: Option<String>,
     pub images: Vec<String>,
     pub keep_builder: bool,
-    /// Running, Succeeded or Failed.
-    pub status: String,
+    pub status: BuildStatus,
     /// Where the build is, or where it stopped.
     pub step: String,
     #[serde(default)]
@@ -806,7 +804,7 @@ mod tests {
                 name: "workers-abcde".into(),
                 pool: "workers".into(),
                 provider_id: None,
-                state: "Pending".into(),
+                state: InstanceState::Pending,
                 ip: None,
                 instance_type: "ecs.g7.large".into(),
                 last_error: None,
@@ -827,10 +825,10 @@ mod tests {
             name: "cn-local.10.88.0.2".into(),
             instance: "workers-abcde".into(),
             pool: "workers".into(),
-            status: "Ready".into(),
-            phase: Some("join".into()),
-            phase_outcome: Some("failed".into()),
-            error_code: Some("FailJoin".into()),
+            status: NodeStatus::Ready,
+            phase: Some(PhaseName::Join),
+            phase_outcome: Some(PhaseOutcome::Failed),
+            error_code: Some(ErrorCode::FailJoin),
             error: Some("kubelet did not register".into()),
             created_ms: 1,
             updated_ms: 2,
@@ -863,18 +861,18 @@ mod tests {
         let mut view = node();
         view.timeline = Some(vec![
             TimelineEntryView {
-                phase: "time-sync".into(),
-                outcome: "started".into(),
+                phase: PhaseName::TimeSync,
+                outcome: PhaseOutcome::Started,
                 reason: None,
                 error_code: None,
                 at_ms: 5,
                 duration_ms: None,
             },
             TimelineEntryView {
-                phase: "join".into(),
-                outcome: "failed".into(),
+                phase: PhaseName::Join,
+                outcome: PhaseOutcome::Failed,
                 reason: Some("timeout".into()),
-                error_code: Some("FailJoin".into()),
+                error_code: Some(ErrorCode::FailJoin),
                 at_ms: 9,
                 duration_ms: Some(4),
             },
@@ -931,7 +929,7 @@ mod tests {
                 at_ms: 100,
                 count: 3,
                 last_ms: 300,
-                event_type: "Warning".into(),
+                event_type: EventType::Warning,
                 object_kind: "Instance".into(),
                 object_name: "-".into(),
                 reason: "BootstrapRefused".into(),
@@ -1027,7 +1025,7 @@ mod tests {
             builder_instance: None,
             images: vec![],
             keep_builder: false,
-            status: "Succeeded".into(),
+            status: BuildStatus::Succeeded,
             step: "done".into(),
             error: None,
             snapshot_id: Some("snap-1".into()),

@@ -1,0 +1,155 @@
+//! Events: what happened to which object, repeated ones counted on one
+//! row, old ones pruned.
+
+use super::{now_ms, Store};
+use crate::error::Result;
+use rusqlite::params;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventRecord {
+    pub id: i64,
+    /// When it first happened.
+    pub at_ms: i64,
+    /// How many times it happened (same type, object, reason and message
+    /// within [`EVENT_AGGREGATION_WINDOW_MS`]).
+    #[serde(default = "one")]
+    pub count: i64,
+    /// When it last happened.
+    #[serde(default)]
+    pub last_ms: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub object_kind: String,
+    pub object_name: String,
+    pub reason: String,
+    pub message: String,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// An event repeated within this time is counted on the earlier one.
+pub const EVENT_AGGREGATION_WINDOW_MS: i64 = 10 * 60 * 1000;
+
+/// Events are pruned once every this many writes.
+const EVENT_PRUNE_EVERY: u64 = 100;
+
+/// How many events are kept, and how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRetention {
+    pub max_count: i64,
+    pub max_age_ms: i64,
+}
+
+impl Default for EventRetention {
+    fn default() -> Self {
+        EventRetention {
+            max_count: 10_000,
+            max_age_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+impl Store {
+    /// Records an event; one identical to an event of the last
+    /// [`EVENT_AGGREGATION_WINDOW_MS`] (same type, object, reason and
+    /// message) only counts on that one. Old events are pruned now and then
+    /// ([`Store::prune_events`]).
+    pub fn add_event(
+        &self,
+        event_type: &str,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
+        let now = now_ms();
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction()?;
+            let counted = tx.execute(
+                "UPDATE events SET count = count + 1, last_ms = ?1 WHERE id = (
+                   SELECT id FROM events WHERE object_name = ?4 AND reason = ?5 AND type = ?2
+                     AND object_kind = ?3 AND message = ?6 AND last_ms >= ?7
+                   ORDER BY id DESC LIMIT 1)",
+                params![
+                    now,
+                    event_type,
+                    kind,
+                    name,
+                    reason,
+                    message,
+                    now - EVENT_AGGREGATION_WINDOW_MS
+                ],
+            )?;
+            if counted == 0 {
+                tx.execute(
+                    "INSERT INTO events (at_ms, last_ms, count, type, object_kind, object_name, reason, message) VALUES (?1, ?1, 1, ?2, ?3, ?4, ?5, ?6)",
+                    params![now, event_type, kind, name, reason, message],
+                )?;
+            }
+            tx.commit()?;
+        }
+        let written = self
+            .events_written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if written % EVENT_PRUNE_EVERY == EVENT_PRUNE_EVERY - 1 {
+            self.prune_events(now)?;
+        }
+        Ok(())
+    }
+
+    pub fn set_event_retention(&self, retention: EventRetention) {
+        *self
+            .event_retention
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = retention;
+    }
+
+    /// Removes events last seen longer ago than the retention's age, then
+    /// all but the newest `max_count`. Returns how many went.
+    pub fn prune_events(&self, now: i64) -> Result<usize> {
+        let retention = *self
+            .event_retention
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let conn = self.conn();
+        let old = conn.execute(
+            "DELETE FROM events WHERE last_ms < ?1",
+            params![now - retention.max_age_ms],
+        )?;
+        let over = conn.execute(
+            "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY last_ms DESC, id DESC LIMIT -1 OFFSET ?1)",
+            params![retention.max_count.max(0)],
+        )?;
+        Ok(old + over)
+    }
+
+    /// The newest `limit` events, oldest first.
+    pub fn events(&self, limit: i64) -> Result<Vec<EventRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, at_ms, type, object_kind, object_name, reason, message, count, last_ms FROM
+               (SELECT * FROM events ORDER BY last_ms DESC, id DESC LIMIT ?1) ORDER BY last_ms, id",
+        )?;
+        let rows = stmt
+            .query_map(params![limit], |r| {
+                Ok(EventRecord {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    event_type: r.get(2)?,
+                    object_kind: r.get(3)?,
+                    object_name: r.get(4)?,
+                    reason: r.get(5)?,
+                    message: r.get(6)?,
+                    count: r.get(7)?,
+                    last_ms: r.get(8)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+}

@@ -1,0 +1,171 @@
+//! Nodes, as their agents report them, and each node's phase timeline.
+
+use super::instances::InstanceRecord;
+use super::{now_ms, Store};
+use crate::error::Result;
+use knit_api::PhaseEvent;
+use rusqlite::{params, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRecord {
+    pub name: String,
+    pub instance: String,
+    pub pool: String,
+    pub status: String,
+    pub phase: Option<String>,
+    pub phase_outcome: Option<String>,
+    pub error_code: Option<String>,
+    pub error: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// Outcome of the pool's user-data script once known: `succeeded` or
+    /// `failed: <why>`.
+    pub user_data: Option<String>,
+}
+
+impl NodeRecord {
+    /// The agent finished its last phase (or a phase failed: it stops there).
+    pub fn initialized(&self) -> bool {
+        self.phase.as_deref() == Some("hardening")
+            && matches!(
+                self.phase_outcome.as_deref(),
+                Some("done") | Some("skipped")
+            )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimelineEntry {
+    pub phase: String,
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub error_code: Option<String>,
+    pub at_ms: i64,
+    pub duration_ms: Option<i64>,
+}
+
+const NODE_COLUMNS: &str =
+    "name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms, user_data";
+
+fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
+    Ok(NodeRecord {
+        name: r.get(0)?,
+        instance: r.get(1)?,
+        pool: r.get(2)?,
+        status: r.get(3)?,
+        phase: r.get(4)?,
+        phase_outcome: r.get(5)?,
+        error_code: r.get(6)?,
+        error: r.get(7)?,
+        created_ms: r.get(8)?,
+        updated_ms: r.get(9)?,
+        user_data: r.get(10)?,
+    })
+}
+
+impl Store {
+    /// Appends a phase event and updates the node's current phase; the node
+    /// row is created by its first event.
+    pub fn record_phase_event(&self, instance: &InstanceRecord, event: &PhaseEvent) -> Result<()> {
+        let outcome = serde_json::to_value(event.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let error_code = event.error_code.map(|c| c.as_str().to_string());
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO timeline (node, instance, phase, outcome, reason, error_code, at_ms, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                event.node,
+                instance.name,
+                event.phase.as_str(),
+                outcome,
+                event.reason,
+                error_code,
+                event.at_ms as i64,
+                event.duration_ms.map(|d| d as i64)
+            ],
+        )?;
+        let failed = outcome == "failed";
+        tx.execute(
+            "INSERT INTO nodes (name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, 'NotReady', ?4, ?5, ?6, ?7, ?8, ?8)
+             ON CONFLICT(name) DO UPDATE SET phase = excluded.phase, phase_outcome = excluded.phase_outcome,
+               error_code = CASE WHEN ?9 THEN excluded.error_code ELSE nodes.error_code END,
+               error = CASE WHEN ?9 THEN excluded.error ELSE nodes.error END,
+               updated_ms = excluded.updated_ms",
+            params![
+                event.node,
+                instance.name,
+                instance.pool,
+                event.phase.as_str(),
+                outcome,
+                error_code,
+                if failed { event.reason.clone() } else { None },
+                now,
+                failed
+            ],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn set_node_user_data(&self, name: &str, outcome: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE nodes SET user_data = ?2 WHERE name = ?1",
+            params![name, outcome],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_node_status(&self, name: &str, status: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE nodes SET status = ?2, updated_ms = ?3 WHERE name = ?1",
+            params![name, status, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let conn = self.conn();
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY created_ms, name");
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let rows = stmt
+            .query_map([], node_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE name = ?1");
+        Ok(self
+            .conn()
+            .query_row(&sql, params![name], node_row)
+            .optional()?)
+    }
+
+    pub fn timeline(&self, node: &str) -> Result<Vec<TimelineEntry>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT phase, outcome, reason, error_code, at_ms, duration_ms FROM timeline WHERE node = ?1 ORDER BY at_ms, id",
+        )?;
+        let rows = stmt
+            .query_map(params![node], |r| {
+                Ok(TimelineEntry {
+                    phase: r.get(0)?,
+                    outcome: r.get(1)?,
+                    reason: r.get(2)?,
+                    error_code: r.get(3)?,
+                    at_ms: r.get(4)?,
+                    duration_ms: r.get(5)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+}

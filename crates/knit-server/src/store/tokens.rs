@@ -1,0 +1,274 @@
+//! Join tokens (single use, expiring) and the enrollment of an existing
+//! instance into a pool (attach) and its undoing.
+
+use super::{from_json, now_ms, state, to_json, Store};
+use crate::error::{Result, ServerError};
+use knit_api::NodePool;
+use rusqlite::{params, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenRecord {
+    pub token_id: String,
+    pub instance: String,
+    pub pool: String,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+    pub used_ms: Option<i64>,
+}
+
+/// What redeeming a join token found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redeem {
+    Ok { instance: String, pool: String },
+    Unknown,
+    Used { instance: String, used_ms: i64 },
+    Expired { instance: String, expires_ms: i64 },
+}
+
+/// An existing instance joining a pool (see [`Store::enroll_attached`]).
+pub struct Enrollment<'a> {
+    pub name: &'a str,
+    /// The pool's document after the add (count + 1, marker label).
+    pub pool: &'a NodePool,
+    pub provider_id: &'a str,
+    pub ip: Option<&'a str>,
+    pub instance_type: &'a str,
+    pub state: &'a str,
+}
+
+impl Store {
+    pub fn add_join_token(
+        &self,
+        token_hash: &str,
+        token_id: &str,
+        instance: &str,
+        pool: &str,
+        ttl_ms: i64,
+    ) -> Result<()> {
+        let now = now_ms();
+        self.conn().execute(
+            "INSERT INTO join_tokens (token_hash, token_id, instance, pool, created_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![token_hash, token_id, instance, pool, now, now + ttl_ms],
+        )?;
+        Ok(())
+    }
+
+    /// The (instance, pool) of a live token — unused and unexpired —
+    /// without using it (checks that must pass before the token is spent).
+    pub fn live_join_token(&self, token_hash: &str, now: i64) -> Result<Option<(String, String)>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT instance, pool FROM join_tokens WHERE token_hash = ?1 AND used_ms IS NULL AND expires_ms > ?2",
+                params![token_hash, now],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// Single use: the first redeem of a live token wins, atomically.
+    pub fn redeem_join_token(&self, token_hash: &str, now: i64) -> Result<Redeem> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let row: Option<(String, String, i64, Option<i64>)> = tx
+            .query_row(
+                "SELECT instance, pool, expires_ms, used_ms FROM join_tokens WHERE token_hash = ?1",
+                params![token_hash],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let outcome = match row {
+            None => Redeem::Unknown,
+            Some((instance, _, _, Some(used_ms))) => Redeem::Used { instance, used_ms },
+            Some((instance, _, expires_ms, None)) if expires_ms <= now => Redeem::Expired {
+                instance,
+                expires_ms,
+            },
+            Some((instance, pool, _, None)) => {
+                tx.execute(
+                    "UPDATE join_tokens SET used_ms = ?2 WHERE token_hash = ?1",
+                    params![token_hash, now],
+                )?;
+                Redeem::Ok { instance, pool }
+            }
+        };
+        tx.commit()?;
+        Ok(outcome)
+    }
+
+    pub fn join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT token_id, instance, pool, created_ms, expires_ms, used_ms FROM join_tokens ORDER BY created_ms",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(JoinTokenRecord {
+                    token_id: r.get(0)?,
+                    instance: r.get(1)?,
+                    pool: r.get(2)?,
+                    created_ms: r.get(3)?,
+                    expires_ms: r.get(4)?,
+                    used_ms: r.get(5)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Records an existing instance added to a pool (attach), in one
+    /// transaction: records of the same machine left Detached by an earlier
+    /// removal go, the instance row (`added`), the pool's new document (its
+    /// count one higher) and, when `intent` is set, a pending `attach` intent
+    /// that a restarted server resumes. Returns the intent's id.
+    pub fn enroll_attached(&self, e: &Enrollment<'_>, intent: bool) -> Result<Option<i64>> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let old: Vec<String> = {
+            let mut stmt =
+                tx.prepare("SELECT name FROM instances WHERE provider_id = ?1 AND state = ?2")?;
+            let rows = stmt
+                .query_map(params![e.provider_id, state::DETACHED], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()?;
+            rows
+        };
+        for name in &old {
+            tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
+        }
+        tx.execute(
+            "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms, added) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 1)",
+            params![e.name, e.pool.metadata.name, e.provider_id, e.state, e.ip, e.instance_type, now],
+        )?;
+        let changed = tx.execute(
+            "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
+            params![e.pool.metadata.name, to_json(e.pool)?, now],
+        )?;
+        if changed == 0 {
+            return Err(ServerError::NotFound {
+                kind: "pool",
+                name: e.pool.metadata.name.clone(),
+            });
+        }
+        let id = if intent {
+            tx.execute(
+                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES ('attach', ?1, ?2, 0, 'pending', ?3, ?3)",
+                params![e.name, e.pool.metadata.name, now],
+            )?;
+            Some(tx.last_insert_rowid())
+        } else {
+            None
+        };
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Undoes an attach that failed before its node could run, in one
+    /// transaction: the instance leaves the pool (`Detached`, kept, with the
+    /// reason), the pool's count drops by one, pending attach intents of it
+    /// end `failed`. Only an instance still counted in its pool is undone, so
+    /// the count drops once: `(pool, from, to)`, or `None` when it had left.
+    pub fn undo_attach(&self, name: &str, reason: &str) -> Result<Option<(String, i64, i64)>> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let row: Option<(String, String)> = tx
+            .query_row(
+                "SELECT pool, state FROM instances WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        tx.execute(
+            "UPDATE intents SET status = 'failed', last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = 'attach' AND status = 'pending'",
+            params![name, reason, now],
+        )?;
+        let Some((pool, _)) = row.filter(|(_, st)| {
+            matches!(
+                st.as_str(),
+                state::PENDING | state::CREATING | state::RUNNING | state::FAILED
+            )
+        }) else {
+            tx.commit()?;
+            return Ok(None);
+        };
+        tx.execute(
+            "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
+            params![name, state::DETACHED, reason, now],
+        )?;
+        let doc: Option<String> = tx
+            .query_row(
+                "SELECT doc FROM pools WHERE name = ?1",
+                params![pool],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let counts = match doc {
+            Some(doc) => {
+                let mut p: NodePool = from_json(&doc)?;
+                let from = p.spec.replicas;
+                p.spec.replicas = (from - 1).max(0);
+                tx.execute(
+                    "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1",
+                    params![pool, to_json(&p)?, now],
+                )?;
+                (from, p.spec.replicas)
+            }
+            None => (0, 0),
+        };
+        tx.commit()?;
+        Ok(Some((pool, counts.0, counts.1)))
+    }
+
+    /// An added instance re-imaged and booting: `Running`, and its join
+    /// timeout counts from now (not from when the attach began). Only from
+    /// `Creating`: a removal decided meanwhile wins.
+    pub fn set_attached_running(&self, name: &str, ip: Option<&str>) -> Result<()> {
+        let now = now_ms();
+        self.conn().execute(
+            "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
+            params![name, ip, state::RUNNING, now, state::CREATING],
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_tokens_are_single_use_and_expire() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .add_join_token("h1", "abcdef", "i-1", "p", 60_000)
+            .unwrap();
+        store
+            .add_join_token("h2", "ghijkl", "i-2", "p", -1)
+            .unwrap();
+        let now = now_ms();
+        assert_eq!(
+            store.redeem_join_token("h1", now).unwrap(),
+            Redeem::Ok {
+                instance: "i-1".into(),
+                pool: "p".into()
+            }
+        );
+        assert!(matches!(
+            store.redeem_join_token("h1", now).unwrap(),
+            Redeem::Used { .. }
+        ));
+        assert!(matches!(
+            store.redeem_join_token("h2", now).unwrap(),
+            Redeem::Expired { .. }
+        ));
+        assert_eq!(
+            store.redeem_join_token("nope", now).unwrap(),
+            Redeem::Unknown
+        );
+    }
+}

@@ -29,20 +29,27 @@ impl NodeFacts {
             Some(ip) => ip.clone(),
             None => detect_ip().unwrap_or_else(|| "127.0.0.1".to_string()),
         };
-        let node_id = format!("{region}.{instance_id}").to_lowercase();
+        let node_id = knit_api::agent::node_id(&region, &instance_id);
+        // The pool's rule, the same the control plane expects.
+        let by_rule = knit_api::agent::node_name_by_rule(
+            node.custom_name.as_ref(),
+            Some(&ip),
+            &region,
+            Some(&instance_id),
+        )
+        .unwrap_or_else(|| node_id.clone());
         let (name, hostname) = if let Some(name) = &node.name {
             (name.clone(), None)
-        } else if let Some(rule) = &node.custom_name {
-            let name = rule.render(&ip);
-            CustomNodeName::check_rendered(&name).map_err(|rule| {
+        } else if node.custom_name.is_some() {
+            CustomNodeName::check_rendered(&by_rule).map_err(|rule| {
                 AgentError::new(
                     ErrorCode::FailSetNodeIdentity,
-                    format!("custom node name {name:?} (prefix + IP {ip} + suffix) {rule}"),
+                    format!("custom node name {by_rule:?} (prefix + IP {ip} + suffix) {rule}"),
                 )
             })?;
-            (name.clone(), Some(name))
+            (by_rule.clone(), Some(by_rule))
         } else {
-            (node_id.clone(), None)
+            (by_rule, None)
         };
         if !knit_api::validate::is_dns_subdomain(&name) {
             return Err(AgentError::new(

@@ -11,6 +11,7 @@ pub mod log;
 pub mod markers;
 pub mod package;
 pub mod phases;
+pub mod prepare;
 pub mod render;
 pub mod report;
 pub mod services;

@@ -5,6 +5,7 @@ use knit_agent::engine::{self, InitOptions};
 use knit_agent::host::Host;
 use knit_agent::journal::Journal;
 use knit_agent::AgentError;
+use knit_api::agent::AgentFailure;
 use knit_api::{ErrorCode, NodeConfig, PhaseName};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +41,15 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Node(NodeCommand),
+    #[command(flatten)]
+    ControlPlane(ControlPlaneCommand),
+}
+
+/// What a person (or the stub) runs on the node.
+#[derive(Subcommand)]
+enum NodeCommand {
     /// Run every phase; resumes from the journal when run again.
     Init {
         #[arg(long)]
@@ -78,6 +88,53 @@ enum Command {
     /// where systemd is not PID 1; not for direct use).
     #[command(hide = true)]
     Supervise { name: String },
+}
+
+/// What the control plane runs through the provider's exec: one JSON
+/// document on stdout ([`knit_api::agent`]).
+#[derive(Subcommand)]
+enum ControlPlaneCommand {
+    /// Print the package cache's manifest on the data disk mounted at
+    /// `--mount` (JSON; for the control plane).
+    CacheManifest {
+        #[arg(long, value_name = "DIR")]
+        mount: String,
+    },
+    /// One step of preparing this node's data disk for a snapshot (JSON;
+    /// run by the control plane's snapshot build).
+    #[command(subcommand)]
+    SnapshotPrepare(PrepareStep),
+    /// Leave the pool: undo what `init` changed (as `reset --undo`), then
+    /// remove the bootstrap files and this agent (JSON; for the control
+    /// plane).
+    Leave,
+}
+
+#[derive(Subcommand)]
+enum PrepareStep {
+    /// Stop the kubelet and wait until it is gone (containerd keeps running).
+    StopKubelet,
+    /// Check every file of the package cache against its manifest's sha256.
+    VerifyPackage {
+        #[arg(long, value_name = "DIR")]
+        mount: String,
+    },
+    /// List the system images the node pulls.
+    SystemImages,
+    /// Pull images through CRI (`kubelet --ensure-images`) within a deadline.
+    PullImages {
+        #[arg(long, value_name = "SECONDS")]
+        timeout_seconds: u64,
+        /// Comma-separated image references.
+        #[arg(long, value_delimiter = ',', required = true)]
+        images: Vec<String>,
+    },
+    /// Remove the node's credentials and image report, sync, count the
+    /// disk's used bytes.
+    Clean {
+        #[arg(long, value_name = "DIR")]
+        mount: String,
+    },
 }
 
 fn load_config(path: &PathBuf) -> Result<NodeConfig, AgentError> {
@@ -139,7 +196,11 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .init(),
     }
-    match run(cli) {
+    let command = match cli.command {
+        Command::ControlPlane(command) => return run_for_control_plane(&cli.root, command),
+        Command::Node(command) => command,
+    };
+    match run(&cli.root, command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("knit-agent: {e}");
@@ -148,14 +209,78 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), AgentError> {
-    match cli.command {
-        Command::Init {
+/// Prints a machine-facing answer: the JSON on success, else an
+/// [`AgentFailure`] (also JSON, on stdout) with a failing exit status.
+fn answer<T: serde::Serialize>(result: Result<T, AgentError>) -> ExitCode {
+    let (text, code) = match &result {
+        Ok(value) => (serde_json::to_string(value), ExitCode::SUCCESS),
+        Err(e) => (
+            serde_json::to_string(&AgentFailure {
+                code: e.code.as_str().to_string(),
+                message: e.message.clone(),
+            }),
+            ExitCode::FAILURE,
+        ),
+    };
+    match text {
+        Ok(text) => {
+            println!("{text}");
+            code
+        }
+        Err(e) => {
+            eprintln!("knit-agent: cannot encode the answer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The subcommands the control plane runs and parses.
+fn run_for_control_plane(root: &std::path::Path, command: ControlPlaneCommand) -> ExitCode {
+    use knit_agent::prepare;
+    match command {
+        ControlPlaneCommand::CacheManifest { mount } => {
+            answer(prepare::cache_manifest(&Host::without_log(root), &mount))
+        }
+        ControlPlaneCommand::SnapshotPrepare(step) => {
+            let host = Host::new(root);
+            match step {
+                PrepareStep::StopKubelet => answer(prepare::stop_kubelet(&host)),
+                PrepareStep::VerifyPackage { mount } => {
+                    answer(prepare::verify_package(&host, &mount))
+                }
+                PrepareStep::SystemImages => answer(Ok(prepare::system_images(&host))),
+                PrepareStep::PullImages {
+                    timeout_seconds,
+                    images,
+                } => answer(prepare::pull_images(
+                    &host,
+                    &images,
+                    std::time::Duration::from_secs(timeout_seconds.max(1)),
+                )),
+                PrepareStep::Clean { mount } => answer(prepare::clean(&host, &mount)),
+            }
+        }
+        ControlPlaneCommand::Leave => {
+            let result = prepare::leave(&Host::without_log(root));
+            let failed = result.as_ref().is_ok_and(|r| !r.failed.is_empty());
+            let code = answer(result);
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
+    }
+}
+
+fn run(root: &std::path::Path, command: NodeCommand) -> Result<(), AgentError> {
+    match command {
+        NodeCommand::Init {
             config,
             force_phase,
             stop_after,
         } => {
-            let host = Host::new(&cli.root);
+            let host = Host::new(root);
             let config = load_config(&config).inspect_err(|e| {
                 host.log.line("init", &e.to_string());
                 host.log.record_error(e);
@@ -168,9 +293,9 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             print_status(&journal);
             Ok(())
         }
-        Command::Plan { config, output } => {
+        NodeCommand::Plan { config, output } => {
             let config = load_config(&config)?;
-            let host = Host::without_log(&cli.root);
+            let host = Host::without_log(root);
             let plan = engine::plan(&host, &config)?;
             match output {
                 Output::Json => println!(
@@ -199,8 +324,8 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             }
             Ok(())
         }
-        Command::Status { output } => {
-            let host = Host::without_log(&cli.root);
+        NodeCommand::Status { output } => {
+            let host = Host::without_log(root);
             let journal = Journal::load(&host)?;
             match output {
                 Output::Json => println!(
@@ -211,17 +336,17 @@ fn run(cli: Cli) -> Result<(), AgentError> {
             }
             Ok(())
         }
-        Command::Supervise { name } => knit_agent::supervise::run(&cli.root, &name),
-        Command::RestartServices => {
-            let host = Host::new(&cli.root);
+        NodeCommand::Supervise { name } => knit_agent::supervise::run(root, &name),
+        NodeCommand::RestartServices => {
+            let host = Host::new(root);
             for name in ["containerd", "kubelet"] {
                 restart_service(&host, name)?;
                 println!("restarted {name}");
             }
             Ok(())
         }
-        Command::Reset { undo: true } => {
-            let host = Host::without_log(&cli.root);
+        NodeCommand::Reset { undo: true } => {
+            let host = Host::without_log(root);
             let report = knit_agent::undo::undo(&host)?;
             for line in &report.done {
                 println!("undone: {line}");
@@ -242,8 +367,8 @@ fn run(cli: Cli) -> Result<(), AgentError> {
                 ))
             }
         }
-        Command::Reset { undo: false } => {
-            let host = Host::without_log(&cli.root);
+        NodeCommand::Reset { undo: false } => {
+            let host = Host::without_log(root);
             let path = Journal::path(&host);
             match std::fs::remove_file(&path) {
                 Ok(()) => println!("journal {} removed", path.display()),

@@ -37,15 +37,9 @@ pub struct PackageManifest {
     pub files: BTreeMap<String, String>,
 }
 
-/// `knit-cache.json` beside the cached files.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CacheManifest {
-    pub version: String,
-    /// Empty when the package came unpacked from a local directory.
-    pub tarball_sha256: String,
-    pub files: BTreeMap<String, String>,
-}
+/// `knit-cache.json` beside the cached files: its shape is shared with the
+/// control plane (`knit-agent cache-manifest`).
+pub use knit_api::agent::CacheManifest;
 
 /// Where a verified package came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,7 +20,6 @@ pub mod pki;
 pub mod preflight;
 pub mod provider;
 pub mod reconcile;
-pub mod repair;
 pub mod server;
 pub mod snapshot;
 pub mod store;

@@ -1,0 +1,478 @@
+//! Carrying out intents: each create and delete is written before the
+//! provider is called, then run with bounded parallelism, retried with
+//! backoff, and ended with an event.
+
+use super::CLUSTER_CALL_TIMEOUT;
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::pki;
+use crate::provider::{
+    within, DiskTemplate, InstanceTemplate, ProviderInstance, CALL_TIMEOUT, CREATE_TIMEOUT,
+    TAG_NAME, TAG_POOL,
+};
+use crate::store::{now_ms, state, InstanceRecord, IntentRecord};
+use crate::userdata;
+use std::sync::Arc;
+
+fn backoff_ms(attempts: i64) -> i64 {
+    let exp = attempts.clamp(0, 6) as u32;
+    (1000i64 << exp).min(60_000)
+}
+
+impl ControlPlane {
+    /// Starts every pending intent that is due, at most `parallelism` at a
+    /// time, never two for the same instance.
+    pub fn dispatch(self: &Arc<Self>) -> Result<()> {
+        let Some(_provider) = &self.provider else {
+            return Ok(());
+        };
+        let now = now_ms();
+        let intents = self.store.pending_intents()?;
+        for intent in intents {
+            if intent.next_attempt_ms > now {
+                continue;
+            }
+            {
+                let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+                if in_flight.contains(&intent.instance) {
+                    continue;
+                }
+                in_flight.insert(intent.instance.clone());
+            }
+            let cp = Arc::clone(self);
+            tokio::spawn(async move {
+                // The permit bounds provider calls across all pools.
+                let permit = cp.parallelism.clone().acquire_owned().await;
+                let instance = intent.instance.clone();
+                if let Err(e) = cp.run_intent(&intent).await {
+                    tracing::warn!(instance = %instance, error = %e, "intent failed");
+                }
+                drop(permit);
+                cp.in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&instance);
+                cp.wake.notify_one();
+            });
+        }
+        Ok(())
+    }
+
+    async fn run_intent(&self, intent: &IntentRecord) -> Result<()> {
+        // Re-read: the intent may have been cancelled while it waited.
+        if self.store.intent_status(intent.id)?.as_deref() != Some("pending") {
+            return Ok(());
+        }
+        match intent.action.as_str() {
+            "create" => self.run_create(intent).await,
+            "delete" => self.run_delete(intent).await,
+            "attach" => crate::attach::resume(self, intent).await,
+            other => self.store.finish_intent(
+                intent.id,
+                "failed",
+                Some(&format!("unknown action {other}")),
+            ),
+        }
+    }
+
+    async fn run_create(&self, intent: &IntentRecord) -> Result<()> {
+        let provider = self.provider()?;
+        let Some(instance) = self.store.instance(&intent.instance)? else {
+            return self
+                .store
+                .finish_intent(intent.id, "cancelled", Some("instance record gone"));
+        };
+        let Some(pool) = self.store.pool(&intent.pool)? else {
+            return self
+                .store
+                .finish_intent(intent.id, "cancelled", Some("pool gone"));
+        };
+        self.store
+            .set_instance_state(&instance.name, state::CREATING, None)?;
+        // Restart safety: an instance made before a crash is adopted, not
+        // made twice.
+        if let Some(existing) = within(
+            provider.name(),
+            "finding the instance",
+            CALL_TIMEOUT,
+            provider.find_by_name(&instance.name),
+        )
+        .await?
+        {
+            if existing.state.eq_ignore_ascii_case("running") {
+                self.adopt(
+                    intent,
+                    &instance,
+                    &existing,
+                    "Adopted",
+                    "found at the provider after a restart",
+                )?;
+                return Ok(());
+            }
+            // Half-made when the server died: release it and make it again.
+            within(
+                provider.name(),
+                "releasing a half-made instance",
+                CALL_TIMEOUT,
+                provider.delete(&existing.id),
+            )
+            .await?;
+            self.store.add_event(
+                "Normal",
+                "Instance",
+                &instance.name,
+                "Recreating",
+                &format!(
+                    "{} was left {} by an interrupted create; released",
+                    existing.id, existing.state
+                ),
+            )?;
+        }
+        let outcome = match self.instance_template(&pool.pool, &instance).await {
+            Ok(template) => {
+                within(
+                    provider.name(),
+                    "creating the instance",
+                    CREATE_TIMEOUT,
+                    provider.create(&template),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(created) => {
+                if self.store.intent_status(intent.id)?.as_deref() != Some("pending") {
+                    // Cancelled by a scale-in meanwhile: the delete intent
+                    // that cancelled it will find the instance by name.
+                    self.store
+                        .set_instance_state(&instance.name, state::DELETING, None)?;
+                    return Ok(());
+                }
+                self.adopt(intent, &instance, &created, "Created", "created")?;
+                self.metrics.instance_created(&intent.pool);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.instance_create_failed(&intent.pool);
+                let message = e.to_string();
+                // Nothing half-made stays behind.
+                if let Ok(Some(partial)) = within(
+                    provider.name(),
+                    "finding the instance",
+                    CALL_TIMEOUT,
+                    provider.find_by_name(&instance.name),
+                )
+                .await
+                {
+                    let _ = within(
+                        provider.name(),
+                        "releasing a half-made instance",
+                        CALL_TIMEOUT,
+                        provider.delete(&partial.id),
+                    )
+                    .await;
+                }
+                let attempts = intent.attempts + 1;
+                if attempts >= self.settings.max_create_attempts {
+                    self.store
+                        .set_instance_state(&instance.name, state::FAILED, Some(&message))?;
+                    self.store
+                        .finish_intent(intent.id, "failed", Some(&message))?;
+                    self.store.add_event(
+                        "Warning",
+                        "Instance",
+                        &instance.name,
+                        "CreateFailed",
+                        &format!("gave up after {attempts} attempt(s): {message}"),
+                    )?;
+                } else {
+                    let delay = backoff_ms(attempts);
+                    self.store.set_instance_state(
+                        &instance.name,
+                        state::PENDING,
+                        Some(&message),
+                    )?;
+                    self.store
+                        .retry_intent(intent.id, attempts, now_ms() + delay, &message)?;
+                    self.store.add_event(
+                        "Warning",
+                        "Instance",
+                        &instance.name,
+                        "CreateRetry",
+                        &format!(
+                            "attempt {attempts} failed, retrying in {} s: {message}",
+                            delay / 1000
+                        ),
+                    )?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn adopt(
+        &self,
+        intent: &IntentRecord,
+        instance: &InstanceRecord,
+        found: &ProviderInstance,
+        reason: &str,
+        what: &str,
+    ) -> Result<()> {
+        self.store
+            .set_instance_created(&instance.name, &found.id, found.ip.as_deref())?;
+        self.store.finish_intent(intent.id, "done", None)?;
+        self.store.add_event(
+            "Normal",
+            "Instance",
+            &instance.name,
+            reason,
+            &format!(
+                "{what}: {} ({}) at provider {}",
+                found.id,
+                found.ip.as_deref().unwrap_or("no IP yet"),
+                self.provider.as_ref().map(|p| p.name()).unwrap_or("none")
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn instance_template(
+        &self,
+        pool: &knit_api::NodePool,
+        instance: &InstanceRecord,
+    ) -> Result<InstanceTemplate> {
+        let cluster = self.cluster_doc()?;
+        let agent_sha256 = self.mirror_sha256("bin/knit-agent")?.ok_or_else(|| {
+            ServerError::Package(format!(
+                "the package mirror ({}) has no bin/knit-agent: run `knit package build`",
+                self.mirror_dir.display()
+            ))
+        })?;
+        let token = self.issue_join_token(&instance.name, &pool.metadata.name)?;
+        let mirror_url = format!("{}/mirror", self.advertise_url);
+        let bootstrap_url = format!("{}/bootstrap/v1/config", self.advertise_url);
+        let stub = userdata::agent_stub(&userdata::StubParams {
+            mirror_url: &mirror_url,
+            agent_sha256: &agent_sha256,
+            bootstrap_url: &bootstrap_url,
+            join_token: &token,
+            ca_pem: &self.ca_pem,
+        });
+        let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
+        let mut tags = std::collections::BTreeMap::new();
+        tags.insert(TAG_POOL.to_string(), pool.metadata.name.clone());
+        tags.insert(TAG_NAME.to_string(), instance.name.clone());
+        Ok(InstanceTemplate {
+            name: instance.name.clone(),
+            instance_type: instance.instance_type.clone(),
+            image: pool.spec.image.clone(),
+            system_disk_gib: pool.spec.system_disk.size_gib,
+            data_disks: pool
+                .spec
+                .data_disks
+                .iter()
+                .map(|d| DiskTemplate {
+                    size_gib: d.size_gib,
+                    interface: d.interface.clone(),
+                    snapshot_id: d.snapshot_id.clone(),
+                })
+                .collect(),
+            user_data,
+            region: cluster.spec.region.clone(),
+            zone: pool.spec.zone.clone(),
+            vpc: cluster.spec.vpc.clone(),
+            tags,
+        })
+    }
+
+    /// A one-time token bound to one instance; only its hash is stored.
+    pub fn issue_join_token(&self, instance: &str, pool: &str) -> Result<String> {
+        let token_id = pki::random_lower_alnum(6)?;
+        let token = format!("{token_id}{}", pki::random_hex(16)?);
+        let ttl = self.settings.join_token_ttl.as_millis() as i64;
+        self.store
+            .add_join_token(&pki::token_hash(&token), &token_id, instance, pool, ttl)?;
+        Ok(token)
+    }
+
+    async fn run_delete(&self, intent: &IntentRecord) -> Result<()> {
+        let provider = self.provider()?;
+        let instance = self.store.instance(&intent.instance)?;
+        let found = match instance.as_ref().and_then(|i| i.provider_id.clone()) {
+            Some(id) => match within(
+                provider.name(),
+                "describing the instance",
+                CALL_TIMEOUT,
+                provider.get(&id),
+            )
+            .await?
+            {
+                Some(found) => Some(found),
+                None => {
+                    within(
+                        provider.name(),
+                        "finding the instance",
+                        CALL_TIMEOUT,
+                        provider.find_by_name(&intent.instance),
+                    )
+                    .await?
+                }
+            },
+            None => {
+                within(
+                    provider.name(),
+                    "finding the instance",
+                    CALL_TIMEOUT,
+                    provider.find_by_name(&intent.instance),
+                )
+                .await?
+            }
+        };
+        let added = instance.as_ref().is_some_and(|i| i.added);
+        // A manual-mode machine keeps its own OS and services: it is put
+        // back as before the attach and left running. Otherwise (and when
+        // that cannot be done) it is stopped, so that its kubelet cannot
+        // register the Node again.
+        let manual = if added && !intent.release {
+            crate::attach::added_manually(self, &intent.instance)
+        } else {
+            Ok(false)
+        };
+        let mut left_running = false;
+        let outcome = match &found {
+            Some(found) if intent.release => {
+                within(
+                    provider.name(),
+                    "releasing the instance",
+                    CALL_TIMEOUT,
+                    provider.delete(&found.id),
+                )
+                .await
+            }
+            Some(found) => {
+                let stopped = found.state.eq_ignore_ascii_case("stopped");
+                let undone = match (manual, stopped) {
+                    (Ok(false), _) => None,
+                    (Ok(true), true) => Some(Err(
+                        "it is stopped, so nothing can run inside it".to_string()
+                    )),
+                    (Ok(true), false) => {
+                        Some(crate::attach::undo_inside(provider.as_ref(), &found.id).await)
+                    }
+                    (Err(why), _) => Some(Err(why)),
+                };
+                if let Some(Err(why)) = &undone {
+                    self.store.add_event(
+                        "Warning",
+                        "Instance",
+                        &intent.instance,
+                        "UndoFailed",
+                        &format!(
+                            "{} cannot be put back as before the attach (manual mode) and left running: {why}; {}. Before starting it again, run {}/knit-agent reset --undo on it, or its kubelet registers the node again",
+                            found.id,
+                            if stopped { "it stays stopped" } else { "stopping it instead" },
+                            crate::userdata::BOOTSTRAP_DIR
+                        ),
+                    )?;
+                }
+                match undone {
+                    Some(Ok(())) => {
+                        left_running = true;
+                        Ok(())
+                    }
+                    // Stopping a stopped instance is refused by providers.
+                    _ if stopped => Ok(()),
+                    _ => {
+                        within(
+                            provider.name(),
+                            "stopping the instance",
+                            CALL_TIMEOUT,
+                            provider.stop(&found.id),
+                        )
+                        .await
+                    }
+                }
+            }
+            None => Ok(()),
+        };
+        if let Err(e) = outcome {
+            let attempts = intent.attempts + 1;
+            let delay = backoff_ms(attempts);
+            self.store
+                .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
+            self.store.add_event(
+                "Warning",
+                "Instance",
+                &intent.instance,
+                "DeleteRetry",
+                &format!(
+                    "attempt {attempts} failed, retrying in {} s: {e}",
+                    delay / 1000
+                ),
+            )?;
+            return Err(e);
+        }
+        // After the instance is stopped, gone or its kubelet stopped by the
+        // undo, so that the kubelet cannot register the Node again. knit's
+        // nodes run no pods: nothing to drain.
+        for node in self
+            .store
+            .nodes()?
+            .into_iter()
+            .filter(|n| n.instance == intent.instance)
+        {
+            within(
+                "cluster",
+                "removing the node",
+                CLUSTER_CALL_TIMEOUT,
+                self.cluster.remove_node(&node.name),
+            )
+            .await?;
+        }
+        if intent.release {
+            self.store.remove_instance(&intent.instance)?;
+            self.store.add_event(
+                "Normal",
+                "Instance",
+                &intent.instance,
+                "Released",
+                &match found {
+                    Some(f) => format!("instance {} released", f.id),
+                    None => "never created at the provider; record removed".to_string(),
+                },
+            )?;
+        } else {
+            self.store
+                .set_instance_state(&intent.instance, state::DETACHED, None)?;
+            self.store.add_event(
+                "Normal",
+                "Instance",
+                &intent.instance,
+                "Detached",
+                if left_running {
+                    "removed from the pool and the cluster; added by attach (manual mode), so knit keeps it running: knit's services, mounts, kernel settings and files undone inside it (knit-agent reset --undo), its own files and services untouched"
+                } else if added {
+                    "removed from the pool and the cluster; added by attach, so knit keeps it: stopped, not released (its disks and the agent's files stay)"
+                } else {
+                    "removed from the pool; instance stopped and kept"
+                },
+            )?;
+        }
+        self.store.finish_intent(intent.id, "done", None)?;
+        self.metrics.instance_deleted(&intent.pool);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff_ms(1), 2000);
+        assert_eq!(backoff_ms(2), 4000);
+        assert_eq!(backoff_ms(10), 60_000);
+    }
+}

@@ -1,0 +1,63 @@
+//! The pool reconciler. Planning (desired vs actual → which instances to
+//! create or remove) is a pure function; executing a plan writes intents to
+//! the store first and only then calls the provider, with bounded
+//! parallelism, retries with backoff, and an event for every outcome.
+
+mod intents;
+mod nodes;
+mod plan;
+mod planning;
+pub mod repair;
+mod user_data;
+
+pub use plan::{counts_toward_pool, plan, Plan};
+pub use user_data::user_data_outcome;
+
+use crate::control::ControlPlane;
+use crate::store::now_ms;
+use std::sync::Arc;
+
+/// cloud-init's result record, written when the user-data runner finishes.
+pub const USER_DATA_RESULT: &str = "/run/cloud-init/result.json";
+/// Largest result record read (a few KiB in practice).
+pub const USER_DATA_RESULT_MAX_BYTES: usize = 1 << 20;
+/// How long reading the result record may take.
+pub const USER_DATA_RESULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How a join timeout's message starts (also how an instance failed by one
+/// before its time was stored is recognized).
+pub const JOIN_TIMEOUT_MESSAGE_START: &str = "not initialized ";
+/// How long a call to the cluster's API may take.
+pub const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl ControlPlane {
+    /// The reconcile loop: plan, dispatch, sleep until woken or the interval.
+    pub async fn run_reconciler(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        if self.provider.is_none() {
+            tracing::warn!("no provider configured: pools are stored but no instance is created");
+            return;
+        }
+        loop {
+            if let Err(e) = self.plan_all().await {
+                tracing::error!(error = %e, "planning failed");
+            }
+            // Repair actions run in their own tasks: not waited for here.
+            if let Err(e) = self.repair_all_at(now_ms()).await {
+                tracing::error!(error = %e, "node repair failed");
+            }
+            if let Err(e) = self.dispatch() {
+                tracing::error!(error = %e, "dispatch failed");
+            }
+            if let Err(e) = self.sync_node_statuses().await {
+                tracing::warn!(error = %e, "reading node statuses from the cluster failed");
+            }
+            if let Err(e) = self.check_user_data().await {
+                tracing::warn!(error = %e, "checking user-data results failed");
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! Node statuses copied from the cluster into the store.
+
+use crate::control::ControlPlane;
+use crate::error::Result;
+
+use super::CLUSTER_CALL_TIMEOUT;
+
+impl ControlPlane {
+    /// Copies each node's Ready condition from the cluster; every change
+    /// is an event.
+    pub async fn sync_node_statuses(&self) -> Result<()> {
+        let statuses: std::collections::HashMap<String, String> = crate::provider::within(
+            "cluster",
+            "listing node statuses",
+            CLUSTER_CALL_TIMEOUT,
+            self.cluster.node_statuses(),
+        )
+        .await?
+        .into_iter()
+        .collect();
+        if statuses.is_empty() {
+            return Ok(());
+        }
+        for node in self.store.nodes()? {
+            let Some(status) = statuses.get(&node.name) else {
+                continue;
+            };
+            if *status != node.status {
+                self.store.set_node_status(&node.name, status)?;
+                let kind = if status == "Ready" {
+                    "Normal"
+                } else {
+                    "Warning"
+                };
+                self.store.add_event(
+                    kind,
+                    "Node",
+                    &node.name,
+                    &format!("Node{status}"),
+                    &format!("{} -> {status}", node.status),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

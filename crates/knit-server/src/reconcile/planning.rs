@@ -1,0 +1,472 @@
+//! Planning every pool under the plan lock: the join timeout, the pool's
+//! plan turned into intents, scale requests.
+
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::pki;
+use crate::store::{now_ms, state, InstanceHealth, InstanceRecord, NodeRecord};
+use std::time::Instant;
+
+use super::plan::{plan, Plan};
+use super::JOIN_TIMEOUT_MESSAGE_START;
+
+/// `<pool>-<5 random chars>`: unique, short, a valid hostname label.
+fn new_instance_name(pool: &str) -> Result<String> {
+    Ok(format!("{pool}-{}", pki::random_lower_alnum(5)?))
+}
+
+impl ControlPlane {
+    /// Plans every pool and writes the resulting intents. Serialized with the
+    /// API's own planning so two planners never double-count.
+    pub async fn plan_all(&self) -> Result<()> {
+        self.plan_all_at(now_ms()).await
+    }
+
+    /// [`ControlPlane::plan_all`] as if the time were `now` (ms): the join
+    /// timeout and the node health it records are judged at `now`.
+    pub async fn plan_all_at(&self, now: i64) -> Result<()> {
+        let started = Instant::now();
+        let _guard = self.plan_lock.lock().await;
+        self.store.prune_instance_health()?;
+        let nodes = self.store.nodes()?;
+        let mut health = self.store.instance_health()?;
+        for record in self.store.pools()? {
+            let name = record.pool.metadata.name.clone();
+            let desired = if record.deleting {
+                0
+            } else {
+                record.pool.spec.replicas.max(0) as usize
+            };
+            let mut instances = self.store.instances(Some(&name))?;
+            self.track_health(&instances, &nodes, &mut health, now)?;
+            if self.check_join_timeouts(&record.pool, &instances, &nodes, &mut health, now)? {
+                instances = self.store.instances(Some(&name))?;
+            }
+            let p = plan(desired, &instances);
+            self.apply_plan(&record.pool, &p, true)?;
+            if record.deleting && instances.iter().all(|i| i.state == state::DETACHED) {
+                self.store.remove_pool(&name)?;
+                self.store.add_event(
+                    "Normal",
+                    "NodePool",
+                    &name,
+                    "Deleted",
+                    "pool deleted: no instances left",
+                )?;
+            }
+        }
+        self.metrics
+            .reconcile_duration(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// A running instance whose node is not initialized (or Ready) within the
+    /// pool's join timeout is marked Failed with its last phase; with
+    /// `autoReplace` it is released and the planner makes a new one. Only
+    /// the way to the first Ready: an instance whose node joined once is
+    /// never failed here (node repair, `spec.repair`, is what applies then).
+    fn check_join_timeouts(
+        &self,
+        pool: &knit_api::NodePool,
+        instances: &[InstanceRecord],
+        nodes: &[NodeRecord],
+        health: &mut std::collections::HashMap<String, InstanceHealth>,
+        now: i64,
+    ) -> Result<bool> {
+        let timeout_ms = pool.spec.join_timeout_seconds * 1000;
+        let late: Vec<&InstanceRecord> = instances
+            .iter()
+            .filter(|i| {
+                i.state == state::RUNNING
+                    && now - i.created_ms > timeout_ms
+                    && health.get(&i.name).is_none_or(|h| h.joined_ms.is_none())
+            })
+            .collect();
+        if late.is_empty() {
+            return Ok(false);
+        }
+        let mut changed = false;
+        for i in late {
+            let node = nodes.iter().find(|n| n.instance == i.name);
+            // Joining a cluster, a node is done when Ready; otherwise when
+            // the agent finished.
+            let attached = self.cluster.attached();
+            if node.is_some_and(|n| n.status == "Ready" || (!attached && n.initialized())) {
+                continue;
+            }
+            let last = match node {
+                Some(n) => format!(
+                    "last phase {} {}{}",
+                    n.phase.as_deref().unwrap_or("-"),
+                    n.phase_outcome.as_deref().unwrap_or("-"),
+                    n.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+                ),
+                None => "the agent never reported (check the instance's user-data log: knit logs node NAME --file user-data)".to_string(),
+            };
+            let message = format!(
+                "{JOIN_TIMEOUT_MESSAGE_START}{} s after creation; {last}",
+                pool.spec.join_timeout_seconds
+            );
+            let message = crate::attach::diagnose(self, &i.name, message);
+            self.store
+                .set_instance_state(&i.name, state::FAILED, Some(&message))?;
+            // Remembered, so that the node Ready later is Running again.
+            let mut h = health.get(&i.name).cloned().unwrap_or(InstanceHealth {
+                instance: i.name.clone(),
+                ..InstanceHealth::default()
+            });
+            h.join_failed_ms = Some(now);
+            self.store.put_instance_health(&h)?;
+            health.insert(i.name.clone(), h);
+            self.store
+                .add_event("Warning", "Instance", &i.name, "JoinTimeout", &message)?;
+            if pool.spec.auto_replace && i.added {
+                self.store.add_event(
+                    "Normal",
+                    "Instance",
+                    &i.name,
+                    "NotReplacing",
+                    "autoReplace does not apply to an instance added by attach: knit never releases it; it stays Failed (knit delete node NAME --release=false, then attach it again)",
+                )?;
+            } else if pool.spec.auto_replace {
+                self.store.add_delete_intents(
+                    &pool.metadata.name,
+                    std::slice::from_ref(&i.name),
+                    true,
+                )?;
+                self.store.add_event(
+                    "Normal",
+                    "Instance",
+                    &i.name,
+                    "Replacing",
+                    "autoReplace: releasing it; a new instance follows",
+                )?;
+            }
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Plans one pool now (after a scale request) with the caller's choice
+    /// of releasing or keeping removed instances.
+    pub async fn plan_pool(&self, pool_name: &str, release: bool) -> Result<Plan> {
+        let _guard = self.plan_lock.lock().await;
+        let record = self
+            .store
+            .pool(pool_name)?
+            .ok_or_else(|| ServerError::NotFound {
+                kind: "pool",
+                name: pool_name.to_string(),
+            })?;
+        let instances = self.store.instances(Some(pool_name))?;
+        let p = plan(record.pool.spec.replicas.max(0) as usize, &instances);
+        self.apply_plan(&record.pool, &p, release)?;
+        self.wake.notify_one();
+        Ok(p)
+    }
+
+    /// Sets a pool's desired count and plans it with the caller's choice of
+    /// releasing removed instances, all under the plan lock: the reconciler
+    /// can never plan the new count first with its own choice (release).
+    /// `check` sees the changed pool before it is stored (quota). Returns
+    /// the count before.
+    pub async fn scale_pool(
+        &self,
+        pool_name: &str,
+        replicas: i64,
+        release: bool,
+        check: impl FnOnce(&knit_api::NodePool) -> Result<()>,
+    ) -> Result<(i64, Plan)> {
+        let _guard = self.plan_lock.lock().await;
+        let mut pool = self.store.live_pool(pool_name)?.pool;
+        let from = pool.spec.replicas;
+        pool.spec.replicas = replicas;
+        pool.validate()?;
+        check(&pool)?;
+        self.store.update_pool(&pool)?;
+        self.store.add_event(
+            "Normal",
+            "NodePool",
+            pool_name,
+            "Scaled",
+            &format!("replicas {from} -> {replicas}"),
+        )?;
+        let instances = self.store.instances(Some(pool_name))?;
+        let p = plan(replicas.max(0) as usize, &instances);
+        self.apply_plan(&pool, &p, release)?;
+        self.wake.notify_one();
+        Ok((from, p))
+    }
+
+    fn apply_plan(&self, pool: &knit_api::NodePool, p: &Plan, release: bool) -> Result<()> {
+        let name = &pool.metadata.name;
+        if p.create > 0 {
+            let instance_type = pool
+                .spec
+                .instance_types
+                .first()
+                .cloned()
+                .unwrap_or_default();
+            let mut names = Vec::with_capacity(p.create);
+            for _ in 0..p.create {
+                names.push((new_instance_name(name)?, instance_type.clone()));
+            }
+            self.store.add_create_intents(name, &names)?;
+            self.store.add_event(
+                "Normal",
+                "NodePool",
+                name,
+                "ScaleOut",
+                &format!(
+                    "creating {} instance(s): {}",
+                    p.create,
+                    names
+                        .iter()
+                        .map(|n| n.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )?;
+        }
+        if !p.delete.is_empty() {
+            // Instances added by attach are the user's machines: removed from
+            // the pool and kept, never released by knit on its own.
+            let users: std::collections::HashSet<String> = self
+                .store
+                .instances(Some(name))?
+                .into_iter()
+                .filter(|i| i.added)
+                .map(|i| i.name)
+                .collect();
+            let (kept, ours): (Vec<String>, Vec<String>) =
+                p.delete.iter().cloned().partition(|n| users.contains(n));
+            if !kept.is_empty() && self.store.add_delete_intents(name, &kept, false)? > 0 {
+                self.store.add_event(
+                    "Normal",
+                    "NodePool",
+                    name,
+                    "KeepingAdded",
+                    &format!(
+                        "removing instance(s) added by attach from the pool: {}; they are kept, never released by knit (manual mode: put back as before the attach and left running; automatic mode: stopped); knit delete node NAME --release releases one explicitly",
+                        kept.join(", ")
+                    ),
+                )?;
+            }
+            if ours.is_empty() {
+                return Ok(());
+            }
+            let added = self.store.add_delete_intents(name, &ours, release)?;
+            if added > 0 {
+                self.store.add_event(
+                    "Normal",
+                    "NodePool",
+                    name,
+                    "ScaleIn",
+                    &format!(
+                        "{} instance(s): {}",
+                        if release {
+                            "releasing"
+                        } else {
+                            "detaching (instance kept)"
+                        },
+                        ours.join(", ")
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{plan, Plan};
+    use crate::control::ControlPlane;
+    use crate::store::state;
+    use std::sync::Arc;
+
+    fn control_plane(dir: &std::path::Path) -> Arc<ControlPlane> {
+        let store = crate::store::Store::open(&dir.join("k.db")).unwrap();
+        Arc::new(ControlPlane::new(
+            store,
+            None,
+            Arc::new(crate::bootstrap::NoCluster),
+            crate::control::Settings::new(dir.to_path_buf()),
+            String::new(),
+            String::new(),
+            String::new(),
+        ))
+    }
+
+    /// Two instances knit made and one the user added, in a pool of 3.
+    fn pool_with_an_added_instance(cp: &ControlPlane) -> knit_api::NodePool {
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 2;
+        cp.store.insert_pool(&pool).unwrap();
+        cp.store
+            .add_create_intents("p", &[("p-ours1".into(), "t".into())])
+            .unwrap();
+        cp.store
+            .add_create_intents("p", &[("p-ours2".into(), "t".into())])
+            .unwrap();
+        for (i, name) in ["p-ours1", "p-ours2"].iter().enumerate() {
+            cp.store
+                .set_instance_created(name, &format!("i-{i}"), None)
+                .unwrap();
+        }
+        for intent in cp.store.pending_intents().unwrap() {
+            cp.store.finish_intent(intent.id, "done", None).unwrap();
+        }
+        pool.spec.replicas = 3;
+        cp.store
+            .enroll_attached(
+                &crate::store::Enrollment {
+                    name: "p-mine",
+                    pool: &pool,
+                    provider_id: "i-user",
+                    ip: None,
+                    instance_type: "t",
+                    state: state::RUNNING,
+                },
+                false,
+            )
+            .unwrap();
+        pool
+    }
+
+    fn pending_deletes(cp: &ControlPlane) -> Vec<(String, bool)> {
+        cp.store
+            .pending_intents()
+            .unwrap()
+            .into_iter()
+            .filter(|i| i.action == "delete")
+            .map(|i| (i.instance, i.release))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn scale_in_removes_created_instances_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = pool_with_an_added_instance(&cp);
+        assert!(cp.store.instance("p-mine").unwrap().unwrap().added);
+        pool.spec.replicas = 1;
+        cp.store.update_pool(&pool).unwrap();
+        cp.plan_pool("p", true).await.unwrap();
+        let mut deletes = pending_deletes(&cp);
+        deletes.sort();
+        assert_eq!(
+            deletes,
+            vec![("p-ours1".to_string(), true), ("p-ours2".to_string(), true)]
+        );
+        assert_eq!(
+            cp.store.instance("p-mine").unwrap().unwrap().state,
+            state::RUNNING
+        );
+    }
+
+    #[tokio::test]
+    async fn an_added_instance_is_kept_when_its_pool_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        pool_with_an_added_instance(&cp);
+        cp.store.mark_pool_deleting("p").unwrap();
+        cp.plan_all().await.unwrap();
+        let mut deletes = pending_deletes(&cp);
+        deletes.sort();
+        assert_eq!(
+            deletes,
+            vec![
+                ("p-mine".to_string(), false),
+                ("p-ours1".to_string(), true),
+                ("p-ours2".to_string(), true)
+            ],
+            "knit's instances released, the added one kept"
+        );
+        let events = cp.store.events(50).unwrap();
+        let kept = events
+            .iter()
+            .find(|e| e.reason == "KeepingAdded")
+            .expect("an event says the added instance is kept");
+        assert!(
+            kept.message.contains("p-mine") && kept.message.contains("never released"),
+            "{}",
+            kept.message
+        );
+    }
+
+    /// The reconciler's pass waits on the plan lock when `scale --replicas 1
+    /// --release=false` arrives: whichever plans first, nothing is released.
+    #[tokio::test]
+    async fn scale_with_release_false_never_releases_when_the_reconciler_plans_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 3;
+        cp.store.insert_pool(&pool).unwrap();
+        for (i, name) in ["p-a", "p-b", "p-c"].iter().enumerate() {
+            cp.store
+                .add_create_intents("p", &[(name.to_string(), "t".into())])
+                .unwrap();
+            cp.store
+                .set_instance_created(name, &format!("i-{i}"), None)
+                .unwrap();
+        }
+        for intent in cp.store.pending_intents().unwrap() {
+            cp.store.finish_intent(intent.id, "done", None).unwrap();
+        }
+        let held = cp.plan_lock.lock().await;
+        let reconciler = tokio::spawn({
+            let cp = Arc::clone(&cp);
+            async move { cp.plan_all().await.unwrap() }
+        });
+        // Queued on the lock first (tokio's mutex is fair: first come,
+        // first served).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let scale = tokio::spawn({
+            let cp = Arc::clone(&cp);
+            async move { cp.scale_pool("p", 1, false, |_| Ok(())).await.unwrap() }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        reconciler.await.unwrap();
+        let (from, _) = scale.await.unwrap();
+        assert_eq!(from, 3);
+        cp.plan_all().await.unwrap();
+        let deletes = pending_deletes(&cp);
+        assert_eq!(deletes.len(), 2, "{deletes:?}");
+        assert!(
+            deletes.iter().all(|(_, release)| !release),
+            "release: false kept: {deletes:?}"
+        );
+        assert_eq!(cp.store.pool("p").unwrap().unwrap().pool.spec.replicas, 1);
+    }
+
+    #[test]
+    fn a_failed_attach_is_undone_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        pool_with_an_added_instance(&cp);
+        let replicas = |cp: &ControlPlane| cp.store.pool("p").unwrap().unwrap().pool.spec.replicas;
+        assert_eq!(replicas(&cp), 3);
+        assert_eq!(
+            cp.store.undo_attach("p-mine", "why").unwrap(),
+            Some(("p".to_string(), 3, 2))
+        );
+        let mine = cp.store.instance("p-mine").unwrap().unwrap();
+        assert_eq!(
+            (mine.state.as_str(), mine.last_error.as_deref()),
+            (state::DETACHED, Some("why"))
+        );
+        assert_eq!(cp.store.undo_attach("p-mine", "again").unwrap(), None);
+        assert_eq!(replicas(&cp), 2, "the count drops once");
+        assert_eq!(
+            plan(2, &cp.store.instances(Some("p")).unwrap()),
+            Plan::default()
+        );
+    }
+}

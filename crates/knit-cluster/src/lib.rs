@@ -243,7 +243,7 @@ impl EmbeddedCluster {
             &[auth::MASTERS],
             Duration::from_secs(365 * 24 * 3600),
         )?;
-        pki::write_private_file(
+        pki::write_private(
             &admin_kubeconfig,
             &kubeconfig(&endpoint, ca.cert_pem(), &admin_cert, &admin_key),
         )?;

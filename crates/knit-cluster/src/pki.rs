@@ -80,7 +80,7 @@ impl Ca {
         let issuer = params.self_signed(&key)?;
         let cert_pem = issuer.pem();
         write_private(&key_path, &key.serialize_pem())?;
-        std::fs::write(&cert_path, &cert_pem).map_err(|e| ClusterError::io(&cert_path, e))?;
+        write_durable(&cert_path, cert_pem.as_bytes(), 0o644)?;
         let pin = spki_pin(&cert_pem)?;
         Ok(Ca {
             cert_pem,
@@ -204,22 +204,36 @@ fn serial() -> Result<SerialNumber, ClusterError> {
     Ok(SerialNumber::from_slice(&b))
 }
 
-fn write_private(path: &Path, contents: &str) -> Result<(), ClusterError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| ClusterError::io(path, e))?;
-    f.write_all(contents.as_bytes())
-        .map_err(|e| ClusterError::io(path, e))
+/// Replaces `path` with `contents` readable by its owner only (keys,
+/// kubeconfigs); see [`write_durable`].
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ClusterError> {
+    write_durable(path, contents.as_bytes(), 0o600)
 }
 
-pub(crate) fn write_private_file(path: &Path, contents: &str) -> Result<(), ClusterError> {
-    write_private(path, contents)
+/// Replaces `path` with `contents` so that a crash leaves the old file or
+/// the new one, never a torn key: a temporary file in the same directory is
+/// written, given `mode` and fsynced, renamed into place, and the directory
+/// fsynced.
+fn write_durable(path: &Path, contents: &[u8], mode: u32) -> Result<(), ClusterError> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| ClusterError::io(dir, e))?;
+    tmp.write_all(contents)
+        .and_then(|()| {
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+        })
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| ClusterError::io(tmp.path(), e))?;
+    tmp.persist(path)
+        .map_err(|e| ClusterError::io(path, e.error))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ClusterError::io(dir, e))
 }
 
 fn pem_der(pem: &str, what: &str) -> Result<Vec<u8>, ClusterError> {

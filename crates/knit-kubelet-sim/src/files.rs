@@ -1,24 +1,60 @@
-//! Writing credentials: private (0600), atomically (temp file + rename).
+//! Writing credentials and reports whole: a temporary file in the same
+//! directory is written and fsynced, renamed into place, and the directory
+//! fsynced, so a crash leaves the old file or the new one, never a torn one.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::error::SimError;
 
+/// Credentials: readable by their owner only (0600).
 pub fn write_private(path: &Path, contents: &[u8]) -> Result<(), SimError> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| SimError::io(dir, e))?;
+    write_durable(path, contents, 0o600)
+}
+
+/// Replaces `path` with `contents` durably; the file has `mode` before it
+/// appears under its name. The parent directory is made when missing.
+pub fn write_durable(path: &Path, contents: &[u8], mode: u32) -> Result<(), SimError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| SimError::io(dir, e))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| SimError::io(dir, e))?;
+    tmp.write_all(contents)
+        .and_then(|()| {
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+        })
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| SimError::io(tmp.path(), e))?;
+    tmp.persist(path).map_err(|e| SimError::io(path, e.error))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| SimError::io(dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_whole_with_the_mode_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pki/kubelet.pem");
+        write_private(&path, b"one").unwrap();
+        write_durable(&path, b"two", 0o644).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        write_private(&path, b"three").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("pki"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("kubelet.pem")]);
     }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| SimError::io(&tmp, e))?;
-    f.write_all(contents).map_err(|e| SimError::io(&tmp, e))?;
-    f.sync_all().map_err(|e| SimError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| SimError::io(path, e))
 }

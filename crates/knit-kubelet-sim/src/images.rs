@@ -267,17 +267,14 @@ pub fn ensure(socket: &Path, images: &[String]) -> ImageReport {
     report
 }
 
-/// Writes the report beside the kubelet's state (atomically).
+/// Writes the report beside the kubelet's state (whole, world-readable).
 pub fn write_report(root_dir: &Path, report: &ImageReport) -> Result<PathBuf, SimError> {
     let path = root_dir.join(REPORT_FILE);
-    let tmp = root_dir.join(format!(".{REPORT_FILE}.tmp"));
     let body = serde_json::to_vec_pretty(report).map_err(|e| SimError::Config {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    std::fs::create_dir_all(root_dir).map_err(|e| SimError::io(root_dir, e))?;
-    std::fs::write(&tmp, body).map_err(|e| SimError::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| SimError::io(&path, e))?;
+    crate::files::write_durable(&path, &body, 0o644)?;
     Ok(path)
 }
 

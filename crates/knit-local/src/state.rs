@@ -197,7 +197,15 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 /// the directory fsynced so the rename itself is on disk when this returns.
 /// Records are written before what they name is made: a record lost to a
 /// power cut would leave a resource nothing knows to release.
+/// Records are private to root (0600).
 pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_durable_with_mode(path, bytes, 0o600)
+}
+
+/// [`write_durable`] for a file others may read: it has `mode` before it
+/// appears under its name.
+pub fn write_durable_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -207,6 +215,9 @@ pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
         .tempfile_in(dir)
         .ctx("cannot create a temporary file in", dir)?;
     std::io::Write::write_all(&mut tmp, bytes).ctx("cannot write", tmp.path())?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .ctx("cannot chmod", tmp.path())?;
     tmp.as_file().sync_all().ctx("cannot fsync", tmp.path())?;
     tmp.persist(path)
         .map_err(|e| e.error)

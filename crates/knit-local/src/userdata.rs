@@ -699,14 +699,14 @@ pub fn rfc2822(epoch_secs: i64) -> String {
     )
 }
 
+/// Best effort, as cloud-init's own status files: a result that cannot be
+/// written leaves the old one (or none), never a torn one.
 fn write_atomic(path: &str, text: &str) {
-    if let Some(dir) = Path::new(path).parent() {
+    let path = Path::new(path);
+    if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let tmp = format!("{path}.tmp");
-    if std::fs::write(&tmp, text).is_ok() {
-        let _ = std::fs::rename(&tmp, path);
-    }
+    let _ = crate::state::write_durable_with_mode(path, text.as_bytes(), 0o644);
 }
 
 #[cfg(test)]

@@ -291,26 +291,24 @@ pub fn read_opt<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     }
 }
 
-/// Written to a temporary file, fsynced, renamed over, directory fsynced:
-/// a record either is whole or was never there.
+/// Written to a temporary file in the same directory, fsynced, renamed
+/// over, directory fsynced: a record either is whole or was never there.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default()
-    ));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let body = serde_json::to_vec_pretty(value).map_err(|e| QemuError::State {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    {
-        let mut f = std::fs::File::create(&tmp).ctx("cannot write", &tmp)?;
-        f.write_all(&body).ctx("cannot write", &tmp)?;
-        f.sync_all().ctx("cannot sync", &tmp)?;
-    }
-    std::fs::rename(&tmp, path).ctx("cannot rename into place", path)?;
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(dir).ctx("cannot create a temporary file in", dir)?;
+    tmp.write_all(&body).ctx("cannot write", tmp.path())?;
+    tmp.as_file().sync_all().ctx("cannot sync", tmp.path())?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .ctx("cannot rename into place", path)?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .ctx("cannot sync", dir)

@@ -366,8 +366,10 @@ fn seed_of(s: &str) -> u64 {
 /// One layer: a tar holding `data/<name>` of `size` random bytes, gzipped.
 /// Returns the blob and the diff id (sha256 of the tar).
 fn build_layer(dir: &Path, name: &str, size: u64, seed: u64) -> Result<(Blob, String)> {
-    let tmp = dir.join(format!("{name}.tar.gz.tmp"));
-    let file = std::fs::File::create(&tmp).map_err(io(tmp.display()))?;
+    // Scratch output pushed right after: a temporary file renamed to its
+    // digest once whole (removed if building fails), no fsync needed.
+    let file = tempfile::NamedTempFile::new_in(dir).map_err(io(dir.display()))?;
+    let tmp = file.path().to_path_buf();
     let gz_out = HashWriter {
         inner: std::io::BufWriter::new(file),
         hash: Sha256::new(),
@@ -400,11 +402,13 @@ fn build_layer(dir: &Path, name: &str, size: u64, seed: u64) -> Result<(Blob, St
     let gz_out = tar_out.inner.finish().map_err(io(tmp.display()))?;
     let digest = format!("sha256:{}", hex::encode(gz_out.hash.finalize()));
     let size = gz_out.n;
-    let mut inner = gz_out.inner;
-    inner.flush().map_err(io(tmp.display()))?;
-    drop(inner);
+    let file = gz_out
+        .inner
+        .into_inner()
+        .map_err(|e| io(tmp.display())(e.into_error()))?;
     let path = dir.join(digest.replace(':', "-"));
-    std::fs::rename(&tmp, &path).map_err(io(path.display()))?;
+    file.persist(&path)
+        .map_err(|e| io(path.display())(e.error))?;
     Ok((Blob { path, digest, size }, diff_id))
 }
 

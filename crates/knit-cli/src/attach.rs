@@ -3,7 +3,7 @@
 
 use crate::{CliError, Result};
 use clap::Args;
-use knit_server::client::Client;
+use knit_client::Client;
 use knit_server::preflight::{render_table, Report};
 use serde_json::{json, Value};
 use std::process::ExitCode;

@@ -3,10 +3,9 @@
 //! output and exits with its exit code.
 
 use clap::{Args, ValueEnum};
-use knit_server::client::{
-    Client, ExecRequest, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
+use knit_client::{
+    Client, ClientError, ExecRequest, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
 };
-use knit_server::ServerError;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -34,7 +33,7 @@ pub struct ExecArgs {
 
 /// Runs it; the command's exit code becomes knit's (255 when it ended by a
 /// signal or the code does not fit).
-pub fn run(client: &Client, args: ExecArgs) -> Result<ExitCode, ServerError> {
+pub fn run(client: &Client, args: ExecArgs) -> Result<ExitCode, ClientError> {
     let request = ExecRequest {
         kind: match args.kind {
             Target::Node => "node".into(),

@@ -12,7 +12,7 @@ mod snapshot;
 mod wait;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use knit_server::client::{Client, ClientConfig};
+use knit_client::{Client, ClientConfig, ClientError};
 use knit_server::control::{Settings, DEFAULT_PORT};
 use knit_server::ServerError;
 use output::{age, cell, duration, table};
@@ -26,6 +26,8 @@ use std::time::Duration;
 /// The one error type of the CLI.
 #[derive(Debug, thiserror::Error)]
 enum CliError {
+    #[error("{0}")]
+    Client(#[from] ClientError),
     #[error("{0}")]
     Server(#[from] ServerError),
     #[error("{0}")]
@@ -47,7 +49,7 @@ enum CliError {
 impl CliError {
     fn code(&self) -> String {
         match self {
-            CliError::Server(ServerError::Remote { code, .. }) => code.clone(),
+            CliError::Client(e) => e.code().to_string(),
             CliError::Server(e) => e.code().to_string(),
             CliError::Usage(_) => "Usage".into(),
             CliError::Io { .. } => "IoError".into(),
@@ -463,7 +465,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 /// A name as one URL path segment (percent-encoded).
 fn seg(name: &str) -> String {
-    knit_server::client::segment(name)
+    knit_client::segment(name)
 }
 
 // ---- server
@@ -1469,11 +1471,7 @@ fn submit(c: &Client, file: &Path, apply: bool, strict: bool) -> Result<ExitCode
         match outcome {
             Ok(what) => println!("{}/{name} {what}", kind.to_lowercase()),
             Err(e) => {
-                eprintln!(
-                    "error [{}]: {}/{name}: {e}",
-                    remote_code(&e),
-                    kind.to_lowercase()
-                );
+                eprintln!("error [{}]: {}/{name}: {e}", e.code(), kind.to_lowercase());
                 failed = true;
             }
         }
@@ -1483,13 +1481,6 @@ fn submit(c: &Client, file: &Path, apply: bool, strict: bool) -> Result<ExitCode
     } else {
         ExitCode::SUCCESS
     })
-}
-
-fn remote_code(e: &ServerError) -> String {
-    match e {
-        ServerError::Remote { code, .. } => code.clone(),
-        other => other.code().to_string(),
-    }
 }
 
 // ---- package, local

@@ -3,7 +3,7 @@
 use crate::output::{age, cell, table};
 use crate::{CliError, Result};
 use clap::Subcommand;
-use knit_server::client::Client;
+use knit_client::Client;
 use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

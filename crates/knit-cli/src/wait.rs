@@ -4,7 +4,7 @@
 
 use crate::output::{cell, duration, table};
 use crate::{CliError, Result};
-use knit_server::client::Client;
+use knit_client::Client;
 use serde_json::Value;
 use std::io::Write;
 use std::process::ExitCode;

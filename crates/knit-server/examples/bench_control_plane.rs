@@ -10,7 +10,7 @@
 
 use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_server::bootstrap::NoCluster;
-use knit_server::client::{Client, ClientConfig};
+use knit_client::{Client, ClientConfig};
 use knit_server::reconcile::plan;
 use knit_server::store::{state, InstanceRecord};
 use knit_server::Settings;

@@ -5,7 +5,7 @@
 mod support;
 
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::ServerError;
+use knit_client::ClientError;
 use support::TestServer;
 
 /// A server with no provider: these tests cover what the API decides.
@@ -22,9 +22,9 @@ fn harness_with_token_ttl(ttl: std::time::Duration) -> TestServer {
 
 const POOL: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: workers\nspec:\n  replicas: 2\n";
 
-fn remote(err: ServerError) -> (u16, String, Vec<String>) {
+fn remote(err: ClientError) -> (u16, String, Vec<String>) {
     match err {
-        ServerError::Remote {
+        ClientError::Api {
             status,
             code,
             errors,

@@ -10,7 +10,7 @@ mod support;
 
 use async_trait::async_trait;
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::client::{ExecRequest, EXEC_MAX_TIMEOUT_SECONDS};
+use knit_client::{ClientError, ExecRequest, EXEC_MAX_TIMEOUT_SECONDS};
 use knit_server::provider::{
     BoundedProvider, CallLimits, InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot,
     EXEC_CUT_MARKER,
@@ -164,9 +164,9 @@ async fn exec_output_over_the_cap_is_cut_and_marked() {
 
 const POOL: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: workers\nspec:\n  replicas: 1\n";
 
-fn status_of(e: ServerError) -> (u16, String, Vec<String>) {
+fn status_of(e: ClientError) -> (u16, String, Vec<String>) {
     match e {
-        ServerError::Remote {
+        ClientError::Api {
             status,
             code,
             errors,

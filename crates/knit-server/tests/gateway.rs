@@ -6,7 +6,7 @@
 mod support;
 
 use async_trait::async_trait;
-use knit_server::client::{Client, ClientConfig};
+use knit_client::{Client, ClientConfig};
 use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
 use knit_server::{ServerError, Settings};
 use std::net::{IpAddr, SocketAddr};

@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use knit_server::bootstrap::NoCluster;
-use knit_server::client::{Client, ClientConfig};
+use knit_client::{Client, ClientConfig};
 use knit_server::preflight::{DiskFacts, InstanceFacts, SecurityGroupFacts};
 use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
 use knit_server::{Server, ServerError, Settings};

@@ -5,9 +5,9 @@
 //! leaving its pool is put back as before the attach ([`undo_inside`]).
 
 use super::{
-    context, diagnose, enroll, field_error, record, rename_target, undo, wire_report, AttachRecord,
-    AttachTokenOptions, ATTACH_SENTINEL, ATTACH_TOKEN_PREFIX, DEFAULT_EXPIRES_SECONDS,
-    MAX_EXPIRES_SECONDS,
+    context, diagnose, enroll, field_error, fill_script, record, rename_target, undo, wire_report,
+    AttachRecord, AttachTokenOptions, ATTACH_SENTINEL, ATTACH_TOKEN_PREFIX,
+    DEFAULT_EXPIRES_SECONDS, MAX_EXPIRES_SECONDS,
 };
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
@@ -15,6 +15,7 @@ use crate::preflight::{self, Mode};
 use crate::store::{now_ms, state, Redeem};
 use crate::{pki, userdata};
 use base64::Engine;
+use knit_api::agent::LeaveReport;
 use knit_api::views::{AttachScriptRequest, AttachScriptResponse, MachineFacts, PreflightReport};
 use sha2::{Digest, Sha256};
 
@@ -65,7 +66,7 @@ pub fn issue_script(
         token: &token,
         ca_pem: &cp.ca_pem,
         ca_pin: &pin,
-    });
+    })?;
     let b64 = base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
     let command = format!("echo {b64} | base64 -d | bash");
     cp.store.add_event(
@@ -106,145 +107,25 @@ struct ManualScript<'a> {
     ca_pin: &'a str,
 }
 
+/// The script the pasted command runs on the machine (`manual.sh`).
+const MANUAL_SCRIPT: &str = include_str!("manual.sh");
+/// Where the agent writes why its `init` failed (read by the rollback).
+const ERROR_MSG_FILE: &str = "/var/log/knit-deploy-error-msg.log";
+
 /// The script the pasted command runs on the machine.
-fn manual_script(p: &ManualScript<'_>) -> String {
-    let ca = p.ca_pem.trim_end();
-    let pin = p.ca_pin.trim_start_matches("sha256:");
-    format!(
-        r#"#!/bin/bash
-# knit: add this machine to a node pool (manual mode). Its OS and its own
-# user data stay as they are.
-set -euo pipefail
-dir={dir}
-# Until the token is spent everything lives in a scratch directory; what
-# this command adds to the machine goes again if it fails. A machine that
-# already is a node (a second run) keeps its files.
-state_existed=0
-[ -e {state} ] && state_existed=1
-dir_existed=0
-[ -e "$dir" ] && dir_existed=1
-work=$(mktemp -d)
-chmod 700 "$work"
-ok=0
-cleanup() {{
-    rm -rf "$work"
-    [ "$ok" = 1 ] && return
-    cd /
-    [ "$dir_existed" = 1 ] || rm -rf "$dir"
-    [ "$state_existed" = 1 ] || rm -rf {state}
-}}
-trap cleanup EXIT
-cat > "$work/control-plane-ca.pem" <<'KNIT_CA_EOF'
-{ca}
-KNIT_CA_EOF
-# The CA pin: the certificate carried above must be the control plane's.
-got=$(sed '/-----/d' "$work/control-plane-ca.pem" | base64 -d | sha256sum | cut -d' ' -f1)
-if [ "$got" != '{pin}' ]; then
-    echo "knit: the control-plane CA in this command does not match its pin sha256:{pin} (damaged paste?)" >&2
-    exit 1
-fi
-# Machine-side preflight.
-fail=0
-if [ -n "$(tail -n +2 /proc/swaps 2>/dev/null)" ]; then
-    echo "knit preflight [PreflightSwapOn]: swap is on; the kubelet refuses to run with swap. Fix: swapoff -a and remove swap from /etc/fstab" >&2
-    fail=1
-fi
-os_id=; os_version=; os_name=
-if [ -r /etc/os-release ]; then
-    os_id=$(. /etc/os-release; echo "${{ID:-}}")
-    os_version=$(. /etc/os-release; echo "${{VERSION_ID:-}}")
-    os_name=$(. /etc/os-release; echo "${{PRETTY_NAME:-}}")
-fi
-case "$os_id" in
-    lifsea|*containeros*|*windows*)
-        echo "knit preflight [PreflightOsNotAllowed]: $os_name cannot be added manually. Fix: use automatic mode (knit attach)" >&2
-        fail=1;;
-esac
-[ "$fail" = 0 ] || exit 1
-ca="$work/control-plane-ca.pem"
-fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-all-errors --connect-timeout 5 --cacert "$ca" "$@"; }}
-fetch -o "$work/knit-agent.part" '{base}/mirror/bin/knit-agent'
-if ! echo '{sha}  '"$work/knit-agent.part" | sha256sum -c --status -; then
-    echo "knit: knit-agent from {base}/mirror/bin/knit-agent does not match sha256 {sha}" >&2
-    exit 1
-fi
-chmod 755 "$work/knit-agent.part"
-mv "$work/knit-agent.part" "$work/knit-agent"
-umask 077
-swap=false
-esc() {{ printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }}
-facts="{{\"osId\":\"$(esc "$os_id")\",\"osVersion\":\"$(esc "$os_version")\",\"osName\":\"$(esc "$os_name")\",\"swap\":$swap}}"
-# Bearer tokens reach curl in a mode-0600 file (umask 077 above), never on
-# its command line, which every local user can read in /proc/*/cmdline;
-# printf is a shell builtin, so no process carries the token either.
-auth="$work/auth.header"
-bearer() {{ printf 'Authorization: Bearer %s\n' "$1" > "$auth"; }}
-bearer '{token}'
-# Server-side preflight; the answer is a one-time join token for this machine.
-code=$(curl -sS --connect-timeout 5 --cacert "$work/control-plane-ca.pem" -o "$work/attach-answer" -w '%{{http_code}}' \
-    -X POST -H @"$auth" -H 'Content-Type: application/json' --data "$facts" '{base}/attach/v1/manual') || {{
-    echo "knit: cannot reach the control plane at {base}: check connectivity and the security-group rules (egress TCP to that address)" >&2
-    exit 1
-}}
-if [ "$code" != 200 ]; then
-    echo "knit: the control plane refused (HTTP $code):" >&2
-    cat "$work/attach-answer" >&2
-    echo >&2
-    exit 1
-fi
-join_token=$(cat "$work/attach-answer")
-rm -f "$work/attach-answer"
-mkdir -p "$dir"
-chmod 700 "$dir"
-mv -f "$work/control-plane-ca.pem" "$work/knit-agent" "$dir/"
-ca="$dir/control-plane-ca.pem"
-# From here the token is spent and the machine is in the pool: a failure
-# undoes the agent's work, tells the control plane, and says how to retry.
-rollback() {{
-    why="$1"
-    echo "knit: $why" >&2
-    if [ -s {error_msg} ]; then
-        why="$why: $(head -c 1500 {error_msg})"
-    fi
-    undone="this machine is back as it was before the command"
-    if [ -x "$dir/knit-agent" ]; then
-        echo "knit: undoing what the agent did here (services, mounts, files it wrote); the machine's own files are kept" >&2
-        # On a partial undo the agent and its ledger stay, to run it again.
-        "$dir/knit-agent" reset --undo >&2 \
-            || {{ undone="some of the agent's changes could not be undone (listed above; run $dir/knit-agent reset --undo again)"; ok=1; }}
-    fi
-    report_token=$(sed -n 's/^  reportToken: *//p' "$dir/node-config.yaml" 2>/dev/null | tr -d "'\"" | head -n 1) \
-        || report_token=
-    diag=
-    if [ -n "$report_token" ]; then
-        bearer "$report_token"
-        diag=$(curl -sS --connect-timeout 5 --max-time 30 --cacert "$dir/control-plane-ca.pem" -X POST \
-            -H @"$auth" -H 'Content-Type: text/plain' --data-binary "$why" \
-            '{base}/attach/v1/failed' 2>/dev/null) || diag=
-    fi
-    if [ -n "$diag" ]; then
-        echo "knit: $diag" >&2
-    else
-        echo "knit: the control plane ({base}) could not be told. Check connectivity between this machine and the control plane and the API server, and its security-group rules (egress TCP 7443 and 6443 to that address)" >&2
-    fi
-    echo "knit: $undone. The command's token is spent: to retry, fix the cause, make a new command (knit attach-script --pool POOL) and run it here" >&2
-    exit 1
-}}
-bearer "$join_token"
-fetch -X POST -H @"$auth" -o "$dir/node-config.yaml" '{base}/bootstrap/v1/config' \
-    || rollback "cannot fetch this machine's NodeConfig from {base}"
-if "$dir/knit-agent" init --config "$dir/node-config.yaml"; then
-    ok=1
-    exit 0
-fi
-rollback "the agent could not join this machine to the cluster"
-"#,
-        dir = userdata::BOOTSTRAP_DIR,
-        state = knit_agent_state_dir(),
-        error_msg = "/var/log/knit-deploy-error-msg.log",
-        base = p.base_url,
-        sha = p.agent_sha256,
-        token = p.token,
+fn manual_script(p: &ManualScript<'_>) -> Result<String> {
+    fill_script(
+        MANUAL_SCRIPT,
+        &[
+            ("BASE_URL", p.base_url),
+            ("AGENT_SHA256", p.agent_sha256),
+            ("CA_PIN", p.ca_pin.trim_start_matches("sha256:")),
+            ("CA_PEM", p.ca_pem.trim_end()),
+            ("BOOTSTRAP_DIR", userdata::BOOTSTRAP_DIR),
+            ("STATE_DIR", knit_agent_state_dir()),
+            ("ERROR_MSG_FILE", ERROR_MSG_FILE),
+            ("TOKEN", p.token),
+        ],
     )
 }
 
@@ -531,29 +412,20 @@ pub fn added_manually(cp: &ControlPlane, instance: &str) -> std::result::Result<
     }
 }
 
-/// What runs inside a manual-mode machine leaving its pool: the agent's
-/// undo (`knit-agent reset --undo`: knit's services stopped, its mounts,
-/// kernel settings and files undone from the ledger), then what the attach
-/// command left (the agent, the CA, the NodeConfig) and the agent's state
-/// directory when nothing else is in it. Safe to run twice (a server that
-/// died half way runs it again): with the agent and its ledger gone there
-/// is nothing left to undo.
-fn leave_script() -> String {
-    let state = knit_agent_state_dir();
-    format!(
-        r#"set -u
-agent={dir}/knit-agent
-if [ -x "$agent" ]; then
-    "$agent" reset --undo || exit $?
-elif [ -e {state}/undo/ledger.json ]; then
-    echo "the agent's undo ledger is there but $agent is gone: nothing can undo its changes" >&2
-    exit 3
-fi
-rm -rf {dir}
-rmdir {state} 2>/dev/null || true
-exit 0
-"#,
-        dir = userdata::BOOTSTRAP_DIR,
+/// What runs inside a manual-mode machine leaving its pool (`leave.sh`):
+/// `knit-agent leave` (knit's services stopped, its mounts, kernel settings
+/// and files undone from the ledger, then the agent, the CA and the
+/// NodeConfig removed), or for an agent from before that subcommand its
+/// `reset --undo` and the same removal.
+const LEAVE_SCRIPT: &str = include_str!("leave.sh");
+
+fn leave_script() -> Result<String> {
+    fill_script(
+        LEAVE_SCRIPT,
+        &[
+            ("BOOTSTRAP_DIR", userdata::BOOTSTRAP_DIR),
+            ("STATE_DIR", knit_agent_state_dir()),
+        ],
     )
 }
 
@@ -564,7 +436,8 @@ pub(crate) async fn undo_inside(
     provider: &dyn crate::provider::Provider,
     id: &str,
 ) -> std::result::Result<(), String> {
-    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), leave_script()];
+    let script = leave_script().map_err(|e| e.to_string())?;
+    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script];
     match tokio::time::timeout(UNDO_TIMEOUT, provider.exec(id, &argv)).await {
         Err(_) => Err(format!(
             "the undo did not finish within {} s",
@@ -573,15 +446,23 @@ pub(crate) async fn undo_inside(
         Ok(Err(e)) => Err(format!("cannot run the undo inside it: {e}")),
         Ok(Ok((0, _, _))) => Ok(()),
         Ok(Ok((code, stdout, stderr))) => {
-            let text = String::from_utf8_lossy(if stderr.is_empty() { &stdout } else { &stderr });
-            let text = text.trim();
+            // `knit-agent leave` lists what it could not undo in its report;
+            // else (an older agent, the script itself) its output says it.
+            let text = match serde_json::from_slice::<LeaveReport>(&stdout) {
+                Ok(report) if !report.failed.is_empty() => {
+                    format!("not undone: {}", report.failed.join("; "))
+                }
+                _ => String::from_utf8_lossy(if stderr.is_empty() { &stdout } else { &stderr })
+                    .trim()
+                    .to_string(),
+            };
             // The end says what was not undone; keep events short.
             let tail: String = {
                 let chars: Vec<char> = text.chars().collect();
                 chars[chars.len().saturating_sub(800)..].iter().collect()
             };
             Err(format!(
-                "the undo inside it (knit-agent reset --undo) exited with {code}: {tail}"
+                "the undo inside it (knit-agent leave) exited with {code}: {tail}"
             ))
         }
     }
@@ -590,6 +471,28 @@ pub(crate) async fn undo_inside(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_leave_script_is_valid_sh_and_calls_the_agent() {
+        let s = leave_script().unwrap();
+        for needle in [
+            "dir='/var/lib/knit/bootstrap'",
+            "state_dir='/var/lib/knit'",
+            "exec \"$agent\" leave",
+            "reset --undo",
+        ] {
+            assert!(s.contains(needle), "{needle} missing:\n{s}");
+        }
+        let out = std::process::Command::new("sh")
+            .args(["-n", "-c", &s])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     /// Every command of the script that talks to the control plane reads
     /// its bearer token from a file: the token is only in the `bearer`
@@ -603,7 +506,8 @@ mod tests {
             token,
             ca_pem: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
             ca_pin: "sha256:00",
-        });
+        })
+        .unwrap();
         // Commands as the shell sees them: continuation lines joined.
         let joined = s.replace("\\\n", " ");
         let lines: Vec<&str> = joined.lines().map(str::trim).collect();
@@ -637,7 +541,8 @@ mod tests {
             token: "knitattach.abcdef0123",
             ca_pem: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
             ca_pin: "sha256:00",
-        });
+        })
+        .unwrap();
         for needle in [
             "knitattach.abcdef0123",
             &"ab".repeat(32),

@@ -195,7 +195,7 @@ async fn enroll(
     pool: &str,
     name: &str,
     f: &InstanceFacts,
-    state_word: &str,
+    state_word: knit_api::state::InstanceState,
     intent: bool,
 ) -> Result<Option<i64>> {
     let _guard = cp.plan_lock.lock().await;
@@ -277,6 +277,45 @@ fn rename_target(cp: &ControlPlane, pool: &NodePool, instance: &str) -> Result<O
     Ok(crate::bootstrap::expected_node_name(&region, &row, pool))
 }
 
+/// A script from one of the `.sh` templates beside this file: each
+/// `@NAME@` placeholder replaced, in one pass, by its value as one
+/// single-quoted shell word, so that no value is ever read as shell. A
+/// placeholder without a value is a bug, refused.
+fn fill_script(template: &str, values: &[(&str, &str)]) -> Result<String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find('@') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let name_len = after
+            .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(after.len());
+        if name_len > 0 && after[name_len..].starts_with('@') {
+            let name = &after[..name_len];
+            let value = values
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| *v)
+                .ok_or_else(|| {
+                    ServerError::Internal(format!("script placeholder @{name}@ has no value"))
+                })?;
+            out.push_str(&shell_quote(value));
+            rest = &after[name_len + 1..];
+        } else {
+            // An `@` that is not a placeholder (`-H @"$auth"`).
+            out.push('@');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `value` as one single-quoted shell word (`'` written as `'\''`).
+fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
 /// A preflight report as the API shows it.
 fn wire_report(report: &Report) -> PreflightReport {
     PreflightReport {
@@ -338,6 +377,25 @@ mod tests {
             e.contains("holds instances added") && e.contains("autoscaler would release"),
             "{e}"
         );
+    }
+
+    /// A value reaches the script as itself, whatever shell it holds.
+    #[test]
+    fn script_values_are_quoted_words() {
+        let nasty = "it's $(touch /tmp/x) `id` \"q\" \\ @V@\nline2";
+        let s = fill_script(
+            "#!/bin/sh\nv=@V@\nw=@W@\nprintf '%s|%s' \"$v\" \"$w\" -H @\"$v\"\n",
+            &[("V", nasty), ("W", "")],
+        )
+        .unwrap();
+        assert!(s.contains("-H @\"$v\""), "{s}");
+        let out = std::process::Command::new("sh")
+            .args(["-c", &s])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|"));
+        let e = fill_script("x=@MISSING@", &[]).unwrap_err().to_string();
+        assert!(e.contains("@MISSING@"), "{e}");
     }
 
     /// The API's report is the checks' report, field for field.

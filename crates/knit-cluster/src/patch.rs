@@ -1,29 +1,17 @@
-//! JSON merge patch (RFC 7386) and Kubernetes strategic merge patch for the
-//! fields nodes and clients patch: lists of conditions and addresses merge
+//! JSON patch (RFC 6902) and JSON merge patch (RFC 7386), by the
+//! `json-patch` crate, with kube-apiserver's limits; Kubernetes strategic
+//! merge patch for the fields nodes and clients patch: lists of conditions and addresses merge
 //! by `type`, owner references by `uid`; other lists (taints) are replaced,
 //! as in the Kubernetes Go types.
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::ApiStatus;
 
+/// JSON merge patch (RFC 7386).
 pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(p) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    if let Value::Object(t) = target {
-        for (k, v) in p {
-            if v.is_null() {
-                t.remove(k);
-            } else {
-                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-    }
+    json_patch::merge(target, patch);
 }
 
 fn merge_key(field: &str) -> Option<&'static str> {
@@ -193,7 +181,6 @@ pub fn json_patch(target: &mut Value, ops: &Value, max_bytes: usize) -> Result<(
             let room = max_bytes.saturating_sub(size);
             size += size_within(v, room).ok_or_else(|| over(&format!("more than {max_bytes}")))?;
         }
-        let kind = op["op"].as_str().unwrap_or("");
         let path = op["path"]
             .as_str()
             .ok_or_else(|| ApiStatus::bad_request("JSON patch operation without path"))?;
@@ -205,94 +192,31 @@ pub fn json_patch(target: &mut Value, ops: &Value, max_bytes: usize) -> Result<(
             )
         };
         match kind {
-            "add" | "replace" => {
-                if kind == "replace" && target.pointer(path).is_none() {
-                    return Err(fail("path does not exist"));
-                }
-                insert(target, path, op["value"].clone(), kind == "add").map_err(|e| fail(&e))?
-            }
-            "remove" => {
-                remove(target, path).ok_or_else(|| fail("path does not exist"))?;
-            }
-            "test" => {
-                if target.pointer(path) != Some(&op["value"]) {
-                    return Err(fail("test failed"));
-                }
-            }
-            "move" | "copy" => {
-                let from = op["from"].as_str().ok_or_else(|| fail("missing from"))?;
-                let v = if kind == "move" {
-                    remove(target, from)
-                } else {
-                    target.pointer(from).cloned()
-                };
-                insert(
-                    target,
-                    path,
-                    v.ok_or_else(|| fail("from does not exist"))?,
-                    true,
-                )
-                .map_err(|e| fail(&e))?
-            }
+            "add" | "replace" | "remove" | "test" => {}
+            "move" | "copy" if op["from"].is_string() => {}
+            "move" | "copy" => return Err(fail("missing from")),
             other => {
                 return Err(ApiStatus::bad_request(format!(
                     "unknown JSON patch op {other:?}"
                 )))
             }
         }
+        let parsed =
+            json_patch::PatchOperation::deserialize(op).map_err(|e| fail(&e.to_string()))?;
+        // One operation at a time, so the size bound above sees each one;
+        // the caller patches a copy, so a failure needs no undo.
+        json_patch::patch_unsafe(target, std::slice::from_ref(&parsed)).map_err(|e| {
+            fail(match e.kind {
+                json_patch::PatchErrorKind::TestFailed => "test failed",
+                json_patch::PatchErrorKind::InvalidFromPointer => "from does not exist",
+                json_patch::PatchErrorKind::CannotMoveInsideItself => {
+                    "cannot move a value into itself"
+                }
+                _ => "path does not exist",
+            })
+        })?;
     }
     Ok(())
-}
-
-fn unescape(s: &str) -> String {
-    s.replace("~1", "/").replace("~0", "~")
-}
-
-fn split(path: &str) -> Option<(&str, String)> {
-    let (parent, last) = path.rsplit_once('/')?;
-    Some((parent, unescape(last)))
-}
-
-fn insert(target: &mut Value, path: &str, value: Value, add: bool) -> Result<(), String> {
-    if path.is_empty() {
-        *target = value;
-        return Ok(());
-    }
-    let (parent, last) = split(path).ok_or("invalid path")?;
-    match target.pointer_mut(parent).ok_or("parent does not exist")? {
-        Value::Object(m) => {
-            m.insert(last, value);
-            Ok(())
-        }
-        Value::Array(a) if last == "-" => {
-            a.push(value);
-            Ok(())
-        }
-        Value::Array(a) => {
-            let i: usize = last.parse().map_err(|_| "invalid array index")?;
-            if add && i <= a.len() {
-                a.insert(i, value);
-            } else if !add && i < a.len() {
-                a[i] = value;
-            } else {
-                return Err("array index out of range".into());
-            }
-            Ok(())
-        }
-        _ => Err("parent is not an object or array".into()),
-    }
-}
-
-fn remove(target: &mut Value, path: &str) -> Option<Value> {
-    let (parent, last) = split(path)?;
-    match target.pointer_mut(parent)? {
-        Value::Object(m) => m.remove(&last),
-        Value::Array(a) => {
-            let i: usize = last.parse().ok()?;
-            (i < a.len()).then(|| a.remove(i))
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -365,6 +289,78 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.code, 422);
+    }
+
+    #[test]
+    fn json_patch_failures_keep_their_statuses_and_messages() {
+        let doc = json!({"a": {"b": [1, 2]}, "c": "x"});
+        let cases = [
+            (
+                json!({"op": "test", "path": "/c", "value": "y"}),
+                422,
+                "JSON patch test /c: test failed",
+            ),
+            (
+                json!({"op": "remove", "path": "/nope"}),
+                422,
+                "JSON patch remove /nope: path does not exist",
+            ),
+            (
+                json!({"op": "add", "path": "/a/b/9", "value": 3}),
+                422,
+                "JSON patch add /a/b/9: path does not exist",
+            ),
+            (
+                json!({"op": "copy", "from": "/gone", "path": "/d"}),
+                422,
+                "JSON patch copy /d: from does not exist",
+            ),
+            (
+                json!({"op": "move", "from": "/a", "path": "/a/e"}),
+                422,
+                "JSON patch move /a/e: cannot move a value into itself",
+            ),
+            (
+                json!({"op": "copy", "path": "/d"}),
+                422,
+                "JSON patch copy /d: missing from",
+            ),
+            (
+                json!({"op": "frob", "path": "/c"}),
+                400,
+                "unknown JSON patch op \"frob\"",
+            ),
+            (
+                json!({"op": "add", "value": 1}),
+                400,
+                "JSON patch operation without path",
+            ),
+        ];
+        for (op, code, message) in cases {
+            let mut n = doc.clone();
+            let err = json_patch(&mut n, &json!([op]), 1 << 20).unwrap_err();
+            assert_eq!((err.code, err.message.as_str()), (code, message), "{op}");
+        }
+        let err = json_patch(&mut doc.clone(), &json!({"op": "add"}), 1 << 20).unwrap_err();
+        assert_eq!(err.code, 400);
+        let mut n = doc.clone();
+        json_patch(
+            &mut n,
+            &json!([
+                {"op": "move", "from": "/c", "path": "/a/b/0"},
+                {"op": "replace", "path": "/a/b/-", "value": 0},
+            ]),
+            1 << 20,
+        )
+        .unwrap_err();
+        json_patch(
+            &mut n,
+            &json!([{"op": "copy", "from": "/a/b", "path": "/f"}, {"op": "add", "path": "/f/-", "value": 9}]),
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(n["f"], json!(["x", 1, 2, 9]));
+        assert_eq!(n.get("c"), None);
     }
 
     #[test]

@@ -20,6 +20,20 @@ pub const LOG_FILE: &str = "/var/log/chronyd.log";
 /// Written by chronyd once it has read its configuration and started.
 const PID_FILE: &str = "/run/chrony/chronyd.pid";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Debian's own unit for chronyd (`chronyd.service` is its alias), enabled
+/// when the image was built. On a machine booted by systemd it has already
+/// started chronyd: knit configures and restarts that one. A second chronyd
+/// (a unit of knit's named `chronyd`, which the alias shadows) would find
+/// the pid file and port taken and exit, and under systemd its words go to
+/// the journal, not to [`LOG_FILE`].
+const DISTRO_UNIT: &str = "chrony";
+const DISTRO_UNIT_FILES: [&str; 2] = [
+    "/lib/systemd/system/chrony.service",
+    "/usr/lib/systemd/system/chrony.service",
+];
+/// Bound on each `systemctl` call for the distribution's unit.
+const SYSTEMCTL_TIMEOUT: Duration = Duration::from_secs(60);
+const KNIT_CONF: &str = "/etc/chrony/conf.d/knit.conf";
 /// PROC_PID_INIT_INO: the inode of the initial PID namespace (include/linux/proc_ns.h).
 const INIT_PID_NS_INODE: u64 = 0xEFFF_FFFC;
 
@@ -51,6 +65,22 @@ fn foreign_chronyd(host: &Host) -> Option<i32> {
     let pid: i32 = host.read(PID_FILE)?.trim().parse().ok()?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     (comm.trim() == "chronyd" && services::main_pid(host, SERVICE) != Some(pid)).then_some(pid)
+}
+
+/// Whether the distribution's chrony unit runs chronyd here (systemd is PID 1
+/// and the image ships the unit).
+fn distro_unit(host: &Host) -> bool {
+    services::uses_systemd(host) && DISTRO_UNIT_FILES.iter().any(|f| host.path(f).exists())
+}
+
+/// The servers knit adds to chrony's configuration, one line each.
+fn knit_conf(ctx: &Ctx) -> String {
+    ctx.config
+        .time_sync
+        .servers
+        .iter()
+        .map(|s| format!("server {s} iburst\n"))
+        .collect()
 }
 
 fn log_len(host: &Host) -> u64 {
@@ -105,6 +135,17 @@ impl Phase for TimeSync {
                 "chronyd is not installed in this image (package chrony)".to_string(),
             ));
         }
+        if distro_unit(ctx.host) {
+            let configured = ctx.config.time_sync.servers.is_empty()
+                || ctx.host.read(KNIT_CONF).as_deref() == Some(knit_conf(ctx).as_str());
+            return Ok(
+                if configured && services::is_running(ctx.host, DISTRO_UNIT) {
+                    Decision::Done("chronyd is running (the system's chrony service)".to_string())
+                } else {
+                    Decision::Run("the system's chrony service is to be configured".to_string())
+                },
+            );
+        }
         if services::runs_as(ctx.host, &spec(ctx.host)) {
             return Ok(Decision::Done("chronyd is running".to_string()));
         }
@@ -128,16 +169,13 @@ impl Phase for TimeSync {
             None => String::new(),
         };
         if !ctx.config.time_sync.servers.is_empty() {
-            let conf: String = ctx
-                .config
-                .time_sync
-                .servers
-                .iter()
-                .map(|s| format!("server {s} iburst\n"))
-                .collect();
             ctx.host
-                .write_file("/etc/chrony/conf.d/knit.conf", conf.as_bytes(), 0o644)
+                .write_file(KNIT_CONF, knit_conf(ctx).as_bytes(), 0o644)
                 .map_err(|e| AgentError::new(ErrorCode::FailSyncTime, e.message))?;
+        }
+        if distro_unit(ctx.host) {
+            restart_distro_unit(ctx.host)?;
+            return Ok(format!("the system's chrony service restarted{note}"));
         }
         let offset = log_len(ctx.host);
         services::ensure_running(ctx.host, &spec(ctx.host)).map_err(|e| {
@@ -148,6 +186,37 @@ impl Phase for TimeSync {
         })?;
         wait_started(ctx.host, offset)?;
         Ok(format!("chronyd started{note}"))
+    }
+}
+
+/// Enables and restarts Debian's chrony unit (it reads [`KNIT_CONF`]), then
+/// waits until its chronyd has written the pid file.
+fn restart_distro_unit(host: &Host) -> Result<()> {
+    for verb in ["enable", "restart"] {
+        host.run(
+            ErrorCode::FailSyncTime,
+            "systemctl",
+            &[verb, DISTRO_UNIT],
+            SYSTEMCTL_TIMEOUT,
+        )?;
+    }
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let main = services::main_pid(host, DISTRO_UNIT);
+        let written: Option<i32> = host.read(PID_FILE).and_then(|t| t.trim().parse().ok());
+        if main.is_some() && main == written {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(AgentError::new(
+                ErrorCode::FailSyncTime,
+                format!(
+                    "chronyd could not be started: the chrony service did not start within {}s; see `journalctl -u {DISTRO_UNIT}`",
+                    READY_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

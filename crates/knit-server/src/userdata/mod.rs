@@ -8,8 +8,10 @@ use base64::Engine;
 use knit_api::USER_DATA_LIMIT_BYTES;
 use sha2::{Digest, Sha256};
 
+pub mod agent;
+
 /// Where the agent keeps what the stub fetched, inside the instance.
-pub const BOOTSTRAP_DIR: &str = "/var/lib/knit/bootstrap";
+pub use knit_api::agent::BOOTSTRAP_DIR;
 
 /// What the knit stub needs to know.
 #[derive(Debug, Clone)]

@@ -37,6 +37,10 @@ pub const VARIANT: &str = "required";
 /// What a node needs on top of the variant (issue: a real node OS).
 pub const PACKAGES: &[&str] = &[
     "systemd",
+    // /sbin/init, and the D-Bus that logind (the ACPI power button),
+    // hostnamectl and timedatectl need on a VM.
+    "systemd-sysv",
+    "dbus",
     "cloud-init",
     "chrony",
     "containerd",

@@ -6,17 +6,19 @@
 
 pub mod attach;
 pub mod bootstrap;
-pub mod client;
 pub mod cluster;
 pub mod control;
 pub mod durable;
 pub mod error;
 pub mod http;
+pub mod join;
 pub mod metrics;
 pub mod mirror;
 pub mod names;
+pub mod nodes;
 pub mod pause;
 pub mod pki;
+pub mod pools;
 pub mod preflight;
 pub mod provider;
 pub mod reconcile;

@@ -1,0 +1,90 @@
+//! `/api/v1/cluster` and `/api/v1/pools/*`: requests parsed into the calls
+//! of `crate::pools`.
+
+use super::Cp;
+use crate::error::Result;
+use crate::names;
+use crate::pools::{self, Applied};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use knit_api::views::{Items, PoolDeleting, PoolView, PoolWriteQuery, ScaleRequest};
+use knit_api::{ApiError, Cluster, NodePool};
+
+pub async fn get_cluster(State(cp): State<Cp>) -> Result<Json<Cluster>> {
+    Ok(Json(cp.cluster_doc()?))
+}
+
+pub async fn put_cluster(State(cp): State<Cp>, body: String) -> Result<Json<Cluster>> {
+    let cluster = Cluster::from_yaml(&body)?;
+    pools::replace_cluster(&cp, &cluster)?;
+    Ok(Json(cluster))
+}
+
+pub async fn list(State(cp): State<Cp>) -> Result<Json<Items<PoolView>>> {
+    Ok(Json(Items::new(pools::list(&cp)?)))
+}
+
+pub async fn get(State(cp): State<Cp>, Path(name): Path<String>) -> Result<Json<PoolView>> {
+    Ok(Json(pools::get(&cp, &name)?))
+}
+
+pub async fn create(
+    State(cp): State<Cp>,
+    Query(q): Query<PoolWriteQuery>,
+    body: String,
+) -> Result<(StatusCode, Json<PoolView>)> {
+    let pool = NodePool::from_yaml(&body)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(pools::create(&cp, pool, q.strict)?),
+    ))
+}
+
+/// Create or replace (`knit apply`).
+pub async fn apply(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    Query(q): Query<PoolWriteQuery>,
+    body: String,
+) -> Result<(StatusCode, Json<PoolView>)> {
+    // The name in the URL before the document: a bad one is named first.
+    names::check_pool("metadata.name", &name)?;
+    let pool = NodePool::from_yaml(&body)?;
+    let (applied, view) = pools::apply(&cp, &name, pool, q.strict)?;
+    let status = match applied {
+        Applied::Created => StatusCode::CREATED,
+        Applied::Updated => StatusCode::OK,
+    };
+    Ok((status, Json(view)))
+}
+
+pub async fn delete(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<PoolDeleting>)> {
+    pools::delete(&cp, &name)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(PoolDeleting {
+            name,
+            deleting: true,
+        }),
+    ))
+}
+
+pub async fn scale(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<PoolView>> {
+    names::check_pool("metadata.name", &name)?;
+    let request: ScaleRequest = serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+        what: "scale request".into(),
+        message: e.to_string(),
+    })?;
+    Ok(Json(
+        pools::scale(&cp, &name, request.replicas, request.release).await?,
+    ))
+}

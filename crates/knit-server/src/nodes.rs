@@ -1,0 +1,277 @@
+//! Instances and nodes as the API shows and changes them: their views,
+//! removing one node from its pool, reading its log files and running a
+//! command on its machine (`knit exec`). The HTTP handlers
+//! (`crate::http::nodes`, `crate::http::exec`) parse requests into these
+//! calls.
+
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::names;
+use crate::reconcile::counts_toward_pool;
+use crate::store::{InstanceRecord, NodeRecord};
+use knit_api::views::{
+    ExecRequest, ExecResponse, InstanceView, NodeCacheView, NodeRemoving, NodeView,
+    TimelineEntryView, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
+    EXEC_MAX_TIMEOUT_SECONDS, LOG_FILES,
+};
+use knit_api::{ApiError, FieldError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// A stored record as its API view: the record's JSON is the view's (the
+/// view adds fields, never renames one), so the two cannot drift apart
+/// silently.
+pub fn as_view<T: DeserializeOwned>(record: &impl Serialize) -> Result<T> {
+    serde_json::to_value(record)
+        .and_then(serde_json::from_value)
+        .map_err(|e| ServerError::Internal(format!("a stored record as its view: {e}")))
+}
+
+fn invalid(field: &str, value: String, rule: String) -> ServerError {
+    ApiError::Invalid(vec![FieldError {
+        field: field.into(),
+        value,
+        rule,
+    }])
+    .into()
+}
+
+/// Every instance.
+pub fn instances(cp: &ControlPlane) -> Result<Vec<InstanceView>> {
+    cp.store.instances(None)?.iter().map(as_view).collect()
+}
+
+fn node_view(
+    cp: &ControlPlane,
+    node: &NodeRecord,
+    instance: Option<&InstanceRecord>,
+    with_timeline: bool,
+) -> Result<NodeView> {
+    let mut view: NodeView = as_view(node)?;
+    view.initialized = node.initialized();
+    view.provider_id = instance.and_then(|i| i.provider_id.clone());
+    view.ip = instance.and_then(|i| i.ip.clone());
+    if with_timeline {
+        view.timeline = Some(
+            cp.store
+                .timeline(&node.name)?
+                .iter()
+                .map(as_view::<TimelineEntryView>)
+                .collect::<Result<_>>()?,
+        );
+    }
+    Ok(view)
+}
+
+/// Every node, with its instance's provider id and address.
+pub fn list(cp: &ControlPlane) -> Result<Vec<NodeView>> {
+    // One read of each table, joined here: no query per node.
+    let instances: HashMap<String, InstanceRecord> = cp
+        .store
+        .instances(None)?
+        .into_iter()
+        .map(|i| (i.name.clone(), i))
+        .collect();
+    cp.store
+        .nodes()?
+        .iter()
+        .map(|n| node_view(cp, n, instances.get(&n.instance), false))
+        .collect()
+}
+
+/// One node with its phase timeline and what it took from caches.
+pub async fn describe(cp: &ControlPlane, name: &str) -> Result<NodeView> {
+    names::check_node("metadata.name", name)?;
+    let node = cp.store.node(name)?.ok_or_else(|| ServerError::NotFound {
+        kind: "node",
+        name: name.to_string(),
+    })?;
+    let instance = cp.store.instance(&node.instance)?;
+    let mut view = node_view(cp, &node, instance.as_ref(), true)?;
+    let cache = crate::snapshot::node_cache(cp, &node, instance.as_ref()).await;
+    view.cache = Some(serde_json::from_value(cache).unwrap_or_else(|e| {
+        // The report file is the node's: a malformed one does not fail
+        // the describe.
+        tracing::warn!(node = %node.name, error = %e, "the node's cache report does not read");
+        NodeCacheView::default()
+    }));
+    Ok(view)
+}
+
+/// Removes one node (by node or instance name) from its pool; the pool's
+/// desired count drops by one so it is not replaced. `release` absent:
+/// release an instance knit created, keep one added by attach (released
+/// only when the caller says so).
+pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Result<NodeRemoving> {
+    names::check_node("metadata.name", name)?;
+    let not_found = || ServerError::NotFound {
+        kind: "node",
+        name: name.to_string(),
+    };
+    let instance_name = match cp.store.node(name)? {
+        Some(node) => node.instance,
+        None => match cp.store.instance(name)? {
+            Some(i) => i.name,
+            None => return Err(not_found()),
+        },
+    };
+    let instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "instance",
+            name: instance_name.clone(),
+        })?;
+    if !counts_toward_pool(&instance.state) {
+        return Err(ServerError::Conflict(format!(
+            "{name:?} is already {}",
+            instance.state
+        )));
+    }
+    let release = release.unwrap_or(!instance.added);
+    {
+        let _guard = cp.plan_lock.lock().await;
+        if let Some(record) = cp.store.pool(&instance.pool)? {
+            let mut pool = record.pool;
+            pool.spec.replicas = (pool.spec.replicas - 1).max(0);
+            cp.store.update_pool(&pool)?;
+        }
+        cp.store.add_delete_intents(
+            &instance.pool,
+            std::slice::from_ref(&instance.name),
+            release,
+        )?;
+    }
+    cp.store.add_event(
+        "Normal",
+        "Node",
+        name,
+        "Removing",
+        &format!(
+            "removing {} from pool {} ({})",
+            instance.name,
+            instance.pool,
+            match (release, instance.added) {
+                (true, true) => "release, asked for explicitly: added by attach",
+                (true, false) => "release",
+                (false, true) =>
+                    "keep instance: added by attach, knit does not release it unless asked",
+                (false, false) => "keep instance",
+            }
+        ),
+    )?;
+    cp.wake();
+    Ok(NodeRemoving {
+        instance: instance.name,
+        release,
+        added: instance.added,
+    })
+}
+
+/// One of a node's log files (by node or instance name; `file` one of
+/// [`LOG_FILES`], default `init`), read through the provider.
+pub async fn read_log(cp: &ControlPlane, name: &str, file: Option<&str>) -> Result<Vec<u8>> {
+    names::check_node("metadata.name", name)?;
+    let which = file.unwrap_or("init");
+    let Some((_, path)) = LOG_FILES.iter().find(|(k, _)| *k == which) else {
+        let names: Vec<&str> = LOG_FILES.iter().map(|(k, _)| *k).collect();
+        return Err(invalid(
+            "file",
+            format!("{which:?}"),
+            format!("must be one of {}", names.join("|")),
+        ));
+    };
+    let instance_name = match cp.store.node(name)? {
+        Some(node) => node.instance,
+        None => name.to_string(),
+    };
+    let instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "node",
+            name: name.to_string(),
+        })?;
+    let id = instance.provider_id.ok_or_else(|| {
+        ServerError::Conflict(format!("instance {} is not created yet", instance.name))
+    })?;
+    cp.provider()?.read_file(&id, path).await
+}
+
+/// Runs a command on one machine through its provider (`knit exec`); each
+/// run is an event naming the command, the instance and the exit code or
+/// error, never the output.
+pub async fn exec(cp: &ControlPlane, req: ExecRequest) -> Result<ExecResponse> {
+    use base64::Engine;
+    names::check_node("name", &req.name)?;
+    let instance_name = match req.kind.as_str() {
+        "node" => {
+            let node = cp.store.node(&req.name)?;
+            node.ok_or_else(|| ServerError::NotFound {
+                kind: "node",
+                name: req.name.clone(),
+            })?
+            .instance
+        }
+        "instance" => req.name.clone(),
+        other => {
+            let rule = "must be node or instance".to_string();
+            return Err(invalid("kind", format!("{other:?}"), rule));
+        }
+    };
+    if req.argv.first().is_none_or(|c| c.is_empty()) {
+        let rule = "must start with a command (a non-empty first element)".to_string();
+        return Err(invalid("argv", format!("{:?}", req.argv), rule));
+    }
+    let secs = req.timeout_seconds.unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS);
+    if !(1..=EXEC_MAX_TIMEOUT_SECONDS).contains(&secs) {
+        let rule = format!("must be 1 to {EXEC_MAX_TIMEOUT_SECONDS} (seconds)");
+        return Err(invalid("timeoutSeconds", secs.to_string(), rule));
+    }
+    let instance = cp
+        .store
+        .instance(&instance_name)?
+        .ok_or_else(|| ServerError::NotFound {
+            kind: "instance",
+            name: instance_name.clone(),
+        })?;
+    let id = instance.provider_id.clone().ok_or_else(|| {
+        ServerError::Conflict(format!("instance {} is not created yet", instance.name))
+    })?;
+    let limit = std::time::Duration::from_secs(secs);
+    let outcome = cp
+        .provider()?
+        .exec_limited(&id, &req.argv, limit, EXEC_API_OUTPUT_MAX_BYTES)
+        .await;
+    // The command as run (cut: an event is a line), never its output.
+    let command: String = format!("{:?}", req.argv).chars().take(300).collect();
+    let ran = format!("admin ran {command} on {} ({id})", instance.name);
+    match &outcome {
+        Ok(out) => cp.store.add_event(
+            "Normal",
+            "Instance",
+            &instance.name,
+            "Exec",
+            &format!("{ran}: exit code {}", out.code),
+        )?,
+        Err(e) => cp.store.add_event(
+            "Warning",
+            "Instance",
+            &instance.name,
+            "ExecFailed",
+            &format!("{ran}: {e}"),
+        )?,
+    };
+    let out = outcome?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    Ok(ExecResponse {
+        instance: instance.name,
+        provider_id: id,
+        exit_code: out.code,
+        stdout: b64.encode(&out.stdout),
+        stderr: b64.encode(&out.stderr),
+        stdout_cut: out.stdout_cut,
+        stderr_cut: out.stderr_cut,
+    })
+}

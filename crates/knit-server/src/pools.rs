@@ -1,0 +1,211 @@
+//! Node pools and the cluster spec as the API changes them: create, apply,
+//! delete, scale, and the node quota every change is held to. The HTTP
+//! handlers (`crate::http::pools`) parse requests into these calls.
+
+use crate::control::ControlPlane;
+use crate::error::{Result, ServerError};
+use crate::names;
+use crate::reconcile::counts_toward_pool;
+use crate::store::{state, PoolRecord};
+use knit_api::views::{PoolStatus, PoolView};
+use knit_api::{ApiError, Cluster, FieldError, NodePool};
+
+/// Whether a pool write made the pool or replaced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    Updated,
+}
+
+/// Sum of every pool's node count with `pool` replaced, against the quota.
+pub fn check_quota(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
+    let cluster = cp.cluster_doc()?.spec;
+    let quota = cluster.effective_node_quota();
+    let others: i64 = cp
+        .store
+        .pools()?
+        .iter()
+        .filter(|p| !p.deleting && p.pool.metadata.name != pool.metadata.name)
+        .map(|p| p.pool.spec.max_nodes())
+        .sum();
+    let requested = others + pool.spec.max_nodes();
+    if requested > quota {
+        return Err(ServerError::quota_exceeded(requested, &cluster));
+    }
+    Ok(())
+}
+
+/// Replaces the cluster spec; refused when the pools already hold more
+/// nodes than its quota allows.
+pub fn replace_cluster(cp: &ControlPlane, cluster: &Cluster) -> Result<()> {
+    let used: i64 = cp
+        .store
+        .pools()?
+        .iter()
+        .filter(|p| !p.deleting)
+        .map(|p| p.pool.spec.max_nodes())
+        .sum();
+    if used > cluster.spec.effective_node_quota() {
+        return Err(ServerError::quota_exceeded(used, &cluster.spec));
+    }
+    cp.store.put_cluster(cluster)?;
+    cp.store.add_event(
+        "Normal",
+        "Cluster",
+        &cluster.metadata.name,
+        "Updated",
+        "cluster spec replaced",
+    )?;
+    Ok(())
+}
+
+/// A pool's view: its document (password hidden) and its status.
+pub fn view(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolView> {
+    let status = status(cp, record)?;
+    Ok(PoolView::new(
+        record.pool.clone(),
+        record.created_ms,
+        status,
+    ))
+}
+
+/// Every pool's view.
+pub fn list(cp: &ControlPlane) -> Result<Vec<PoolView>> {
+    cp.store.pools()?.iter().map(|r| view(cp, r)).collect()
+}
+
+/// The view of the pool named `name`.
+pub fn get(cp: &ControlPlane, name: &str) -> Result<PoolView> {
+    view(cp, &stored(cp, name)?)
+}
+
+/// A pool's instances by state and its nodes.
+fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
+    let counts = cp.store.pool_counts(&record.pool.metadata.name)?;
+    let count = |s: knit_api::state::InstanceState| counts.instances.get(&s).copied().unwrap_or(0);
+    Ok(PoolStatus {
+        desired: record.pool.spec.replicas,
+        instances: counts
+            .instances
+            .iter()
+            .filter(|(s, _)| counts_toward_pool(s))
+            .map(|(_, n)| n)
+            .sum(),
+        pending: count(state::PENDING) + count(state::CREATING),
+        running: count(state::RUNNING),
+        failed: count(state::FAILED),
+        deleting_instances: count(state::DELETING),
+        initialized: counts.initialized,
+        ready: counts.ready,
+        deleting: record.deleting,
+        cluster_attached: cp.cluster.attached(),
+    })
+}
+
+fn stored(cp: &ControlPlane, name: &str) -> Result<PoolRecord> {
+    names::check_pool("metadata.name", name)?;
+    cp.store.pool(name)?.ok_or_else(|| ServerError::NotFound {
+        kind: "pool",
+        name: name.to_string(),
+    })
+}
+
+/// The view after a write, with the write's warnings.
+fn written(cp: &ControlPlane, name: &str, warnings: Vec<String>) -> Result<PoolView> {
+    let mut view = view(cp, &stored(cp, name)?)?;
+    view.warnings = Some(warnings);
+    Ok(view)
+}
+
+fn record_created(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
+    cp.store.insert_pool(pool)?;
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        &pool.metadata.name,
+        "Created",
+        &format!("pool created with {} replica(s)", pool.spec.replicas),
+    )
+}
+
+/// Creates a pool. `strict`: refuse one whose snapshot is stale (else a
+/// warning in the view).
+pub fn create(cp: &ControlPlane, pool: NodePool, strict: bool) -> Result<PoolView> {
+    check_quota(cp, &pool)?;
+    let warnings = crate::snapshot::check_pool(cp, &pool, strict)?;
+    record_created(cp, &pool)?;
+    cp.wake();
+    written(cp, &pool.metadata.name, warnings)
+}
+
+/// Creates or replaces the pool named `name` (`knit apply`).
+pub fn apply(
+    cp: &ControlPlane,
+    name: &str,
+    mut pool: NodePool,
+    strict: bool,
+) -> Result<(Applied, PoolView)> {
+    names::check_pool("metadata.name", name)?;
+    if pool.metadata.name != name {
+        return Err(ApiError::Invalid(vec![FieldError {
+            field: "metadata.name".into(),
+            value: format!("{:?}", pool.metadata.name),
+            rule: format!("must match the name in the URL ({name:?})"),
+        }])
+        .into());
+    }
+    check_quota(cp, &pool)?;
+    let warnings = crate::snapshot::check_pool(cp, &pool, strict)?;
+    let applied = match cp.store.pool(name)? {
+        Some(old) if old.deleting => {
+            return Err(ServerError::Conflict(format!(
+                "pool {name:?} is being deleted"
+            )))
+        }
+        Some(old) => {
+            crate::attach::check_pool_update(&old.pool, &mut pool)?;
+            pool.validate_update(&old.pool)?;
+            cp.store.update_pool(&pool)?;
+            cp.store
+                .add_event("Normal", "NodePool", name, "Updated", "pool spec replaced")?;
+            Applied::Updated
+        }
+        None => {
+            record_created(cp, &pool)?;
+            Applied::Created
+        }
+    };
+    cp.wake();
+    Ok((applied, written(cp, name, warnings)?))
+}
+
+/// Marks the pool for deletion: the reconciler scales it to 0, then
+/// removes it.
+pub fn delete(cp: &ControlPlane, name: &str) -> Result<()> {
+    names::check_pool("metadata.name", name)?;
+    cp.store.mark_pool_deleting(name)?;
+    cp.store.add_event(
+        "Normal",
+        "NodePool",
+        name,
+        "Deleting",
+        "scaling to 0, then removing the pool",
+    )?;
+    cp.wake();
+    Ok(())
+}
+
+/// Sets the pool's desired count; `release` says whether instances removed
+/// by a scale-in are released or kept (detached).
+pub async fn scale(
+    cp: &ControlPlane,
+    name: &str,
+    replicas: i64,
+    release: bool,
+) -> Result<PoolView> {
+    names::check_pool("metadata.name", name)?;
+    // The count and the release choice change under the plan lock at once.
+    cp.scale_pool(name, replicas, release, |pool| check_quota(cp, pool))
+        .await?;
+    get(cp, name)
+}

@@ -1,37 +1,93 @@
 //! Request and watch metrics of the embedded API, in the Prometheus text
 //! format (served at `/metrics` to admins, and available to the control
-//! plane through `EmbeddedCluster::metrics_text`).
+//! plane through `EmbeddedCluster::metrics_text`), kept and written by
+//! `prometheus-client`.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
-
-/// (verb, resource, HTTP code) of a request.
-type Labels = (&'static str, String, u16);
 
 /// Upper bounds (seconds) of the latency histogram buckets.
 const BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Latency histogram of one (verb, resource).
-#[derive(Default, Clone)]
-struct Histogram {
-    /// Requests at or below each bound of `BUCKETS` (not cumulative here).
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: &'static str,
+    resource: String,
+    code: u16,
 }
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LatencyLabels {
+    verb: &'static str,
+    resource: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
 pub struct Metrics {
-    /// labels → (count, total seconds)
-    requests: Mutex<BTreeMap<Labels, (u64, f64)>>,
-    /// (verb, resource) → latency histogram
-    latency: Mutex<BTreeMap<(&'static str, String), Histogram>>,
-    watches: AtomicI64,
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_seconds: Family<RequestLabels, Counter<f64, AtomicU64>>,
+    latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
+    watches: Gauge,
+    resource_version: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let request_seconds = Family::<RequestLabels, Counter<f64, AtomicU64>>::default();
+        let latency: Family<LatencyLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        let watches = Gauge::default();
+        let resource_version = Gauge::default();
+        let mut registry = Registry::default();
+        // Help texts without their final period: the registry adds it.
+        registry.register(
+            "knit_cluster_requests",
+            "API requests by verb, resource and HTTP code",
+            requests.clone(),
+        );
+        registry.register(
+            "knit_cluster_request_seconds",
+            "Time spent answering API requests (watches: until the stream is set up)",
+            request_seconds.clone(),
+        );
+        registry.register(
+            "knit_cluster_request_duration_seconds",
+            "API request latency by verb and resource (watches: until the stream is set up)",
+            latency.clone(),
+        );
+        registry.register(
+            "knit_cluster_watches",
+            "Open watch streams",
+            watches.clone(),
+        );
+        registry.register(
+            "knit_cluster_resource_version",
+            "Current resourceVersion of the store",
+            resource_version.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            request_seconds,
+            latency,
+            watches,
+            resource_version,
+        }
+    }
 }
 
 /// Counts an open watch for as long as it lives.
@@ -39,108 +95,39 @@ pub struct WatchGuard(Arc<Metrics>);
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        self.0.watches.fetch_sub(1, Ordering::Relaxed);
+        self.0.watches.dec();
     }
 }
 
 impl Metrics {
     pub fn record(&self, verb: &'static str, resource: String, code: u16, took: Duration) {
         let secs = took.as_secs_f64();
-        if let Ok(mut m) = self.latency.lock() {
-            let h = m.entry((verb, resource.clone())).or_default();
-            if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
-                h.counts[i] += 1;
-            }
-            h.count += 1;
-            h.sum += secs;
-        }
-        if let Ok(mut m) = self.requests.lock() {
-            let e = m.entry((verb, resource, code)).or_insert((0, 0.0));
-            e.0 += 1;
-            e.1 += secs;
-        }
+        self.latency
+            .get_or_create(&LatencyLabels {
+                verb,
+                resource: resource.clone(),
+            })
+            .observe(secs);
+        let labels = RequestLabels {
+            verb,
+            resource,
+            code,
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.request_seconds.get_or_create(&labels).inc_by(secs);
     }
 
     pub fn watch(self: &Arc<Self>) -> WatchGuard {
-        self.watches.fetch_add(1, Ordering::Relaxed);
+        self.watches.inc();
         WatchGuard(self.clone())
     }
 
     pub fn text(&self, resource_version: u64) -> String {
+        self.resource_version
+            .set(i64::try_from(resource_version).unwrap_or(i64::MAX));
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP knit_cluster_requests_total API requests by verb, resource and HTTP code."
-        );
-        let _ = writeln!(out, "# TYPE knit_cluster_requests_total counter");
-        let snapshot: Vec<_> = self
-            .requests
-            .lock()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
-            .unwrap_or_default();
-        for ((verb, resource, code), (n, _)) in &snapshot {
-            let _ = writeln!(
-                out,
-                "knit_cluster_requests_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} {n}"
-            );
-        }
-        let _ = writeln!(out, "# HELP knit_cluster_request_seconds_total Time spent answering API requests (watches: until the stream is set up).");
-        let _ = writeln!(out, "# TYPE knit_cluster_request_seconds_total counter");
-        for ((verb, resource, code), (_, secs)) in &snapshot {
-            let _ = writeln!(
-                out,
-                "knit_cluster_request_seconds_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} {secs:.6}"
-            );
-        }
-        let _ = writeln!(out, "# HELP knit_cluster_request_duration_seconds API request latency by verb and resource (watches: until the stream is set up).");
-        let _ = writeln!(
-            out,
-            "# TYPE knit_cluster_request_duration_seconds histogram"
-        );
-        let latency: Vec<_> = self
-            .latency
-            .lock()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
-        for ((verb, resource), h) in &latency {
-            let labels = format!("verb=\"{verb}\",resource=\"{resource}\"");
-            let mut cumulative = 0;
-            for (bound, n) in BUCKETS.iter().zip(h.counts) {
-                cumulative += n;
-                let _ = writeln!(
-                    out,
-                    "knit_cluster_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "knit_cluster_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "knit_cluster_request_duration_seconds_sum{{{labels}}} {:.6}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "knit_cluster_request_duration_seconds_count{{{labels}}} {}",
-                h.count
-            );
-        }
-        let _ = writeln!(out, "# HELP knit_cluster_watches Open watch streams.");
-        let _ = writeln!(out, "# TYPE knit_cluster_watches gauge");
-        let _ = writeln!(
-            out,
-            "knit_cluster_watches {}",
-            self.watches.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP knit_cluster_resource_version Current resourceVersion of the store."
-        );
-        let _ = writeln!(out, "# TYPE knit_cluster_resource_version gauge");
-        let _ = writeln!(out, "knit_cluster_resource_version {resource_version}");
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
         out
     }
 }
@@ -174,6 +161,17 @@ mod tests {
             assert!(t.contains(line), "{line} in {t}");
         }
         assert!(t.contains("knit_cluster_resource_version 42\n"));
+        assert!(t.contains("knit_cluster_request_seconds_total{verb=\"get\",resource=\"nodes\",code=\"404\"} 3"), "{t}");
+        // Names, types and help texts as before the move to prometheus-client.
+        for line in [
+            "# HELP knit_cluster_requests_total API requests by verb, resource and HTTP code.\n# TYPE knit_cluster_requests_total counter\n",
+            "# HELP knit_cluster_request_seconds_total Time spent answering API requests (watches: until the stream is set up).\n# TYPE knit_cluster_request_seconds_total counter\n",
+            "# HELP knit_cluster_request_duration_seconds API request latency by verb and resource (watches: until the stream is set up).\n# TYPE knit_cluster_request_duration_seconds histogram\n",
+            "# HELP knit_cluster_watches Open watch streams.\n# TYPE knit_cluster_watches gauge\n",
+            "# HELP knit_cluster_resource_version Current resourceVersion of the store.\n# TYPE knit_cluster_resource_version gauge\n",
+        ] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
         drop(w);
         assert!(m.text(42).contains("knit_cluster_watches 0\n"));
     }

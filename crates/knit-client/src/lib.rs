@@ -4,15 +4,17 @@
 //! Every call has a connect timeout and an overall timeout, and every
 //! answer is read up to a size cap.
 
+mod api;
 mod config;
 mod error;
 mod exec;
 
+pub use api::Document;
 pub use config::ClientConfig;
 pub use error::{ClientError, Result};
 pub use exec::{
-    ExecRequest, ExecResponse, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
-    EXEC_MAX_TIMEOUT_SECONDS,
+    exec_output, ExecRequest, ExecResponse, EXEC_API_OUTPUT_MAX_BYTES,
+    EXEC_DEFAULT_TIMEOUT_SECONDS, EXEC_MAX_TIMEOUT_SECONDS,
 };
 
 use knit_api::FieldError;

@@ -65,16 +65,6 @@ pub enum ServerError {
     },
     #[error("package: {0}")]
     Package(String),
-    #[error("request to the knit server failed: {0}")]
-    Client(String),
-    /// An error answer of the knit server, as the client received it.
-    #[error("{message} [{code}]")]
-    Remote {
-        status: u16,
-        code: String,
-        message: String,
-        errors: Vec<FieldError>,
-    },
     #[error("{0}")]
     Internal(String),
 }
@@ -100,8 +90,6 @@ impl ServerError {
             ServerError::Provider { .. } => "ProviderError",
             ServerError::ProviderTimeout { .. } => "ProviderTimeout",
             ServerError::Package(_) => "PackageError",
-            ServerError::Client(_) => "ClientError",
-            ServerError::Remote { .. } => "RemoteError",
             ServerError::Internal(_) => "InternalError",
         }
     }

@@ -247,7 +247,7 @@ fn exec_runs_through_the_provider_for_the_admin_only_and_is_audited() {
         (answer.instance.as_str(), answer.provider_id.as_str()),
         ("workers-aaaaa", "i-000a")
     );
-    let (stdout, stderr) = answer.output().unwrap();
+    let (stdout, stderr) = knit_client::exec_output(&answer).unwrap();
     assert_eq!(
         (stdout, stderr),
         (Vec::new(), EXEC_FAILURE.as_bytes().to_vec())

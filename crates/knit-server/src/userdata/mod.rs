@@ -28,43 +28,42 @@ pub struct StubParams<'a> {
     pub ca_pem: &'a str,
 }
 
-/// The knit initialization script (part 2).
+/// The stub's text; the values go in as assignments after its first line.
+const STUB: &str = include_str!("stub.sh");
+
+/// The knit initialization script (part 2): [`STUB`] with its values
+/// assigned at the top, each shell-quoted, so that no value is ever read
+/// as shell.
 pub fn agent_stub(p: &StubParams<'_>) -> String {
-    let ca = p.ca_pem.trim_end();
-    let mirror = p.mirror_url.trim_end_matches('/');
-    format!(
-        r#"#!/bin/bash
-# knit initialization: fetch knit-agent from the package mirror, verify its
-# sha256, exchange the one-time token for this instance's NodeConfig, run it.
-# Every transfer is retried: a control plane restarting mid-download must not
-# leave the instance uninitialized.
-set -euo pipefail
-dir={BOOTSTRAP_DIR}
-mkdir -p "$dir"
-chmod 700 "$dir"
-cat > "$dir/control-plane-ca.pem" <<'KNIT_CA_EOF'
-{ca}
-KNIT_CA_EOF
-fetch() {{ curl -fsS --retry 10 --retry-delay 1 --retry-all-errors --connect-timeout 5 --cacert "$dir/control-plane-ca.pem" "$@"; }}
-fetch -o "$dir/knit-agent.part" '{mirror}/bin/knit-agent'
-if ! echo '{sha}  '"$dir/knit-agent.part" | sha256sum -c --status -; then
-    echo "knit: knit-agent from {mirror}/bin/knit-agent does not match sha256 {sha}" >&2
-    exit 1
-fi
-chmod 755 "$dir/knit-agent.part"
-mv "$dir/knit-agent.part" "$dir/knit-agent"
-umask 077
-# The token reaches curl in a mode-0600 file, never on a command line
-# (/proc/*/cmdline is readable by every local user); printf is a builtin.
-printf 'Authorization: Bearer %s\n' '{token}' > "$dir/join-token.header"
-fetch -X POST -H @"$dir/join-token.header" -o "$dir/node-config.yaml" '{bootstrap}'
-rm -f "$dir/join-token.header"
-"$dir/knit-agent" init --config "$dir/node-config.yaml"
-"#,
-        sha = p.agent_sha256,
-        token = p.join_token,
-        bootstrap = p.bootstrap_url,
-    )
+    let (shebang, body) = STUB.split_once('\n').unwrap_or(("#!/bin/bash", STUB));
+    let values = [
+        ("dir", BOOTSTRAP_DIR),
+        ("mirror", p.mirror_url.trim_end_matches('/')),
+        ("agent_sha256", p.agent_sha256),
+        ("bootstrap_url", p.bootstrap_url),
+        ("join_token", p.join_token),
+        ("ca_pem", p.ca_pem.trim_end()),
+    ];
+    let mut out = format!("{shebang}\n");
+    for (name, value) in values {
+        out.push_str(&format!("{name}={}\n", shell_quote(value)));
+    }
+    out.push_str(body);
+    out
+}
+
+/// `value` as one shell word: as is when every character is plain, else
+/// in single quotes (a quote inside closes, escapes and reopens them).
+fn shell_quote(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._:@%+=,-".contains(c));
+    if plain {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', "'\\''"))
+    }
 }
 
 /// One part of the multipart document.
@@ -209,6 +208,37 @@ mod tests {
             )
         });
         assert_eq!(actual, expected, "output differs from {}", path.display());
+    }
+
+    /// Values with quotes, spaces, `$` and newlines reach the script as
+    /// they are (bash reads back exactly each assigned value).
+    #[test]
+    fn stub_values_are_shell_quoted() {
+        let tricky = "a'b \"c\" $(touch /tmp/knit-pwned) `x`\nline2";
+        let stub = agent_stub(&StubParams {
+            mirror_url: tricky,
+            agent_sha256: "ab",
+            bootstrap_url: "https://h/x",
+            join_token: tricky,
+            ca_pem: tricky,
+        });
+        let assignments: String = stub.split("set -euo pipefail").next().unwrap().to_string();
+        let out = std::process::Command::new("/bin/bash")
+            .arg("-c")
+            .arg(format!(
+                "{assignments}\nprintf '%s|%s|%s' \"$mirror\" \"$join_token\" \"$ca_pem\""
+            ))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("{tricky}|{tricky}|{tricky}")
+        );
+        assert_eq!(
+            shell_quote("/var/lib/knit/bootstrap"),
+            "/var/lib/knit/bootstrap"
+        );
+        assert_eq!(shell_quote(""), "''");
     }
 
     #[test]

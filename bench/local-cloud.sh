@@ -38,6 +38,7 @@ run() { # $1 = label, $2 = N, $3 = template
     done
     if [ "$label" = containerd ]; then
         for id in "${ids[@]}"; do
+            # shellcheck disable=SC2016 # the loop runs inside the instance, not here
             "$BIN" exec "$id" sh -c 'for i in $(seq 600); do ctr version >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1'
         done
     fi

@@ -24,6 +24,7 @@ PACKAGES=(
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
     mmdebstrap                                      # knit image build: the node OS image from Debian packages
     dosfstools mtools                               # knit-qemu: the cloud-init NoCloud seed (vfat, label CIDATA)
+    shellcheck                                      # scripts/test.sh: lints every tracked *.sh
 )
 
 missing=()

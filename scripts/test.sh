@@ -10,6 +10,11 @@ echo "== format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== shellcheck"
+# Every shell script in the repository, also those the server embeds
+# (include_str!) and runs inside instances.
+git ls-files -z '*.sh' | xargs -0 shellcheck
+
 echo "== build"
 cargo build --workspace --all-targets --locked
 

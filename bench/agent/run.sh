@@ -14,7 +14,7 @@ KUBELET=$PWD/target/release/knit-kubelet-sim
 
 work=$(mktemp -d /tmp/knit-agent-bench.XXXXXX)
 cleanup() {
-    for m in $(grep " $work" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m" 2>/dev/null || true; done
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v dir=" $work" 'index($0, dir) {print $5}' /proc/self/mountinfo | sort -r)
     # Loop devices over this run's disk images, found by backing file.
     for l in $(losetup -j "$work/disk"* 2>/dev/null | cut -d: -f1); do losetup -d "$l" 2>/dev/null || true; done
     losetup -a | grep "$work/" | cut -d: -f1 | xargs -r -n1 losetup -d 2>/dev/null || true
@@ -79,7 +79,7 @@ PY
     sync -f "$root/shell-bin" "$shell_dir"
     local shell_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     echo "shell_components_ms=$shell_ms" >&2
-    for m in $(grep " $root" /proc/self/mountinfo | awk '{print $5}' | sort -r); do umount -l "$m"; done
+    while read -r m; do umount -l "$m"; done < <(awk -v dir=" $root" 'index($0, dir) {print $5}' /proc/self/mountinfo | sort -r)
     # one_run runs in a subshell: detach here, the trap cannot see this loop.
     losetup -d "$l"
 }

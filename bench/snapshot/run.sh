@@ -37,7 +37,7 @@ RPORT=$((PORT + 2))
 WPORT=$((PORT + 3))
 export KNIT_CONFIG=$WORK/config
 export KNIT_LOCAL_BANDWIDTH_MBIT=$MBIT
-SERVER= REG=
+SERVER='' REG=''
 cleanup() {
     trap - EXIT INT TERM
     if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi

@@ -4,8 +4,10 @@
 
 mod support;
 
+use knit_api::views::Items;
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_client::ClientError;
+use serde_json::Value;
 use support::TestServer;
 
 /// A server with no provider: these tests cover what the API decides.
@@ -21,6 +23,13 @@ fn harness_with_token_ttl(ttl: std::time::Duration) -> TestServer {
 }
 
 const POOL: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: workers\nspec:\n  replicas: 2\n";
+
+/// `raw` (an answer of the server) read as `T` and written back is `raw`:
+/// the typed view and the wire agree on every field, null and absence.
+fn typed_as_sent<T: serde::de::DeserializeOwned + serde::Serialize>(raw: &Value) {
+    let typed: T = serde_json::from_value(raw.clone()).unwrap_or_else(|e| panic!("{e}: {raw}"));
+    assert_eq!(&serde_json::to_value(&typed).unwrap(), raw);
+}
 
 fn remote(err: ClientError) -> (u16, String, Vec<String>) {
     match err {
@@ -347,6 +356,32 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
     assert_eq!(node["errorCode"], "FailDownloadKubernetes");
     assert_eq!(node["phase"], "kubernetes-components");
     assert_eq!(node["providerId"], "i-0001");
+    // The typed views read every answer and write it back unchanged.
+    typed_as_sent::<knit_api::views::NodeView>(&node);
+    for (path, check) in [
+        (
+            "/api/v1/nodes",
+            typed_as_sent::<Items<knit_api::views::NodeView>> as fn(&Value),
+        ),
+        (
+            "/api/v1/instances",
+            typed_as_sent::<Items<knit_api::views::InstanceView>>,
+        ),
+        (
+            "/api/v1/pools",
+            typed_as_sent::<Items<knit_api::views::PoolView>>,
+        ),
+        (
+            "/api/v1/events",
+            typed_as_sent::<Items<knit_api::views::EventView>>,
+        ),
+        (
+            "/api/v1/jointokens",
+            typed_as_sent::<Items<knit_api::views::JoinTokenView>>,
+        ),
+    ] {
+        check(&h.client().get(path).unwrap());
+    }
     let metrics = h.client().get("/metrics").unwrap();
     assert!(metrics
         .as_str()

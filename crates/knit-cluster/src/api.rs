@@ -171,36 +171,12 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
     Ok(Bytes::from(buf))
 }
 
+/// A query string's pairs (`+` is a space, bad escapes stay as written,
+/// invalid UTF-8 is replaced); of a repeated name the last one counts.
 fn url_decode_pairs(q: &str) -> HashMap<String, String> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
+    form_urlencoded::parse(q.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let hex = |b: u8| (b as char).to_digit(16);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn authenticate(
@@ -311,7 +287,9 @@ fn object_name(what: &str, segment: &str) -> Result<String, ApiStatus> {
 
 /// Percent-decoding of a path segment (`+` is itself there).
 fn percent_decode_path(s: &str) -> String {
-    percent_decode(&s.replace('+', "%2B"))
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn route(st: &AppState, path: &str) -> Result<Route, ApiStatus> {
@@ -967,5 +945,11 @@ mod tests {
         assert_eq!(q["labelSelector"], "a=b,c");
         assert_eq!(q["fieldSelector"], "metadata.name=n1");
         assert_eq!(q["x"], "%zz");
+        let q = url_decode_pairs("a=1+2&b&a=%E2%9C%93&c=%4");
+        assert_eq!(
+            (q["a"].as_str(), q["b"].as_str(), q["c"].as_str()),
+            ("✓", "", "%4")
+        );
+        assert_eq!(percent_decode_path("x%2F..%2Fv+w%zz"), "x/../v+w%zz");
     }
 }

@@ -68,19 +68,13 @@ pub fn random_alnum(n: usize) -> Result<String, ClusterError> {
     Ok(out)
 }
 
+/// A random (version 4) UUID for `metadata.uid`, from the system's
+/// secure random source.
 pub fn new_uid() -> Result<String, ClusterError> {
-    let mut b = random_bytes::<16>()?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
+    let bytes = random_bytes::<16>()?;
+    Ok(uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .to_string())
 }
 
 pub fn now() -> OffsetDateTime {

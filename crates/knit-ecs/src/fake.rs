@@ -433,40 +433,34 @@ fn rand_u64() -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// A request id in the real API's form: an upper-case UUID.
 fn request_id() -> String {
-    let r = rand_u64();
-    format!(
-        "{:08X}-{:04X}-{:04X}-{:04X}-{:012X}",
-        r >> 32,
-        (r >> 16) & 0xffff,
-        r & 0xffff,
-        (r >> 48) & 0xffff,
-        r & 0xffff_ffff_ffff
-    )
+    let mut b = [0u8; 16];
+    let _ = getrandom::getrandom(&mut b);
+    uuid::Builder::from_random_bytes(b)
+        .into_uuid()
+        .hyphenated()
+        .encode_upper(&mut uuid::Uuid::encode_buffer())
+        .to_string()
 }
 
+/// Strict, as the real API: a `%` not followed by two hex digits, or bytes
+/// that are not UTF-8, make the request unreadable.
 fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(h, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
+    let escapes_ok = b.iter().enumerate().all(|(i, c)| {
+        *c != b'%'
+            || b.get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_ok {
+        return None;
     }
-    String::from_utf8(out).ok()
+    let spaced = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(|d| d.into_owned())
 }
 
 fn parse_pairs(s: &str) -> Option<BTreeMap<String, String>> {

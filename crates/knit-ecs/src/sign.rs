@@ -10,18 +10,17 @@ use std::collections::BTreeMap;
 
 pub const ALGORITHM: &str = "ACS3-HMAC-SHA256";
 
+/// Bytes RFC 3986 leaves as they are: letters, digits and `-_.~`.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// RFC 3986 percent-encoding: unreserved characters stay, every other byte
 /// of the UTF-8 form becomes `%XX` (space `%20`, `*` `%2A`, `~` kept).
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 /// Sorted `name=value` pairs, both encoded, joined by `&`.

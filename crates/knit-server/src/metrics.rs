@@ -1,70 +1,56 @@
-//! Prometheus text-format metrics. Counters and histograms live here; pool
-//! gauges are read from the store at scrape time so they never drift.
+//! Prometheus text-format metrics, kept and written by `prometheus-client`.
+//! Counters and histograms live here; pool gauges are read from the store
+//! at scrape time so they never drift.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Bucket upper bounds in seconds: phases take from milliseconds to minutes.
-const BUCKETS: &[f64] = &[
+const BUCKETS: [f64; 15] = [
     0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
-#[derive(Debug, Clone, Default)]
-struct Histogram {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
+fn duration_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-impl Histogram {
-    fn observe(&mut self, seconds: f64) {
-        if self.counts.is_empty() {
-            self.counts = vec![0; BUCKETS.len()];
-        }
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if seconds <= *bound {
-                self.counts[i] += 1;
-            }
-        }
-        self.sum += seconds;
-        self.count += 1;
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            let n = self.counts.get(i).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
-            self.count
-        );
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    creates: BTreeMap<String, u64>,
-    create_failures: BTreeMap<String, u64>,
-    deletes: BTreeMap<String, u64>,
-    phase_durations: BTreeMap<String, Histogram>,
-    reconcile: Histogram,
-    bootstrap_refused: u64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
 }
 
-#[derive(Debug, Default)]
+type PoolCounters = Family<PoolLabels, Counter>;
+
+#[derive(Debug)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    creates: PoolCounters,
+    create_failures: PoolCounters,
+    deletes: PoolCounters,
+    phase_durations: Family<PhaseLabels, Histogram, fn() -> Histogram>,
+    reconcile: Histogram,
+    bootstrap_refused: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            creates: PoolCounters::default(),
+            create_failures: PoolCounters::default(),
+            deletes: PoolCounters::default(),
+            phase_durations: Family::new_with_constructor(duration_histogram),
+            reconcile: duration_histogram(),
+            bootstrap_refused: Counter::default(),
+        }
+    }
 }
 
 /// Per-pool numbers read from the store for one scrape.
@@ -76,113 +62,104 @@ pub struct PoolGauge {
     pub ready: i64,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn pool(name: &str) -> PoolLabels {
+    PoolLabels {
+        pool: name.to_string(),
+    }
 }
 
 impl Metrics {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn instance_created(&self, pool_name: &str) {
+        self.creates.get_or_create(&pool(pool_name)).inc();
     }
 
-    pub fn instance_created(&self, pool: &str) {
-        *self.lock().creates.entry(pool.to_string()).or_default() += 1;
+    pub fn instance_create_failed(&self, pool_name: &str) {
+        self.create_failures.get_or_create(&pool(pool_name)).inc();
     }
 
-    pub fn instance_create_failed(&self, pool: &str) {
-        *self
-            .lock()
-            .create_failures
-            .entry(pool.to_string())
-            .or_default() += 1;
-    }
-
-    pub fn instance_deleted(&self, pool: &str) {
-        *self.lock().deletes.entry(pool.to_string()).or_default() += 1;
+    pub fn instance_deleted(&self, pool_name: &str) {
+        self.deletes.get_or_create(&pool(pool_name)).inc();
     }
 
     pub fn phase_duration(&self, phase: &str, ms: u64) {
-        self.lock()
-            .phase_durations
-            .entry(phase.to_string())
-            .or_default()
+        self.phase_durations
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
             .observe(ms as f64 / 1000.0);
     }
 
     pub fn reconcile_duration(&self, seconds: f64) {
-        self.lock().reconcile.observe(seconds);
+        self.reconcile.observe(seconds);
     }
 
     pub fn bootstrap_refused(&self) {
-        self.lock().bootstrap_refused += 1;
+        self.bootstrap_refused.inc();
     }
 
+    /// The text of one scrape: the pool gauges of `pools`, then the kept
+    /// counters and histograms. Help texts are given without their final
+    /// period: the registry adds it.
     pub fn render(&self, pools: &[PoolGauge]) -> String {
-        let inner = self.lock();
-        let mut out = String::new();
+        let mut registry = Registry::default();
         for (name, help, pick) in [
-            (
-                "knit_pool_desired_nodes",
-                "Desired node count of a pool.",
-                0,
-            ),
+            ("knit_pool_desired_nodes", "Desired node count of a pool", 0),
             (
                 "knit_pool_instances",
-                "Instances a pool holds (pending, creating, running, failed).",
+                "Instances a pool holds (pending, creating, running, failed)",
                 1,
             ),
             (
                 "knit_pool_ready_nodes",
-                "Nodes of a pool whose status is Ready.",
+                "Nodes of a pool whose status is Ready",
                 2,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            let gauges = Family::<PoolLabels, Gauge>::default();
             for g in pools {
-                let v = [g.desired, g.actual, g.ready][pick];
-                let _ = writeln!(out, "{name}{{pool=\"{}\"}} {v}", escape(&g.pool));
+                gauges
+                    .get_or_create(&pool(&g.pool))
+                    .set([g.desired, g.actual, g.ready][pick]);
             }
+            registry.register(name, help, gauges);
         }
-        for (name, help, map) in [
+        for (name, help, counters) in [
             (
-                "knit_instance_creates_total",
-                "Instances created through the provider.",
-                &inner.creates,
+                "knit_instance_creates",
+                "Instances created through the provider",
+                &self.creates,
             ),
             (
-                "knit_instance_create_failures_total",
-                "Failed instance creations.",
-                &inner.create_failures,
+                "knit_instance_create_failures",
+                "Failed instance creations",
+                &self.create_failures,
             ),
             (
-                "knit_instance_deletes_total",
-                "Instances released or detached.",
-                &inner.deletes,
+                "knit_instance_deletes",
+                "Instances released or detached",
+                &self.deletes,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (pool, v) in map {
-                let _ = writeln!(out, "{name}{{pool=\"{}\"}} {v}", escape(pool));
-            }
+            registry.register(name, help, counters.clone());
         }
-        let _ = writeln!(
-            out,
-            "# HELP knit_bootstrap_refused_total Bootstrap requests refused (unknown, used or expired token).\n# TYPE knit_bootstrap_refused_total counter\nknit_bootstrap_refused_total {}",
-            inner.bootstrap_refused
+        registry.register(
+            "knit_bootstrap_refused",
+            "Bootstrap requests refused (unknown, used or expired token)",
+            self.bootstrap_refused.clone(),
         );
-        let name = "knit_phase_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Duration of agent phases as reported by nodes.\n# TYPE {name} histogram"
+        registry.register(
+            "knit_phase_duration_seconds",
+            "Duration of agent phases as reported by nodes",
+            self.phase_durations.clone(),
         );
-        for (phase, h) in &inner.phase_durations {
-            h.render(&mut out, name, &format!("phase=\"{}\"", escape(phase)));
-        }
-        let name = "knit_reconcile_duration_seconds";
-        let _ = writeln!(out, "# HELP {name} Time of one reconcile pass (planning and intent writes).\n# TYPE {name} histogram");
-        inner.reconcile.render(&mut out, name, "");
+        registry.register(
+            "knit_reconcile_duration_seconds",
+            "Time of one reconcile pass (planning and intent writes)",
+            self.reconcile.clone(),
+        );
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &registry);
         out
     }
 }
@@ -213,5 +190,30 @@ mod tests {
             text.contains("knit_phase_duration_seconds_bucket{phase=\"data-disk\",le=\"0.01\"} 0")
         );
         assert!(text.contains("knit_reconcile_duration_seconds_count 1"));
+        m.bootstrap_refused();
+        m.instance_create_failed("a");
+        m.instance_deleted("a");
+        let text = m.render(&[PoolGauge {
+            pool: "a".into(),
+            desired: 3,
+            actual: 2,
+            ready: 1,
+        }]);
+        assert!(text.contains("knit_bootstrap_refused_total 1\n"), "{text}");
+        // Names, types and help texts as before the move to prometheus-client
+        // (a family with no series yet is left out of the text).
+        for pair in [
+            "# HELP knit_pool_desired_nodes Desired node count of a pool.\n# TYPE knit_pool_desired_nodes gauge\n",
+            "# HELP knit_pool_instances Instances a pool holds (pending, creating, running, failed).\n# TYPE knit_pool_instances gauge\n",
+            "# HELP knit_pool_ready_nodes Nodes of a pool whose status is Ready.\n# TYPE knit_pool_ready_nodes gauge\n",
+            "# HELP knit_instance_creates_total Instances created through the provider.\n# TYPE knit_instance_creates_total counter\n",
+            "# HELP knit_instance_create_failures_total Failed instance creations.\n# TYPE knit_instance_create_failures_total counter\n",
+            "# HELP knit_instance_deletes_total Instances released or detached.\n# TYPE knit_instance_deletes_total counter\n",
+            "# HELP knit_bootstrap_refused_total Bootstrap requests refused (unknown, used or expired token).\n# TYPE knit_bootstrap_refused_total counter\n",
+            "# HELP knit_phase_duration_seconds Duration of agent phases as reported by nodes.\n# TYPE knit_phase_duration_seconds histogram\n",
+            "# HELP knit_reconcile_duration_seconds Time of one reconcile pass (planning and intent writes).\n# TYPE knit_reconcile_duration_seconds histogram\n",
+        ] {
+            assert!(text.contains(pair), "{pair} in {text}");
+        }
     }
 }

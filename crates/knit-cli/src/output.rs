@@ -1,6 +1,8 @@
 //! kubectl-style output: aligned tables, ages, durations, `-o json|yaml`.
 
+use knit_api::views::{PreflightReport, PreflightStatus};
 use serde_json::Value;
+use std::fmt::Display;
 
 /// Seconds → `5s`, `3m`, `2h`, `4d` (kubectl's AGE column).
 pub fn age(from_ms: i64, now_ms: i64) -> String {
@@ -50,14 +52,66 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// A JSON value as a table cell: strings bare, null as `<none>`.
-pub fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "<none>".to_string(),
-        Value::String(s) if s.is_empty() => "<none>".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+/// `-o` of `get` and `describe`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Wide,
+    Json,
+    Yaml,
+}
+
+/// A value as a table cell; empty text as `<none>`.
+pub fn cell(v: impl Display) -> String {
+    let text = v.to_string();
+    if text.is_empty() {
+        "<none>".to_string()
+    } else {
+        text
     }
+}
+
+/// An optional value as a table cell: absent as `<none>`.
+pub fn opt<T: Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "<none>".to_string(), cell)
+}
+
+/// A document the server sent, as `-o json` or `-o yaml` prints it.
+pub fn document(format: Format, v: &Value) -> String {
+    match format {
+        Format::Yaml => yaml(v),
+        Format::Json | Format::Wide => json(v),
+    }
+}
+
+/// Attach preflight results, one line per check, for each instance.
+pub fn preflight_table(reports: &[PreflightReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        out.push_str(&format!("instance {}\n", r.instance));
+        out.push_str(&format!(
+            "  {:<8} {:<28} {:<40} MESSAGE\n",
+            "STATUS", "CHECK", "CODE"
+        ));
+        for c in &r.results {
+            let status = match c.status {
+                PreflightStatus::Pass => "pass",
+                PreflightStatus::Error => "ERROR",
+                PreflightStatus::Warning => "warning",
+                PreflightStatus::Skipped => "skipped",
+            };
+            out.push_str(&format!(
+                "  {status:<8} {:<28} {:<40} {}\n",
+                c.check, c.code, c.message
+            ));
+            if !c.fix.is_empty() {
+                out.push_str(&format!(
+                    "  {:<8} {:<28} {:<40} fix: {}\n",
+                    "", "", "", c.fix
+                ));
+            }
+        }
+    }
+    out
 }
 
 pub fn yaml(v: &Value) -> String {

@@ -2,15 +2,16 @@
 //! current phase, elapsed), redrawn in place on a terminal, until every node
 //! is initialized or Ready, or something failed.
 
-use crate::output::{cell, duration, table};
-use crate::{CliError, Result};
+use super::now_ms;
+use crate::error::{CliError, Result};
+use crate::output::{cell, duration, opt, table};
+use knit_api::state::{InstanceState, NodeStatus};
+use knit_api::views::{InstanceView, NodeView};
+use knit_api::PhaseOutcome;
 use knit_client::Client;
-use serde_json::Value;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-
-const COUNTED: &[&str] = &["Pending", "Creating", "Running", "Failed"];
 
 struct Snapshot {
     lines: String,
@@ -52,85 +53,72 @@ impl ChangeLog {
 }
 
 fn look(c: &Client, pool: &str) -> Result<Snapshot> {
-    let p = c.get(&format!("/api/v1/pools/{pool}"))?;
-    let desired = p["spec"]["replicas"].as_u64().unwrap_or(0) as usize;
+    let p = c.get_pool(pool)?.view;
+    let desired = p.spec.spec.replicas.max(0) as usize;
     // Nodes that join a cluster are done when also Ready.
-    let needs_ready = p["status"]["clusterAttached"] == true;
-    let instances = c.get("/api/v1/instances")?;
-    let nodes = c.get("/api/v1/nodes")?;
-    let now = knit_server::store::now_ms();
-    let mine: Vec<&Value> = instances["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|i| i["pool"] == pool)
+    let needs_ready = p.status.cluster_attached;
+    let instances = c.list_instances()?;
+    let nodes = c.list_nodes()?;
+    let now = now_ms();
+    let mine: Vec<&InstanceView> = instances
+        .iter()
+        .map(|i| &i.view)
+        .filter(|i| i.pool == pool)
         .collect();
-    let node_of = |name: &Value| {
-        nodes["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| &n["instance"] == name)
-            .cloned()
+    let node_of = |name: &str| -> Option<&NodeView> {
+        nodes.iter().map(|n| &n.view).find(|n| n.instance == name)
     };
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     let mut settled = 0;
     for i in &mine {
-        let state = cell(&i["state"]);
         // Instances on their way out do not fail a wait.
-        let counted = COUNTED.contains(&state.as_str());
-        let node = node_of(&i["name"]);
-        let (node_name, phase, status, finished) = match &node {
+        let counted = i.state.is_member();
+        let node = node_of(&i.name);
+        let (node_name, phase, status, finished) = match node {
             Some(n) => {
                 // The agent finished every phase, and, joining a cluster,
                 // the node is Ready (the two may come in either order).
-                let finished = n["initialized"] == true && (!needs_ready || n["status"] == "Ready");
-                if counted && n["phaseOutcome"] == "failed" {
+                let finished = n.initialized && (!needs_ready || n.status == NodeStatus::Ready);
+                if counted && n.phase_outcome == Some(PhaseOutcome::Failed) {
                     failures.push(format!(
                         "{}: phase {} failed: {} {}",
-                        cell(&n["name"]),
-                        cell(&n["phase"]),
-                        cell(&n["errorCode"]),
-                        cell(&n["error"])
+                        cell(&n.name),
+                        opt(&n.phase),
+                        opt(&n.error_code),
+                        opt(&n.error)
                     ));
                 }
                 (
-                    cell(&n["name"]),
-                    format!("{}/{}", cell(&n["phase"]), cell(&n["phaseOutcome"])),
-                    cell(&n["status"]),
+                    cell(&n.name),
+                    format!("{}/{}", opt(&n.phase), opt(&n.phase_outcome)),
+                    cell(n.status),
                     finished,
                 )
             }
             None => ("-".into(), "-".into(), "-".into(), false),
         };
-        if state == "Failed" {
-            failures.push(format!("{}: {}", cell(&i["name"]), cell(&i["lastError"])));
+        if i.state == InstanceState::Failed {
+            failures.push(format!("{}: {}", cell(&i.name), opt(&i.last_error)));
         }
-        let end = if finished {
-            node.as_ref()
-                .and_then(|n| n["updatedMs"].as_i64())
-                .unwrap_or(now)
-        } else {
-            now
+        let end = match node {
+            Some(n) if finished => n.updated_ms,
+            _ => now,
         };
-        if state == "Running" && finished {
+        if i.state == InstanceState::Running && finished {
             settled += 1;
         }
         rows.push(vec![
-            cell(&i["name"]),
-            state,
+            cell(&i.name),
+            cell(i.state),
             node_name,
             phase,
             status,
-            duration(end - i["createdMs"].as_i64().unwrap_or(now)),
+            duration(end - i.created_ms),
         ]);
     }
-    let counted = mine
-        .iter()
-        .filter(|i| COUNTED.contains(&i["state"].as_str().unwrap_or("")))
-        .count();
-    let leaving = mine.iter().any(|i| i["state"] == "Deleting");
+    let counted = mine.iter().filter(|i| i.state.is_member()).count();
+    let leaving = mine.iter().any(|i| i.state == InstanceState::Deleting);
     let done = counted == desired && settled == desired && !leaving;
     let header = format!(
         "nodepool/{pool}: {settled}/{desired} {}\n",

@@ -1,11 +1,11 @@
 //! `knit attach` (automatic mode) and `knit attach-script` (manual mode):
 //! adding existing instances to a pool (SPEC §2, docs/add-existing.md).
 
-use crate::{CliError, Result};
+use crate::error::{CliError, Result};
+use crate::output::preflight_table;
 use clap::Args;
+use knit_api::views::{AttachOutcome, AttachRequest, AttachScriptRequest};
 use knit_client::Client;
-use knit_server::preflight::{render_table, Report};
-use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -76,10 +76,6 @@ pub fn parse_duration(s: &str) -> Option<i64> {
     n.checked_mul(mult)
 }
 
-fn reports(v: &Value) -> Vec<Report> {
-    serde_json::from_value(v["preflight"].clone()).unwrap_or_default()
-}
-
 /// The first line of `input`, without its line ending; empty is an error.
 fn password_from(mut input: impl std::io::BufRead) -> Result<String> {
     let mut line = String::new();
@@ -100,53 +96,43 @@ pub fn attach(c: &Client, mut a: AttachArgs) -> Result<ExitCode> {
     if a.password_stdin {
         a.password = Some(password_from(std::io::stdin().lock())?);
     }
-    let body = json!({
-        "instances": a.instances,
-        "formatDataDisk": a.format_data_disk,
-        "keepInstanceName": a.keep_instance_name,
-        "password": a.password,
-        "dryRun": a.dry_run,
-    });
-    let v = c.call(
-        "POST",
-        &format!("/api/v1/pools/{}/attach", a.pool),
-        Some(&body.to_string()),
-    )?;
-    let passed = v["passed"] == true;
+    let request = AttachRequest {
+        instances: a.instances.clone(),
+        format_data_disk: a.format_data_disk,
+        keep_instance_name: a.keep_instance_name,
+        password: a.password.clone(),
+        dry_run: a.dry_run,
+    };
+    let answer = c.attach(&a.pool, &request)?;
+    let v = &answer.view;
+    let passed = v.passed;
     if a.output.as_deref() == Some("json") {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&answer.raw).unwrap_or_default()
+        );
     } else {
-        print!("{}", render_table(&reports(&v)));
-        for i in v["attached"].as_array().into_iter().flatten() {
-            if let Some(e) = i["error"].as_str() {
-                println!(
-                    "{}: attach failed: {e}",
-                    i["providerId"].as_str().unwrap_or("-")
-                );
-                continue;
-            }
-            let disks: Vec<String> = i["oldDisks"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .zip(i["newDisks"].as_array().into_iter().flatten())
-                .map(|(o, n)| {
-                    format!(
-                        "{} -> {}",
-                        o.as_str().unwrap_or("?"),
-                        n.as_str().unwrap_or("?")
-                    )
-                })
+        print!("{}", preflight_table(&v.preflight));
+        for outcome in &v.attached {
+            let i = match outcome {
+                AttachOutcome::Failed(f) => {
+                    println!("{}: attach failed: {}", f.provider_id, f.error);
+                    continue;
+                }
+                AttachOutcome::Attached(i) => i,
+            };
+            let disks: Vec<String> = i
+                .old_disks
+                .iter()
+                .zip(&i.new_disks)
+                .map(|(o, n)| format!("{o} -> {n}"))
                 .collect();
             println!(
-                "{} re-imaged and added to pool {} as {}{}; data disks: {}",
-                i["providerId"].as_str().unwrap_or("-"),
+                "{} re-imaged and added to pool {} as {} (node {}); data disks: {}",
+                i.provider_id,
                 a.pool,
-                i["instance"].as_str().unwrap_or("-"),
-                i["nodeName"]
-                    .as_str()
-                    .map(|n| format!(" (node {n})"))
-                    .unwrap_or_default(),
+                i.instance,
+                i.node_name,
                 if disks.is_empty() {
                     "none".to_string()
                 } else {
@@ -169,7 +155,7 @@ pub fn attach(c: &Client, mut a: AttachArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if a.wait {
-        return crate::wait::scale(c, &a.pool, Duration::from_secs(a.timeout));
+        return super::wait::scale(c, &a.pool, Duration::from_secs(a.timeout));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -181,28 +167,25 @@ pub fn script(c: &Client, a: ScriptArgs) -> Result<ExitCode> {
             a.expires
         ))
     })?;
-    let body = json!({
-        "formatDataDisk": a.format_data_disk,
-        "keepInstanceName": a.keep_instance_name,
-        "expiresSeconds": expires,
-    });
-    let v = c.call(
-        "POST",
-        &format!("/api/v1/pools/{}/attach-script", a.pool),
-        Some(&body.to_string()),
-    )?;
+    let request = AttachScriptRequest {
+        format_data_disk: a.format_data_disk,
+        keep_instance_name: a.keep_instance_name,
+        expires_seconds: Some(expires),
+    };
+    let answer = c.attach_script(&a.pool, &request)?;
     if a.output.as_deref() == Some("json") {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&answer.raw).unwrap_or_default()
+        );
         return Ok(ExitCode::SUCCESS);
     }
+    let v = &answer.view;
     eprintln!(
         "# Run as root on the machine to add to pool {} (one machine, once; token {} expires in {}; CA pin {}):",
-        a.pool,
-        v["tokenId"].as_str().unwrap_or("-"),
-        a.expires,
-        v["caPin"].as_str().unwrap_or("-")
+        a.pool, v.token_id, a.expires, v.ca_pin
     );
-    println!("{}", v["command"].as_str().unwrap_or_default());
+    println!("{}", v.command);
     Ok(ExitCode::SUCCESS)
 }
 

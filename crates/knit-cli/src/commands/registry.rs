@@ -12,7 +12,7 @@
 //! configuration a pool needs. `down` (and `knit down`) stops both by their
 //! recorded PIDs; the stored images stay.
 
-use crate::{io, CliError, Result};
+use crate::error::{io, CliError, Result};
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
@@ -115,21 +115,14 @@ fn load(place: &Place) -> Option<Record> {
     serde_json::from_str(&text).ok()
 }
 
-/// The bridge's address: the subnet's first host.
+/// The bridge's address: the gateway the local cloud derives from its
+/// subnet (the same rule the server listens by).
 fn gateway(subnet: &str) -> Result<Ipv4Addr> {
-    let bad = || {
+    knit_server::provider::local::local_gateway(subnet).map_err(|_| {
         CliError::Usage(format!(
             "--local-subnet {subnet:?}: expected an IPv4 network such as 10.213.0.0/24"
         ))
-    };
-    let (net, len) = subnet.split_once('/').ok_or_else(bad)?;
-    let net: Ipv4Addr = net.parse().map_err(|_| bad())?;
-    let len: u32 = len.parse().map_err(|_| bad())?;
-    if !(8..=30).contains(&len) {
-        return Err(bad());
-    }
-    let mask = u32::MAX << (32 - len);
-    Ok(Ipv4Addr::from((u32::from(net) & mask) + 1))
+    })
 }
 
 /// Whether an interface of this host holds `ip` (`ip -4 -o addr`).

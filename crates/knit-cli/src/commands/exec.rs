@@ -44,7 +44,7 @@ pub fn run(client: &Client, args: ExecArgs) -> Result<ExitCode, ClientError> {
         timeout_seconds: Some(args.timeout),
     };
     let answer = client.exec(&request)?;
-    let (stdout, stderr) = answer.output()?;
+    let (stdout, stderr) = knit_client::exec_output(&answer)?;
     let write = |mut to: Box<dyn Write>, bytes: &[u8], cut: bool, stream: &str| {
         let _ = to.write_all(bytes);
         let _ = to.flush();

@@ -1,7 +1,7 @@
 //! `knit image build` / `knit image show`: the node OS image the local
 //! cloud's instances run on (knit-local's `image` module; docs/images.md).
 
-use crate::{CliError, Result};
+use crate::error::{CliError, Result};
 use clap::Subcommand;
 use knit_local::image;
 use serde_json::json;

@@ -1,10 +1,16 @@
 //! `knit snapshot create|list|delete|builds`: data-disk snapshots (SPEC §3).
 
-use crate::output::{age, cell, table};
-use crate::{CliError, Result};
+use super::get::{show, Listing};
+use super::now_ms;
+use crate::error::{CliError, Result};
+use crate::output::{age, cell, opt, table, Format};
 use clap::Subcommand;
-use knit_client::Client;
-use serde_json::{json, Value};
+use knit_api::views::{
+    BuildStepView, ImageCacheView, NodeView, Snapshot, SnapshotBuildRequest, SnapshotBuildView,
+    SnapshotView,
+};
+use knit_client::{Client, Document};
+use serde_json::Value;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -67,15 +73,14 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
             no_wait,
             timeout,
         } => {
-            let body = json!({
-                "pool": pool,
-                "images": images,
-                "name": name,
-                "keepBuilder": keep_builder,
-                "imagesTimeoutSeconds": images_timeout,
-            });
-            let b = c.call("POST", "/api/v1/snapshots", Some(&body.to_string()))?;
-            let id = b["id"].as_str().unwrap_or_default().to_string();
+            let build = c.build_snapshot(&SnapshotBuildRequest {
+                pool: pool.clone(),
+                images,
+                name,
+                keep_builder,
+                images_timeout_seconds: Some(images_timeout),
+            })?;
+            let id = build.build.id;
             println!("snapshot build {id} started from pool {pool}");
             if no_wait {
                 return Ok(ExitCode::SUCCESS);
@@ -83,8 +88,7 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
             follow(c, &id, Duration::from_secs(timeout))
         }
         SnapshotAction::List { output } => list(
-            c,
-            "/api/v1/snapshots",
+            c.list_snapshots()?,
             output.as_deref(),
             &[
                 "ID",
@@ -97,33 +101,29 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
                 "USED BY",
                 "AGE",
             ],
-            |s, now| {
+            |s: &SnapshotView, now| {
+                let snap = &s.snapshot;
                 vec![
-                    cell(&s["id"]),
-                    cell(&s["pool"]),
-                    cell(&s["kubernetesVersion"]),
-                    if s["stale"] == true {
-                        format!("yes (cluster {})", cell(&s["clusterKubernetesVersion"]))
+                    cell(&snap.id),
+                    cell(&snap.pool),
+                    cell(&snap.kubernetes_version),
+                    if s.stale {
+                        format!("yes (cluster {})", cell(&s.cluster_kubernetes_version))
                     } else {
                         "no".into()
                     },
-                    cell(&s["containerdVersion"]),
-                    s["images"].as_array().map_or(0, |i| i.len()).to_string(),
-                    format!(
-                        "{:.1}Mi",
-                        s["sizeBytes"].as_f64().unwrap_or(0.0) / 1048576.0
-                    ),
-                    s["usedBy"]
-                        .as_array()
-                        .map(|u| u.iter().map(cell).collect::<Vec<_>>().join(","))
+                    cell(&snap.containerd_version),
+                    snap.images.len().to_string(),
+                    format!("{:.1}Mi", snap.size_bytes as f64 / 1048576.0),
+                    Some(s.used_by.iter().map(cell).collect::<Vec<_>>().join(","))
                         .filter(|u| !u.is_empty())
                         .unwrap_or_else(|| "-".into()),
-                    age(s["createdMs"].as_i64().unwrap_or(now), now),
+                    age(snap.created_ms, now),
                 ]
             },
         ),
         SnapshotAction::Delete { id } => {
-            c.call("DELETE", &format!("/api/v1/snapshots/{id}"), None)?;
+            c.delete_snapshot(&id)?;
             println!("snapshot/{id} deleted");
             Ok(ExitCode::SUCCESS)
         }
@@ -138,93 +138,122 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
             output,
             ..
         } => {
-            let b = c.get(&format!("/api/v1/snapshot-builds/{id}"))?;
+            let b = c.snapshot_build(&id)?;
             if output.as_deref() == Some("json") {
-                println!("{}", serde_json::to_string_pretty(&b).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&b.raw).unwrap_or_default()
+                );
                 return Ok(ExitCode::SUCCESS);
             }
-            print_build(&b);
+            print_build(&b.view.build, &b.view.steps);
             Ok(ExitCode::SUCCESS)
         }
         SnapshotAction::Builds {
             id: None, output, ..
         } => list(
-            c,
-            "/api/v1/snapshot-builds",
+            c.snapshot_builds()?,
             output.as_deref(),
             &["ID", "POOL", "STATUS", "STEP", "SNAPSHOT", "BUILDER", "AGE"],
-            |b, now| {
+            |b: &SnapshotBuildView, now| {
                 vec![
-                    cell(&b["id"]),
-                    cell(&b["pool"]),
-                    cell(&b["status"]),
-                    cell(&b["step"]),
-                    cell(&b["snapshotId"]),
-                    cell(&b["builderInstance"]),
-                    age(b["startedMs"].as_i64().unwrap_or(now), now),
+                    cell(&b.id),
+                    cell(&b.pool),
+                    cell(b.status),
+                    cell(&b.step),
+                    opt(&b.snapshot_id),
+                    opt(&b.builder_instance),
+                    age(b.started_ms, now),
                 ]
             },
         ),
     }
 }
 
-/// The items at `path`: as JSON with `-o json`, else a table with a row
-/// per item (`row` gets the item and the time now, for ages).
-fn list(
-    c: &Client,
-    path: &str,
+/// `knit get snapshots`.
+pub fn get(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+    let listing = Listing {
+        what: "snapshots",
+        name_of: |s: &SnapshotView| s.snapshot.id.clone(),
+        table: snapshot_table,
+    };
+    show(listing, c.list_snapshots()?, name, format)
+}
+
+fn snapshot_table(items: &[&SnapshotView], _wide: bool) -> String {
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|s| {
+            let s = &s.snapshot;
+            vec![
+                cell(&s.id),
+                cell(&s.pool),
+                cell(&s.kubernetes_version),
+                cell(&s.containerd_version),
+                format!("{}Mi", s.size_bytes >> 20),
+                age(s.created_ms, now),
+            ]
+        })
+        .collect();
+    table(
+        &["ID", "POOL", "KUBERNETES", "CONTAINERD", "SIZE", "AGE"],
+        &rows,
+    )
+}
+
+/// The items: as JSON with `-o json` (the list the server sent), else a
+/// table with a row per item (`row` gets the item and the time now, for
+/// ages).
+fn list<T>(
+    items: Vec<Document<T>>,
     output: Option<&str>,
     headers: &[&str],
-    row: impl Fn(&Value, i64) -> Vec<String>,
+    row: impl Fn(&T, i64) -> Vec<String>,
 ) -> Result<ExitCode> {
-    let v = c.get(path)?;
     if output == Some("json") {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        let raw: Vec<Value> = items.into_iter().map(|i| i.raw).collect();
+        let doc = serde_json::json!({ "items": raw });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(ExitCode::SUCCESS);
     }
-    let now = knit_server::store::now_ms();
-    let rows: Vec<Vec<String>> = v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|item| row(item, now))
-        .collect();
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = items.iter().map(|item| row(&item.view, now)).collect();
     print!("{}", table(headers, &rows));
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_step(s: &Value, t0: i64) {
-    let at = s["atMs"].as_i64().unwrap_or(t0) - t0;
+fn print_step(s: &BuildStepView, t0: i64) {
+    let at = s.at_ms - t0;
     println!(
         "[{:>6.1}s] {:<9} {}",
         at as f64 / 1000.0,
-        cell(&s["step"]),
-        cell(&s["message"])
+        cell(&s.step),
+        cell(&s.message)
     );
 }
 
 /// One build: what, where it is, its steps, its end.
-fn print_build(b: &Value) {
-    println!("Build:         {}", cell(&b["id"]));
-    println!("Pool:          {}", cell(&b["pool"]));
-    println!("Status:        {}", cell(&b["status"]));
-    println!("Step:          {}", cell(&b["step"]));
+fn print_build(b: &SnapshotBuildView, steps: &[BuildStepView]) {
+    println!("Build:         {}", cell(&b.id));
+    println!("Pool:          {}", cell(&b.pool));
+    println!("Status:        {}", cell(b.status));
+    println!("Step:          {}", cell(&b.step));
     println!(
         "Builder:       {} (pool {})",
-        cell(&b["builderInstance"]),
-        cell(&b["builderPool"])
+        opt(&b.builder_instance),
+        cell(&b.builder_pool)
     );
-    println!("Keep builder:  {}", cell(&b["keepBuilder"]));
-    if let Some(e) = b["error"].as_str() {
+    println!("Keep builder:  {}", cell(b.keep_builder));
+    if let Some(e) = &b.error {
         println!("Error:         {e}");
     }
-    if !b["snapshotId"].is_null() {
-        println!("Snapshot:      {}", cell(&b["snapshotId"]));
+    if let Some(id) = &b.snapshot_id {
+        println!("Snapshot:      {}", cell(id));
     }
     println!("Steps:");
-    let t0 = b["startedMs"].as_i64().unwrap_or(0);
-    for s in b["steps"].as_array().into_iter().flatten() {
-        print_step(s, t0);
+    for s in steps {
+        print_step(s, b.started_ms);
     }
 }
 
@@ -233,18 +262,18 @@ fn follow(c: &Client, id: &str, timeout: Duration) -> Result<ExitCode> {
     let start = Instant::now();
     let mut shown = 0;
     loop {
-        let b = c.get(&format!("/api/v1/snapshot-builds/{id}"))?;
-        let steps = b["steps"].as_array().cloned().unwrap_or_default();
-        let t0 = b["startedMs"].as_i64().unwrap_or(0);
-        for s in steps.iter().skip(shown) {
-            print_step(s, t0);
+        let b = c.snapshot_build(id)?.view;
+        for s in b.steps.iter().skip(shown) {
+            print_step(s, b.build.started_ms);
         }
-        shown = steps.len();
-        if b["done"] == true {
-            if let Some(e) = b["error"].as_str() {
+        shown = b.steps.len();
+        if b.done {
+            if let Some(e) = &b.build.error {
                 return Err(CliError::Failed(format!("snapshot build {id} failed: {e}")));
             }
-            print_snapshot(&b["snapshot"]);
+            if let Some(s) = &b.snapshot {
+                print_snapshot(s);
+            }
             return Ok(ExitCode::SUCCESS);
         }
         if start.elapsed() > timeout {
@@ -257,62 +286,71 @@ fn follow(c: &Client, id: &str, timeout: Duration) -> Result<ExitCode> {
     }
 }
 
-fn print_snapshot(s: &Value) {
-    println!("snapshot/{} created", cell(&s["id"]));
-    println!("  pool:        {}", cell(&s["pool"]));
-    println!("  kubernetes:  {}", cell(&s["kubernetesVersion"]));
-    println!("  containerd:  {}", cell(&s["containerdVersion"]));
-    println!("  size:        {} bytes used", cell(&s["sizeBytes"]));
-    for i in s["images"].as_array().into_iter().flatten() {
+fn print_snapshot(s: &Snapshot) {
+    println!("snapshot/{} created", cell(&s.id));
+    println!("  pool:        {}", cell(&s.pool));
+    println!("  kubernetes:  {}", cell(&s.kubernetes_version));
+    println!("  containerd:  {}", cell(&s.containerd_version));
+    println!("  size:        {} bytes used", cell(s.size_bytes));
+    for i in &s.images {
         println!("  image:       {}", cell(i));
     }
 }
 
 /// `knit describe node`'s cache section.
-pub fn describe_cache(n: &Value) {
+pub fn describe_cache(n: &NodeView) {
     print!("{}", cache_lines(n));
+}
+
+/// One image of a node's image report: pulled, cached, or failed with
+/// its error.
+#[derive(serde::Deserialize)]
+struct ImageOutcome {
+    #[serde(default)]
+    image: String,
+    #[serde(default)]
+    error: Option<String>,
 }
 
 /// The cache section's lines: the package, the images' counters, and each
 /// image that failed to pull with its error (when the node's report file
 /// could be read; else where to find them).
-pub fn cache_lines(n: &Value) -> String {
-    let c = &n["cache"];
+pub fn cache_lines(n: &NodeView) -> String {
+    let cache = n.cache.as_ref();
     let mut out = String::new();
-    match c["package"]["cacheHit"].as_bool() {
-        Some(true) => out.push_str("Package:       data-disk cache hit (0 bytes downloaded)\n"),
-        Some(false) => out.push_str(&format!(
+    match cache.and_then(|c| c.package.as_ref()) {
+        Some(p) if p.cache_hit => {
+            out.push_str("Package:       data-disk cache hit (0 bytes downloaded)\n")
+        }
+        Some(p) => out.push_str(&format!(
             "Package:       cache miss, {} bytes downloaded\n",
-            cell(&c["package"]["bytesDownloaded"])
+            p.bytes_downloaded
         )),
         None => out.push_str("Package:       (not installed yet)\n"),
     }
-    let i = &c["images"];
-    if i.is_null() {
+    let Some(i): Option<&ImageCacheView> = cache.and_then(|c| c.images.as_ref()) else {
         out.push_str("Images:        (no report from the kubelet yet)\n");
         return out;
-    }
+    };
     out.push_str(&format!(
         "Images:        cache hit {}, miss {}, failed {}, {} bytes pulled\n",
-        cell(&i["hit"]),
-        cell(&i["miss"]),
-        cell(&i["failed"]),
-        cell(&i["bytesPulled"])
+        i.hit, i.miss, i.failed, i.bytes_pulled
     ));
-    let failed: Vec<&Value> = i["images"]
-        .as_array()
-        .into_iter()
+    let failed: Vec<ImageOutcome> = i
+        .images
+        .iter()
         .flatten()
-        .filter(|img| !img["error"].is_null())
+        .filter_map(|img| serde_json::from_value::<ImageOutcome>(img.clone()).ok())
+        .filter(|img| img.error.is_some())
         .collect();
     for img in &failed {
         out.push_str(&format!(
             "  failed:      {}: {}\n",
-            cell(&img["image"]),
-            cell(&img["error"])
+            cell(&img.image),
+            opt(&img.error)
         ));
     }
-    if failed.is_empty() && i["failed"].as_u64().unwrap_or(0) > 0 {
+    if failed.is_empty() && i.failed > 0 {
         out.push_str(
             "  failed:      (each image's error: /var/lib/kubelet/knit-images.json on the node)\n",
         );
@@ -323,6 +361,18 @@ pub fn cache_lines(n: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node view with this `cache` (the rest as the server fills it).
+    fn node(cache: Value) -> NodeView {
+        let mut n = serde_json::json!({
+            "name": "n-1", "instance": "w-1", "pool": "w", "status": "Ready",
+            "createdMs": 0, "updatedMs": 0,
+        });
+        if let (Value::Object(fields), Value::Object(extra)) = (&mut n, cache) {
+            fields.extend(extra);
+        }
+        serde_json::from_value(n).unwrap()
+    }
 
     /// A node whose kubelet published a report of 3 failed pulls: the
     /// counters and each failure are shown, never "no report".
@@ -337,7 +387,7 @@ mod tests {
                 {"image": "r/d:1", "cached": true}
             ]
         }}});
-        let text = cache_lines(&n);
+        let text = cache_lines(&node(n));
         assert!(text.contains("failed 3"), "{text}");
         assert!(text.contains("r/c:1: no such host"), "{text}");
         assert_eq!(text.matches("  failed:").count(), 3, "{text}");
@@ -345,6 +395,6 @@ mod tests {
         let summary_only = serde_json::json!({"cache": {"images": {
             "hit": 0, "miss": 0, "failed": 3, "bytesPulled": 0
         }}});
-        assert!(cache_lines(&summary_only).contains("knit-images.json"));
+        assert!(cache_lines(&node(summary_only)).contains("knit-images.json"));
     }
 }

@@ -1,0 +1,159 @@
+//! `knit get|describe|scale|delete pool`.
+
+use super::get::{show, table_or_none, Listing};
+use super::{events, nodes, now_ms, wait};
+use crate::error::Result;
+use crate::output::{self, age, cell, table, Format};
+use knit_api::views::{EventView, InstanceView, PoolView, ScaleRequest};
+use knit_client::{Client, Document};
+use serde_json::Value;
+use std::process::ExitCode;
+use std::time::Duration;
+
+pub fn get(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+    let listing = Listing {
+        what: "pools",
+        name_of: |p: &PoolView| p.metadata.name.clone(),
+        table: pool_table,
+    };
+    show(listing, c.list_pools()?, name, format)
+}
+
+fn pool_table(items: &[&PoolView], wide: bool) -> String {
+    let now = now_ms();
+    let mut headers = vec![
+        "NAME",
+        "TYPE",
+        "DESIRED",
+        "INSTANCES",
+        "RUNNING",
+        "INITIALIZED",
+        "READY",
+        "AGE",
+    ];
+    if wide {
+        headers.extend(["FAILED", "INSTANCE-TYPES", "IMAGE", "DELETING"]);
+    }
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|p| {
+            let st = &p.status;
+            let spec = &p.spec.spec;
+            let mut r = vec![
+                cell(&p.metadata.name),
+                cell(&spec.pool_type),
+                cell(st.desired),
+                cell(st.instances),
+                cell(st.running),
+                cell(st.initialized),
+                cell(st.ready),
+                age(p.metadata.creation_timestamp_ms, now),
+            ];
+            if wide {
+                r.extend([
+                    cell(st.failed),
+                    spec.instance_types.join(","),
+                    cell(&spec.image),
+                    cell(st.deleting),
+                ]);
+            }
+            r
+        })
+        .collect();
+    table(&headers, &rows)
+}
+
+/// A pool's instances and the last events about it.
+struct Related {
+    instances: Vec<Document<InstanceView>>,
+    events: Vec<Document<EventView>>,
+}
+
+/// A pool's instances and the last 20 events of the pool, its instances
+/// and its nodes (what `describe pool` shows).
+fn related(c: &Client, name: &str) -> Result<Related> {
+    let mine: Vec<Document<InstanceView>> = c
+        .list_instances()?
+        .into_iter()
+        .filter(|i| i.view.pool == name)
+        .collect();
+    let events = c.events(Some(1000))?;
+    let mut related_names: Vec<String> = mine.iter().map(|i| i.view.name.clone()).collect();
+    related_names.extend(
+        c.list_nodes()?
+            .into_iter()
+            .filter(|n| n.view.pool == name)
+            .map(|n| n.view.name),
+    );
+    let related: Vec<Document<EventView>> = events
+        .into_iter()
+        .filter(|e| e.view.object_name == name || related_names.contains(&e.view.object_name))
+        .collect();
+    let last = related[related.len().saturating_sub(20)..].to_vec();
+    Ok(Related {
+        instances: mine,
+        events: last,
+    })
+}
+
+pub fn describe(c: &Client, name: &str, format: Option<Format>) -> Result<ExitCode> {
+    let pool = c.get_pool(name)?;
+    let Related { instances, events } = related(c, name)?;
+    if let Some(f @ (Format::Json | Format::Yaml)) = format {
+        // The pool's document as sent, with its `instances` and last `events`.
+        let mut doc = pool.raw;
+        if let Value::Object(fields) = &mut doc {
+            let raw = |docs: Vec<Value>| Value::Array(docs);
+            fields.insert(
+                "instances".into(),
+                raw(instances.into_iter().map(|i| i.raw).collect()),
+            );
+            fields.insert(
+                "events".into(),
+                raw(events.into_iter().map(|e| e.raw).collect()),
+            );
+        }
+        print!("{}", output::document(f, &doc));
+        return Ok(ExitCode::SUCCESS);
+    }
+    // The document without its status, then the status one line a field.
+    let mut spec = pool.raw;
+    if let Value::Object(fields) = &mut spec {
+        fields.remove("status");
+    }
+    print!("{}", output::yaml(&spec));
+    println!("status:");
+    if let Ok(Value::Object(status)) = serde_json::to_value(pool.view.status) {
+        for (k, v) in status {
+            println!("  {k}: {v}");
+        }
+    }
+    let instances: Vec<&InstanceView> = instances.iter().map(|i| &i.view).collect();
+    let events: Vec<&EventView> = events.iter().map(|e| &e.view).collect();
+    println!("Instances:");
+    print!("{}", table_or_none(nodes::instance_table, &instances, true));
+    println!("Events:");
+    print!("{}", table_or_none(events::event_table, &events, false));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn scale(
+    c: &Client,
+    name: &str,
+    replicas: i64,
+    release: bool,
+    wait: Option<Duration>,
+) -> Result<ExitCode> {
+    c.scale_pool(name, &ScaleRequest { replicas, release })?;
+    println!("nodepool/{name} scaled to {replicas}");
+    match wait {
+        Some(timeout) => wait::scale(c, name, timeout),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+pub fn delete(c: &Client, name: &str) -> Result<ExitCode> {
+    c.delete_pool(name)?;
+    println!("nodepool/{name} deleted (scaling to 0, then removed)");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,613 @@
+//! `knit server`, `knit server init`, `knit up` and `knit down`: the
+//! server's settings from the command line, running it in the foreground
+//! or in the background, and taking down what `up` started.
+
+use super::{clouds, config_path, package, registry};
+use crate::error::{io, CliError, Result};
+use clap::Args;
+use knit_api::state::InstanceState;
+use knit_client::{Client, ClientConfig};
+use knit_server::control::{Settings, DEFAULT_PORT};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Clone)]
+pub struct ServerOpts {
+    /// Database, CA, admin token and package mirror.
+    #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
+    state_dir: PathBuf,
+    /// Where to listen: ADDRESS:PORT, or several on one port separated by
+    /// commas. Default: loopback and the local cloud's gateway (the first
+    /// host of --local-subnet, e.g. 127.0.0.1:7443,10.213.0.1:7443); with
+    /// --provider none, loopback only. 0.0.0.0:7443 listens everywhere.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Host instances use to reach the server (default: the local cloud's
+    /// gateway when the server listens there or everywhere).
+    #[arg(long)]
+    advertise_address: Option<String>,
+    /// local: the local cloud; qemu: QEMU VMs on the local cloud's bridge
+    /// (docs/providers.md); ecs: Alibaba Cloud ECS in --region (key from
+    /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET or a
+    /// mode-0600 credentials file, never a flag); none: store and API only,
+    /// no instance is made.
+    #[arg(long, default_value = "local", value_parser = ["local", "qemu", "ecs", "none"])]
+    provider: String,
+    /// ECS region id (cn-shanghai …), with --provider ecs.
+    #[arg(long, env = "KNIT_ECS_REGION")]
+    region: Option<String>,
+    /// ECS API endpoint instead of the region's public one (a private
+    /// endpoint; tests' fake ECS).
+    #[arg(long, env = "KNIT_ECS_ENDPOINT")]
+    ecs_endpoint: Option<String>,
+    /// vSwitch new ECS instances join (it fixes VPC and zone).
+    #[arg(long, env = "KNIT_ECS_VSWITCH")]
+    ecs_vswitch: Option<String>,
+    /// Security groups of new ECS instances, comma-separated.
+    #[arg(long, env = "KNIT_ECS_SECURITY_GROUPS", value_delimiter = ',')]
+    ecs_security_group: Vec<String>,
+    /// ECS image id used for pools whose image is `host`.
+    #[arg(long, env = "KNIT_ECS_IMAGE")]
+    ecs_image: Option<String>,
+    /// Provider calls in flight at once.
+    #[arg(long, default_value_t = 4)]
+    parallelism: usize,
+    /// Lifetime of a bootstrap token, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    join_token_ttl: u64,
+    /// embedded: serve the embedded Kubernetes API nodes join; none: nodes get no join material.
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "none"])]
+    cluster: String,
+    /// Port of the embedded Kubernetes API (on the listen address).
+    #[arg(long, default_value_t = 6443)]
+    cluster_port: u16,
+    /// The web console (TLS, under /ui/): ADDRESS:PORT, or `off`. Default
+    /// 127.0.0.1:7444, skipped with a warning when another server holds it.
+    #[arg(long, env = "KNIT_CONSOLE_LISTEN")]
+    console_listen: Option<String>,
+    /// How long a console sign-in lasts, in seconds.
+    #[arg(long, env = "KNIT_CONSOLE_SESSION_TTL", default_value_t = 8 * 3600)]
+    console_session_ttl: u64,
+    #[arg(
+        long,
+        env = "KNIT_LOCAL_STATE_DIR",
+        default_value = "/var/lib/knit/local"
+    )]
+    local_state_dir: PathBuf,
+    #[arg(long, env = "KNIT_LOCAL_BRIDGE", default_value = "knit0")]
+    local_bridge: String,
+    #[arg(long, env = "KNIT_LOCAL_SUBNET", default_value = "10.213.0.0/24")]
+    local_subnet: String,
+    #[arg(long, env = "KNIT_LOCAL_METADATA_PORT", default_value_t = 80)]
+    local_metadata_port: u16,
+}
+
+/// The ECS provider from the server's flags; the key from the environment
+/// or a credentials file (knit-ecs refuses one others can read).
+fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProvider> {
+    let region = opts.region.as_deref().ok_or_else(|| {
+        CliError::Usage("--provider ecs needs --region <id> (e.g. cn-shanghai)".into())
+    })?;
+    let credentials =
+        knit_ecs::Credentials::discover().map_err(|e| CliError::Failed(e.to_string()))?;
+    let mut s = knit_server::provider::ecs::EcsSettings::new(region);
+    s.endpoint = opts.ecs_endpoint.clone();
+    s.v_switch_id = opts.ecs_vswitch.clone();
+    s.security_group_ids = opts.ecs_security_group.clone();
+    s.default_image = opts.ecs_image.clone();
+    Ok(knit_server::provider::ecs::EcsProvider::new(
+        s,
+        credentials,
+    )?)
+}
+
+/// The provider's gateway: where its instances reach this host.
+fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
+    if opts.provider != "local" && opts.provider != "qemu" {
+        return Ok(None);
+    }
+    Ok(Some(
+        knit_server::provider::local::local_gateway(&opts.local_subnet)?.into(),
+    ))
+}
+
+/// The addresses to listen on: `--listen`, else loopback and the gateway.
+fn listen_addrs(opts: &ServerOpts) -> Result<Vec<std::net::SocketAddr>> {
+    let Some(list) = &opts.listen else {
+        let mut addrs = vec![std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))];
+        if let Some(g) = gateway(opts)? {
+            addrs.push(std::net::SocketAddr::new(g, DEFAULT_PORT));
+        }
+        return Ok(addrs);
+    };
+    let addrs = list
+        .split(',')
+        .map(|a| {
+            a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                CliError::Usage(format!(
+                    "--listen {list:?}: {a:?} must be ADDRESS:PORT (several: separated by commas)"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if addrs.iter().any(|a| a.port() != addrs[0].port()) {
+        return Err(CliError::Usage(format!(
+            "--listen {list:?}: every address must use the same port"
+        )));
+    }
+    Ok(addrs)
+}
+
+fn settings(opts: &ServerOpts) -> Result<Settings> {
+    let mut s = Settings::new(opts.state_dir.clone());
+    let addrs = listen_addrs(opts)?;
+    s.listen = addrs[0];
+    s.also_listen = addrs[1..].iter().map(|a| a.ip()).collect();
+    s.advertise_host = opts.advertise_address.clone();
+    s.parallelism = opts.parallelism.max(1);
+    s.join_token_ttl = Duration::from_secs(opts.join_token_ttl);
+    s.console = console_settings(opts)?;
+    Ok(s)
+}
+
+/// `--console-listen`: an address, `off`, or (absent) the default port on
+/// loopback, which another server may already hold.
+fn console_settings(opts: &ServerOpts) -> Result<Option<knit_server::control::ConsoleSettings>> {
+    use knit_server::control::{ConsoleSettings, DEFAULT_CONSOLE_PORT};
+    let (listen, required) = match opts.console_listen.as_deref().map(str::trim) {
+        Some("off") => return Ok(None),
+        Some(text) => (
+            text.parse().map_err(|_| {
+                CliError::Usage(format!(
+                    "--console-listen {text:?}: must be ADDRESS:PORT or off"
+                ))
+            })?,
+            true,
+        ),
+        None => (
+            std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_CONSOLE_PORT)),
+            false,
+        ),
+    };
+    let mut console = ConsoleSettings::new(listen);
+    console.session_ttl = Duration::from_secs(opts.console_session_ttl.max(1));
+    console.required = required;
+    Ok(Some(console))
+}
+
+/// The URL a CLI on this machine uses for the server's listen addresses.
+fn local_url(opts: &ServerOpts) -> Result<String> {
+    let addrs = listen_addrs(opts)?;
+    let addr = addrs
+        .iter()
+        .find(|a| a.ip().is_loopback())
+        .unwrap_or(&addrs[0]);
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    Ok(format!("https://{host}:{}", addr.port()))
+}
+
+pub fn init(cli_config: &Option<PathBuf>, opts: &ServerOpts) -> Result<ExitCode> {
+    let s = settings(opts)?;
+    std::fs::create_dir_all(&s.state_dir)
+        .map_err(io(format!("create {}", s.state_dir.display())))?;
+    let pki = knit_server::pki::Pki::load_or_create(&s.pki_dir(), &[s.admin_token_path()])?;
+    let token = knit_server::pki::load_or_create_token(&s.admin_token_path())?;
+    let path = config_path(cli_config)?;
+    ClientConfig {
+        server: local_url(opts)?,
+        token,
+        ca_cert: pki.ca_pem,
+        state_dir: Some(s.state_dir.display().to_string()),
+        pid: None,
+    }
+    .save(&path)?;
+    println!(
+        "state in {}; client config written to {}",
+        s.state_dir.display(),
+        path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn serve(
+    cli_config: &Option<PathBuf>,
+    opts: ServerOpts,
+    write_config: bool,
+) -> Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+                // ureq prints request headers at debug: an STS token is one.
+                .add_directive(
+                    knit_ecs::LOG_DIRECTIVE
+                        .parse()
+                        .map_err(|e| CliError::Failed(format!("log filter: {e}")))?,
+                ),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let s = settings(&opts)?;
+    // Listening on the gateway needs the bridge that holds it: made now,
+    // as the first instance would (`knit down` removes it).
+    if let Some(g) = gateway(&opts)? {
+        if s.listen.ip() == g || s.also_listen.contains(&g) {
+            knit_local::Cloud::open(local_config(&opts))
+                .and_then(|c| c.network_up())
+                .map_err(|e| {
+                    CliError::Failed(format!(
+                        "the local cloud's network ({} on {}), needed to listen on {g}: {e}",
+                        opts.local_bridge, opts.local_subnet
+                    ))
+                })?;
+        }
+    }
+    let provider: Option<Arc<dyn knit_server::provider::Provider>> = match opts.provider.as_str() {
+        "local" => Some(Arc::new(knit_server::provider::local::LocalProvider::new(
+            local_config(&opts),
+        )?)),
+        "ecs" => Some(Arc::new(ecs_provider(&opts)?)),
+        "qemu" => Some(clouds::qemu_provider(local_config(&opts))?),
+        _ => None,
+    };
+    let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;
+    runtime.block_on(async move {
+        let embedded = match opts.cluster.as_str() {
+            "embedded" => Some(Arc::new(start_cluster(&s, &opts).await?)),
+            _ => None,
+        };
+        let join: Arc<dyn knit_server::bootstrap::ClusterJoin> = match &embedded {
+            Some(e) => e.clone(),
+            None => Arc::new(knit_server::bootstrap::NoCluster),
+        };
+        let server = knit_server::start(s, provider, join).await?;
+        if write_config {
+            let path = config_path(cli_config)?;
+            ClientConfig {
+                server: server.local_url.clone(),
+                token: server.admin_token().to_string(),
+                ca_cert: server.ca_pem().to_string(),
+                state_dir: Some(opts.state_dir.display().to_string()),
+                pid: Some(std::process::id()),
+            }
+            .save(&path)?;
+        }
+        eprintln!(
+            "knit server on {} (instances use {})",
+            server.local_url, server.control.advertise_url
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(io("install SIGTERM handler"))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("knit server stopping");
+        server.shutdown().await;
+        if let Some(e) = embedded {
+            e.stop();
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn local_config(opts: &ServerOpts) -> knit_local::Config {
+    knit_local::Config {
+        state_dir: opts.local_state_dir.clone(),
+        bridge: opts.local_bridge.clone(),
+        subnet: opts.local_subnet.clone(),
+        metadata_port: opts.local_metadata_port,
+        helper: None,
+    }
+}
+
+/// Where the embedded Kubernetes API listens (one address): everywhere
+/// when the server does, else the gateway when the server listens there
+/// (instances must reach it), else the server's first address.
+fn cluster_listen(
+    s: &Settings,
+    gateway: Option<std::net::IpAddr>,
+    port: u16,
+) -> std::net::SocketAddr {
+    let ip = if s.listen.ip().is_unspecified() {
+        s.listen.ip()
+    } else {
+        match gateway.filter(|g| s.listen.ip() == *g || s.also_listen.contains(g)) {
+            Some(g) => g,
+            None => s.listen.ip(),
+        }
+    };
+    std::net::SocketAddr::new(ip, port)
+}
+
+/// The embedded Kubernetes API, on the server's address and the cluster
+/// port, advertised at the host instances reach.
+async fn start_cluster(
+    s: &Settings,
+    opts: &ServerOpts,
+) -> Result<knit_server::cluster::EmbeddedJoin> {
+    let gateway = gateway(opts)?;
+    let listen = cluster_listen(s, gateway, opts.cluster_port);
+    let addrs = [listen];
+    let advertise = knit_server::server::advertise_host(s, &addrs, gateway);
+    let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
+    cfg.advertise_address = Some(advertise);
+    let cluster = knit_cluster::EmbeddedCluster::start(cfg)
+        .await
+        .map_err(|e| CliError::Failed(format!("embedded cluster on {listen}: {e}")))?;
+    eprintln!(
+        "embedded Kubernetes API at {} (admin kubeconfig {})",
+        cluster.endpoint(),
+        cluster.admin_kubeconfig_path().display()
+    );
+    Ok(knit_server::cluster::EmbeddedJoin::new(
+        cluster,
+        s.join_token_ttl,
+    )?)
+}
+
+pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
+    let path = config_path(cli_config)?;
+    if listen_addrs(&opts)?.iter().any(|a| a.port() == 0) {
+        // The config written below must name the port before the server runs.
+        return Err(CliError::Usage(format!(
+            "--listen {:?}: knit up needs a fixed port (use `knit server --write-config` for an ephemeral one)",
+            opts.listen.as_deref().unwrap_or_default()
+        )));
+    }
+    if let Ok(existing) = ClientConfig::load(&path) {
+        if let Some(pid) = existing.pid.filter(|p| is_our_server(*p)) {
+            println!(
+                "a knit server is already running (pid {pid}); config {}",
+                path.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    std::fs::create_dir_all(&opts.state_dir)
+        .map_err(io(format!("create {}", opts.state_dir.display())))?;
+    // Before the server runs: `knit down` removes the clouds it made.
+    clouds::record(&opts.state_dir, &opts.provider, &local_config(&opts))?;
+    // Embedded defaults: a server without a package mirror could make no
+    // node, so the first `up` assembles one from this machine.
+    let mirror = Settings::new(opts.state_dir.clone()).mirror_dir();
+    if !mirror.join("bin/knit-agent").is_file() {
+        let no_runtime = package::which("containerd").is_none();
+        println!(
+            "assembling the package mirror in {}{}",
+            mirror.display(),
+            if no_runtime {
+                " (containerd is not installed: package without a runtime)"
+            } else {
+                ""
+            }
+        );
+        package::run(package::PackageAction::Build {
+            state_dir: opts.state_dir.clone(),
+            kubernetes_version: knit_api::DEFAULT_KUBERNETES_VERSION.to_string(),
+            agent: None,
+            kubelet: None,
+            no_runtime,
+        })?;
+    }
+    let log_path = opts.state_dir.join("server.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(io(format!("open {}", log_path.display())))?;
+    let log2 = log.try_clone().map_err(io("dup log"))?;
+    let exe = std::env::current_exe().map_err(io("find the knit executable"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("server")
+        .arg("--state-dir")
+        .arg(&opts.state_dir)
+        .args(["--provider", &opts.provider])
+        .args([
+            "--cluster",
+            &opts.cluster,
+            "--cluster-port",
+            &opts.cluster_port.to_string(),
+        ])
+        .args(["--parallelism", &opts.parallelism.to_string()])
+        .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])
+        .arg("--local-state-dir")
+        .arg(&opts.local_state_dir)
+        .args([
+            "--local-bridge",
+            &opts.local_bridge,
+            "--local-subnet",
+            &opts.local_subnet,
+        ])
+        .args([
+            "--local-metadata-port",
+            &opts.local_metadata_port.to_string(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    if let Some(a) = &opts.advertise_address {
+        cmd.args(["--advertise-address", a]);
+    }
+    if let Some(l) = &opts.listen {
+        cmd.args(["--listen", l]);
+    }
+    if let Some(c) = &opts.console_listen {
+        cmd.args(["--console-listen", c]);
+    }
+    cmd.args([
+        "--console-session-ttl",
+        &opts.console_session_ttl.to_string(),
+    ]);
+    // The server outlives this command: its own session, no terminal.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(io("start the knit server"))?;
+    let pid = child.id();
+    let pki_ca = opts.state_dir.join("pki/ca.pem");
+    let token_path = opts.state_dir.join("admin-token");
+    let url = local_url(&opts)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(CliError::Failed(format!(
+                "the server exited ({status}); see {}",
+                log_path.display()
+            )));
+        }
+        if let (Ok(ca), Ok(token)) = (
+            std::fs::read_to_string(&pki_ca),
+            std::fs::read_to_string(&token_path),
+        ) {
+            let config = ClientConfig {
+                server: url.clone(),
+                token: token.trim().to_string(),
+                ca_cert: ca,
+                state_dir: Some(opts.state_dir.display().to_string()),
+                pid: Some(pid),
+            };
+            if let Ok(c) = Client::new(&config) {
+                if c.healthy() {
+                    config.save(&path)?;
+                    println!(
+                        "knit server running (pid {pid}) at {url}; log {}; config {}",
+                        log_path.display(),
+                        path.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: pid is the child we just started.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            return Err(CliError::Failed(format!(
+                "the server did not answer within 30 s; see {}",
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// True when `pid` runs `knit server` (so a recycled PID is never signalled).
+fn is_our_server(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"knit"))
+                && args.get(1).is_some_and(|a| *a == b"server")
+        })
+        .unwrap_or(false)
+}
+
+pub fn down(
+    cli_config: &Option<PathBuf>,
+    keep_instances: bool,
+    keep_cloud: bool,
+    timeout: Duration,
+) -> Result<ExitCode> {
+    let path = config_path(cli_config)?;
+    let mut config = ClientConfig::load(&path)?;
+    let c = Client::new(&config)?;
+    // A server `knit up` started that has died (killed, host reboot) cannot
+    // delete its pools, nor say which instances were added by attach: stop
+    // before anything is removed and say how to go on.
+    if let Some(pid) = config.pid.filter(|pid| !is_our_server(*pid)) {
+        if !keep_instances {
+            return Err(CliError::Failed(format!(
+                "knit server (pid {pid}) is not running, so its pools were not deleted and nothing was removed \
+                 (the local cloud may hold instances added by attach, which knit never releases). \
+                 Start it again with `knit up` and rerun `knit down`, or keep the instances with `knit down --keep-instances`, \
+                 or remove the local cloud and every instance in it with `knit local down`"
+            )));
+        }
+    }
+    // Instances added by attach that the pools' deletion kept (SPEC §2).
+    let mut added_kept: Vec<String> = Vec::new();
+    if !keep_instances {
+        for p in c.list_pools()? {
+            let name = p.view.metadata.name;
+            c.delete_pool(&name)?;
+            println!("nodepool/{name} deleted");
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let instances: Vec<_> = c.list_instances()?.into_iter().map(|i| i.view).collect();
+            let left: Vec<String> = instances
+                .iter()
+                .filter(|i| i.state != InstanceState::Detached)
+                .map(|i| i.name.clone())
+                .collect();
+            if left.is_empty() {
+                added_kept = instances
+                    .iter()
+                    .filter(|i| i.added)
+                    .map(|i| crate::output::opt(&i.provider_id))
+                    .collect();
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(CliError::Failed(format!(
+                    "instances still present after {} s: {}",
+                    timeout.as_secs(),
+                    left.join(", ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    match config.pid {
+        Some(pid) if is_our_server(pid) => {
+            // SAFETY: signalling the server process this config recorded, checked above.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while is_our_server(pid) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if is_our_server(pid) {
+                // A server still running could make instances in a cloud
+                // taken down under it.
+                return Err(CliError::Failed(format!(
+                    "knit server (pid {pid}) did not stop within 30 s; nothing else was removed"
+                )));
+            }
+            println!("knit server (pid {pid}) stopped");
+        }
+        Some(pid) => println!("knit server (pid {pid}) is not running"),
+        None => println!("this config has no server started by `knit up`; nothing to stop"),
+    }
+    // The registry `knit registry up` started for this server's state.
+    if let Some(dir) = &config.state_dir {
+        registry::stop_in(Path::new(dir))?;
+    }
+    config.pid = None;
+    config.save(&path)?;
+    if let Some(dir) = &config.state_dir {
+        if keep_instances {
+            println!("local cloud kept: its instances stay (--keep-instances)");
+        } else if keep_cloud {
+            println!("local cloud kept (--keep-cloud); `knit local down` removes it");
+        } else if !added_kept.is_empty() {
+            // Taking the cloud down would destroy the machines users added.
+            println!(
+                "local cloud kept: it holds instance(s) added by attach, which knit does not release: {}; `knit local down` removes the cloud and them",
+                added_kept.join(", ")
+            );
+        } else {
+            clouds::down(Path::new(dir))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub const DEFAULT_PORT: u16 = 7443;
+/// The web console's port (`knit server --console-listen`).
+pub const DEFAULT_CONSOLE_PORT: u16 = 7444;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -35,6 +37,30 @@ pub struct Settings {
     pub join_token_ttl: Duration,
     pub max_create_attempts: i64,
     pub reconcile_interval: Duration,
+    /// The web console (`/ui/`) on a TLS port of its own; `None`: none.
+    pub console: Option<ConsoleSettings>,
+}
+
+/// Where the web console listens and how long a sign-in lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleSettings {
+    pub listen: SocketAddr,
+    /// A session's lifetime from sign-in (not extended by use).
+    pub session_ttl: Duration,
+    /// false: a listen address already taken only logs a warning and the
+    /// server runs without the console (the CLI's default address, which
+    /// another server on the machine may hold); true: the start fails.
+    pub required: bool,
+}
+
+impl ConsoleSettings {
+    pub fn new(listen: SocketAddr) -> ConsoleSettings {
+        ConsoleSettings {
+            listen,
+            session_ttl: Duration::from_secs(8 * 3600),
+            required: true,
+        }
+    }
 }
 
 /// What one client may hold of the HTTPS listener: the server shares its
@@ -80,6 +106,7 @@ impl Settings {
             join_token_ttl: Duration::from_secs(30 * 60),
             max_create_attempts: 5,
             reconcile_interval: Duration::from_secs(2),
+            console: None,
         }
     }
 

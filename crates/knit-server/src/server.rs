@@ -28,6 +28,8 @@ pub struct Server {
     pub addrs: Vec<SocketAddr>,
     /// URL the CLI on this machine uses.
     pub local_url: String,
+    /// Where the web console listens, when it does.
+    pub console_addr: Option<SocketAddr>,
     pub control: Arc<ControlPlane>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -87,6 +89,12 @@ pub async fn start(
 
     let gateway = provider.as_ref().and_then(|p| p.gateway());
     let (listeners, addrs) = bind_all(&settings).await?;
+    let console_listener = bind_console(&settings).await?;
+    let console_addr = console_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()
+        .map_err(|e| ServerError::io("local address", e))?;
     let addr = addrs[0];
     let advertise_host = advertise_host(&settings, &addrs, gateway);
     let local_host = if addr.ip().is_unspecified() {
@@ -106,6 +114,9 @@ pub async fn start(
             .filter(|a| !a.ip().is_unspecified())
             .map(|a| a.ip().to_string()),
     );
+    if let Some(a) = console_addr.filter(|a| !a.ip().is_unspecified()) {
+        sans.push(a.ip().to_string());
+    }
     // Listening everywhere: instances may use the gateway even when another
     // host name is advertised.
     if let Some(g) = gateway.filter(|_| addrs.iter().any(|a| a.ip().is_unspecified())) {
@@ -150,12 +161,27 @@ pub async fn start(
             rx.clone(),
         )));
     }
+    if let (Some(listener), Some(console)) = (console_listener, &control.settings.console) {
+        let (app, feed) =
+            crate::http::console::router(control.clone(), console.session_ttl, rx.clone());
+        tasks.push(tokio::spawn(accept_loop(
+            listener,
+            tls.clone(),
+            app,
+            control.settings.limits,
+            slots.clone(),
+            rx.clone(),
+        )));
+        tasks.push(feed);
+        tracing::info!(address = ?console_addr, "knit web console listening under /ui/");
+    }
     tasks.push(tokio::spawn(control.clone().run_reconciler(rx)));
     tracing::info!(addresses = ?addrs, advertise = %control.advertise_url, "knit server listening");
     Ok(Server {
         addr,
         addrs,
         local_url,
+        console_addr,
         control,
         shutdown,
         tasks,
@@ -192,6 +218,25 @@ async fn bind_all(settings: &Settings) -> Result<(Vec<TcpListener>, Vec<SocketAd
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(|e| ServerError::io("local address", e))?;
     Ok((listeners, addrs))
+}
+
+/// The web console's listener: `None` without a console, or when its
+/// address is taken and the console is not required (then a warning).
+async fn bind_console(settings: &Settings) -> Result<Option<TcpListener>> {
+    let Some(console) = &settings.console else {
+        return Ok(None);
+    };
+    match TcpListener::bind(console.listen).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if !console.required => {
+            tracing::warn!(listen = %console.listen, error = %e, "the web console is not served: its address is taken (--console-listen chooses another)");
+            Ok(None)
+        }
+        Err(e) => Err(ServerError::io(
+            format!("listen on {} (web console)", console.listen),
+            e,
+        )),
+    }
 }
 
 /// The host instances use: as told, else the provider's gateway when the

@@ -4,6 +4,7 @@
 //! secret: the mirror serves the same binaries to every node).
 
 pub mod attach;
+pub mod console;
 pub mod events;
 pub mod exec;
 pub mod metrics;

@@ -9,8 +9,8 @@
 //! (no provider is involved; everything stays on 127.0.0.1 and a temp dir).
 
 use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::bootstrap::NoCluster;
 use knit_client::{Client, ClientConfig};
+use knit_server::bootstrap::NoCluster;
 use knit_server::reconcile::plan;
 use knit_server::store::{state, InstanceRecord};
 use knit_server::Settings;
@@ -54,7 +54,7 @@ fn main() {
             name: format!("workers-{i:05}"),
             pool: "workers".into(),
             provider_id: Some(format!("i-{i:012}")),
-            state: state::RUNNING.into(),
+            state: state::RUNNING,
             ip: Some(format!("10.213.{}.{}", i / 250, i % 250 + 2)),
             instance_type: "ecs.g7.large".into(),
             report_token_hash: None,

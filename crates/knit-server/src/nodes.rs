@@ -9,6 +9,7 @@ use crate::error::{Result, ServerError};
 use crate::names;
 use crate::reconcile::counts_toward_pool;
 use crate::store::{InstanceRecord, NodeRecord};
+use knit_api::state::EventType;
 use knit_api::views::{
     ExecRequest, ExecResponse, InstanceView, NodeCacheView, NodeRemoving, NodeView,
     TimelineEntryView, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
@@ -144,7 +145,7 @@ pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Res
         )?;
     }
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Node",
         name,
         "Removing",
@@ -249,14 +250,14 @@ pub async fn exec(cp: &ControlPlane, req: ExecRequest) -> Result<ExecResponse> {
     let ran = format!("admin ran {command} on {} ({id})", instance.name);
     match &outcome {
         Ok(out) => cp.store.add_event(
-            "Normal",
+            EventType::Normal,
             "Instance",
             &instance.name,
             "Exec",
             &format!("{ran}: exit code {}", out.code),
         )?,
         Err(e) => cp.store.add_event(
-            "Warning",
+            EventType::Warning,
             "Instance",
             &instance.name,
             "ExecFailed",

@@ -4,6 +4,7 @@
 
 mod support;
 
+use knit_api::state::EventType;
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_server::control::ConnectionLimits;
 use std::io::Read;
@@ -366,7 +367,13 @@ fn events_are_kept_by_count_and_by_age() {
     });
     for i in 0..12 {
         store
-            .add_event("Normal", "Node", &format!("n{i}"), "Ready", "ready")
+            .add_event(
+                EventType::Normal,
+                "Node",
+                &format!("n{i}"),
+                "Ready",
+                "ready",
+            )
             .unwrap();
     }
     // Beyond the count: the oldest go, the newest stay.

@@ -12,9 +12,9 @@ pub struct Plan {
 }
 
 /// States that count toward a pool's actual size.
-pub fn counts_toward_pool(s: &str) -> bool {
+pub fn counts_toward_pool(s: &knit_api::state::InstanceState) -> bool {
     matches!(
-        s,
+        *s,
         state::PENDING | state::CREATING | state::RUNNING | state::FAILED
     )
 }
@@ -38,7 +38,7 @@ pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
     if excess == 0 {
         return Plan::default();
     }
-    let rank = |s: &str| match s {
+    let rank = |s: &knit_api::state::InstanceState| match *s {
         state::PENDING => 0,
         state::FAILED => 1,
         state::CREATING => 2,
@@ -66,12 +66,12 @@ pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
 mod tests {
     use super::*;
 
-    fn inst(name: &str, st: &str, created_ms: i64) -> InstanceRecord {
+    fn inst(name: &str, st: knit_api::state::InstanceState, created_ms: i64) -> InstanceRecord {
         InstanceRecord {
             name: name.into(),
             pool: "p".into(),
             provider_id: None,
-            state: st.into(),
+            state: st,
             ip: None,
             instance_type: "t".into(),
             report_token_hash: None,
@@ -121,10 +121,11 @@ mod tests {
 
     #[test]
     fn scale_in_takes_instances_knit_created_before_added_ones() {
-        let added = |name: &str, st: &str, created_ms: i64| InstanceRecord {
-            added: true,
-            ..inst(name, st, created_ms)
-        };
+        let added =
+            |name: &str, st: knit_api::state::InstanceState, created_ms: i64| InstanceRecord {
+                added: true,
+                ..inst(name, st, created_ms)
+            };
         let list = vec![
             added("mine-new", state::RUNNING, 9),
             added("mine-bad", state::FAILED, 8),

@@ -1,7 +1,8 @@
 //! Events: what happened to which object, repeated ones counted on one
 //! row, old ones pruned.
 
-use super::{now_ms, Store};
+use super::{now_ms, word, Store};
+use knit_api::state::EventType;
 use crate::error::Result;
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
@@ -20,7 +21,7 @@ pub struct EventRecord {
     #[serde(default)]
     pub last_ms: i64,
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: EventType,
     pub object_kind: String,
     pub object_name: String,
     pub reason: String,
@@ -60,7 +61,7 @@ impl Store {
     /// ([`Store::prune_events`]).
     pub fn add_event(
         &self,
-        event_type: &str,
+        event_type: EventType,
         kind: &str,
         name: &str,
         reason: &str,
@@ -77,7 +78,7 @@ impl Store {
                    ORDER BY id DESC LIMIT 1)",
                 params![
                     now,
-                    event_type,
+                    event_type.as_str(),
                     kind,
                     name,
                     reason,
@@ -88,7 +89,7 @@ impl Store {
             if counted == 0 {
                 tx.execute(
                     "INSERT INTO events (at_ms, last_ms, count, type, object_kind, object_name, reason, message) VALUES (?1, ?1, 1, ?2, ?3, ?4, ?5, ?6)",
-                    params![now, event_type, kind, name, reason, message],
+                    params![now, event_type.as_str(), kind, name, reason, message],
                 )?;
             }
             tx.commit()?;
@@ -140,7 +141,7 @@ impl Store {
                 Ok(EventRecord {
                     id: r.get(0)?,
                     at_ms: r.get(1)?,
-                    event_type: r.get(2)?,
+                    event_type: word(r, 2)?,
                     object_kind: r.get(3)?,
                     object_name: r.get(4)?,
                     reason: r.get(5)?,

@@ -1,8 +1,9 @@
 //! Instances (created by knit or added by attach) and each one's way to
 //! its first Ready and its node repair.
 
-use super::{now_ms, state, Store};
+use super::{now_ms, word, Store};
 use crate::error::Result;
+use knit_api::state::InstanceState;
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -12,7 +13,7 @@ pub struct InstanceRecord {
     pub name: String,
     pub pool: String,
     pub provider_id: Option<String>,
-    pub state: String,
+    pub state: InstanceState,
     pub ip: Option<String>,
     pub instance_type: String,
     #[serde(skip)]
@@ -34,7 +35,7 @@ fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
         name: r.get(0)?,
         pool: r.get(1)?,
         provider_id: r.get(2)?,
-        state: r.get(3)?,
+        state: word(r, 3)?,
         ip: r.get(4)?,
         instance_type: r.get(5)?,
         report_token_hash: r.get(6)?,
@@ -87,10 +88,15 @@ impl Store {
             .optional()?)
     }
 
-    pub fn set_instance_state(&self, name: &str, state: &str, error: Option<&str>) -> Result<()> {
+    pub fn set_instance_state(
+        &self,
+        name: &str,
+        state: InstanceState,
+        error: Option<&str>,
+    ) -> Result<()> {
         self.conn().execute(
             "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
-            params![name, state, error, now_ms()],
+            params![name, state.as_str(), error, now_ms()],
         )?;
         Ok(())
     }
@@ -103,7 +109,7 @@ impl Store {
     ) -> Result<()> {
         self.conn().execute(
             "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
-            params![name, provider_id, ip, state::RUNNING, now_ms()],
+            params![name, provider_id, ip, InstanceState::Running.as_str(), now_ms()],
         )?;
         Ok(())
     }
@@ -182,7 +188,7 @@ impl Store {
     pub fn prune_instance_health(&self) -> Result<usize> {
         Ok(self.conn().execute(
             "DELETE FROM instance_health WHERE instance NOT IN (SELECT name FROM instances WHERE state != ?1)",
-            params![state::DETACHED],
+            params![InstanceState::Detached.as_str()],
         )?)
     }
 }

@@ -1,8 +1,9 @@
 //! Intents: every create, delete or attach written before the reconciler
 //! acts on it, so that a restarted server resumes it.
 
-use super::{now_ms, state, Store};
+use super::{now_ms, word, Store};
 use crate::error::Result;
+use knit_api::state::{InstanceState, IntentAction, IntentStatus};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -10,11 +11,11 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct IntentRecord {
     pub id: i64,
-    pub action: String,
+    pub action: IntentAction,
     pub instance: String,
     pub pool: String,
     pub release: bool,
-    pub status: String,
+    pub status: IntentStatus,
     pub attempts: i64,
     pub next_attempt_ms: i64,
     pub last_error: Option<String>,
@@ -23,11 +24,11 @@ pub struct IntentRecord {
 fn intent_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<IntentRecord> {
     Ok(IntentRecord {
         id: r.get(0)?,
-        action: r.get(1)?,
+        action: word(r, 1)?,
         instance: r.get(2)?,
         pool: r.get(3)?,
         release: r.get::<_, i64>(4)? != 0,
-        status: r.get(5)?,
+        status: word(r, 5)?,
         attempts: r.get(6)?,
         next_attempt_ms: r.get(7)?,
         last_error: r.get(8)?,
@@ -44,7 +45,7 @@ impl Store {
         for (name, instance_type) in names {
             tx.execute(
                 "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                params![name, pool, state::PENDING, instance_type, now],
+                params![name, pool, InstanceState::Pending.as_str(), instance_type, now],
             )?;
             tx.execute(
                 "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES ('create', ?1, ?2, 'pending', ?3, ?3)",
@@ -81,7 +82,7 @@ impl Store {
             }
             tx.execute(
                 "UPDATE instances SET state = ?2, updated_ms = ?3 WHERE name = ?1",
-                params![name, state::DELETING, now],
+                params![name, InstanceState::Deleting.as_str(), now],
             )?;
             tx.execute(
                 "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES ('delete', ?1, ?2, ?3, 'pending', ?4, ?4)",
@@ -104,21 +105,21 @@ impl Store {
         Ok(rows)
     }
 
-    pub fn intent_status(&self, id: i64) -> Result<Option<String>> {
+    pub fn intent_status(&self, id: i64) -> Result<Option<IntentStatus>> {
         Ok(self
             .conn()
             .query_row(
                 "SELECT status FROM intents WHERE id = ?1",
                 params![id],
-                |r| r.get(0),
+                |r| word(r, 0),
             )
             .optional()?)
     }
 
-    pub fn finish_intent(&self, id: i64, status: &str, error: Option<&str>) -> Result<()> {
+    pub fn finish_intent(&self, id: i64, status: IntentStatus, error: Option<&str>) -> Result<()> {
         self.conn().execute(
             "UPDATE intents SET status = ?2, last_error = ?3, updated_ms = ?4 WHERE id = ?1",
-            params![id, status, error, now_ms()],
+            params![id, status.as_str(), error, now_ms()],
         )?;
         Ok(())
     }
@@ -187,7 +188,7 @@ mod tests {
         store.record_phase_event(&instance, &event).unwrap();
         let node = store.node("local.i-1").unwrap().unwrap();
         assert_eq!(node.error_code.as_deref(), Some("FailDataDiskNotFound"));
-        assert_eq!(node.phase_outcome.as_deref(), Some("failed"));
+        assert_eq!(node.phase_outcome, Some(PhaseOutcome::Failed));
         assert_eq!(store.timeline("local.i-1").unwrap().len(), 1);
         store.remove_instance("p-a").unwrap();
         assert!(store.node("local.i-1").unwrap().is_none());

@@ -6,9 +6,11 @@
 //! database without losing or duplicating an instance.
 
 use crate::error::{Result, ServerError};
+use knit_api::FieldError;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::{Mutex, MutexGuard};
 
 pub mod attach;
@@ -204,18 +206,18 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Instance lifecycle as the control plane sees it.
+/// The instance states under their former names (`state::RUNNING`),
+/// typed: a caller compares and stores an [`InstanceState`] either way.
+/// Kept while the callers move to the enum's own names.
 pub mod state {
-    /// Intent written, not yet sent to the provider.
-    pub const PENDING: &str = "Pending";
-    /// Provider call in flight; on restart the provider is asked whether it exists.
-    pub const CREATING: &str = "Creating";
-    pub const RUNNING: &str = "Running";
-    /// Creation failed more times than allowed; kept for inspection.
-    pub const FAILED: &str = "Failed";
-    pub const DELETING: &str = "Deleting";
-    /// Removed from its pool with the instance kept (`--release=false`).
-    pub const DETACHED: &str = "Detached";
+    use knit_api::state::InstanceState;
+
+    pub const PENDING: InstanceState = InstanceState::Pending;
+    pub const CREATING: InstanceState = InstanceState::Creating;
+    pub const RUNNING: InstanceState = InstanceState::Running;
+    pub const FAILED: InstanceState = InstanceState::Failed;
+    pub const DELETING: InstanceState = InstanceState::Deleting;
+    pub const DETACHED: InstanceState = InstanceState::Detached;
 }
 
 pub struct Store {
@@ -231,6 +233,32 @@ fn to_json<T: Serialize>(value: &T) -> Result<String> {
 fn from_json<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T> {
     serde_json::from_str(text)
         .map_err(|e| ServerError::Internal(format!("stored document is unreadable: {e}")))
+}
+
+/// A state word of column `idx` as its enum. The columns hold the enums'
+/// own words, so another word is a database this knit cannot read.
+fn word<T: FromStr<Err = FieldError>>(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<T> {
+    let text: String = r.get(idx)?;
+    parse_word(idx, &text)
+}
+
+/// [`word`] of a column that may be NULL.
+fn opt_word<T: FromStr<Err = FieldError>>(
+    r: &rusqlite::Row<'_>,
+    idx: usize,
+) -> rusqlite::Result<Option<T>> {
+    let text: Option<String> = r.get(idx)?;
+    text.map(|t| parse_word(idx, &t)).transpose()
+}
+
+fn parse_word<T: FromStr<Err = FieldError>>(idx: usize, text: &str) -> rusqlite::Result<T> {
+    text.parse().map_err(|e: FieldError| {
+        rusqlite::Error::FromSqlConversionFailure(
+            idx,
+            rusqlite::types::Type::Text,
+            format!("stored {e}").into(),
+        )
+    })
 }
 
 impl Store {

@@ -1,9 +1,10 @@
 //! Nodes, as their agents report them, and each node's phase timeline.
 
 use super::instances::InstanceRecord;
-use super::{now_ms, Store};
+use super::{now_ms, opt_word, word, Store};
 use crate::error::Result;
-use knit_api::PhaseEvent;
+use knit_api::state::NodeStatus;
+use knit_api::{PhaseEvent, PhaseOutcome};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -13,9 +14,9 @@ pub struct NodeRecord {
     pub name: String,
     pub instance: String,
     pub pool: String,
-    pub status: String,
+    pub status: NodeStatus,
     pub phase: Option<String>,
-    pub phase_outcome: Option<String>,
+    pub phase_outcome: Option<PhaseOutcome>,
     pub error_code: Option<String>,
     pub error: Option<String>,
     pub created_ms: i64,
@@ -29,10 +30,7 @@ impl NodeRecord {
     /// The agent finished its last phase (or a phase failed: it stops there).
     pub fn initialized(&self) -> bool {
         self.phase.as_deref() == Some("hardening")
-            && matches!(
-                self.phase_outcome.as_deref(),
-                Some("done") | Some("skipped")
-            )
+            && self.phase_outcome.is_some_and(PhaseOutcome::is_success)
     }
 }
 
@@ -40,7 +38,7 @@ impl NodeRecord {
 #[serde(rename_all = "camelCase")]
 pub struct TimelineEntry {
     pub phase: String,
-    pub outcome: String,
+    pub outcome: PhaseOutcome,
     pub reason: Option<String>,
     pub error_code: Option<String>,
     pub at_ms: i64,
@@ -55,9 +53,9 @@ fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
         name: r.get(0)?,
         instance: r.get(1)?,
         pool: r.get(2)?,
-        status: r.get(3)?,
+        status: word(r, 3)?,
         phase: r.get(4)?,
-        phase_outcome: r.get(5)?,
+        phase_outcome: opt_word(r, 5)?,
         error_code: r.get(6)?,
         error: r.get(7)?,
         created_ms: r.get(8)?,
@@ -70,10 +68,7 @@ impl Store {
     /// Appends a phase event and updates the node's current phase; the node
     /// row is created by its first event.
     pub fn record_phase_event(&self, instance: &InstanceRecord, event: &PhaseEvent) -> Result<()> {
-        let outcome = serde_json::to_value(event.outcome)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let outcome = event.outcome.as_str();
         let error_code = event.error_code.map(|c| c.as_str().to_string());
         let now = now_ms();
         let mut conn = self.conn();
@@ -91,10 +86,10 @@ impl Store {
                 event.duration_ms.map(|d| d as i64)
             ],
         )?;
-        let failed = outcome == "failed";
+        let failed = event.outcome == PhaseOutcome::Failed;
         tx.execute(
             "INSERT INTO nodes (name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, 'NotReady', ?4, ?5, ?6, ?7, ?8, ?8)
+             VALUES (?1, ?2, ?3, ?10, ?4, ?5, ?6, ?7, ?8, ?8)
              ON CONFLICT(name) DO UPDATE SET phase = excluded.phase, phase_outcome = excluded.phase_outcome,
                error_code = CASE WHEN ?9 THEN excluded.error_code ELSE nodes.error_code END,
                error = CASE WHEN ?9 THEN excluded.error ELSE nodes.error END,
@@ -108,7 +103,8 @@ impl Store {
                 error_code,
                 if failed { event.reason.clone() } else { None },
                 now,
-                failed
+                failed,
+                NodeStatus::NotReady.as_str()
             ],
         )?;
         tx.commit()?;
@@ -123,10 +119,10 @@ impl Store {
         Ok(())
     }
 
-    pub fn set_node_status(&self, name: &str, status: &str) -> Result<()> {
+    pub fn set_node_status(&self, name: &str, status: NodeStatus) -> Result<()> {
         self.conn().execute(
             "UPDATE nodes SET status = ?2, updated_ms = ?3 WHERE name = ?1",
-            params![name, status, now_ms()],
+            params![name, status.as_str(), now_ms()],
         )?;
         Ok(())
     }
@@ -158,7 +154,7 @@ impl Store {
             .query_map(params![node], |r| {
                 Ok(TimelineEntry {
                     phase: r.get(0)?,
-                    outcome: r.get(1)?,
+                    outcome: word(r, 1)?,
                     reason: r.get(2)?,
                     error_code: r.get(3)?,
                     at_ms: r.get(4)?,

@@ -1,8 +1,9 @@
 //! The cluster document and the node pools (one JSON document each), and
 //! a pool's counts of instances and nodes.
 
-use super::{from_json, now_ms, to_json, Store};
+use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::{Result, ServerError};
+use knit_api::state::InstanceState;
 use knit_api::{Cluster, NodePool};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -18,7 +19,7 @@ pub struct PoolRecord {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolCounts {
-    pub instances: std::collections::BTreeMap<String, i64>,
+    pub instances: std::collections::BTreeMap<InstanceState, i64>,
     pub initialized: i64,
     pub ready: i64,
 }
@@ -160,9 +161,7 @@ impl Store {
             "SELECT state, COUNT(*) FROM instances WHERE pool = ?1 GROUP BY state",
         )?;
         let instances = stmt
-            .query_map(params![pool], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-            })?
+            .query_map(params![pool], |r| Ok((word(r, 0)?, r.get::<_, i64>(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
         let (initialized, ready) = conn.query_row(
             "SELECT COALESCE(SUM(phase = 'hardening' AND phase_outcome IN ('done', 'skipped')), 0),

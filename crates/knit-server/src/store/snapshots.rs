@@ -1,7 +1,8 @@
 //! Snapshots, and snapshot builds with their progress steps.
 
-use super::{from_json, now_ms, to_json, Store};
+use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::Result;
+use knit_api::state::BuildStatus;
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -17,11 +18,15 @@ pub struct SnapshotRecord {
     pub created_ms: i64,
 }
 
-/// A snapshot build's lifecycle.
+/// A snapshot build's statuses under their former names
+/// (`build_state::RUNNING`), typed: kept while the callers move to
+/// [`BuildStatus`]'s own names.
 pub mod build_state {
-    pub const RUNNING: &str = "Running";
-    pub const SUCCEEDED: &str = "Succeeded";
-    pub const FAILED: &str = "Failed";
+    use knit_api::state::BuildStatus;
+
+    pub const RUNNING: BuildStatus = BuildStatus::Running;
+    pub const SUCCEEDED: BuildStatus = BuildStatus::Succeeded;
+    pub const FAILED: BuildStatus = BuildStatus::Failed;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,8 +42,7 @@ pub struct SnapshotBuildRecord {
     /// The business images asked for (besides the system images).
     pub images: Vec<String>,
     pub keep_builder: bool,
-    /// `build_state::*`.
-    pub status: String,
+    pub status: BuildStatus,
     /// The step of the latest progress message: where the build is, or
     /// where it stopped.
     pub step: String,
@@ -70,7 +74,7 @@ fn build_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotBuildRecord, St
             builder_instance: r.get(4)?,
             images: Vec::new(),
             keep_builder: r.get::<_, i64>(6)? != 0,
-            status: r.get(7)?,
+            status: word(r, 7)?,
             step: r.get(8)?,
             error: r.get(9)?,
             snapshot_id: r.get(10)?,
@@ -160,7 +164,7 @@ impl Store {
                 b.builder_instance,
                 to_json(&b.images)?,
                 b.keep_builder as i64,
-                b.status,
+                b.status.as_str(),
                 b.step,
                 b.error,
                 b.snapshot_id,
@@ -216,12 +220,18 @@ impl Store {
     pub fn finish_snapshot_build(
         &self,
         id: &str,
-        status: &str,
+        status: BuildStatus,
         error: Option<&str>,
     ) -> Result<bool> {
         Ok(self.conn().execute(
             "UPDATE snapshot_builds SET status = ?2, error = ?3, finished_ms = ?4 WHERE id = ?1 AND status = ?5",
-            params![id, status, error, now_ms(), build_state::RUNNING],
+            params![
+                id,
+                status.as_str(),
+                error,
+                now_ms(),
+                BuildStatus::Running.as_str()
+            ],
         )? > 0)
     }
 
@@ -280,7 +290,7 @@ mod tests {
             builder_instance: None,
             images: vec!["docker.io/a:1".into()],
             keep_builder: true,
-            status: build_state::RUNNING.into(),
+            status: BuildStatus::Running,
             step: "builder".into(),
             error: None,
             snapshot_id: None,
@@ -304,18 +314,18 @@ mod tests {
         assert_eq!(got.images, b.images);
         assert!(got.keep_builder);
         assert!(store
-            .finish_snapshot_build("build-1", build_state::FAILED, Some("x"))
+            .finish_snapshot_build("build-1", BuildStatus::Failed, Some("x"))
             .unwrap());
         // Ended once: a second end changes nothing.
         assert!(!store
-            .finish_snapshot_build("build-1", build_state::SUCCEEDED, None)
+            .finish_snapshot_build("build-1", BuildStatus::Succeeded, None)
             .unwrap());
         store
             .add_snapshot_build_step("build-1", "failed", "x", false)
             .unwrap();
         let all = store.snapshot_builds().unwrap();
         assert_eq!(all.len(), 1);
-        assert_eq!(all[0].status, build_state::FAILED);
+        assert_eq!(all[0].status, BuildStatus::Failed);
         assert_eq!(all[0].step, "ready");
         assert!(all[0].finished_ms.is_some());
         let steps = store.snapshot_build_steps("build-1").unwrap();

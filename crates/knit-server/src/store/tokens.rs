@@ -1,8 +1,9 @@
 //! Join tokens (single use, expiring) and the enrollment of an existing
 //! instance into a pool (attach) and its undoing.
 
-use super::{from_json, now_ms, state, to_json, Store};
+use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::{Result, ServerError};
+use knit_api::state::InstanceState;
 use knit_api::NodePool;
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,7 @@ pub struct Enrollment<'a> {
     pub provider_id: &'a str,
     pub ip: Option<&'a str>,
     pub instance_type: &'a str,
-    pub state: &'a str,
+    pub state: InstanceState,
 }
 
 impl Store {
@@ -131,7 +132,10 @@ impl Store {
             let mut stmt =
                 tx.prepare("SELECT name FROM instances WHERE provider_id = ?1 AND state = ?2")?;
             let rows = stmt
-                .query_map(params![e.provider_id, state::DETACHED], |r| r.get(0))?
+                .query_map(
+                    params![e.provider_id, InstanceState::Detached.as_str()],
+                    |r| r.get(0),
+                )?
                 .collect::<rusqlite::Result<Vec<String>>>()?;
             rows
         };
@@ -142,7 +146,7 @@ impl Store {
         }
         tx.execute(
             "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms, added) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 1)",
-            params![e.name, e.pool.metadata.name, e.provider_id, e.state, e.ip, e.instance_type, now],
+            params![e.name, e.pool.metadata.name, e.provider_id, e.state.as_str(), e.ip, e.instance_type, now],
         )?;
         let changed = tx.execute(
             "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
@@ -176,29 +180,24 @@ impl Store {
         let now = now_ms();
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let row: Option<(String, String)> = tx
+        let row: Option<(String, InstanceState)> = tx
             .query_row(
                 "SELECT pool, state FROM instances WHERE name = ?1",
                 params![name],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, word(r, 1)?)),
             )
             .optional()?;
         tx.execute(
             "UPDATE intents SET status = 'failed', last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = 'attach' AND status = 'pending'",
             params![name, reason, now],
         )?;
-        let Some((pool, _)) = row.filter(|(_, st)| {
-            matches!(
-                st.as_str(),
-                state::PENDING | state::CREATING | state::RUNNING | state::FAILED
-            )
-        }) else {
+        let Some((pool, _)) = row.filter(|(_, st)| st.is_member()) else {
             tx.commit()?;
             return Ok(None);
         };
         tx.execute(
             "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
-            params![name, state::DETACHED, reason, now],
+            params![name, InstanceState::Detached.as_str(), reason, now],
         )?;
         let doc: Option<String> = tx
             .query_row(
@@ -231,7 +230,7 @@ impl Store {
         let now = now_ms();
         self.conn().execute(
             "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
-            params![name, ip, state::RUNNING, now, state::CREATING],
+            params![name, ip, InstanceState::Running.as_str(), now, InstanceState::Creating.as_str()],
         )?;
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The attach endpoints: requests parsed here into the typed calls of
 //! `crate::attach`, their answers turned into responses.
 
-use super::Peer;
+use super::{bearer, Peer};
 use crate::attach::{automatic, manual};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
@@ -18,15 +18,6 @@ use knit_api::ApiError;
 use std::sync::Arc;
 
 type Cp = Arc<ControlPlane>;
-
-/// The trimmed token of an `Authorization: Bearer …` header.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-}
 
 /// `POST /api/v1/pools/{pool}/attach`.
 pub async fn attach(

@@ -167,12 +167,7 @@ impl Cloud {
 
     /// Test fault injection: `KNIT_LOCAL_PAUSE_AFTER=step` stops here until killed.
     pub(crate) fn checkpoint(step: &str) {
-        if std::env::var("KNIT_LOCAL_PAUSE_AFTER").is_ok_and(|s| s == step) {
-            eprintln!("knit-local: paused after {step}");
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
+        crate::pause::hold_if_set("KNIT_LOCAL_PAUSE_AFTER", step, "knit-local: paused after");
     }
 
     // ---- network -------------------------------------------------------

@@ -15,6 +15,7 @@ pub mod loopdev;
 pub mod metadata;
 pub mod model;
 pub mod net;
+pub mod pause;
 pub mod run;
 pub mod state;
 pub mod userdata;

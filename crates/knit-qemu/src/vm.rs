@@ -164,14 +164,9 @@ pub struct Machines {
     gateway: Ipv4Addr,
 }
 
+/// Test hook: stop here until killed (crash tests).
 fn pause(step: &str) {
-    // Test hook: stop here until killed (crash tests).
-    if std::env::var("KNIT_QEMU_PAUSE_AFTER").is_ok_and(|v| v == step) {
-        eprintln!("paused after {step}");
-        loop {
-            std::thread::sleep(Duration::from_secs(60));
-        }
-    }
+    knit_local::pause::hold_if_set("KNIT_QEMU_PAUSE_AFTER", step, "paused after");
 }
 
 impl Machines {

@@ -1,4 +1,5 @@
-//! Test fault injection shared by the server's long operations:
+//! Test fault injection shared by the server's long operations (the one
+//! mechanism of `knit_local::pause`, with an async form):
 //! `KNIT_SERVER_PAUSE_AT=<point>` makes the task that reaches `<point>`
 //! wait forever (the rest of the server keeps serving), so that a test can
 //! kill the server there with SIGKILL and check what a restart does.
@@ -10,7 +11,7 @@ pub const ENV: &str = "KNIT_SERVER_PAUSE_AT";
 
 /// Whether `point` is the configured pause point.
 pub fn is_set(point: &str) -> bool {
-    std::env::var(ENV).is_ok_and(|v| v == point)
+    knit_local::pause::is_set(ENV, point)
 }
 
 /// Waits forever at `point` when it is the configured one; returns at once
@@ -21,16 +22,5 @@ pub async fn pause_at(point: &str) {
         eprintln!("knit-server: paused at {point}");
         tracing::warn!(point, "paused at {point} ({ENV})");
         std::future::pending::<()>().await;
-    }
-}
-
-/// The blocking form, for code that runs off the async runtime.
-pub fn pause_at_blocking(point: &str) {
-    if is_set(point) {
-        eprintln!("knit-server: paused at {point}");
-        tracing::warn!(point, "paused at {point} ({ENV})");
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
     }
 }

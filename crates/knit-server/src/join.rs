@@ -10,6 +10,7 @@ use crate::error::{Result, ServerError};
 use crate::names;
 use crate::pki;
 use crate::store::{now_ms, InstanceRecord, Redeem};
+use knit_api::state::EventType;
 use knit_api::{NodePool, PhaseEvent, PhaseName, PhaseOutcome};
 use std::net::SocketAddr;
 
@@ -34,7 +35,7 @@ pub async fn bootstrap(
         cp.metrics.bootstrap_refused();
         tracing::warn!(%peer, reason = %why, "bootstrap refused");
         cp.store.add_event(
-            "Warning",
+            EventType::Warning,
             "Instance",
             instance.unwrap_or("-"),
             "BootstrapRefused",
@@ -127,7 +128,7 @@ pub async fn bootstrap(
         ))
     })?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Instance",
         &instance_name,
         "Bootstrapped",
@@ -219,7 +220,7 @@ pub fn record_report(
     }
     match event.outcome {
         PhaseOutcome::Failed => cp.store.add_event(
-            "Warning",
+            EventType::Warning,
             "Node",
             &event.node,
             "PhaseFailed",
@@ -235,7 +236,7 @@ pub fn record_report(
         )?,
         PhaseOutcome::Done | PhaseOutcome::Skipped if event.phase == PhaseName::Hardening => {
             cp.store.add_event(
-                "Normal",
+                EventType::Normal,
                 "Node",
                 &event.node,
                 "Initialized",
@@ -245,4 +246,19 @@ pub fn record_report(
         _ => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report_token_node;
+
+    #[test]
+    fn a_report_token_names_its_node_after_the_first_dot() {
+        assert_eq!(
+            report_token_node("ab12.cn-local.10.88.0.2"),
+            Some("cn-local.10.88.0.2")
+        );
+        assert_eq!(report_token_node("ab12."), None);
+        assert_eq!(report_token_node("ab12"), None);
+    }
 }

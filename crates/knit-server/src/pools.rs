@@ -4,9 +4,11 @@
 
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
+use crate::metrics::PoolGauge;
 use crate::names;
 use crate::reconcile::counts_toward_pool;
 use crate::store::{state, PoolRecord};
+use knit_api::state::EventType;
 use knit_api::views::{PoolStatus, PoolView};
 use knit_api::{ApiError, Cluster, FieldError, NodePool};
 
@@ -50,7 +52,7 @@ pub fn replace_cluster(cp: &ControlPlane, cluster: &Cluster) -> Result<()> {
     }
     cp.store.put_cluster(cluster)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Cluster",
         &cluster.metadata.name,
         "Updated",
@@ -120,7 +122,7 @@ fn written(cp: &ControlPlane, name: &str, warnings: Vec<String>) -> Result<PoolV
 fn record_created(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
     cp.store.insert_pool(pool)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "NodePool",
         &pool.metadata.name,
         "Created",
@@ -166,8 +168,13 @@ pub fn apply(
             crate::attach::check_pool_update(&old.pool, &mut pool)?;
             pool.validate_update(&old.pool)?;
             cp.store.update_pool(&pool)?;
-            cp.store
-                .add_event("Normal", "NodePool", name, "Updated", "pool spec replaced")?;
+            cp.store.add_event(
+                EventType::Normal,
+                "NodePool",
+                name,
+                "Updated",
+                "pool spec replaced",
+            )?;
             Applied::Updated
         }
         None => {
@@ -185,7 +192,7 @@ pub fn delete(cp: &ControlPlane, name: &str) -> Result<()> {
     names::check_pool("metadata.name", name)?;
     cp.store.mark_pool_deleting(name)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "NodePool",
         name,
         "Deleting",
@@ -208,4 +215,31 @@ pub async fn scale(
     cp.scale_pool(name, replicas, release, |pool| check_quota(cp, pool))
         .await?;
     get(cp, name)
+}
+
+/// Each pool's desired, actual (counted toward the pool) and ready counts,
+/// for `/metrics`.
+pub fn gauges(cp: &ControlPlane) -> Result<Vec<PoolGauge>> {
+    let nodes = cp.store.nodes()?;
+    let mut gauges = Vec::new();
+    for record in cp.store.pools()? {
+        let name = record.pool.metadata.name.clone();
+        let actual = cp
+            .store
+            .instances(Some(&name))?
+            .iter()
+            .filter(|i| counts_toward_pool(&i.state))
+            .count() as i64;
+        let ready = nodes
+            .iter()
+            .filter(|n| n.pool == name && n.status == knit_api::state::NodeStatus::Ready)
+            .count() as i64;
+        gauges.push(PoolGauge {
+            pool: name,
+            desired: record.pool.spec.replicas,
+            actual,
+            ready,
+        });
+    }
+    Ok(gauges)
 }

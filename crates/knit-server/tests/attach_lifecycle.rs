@@ -7,8 +7,8 @@
 mod support;
 
 use knit_api::{NodePool, NodePoolSpec};
+use knit_client::Client;
 use knit_server::attach::AttachRecord;
-use knit_server::client::Client;
 use knit_server::preflight::{InstanceFacts, Mode};
 use knit_server::store::{state, Enrollment, Store};
 use serde_json::Value;
@@ -70,13 +70,7 @@ impl Harness {
             reimaged_ms: None,
             new_password: false,
         };
-        let dir = self.srv.settings.state_dir.join("attach");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("workers-abcde.json"),
-            serde_json::to_vec(&record).unwrap(),
-        )
-        .unwrap();
+        store.put_attach_record(&record).unwrap();
         pool.spec.replicas = 1;
         store
             .enroll_attached(
@@ -133,7 +127,7 @@ fn an_interrupted_attach_is_rolled_forward_by_the_next_server() {
     h.add("i-000000000001", "10.213.0.7", "stopped");
     h.leave_an_interrupted_attach("i-000000000001");
     h.start();
-    let i = h.wait_state("i-000000000001", state::RUNNING);
+    let i = h.wait_state("i-000000000001", state::RUNNING.as_str());
     assert_eq!(i["added"], true, "{i}");
     assert_eq!(
         h.cloud.changes(),
@@ -164,7 +158,7 @@ fn an_interrupted_attach_whose_instance_is_gone_is_undone() {
     let mut h = Harness::new(FakeCloud::default());
     h.leave_an_interrupted_attach("i-00000000dead");
     h.start();
-    let i = h.wait_state("i-00000000dead", state::DETACHED);
+    let i = h.wait_state("i-00000000dead", state::DETACHED.as_str());
     let why = i["lastError"].as_str().unwrap_or_default();
     assert!(
         why.contains("no longer exists") && why.contains("the add was undone"),
@@ -203,7 +197,7 @@ fn a_failed_reimage_undoes_the_add_and_the_instance_can_be_attached_again() {
             .is_some_and(|e| e.contains("the re-image broke")),
         "{answer}"
     );
-    let i = h.wait_state("i-000000000002", state::DETACHED);
+    let i = h.wait_state("i-000000000002", state::DETACHED.as_str());
     assert!(
         i["lastError"]
             .as_str()

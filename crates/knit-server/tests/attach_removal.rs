@@ -9,8 +9,8 @@
 mod support;
 
 use knit_api::{NodePool, NodePoolSpec};
+use knit_client::Client;
 use knit_server::attach::AttachRecord;
-use knit_server::client::Client;
 use knit_server::preflight::Mode;
 use knit_server::store::{state, Enrollment, Store};
 use serde_json::Value;
@@ -65,13 +65,7 @@ impl Harness {
             reimaged_ms: None,
             new_password: false,
         };
-        let dir = self.srv.settings.state_dir.join("attach");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join(format!("{NAME}.json")),
-            serde_json::to_vec(&record).unwrap(),
-        )
-        .unwrap();
+        store.put_attach_record(&record).unwrap();
         pool.spec.replicas = 1;
         store
             .enroll_attached(
@@ -115,7 +109,7 @@ impl Harness {
                 .find(|i| i["providerId"] == ID)
                 .cloned()
                 .unwrap_or_else(|| panic!("{ID} not in the store"));
-            if i["state"] == state::DETACHED {
+            if i["state"] == state::DETACHED.as_str() {
                 return i;
             }
             assert!(Instant::now() < deadline, "never Detached: {i}");

@@ -9,6 +9,7 @@ use crate::error::{Result, ServerError};
 use crate::preflight::{self, InstanceFacts, Mode, Report};
 use crate::store::{now_ms, state, IntentRecord};
 use crate::{pki, userdata};
+use knit_api::state::EventType;
 use knit_api::views::{
     AttachFailure, AttachOutcome, AttachRequest, AttachResponse, AttachedInstance,
 };
@@ -96,7 +97,7 @@ pub async fn attach(
                 })
                 .collect();
             cp.store.add_event(
-                "Warning",
+                EventType::Warning,
                 "NodePool",
                 pool_name,
                 "AttachRefused",
@@ -236,7 +237,8 @@ fn finish_attach(
     cp.store
         .set_attached_running(&rec.instance, after.ip.as_deref())?;
     if let Some(id) = intent {
-        cp.store.finish_intent(id, "done", None)?;
+        cp.store
+            .finish_intent(id, knit_api::state::IntentStatus::Done, None)?;
     }
     let disks = rec
         .old_disks
@@ -245,7 +247,7 @@ fn finish_attach(
         .map(|(a, b)| format!("{a} -> {b}"))
         .collect::<Vec<_>>();
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Instance",
         &rec.instance,
         "Attached",
@@ -339,15 +341,17 @@ async fn attach_one(
 /// unless undone.
 pub async fn resume(cp: &ControlPlane, intent: &IntentRecord) -> Result<()> {
     let Some(instance) = cp.store.instance(&intent.instance)? else {
-        return cp
-            .store
-            .finish_intent(intent.id, "cancelled", Some("instance record gone"));
+        return cp.store.finish_intent(
+            intent.id,
+            knit_api::state::IntentStatus::Cancelled,
+            Some("instance record gone"),
+        );
     };
     if instance.state != state::CREATING {
         // Removed (or finished) meanwhile: nothing to roll forward.
         return cp.store.finish_intent(
             intent.id,
-            "cancelled",
+            knit_api::state::IntentStatus::Cancelled,
             Some(&format!("instance is {}", instance.state)),
         );
     }
@@ -400,7 +404,7 @@ pub async fn resume(cp: &ControlPlane, intent: &IntentRecord) -> Result<()> {
         .await;
     }
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Instance",
         &instance.name,
         "AttachResuming",
@@ -434,7 +438,7 @@ pub async fn resume(cp: &ControlPlane, intent: &IntentRecord) -> Result<()> {
                 cp.store
                     .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
                 cp.store.add_event(
-                    "Warning",
+                    EventType::Warning,
                     "Instance",
                     &instance.name,
                     "AttachRetry",

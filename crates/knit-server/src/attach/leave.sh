@@ -5,8 +5,8 @@
 set -u
 # Filled in by the control plane, each value one single-quoted word.
 dir=@BOOTSTRAP_DIR@
+agent=@AGENT@
 state_dir=@STATE_DIR@
-agent="$dir/knit-agent"
 if [ -x "$agent" ]; then
     if "$agent" leave --help >/dev/null 2>&1; then
         # The agent undoes its changes from its ledger and removes its

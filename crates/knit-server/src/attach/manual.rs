@@ -16,6 +16,7 @@ use crate::store::{now_ms, state, Redeem};
 use crate::{pki, userdata};
 use base64::Engine;
 use knit_api::agent::LeaveReport;
+use knit_api::state::EventType;
 use knit_api::views::{AttachScriptRequest, AttachScriptResponse, MachineFacts, PreflightReport};
 use sha2::{Digest, Sha256};
 
@@ -70,7 +71,7 @@ pub fn issue_script(
     let b64 = base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
     let command = format!("echo {b64} | base64 -d | bash");
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "NodePool",
         pool_name,
         "AttachScriptIssued",
@@ -112,7 +113,7 @@ const MANUAL_SCRIPT: &str = include_str!("manual.sh");
 /// Where the agent writes why its `init` failed (read by the rollback).
 const ERROR_MSG_FILE: &str = "/var/log/knit-deploy-error-msg.log";
 
-/// The script the pasted command runs on the machine.
+/// [`MANUAL_SCRIPT`] with this control plane's values and the token.
 fn manual_script(p: &ManualScript<'_>) -> Result<String> {
     fill_script(
         MANUAL_SCRIPT,
@@ -142,7 +143,7 @@ fn knit_agent_state_dir() -> &'static str {
 fn refuse<T>(cp: &ControlPlane, peer_ip: Option<&str>, why: String) -> Result<T> {
     cp.metrics.bootstrap_refused();
     cp.store.add_event(
-        "Warning",
+        EventType::Warning,
         "NodePool",
         "-",
         "AttachRefused",
@@ -278,7 +279,7 @@ pub async fn redeem(
     if !report.passed() {
         let text = preflight::render_table(std::slice::from_ref(&report));
         cp.store.add_event(
-            "Warning",
+            EventType::Warning,
             "NodePool",
             &pool_name,
             "AttachRefused",
@@ -323,7 +324,7 @@ pub async fn redeem(
     if let Some(node_name) = rename_target(cp, &record.pool, &name)? {
         if let Err(e) = provider.rename(&facts.id, &node_name).await {
             cp.store.add_event(
-                "Warning",
+                EventType::Warning,
                 "Instance",
                 &name,
                 "RenameFailed",
@@ -336,7 +337,7 @@ pub async fn redeem(
     }
     let join_token = cp.issue_join_token(&name, &pool_name)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Instance",
         &name,
         "Attached",
@@ -424,6 +425,7 @@ fn leave_script() -> Result<String> {
         LEAVE_SCRIPT,
         &[
             ("BOOTSTRAP_DIR", userdata::BOOTSTRAP_DIR),
+            ("AGENT", knit_api::agent::AGENT_EXE),
             ("STATE_DIR", knit_agent_state_dir()),
         ],
     )
@@ -477,6 +479,7 @@ mod tests {
         let s = leave_script().unwrap();
         for needle in [
             "dir='/var/lib/knit/bootstrap'",
+            "agent='/var/lib/knit/bootstrap/knit-agent'",
             "state_dir='/var/lib/knit'",
             "exec \"$agent\" leave",
             "reset --undo",

@@ -31,6 +31,7 @@ use crate::error::{Result, ServerError};
 use crate::preflight::{self, Context, InstanceFacts, Mode, Report};
 use crate::reconcile::counts_toward_pool;
 use crate::store::{Enrollment, InstanceRecord};
+use knit_api::state::EventType;
 use knit_api::views::{PreflightReport, PreflightResult, PreflightStatus};
 use knit_api::{ApiError, FieldError, NodeConfig, NodePool};
 
@@ -222,7 +223,7 @@ async fn enroll(
         intent,
     )?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "NodePool",
         pool,
         "InstanceAdded",
@@ -244,14 +245,14 @@ pub(crate) async fn undo(cp: &ControlPlane, name: &str, reason: &str) -> Result<
     );
     match cp.store.undo_attach(name, &message)? {
         Some((pool, from, to)) => cp.store.add_event(
-            "Warning",
+            EventType::Warning,
             "Instance",
             name,
             "AttachFailed",
             &format!("{message} (pool {pool}: replicas {from} -> {to})"),
         )?,
         None => cp.store.add_event(
-            "Warning",
+            EventType::Warning,
             "Instance",
             name,
             "AttachFailed",
@@ -382,9 +383,9 @@ mod tests {
     /// A value reaches the script as itself, whatever shell it holds.
     #[test]
     fn script_values_are_quoted_words() {
-        let nasty = "it's $(touch /tmp/x) `id` \"q\" \\ @V@\nline2";
+        let nasty = "it's $(exit 9) `id` \"q\" \\ @V@\nline2";
         let s = fill_script(
-            "#!/bin/sh\nv=@V@\nw=@W@\nprintf '%s|%s' \"$v\" \"$w\" -H @\"$v\"\n",
+            "#!/bin/sh\nv=@V@\nw=@W@\n# -H @\"$v\"\nprintf '%s|%s' \"$v\" \"$w\"\n",
             &[("V", nasty), ("W", "")],
         )
         .unwrap();

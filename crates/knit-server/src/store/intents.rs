@@ -48,8 +48,14 @@ impl Store {
                 params![name, pool, InstanceState::Pending.as_str(), instance_type, now],
             )?;
             tx.execute(
-                "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES ('create', ?1, ?2, 'pending', ?3, ?3)",
-                params![name, pool, now],
+                "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, ?5, ?3, ?3)",
+                params![
+                    name,
+                    pool,
+                    now,
+                    IntentAction::Create.as_str(),
+                    IntentStatus::Pending.as_str()
+                ],
             )?;
         }
         tx.commit()?;
@@ -66,13 +72,23 @@ impl Store {
         for name in names {
             // A pending create of the same instance is superseded by the delete.
             tx.execute(
-                "UPDATE intents SET status = 'cancelled', updated_ms = ?2 WHERE instance = ?1 AND action = 'create' AND status = 'pending'",
-                params![name, now],
+                "UPDATE intents SET status = ?3, updated_ms = ?2 WHERE instance = ?1 AND action = ?4 AND status = ?5",
+                params![
+                    name,
+                    now,
+                    IntentStatus::Cancelled.as_str(),
+                    IntentAction::Create.as_str(),
+                    IntentStatus::Pending.as_str()
+                ],
             )?;
             let exists: bool = tx
                 .query_row(
-                    "SELECT 1 FROM intents WHERE instance = ?1 AND action = 'delete' AND status = 'pending'",
-                    params![name],
+                    "SELECT 1 FROM intents WHERE instance = ?1 AND action = ?2 AND status = ?3",
+                    params![
+                        name,
+                        IntentAction::Delete.as_str(),
+                        IntentStatus::Pending.as_str()
+                    ],
                     |_| Ok(true),
                 )
                 .optional()?
@@ -85,8 +101,15 @@ impl Store {
                 params![name, InstanceState::Deleting.as_str(), now],
             )?;
             tx.execute(
-                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES ('delete', ?1, ?2, ?3, 'pending', ?4, ?4)",
-                params![name, pool, release as i64, now],
+                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES (?5, ?1, ?2, ?3, ?6, ?4, ?4)",
+                params![
+                    name,
+                    pool,
+                    release as i64,
+                    now,
+                    IntentAction::Delete.as_str(),
+                    IntentStatus::Pending.as_str()
+                ],
             )?;
             added += 1;
         }
@@ -97,10 +120,10 @@ impl Store {
     pub fn pending_intents(&self) -> Result<Vec<IntentRecord>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = 'pending' ORDER BY id",
+            "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = ?1 ORDER BY id",
         )?;
         let rows = stmt
-            .query_map([], intent_row)?
+            .query_map(params![IntentStatus::Pending.as_str()], intent_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }

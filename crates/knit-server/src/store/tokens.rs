@@ -3,7 +3,7 @@
 
 use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::{Result, ServerError};
-use knit_api::state::InstanceState;
+use knit_api::state::{InstanceState, IntentAction, IntentStatus};
 use knit_api::NodePool;
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -160,8 +160,14 @@ impl Store {
         }
         let id = if intent {
             tx.execute(
-                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES ('attach', ?1, ?2, 0, 'pending', ?3, ?3)",
-                params![e.name, e.pool.metadata.name, now],
+                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, 0, ?5, ?3, ?3)",
+                params![
+                    e.name,
+                    e.pool.metadata.name,
+                    now,
+                    IntentAction::Attach.as_str(),
+                    IntentStatus::Pending.as_str()
+                ],
             )?;
             Some(tx.last_insert_rowid())
         } else {
@@ -188,8 +194,15 @@ impl Store {
             )
             .optional()?;
         tx.execute(
-            "UPDATE intents SET status = 'failed', last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = 'attach' AND status = 'pending'",
-            params![name, reason, now],
+            "UPDATE intents SET status = ?4, last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = ?5 AND status = ?6",
+            params![
+                name,
+                reason,
+                now,
+                IntentStatus::Failed.as_str(),
+                IntentAction::Attach.as_str(),
+                IntentStatus::Pending.as_str()
+            ],
         )?;
         let Some((pool, _)) = row.filter(|(_, st)| st.is_member()) else {
             tx.commit()?;

@@ -254,7 +254,9 @@ impl Env {
         let id = format!("i-{name}");
         store.set_instance_created(name, &id, None).unwrap();
         for intent in store.pending_intents().unwrap() {
-            store.finish_intent(intent.id, "done", None).unwrap();
+            store
+                .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)
+                .unwrap();
         }
         self.cloud
             .instances
@@ -306,7 +308,7 @@ impl Env {
         }
     }
 
-    fn state(&self, name: &str) -> String {
+    fn state(&self, name: &str) -> knit_api::state::InstanceState {
         self.cp.store.instance(name).unwrap().unwrap().state
     }
 
@@ -316,7 +318,7 @@ impl Env {
             .pending_intents()
             .unwrap()
             .into_iter()
-            .filter(|i| i.action == "delete")
+            .filter(|i| i.action == knit_api::state::IntentAction::Delete)
             .map(|i| (i.instance, i.release))
             .collect()
     }

@@ -12,6 +12,7 @@ use crate::provider::{
 };
 use crate::store::{now_ms, state, InstanceRecord, IntentRecord};
 use crate::userdata;
+use knit_api::state::EventType;
 use std::sync::Arc;
 
 fn backoff_ms(attempts: i64) -> i64 {
@@ -60,32 +61,31 @@ impl ControlPlane {
 
     async fn run_intent(&self, intent: &IntentRecord) -> Result<()> {
         // Re-read: the intent may have been cancelled while it waited.
-        if self.store.intent_status(intent.id)?.as_deref() != Some("pending") {
+        if self.store.intent_status(intent.id)? != Some(knit_api::state::IntentStatus::Pending) {
             return Ok(());
         }
-        match intent.action.as_str() {
-            "create" => self.run_create(intent).await,
-            "delete" => self.run_delete(intent).await,
-            "attach" => crate::attach::resume(self, intent).await,
-            other => self.store.finish_intent(
-                intent.id,
-                "failed",
-                Some(&format!("unknown action {other}")),
-            ),
+        match intent.action {
+            knit_api::state::IntentAction::Create => self.run_create(intent).await,
+            knit_api::state::IntentAction::Delete => self.run_delete(intent).await,
+            knit_api::state::IntentAction::Attach => crate::attach::resume(self, intent).await,
         }
     }
 
     async fn run_create(&self, intent: &IntentRecord) -> Result<()> {
         let provider = self.provider()?;
         let Some(instance) = self.store.instance(&intent.instance)? else {
-            return self
-                .store
-                .finish_intent(intent.id, "cancelled", Some("instance record gone"));
+            return self.store.finish_intent(
+                intent.id,
+                knit_api::state::IntentStatus::Cancelled,
+                Some("instance record gone"),
+            );
         };
         let Some(pool) = self.store.pool(&intent.pool)? else {
-            return self
-                .store
-                .finish_intent(intent.id, "cancelled", Some("pool gone"));
+            return self.store.finish_intent(
+                intent.id,
+                knit_api::state::IntentStatus::Cancelled,
+                Some("pool gone"),
+            );
         };
         self.store
             .set_instance_state(&instance.name, state::CREATING, None)?;
@@ -118,7 +118,7 @@ impl ControlPlane {
             )
             .await?;
             self.store.add_event(
-                "Normal",
+                EventType::Normal,
                 "Instance",
                 &instance.name,
                 "Recreating",
@@ -142,7 +142,9 @@ impl ControlPlane {
         };
         match outcome {
             Ok(created) => {
-                if self.store.intent_status(intent.id)?.as_deref() != Some("pending") {
+                if self.store.intent_status(intent.id)?
+                    != Some(knit_api::state::IntentStatus::Pending)
+                {
                     // Cancelled by a scale-in meanwhile: the delete intent
                     // that cancelled it will find the instance by name.
                     self.store
@@ -177,10 +179,13 @@ impl ControlPlane {
                 if attempts >= self.settings.max_create_attempts {
                     self.store
                         .set_instance_state(&instance.name, state::FAILED, Some(&message))?;
-                    self.store
-                        .finish_intent(intent.id, "failed", Some(&message))?;
+                    self.store.finish_intent(
+                        intent.id,
+                        knit_api::state::IntentStatus::Failed,
+                        Some(&message),
+                    )?;
                     self.store.add_event(
-                        "Warning",
+                        EventType::Warning,
                         "Instance",
                         &instance.name,
                         "CreateFailed",
@@ -196,7 +201,7 @@ impl ControlPlane {
                     self.store
                         .retry_intent(intent.id, attempts, now_ms() + delay, &message)?;
                     self.store.add_event(
-                        "Warning",
+                        EventType::Warning,
                         "Instance",
                         &instance.name,
                         "CreateRetry",
@@ -221,9 +226,10 @@ impl ControlPlane {
     ) -> Result<()> {
         self.store
             .set_instance_created(&instance.name, &found.id, found.ip.as_deref())?;
-        self.store.finish_intent(intent.id, "done", None)?;
+        self.store
+            .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)?;
         self.store.add_event(
-            "Normal",
+            EventType::Normal,
             "Instance",
             &instance.name,
             reason,
@@ -364,7 +370,7 @@ impl ControlPlane {
                 };
                 if let Some(Err(why)) = &undone {
                     self.store.add_event(
-                        "Warning",
+                        EventType::Warning,
                         "Instance",
                         &intent.instance,
                         "UndoFailed",
@@ -402,7 +408,7 @@ impl ControlPlane {
             self.store
                 .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
             self.store.add_event(
-                "Warning",
+                EventType::Warning,
                 "Instance",
                 &intent.instance,
                 "DeleteRetry",
@@ -433,7 +439,7 @@ impl ControlPlane {
         if intent.release {
             self.store.remove_instance(&intent.instance)?;
             self.store.add_event(
-                "Normal",
+                EventType::Normal,
                 "Instance",
                 &intent.instance,
                 "Released",
@@ -446,7 +452,7 @@ impl ControlPlane {
             self.store
                 .set_instance_state(&intent.instance, state::DETACHED, None)?;
             self.store.add_event(
-                "Normal",
+                EventType::Normal,
                 "Instance",
                 &intent.instance,
                 "Detached",
@@ -459,7 +465,8 @@ impl ControlPlane {
                 },
             )?;
         }
-        self.store.finish_intent(intent.id, "done", None)?;
+        self.store
+            .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)?;
         self.metrics.instance_deleted(&intent.pool);
         Ok(())
     }

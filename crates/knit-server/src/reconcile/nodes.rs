@@ -4,6 +4,7 @@ use crate::control::ControlPlane;
 use crate::error::Result;
 
 use super::CLUSTER_CALL_TIMEOUT;
+use knit_api::state::EventType;
 
 impl ControlPlane {
     /// Copies each node's Ready condition from the cluster; every change
@@ -22,15 +23,19 @@ impl ControlPlane {
             return Ok(());
         }
         for node in self.store.nodes()? {
-            let Some(status) = statuses.get(&node.name) else {
+            // The cluster gives the three words of knit_api::state::NodeStatus; another is no news.
+            let Some(status) = statuses
+                .get(&node.name)
+                .and_then(|s| s.parse::<knit_api::state::NodeStatus>().ok())
+            else {
                 continue;
             };
-            if *status != node.status {
+            if status != node.status {
                 self.store.set_node_status(&node.name, status)?;
-                let kind = if status == "Ready" {
-                    "Normal"
+                let kind = if status == knit_api::state::NodeStatus::Ready {
+                    EventType::Normal
                 } else {
-                    "Warning"
+                    EventType::Warning
                 };
                 self.store.add_event(
                     kind,

@@ -5,6 +5,7 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki;
 use crate::store::{now_ms, state, InstanceHealth, InstanceRecord, NodeRecord};
+use knit_api::state::EventType;
 use std::time::Instant;
 
 use super::plan::{plan, Plan};
@@ -47,7 +48,7 @@ impl ControlPlane {
             if record.deleting && instances.iter().all(|i| i.state == state::DETACHED) {
                 self.store.remove_pool(&name)?;
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "NodePool",
                     &name,
                     "Deleted",
@@ -91,14 +92,16 @@ impl ControlPlane {
             // Joining a cluster, a node is done when Ready; otherwise when
             // the agent finished.
             let attached = self.cluster.attached();
-            if node.is_some_and(|n| n.status == "Ready" || (!attached && n.initialized())) {
+            if node.is_some_and(|n| {
+                n.status == knit_api::state::NodeStatus::Ready || (!attached && n.initialized())
+            }) {
                 continue;
             }
             let last = match node {
                 Some(n) => format!(
                     "last phase {} {}{}",
                     n.phase.as_deref().unwrap_or("-"),
-                    n.phase_outcome.as_deref().unwrap_or("-"),
+                    n.phase_outcome.map_or("-", |o| o.as_str()),
                     n.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
                 ),
                 None => "the agent never reported (check the instance's user-data log: knit logs node NAME --file user-data)".to_string(),
@@ -118,11 +121,16 @@ impl ControlPlane {
             h.join_failed_ms = Some(now);
             self.store.put_instance_health(&h)?;
             health.insert(i.name.clone(), h);
-            self.store
-                .add_event("Warning", "Instance", &i.name, "JoinTimeout", &message)?;
+            self.store.add_event(
+                EventType::Warning,
+                "Instance",
+                &i.name,
+                "JoinTimeout",
+                &message,
+            )?;
             if pool.spec.auto_replace && i.added {
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "Instance",
                     &i.name,
                     "NotReplacing",
@@ -135,7 +143,7 @@ impl ControlPlane {
                     true,
                 )?;
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "Instance",
                     &i.name,
                     "Replacing",
@@ -185,7 +193,7 @@ impl ControlPlane {
         check(&pool)?;
         self.store.update_pool(&pool)?;
         self.store.add_event(
-            "Normal",
+            EventType::Normal,
             "NodePool",
             pool_name,
             "Scaled",
@@ -213,7 +221,7 @@ impl ControlPlane {
             }
             self.store.add_create_intents(name, &names)?;
             self.store.add_event(
-                "Normal",
+                EventType::Normal,
                 "NodePool",
                 name,
                 "ScaleOut",
@@ -242,7 +250,7 @@ impl ControlPlane {
                 p.delete.iter().cloned().partition(|n| users.contains(n));
             if !kept.is_empty() && self.store.add_delete_intents(name, &kept, false)? > 0 {
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "NodePool",
                     name,
                     "KeepingAdded",
@@ -258,7 +266,7 @@ impl ControlPlane {
             let added = self.store.add_delete_intents(name, &ours, release)?;
             if added > 0 {
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "NodePool",
                     name,
                     "ScaleIn",
@@ -315,7 +323,9 @@ mod tests {
                 .unwrap();
         }
         for intent in cp.store.pending_intents().unwrap() {
-            cp.store.finish_intent(intent.id, "done", None).unwrap();
+            cp.store
+                .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)
+                .unwrap();
         }
         pool.spec.replicas = 3;
         cp.store
@@ -339,7 +349,7 @@ mod tests {
             .pending_intents()
             .unwrap()
             .into_iter()
-            .filter(|i| i.action == "delete")
+            .filter(|i| i.action == knit_api::state::IntentAction::Delete)
             .map(|i| (i.instance, i.release))
             .collect()
     }
@@ -413,7 +423,9 @@ mod tests {
                 .unwrap();
         }
         for intent in cp.store.pending_intents().unwrap() {
-            cp.store.finish_intent(intent.id, "done", None).unwrap();
+            cp.store
+                .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)
+                .unwrap();
         }
         let held = cp.plan_lock.lock().await;
         let reconciler = tokio::spawn({
@@ -459,7 +471,7 @@ mod tests {
         );
         let mine = cp.store.instance("p-mine").unwrap().unwrap();
         assert_eq!(
-            (mine.state.as_str(), mine.last_error.as_deref()),
+            (mine.state, mine.last_error.as_deref()),
             (state::DETACHED, Some("why"))
         );
         assert_eq!(cp.store.undo_attach("p-mine", "again").unwrap(), None);

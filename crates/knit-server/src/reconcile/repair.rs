@@ -17,6 +17,7 @@
 use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::store::{state, InstanceHealth, InstanceRecord, NodeRecord};
+use knit_api::state::EventType;
 use knit_api::RepairSpec;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -194,8 +195,8 @@ fn node_state(nodes: &[NodeRecord], instance: &str, attached: bool) -> (bool, bo
     let mut joined = false;
     let mut ready = false;
     for n in mine {
-        ready |= n.status == "Ready";
-        joined |= n.status == "Ready" || (!attached && n.initialized());
+        ready |= n.status == knit_api::state::NodeStatus::Ready;
+        joined |= n.status == knit_api::state::NodeStatus::Ready || (!attached && n.initialized());
     }
     (joined, ready)
 }
@@ -266,7 +267,7 @@ impl ControlPlane {
             let mut after = observe(&before, joined, ready, attached, now);
             if before.repair_step > 0 && after.repair_step == 0 {
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "Instance",
                     &i.name,
                     "Repaired",
@@ -288,7 +289,7 @@ impl ControlPlane {
                 self.store
                     .set_instance_state(&i.name, state::RUNNING, None)?;
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "Instance",
                     &i.name,
                     "Recovered",
@@ -356,7 +357,7 @@ impl ControlPlane {
                         if !paused_noted {
                             paused_noted = true;
                             self.store.add_event(
-                                "Warning",
+                                EventType::Warning,
                                 "NodePool",
                                 &pool.metadata.name,
                                 reason,
@@ -364,8 +365,13 @@ impl ControlPlane {
                             )?;
                         }
                     } else {
-                        self.store
-                            .add_event("Warning", "Instance", &instance, reason, &why)?;
+                        self.store.add_event(
+                            EventType::Warning,
+                            "Instance",
+                            &instance,
+                            reason,
+                            &why,
+                        )?;
                     }
                 }
                 RepairStep::Act {
@@ -387,7 +393,7 @@ impl ControlPlane {
                     h.repair_note = None;
                     self.store.put_instance_health(&h)?;
                     self.store.add_event(
-                        "Warning",
+                        EventType::Warning,
                         "Instance",
                         &instance,
                         "Repairing",
@@ -412,7 +418,7 @@ impl ControlPlane {
                             true,
                         )?;
                         self.store.add_event(
-                            "Normal",
+                            EventType::Normal,
                             "Instance",
                             &instance,
                             "RepairReplacing",
@@ -427,7 +433,7 @@ impl ControlPlane {
                             action,
                         }),
                         None => self.store.add_event(
-                            "Warning",
+                            EventType::Warning,
                             "Instance",
                             &instance,
                             "RepairActionFailed",
@@ -575,8 +581,8 @@ impl ControlPlane {
             RepairAction::Replace => return,
         };
         let (kind, reason, message) = match outcome {
-            Ok(m) => ("Normal", "RepairActionDone", m),
-            Err(m) => ("Warning", "RepairActionFailed", m),
+            Ok(m) => (EventType::Normal, "RepairActionDone", m),
+            Err(m) => (EventType::Warning, "RepairActionFailed", m),
         };
         let message = format!(
             "{}: {message}; waiting for the node to be Ready before the next action",

@@ -4,6 +4,7 @@
 use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::store::{now_ms, state, NodeRecord};
+use knit_api::state::EventType;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -141,7 +142,7 @@ impl ControlPlane {
                     // From now, not the pass's start: the read took its time.
                     let retry_s = note_unreadable(&node.name, now_ms());
                     self.store.add_event(
-                        "Warning",
+                        EventType::Warning,
                         "Node",
                         &node.name,
                         "UserDataUnreadable",
@@ -182,7 +183,7 @@ impl ControlPlane {
                         return Ok(()); // not registered yet: next pass
                     }
                     self.store.add_event(
-                        "Normal",
+                        EventType::Normal,
                         "Node",
                         &node.name,
                         "SchedulingGateRemoved",
@@ -194,7 +195,7 @@ impl ControlPlane {
                 }
                 self.store.set_node_user_data(&node.name, "succeeded")?;
                 self.store.add_event(
-                    "Normal",
+                    EventType::Normal,
                     "Node",
                     &node.name,
                     "UserDataSucceeded",
@@ -210,7 +211,7 @@ impl ControlPlane {
                     ""
                 };
                 self.store.add_event(
-                    "Warning",
+                    EventType::Warning,
                     "Node",
                     &node.name,
                     "UserDataFailed",

@@ -13,6 +13,7 @@ use knit_api::agent::{
     BuilderCleaned, CacheManifestReport, ImagePull, ImageReport, KubeletStopped, PackageVerified,
     SystemImages, IMAGES_LOG,
 };
+use knit_api::state::EventType;
 use knit_api::views::SnapshotBuildRequest;
 use knit_api::NodePool;
 use std::time::{Duration, Instant};
@@ -149,7 +150,7 @@ pub(super) async fn finish(cp: &Cp, id: &str, result: Result<SnapshotRecord>) {
             remark(cp, id, "failed", &msg);
             let _ = cp
                 .store
-                .add_event("Warning", "Snapshot", id, "BuildFailed", &msg);
+                .add_event(EventType::Warning, "Snapshot", id, "BuildFailed", &msg);
             cp.store
                 .finish_snapshot_build(id, build_state::FAILED, Some(&msg))
         }
@@ -324,7 +325,7 @@ async fn run(cp: &Cp, id: &str, req: &SnapshotBuildRequest) -> Result<SnapshotRe
     pool.validate()?;
     cp.store.insert_pool(&pool)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "NodePool",
         &builder_pool,
         "Created",
@@ -414,7 +415,7 @@ async fn build_on(
             .find(|n| n.instance == instance);
         if let Some(n) = node
             .as_ref()
-            .filter(|n| n.phase_outcome.as_deref() == Some("failed"))
+            .filter(|n| n.phase_outcome == Some(knit_api::PhaseOutcome::Failed))
         {
             return Err(ServerError::Conflict(format!(
                 "builder node {instance} failed in phase {}: {} {}",
@@ -425,7 +426,7 @@ async fn build_on(
         }
         Ok(node.filter(|n| {
             if attached {
-                n.status == "Ready"
+                n.status == knit_api::state::NodeStatus::Ready
             } else {
                 n.initialized()
             }
@@ -479,7 +480,7 @@ async fn build_on(
             .set_instance_state(&instance, state::DETACHED, None)?;
     }
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Instance",
         &instance,
         "Detached",
@@ -641,7 +642,7 @@ async fn build_on(
     };
     cp.store.add_snapshot(&record)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Snapshot",
         &snap.id,
         "Created",

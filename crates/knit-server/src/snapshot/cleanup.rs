@@ -6,6 +6,7 @@ use super::{remark, Cp};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::store::{state, SnapshotBuildRecord};
+use knit_api::state::EventType;
 use std::time::Duration;
 
 /// Provider calls of a clean-up are retried this many times.
@@ -50,7 +51,7 @@ pub(super) async fn release_builder(cp: &Cp, b: &SnapshotBuildRecord) -> Result<
     }
     cp.store.remove_instance(instance)?;
     cp.store.add_event(
-        "Normal",
+        EventType::Normal,
         "Instance",
         instance,
         "Released",
@@ -156,7 +157,7 @@ fn leaked(cp: &ControlPlane, b: &SnapshotBuildRecord, what: &str) {
     remark(cp, &b.id, "cleanup", &msg);
     let _ = cp
         .store
-        .add_event("Warning", "Snapshot", &b.id, "CleanupFailed", &msg);
+        .add_event(EventType::Warning, "Snapshot", &b.id, "CleanupFailed", &msg);
 }
 
 async fn retry<T, F, Fut>(mut f: F) -> Result<T>
@@ -244,7 +245,7 @@ mod tests {
             builder_instance: None,
             images: vec![],
             keep_builder: false,
-            status: build_state::FAILED.into(),
+            status: build_state::FAILED,
             step: "stop".into(),
             error: Some("interrupted at step stop".into()),
             snapshot_id: None,

@@ -51,6 +51,7 @@ pub use recover::recover;
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::store::{build_state, BuildStep, SnapshotBuildRecord, SnapshotRecord};
+use knit_api::state::EventType;
 use knit_api::views::{SnapshotDeleted, SnapshotView};
 use knit_api::NodePool;
 use serde::Serialize;
@@ -235,8 +236,13 @@ pub async fn delete(cp: &ControlPlane, id: String) -> Result<SnapshotDeleted> {
     }
     cp.provider()?.snapshot_delete(&id).await?;
     cp.store.delete_snapshot(&id)?;
-    cp.store
-        .add_event("Normal", "Snapshot", &id, "Deleted", "snapshot deleted")?;
+    cp.store.add_event(
+        EventType::Normal,
+        "Snapshot",
+        &id,
+        "Deleted",
+        "snapshot deleted",
+    )?;
     Ok(SnapshotDeleted { id, deleted: true })
 }
 
@@ -317,7 +323,7 @@ pub async fn node_cache(
     if let Some(reason) = timeline
         .iter()
         .rev()
-        .find(|t| t.phase == "kubernetes-components" && t.outcome == "done")
+        .find(|t| t.phase == "kubernetes-components" && t.outcome == knit_api::PhaseOutcome::Done)
         .and_then(|t| t.reason.clone())
     {
         let hit = reason.contains("from the data-disk cache");
@@ -511,7 +517,7 @@ mod tests {
                 name: "n-1".into(),
                 instance: "p-abcde".into(),
                 pool: "p".into(),
-                status: "Ready".into(),
+                status: knit_api::state::NodeStatus::Ready,
                 phase: None,
                 phase_outcome: None,
                 error_code: None,

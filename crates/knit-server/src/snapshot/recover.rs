@@ -6,6 +6,7 @@ use super::cleanup::{clean_up, release_builder, CLEANUP_DONE};
 use super::{progress, remark, Cp};
 use crate::error::{Result, ServerError};
 use crate::store::{build_state, SnapshotBuildRecord, SnapshotRecord};
+use knit_api::state::EventType;
 
 /// At server start: every build still recorded as running was cut off by
 /// the server's end. One whose snapshot was recorded only lacked the
@@ -56,8 +57,13 @@ pub fn recover(cp: &Cp) -> Result<()> {
         remark(cp, &b.id, "failed", &msg);
         cp.store
             .finish_snapshot_build(&b.id, build_state::FAILED, Some(&msg))?;
-        cp.store
-            .add_event("Warning", "Snapshot", &b.id, "BuildInterrupted", &msg)?;
+        cp.store.add_event(
+            EventType::Warning,
+            "Snapshot",
+            &b.id,
+            "BuildInterrupted",
+            &msg,
+        )?;
         tracing::warn!(build = %b.id, step = %b.step, "snapshot build interrupted by a restart: failed, cleaning up its builder");
         failed.push(b);
     }

@@ -2,8 +2,8 @@
 //! row, old ones pruned.
 
 use super::{now_ms, word, Store};
-use knit_api::state::EventType;
 use crate::error::Result;
+use knit_api::state::EventType;
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
 

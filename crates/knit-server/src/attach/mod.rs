@@ -29,7 +29,6 @@ pub mod manual;
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::preflight::{self, Context, InstanceFacts, Mode, Report};
-use crate::reconcile::counts_toward_pool;
 use crate::store::{Enrollment, InstanceRecord};
 use knit_api::state::EventType;
 use knit_api::views::{PreflightReport, PreflightResult, PreflightStatus};
@@ -158,10 +157,7 @@ fn context(
         .map(|p| p.pool.spec.max_nodes())
         .sum();
     let instances = cp.store.instances(None)?;
-    let active: Vec<&InstanceRecord> = instances
-        .iter()
-        .filter(|i| counts_toward_pool(&i.state))
-        .collect();
+    let active: Vec<&InstanceRecord> = instances.iter().filter(|i| i.state.is_member()).collect();
     Ok(Context {
         mode,
         cluster_nodes,

@@ -191,26 +191,8 @@ async fn admin_get(
     );
     let url = format!("{}{}", cluster.endpoint(), path);
     let body = tokio::task::spawn_blocking(move || -> Result<String, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
-            roots
-                .add(c.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
-        }
-        let certs = rustls_pemfile::certs(&mut cert.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
+        let cfg = knit_cluster::tls::client_config(&ca, Some((&cert, &key)))
             .map_err(|e| e.to_string())?;
-        let key = rustls_pemfile::private_key(&mut key.as_bytes())
-            .map_err(|e| e.to_string())?
-            .ok_or("no key")?;
-        let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(certs, key)
-        .map_err(|e| e.to_string())?;
         let agent = ureq::AgentBuilder::new()
             .tls_config(std::sync::Arc::new(cfg))
             .build();

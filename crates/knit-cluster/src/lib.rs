@@ -31,6 +31,7 @@ mod resources;
 mod selector;
 mod store;
 mod table;
+pub mod tls;
 mod tokens;
 mod util;
 
@@ -235,7 +236,7 @@ impl EmbeddedCluster {
         sans.dedup();
         let (server_cert, server_key) =
             ca.issue_server(&sans, Duration::from_secs(365 * 24 * 3600))?;
-        let tls = tls_config(ca.cert_pem(), &server_cert, &server_key)?;
+        let tls = tls::server_config(ca.cert_pem(), &server_cert, &server_key)?;
 
         let admin_kubeconfig = cfg.data_dir.join("admin.kubeconfig");
         let (admin_cert, admin_key) = ca.issue_client(
@@ -402,44 +403,6 @@ pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> 
         "current-context": "kubernetes-admin@knit",
     });
     serde_yaml::to_string(&doc).unwrap_or_default()
-}
-
-fn tls_config(
-    ca_pem: &str,
-    cert_pem: &str,
-    key_pem: &str,
-) -> Result<Arc<rustls::ServerConfig>, ClusterError> {
-    let tls_err = |e: &dyn std::fmt::Display| ClusterError::Tls(e.to_string());
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-        roots
-            .add(c.map_err(|e| tls_err(&e))?)
-            .map_err(|e| tls_err(&e))?;
-    }
-    // Client certificates are optional: bootstrap tokens and anonymous
-    // discovery come without one. Presented ones must chain to the CA.
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .allow_unauthenticated()
-    .build()
-    .map_err(|e| tls_err(&e))?;
-    let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tls_err(&e))?;
-    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-        .map_err(|e| tls_err(&e))?
-        .ok_or_else(|| ClusterError::Tls("no private key in serving key PEM".into()))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls_err(&e))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)
-        .map_err(|e| tls_err(&e))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
 }
 
 async fn serve(

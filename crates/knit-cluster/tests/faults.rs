@@ -554,17 +554,7 @@ async fn a_stalled_request_head_is_closed_after_the_header_timeout() {
     let cluster = EmbeddedCluster::start(cfg).await.unwrap();
     let (addr, ca) = (cluster.local_addr(), cluster.ca_pem().to_string());
     blocking(move || {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        let mut tls = knit_cluster::tls::client_config(&ca, None).unwrap();
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let tls = Arc::new(tls);
         for partial in [&b"GET /version HTTP/1.1\r\nHost: x\r\n"[..]] {

@@ -32,28 +32,12 @@ pub enum Who<'a> {
 
 impl Client {
     pub fn new(endpoint: &str, ca_pem: &str, who: Who<'_>) -> Client {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
-        let (cfg, token) = match who {
-            Who::Cert { cert_pem, key_pem } => {
-                let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap();
-                let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-                    .unwrap()
-                    .unwrap();
-                (builder.with_client_auth_cert(certs, key).unwrap(), None)
-            }
-            Who::Token(t) => (builder.with_no_client_auth(), Some(t.to_string())),
-            Who::Anonymous => (builder.with_no_client_auth(), None),
+        let (identity, token) = match who {
+            Who::Cert { cert_pem, key_pem } => (Some((cert_pem, key_pem)), None),
+            Who::Token(t) => (None, Some(t.to_string())),
+            Who::Anonymous => (None, None),
         };
+        let cfg = knit_cluster::tls::client_config(ca_pem, identity).unwrap();
         let agent = ureq::AgentBuilder::new()
             .tls_config(Arc::new(cfg))
             .timeout(Duration::from_secs(30))

@@ -30,6 +30,28 @@ pub fn http_agent(ca_pem: Option<&str>, timeout: Duration) -> Result<ureq::Agent
     let builder = ureq::AgentBuilder::new()
         .timeout_connect(timeout)
         .timeout(timeout * 12);
+    with_roots(builder, ca_pem)
+}
+
+/// An HTTP agent for large downloads: a connection that stalls for `idle`
+/// fails, but a slow one that keeps moving may take up to `total`. A fixed
+/// short deadline for the whole body failed a 51 MiB package on a slow link
+/// (an emulated VM read 6 MB in two minutes, three times over).
+pub fn download_agent(
+    ca_pem: Option<&str>,
+    connect: Duration,
+    idle: Duration,
+    total: Duration,
+) -> Result<ureq::Agent> {
+    let builder = ureq::AgentBuilder::new()
+        .timeout_connect(connect)
+        .timeout_read(idle)
+        .timeout_write(idle)
+        .timeout(total);
+    with_roots(builder, ca_pem)
+}
+
+fn with_roots(builder: ureq::AgentBuilder, ca_pem: Option<&str>) -> Result<ureq::Agent> {
     let Some(pem) = ca_pem else {
         return Ok(builder.build());
     };

@@ -21,6 +21,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+/// The package download: the mirror must answer within the connect bound
+/// and never go quiet for the idle bound; a slow but moving transfer may
+/// take up to the total (51 MiB at 60 KB/s is 15 minutes).
+const DOWNLOAD_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const DOWNLOAD_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DOWNLOAD_TOTAL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 const SCOPE: &str = "kubernetes-components";
 /// What this phase installed, to verify on a rerun.
 pub const STAMP_FILE: &str = "/var/lib/knit/kubernetes.json";
@@ -336,9 +343,11 @@ fn fetch(ctx: &Ctx, unpack_to: &Path) -> Result<Package> {
         ));
     };
     // An https mirror may be the control plane, whose CA the config carries.
-    let agent = tls::http_agent(
+    let agent = tls::download_agent(
         ctx.config.cluster.control_plane_ca_cert.as_deref(),
-        Duration::from_secs(10),
+        DOWNLOAD_CONNECT_TIMEOUT,
+        DOWNLOAD_IDLE_TIMEOUT,
+        DOWNLOAD_TOTAL_TIMEOUT,
     )?;
     package::download(ctx.host, k, url, &agent, unpack_to)
 }

@@ -87,15 +87,12 @@ pub fn expected_node_name(
     instance: &InstanceRecord,
     pool: &NodePool,
 ) -> Option<String> {
-    match (
-        &pool.spec.custom_node_name,
-        &instance.ip,
-        &instance.provider_id,
-    ) {
-        (Some(rule), Some(ip), _) => Some(rule.render(ip)),
-        (None, _, Some(id)) => Some(format!("{region}.{id}").to_lowercase()),
-        _ => None,
-    }
+    knit_api::agent::node_name_by_rule(
+        pool.spec.custom_node_name.as_ref(),
+        instance.ip.as_deref(),
+        region,
+        instance.provider_id.as_deref(),
+    )
 }
 
 /// The package the node installs from the mirror.
@@ -214,7 +211,7 @@ mod tests {
             name: "workers-abcde".into(),
             pool: "workers".into(),
             provider_id: Some("i-123".into()),
-            state: "Running".into(),
+            state: knit_api::state::InstanceState::Running,
             ip: Some("10.213.0.7".into()),
             instance_type: "ecs.g7.large".into(),
             report_token_hash: None,

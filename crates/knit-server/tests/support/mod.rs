@@ -6,8 +6,8 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use async_trait::async_trait;
-use knit_server::bootstrap::NoCluster;
 use knit_client::{Client, ClientConfig};
+use knit_server::bootstrap::NoCluster;
 use knit_server::preflight::{DiskFacts, InstanceFacts, SecurityGroupFacts};
 use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
 use knit_server::{Server, ServerError, Settings};

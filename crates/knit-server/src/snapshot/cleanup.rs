@@ -182,7 +182,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{build_state, SnapshotRecord};
+    use crate::store::SnapshotRecord;
+    use knit_api::state::BuildStatus;
     use std::sync::Arc;
 
     /// The local cloud of a test, brought down (store unmounted, loop
@@ -245,7 +246,7 @@ mod tests {
             builder_instance: None,
             images: vec![],
             keep_builder: false,
-            status: build_state::FAILED,
+            status: BuildStatus::Failed,
             step: "stop".into(),
             error: Some("interrupted at step stop".into()),
             snapshot_id: None,

@@ -5,8 +5,8 @@ use super::build::finish;
 use super::cleanup::{clean_up, release_builder, CLEANUP_DONE};
 use super::{progress, remark, Cp};
 use crate::error::{Result, ServerError};
-use crate::store::{build_state, SnapshotBuildRecord, SnapshotRecord};
-use knit_api::state::EventType;
+use crate::store::{SnapshotBuildRecord, SnapshotRecord};
+use knit_api::state::{BuildStatus, EventType};
 
 /// At server start: every build still recorded as running was cut off by
 /// the server's end. One whose snapshot was recorded only lacked the
@@ -19,13 +19,13 @@ pub fn recover(cp: &Cp) -> Result<()> {
         .store
         .snapshot_builds()?
         .into_iter()
-        .filter(|b| b.status == build_state::RUNNING)
+        .filter(|b| b.status == BuildStatus::Running)
         .collect();
     // Failed builds whose clean-up did not end (the server died during it,
     // or a provider call kept failing): once more.
     let mut unclean = Vec::new();
     for b in cp.store.snapshot_builds()? {
-        if b.status == build_state::FAILED
+        if b.status == BuildStatus::Failed
             && !cp
                 .store
                 .snapshot_build_steps(&b.id)?
@@ -56,7 +56,7 @@ pub fn recover(cp: &Cp) -> Result<()> {
         );
         remark(cp, &b.id, "failed", &msg);
         cp.store
-            .finish_snapshot_build(&b.id, build_state::FAILED, Some(&msg))?;
+            .finish_snapshot_build(&b.id, BuildStatus::Failed, Some(&msg))?;
         cp.store.add_event(
             EventType::Warning,
             "Snapshot",

@@ -28,7 +28,7 @@ pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
 pub use nodes::{NodeRecord, TimelineEntry};
 pub use pools::{PoolCounts, PoolRecord};
-pub use snapshots::{build_state, BuildStep, SnapshotBuildRecord, SnapshotRecord};
+pub use snapshots::{BuildStep, SnapshotBuildRecord, SnapshotRecord};
 pub use tokens::{Enrollment, JoinTokenRecord, Redeem};
 
 /// Ordered migrations; entry `i` takes the schema from version `i` to `i + 1`.

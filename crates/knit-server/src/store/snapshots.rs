@@ -18,17 +18,6 @@ pub struct SnapshotRecord {
     pub created_ms: i64,
 }
 
-/// A snapshot build's statuses under their former names
-/// (`build_state::RUNNING`), typed: kept while the callers move to
-/// [`BuildStatus`]'s own names.
-pub mod build_state {
-    use knit_api::state::BuildStatus;
-
-    pub const RUNNING: BuildStatus = BuildStatus::Running;
-    pub const SUCCEEDED: BuildStatus = BuildStatus::Succeeded;
-    pub const FAILED: BuildStatus = BuildStatus::Failed;
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotBuildRecord {

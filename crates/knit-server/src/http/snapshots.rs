@@ -3,19 +3,21 @@
 
 use crate::control::ControlPlane;
 use crate::error::Result;
-use crate::snapshot::{self, BuildStatus};
+use crate::snapshot;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use knit_api::views::{SnapshotBuildRequest, SnapshotDeleted};
-use serde_json::{json, Value};
+use knit_api::views::{
+    Items, SnapshotBuildRequest, SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted,
+    SnapshotView,
+};
 use std::sync::Arc;
 
 type Cp = Arc<ControlPlane>;
 
 /// `GET /api/v1/snapshots`.
-pub async fn list(State(cp): State<Cp>) -> Result<Json<Value>> {
-    Ok(Json(json!({ "items": snapshot::list(&cp)? })))
+pub async fn list(State(cp): State<Cp>) -> Result<Json<Items<SnapshotView>>> {
+    Ok(Json(Items::new(snapshot::list(&cp)?)))
 }
 
 /// `DELETE /api/v1/snapshots/{id}`.
@@ -28,15 +30,15 @@ pub async fn delete(
 
 /// `GET /api/v1/snapshot-builds`: every build, newest last, without their
 /// messages.
-pub async fn builds(State(cp): State<Cp>) -> Result<Json<Value>> {
-    Ok(Json(json!({ "items": snapshot::builds(&cp)? })))
+pub async fn builds(State(cp): State<Cp>) -> Result<Json<Items<SnapshotBuildView>>> {
+    Ok(Json(Items::new(snapshot::builds(&cp)?)))
 }
 
 /// `GET /api/v1/snapshot-builds/{id}`: one build with its messages.
 pub async fn build_status(
     State(cp): State<Cp>,
     Path(id): Path<String>,
-) -> Result<Json<BuildStatus>> {
+) -> Result<Json<SnapshotBuildStatus>> {
     Ok(Json(snapshot::build_status(&cp, id)?))
 }
 
@@ -44,7 +46,7 @@ pub async fn build_status(
 pub async fn create(
     State(cp): State<Cp>,
     body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<BuildStatus>)> {
+) -> Result<(StatusCode, Json<SnapshotBuildStatus>)> {
     let req: SnapshotBuildRequest =
         serde_json::from_slice(&body).map_err(|e| knit_api::ApiError::Parse {
             what: "snapshot request".into(),

@@ -4,17 +4,17 @@
 //! stopped, its runtime disk snapshotted and recorded, the builder released.
 
 use super::cleanup::{clean_up, release_builder};
-use super::{invalid, note, progress, remark, runtime_disk, status_of, BuildStatus, Cp};
+use super::{invalid, note, progress, remark, runtime_disk, status_of, Cp};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::store::{build_state, now_ms, state, SnapshotBuildRecord, SnapshotRecord};
+use crate::store::{now_ms, state, SnapshotBuildRecord, SnapshotRecord};
 use crate::userdata::agent;
 use knit_api::agent::{
     BuilderCleaned, CacheManifestReport, ImagePull, ImageReport, KubeletStopped, PackageVerified,
     SystemImages, IMAGES_LOG,
 };
 use knit_api::state::EventType;
-use knit_api::views::SnapshotBuildRequest;
+use knit_api::views::{SnapshotBuildRequest, SnapshotBuildStatus};
 use knit_api::NodePool;
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,7 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
 
 /// Starts a build of `req` in the background: checked, recorded (status
 /// Running, step `builder`), then run; the answer is the build as recorded.
-pub fn start(cp: &Cp, req: SnapshotBuildRequest) -> Result<BuildStatus> {
+pub fn start(cp: &Cp, req: SnapshotBuildRequest) -> Result<SnapshotBuildStatus> {
     cp.provider()?;
     let record = cp
         .store
@@ -110,7 +110,7 @@ pub fn start(cp: &Cp, req: SnapshotBuildRequest) -> Result<BuildStatus> {
         builder_instance: None,
         images: req.images.clone(),
         keep_builder: req.keep_builder,
-        status: build_state::RUNNING,
+        status: knit_api::state::BuildStatus::Running,
         step: "builder".to_string(),
         error: None,
         snapshot_id: None,
@@ -133,7 +133,7 @@ pub(super) async fn finish(cp: &Cp, id: &str, result: Result<SnapshotRecord>) {
         Ok(snap) => {
             remark(cp, id, "done", &format!("snapshot {} ready", snap.id));
             cp.store
-                .finish_snapshot_build(id, build_state::SUCCEEDED, None)
+                .finish_snapshot_build(id, knit_api::state::BuildStatus::Succeeded, None)
         }
         Err(e) => {
             let step = cp
@@ -152,7 +152,7 @@ pub(super) async fn finish(cp: &Cp, id: &str, result: Result<SnapshotRecord>) {
                 .store
                 .add_event(EventType::Warning, "Snapshot", id, "BuildFailed", &msg);
             cp.store
-                .finish_snapshot_build(id, build_state::FAILED, Some(&msg))
+                .finish_snapshot_build(id, knit_api::state::BuildStatus::Failed, Some(&msg))
         }
     };
     if let Err(e) = outcome {

@@ -50,11 +50,12 @@ pub use recover::recover;
 
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::store::{build_state, BuildStep, SnapshotBuildRecord, SnapshotRecord};
+use crate::store::{SnapshotBuildRecord, SnapshotRecord};
 use knit_api::state::EventType;
-use knit_api::views::{SnapshotDeleted, SnapshotView};
+use knit_api::views::{
+    BuildStepView, Snapshot, SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted, SnapshotView,
+};
 use knit_api::NodePool;
-use serde::Serialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,29 +64,57 @@ type Cp = Arc<ControlPlane>;
 
 /// A build as the API shows it: the stored record, its messages and, once
 /// made, the snapshot.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BuildStatus {
-    #[serde(flatten)]
-    pub build: SnapshotBuildRecord,
-    pub steps: Vec<BuildStep>,
-    /// No longer running (succeeded or failed).
-    pub done: bool,
-    pub snapshot: Option<SnapshotRecord>,
-}
-
-fn status_of(cp: &ControlPlane, build: SnapshotBuildRecord) -> Result<BuildStatus> {
-    let steps = cp.store.snapshot_build_steps(&build.id)?;
+fn status_of(cp: &ControlPlane, build: SnapshotBuildRecord) -> Result<SnapshotBuildStatus> {
+    let steps = cp
+        .store
+        .snapshot_build_steps(&build.id)?
+        .into_iter()
+        .map(|s| BuildStepView {
+            at_ms: s.at_ms,
+            step: s.step,
+            message: s.message,
+        })
+        .collect();
     let snapshot = match &build.snapshot_id {
         Some(sid) => cp.store.snapshots()?.into_iter().find(|s| &s.id == sid),
         None => None,
     };
-    Ok(BuildStatus {
-        done: build.status != build_state::RUNNING,
-        build,
+    Ok(SnapshotBuildStatus {
+        done: build.status != knit_api::state::BuildStatus::Running,
+        build: build_view(build),
         steps,
-        snapshot,
+        snapshot: snapshot.map(snapshot_view),
     })
+}
+
+fn build_view(b: SnapshotBuildRecord) -> SnapshotBuildView {
+    SnapshotBuildView {
+        id: b.id,
+        name: b.name,
+        pool: b.pool,
+        builder_pool: b.builder_pool,
+        builder_instance: b.builder_instance,
+        images: b.images,
+        keep_builder: b.keep_builder,
+        status: b.status,
+        step: b.step,
+        error: b.error,
+        snapshot_id: b.snapshot_id,
+        started_ms: b.started_ms,
+        finished_ms: b.finished_ms,
+    }
+}
+
+fn snapshot_view(s: SnapshotRecord) -> Snapshot {
+    Snapshot {
+        id: s.id,
+        pool: s.pool,
+        kubernetes_version: s.kubernetes_version,
+        containerd_version: s.containerd_version,
+        images: s.images,
+        size_bytes: s.size_bytes,
+        created_ms: s.created_ms,
+    }
 }
 
 /// Records a progress message; the build's current step becomes `step`.
@@ -144,15 +173,7 @@ pub fn list(cp: &ControlPlane) -> Result<Vec<SnapshotView>> {
                 stale: s.kubernetes_version != cluster_version,
                 cluster_kubernetes_version: cluster_version.clone(),
                 used_by,
-                snapshot: knit_api::views::Snapshot {
-                    id: s.id,
-                    pool: s.pool,
-                    kubernetes_version: s.kubernetes_version,
-                    containerd_version: s.containerd_version,
-                    images: s.images,
-                    size_bytes: s.size_bytes,
-                    created_ms: s.created_ms,
-                },
+                snapshot: snapshot_view(s),
             }
         })
         .collect())
@@ -247,12 +268,17 @@ pub async fn delete(cp: &ControlPlane, id: String) -> Result<SnapshotDeleted> {
 }
 
 /// Every build, newest last, without their messages.
-pub fn builds(cp: &ControlPlane) -> Result<Vec<SnapshotBuildRecord>> {
-    cp.store.snapshot_builds()
+pub fn builds(cp: &ControlPlane) -> Result<Vec<SnapshotBuildView>> {
+    Ok(cp
+        .store
+        .snapshot_builds()?
+        .into_iter()
+        .map(build_view)
+        .collect())
 }
 
 /// One build with its messages.
-pub fn build_status(cp: &ControlPlane, id: String) -> Result<BuildStatus> {
+pub fn build_status(cp: &ControlPlane, id: String) -> Result<SnapshotBuildStatus> {
     let build = cp.store.snapshot_build(&id)?.ok_or(ServerError::NotFound {
         kind: "snapshot build",
         name: id,

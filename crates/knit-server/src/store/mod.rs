@@ -373,4 +373,84 @@ mod tests {
         let err = Store::open(&path).err().unwrap();
         assert!(err.to_string().contains("schema version 99"), "{err}");
     }
+
+    /// The typed states are written as the words older servers wrote (and
+    /// read back): a database moves between versions unchanged.
+    #[test]
+    fn typed_states_keep_their_words_in_the_columns() {
+        use knit_api::state::{EventType, InstanceState, IntentStatus, NodeStatus};
+        use knit_api::{PhaseEvent, PhaseName, PhaseOutcome};
+        let store = Store::open_in_memory().unwrap();
+        store
+            .add_create_intents("p", &[("p-a".into(), "t".into())])
+            .unwrap();
+        let intent = store.pending_intents().unwrap().remove(0);
+        store
+            .finish_intent(intent.id, IntentStatus::Done, None)
+            .unwrap();
+        store
+            .add_delete_intents("p", &["p-a".into()], false)
+            .unwrap();
+        store
+            .set_instance_state("p-a", InstanceState::Detached, None)
+            .unwrap();
+        let instance = store.instance("p-a").unwrap().unwrap();
+        let event = PhaseEvent {
+            node: "n".into(),
+            instance_id: "i".into(),
+            phase: PhaseName::Hardening,
+            outcome: PhaseOutcome::Skipped,
+            reason: None,
+            error_code: None,
+            at_ms: 1,
+            duration_ms: Some(1),
+        };
+        store.record_phase_event(&instance, &event).unwrap();
+        let fresh = store.node("n").unwrap().unwrap().status;
+        store.set_node_status("n", NodeStatus::Unknown).unwrap();
+        store
+            .add_event(EventType::Warning, "Node", "n", "NodeUnknown", "gone")
+            .unwrap();
+
+        let words = |sql: &str| -> Vec<String> {
+            let conn = store.conn();
+            let mut stmt = conn.prepare(sql).unwrap();
+            let rows = stmt
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<Vec<String>>>()
+                .unwrap();
+            rows
+        };
+        assert_eq!(words("SELECT state FROM instances"), ["Detached"]);
+        assert_eq!(
+            words("SELECT action || ' ' || status FROM intents ORDER BY id"),
+            ["create done", "delete pending"]
+        );
+        assert_eq!(fresh, NodeStatus::NotReady);
+        assert_eq!(
+            words("SELECT status || ' ' || phase_outcome FROM nodes"),
+            ["Unknown skipped"]
+        );
+        assert_eq!(words("SELECT outcome FROM timeline"), ["skipped"]);
+        assert_eq!(words("SELECT type FROM events"), ["Warning"]);
+        assert!(store.node("n").unwrap().unwrap().initialized());
+    }
+
+    #[test]
+    fn an_unknown_state_word_is_an_error_naming_the_field() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .conn()
+            .execute(
+                "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES ('a', 'p', 'Sleeping', 't', 0, 0)",
+                [],
+            )
+            .unwrap();
+        let err = store.instances(None).unwrap_err().to_string();
+        assert!(
+            err.contains("instance.state: value \"Sleeping\" must be one of"),
+            "{err}"
+        );
+    }
 }

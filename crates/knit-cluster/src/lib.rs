@@ -222,6 +222,9 @@ impl EmbeddedCluster {
 
         let mut sans: Vec<String> = vec![
             host.clone(),
+            // The control plane reaches the API at the address it listens
+            // on, which may be neither the advertised host nor loopback.
+            cfg.listen.ip().to_string(),
             "127.0.0.1".into(),
             "localhost".into(),
             "kubernetes".into(),

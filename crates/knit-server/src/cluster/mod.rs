@@ -75,13 +75,25 @@ pub fn node_ready_status(node: &Value) -> String {
     .to_string()
 }
 
+/// Where the control plane itself reaches the API: loopback when it listens
+/// everywhere, else the one address it listens on (the local cloud's
+/// gateway by default, where 127.0.0.1 is refused).
+fn local_endpoint(listen: std::net::SocketAddr) -> String {
+    let ip = match listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("https://{}", std::net::SocketAddr::new(ip, listen.port()))
+}
+
 impl EmbeddedJoin {
     pub fn new(cluster: EmbeddedCluster, token_ttl: Duration) -> Result<EmbeddedJoin> {
         let path = cluster.admin_kubeconfig_path();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ServerError::io(format!("read {}", path.display()), e))?;
         let admin = admin_agent(&text)?;
-        let local_endpoint = format!("https://127.0.0.1:{}", cluster.local_addr().port());
+        let local_endpoint = local_endpoint(cluster.local_addr());
         Ok(EmbeddedJoin {
             cluster,
             admin,
@@ -299,5 +311,34 @@ mod tests {
             assert!(join.node_statuses().await.unwrap().is_empty());
             join.stop();
         });
+    }
+
+    /// `knit up` listens on loopback and the local cloud's gateway and puts
+    /// the API on the gateway only: the control plane must reach it there
+    /// (127.0.0.1 was refused, so node statuses and removals failed).
+    #[test]
+    fn the_control_plane_reaches_an_api_that_listens_on_one_address() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let mut cfg = knit_cluster::ClusterConfig::new(
+                dir.path().join("cluster"),
+                "127.0.0.2:0".parse().unwrap(),
+            );
+            cfg.advertise_address = Some("127.0.0.3".into());
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let join = EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
+            assert!(join.local_endpoint.starts_with("https://127.0.0.2:"));
+            assert!(join.node_statuses().await.unwrap().is_empty());
+            join.stop();
+        });
+        assert_eq!(
+            local_endpoint("0.0.0.0:6443".parse().unwrap()),
+            "https://127.0.0.1:6443"
+        );
+        assert_eq!(
+            local_endpoint("[::]:6443".parse().unwrap()),
+            "https://[::1]:6443"
+        );
     }
 }

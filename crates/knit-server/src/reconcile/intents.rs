@@ -47,6 +47,9 @@ impl ControlPlane {
                 let instance = intent.instance.clone();
                 if let Err(e) = cp.run_intent(&intent).await {
                     tracing::warn!(instance = %instance, error = %e, "intent failed");
+                    if let Err(e) = cp.defer_failed_intent(&intent, &e) {
+                        tracing::error!(instance = %instance, error = %e, "deferring a failed intent failed");
+                    }
                 }
                 drop(permit);
                 cp.in_flight
@@ -57,6 +60,40 @@ impl ControlPlane {
             });
         }
         Ok(())
+    }
+
+    /// An intent whose run failed before it set its own retry (an error
+    /// from the store or the cluster returned early) is retried after the
+    /// same backoff, never at once: the loop is woken after every run, so
+    /// such a failure was retried in a tight loop (160,000 times in twenty
+    /// minutes against an API server that refused connections).
+    fn defer_failed_intent(&self, intent: &IntentRecord, error: &ServerError) -> Result<()> {
+        let Some(current) = self
+            .store
+            .pending_intents()?
+            .into_iter()
+            .find(|i| i.id == intent.id)
+        else {
+            return Ok(()); // finished or cancelled meanwhile
+        };
+        if current.attempts > intent.attempts || current.next_attempt_ms > now_ms() {
+            return Ok(()); // its own path set the retry
+        }
+        let attempts = intent.attempts + 1;
+        let delay = backoff_ms(attempts);
+        self.store
+            .retry_intent(intent.id, attempts, now_ms() + delay, &error.to_string())?;
+        self.store.add_event(
+            EventType::Warning,
+            "Instance",
+            &intent.instance,
+            "IntentRetry",
+            &format!(
+                "{} attempt {attempts} failed, retrying in {} s: {error}",
+                intent.action.as_str(),
+                delay / 1000
+            ),
+        )
     }
 
     async fn run_intent(&self, intent: &IntentRecord) -> Result<()> {
@@ -475,6 +512,150 @@ impl ControlPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::bootstrap::{ClusterJoin, JoinMaterial};
+    use crate::provider::{Provider, ProviderSnapshot};
+    use async_trait::async_trait;
+    use knit_api::{PhaseEvent, PhaseName, PhaseOutcome};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A cloud that has no instance (the one being deleted is gone).
+    struct EmptyCloud;
+
+    fn refused() -> ServerError {
+        ServerError::Provider {
+            provider: "empty".into(),
+            message: "not in this test".into(),
+        }
+    }
+
+    #[async_trait]
+    impl Provider for EmptyCloud {
+        fn name(&self) -> &str {
+            "empty"
+        }
+        async fn create(&self, _: &InstanceTemplate) -> Result<ProviderInstance> {
+            Err(refused())
+        }
+        async fn get(&self, _: &str) -> Result<Option<ProviderInstance>> {
+            Ok(None)
+        }
+        async fn list(&self) -> Result<Vec<ProviderInstance>> {
+            Ok(Vec::new())
+        }
+        async fn start(&self, _: &str) -> Result<()> {
+            Err(refused())
+        }
+        async fn stop(&self, _: &str) -> Result<()> {
+            Err(refused())
+        }
+        async fn reimage(&self, _: &str, _: &str, _: &str) -> Result<()> {
+            Err(refused())
+        }
+        async fn check_image(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn rename(&self, _: &str, _: &str) -> Result<()> {
+            Err(refused())
+        }
+        async fn set_password(&self, _: &str, _: &str) -> Result<()> {
+            Err(refused())
+        }
+        async fn delete(&self, _: &str) -> Result<()> {
+            Err(refused())
+        }
+        async fn read_file(&self, _: &str, _: &str) -> Result<Vec<u8>> {
+            Err(refused())
+        }
+        async fn snapshot_create(&self, _: &str, _: usize, _: &str) -> Result<ProviderSnapshot> {
+            Err(refused())
+        }
+        async fn snapshot_delete(&self, _: &str) -> Result<()> {
+            Err(refused())
+        }
+    }
+
+    /// An API server that refuses every node removal, counting them.
+    #[derive(Default)]
+    struct RefusingCluster(AtomicUsize);
+
+    #[async_trait]
+    impl ClusterJoin for RefusingCluster {
+        async fn join_material(&self, _: &str, _: &str) -> Result<Option<JoinMaterial>> {
+            Ok(None)
+        }
+        async fn remove_node(&self, _: &str) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(ServerError::Internal("connection refused".into()))
+        }
+        async fn node_status(&self, _: &str) -> Result<Option<String>> {
+            Ok(None)
+        }
+        async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
+            Ok(Vec::new())
+        }
+        fn attached(&self) -> bool {
+            true
+        }
+        async fn remove_taint(&self, _: &str, _: &str) -> Result<bool> {
+            Ok(false)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_intent_that_fails_early_waits_its_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("k.db")).unwrap();
+        let cluster = Arc::new(RefusingCluster::default());
+        let cp = Arc::new(ControlPlane::new(
+            store,
+            Some(Arc::new(EmptyCloud)),
+            cluster.clone(),
+            crate::control::Settings::new(dir.path().to_path_buf()),
+            String::new(),
+            String::new(),
+            String::new(),
+        ));
+        let pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        cp.store.insert_pool(&pool).unwrap();
+        cp.store
+            .add_create_intents("p", &[("p-a".into(), "t".into())])
+            .unwrap();
+        let instance = cp.store.instance("p-a").unwrap().unwrap();
+        let event = PhaseEvent {
+            node: "local.i-1".into(),
+            instance_id: "i-1".into(),
+            phase: PhaseName::TimeSync,
+            outcome: PhaseOutcome::Done,
+            reason: None,
+            error_code: None,
+            at_ms: 1,
+            duration_ms: Some(1),
+        };
+        cp.store.record_phase_event(&instance, &event).unwrap();
+        cp.store
+            .add_delete_intents("p", &["p-a".into()], true)
+            .unwrap();
+        // Dispatch as the loop does when woken, many times over.
+        for _ in 0..20 {
+            cp.dispatch().unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            cluster.0.load(Ordering::SeqCst),
+            1,
+            "retried before its backoff"
+        );
+        let pending = cp.store.pending_intents().unwrap();
+        let delete = pending.iter().find(|i| i.instance == "p-a").unwrap();
+        assert_eq!(delete.attempts, 1);
+        assert!(delete.next_attempt_ms > now_ms() + 1000);
+        assert!(delete
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("connection refused"));
+    }
 
     #[test]
     fn backoff_grows_and_caps() {

@@ -25,6 +25,7 @@ PACKAGES=(
     mmdebstrap                                      # knit image build: the node OS image from Debian packages
     dosfstools mtools                               # knit-qemu: the cloud-init NoCloud seed (vfat, label CIDATA)
     shellcheck                                      # scripts/test.sh: lints every tracked *.sh
+    chromium chromium-driver fonts-liberation       # the web console's browser test (headless, WebDriver)
 )
 
 missing=()

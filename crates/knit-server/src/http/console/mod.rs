@@ -99,7 +99,7 @@ pub fn router(
 }
 
 /// Headers on every console answer: no framing, scripts and styles from
-/// the console alone, nothing cached, no referrer leaving the page.
+/// the console alone, nothing cached, no referrer leaving the console.
 async fn guard_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let h = response.headers_mut();
@@ -115,9 +115,11 @@ async fn guard_headers(request: Request, next: Next) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // same-origin, not no-referrer: under no-referrer a browser sends
+    // `Origin: null` with the console's own forms, failing the origin check.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
@@ -153,13 +155,14 @@ async fn require_session(State(console): State<Cs>, request: Request, next: Next
         request.extensions_mut().insert(session);
         return next.run(request).await;
     }
-    if !session::same_origin(request.headers(), request.uri()) {
-        return refused("this request did not come from the console's own page (its Origin is missing or another site's)");
-    }
+    // The body is read before any refusal, so the connection stays usable.
     let (mut parts, body) = request.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
         return refused("the form could not be read (too large?)");
     };
+    if !session::same_origin(&parts.headers, &parts.uri) {
+        return refused("this request did not come from the console's own page (its Origin is missing or another site's)");
+    }
     let from_header = parts
         .headers
         .get(CSRF_HEADER)

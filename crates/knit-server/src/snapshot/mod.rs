@@ -11,10 +11,10 @@
 //! 3. `detach`: the node removed from the cluster, the instance kept and
 //!    running (its kubelet stopped first so that it cannot register again;
 //!    containerd keeps running); the instance leaves its pool (Detached);
-//! 4. `package`: the package cache (`<mount>/ack/kubernetes`) checked file
-//!    by file against its manifest's sha256;
+//! 4. `package`: the package cache on the runtime disk checked file by
+//!    file against its manifest's sha256;
 //! 5. `images`: the system and business images pulled through CRI
-//!    (`kubelet --ensure-images`, run through the provider's exec);
+//!    (the kubelet's `--ensure-images`);
 //! 6. `clean`: per-node credentials removed from the disk, `sync`;
 //! 7. `stop`: the instance stopped;
 //! 8. `snapshot`: its runtime disk ([`knit_api::disk`]: the disk the agent
@@ -22,6 +22,11 @@
 //!    and containerd versions, images with digests, used bytes, pool, time);
 //! 9. `release`: the builder instance released unless `keepBuilder`, the
 //!    builder pool removed.
+//!
+//! Inside the builder, steps 3 to 6 are the agent's: the server runs
+//! `knit-agent cache-manifest` and `knit-agent snapshot-prepare <step>`
+//! through the provider's exec and reads their typed answers
+//! ([`knit_api::agent`]); it knows none of the node's paths.
 //!
 //! Builds and every progress message are stored (SQLite), so a build is
 //! visible after a restart. A build that was running when the server died

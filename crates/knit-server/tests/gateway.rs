@@ -157,10 +157,11 @@ fn instances_are_told_the_providers_gateway_and_the_certificate_names_it() {
         assert!(Instant::now() < deadline, "no instance was asked for");
         std::thread::sleep(Duration::from_millis(50));
     };
+    // The stub's values are shell assignments at its top.
     assert!(
-        user_data.contains(&format!("'{expected}/bootstrap/v1/config'")),
+        user_data.contains(&format!("\nbootstrap_url={expected}/bootstrap/v1/config\n")),
         "{user_data}"
     );
-    assert!(user_data.contains(&format!("'{expected}/mirror/bin/knit-agent'")));
+    assert!(user_data.contains(&format!("\nmirror={expected}/mirror\n")));
     assert!(!user_data.contains("10.213.0.1"), "{user_data}");
 }

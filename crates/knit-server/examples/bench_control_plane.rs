@@ -8,11 +8,12 @@
 //! Run: `cargo run --release -p knit-server --example bench_control_plane`
 //! (no provider is involved; everything stays on 127.0.0.1 and a temp dir).
 
+use knit_api::state::InstanceState;
 use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_client::{Client, ClientConfig};
 use knit_server::bootstrap::NoCluster;
 use knit_server::reconcile::plan;
-use knit_server::store::{state, InstanceRecord};
+use knit_server::store::InstanceRecord;
 use knit_server::Settings;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,7 +55,7 @@ fn main() {
             name: format!("workers-{i:05}"),
             pool: "workers".into(),
             provider_id: Some(format!("i-{i:012}")),
-            state: state::RUNNING,
+            state: InstanceState::Running,
             ip: Some(format!("10.213.{}.{}", i / 250, i % 250 + 2)),
             instance_type: "ecs.g7.large".into(),
             report_token_hash: None,

@@ -7,8 +7,8 @@ use crate::error::{Result, ServerError};
 use crate::metrics::PoolGauge;
 use crate::names;
 use crate::reconcile::counts_toward_pool;
-use crate::store::{state, PoolRecord};
-use knit_api::state::EventType;
+use crate::store::PoolRecord;
+use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{PoolStatus, PoolView};
 use knit_api::{ApiError, Cluster, FieldError, NodePool};
 
@@ -84,7 +84,7 @@ pub fn get(cp: &ControlPlane, name: &str) -> Result<PoolView> {
 /// A pool's instances by state and its nodes.
 fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
     let counts = cp.store.pool_counts(&record.pool.metadata.name)?;
-    let count = |s: knit_api::state::InstanceState| counts.instances.get(&s).copied().unwrap_or(0);
+    let count = |s: InstanceState| counts.instances.get(&s).copied().unwrap_or(0);
     Ok(PoolStatus {
         desired: record.pool.spec.replicas,
         instances: counts
@@ -93,10 +93,10 @@ fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
             .filter(|(s, _)| counts_toward_pool(s))
             .map(|(_, n)| n)
             .sum(),
-        pending: count(state::PENDING) + count(state::CREATING),
-        running: count(state::RUNNING),
-        failed: count(state::FAILED),
-        deleting_instances: count(state::DELETING),
+        pending: count(InstanceState::Pending) + count(InstanceState::Creating),
+        running: count(InstanceState::Running),
+        failed: count(InstanceState::Failed),
+        deleting_instances: count(InstanceState::Deleting),
         initialized: counts.initialized,
         ready: counts.ready,
         deleting: record.deleting,

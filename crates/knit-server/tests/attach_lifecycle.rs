@@ -6,11 +6,12 @@
 
 mod support;
 
+use knit_api::state::InstanceState;
 use knit_api::{NodePool, NodePoolSpec};
 use knit_client::Client;
 use knit_server::attach::AttachRecord;
 use knit_server::preflight::{InstanceFacts, Mode};
-use knit_server::store::{state, Enrollment, Store};
+use knit_server::store::{Enrollment, Store};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,7 +81,7 @@ impl Harness {
                     provider_id: id,
                     ip: Some("10.213.0.7"),
                     instance_type: "ecs.g7.large",
-                    state: state::CREATING,
+                    state: InstanceState::Creating,
                 },
                 true,
             )
@@ -127,7 +128,7 @@ fn an_interrupted_attach_is_rolled_forward_by_the_next_server() {
     h.add("i-000000000001", "10.213.0.7", "stopped");
     h.leave_an_interrupted_attach("i-000000000001");
     h.start();
-    let i = h.wait_state("i-000000000001", state::RUNNING.as_str());
+    let i = h.wait_state("i-000000000001", InstanceState::Running.as_str());
     assert_eq!(i["added"], true, "{i}");
     assert_eq!(
         h.cloud.changes(),
@@ -158,7 +159,7 @@ fn an_interrupted_attach_whose_instance_is_gone_is_undone() {
     let mut h = Harness::new(FakeCloud::default());
     h.leave_an_interrupted_attach("i-00000000dead");
     h.start();
-    let i = h.wait_state("i-00000000dead", state::DETACHED.as_str());
+    let i = h.wait_state("i-00000000dead", InstanceState::Detached.as_str());
     let why = i["lastError"].as_str().unwrap_or_default();
     assert!(
         why.contains("no longer exists") && why.contains("the add was undone"),
@@ -197,7 +198,7 @@ fn a_failed_reimage_undoes_the_add_and_the_instance_can_be_attached_again() {
             .is_some_and(|e| e.contains("the re-image broke")),
         "{answer}"
     );
-    let i = h.wait_state("i-000000000002", state::DETACHED.as_str());
+    let i = h.wait_state("i-000000000002", InstanceState::Detached.as_str());
     assert!(
         i["lastError"]
             .as_str()

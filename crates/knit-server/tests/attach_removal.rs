@@ -8,11 +8,12 @@
 
 mod support;
 
+use knit_api::state::InstanceState;
 use knit_api::{NodePool, NodePoolSpec};
 use knit_client::Client;
 use knit_server::attach::AttachRecord;
 use knit_server::preflight::Mode;
-use knit_server::store::{state, Enrollment, Store};
+use knit_server::store::{Enrollment, Store};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,7 +76,7 @@ impl Harness {
                     provider_id: ID,
                     ip: Some("10.213.0.9"),
                     instance_type: "ecs.g7.large",
-                    state: state::RUNNING,
+                    state: InstanceState::Running,
                 },
                 false,
             )
@@ -109,7 +110,7 @@ impl Harness {
                 .find(|i| i["providerId"] == ID)
                 .cloned()
                 .unwrap_or_else(|| panic!("{ID} not in the store"));
-            if i["state"] == state::DETACHED.as_str() {
+            if i["state"] == InstanceState::Detached.as_str() {
                 return i;
             }
             assert!(Instant::now() < deadline, "never Detached: {i}");

@@ -10,10 +10,11 @@
 //! test sleeps or asserts on timing.
 
 use async_trait::async_trait;
+use knit_api::state::InstanceState;
 use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_server::bootstrap::{ClusterJoin, JoinMaterial};
 use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
-use knit_server::store::{state, Enrollment, Store};
+use knit_server::store::{Enrollment, Store};
 use knit_server::{ControlPlane, ServerError, Settings};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -308,7 +309,7 @@ impl Env {
         }
     }
 
-    fn state(&self, name: &str) -> knit_api::state::InstanceState {
+    fn state(&self, name: &str) -> InstanceState {
         self.cp.store.instance(name).unwrap().unwrap().state
     }
 
@@ -358,7 +359,7 @@ async fn a_node_ready_once_is_never_failed_by_the_join_timeout() {
     env.observe("p-a", "NotReady", t + 3 * MIN).await;
     env.observe("p-a", "NotReady", t + 4 * MIN).await;
     env.observe("p-a", "Unknown", t + 30 * MIN).await;
-    assert_eq!(env.state("p-a"), state::RUNNING);
+    assert_eq!(env.state("p-a"), InstanceState::Running);
     assert_eq!(env.deletes(), vec![], "nothing released");
     assert!(
         !env.reasons_for("p-a").iter().any(|r| r == "JoinTimeout"),
@@ -369,7 +370,7 @@ async fn a_node_ready_once_is_never_failed_by_the_join_timeout() {
     // Across a restart too: the first join is stored.
     let env = env.restart();
     env.pass(t + 60 * MIN).await;
-    assert_eq!(env.state("p-a"), state::RUNNING);
+    assert_eq!(env.state("p-a"), InstanceState::Running);
     assert_eq!(env.deletes(), vec![]);
 }
 
@@ -380,7 +381,11 @@ async fn the_join_timeout_still_fails_a_node_that_never_became_ready() {
     env.running("p", "p-a");
     let t = t0(&env, "p-a");
     env.observe("p-a", "NotReady", t + 30_000).await;
-    assert_eq!(env.state("p-a"), state::RUNNING, "within the timeout");
+    assert_eq!(
+        env.state("p-a"),
+        InstanceState::Running,
+        "within the timeout"
+    );
     env.observe("p-a", "NotReady", t + 61_000).await;
     assert_eq!(
         env.deletes(),
@@ -397,14 +402,18 @@ async fn a_node_failed_by_the_join_timeout_that_becomes_ready_recovers() {
     env.running("p", "p-a");
     let t = t0(&env, "p-a");
     env.observe("p-a", "NotReady", t + 61_000).await;
-    assert_eq!(env.state("p-a"), state::FAILED);
+    assert_eq!(env.state("p-a"), InstanceState::Failed);
     env.observe("p-a", "Ready", t + 70_000).await;
-    assert_eq!(env.state("p-a"), state::RUNNING, "not Failed for good");
+    assert_eq!(
+        env.state("p-a"),
+        InstanceState::Running,
+        "not Failed for good"
+    );
     let reasons = env.reasons_for("p-a");
     assert!(reasons.contains(&"Recovered".to_string()), "{reasons:?}");
     // And it is joined now: NotReady later is not a join timeout.
     env.observe("p-a", "NotReady", t + 10 * MIN).await;
-    assert_eq!(env.state("p-a"), state::RUNNING);
+    assert_eq!(env.state("p-a"), InstanceState::Running);
 }
 
 #[tokio::test]
@@ -418,20 +427,24 @@ async fn an_instance_failed_by_the_join_timeout_before_the_upgrade_recovers_too(
         .store
         .set_instance_state(
             "p-a",
-            state::FAILED,
+            InstanceState::Failed,
             Some("not initialized 60 s after creation; last phase join started"),
         )
         .unwrap();
     // A failure of another kind stays.
     env.cp
         .store
-        .set_instance_state("p-b", state::FAILED, Some("gave up after 5 attempt(s)"))
+        .set_instance_state(
+            "p-b",
+            InstanceState::Failed,
+            Some("gave up after 5 attempt(s)"),
+        )
         .unwrap();
     let t = t0(&env, "p-a");
     env.observe("p-a", "Ready", t + 20 * MIN).await;
-    assert_eq!(env.state("p-a"), state::RUNNING);
+    assert_eq!(env.state("p-a"), InstanceState::Running);
     env.observe("p-b", "Ready", t + 21 * MIN).await;
-    assert_eq!(env.state("p-b"), state::FAILED);
+    assert_eq!(env.state("p-b"), InstanceState::Failed);
 }
 
 fn repair(spec: &mut NodePoolSpec) {
@@ -608,7 +621,7 @@ async fn an_added_instance_is_never_released_by_repair() {
                 provider_id: "i-p-mine",
                 ip: None,
                 instance_type: "t",
-                state: state::RUNNING,
+                state: InstanceState::Running,
             },
             false,
         )
@@ -627,7 +640,7 @@ async fn an_added_instance_is_never_released_by_repair() {
         env.cloud.calls()
     );
     assert_eq!(env.deletes(), vec![], "never released");
-    assert_eq!(env.state("p-mine"), state::RUNNING);
+    assert_eq!(env.state("p-mine"), InstanceState::Running);
     let reasons = env.reasons_for("p-mine");
     assert_eq!(
         reasons.iter().filter(|r| *r == "NotReplacing").count(),

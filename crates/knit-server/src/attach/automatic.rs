@@ -7,9 +7,9 @@ use super::{context, enroll, field_error, record, rename_target, undo, wire_repo
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::preflight::{self, InstanceFacts, Mode, Report};
-use crate::store::{now_ms, state, IntentRecord};
+use crate::store::{now_ms, IntentRecord};
 use crate::{pki, userdata};
-use knit_api::state::EventType;
+use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{
     AttachFailure, AttachOutcome, AttachRequest, AttachResponse, AttachedInstance,
 };
@@ -302,7 +302,7 @@ async fn attach_one(
     cp.store.put_attach_record(&rec)?;
     // The intent is written with the instance row and the count, before the
     // first destructive step.
-    let intent = enroll(cp, pool_name, &name, f, state::CREATING, true).await?;
+    let intent = enroll(cp, pool_name, &name, f, InstanceState::Creating, true).await?;
     let outcome = async {
         let after = reimage_for_pool(cp, pool, &name, &f.id, true).await?;
         // The new system disk has the image's root password; the new one is
@@ -347,7 +347,7 @@ pub async fn resume(cp: &ControlPlane, intent: &IntentRecord) -> Result<()> {
             Some("instance record gone"),
         );
     };
-    if instance.state != state::CREATING {
+    if instance.state != InstanceState::Creating {
         // Removed (or finished) meanwhile: nothing to roll forward.
         return cp.store.finish_intent(
             intent.id,

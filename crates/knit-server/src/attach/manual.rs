@@ -12,11 +12,11 @@ use super::{
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::preflight::{self, Mode};
-use crate::store::{now_ms, state, Redeem};
+use crate::store::{now_ms, Redeem};
 use crate::{pki, userdata};
 use base64::Engine;
 use knit_api::agent::LeaveReport;
-use knit_api::state::EventType;
+use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{AttachScriptRequest, AttachScriptResponse, MachineFacts, PreflightReport};
 use sha2::{Digest, Sha256};
 
@@ -317,7 +317,7 @@ pub async fn redeem(
         reimaged_ms: None,
         new_password: false,
     })?;
-    enroll(cp, &pool_name, &name, &facts, state::RUNNING, false).await?;
+    enroll(cp, &pool_name, &name, &facts, InstanceState::Running, false).await?;
     // Not keeping its name: the instance takes its node name at once
     // (hostname included). A provider that cannot rename leaves the
     // instance's name as it was; the node still takes the pool's rule.

@@ -10,9 +10,9 @@ use crate::provider::{
     within, DiskTemplate, InstanceTemplate, ProviderInstance, CALL_TIMEOUT, CREATE_TIMEOUT,
     TAG_NAME, TAG_POOL,
 };
-use crate::store::{now_ms, state, InstanceRecord, IntentRecord};
+use crate::store::{now_ms, InstanceRecord, IntentRecord};
 use crate::userdata;
-use knit_api::state::EventType;
+use knit_api::state::{EventType, InstanceState};
 use std::sync::Arc;
 
 fn backoff_ms(attempts: i64) -> i64 {
@@ -125,7 +125,7 @@ impl ControlPlane {
             );
         };
         self.store
-            .set_instance_state(&instance.name, state::CREATING, None)?;
+            .set_instance_state(&instance.name, InstanceState::Creating, None)?;
         // Restart safety: an instance made before a crash is adopted, not
         // made twice.
         if let Some(existing) = within(
@@ -185,7 +185,7 @@ impl ControlPlane {
                     // Cancelled by a scale-in meanwhile: the delete intent
                     // that cancelled it will find the instance by name.
                     self.store
-                        .set_instance_state(&instance.name, state::DELETING, None)?;
+                        .set_instance_state(&instance.name, InstanceState::Deleting, None)?;
                     return Ok(());
                 }
                 self.adopt(intent, &instance, &created, "Created", "created")?;
@@ -214,8 +214,11 @@ impl ControlPlane {
                 }
                 let attempts = intent.attempts + 1;
                 if attempts >= self.settings.max_create_attempts {
-                    self.store
-                        .set_instance_state(&instance.name, state::FAILED, Some(&message))?;
+                    self.store.set_instance_state(
+                        &instance.name,
+                        InstanceState::Failed,
+                        Some(&message),
+                    )?;
                     self.store.finish_intent(
                         intent.id,
                         knit_api::state::IntentStatus::Failed,
@@ -232,7 +235,7 @@ impl ControlPlane {
                     let delay = backoff_ms(attempts);
                     self.store.set_instance_state(
                         &instance.name,
-                        state::PENDING,
+                        InstanceState::Pending,
                         Some(&message),
                     )?;
                     self.store
@@ -487,7 +490,7 @@ impl ControlPlane {
             )?;
         } else {
             self.store
-                .set_instance_state(&intent.instance, state::DETACHED, None)?;
+                .set_instance_state(&intent.instance, InstanceState::Detached, None)?;
             self.store.add_event(
                 EventType::Normal,
                 "Instance",

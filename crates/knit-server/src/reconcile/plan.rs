@@ -1,7 +1,8 @@
 //! Desired vs actual, as a pure function: which instances to create and
 //! which to remove. No I/O.
 
-use crate::store::{state, InstanceRecord};
+use crate::store::InstanceRecord;
+use knit_api::state::InstanceState;
 
 /// What a pool needs now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -12,10 +13,13 @@ pub struct Plan {
 }
 
 /// States that count toward a pool's actual size.
-pub fn counts_toward_pool(s: &knit_api::state::InstanceState) -> bool {
+pub fn counts_toward_pool(s: &InstanceState) -> bool {
     matches!(
         *s,
-        state::PENDING | state::CREATING | state::RUNNING | state::FAILED
+        InstanceState::Pending
+            | InstanceState::Creating
+            | InstanceState::Running
+            | InstanceState::Failed
     )
 }
 
@@ -38,10 +42,10 @@ pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
     if excess == 0 {
         return Plan::default();
     }
-    let rank = |s: &knit_api::state::InstanceState| match *s {
-        state::PENDING => 0,
-        state::FAILED => 1,
-        state::CREATING => 2,
+    let rank = |s: &InstanceState| match *s {
+        InstanceState::Pending => 0,
+        InstanceState::Failed => 1,
+        InstanceState::Creating => 2,
         _ => 3,
     };
     let mut victims = active;
@@ -66,7 +70,7 @@ pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
 mod tests {
     use super::*;
 
-    fn inst(name: &str, st: knit_api::state::InstanceState, created_ms: i64) -> InstanceRecord {
+    fn inst(name: &str, st: InstanceState, created_ms: i64) -> InstanceRecord {
         InstanceRecord {
             name: name.into(),
             pool: "p".into(),
@@ -85,9 +89,9 @@ mod tests {
     #[test]
     fn scale_out_counts_pending_and_failed() {
         let list = vec![
-            inst("a", state::RUNNING, 1),
-            inst("b", state::PENDING, 2),
-            inst("c", state::FAILED, 3),
+            inst("a", InstanceState::Running, 1),
+            inst("b", InstanceState::Pending, 2),
+            inst("c", InstanceState::Failed, 3),
         ];
         assert_eq!(
             plan(5, &list),
@@ -101,18 +105,21 @@ mod tests {
 
     #[test]
     fn deleting_and_detached_do_not_count() {
-        let list = vec![inst("a", state::DELETING, 1), inst("b", state::DETACHED, 2)];
+        let list = vec![
+            inst("a", InstanceState::Deleting, 1),
+            inst("b", InstanceState::Detached, 2),
+        ];
         assert_eq!(plan(1, &list).create, 1);
     }
 
     #[test]
     fn scale_in_prefers_uncreated_then_failed_then_newest() {
         let list = vec![
-            inst("old", state::RUNNING, 1),
-            inst("new", state::RUNNING, 9),
-            inst("mid", state::RUNNING, 5),
-            inst("bad", state::FAILED, 2),
-            inst("wait", state::PENDING, 3),
+            inst("old", InstanceState::Running, 1),
+            inst("new", InstanceState::Running, 9),
+            inst("mid", InstanceState::Running, 5),
+            inst("bad", InstanceState::Failed, 2),
+            inst("wait", InstanceState::Pending, 3),
         ];
         assert_eq!(plan(1, &list).delete, vec!["wait", "bad", "new", "mid"]);
         assert_eq!(plan(3, &list).delete, vec!["wait", "bad"]);
@@ -121,16 +128,15 @@ mod tests {
 
     #[test]
     fn scale_in_takes_instances_knit_created_before_added_ones() {
-        let added =
-            |name: &str, st: knit_api::state::InstanceState, created_ms: i64| InstanceRecord {
-                added: true,
-                ..inst(name, st, created_ms)
-            };
+        let added = |name: &str, st: InstanceState, created_ms: i64| InstanceRecord {
+            added: true,
+            ..inst(name, st, created_ms)
+        };
         let list = vec![
-            added("mine-new", state::RUNNING, 9),
-            added("mine-bad", state::FAILED, 8),
-            inst("ours-old", state::RUNNING, 1),
-            inst("ours-new", state::RUNNING, 5),
+            added("mine-new", InstanceState::Running, 9),
+            added("mine-bad", InstanceState::Failed, 8),
+            inst("ours-old", InstanceState::Running, 1),
+            inst("ours-new", InstanceState::Running, 5),
         ];
         assert_eq!(plan(3, &list).delete, vec!["ours-new"]);
         assert_eq!(plan(2, &list).delete, vec!["ours-new", "ours-old"]);

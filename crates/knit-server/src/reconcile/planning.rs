@@ -4,8 +4,8 @@
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki;
-use crate::store::{now_ms, state, InstanceHealth, InstanceRecord, NodeRecord};
-use knit_api::state::EventType;
+use crate::store::{now_ms, InstanceHealth, InstanceRecord, NodeRecord};
+use knit_api::state::{EventType, InstanceState};
 use std::time::Instant;
 
 use super::plan::{plan, Plan};
@@ -45,7 +45,7 @@ impl ControlPlane {
             }
             let p = plan(desired, &instances);
             self.apply_plan(&record.pool, &p, true)?;
-            if record.deleting && instances.iter().all(|i| i.state == state::DETACHED) {
+            if record.deleting && instances.iter().all(|i| i.state == InstanceState::Detached) {
                 self.store.remove_pool(&name)?;
                 self.store.add_event(
                     EventType::Normal,
@@ -78,7 +78,7 @@ impl ControlPlane {
         let late: Vec<&InstanceRecord> = instances
             .iter()
             .filter(|i| {
-                i.state == state::RUNNING
+                i.state == InstanceState::Running
                     && now - i.created_ms > timeout_ms
                     && health.get(&i.name).is_none_or(|h| h.joined_ms.is_none())
             })
@@ -112,7 +112,7 @@ impl ControlPlane {
             );
             let message = crate::attach::diagnose(self, &i.name, message);
             self.store
-                .set_instance_state(&i.name, state::FAILED, Some(&message))?;
+                .set_instance_state(&i.name, InstanceState::Failed, Some(&message))?;
             // Remembered, so that the node Ready later is Running again.
             let mut h = health.get(&i.name).cloned().unwrap_or(InstanceHealth {
                 instance: i.name.clone(),
@@ -290,7 +290,7 @@ impl ControlPlane {
 mod tests {
     use super::super::plan::{plan, Plan};
     use crate::control::ControlPlane;
-    use crate::store::state;
+    use knit_api::state::InstanceState;
     use std::sync::Arc;
 
     fn control_plane(dir: &std::path::Path) -> Arc<ControlPlane> {
@@ -336,7 +336,7 @@ mod tests {
                     provider_id: "i-user",
                     ip: None,
                     instance_type: "t",
-                    state: state::RUNNING,
+                    state: InstanceState::Running,
                 },
                 false,
             )
@@ -371,7 +371,7 @@ mod tests {
         );
         assert_eq!(
             cp.store.instance("p-mine").unwrap().unwrap().state,
-            state::RUNNING
+            InstanceState::Running
         );
     }
 
@@ -472,7 +472,7 @@ mod tests {
         let mine = cp.store.instance("p-mine").unwrap().unwrap();
         assert_eq!(
             (mine.state, mine.last_error.as_deref()),
-            (state::DETACHED, Some("why"))
+            (InstanceState::Detached, Some("why"))
         );
         assert_eq!(cp.store.undo_attach("p-mine", "again").unwrap(), None);
         assert_eq!(replicas(&cp), 2, "the count drops once");

@@ -16,8 +16,8 @@
 
 use crate::control::ControlPlane;
 use crate::error::Result;
-use crate::store::{state, InstanceHealth, InstanceRecord, NodeRecord};
-use knit_api::state::EventType;
+use crate::store::{InstanceHealth, InstanceRecord, NodeRecord};
+use knit_api::state::{EventType, InstanceState};
 use knit_api::RepairSpec;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -257,7 +257,7 @@ impl ControlPlane {
         let attached = self.cluster.attached();
         for i in instances
             .iter()
-            .filter(|i| i.state == state::RUNNING || i.state == state::FAILED)
+            .filter(|i| i.state == InstanceState::Running || i.state == InstanceState::Failed)
         {
             let (joined, ready) = node_state(nodes, &i.name, attached);
             let before = health.get(&i.name).cloned().unwrap_or(InstanceHealth {
@@ -284,10 +284,10 @@ impl ControlPlane {
                 || i.last_error
                     .as_deref()
                     .is_some_and(|e| e.starts_with(crate::reconcile::JOIN_TIMEOUT_MESSAGE_START));
-            if i.state == state::FAILED && join_failed && joined {
+            if i.state == InstanceState::Failed && join_failed && joined {
                 after.join_failed_ms = None;
                 self.store
-                    .set_instance_state(&i.name, state::RUNNING, None)?;
+                    .set_instance_state(&i.name, InstanceState::Running, None)?;
                 self.store.add_event(
                     EventType::Normal,
                     "Instance",
@@ -325,7 +325,7 @@ impl ControlPlane {
             .count();
         let running: Vec<&InstanceRecord> = instances
             .iter()
-            .filter(|i| i.state == state::RUNNING && health.contains_key(&i.name))
+            .filter(|i| i.state == InstanceState::Running && health.contains_key(&i.name))
             .collect();
         let views: Vec<HealthView<'_>> = running
             .iter()

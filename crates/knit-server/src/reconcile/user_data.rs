@@ -3,8 +3,8 @@
 
 use crate::control::ControlPlane;
 use crate::error::Result;
-use crate::store::{now_ms, state, NodeRecord};
-use knit_api::state::EventType;
+use crate::store::{now_ms, NodeRecord};
+use knit_api::state::{EventType, InstanceState};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -109,7 +109,7 @@ impl ControlPlane {
             };
             let (Some(id), true) = (
                 instance.provider_id.clone(),
-                instance.state == state::RUNNING,
+                instance.state == InstanceState::Running,
             ) else {
                 continue;
             };

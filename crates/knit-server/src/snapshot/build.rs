@@ -7,13 +7,13 @@ use super::cleanup::{clean_up, release_builder};
 use super::{invalid, note, progress, remark, runtime_disk, status_of, Cp};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::store::{now_ms, state, SnapshotBuildRecord, SnapshotRecord};
+use crate::store::{now_ms, SnapshotBuildRecord, SnapshotRecord};
 use crate::userdata::agent;
 use knit_api::agent::{
     BuilderCleaned, CacheManifestReport, ImagePull, ImageReport, KubeletStopped, PackageVerified,
     SystemImages, IMAGES_LOG,
 };
-use knit_api::state::EventType;
+use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{SnapshotBuildRequest, SnapshotBuildStatus};
 use knit_api::NodePool;
 use std::time::{Duration, Instant};
@@ -401,7 +401,7 @@ async fn build_on(
     let attached = cp.cluster.attached();
     let node = wait_until("builder node Ready", READY_TIMEOUT, || {
         if let Some(i) = cp.store.instance(&instance)? {
-            if i.state == state::FAILED {
+            if i.state == InstanceState::Failed {
                 return Err(ServerError::Conflict(format!(
                     "builder instance {instance} failed: {}",
                     i.last_error.unwrap_or_default()
@@ -477,7 +477,7 @@ async fn build_on(
             cp.store.update_pool(&p)?;
         }
         cp.store
-            .set_instance_state(&instance, state::DETACHED, None)?;
+            .set_instance_state(&instance, InstanceState::Detached, None)?;
     }
     cp.store.add_event(
         EventType::Normal,

@@ -5,8 +5,8 @@
 use super::{remark, Cp};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::store::{state, SnapshotBuildRecord};
-use knit_api::state::EventType;
+use crate::store::SnapshotBuildRecord;
+use knit_api::state::{EventType, InstanceState};
 use std::time::Duration;
 
 /// Provider calls of a clean-up are retried this many times.
@@ -26,7 +26,7 @@ pub(super) async fn release_builder(cp: &Cp, b: &SnapshotBuildRecord) -> Result<
     let Some(rec) = cp.store.instance(instance)? else {
         return Ok(format!("builder instance {instance} already gone"));
     };
-    if rec.state != state::DETACHED {
+    if rec.state != InstanceState::Detached {
         return Ok(format!(
             "builder instance {instance} ({}) released with its pool {}",
             rec.state, b.builder_pool

@@ -206,20 +206,6 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// The instance states under their former names (`state::RUNNING`),
-/// typed: a caller compares and stores an [`InstanceState`] either way.
-/// Kept while the callers move to the enum's own names.
-pub mod state {
-    use knit_api::state::InstanceState;
-
-    pub const PENDING: InstanceState = InstanceState::Pending;
-    pub const CREATING: InstanceState = InstanceState::Creating;
-    pub const RUNNING: InstanceState = InstanceState::Running;
-    pub const FAILED: InstanceState = InstanceState::Failed;
-    pub const DELETING: InstanceState = InstanceState::Deleting;
-    pub const DETACHED: InstanceState = InstanceState::Detached;
-}
-
 pub struct Store {
     conn: Mutex<Connection>,
     event_retention: Mutex<EventRetention>,

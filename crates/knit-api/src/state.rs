@@ -1,7 +1,8 @@
 //! Every state knit records and shows as a word: an instance's lifecycle, an
 //! intent's action and status, a node's Ready status, an event's type, a
-//! snapshot build's status, a data disk's interface (and the phase outcome
-//! of [`crate::events`]).
+//! snapshot build's status, a data disk's interface, a repair action (and
+//! the phase outcome of [`crate::events`]; phase names and error codes of
+//! [`crate::phase`] parse from their stored words here).
 //!
 //! Each word is written once here: the serde name is the one on the wire
 //! and the one stored in the control plane's database, so a value written
@@ -9,6 +10,7 @@
 
 use crate::error::FieldError;
 use crate::events::PhaseOutcome;
+use crate::phase::{ErrorCode, PhaseName};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -158,6 +160,16 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// A node repair action (`spec.repair.actions[]`), and the one a
+    /// repair episode took last.
+    RepairAction, field = "repair.action" {
+        RestartServices = "restart-services",
+        Reboot = "reboot",
+        Replace = "replace",
+    }
+}
+
 impl PhaseOutcome {
     /// Every outcome, in the order a phase goes through them.
     pub const ALL: &'static [PhaseOutcome] = &[
@@ -204,6 +216,34 @@ impl FromStr for PhaseOutcome {
     }
 }
 
+/// A phase's name as stored (the node's latest phase, a timeline entry).
+impl FromStr for PhaseName {
+    type Err = FieldError;
+
+    fn from_str(word: &str) -> Result<Self, FieldError> {
+        PhaseName::parse(word).ok_or_else(|| {
+            let allowed: Vec<&str> = PhaseName::ALL.iter().map(|p| p.as_str()).collect();
+            unknown_word("phase.name", word, &allowed)
+        })
+    }
+}
+
+/// An agent's error code as stored: its serde name, the one word per code.
+impl FromStr for ErrorCode {
+    type Err = FieldError;
+
+    fn from_str(word: &str) -> Result<Self, FieldError> {
+        use serde::de::IntoDeserializer;
+        let de: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+            word.into_deserializer();
+        ErrorCode::deserialize(de).map_err(|_| FieldError {
+            field: "phase.errorCode".to_string(),
+            value: format!("{word:?}"),
+            rule: "must be an error code the agent reports (FailConfig, FailJoin, ...)".to_string(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +286,32 @@ mod tests {
         pins(BuildStatus::ALL, &["Running", "Succeeded", "Failed"]);
         pins(DiskInterface::ALL, &["virtio", "nvme"]);
         pins(PhaseOutcome::ALL, &["started", "done", "skipped", "failed"]);
+        pins(
+            RepairAction::ALL,
+            &["restart-services", "reboot", "replace"],
+        );
+        pins(
+            &PhaseName::ALL,
+            &[
+                "time-sync",
+                "node-identity",
+                "data-disk",
+                "os-config-initial",
+                "kubernetes-components",
+                "optional-components",
+                "join",
+                "base-packages",
+                "os-config",
+                "hardening",
+            ],
+        );
+        for code in [
+            ErrorCode::FailConfig,
+            ErrorCode::FailJoin,
+            ErrorCode::FailCommand,
+        ] {
+            assert_eq!(code.as_str().parse::<ErrorCode>().unwrap(), code);
+        }
     }
 
     #[test]
@@ -262,6 +328,14 @@ mod tests {
             err.to_string(),
             "phase.outcome: value \"ok\" must be one of started, done, skipped, failed"
         );
+        let err = "Join".parse::<PhaseName>().unwrap_err();
+        assert_eq!(err.field, "phase.name");
+        assert!(err
+            .rule
+            .starts_with("must be one of time-sync, node-identity"));
+        let err = "FailNothing".parse::<ErrorCode>().unwrap_err();
+        assert_eq!(err.field, "phase.errorCode");
+        assert_eq!(err.value, "\"FailNothing\"");
     }
 
     #[test]

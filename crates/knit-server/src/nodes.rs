@@ -8,7 +8,7 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::names;
 use crate::reconcile::counts_toward_pool;
-use crate::store::{InstanceRecord, NodeRecord};
+use crate::store::{InstanceRecord, NodeRecord, TimelineEntry};
 use knit_api::state::EventType;
 use knit_api::views::{
     ExecRequest, ExecResponse, InstanceView, NodeCacheView, NodeRemoving, NodeView,
@@ -49,20 +49,41 @@ fn node_view(
     instance: Option<&InstanceRecord>,
     with_timeline: bool,
 ) -> Result<NodeView> {
-    let mut view: NodeView = as_view(node)?;
-    view.initialized = node.initialized();
-    view.provider_id = instance.and_then(|i| i.provider_id.clone());
-    view.ip = instance.and_then(|i| i.ip.clone());
-    if with_timeline {
-        view.timeline = Some(
-            cp.store
-                .timeline(&node.name)?
-                .iter()
-                .map(as_view::<TimelineEntryView>)
-                .collect::<Result<_>>()?,
-        );
+    let timeline = if with_timeline {
+        let entries = cp.store.timeline(&node.name)?;
+        Some(entries.into_iter().map(timeline_entry_view).collect())
+    } else {
+        None
+    };
+    Ok(NodeView {
+        name: node.name.clone(),
+        instance: node.instance.clone(),
+        pool: node.pool.clone(),
+        status: node.status,
+        phase: node.phase,
+        phase_outcome: node.phase_outcome,
+        error_code: node.error_code,
+        error: node.error.clone(),
+        created_ms: node.created_ms,
+        updated_ms: node.updated_ms,
+        user_data: node.user_data.clone(),
+        initialized: node.initialized(),
+        provider_id: instance.and_then(|i| i.provider_id.clone()),
+        ip: instance.and_then(|i| i.ip.clone()),
+        timeline,
+        cache: None,
+    })
+}
+
+fn timeline_entry_view(entry: TimelineEntry) -> TimelineEntryView {
+    TimelineEntryView {
+        phase: entry.phase,
+        outcome: entry.outcome,
+        reason: entry.reason,
+        error_code: entry.error_code,
+        at_ms: entry.at_ms,
+        duration_ms: entry.duration_ms,
     }
-    Ok(view)
 }
 
 /// Every node, with its instance's provider id and address.

@@ -100,7 +100,7 @@ impl ControlPlane {
             let last = match node {
                 Some(n) => format!(
                     "last phase {} {}{}",
-                    n.phase.as_deref().unwrap_or("-"),
+                    n.phase.map_or("-", |p| p.as_str()),
                     n.phase_outcome.map_or("-", |o| o.as_str()),
                     n.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
                 ),

@@ -17,7 +17,7 @@
 use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::store::{InstanceHealth, InstanceRecord, NodeRecord};
-use knit_api::state::{EventType, InstanceState};
+use knit_api::state::{EventType, InstanceState, RepairAction};
 use knit_api::RepairSpec;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -27,32 +27,6 @@ use std::time::Duration;
 pub const RESTART_SERVICES_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a stop or a start of the instance may take, each.
 pub const REBOOT_STEP_TIMEOUT: Duration = Duration::from_secs(300);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RepairAction {
-    RestartServices,
-    Reboot,
-    Replace,
-}
-
-impl RepairAction {
-    pub fn parse(s: &str) -> Option<RepairAction> {
-        match s {
-            "restart-services" => Some(RepairAction::RestartServices),
-            "reboot" => Some(RepairAction::Reboot),
-            "replace" => Some(RepairAction::Replace),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepairAction::RestartServices => "restart-services",
-            RepairAction::Reboot => "reboot",
-            RepairAction::Replace => "replace",
-        }
-    }
-}
 
 /// What [`decide`] sees of one Running instance of a pool.
 #[derive(Debug, Clone)]
@@ -127,7 +101,7 @@ pub fn decide(
     let actions: Vec<RepairAction> = policy
         .actions
         .iter()
-        .filter_map(|a| RepairAction::parse(a))
+        .filter_map(|a| a.parse().ok())
         .collect();
     let wait_ms = policy.wait_after_action_seconds * 1000;
     let waiting = |v: &HealthView<'_>| {
@@ -274,7 +248,7 @@ impl ControlPlane {
                     &format!(
                         "node Ready again after repair action {} ({})",
                         before.repair_step,
-                        before.repair_action.as_deref().unwrap_or("-")
+                        before.repair_action.map_or("-", RepairAction::as_str)
                     ),
                 )?;
             }
@@ -388,7 +362,7 @@ impl ControlPlane {
                     let mut h = health[&instance].clone();
                     let since = h.unhealthy_since_ms.unwrap_or(now);
                     h.repair_step = index as i64 + 1;
-                    h.repair_action = Some(action.as_str().to_string());
+                    h.repair_action = Some(action);
                     h.repair_at_ms = Some(now);
                     h.repair_note = None;
                     self.store.put_instance_health(&h)?;
@@ -808,7 +782,7 @@ mod tests {
         assert_eq!(h.unhealthy_since_ms, Some(20), "kept from the first sight");
         let mut h = h;
         h.repair_step = 2;
-        h.repair_action = Some("reboot".into());
+        h.repair_action = Some(RepairAction::Reboot);
         let h = observe(&h, true, true, true, 40);
         assert_eq!(
             (h.joined_ms, h.unhealthy_since_ms, h.repair_step),

@@ -419,8 +419,8 @@ async fn build_on(
         {
             return Err(ServerError::Conflict(format!(
                 "builder node {instance} failed in phase {}: {} {}",
-                n.phase.clone().unwrap_or_default(),
-                n.error_code.clone().unwrap_or_default(),
+                n.phase.map_or("", |p| p.as_str()),
+                n.error_code.map_or("", |c| c.as_str()),
                 n.error.clone().unwrap_or_default()
             )));
         }

@@ -354,7 +354,10 @@ pub async fn node_cache(
     if let Some(reason) = timeline
         .iter()
         .rev()
-        .find(|t| t.phase == "kubernetes-components" && t.outcome == knit_api::PhaseOutcome::Done)
+        .find(|t| {
+            t.phase == knit_api::PhaseName::KubernetesComponents
+                && t.outcome == knit_api::PhaseOutcome::Done
+        })
         .and_then(|t| t.reason.clone())
     {
         let hit = reason.contains("from the data-disk cache");

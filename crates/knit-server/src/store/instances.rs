@@ -1,9 +1,9 @@
 //! Instances (created by knit or added by attach) and each one's way to
 //! its first Ready and its node repair.
 
-use super::{now_ms, word, Store};
+use super::{now_ms, opt_word, word, Store};
 use crate::error::Result;
-use knit_api::state::InstanceState;
+use knit_api::state::{InstanceState, RepairAction};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -61,7 +61,7 @@ pub struct InstanceHealth {
     pub unhealthy_since_ms: Option<i64>,
     /// Repair actions taken in the current episode.
     pub repair_step: i64,
-    pub repair_action: Option<String>,
+    pub repair_action: Option<RepairAction>,
     pub repair_at_ms: Option<i64>,
     /// The last hold message given as an event (so it is given once).
     pub repair_note: Option<String>,
@@ -155,7 +155,7 @@ impl Store {
                     join_failed_ms: r.get(2)?,
                     unhealthy_since_ms: r.get(3)?,
                     repair_step: r.get(4)?,
-                    repair_action: r.get(5)?,
+                    repair_action: opt_word(r, 5)?,
                     repair_at_ms: r.get(6)?,
                     repair_note: r.get(7)?,
                 })
@@ -174,7 +174,7 @@ impl Store {
                 h.join_failed_ms,
                 h.unhealthy_since_ms,
                 h.repair_step,
-                h.repair_action,
+                h.repair_action.map(RepairAction::as_str),
                 h.repair_at_ms,
                 h.repair_note,
                 now_ms()

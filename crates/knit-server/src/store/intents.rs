@@ -210,7 +210,10 @@ mod tests {
         };
         store.record_phase_event(&instance, &event).unwrap();
         let node = store.node("local.i-1").unwrap().unwrap();
-        assert_eq!(node.error_code.as_deref(), Some("FailDataDiskNotFound"));
+        assert_eq!(
+            node.error_code,
+            Some(knit_api::ErrorCode::FailDataDiskNotFound)
+        );
         assert_eq!(node.phase_outcome, Some(PhaseOutcome::Failed));
         assert_eq!(store.timeline("local.i-1").unwrap().len(), 1);
         store.remove_instance("p-a").unwrap();

@@ -391,7 +391,21 @@ mod tests {
             at_ms: 1,
             duration_ms: Some(1),
         };
+        let failed = PhaseEvent {
+            phase: PhaseName::Join,
+            outcome: PhaseOutcome::Failed,
+            error_code: Some(knit_api::ErrorCode::FailJoin),
+            ..event.clone()
+        };
+        store.record_phase_event(&instance, &failed).unwrap();
         store.record_phase_event(&instance, &event).unwrap();
+        store
+            .put_instance_health(&InstanceHealth {
+                instance: "p-a".into(),
+                repair_action: Some(knit_api::state::RepairAction::RestartServices),
+                ..InstanceHealth::default()
+            })
+            .unwrap();
         let fresh = store.node("n").unwrap().unwrap().status;
         store.set_node_status("n", NodeStatus::Unknown).unwrap();
         store
@@ -418,7 +432,28 @@ mod tests {
             words("SELECT status || ' ' || phase_outcome FROM nodes"),
             ["Unknown skipped"]
         );
-        assert_eq!(words("SELECT outcome FROM timeline"), ["skipped"]);
+        assert_eq!(
+            words("SELECT phase || ' ' || error_code FROM nodes"),
+            ["hardening FailJoin"]
+        );
+        assert_eq!(
+            words("SELECT phase || ' ' || outcome || ' ' || coalesce(error_code, '-') FROM timeline ORDER BY id"),
+            ["join failed FailJoin", "hardening skipped -"]
+        );
+        assert_eq!(
+            words("SELECT repair_action FROM instance_health"),
+            ["restart-services"]
+        );
+        let node = store.node("n").unwrap().unwrap();
+        assert_eq!(node.phase, Some(PhaseName::Hardening));
+        assert_eq!(node.error_code, Some(knit_api::ErrorCode::FailJoin));
+        let timeline = store.timeline("n").unwrap();
+        assert_eq!(timeline[0].phase, PhaseName::Join);
+        assert_eq!(timeline[0].error_code, Some(knit_api::ErrorCode::FailJoin));
+        assert_eq!(
+            store.instance_health().unwrap()["p-a"].repair_action,
+            Some(knit_api::state::RepairAction::RestartServices)
+        );
         assert_eq!(words("SELECT type FROM events"), ["Warning"]);
         assert!(store.node("n").unwrap().unwrap().initialized());
     }
@@ -436,6 +471,18 @@ mod tests {
         let err = store.instances(None).unwrap_err().to_string();
         assert!(
             err.contains("instance.state: value \"Sleeping\" must be one of"),
+            "{err}"
+        );
+        store
+            .conn()
+            .execute(
+                "INSERT INTO nodes (name, instance, pool, status, phase, created_ms, updated_ms) VALUES ('n', 'a', 'p', 'Ready', 'Join', 0, 0)",
+                [],
+            )
+            .unwrap();
+        let err = store.nodes().unwrap_err().to_string();
+        assert!(
+            err.contains("phase.name: value \"Join\" must be one of time-sync"),
             "{err}"
         );
     }

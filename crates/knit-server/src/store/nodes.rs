@@ -4,7 +4,7 @@ use super::instances::InstanceRecord;
 use super::{now_ms, opt_word, word, Store};
 use crate::error::Result;
 use knit_api::state::NodeStatus;
-use knit_api::{PhaseEvent, PhaseOutcome};
+use knit_api::{ErrorCode, PhaseEvent, PhaseName, PhaseOutcome};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -15,9 +15,9 @@ pub struct NodeRecord {
     pub instance: String,
     pub pool: String,
     pub status: NodeStatus,
-    pub phase: Option<String>,
+    pub phase: Option<PhaseName>,
     pub phase_outcome: Option<PhaseOutcome>,
-    pub error_code: Option<String>,
+    pub error_code: Option<ErrorCode>,
     pub error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
@@ -29,7 +29,7 @@ pub struct NodeRecord {
 impl NodeRecord {
     /// The agent finished its last phase (or a phase failed: it stops there).
     pub fn initialized(&self) -> bool {
-        self.phase.as_deref() == Some("hardening")
+        self.phase == Some(PhaseName::Hardening)
             && self.phase_outcome.is_some_and(PhaseOutcome::is_success)
     }
 }
@@ -37,10 +37,10 @@ impl NodeRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TimelineEntry {
-    pub phase: String,
+    pub phase: PhaseName,
     pub outcome: PhaseOutcome,
     pub reason: Option<String>,
-    pub error_code: Option<String>,
+    pub error_code: Option<ErrorCode>,
     pub at_ms: i64,
     pub duration_ms: Option<i64>,
 }
@@ -54,9 +54,9 @@ fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
         instance: r.get(1)?,
         pool: r.get(2)?,
         status: word(r, 3)?,
-        phase: r.get(4)?,
+        phase: opt_word(r, 4)?,
         phase_outcome: opt_word(r, 5)?,
-        error_code: r.get(6)?,
+        error_code: opt_word(r, 6)?,
         error: r.get(7)?,
         created_ms: r.get(8)?,
         updated_ms: r.get(9)?,
@@ -69,7 +69,7 @@ impl Store {
     /// row is created by its first event.
     pub fn record_phase_event(&self, instance: &InstanceRecord, event: &PhaseEvent) -> Result<()> {
         let outcome = event.outcome.as_str();
-        let error_code = event.error_code.map(|c| c.as_str().to_string());
+        let error_code = event.error_code.map(ErrorCode::as_str);
         let now = now_ms();
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -153,10 +153,10 @@ impl Store {
         let rows = stmt
             .query_map(params![node], |r| {
                 Ok(TimelineEntry {
-                    phase: r.get(0)?,
+                    phase: word(r, 0)?,
                     outcome: word(r, 1)?,
                     reason: r.get(2)?,
-                    error_code: r.get(3)?,
+                    error_code: opt_word(r, 3)?,
                     at_ms: r.get(4)?,
                     duration_ms: r.get(5)?,
                 })

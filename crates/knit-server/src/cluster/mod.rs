@@ -29,32 +29,17 @@ pub struct EmbeddedJoin {
 /// An HTTPS client holding the admin kubeconfig's client certificate.
 fn admin_agent(kubeconfig: &str) -> Result<ureq::Agent> {
     let doc: Value = serde_yaml::from_str(kubeconfig).map_err(cluster_err)?;
-    let b64 = |v: &Value| -> Result<Vec<u8>> {
-        base64::engine::general_purpose::STANDARD
+    // Base64 of PEM text: the kubeconfig's `*-data` fields.
+    let pem = |v: &Value| -> Result<String> {
+        let bytes = base64::engine::general_purpose::STANDARD
             .decode(v.as_str().unwrap_or_default())
-            .map_err(cluster_err)
+            .map_err(cluster_err)?;
+        String::from_utf8(bytes).map_err(cluster_err)
     };
-    let ca = b64(&doc["clusters"][0]["cluster"]["certificate-authority-data"])?;
-    let cert = b64(&doc["users"][0]["user"]["client-certificate-data"])?;
-    let key = b64(&doc["users"][0]["user"]["client-key-data"])?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca.as_slice()) {
-        roots.add(c.map_err(cluster_err)?).map_err(cluster_err)?;
-    }
-    let chain = rustls_pemfile::certs(&mut cert.as_slice())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(cluster_err)?;
-    let key = rustls_pemfile::private_key(&mut key.as_slice())
-        .map_err(cluster_err)?
-        .ok_or_else(|| cluster_err("the admin kubeconfig holds no private key"))?;
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(cluster_err)?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, key)
-    .map_err(cluster_err)?;
+    let ca = pem(&doc["clusters"][0]["cluster"]["certificate-authority-data"])?;
+    let cert = pem(&doc["users"][0]["user"]["client-certificate-data"])?;
+    let key = pem(&doc["users"][0]["user"]["client-key-data"])?;
+    let tls = knit_cluster::tls::client_config(&ca, Some((&cert, &key))).map_err(cluster_err)?;
     Ok(ureq::AgentBuilder::new()
         .tls_config(Arc::new(tls))
         .timeout(Duration::from_secs(10))

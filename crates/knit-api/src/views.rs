@@ -693,6 +693,52 @@ pub struct PreflightResult {
     pub fix: String,
 }
 
+impl PreflightReport {
+    /// The checks that failed and block.
+    pub fn errors(&self) -> impl Iterator<Item = &PreflightResult> {
+        self.results
+            .iter()
+            .filter(|r| r.status == PreflightStatus::Error)
+    }
+
+    /// No check blocks.
+    pub fn passed(&self) -> bool {
+        self.errors().next().is_none()
+    }
+}
+
+/// The reports as a table, one line per check (what `knit attach` prints
+/// and what a refused manual attach says).
+pub fn preflight_table(reports: &[PreflightReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        out.push_str(&format!("instance {}\n", r.instance));
+        out.push_str(&format!(
+            "  {:<8} {:<28} {:<40} MESSAGE\n",
+            "STATUS", "CHECK", "CODE"
+        ));
+        for c in &r.results {
+            let status = match c.status {
+                PreflightStatus::Pass => "pass",
+                PreflightStatus::Error => "ERROR",
+                PreflightStatus::Warning => "warning",
+                PreflightStatus::Skipped => "skipped",
+            };
+            out.push_str(&format!(
+                "  {status:<8} {:<28} {:<40} {}\n",
+                c.check, c.code, c.message
+            ));
+            if !c.fix.is_empty() {
+                out.push_str(&format!(
+                    "  {:<8} {:<28} {:<40} fix: {}\n",
+                    "", "", "", c.fix
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// What a check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

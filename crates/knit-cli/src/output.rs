@@ -1,6 +1,5 @@
 //! kubectl-style output: aligned tables, ages, durations, `-o json|yaml`.
 
-use knit_api::views::{PreflightReport, PreflightStatus};
 use serde_json::Value;
 use std::fmt::Display;
 
@@ -81,37 +80,6 @@ pub fn document(format: Format, v: &Value) -> String {
         Format::Yaml => yaml(v),
         Format::Json | Format::Wide => json(v),
     }
-}
-
-/// Attach preflight results, one line per check, for each instance.
-pub fn preflight_table(reports: &[PreflightReport]) -> String {
-    let mut out = String::new();
-    for r in reports {
-        out.push_str(&format!("instance {}\n", r.instance));
-        out.push_str(&format!(
-            "  {:<8} {:<28} {:<40} MESSAGE\n",
-            "STATUS", "CHECK", "CODE"
-        ));
-        for c in &r.results {
-            let status = match c.status {
-                PreflightStatus::Pass => "pass",
-                PreflightStatus::Error => "ERROR",
-                PreflightStatus::Warning => "warning",
-                PreflightStatus::Skipped => "skipped",
-            };
-            out.push_str(&format!(
-                "  {status:<8} {:<28} {:<40} {}\n",
-                c.check, c.code, c.message
-            ));
-            if !c.fix.is_empty() {
-                out.push_str(&format!(
-                    "  {:<8} {:<28} {:<40} fix: {}\n",
-                    "", "", "", c.fix
-                ));
-            }
-        }
-    }
-    out
 }
 
 pub fn yaml(v: &Value) -> String {

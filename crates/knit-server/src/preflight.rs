@@ -7,6 +7,7 @@
 //! attributes (account, VPC, security groups, ENIs, RAM role …); on a real
 //! cloud they would come from its API.
 
+use knit_api::views::{PreflightReport, PreflightResult, PreflightStatus};
 use knit_api::{parse_cidr, Cluster, NodePool};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -45,19 +46,6 @@ pub enum Mode {
     Automatic,
     /// The instance keeps its OS; the user runs a command on it.
     Manual,
-}
-
-/// What a check found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Pass,
-    /// A failed check that blocks.
-    Error,
-    /// A failed check that does not block.
-    Warning,
-    /// Not applicable (e.g. Terway checks on a Flannel cluster).
-    Skipped,
 }
 
 /// A security group rule as the cloud reports it.
@@ -174,37 +162,6 @@ impl Default for Context {
     }
 }
 
-/// One check's outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CheckResult {
-    /// Stable name, e.g. `same-vpc`.
-    pub check: String,
-    /// Stable code, e.g. `PreflightVpcMismatch` (also on a pass).
-    pub code: String,
-    pub status: Status,
-    pub message: String,
-    /// What to do; empty on a pass.
-    pub fix: String,
-}
-
-/// All results for one instance.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Report {
-    pub instance: String,
-    pub results: Vec<CheckResult>,
-}
-
-impl Report {
-    pub fn errors(&self) -> impl Iterator<Item = &CheckResult> {
-        self.results.iter().filter(|r| r.status == Status::Error)
-    }
-    pub fn passed(&self) -> bool {
-        self.errors().next().is_none()
-    }
-}
-
 /// A check's stable name and the code its result carries (on a pass too).
 /// A check that fails in more than one way has one entry per code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,20 +253,20 @@ fn failure(message: impl Into<String>, fix: impl Into<String>) -> Failure {
     }
 }
 
-struct Out(Vec<CheckResult>);
+struct Out(Vec<PreflightResult>);
 
 impl Out {
     fn pass(&mut self, c: Check, message: impl Into<String>) {
-        self.push(c, Status::Pass, message.into(), String::new());
+        self.push(c, PreflightStatus::Pass, message.into(), String::new());
     }
     fn skip(&mut self, c: Check, message: &str) {
-        self.push(c, Status::Skipped, message.into(), String::new());
+        self.push(c, PreflightStatus::Skipped, message.into(), String::new());
     }
     fn fail(&mut self, c: Check, f: Failure) {
-        self.push(c, Status::Error, f.message, f.fix);
+        self.push(c, PreflightStatus::Error, f.message, f.fix);
     }
     fn warn(&mut self, c: Check, f: Failure) {
-        self.push(c, Status::Warning, f.message, f.fix);
+        self.push(c, PreflightStatus::Warning, f.message, f.fix);
     }
     /// The shape most checks have: a pass when `ok`, else an error.
     fn require(&mut self, c: Check, ok: bool, pass: impl Into<String>, fail: Failure) {
@@ -319,8 +276,8 @@ impl Out {
             self.fail(c, fail);
         }
     }
-    fn push(&mut self, c: Check, status: Status, message: String, fix: String) {
-        self.0.push(CheckResult {
+    fn push(&mut self, c: Check, status: PreflightStatus, message: String, fix: String) {
+        self.0.push(PreflightResult {
             check: c.name.into(),
             code: c.code.into(),
             status,
@@ -398,7 +355,12 @@ fn rule_text(r: &RuleFacts) -> String {
 }
 
 /// Runs every check; never stops at the first failure.
-pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Context) -> Report {
+pub fn check(
+    cluster: &Cluster,
+    pool: &NodePool,
+    i: &InstanceFacts,
+    ctx: &Context,
+) -> PreflightReport {
     let mut o = Out(Vec::new());
     let spec = &cluster.spec;
     let ps = &pool.spec;
@@ -674,7 +636,7 @@ pub fn check(cluster: &Cluster, pool: &NodePool, i: &InstanceFacts, ctx: &Contex
         );
     }
 
-    Report {
+    PreflightReport {
         instance: i.id.clone(),
         results: o.0,
     }
@@ -952,37 +914,6 @@ fn check_security_groups(
     );
 }
 
-/// The results as a table (one line per check), for the CLI.
-pub fn render_table(reports: &[Report]) -> String {
-    let mut out = String::new();
-    for r in reports {
-        out.push_str(&format!("instance {}\n", r.instance));
-        out.push_str(&format!(
-            "  {:<8} {:<28} {:<40} MESSAGE\n",
-            "STATUS", "CHECK", "CODE"
-        ));
-        for c in &r.results {
-            let status = match c.status {
-                Status::Pass => "pass",
-                Status::Error => "ERROR",
-                Status::Warning => "warning",
-                Status::Skipped => "skipped",
-            };
-            out.push_str(&format!(
-                "  {status:<8} {:<28} {:<40} {}\n",
-                c.check, c.code, c.message
-            ));
-            if !c.fix.is_empty() {
-                out.push_str(&format!(
-                    "  {:<8} {:<28} {:<40} fix: {}\n",
-                    "", "", "", c.fix
-                ));
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1037,7 +968,7 @@ mod tests {
         i: &InstanceFacts,
         ctx: &Context,
         name: &str,
-    ) -> CheckResult {
+    ) -> PreflightResult {
         let r = check(c, p, i, ctx);
         r.results
             .iter()
@@ -1049,13 +980,17 @@ mod tests {
     /// One passing and one failing case of `name`; the failure's code is `code`.
     fn pair(
         name: &str,
-        status: Status,
+        status: PreflightStatus,
         code: &str,
         mutate: impl Fn(&mut Cluster, &mut NodePool, &mut InstanceFacts, &mut Context),
     ) {
         let (c, p, i, ctx) = (terway(), pool(), good(), Context::default());
         let ok = result(&c, &p, &i, &ctx, name);
-        assert_eq!(ok.status, Status::Pass, "{name} on a good instance: {ok:?}");
+        assert_eq!(
+            ok.status,
+            PreflightStatus::Pass,
+            "{name} on a good instance: {ok:?}"
+        );
         assert!(check(&c, &p, &i, &ctx).passed());
         let (mut c, mut p, mut i, mut ctx) = (c, p, i, ctx);
         mutate(&mut c, &mut p, &mut i, &mut ctx);
@@ -1068,13 +1003,16 @@ mod tests {
         let others: Vec<_> = all
             .results
             .iter()
-            .filter(|r| r.check != name && matches!(r.status, Status::Error | Status::Warning))
+            .filter(|r| {
+                r.check != name
+                    && matches!(r.status, PreflightStatus::Error | PreflightStatus::Warning)
+            })
             .collect();
         assert!(
             others.is_empty(),
             "{name}: other checks failed too: {others:?}"
         );
-        assert_eq!(all.passed(), status != Status::Error);
+        assert_eq!(all.passed(), status != PreflightStatus::Error);
     }
 
     #[test]
@@ -1112,7 +1050,7 @@ mod tests {
     fn node_quota() {
         pair(
             "node-quota",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightNodeQuota",
             |_, _, _, ctx| ctx.cluster_nodes = 10,
         );
@@ -1121,7 +1059,7 @@ mod tests {
     fn same_account() {
         pair(
             "same-account",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightAccountMismatch",
             |_, _, i, _| i.account_id = "other".into(),
         );
@@ -1130,7 +1068,7 @@ mod tests {
     fn same_region() {
         pair(
             "same-region",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightRegionMismatch",
             |_, _, i, _| i.region_id = "cn-x".into(),
         );
@@ -1139,13 +1077,13 @@ mod tests {
     fn same_vpc_and_peered_vpc() {
         pair(
             "same-vpc",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightVpcMismatch",
             |_, _, i, _| i.vpc_id = "vpc-2".into(),
         );
         pair(
             "same-vpc",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightVpcPeered",
             |_, _, i, ctx| {
                 i.vpc_id = "vpc-peer".into();
@@ -1157,7 +1095,7 @@ mod tests {
     fn not_in_other_cluster() {
         pair(
             "not-in-other-cluster",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightInOtherCluster",
             |_, _, i, _| {
                 i.tags.insert(TAG_ACK_CLUSTER.into(), "c-123".into());
@@ -1165,7 +1103,7 @@ mod tests {
         );
         pair(
             "not-in-other-cluster",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightAlreadyInCluster",
             |_, _, _, ctx| ctx.member_of_pool = Some("workers".into()),
         );
@@ -1174,7 +1112,7 @@ mod tests {
     fn not_in_scaling_group() {
         pair(
             "not-in-scaling-group",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightInScalingGroup",
             |_, _, i, _| {
                 i.tags.insert(TAG_SCALING_GROUP.into(), "asg-1".into());
@@ -1185,13 +1123,13 @@ mod tests {
     fn pool_type() {
         pair(
             "pool-not-auto-mode",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightAutoModePool",
             |_, p, _, _| p.spec.pool_type = "auto-mode".into(),
         );
         pair(
             "pool-no-auto-scaling",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightAutoScalingPool",
             |_, p, _, _| p.spec.pool_type = "auto-scaling".into(),
         );
@@ -1200,7 +1138,7 @@ mod tests {
     fn new_password() {
         pair(
             "new-password",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightPasswordRequired",
             |_, p, _, _| p.spec.login.password = Some("Secret-123".into()),
         );
@@ -1212,14 +1150,14 @@ mod tests {
         };
         assert_eq!(
             result(&terway(), &p, &good(), &ctx, "new-password").status,
-            Status::Pass
+            PreflightStatus::Pass
         );
     }
     #[test]
     fn swap_off() {
         pair(
             "swap-off",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightSwapOn",
             |_, _, i, _| i.swap = true,
         );
@@ -1229,7 +1167,7 @@ mod tests {
         let manual = |ctx: &mut Context| ctx.mode = Mode::Manual;
         pair(
             "os-allowed",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightOsNotAllowed",
             |_, _, i, ctx| {
                 manual(ctx);
@@ -1238,7 +1176,7 @@ mod tests {
         );
         pair(
             "os-allowed",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightOsNotAllowed",
             |_, _, i, ctx| {
                 manual(ctx);
@@ -1248,7 +1186,7 @@ mod tests {
         // CentOS 7: refused on 1.31, allowed on 1.30.
         pair(
             "os-allowed",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightOsNotAllowed",
             |_, _, i, ctx| {
                 manual(ctx);
@@ -1269,7 +1207,7 @@ mod tests {
         };
         assert_eq!(
             result(&c, &pool(), &i, &ctx, "os-allowed").status,
-            Status::Pass
+            PreflightStatus::Pass
         );
         // Automatic mode replaces the OS: Windows is fine there.
         let i = InstanceFacts {
@@ -1278,7 +1216,7 @@ mod tests {
         };
         assert_eq!(
             result(&terway(), &pool(), &i, &Context::default(), "os-allowed").status,
-            Status::Pass
+            PreflightStatus::Pass
         );
     }
     #[test]
@@ -1290,13 +1228,13 @@ mod tests {
         };
         pair(
             "instance-type",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightInstanceTypeUnsupported",
             |_, p, i, _| set(p, i, "ecs.t5.small"),
         );
         pair(
             "instance-type",
-            Status::Warning,
+            PreflightStatus::Warning,
             "PreflightMigReset",
             |_, p, i, _| set(p, i, "ecs.ebmgn7e.32xlarge"),
         );
@@ -1307,7 +1245,7 @@ mod tests {
         // list is refused (before, it was accepted).
         pair(
             "instance-type-in-pool",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightInstanceTypeNotInPool",
             |_, _, i, _| i.instance_type = "ecs.c7.xlarge".into(),
         );
@@ -1324,7 +1262,7 @@ mod tests {
             &Context::default(),
             "instance-type-in-pool",
         );
-        assert_eq!(r.status, Status::Pass, "{r:?}");
+        assert_eq!(r.status, PreflightStatus::Pass, "{r:?}");
         let bad = result(
             &terway(),
             &pool(),
@@ -1358,30 +1296,36 @@ mod tests {
         let r = at("1.31.5", "ubuntu", "20.04");
         assert_eq!(
             (r.status, r.code.as_str()),
-            (Status::Error, "PreflightOsNotAllowed"),
+            (PreflightStatus::Error, "PreflightOsNotAllowed"),
             "{r:?}"
         );
         assert!(
             r.message.contains("up to 1.30") && r.message.contains("1.31.5"),
             "{r:?}"
         );
-        assert_eq!(at("1.30.7", "ubuntu", "20.04").status, Status::Pass);
+        assert_eq!(
+            at("1.30.7", "ubuntu", "20.04").status,
+            PreflightStatus::Pass
+        );
         let r = at("1.22.3", "debian", "12");
-        assert_eq!(r.status, Status::Error, "{r:?}");
+        assert_eq!(r.status, PreflightStatus::Error, "{r:?}");
         assert!(r.message.contains("1.26 and newer"), "{r:?}");
-        assert_eq!(at("1.33.1", "debian", "11").status, Status::Error);
-        assert_eq!(at("1.31.5", "rocky", "9.4").status, Status::Pass);
-        assert_eq!(at("1.31.5", "alinux", "3").status, Status::Pass);
-        assert_eq!(at("1.31.5", "aliyun", "2.1903").status, Status::Error);
+        assert_eq!(at("1.33.1", "debian", "11").status, PreflightStatus::Error);
+        assert_eq!(at("1.31.5", "rocky", "9.4").status, PreflightStatus::Pass);
+        assert_eq!(at("1.31.5", "alinux", "3").status, PreflightStatus::Pass);
+        assert_eq!(
+            at("1.31.5", "aliyun", "2.1903").status,
+            PreflightStatus::Error
+        );
         // A release the table does not list: a warning, not a pass.
         let r = at("1.31.5", "debian", "13");
         assert_eq!(
             (r.status, r.code.as_str()),
-            (Status::Warning, "PreflightOsUnlisted"),
+            (PreflightStatus::Warning, "PreflightOsUnlisted"),
             "{r:?}"
         );
         let r = at("1.31.5", "gentoo", "2.15");
-        assert_eq!(r.status, Status::Warning, "{r:?}");
+        assert_eq!(r.status, PreflightStatus::Warning, "{r:?}");
         // Every row's bounds are ordered and its name is in the docs.
         let doc = include_str!("../../../docs/add-existing.md");
         for row in OS_SUPPORT {
@@ -1399,7 +1343,7 @@ mod tests {
     fn api_whitelist() {
         pair(
             "api-whitelist",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightNotWhitelisted",
             |c, _, _, _| c.spec.api_server_whitelist = vec!["192.168.0.0/16".into()],
         );
@@ -1408,7 +1352,7 @@ mod tests {
     fn security_group_type() {
         pair(
             "security-group-type",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightSecurityGroupType",
             |_, p, _, _| p.spec.security_group_type = "enterprise".into(),
         );
@@ -1417,7 +1361,7 @@ mod tests {
     fn security_group_api_access() {
         pair(
             "security-group-api-access",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightSecurityGroupBlocksApiServer",
             |_, _, i, _| {
                 i.security_groups[0].rules.push(RuleFacts {
@@ -1432,7 +1376,7 @@ mod tests {
         // Enterprise groups need an explicit accept.
         pair(
             "security-group-api-access",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightSecurityGroupBlocksApiServer",
             |_, p, i, _| {
                 p.spec.security_group_type = "enterprise".into();
@@ -1459,14 +1403,14 @@ mod tests {
                 "security-group-api-access"
             )
             .status,
-            Status::Pass
+            PreflightStatus::Pass
         );
     }
     #[test]
     fn security_group_conflict() {
         pair(
             "security-group-conflict",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightSecurityGroupConflict",
             |_, _, i, _| {
                 i.security_groups[0].rules.push(RuleFacts {
@@ -1483,7 +1427,7 @@ mod tests {
     fn security_group_quota() {
         pair(
             "security-group-quota",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightSecurityGroupQuota",
             |_, _, i, _| {
                 let g = i.security_groups[0].clone();
@@ -1496,14 +1440,14 @@ mod tests {
         // Shared: (3 − 1) × 5 = 10, not > 10.
         pair(
             "terway-max-pods",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightTerwayMaxPods",
             |_, _, i, _| i.max_ips_per_eni = 5,
         );
         // Exclusive: 6 − 1 = 5, not > 5; 7 − 1 = 6 passes.
         pair(
             "terway-max-pods",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightTerwayMaxPods",
             |c, _, i, _| {
                 c.spec.network.terway_eni_mode = "exclusive".into();
@@ -1518,14 +1462,14 @@ mod tests {
         };
         assert_eq!(
             result(&c, &pool(), &i, &Context::default(), "terway-max-pods").status,
-            Status::Pass
+            PreflightStatus::Pass
         );
     }
     #[test]
     fn terway_other_zone_warns() {
         pair(
             "terway-zone",
-            Status::Warning,
+            PreflightStatus::Warning,
             "PreflightTerwayOtherZone",
             |_, p, _, _| p.spec.zone = Some("local-b".into()),
         );
@@ -1534,7 +1478,7 @@ mod tests {
     fn terway_primary_nic_only() {
         pair(
             "terway-primary-nic-only",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightTerwaySecondaryEni",
             |_, _, i, _| i.eni_count = 2,
         );
@@ -1543,7 +1487,7 @@ mod tests {
     fn terway_ram_role() {
         pair(
             "terway-ram-role",
-            Status::Error,
+            PreflightStatus::Error,
             "PreflightRamRole",
             |_, _, i, _| i.ram_role = None,
         );
@@ -1554,7 +1498,7 @@ mod tests {
         c.spec.network.ipv6 = true;
         assert_eq!(
             result(&c, &pool(), &good(), &Context::default(), "ipv6").status,
-            Status::Pass
+            PreflightStatus::Pass
         );
         let i = InstanceFacts {
             ipv6: false,
@@ -1563,7 +1507,7 @@ mod tests {
         let bad = result(&c, &pool(), &i, &Context::default(), "ipv6");
         assert_eq!(
             (bad.status, bad.code.as_str()),
-            (Status::Error, "PreflightNoIpv6")
+            (PreflightStatus::Error, "PreflightNoIpv6")
         );
         assert!(!check(&c, &pool(), &i, &Context::default()).passed());
     }
@@ -1575,11 +1519,11 @@ mod tests {
             ..Context::default()
         };
         let ok = result(&flannel, &pool(), &good(), &ctx, "flannel-route-quota");
-        assert_eq!(ok.status, Status::Pass);
+        assert_eq!(ok.status, PreflightStatus::Pass);
         // Terway checks do not apply on Flannel.
         assert_eq!(
             result(&flannel, &pool(), &good(), &ctx, "terway-ram-role").status,
-            Status::Skipped
+            PreflightStatus::Skipped
         );
         let ctx = Context {
             route_entries_used: ROUTE_ENTRY_QUOTA,
@@ -1588,7 +1532,7 @@ mod tests {
         let bad = result(&flannel, &pool(), &good(), &ctx, "flannel-route-quota");
         assert_eq!(
             (bad.status, bad.code.as_str()),
-            (Status::Error, "PreflightRouteQuota")
+            (PreflightStatus::Error, "PreflightRouteQuota")
         );
     }
     #[test]
@@ -1607,6 +1551,6 @@ mod tests {
                 "PreflightTerwaySecondaryEni"
             ]
         );
-        assert!(render_table(&[r]).contains("fix: turn swap off"));
+        assert!(knit_api::views::preflight_table(&[r]).contains("fix: turn swap off"));
     }
 }

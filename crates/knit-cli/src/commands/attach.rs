@@ -2,9 +2,8 @@
 //! adding existing instances to a pool (SPEC §2, docs/add-existing.md).
 
 use crate::error::{CliError, Result};
-use crate::output::preflight_table;
 use clap::Args;
-use knit_api::views::{AttachOutcome, AttachRequest, AttachScriptRequest};
+use knit_api::views::{preflight_table, AttachOutcome, AttachRequest, AttachScriptRequest};
 use knit_client::Client;
 use std::process::ExitCode;
 use std::time::Duration;

@@ -3,15 +3,15 @@
 //! on request; [`resume`] rolls forward (or undoes) an attach a stopped
 //! server left half way.
 
-use super::{context, enroll, field_error, record, rename_target, undo, wire_report, AttachRecord};
+use super::{context, enroll, field_error, record, rename_target, undo, AttachRecord};
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::preflight::{self, InstanceFacts, Mode, Report};
+use crate::preflight::{self, InstanceFacts, Mode};
 use crate::store::{now_ms, IntentRecord};
 use crate::{pki, userdata};
 use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{
-    AttachFailure, AttachOutcome, AttachRequest, AttachResponse, AttachedInstance,
+    AttachFailure, AttachOutcome, AttachRequest, AttachResponse, AttachedInstance, PreflightReport,
 };
 use knit_api::NodePool;
 
@@ -79,7 +79,7 @@ pub async fn attach(
         let ctx = context(cp, Mode::Automatic, adding, req.password.is_some(), &f.id)?;
         reports.push(preflight::check(&cluster, &record.pool, f, &ctx));
     }
-    let passed = reports.iter().all(Report::passed);
+    let passed = reports.iter().all(PreflightReport::passed);
     if req.dry_run || !passed {
         if !passed && !req.dry_run {
             let failed: Vec<String> = reports
@@ -109,7 +109,7 @@ pub async fn attach(
             mode: AUTOMATIC.into(),
             dry_run: req.dry_run,
             passed,
-            preflight: reports.iter().map(wire_report).collect(),
+            preflight: reports,
             attached: Vec::new(),
         });
     }
@@ -134,7 +134,7 @@ pub async fn attach(
         mode: AUTOMATIC.into(),
         dry_run: false,
         passed: all_ok,
-        preflight: reports.iter().map(wire_report).collect(),
+        preflight: reports,
         attached,
     })
 }

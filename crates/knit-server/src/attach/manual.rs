@@ -5,9 +5,9 @@
 //! leaving its pool is put back as before the attach ([`undo_inside`]).
 
 use super::{
-    context, diagnose, enroll, field_error, fill_script, record, rename_target, undo, wire_report,
-    AttachRecord, AttachTokenOptions, ATTACH_SENTINEL, ATTACH_TOKEN_PREFIX,
-    DEFAULT_EXPIRES_SECONDS, MAX_EXPIRES_SECONDS,
+    context, diagnose, enroll, field_error, fill_script, record, rename_target, undo, AttachRecord,
+    AttachTokenOptions, ATTACH_SENTINEL, ATTACH_TOKEN_PREFIX, DEFAULT_EXPIRES_SECONDS,
+    MAX_EXPIRES_SECONDS,
 };
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
@@ -277,7 +277,7 @@ pub async fn redeem(
     let ctx = context(cp, Mode::Manual, 1, false, &facts.id)?;
     let report = preflight::check(&cluster, &record.pool, &facts, &ctx);
     if !report.passed() {
-        let text = preflight::render_table(std::slice::from_ref(&report));
+        let text = knit_api::views::preflight_table(std::slice::from_ref(&report));
         cp.store.add_event(
             EventType::Warning,
             "NodePool",
@@ -288,7 +288,7 @@ pub async fn redeem(
         return Ok(Redeemed::Refused {
             code: "PreflightFailed",
             message: format!("preflight failed for {}:\n{text}", facts.id),
-            preflight: Some(vec![wire_report(&report)]),
+            preflight: Some(vec![report]),
         });
     }
     // Spent now: of two machines racing with one command, one wins.

@@ -28,10 +28,9 @@ pub mod manual;
 
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
-use crate::preflight::{self, Context, InstanceFacts, Mode, Report};
+use crate::preflight::{self, Context, InstanceFacts, Mode};
 use crate::store::{Enrollment, InstanceRecord};
 use knit_api::state::EventType;
-use knit_api::views::{PreflightReport, PreflightResult, PreflightStatus};
 use knit_api::{ApiError, FieldError, NodeConfig, NodePool};
 
 pub use crate::store::attach::{AttachRecord, AttachTokenOptions};
@@ -313,29 +312,6 @@ fn shell_quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', r"'\''"))
 }
 
-/// A preflight report as the API shows it.
-fn wire_report(report: &Report) -> PreflightReport {
-    PreflightReport {
-        instance: report.instance.clone(),
-        results: report
-            .results
-            .iter()
-            .map(|r| PreflightResult {
-                check: r.check.clone(),
-                code: r.code.clone(),
-                status: match r.status {
-                    preflight::Status::Pass => PreflightStatus::Pass,
-                    preflight::Status::Error => PreflightStatus::Error,
-                    preflight::Status::Warning => PreflightStatus::Warning,
-                    preflight::Status::Skipped => PreflightStatus::Skipped,
-                },
-                message: r.message.clone(),
-                fix: r.fix.clone(),
-            })
-            .collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,22 +371,26 @@ mod tests {
         assert!(e.contains("@MISSING@"), "{e}");
     }
 
-    /// The API's report is the checks' report, field for field.
+    /// The checks' report is the API's: the JSON the server sends.
     #[test]
     fn a_preflight_report_keeps_its_json() {
-        let report = Report {
+        use knit_api::views::{PreflightReport, PreflightResult, PreflightStatus};
+        let report = PreflightReport {
             instance: "i-1".into(),
-            results: vec![preflight::CheckResult {
+            results: vec![PreflightResult {
                 check: "same-vpc".into(),
                 code: "PreflightVpcMismatch".into(),
-                status: preflight::Status::Warning,
+                status: PreflightStatus::Warning,
                 message: "m".into(),
                 fix: "f".into(),
             }],
         };
         assert_eq!(
-            serde_json::to_value(wire_report(&report)).unwrap(),
-            serde_json::to_value(&report).unwrap()
+            serde_json::to_value(&report).unwrap(),
+            serde_json::json!({"instance": "i-1", "results": [{
+                "check": "same-vpc", "code": "PreflightVpcMismatch",
+                "status": "warning", "message": "m", "fix": "f"
+            }]})
         );
     }
 }

@@ -474,6 +474,10 @@ pub struct BasePackages {
     pub security_updates: bool,
     /// Extra packages to install beside the standard tools.
     pub extra: Vec<String>,
+    /// URL of a flat Debian repository (the control plane's mirror,
+    /// `<mirror>/debian/`): base packages and updates come from it, not from
+    /// the image's own sources. Absent in older configs.
+    pub repository: Option<String>,
 }
 
 impl Default for BasePackages {
@@ -482,6 +486,7 @@ impl Default for BasePackages {
             enabled: true,
             security_updates: true,
             extra: Vec::new(),
+            repository: None,
         }
     }
 }

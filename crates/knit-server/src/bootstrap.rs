@@ -6,8 +6,8 @@ use crate::error::Result;
 use crate::store::InstanceRecord;
 use async_trait::async_trait;
 use knit_api::{
-    Cluster, ClusterAccess, DataDiskConfig, FsType, JoinSettings, KubernetesPackage, NodeConfig,
-    NodeIdentity, NodePool, UserDataGate, DEFAULT_DATA_DISK_MOUNT,
+    BasePackages, Cluster, ClusterAccess, DataDiskConfig, FsType, JoinSettings, KubernetesPackage,
+    NodeConfig, NodeIdentity, NodePool, UserDataGate, DEFAULT_DATA_DISK_MOUNT,
 };
 
 /// Label every node gets: the pool it came from.
@@ -143,6 +143,14 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
         None => DataDiskConfig::default(),
     };
     let join = input.join;
+    // The mirror's Debian repository sits beside the Kubernetes package
+    // (`<base>/mirror/debian/`); the agent checks it holds an index before
+    // using it, so a mirror built without one costs nothing.
+    let debian_repository = input
+        .package
+        .url
+        .find("/mirror/")
+        .map(|at| format!("{}/mirror/debian/", &input.package.url[..at]));
     NodeConfig {
         cluster: ClusterAccess {
             endpoint: join.as_ref().map(|j| j.endpoint.clone()),
@@ -173,6 +181,10 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
         os: spec.os.clone(),
         data_disk,
         components: spec.components.clone(),
+        base_packages: BasePackages {
+            repository: debian_repository,
+            ..BasePackages::default()
+        },
         hardening: spec.hardening.clone(),
         user_data: UserDataGate {
             scheduling_gate: spec.user_data_scheduling_gate,
@@ -244,5 +256,9 @@ mod tests {
         assert!(config.data_disk.enabled);
         assert_eq!(config.join.timeout_seconds, 3600);
         assert_eq!(config.node.instance_id.as_deref(), Some("i-123"));
+        assert_eq!(
+            config.base_packages.repository.as_deref(),
+            Some("https://10.213.0.1:7443/mirror/debian/")
+        );
     }
 }

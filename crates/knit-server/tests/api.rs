@@ -415,6 +415,21 @@ fn mirror_serves_files_and_nothing_outside() {
             .0,
         404
     );
+    // The Debian repository: apt asks a flat repository for `./Release`.
+    std::fs::create_dir_all(mirror.join("debian/pool")).unwrap();
+    std::fs::write(mirror.join("debian/Release"), b"Origin: knit\n").unwrap();
+    assert_eq!(
+        public.raw("GET", "/mirror/debian/./Release", None).unwrap(),
+        (200, "Origin: knit\n".to_string())
+    );
+    assert_eq!(
+        public
+            .raw("GET", "/mirror/debian/./%2e%2e/%2e%2e/knit.db", None)
+            .unwrap()
+            .0,
+        404
+    );
+    assert_eq!(public.raw("GET", "/mirror/./", None).unwrap().0, 404);
 }
 
 #[test]

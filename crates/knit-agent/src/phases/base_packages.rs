@@ -1,6 +1,13 @@
 //! `base-packages`: the tools storage and network features need (SPEC §1
 //! 3.5) and minimal security fixes, honouring `/var/.skip-yum` and
 //! `/var/.skip-security-fix`.
+//!
+//! With `basePackages.repository` (the control plane's flat Debian
+//! repository, `<mirror>/debian/`) answering, the packages and the available
+//! updates come from it alone: it is written as
+//! `/etc/apt/sources.list.d/knit.sources` and apt is run against it only.
+//! Otherwise the node's own sources are used when one answers a TCP
+//! connect within [`PROBE_TIMEOUT`].
 
 use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
@@ -165,11 +172,20 @@ impl Phase for BasePackagesPhase {
                 "base packages installed; security fixes not requested".to_string(),
             ));
         }
+        let reach = probe(ctx, manager);
+        if let Some(repository) = reach.knit {
+            return Ok(Decision::Run(format!(
+                "install [{}]{} from the knit repository {repository}",
+                missing.join(", "),
+                if fixes { " and apply its updates" } else { "" }
+            )));
+        }
         if missing.is_empty() {
-            if let Some(tried) = offline(ctx, manager) {
+            if let Some(tried) = reach.offline {
                 return Ok(Decision::Done(format!(
-                    "base packages installed; security fixes skipped: no package repository reachable (offline node; tried {})",
-                    if tried.is_empty() { "none configured".to_string() } else { tried.join(", ") }
+                    "base packages installed; security fixes skipped: no package repository reachable (offline node; tried {} in {} ms)",
+                    if tried.is_empty() { "none configured".to_string() } else { tried.join(", ") },
+                    reach.probe_ms
                 )));
             }
         }
@@ -190,7 +206,11 @@ impl Phase for BasePackagesPhase {
             AgentError::new(ErrorCode::FailBasePackages, "no supported package manager")
         })?;
         let missing = missing_packages(ctx, manager, &wanted(ctx, manager));
-        if let Some(tried) = offline(ctx, manager) {
+        let reach = probe(ctx, manager);
+        if let Some(repository) = reach.knit {
+            return install_from_knit_repository(ctx, &repository, &missing);
+        }
+        if let Some(tried) = reach.offline {
             if !missing.is_empty() {
                 return Err(AgentError::new(
                     ErrorCode::FailBasePackages,
@@ -414,7 +434,12 @@ fn repository_files(ctx: &Ctx, manager: PackageManager) -> Vec<String> {
     }
 }
 
-/// Whether a TCP connection to the URL's host opens within a few seconds.
+/// How long a repository has to accept a TCP connection (name resolution
+/// included). An offline node answers in this time, not in seconds: the
+/// probe is on every node's path to "initialized" (issue 12, item 3).
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(150);
+
+/// Whether a TCP connection to the URL's host opens within [`PROBE_TIMEOUT`].
 /// Name resolution runs in a thread so that a dead resolver cannot hang us.
 fn reachable(url: &str) -> bool {
     let https = url.starts_with("https://");
@@ -432,27 +457,202 @@ fn reachable(url: &str) -> bool {
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
-            .is_some_and(|addr| {
-                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok()
-            });
+            .is_some_and(|addr| std::net::TcpStream::connect_timeout(&addr, PROBE_TIMEOUT).is_ok());
         let _ = tx.send(ok);
     });
-    rx.recv_timeout(Duration::from_secs(3)).unwrap_or(false)
+    rx.recv_timeout(PROBE_TIMEOUT).unwrap_or(false)
 }
 
-/// `Some(urls)` when repositories are configured but none answers.
-fn offline(ctx: &Ctx, manager: PackageManager) -> Option<Vec<String>> {
+/// The knit repository's apt source (deb822, flat repository).
+pub const KNIT_SOURCES: &str = "/etc/apt/sources.list.d/knit.sources";
+/// The same source alone in a directory: apt is pointed at it so that
+/// nothing but the knit repository is read (the image's own sources are
+/// unreachable on an offline node and would stall `apt-get update`).
+const KNIT_ONLY_DIR: &str = "/etc/knit/apt-knit";
+/// The control plane's CA, for apt's https to the mirror.
+const KNIT_CA: &str = "/etc/knit/apt-knit-ca.crt";
+const KNIT_APT_CONF: &str = "/etc/apt/apt.conf.d/60knit-repository";
+
+/// What one round of probes found.
+struct Reach {
+    /// The configured knit repository, when it answers and serves a
+    /// `Release` file (a mirror built without the Debian repository has none).
+    knit: Option<String>,
+    /// `Some(urls)` when the node's own repositories are all unreachable.
+    offline: Option<Vec<String>>,
+    /// How long the TCP probes took (all run at once).
+    probe_ms: u128,
+}
+
+/// Probes the knit repository and the node's own sources at once, so an
+/// offline node waits one [`PROBE_TIMEOUT`], not one per source.
+fn probe(ctx: &Ctx, manager: PackageManager) -> Reach {
+    let knit_url = match manager {
+        PackageManager::Apt => ctx.config.base_packages.repository.clone(),
+        PackageManager::Dnf | PackageManager::Yum => None,
+    };
     let urls = repository_urls(manager, &repository_files(ctx, manager));
-    if urls.is_empty() {
-        return Some(urls);
-    }
-    let probes: Vec<_> = urls
+    let started = std::time::Instant::now();
+    let answers: Vec<bool> = knit_url
         .iter()
+        .chain(urls.iter())
         .cloned()
         .map(|u| std::thread::spawn(move || reachable(&u)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|p| p.join().unwrap_or(false))
         .collect();
-    let any = probes.into_iter().any(|p| p.join().unwrap_or(false));
-    (!any).then_some(urls)
+    let probe_ms = started.elapsed().as_millis();
+    let (knit_answers, own) = answers.split_at(usize::from(knit_url.is_some()));
+    let knit = match &knit_url {
+        Some(url) if knit_answers.first() == Some(&true) => knit_release(ctx, url),
+        _ => None,
+    };
+    // The knit repository is named among those tried when it was unusable.
+    let offline = (urls.is_empty() || !own.iter().any(|a| *a)).then(|| {
+        knit_url
+            .iter()
+            .filter(|_| knit.is_none())
+            .cloned()
+            .chain(urls)
+            .collect()
+    });
+    Reach {
+        knit,
+        offline,
+        probe_ms,
+    }
+}
+
+/// The repository's URL (with a final `/`) when it serves `Release`.
+fn knit_release(ctx: &Ctx, repository: &str) -> Option<String> {
+    let base = repository.trim_end_matches('/');
+    let agent = crate::tls::http_agent(
+        ctx.config.cluster.control_plane_ca_cert.as_deref(),
+        Duration::from_secs(5),
+    )
+    .ok()?;
+    agent.get(&format!("{base}/Release")).call().ok()?;
+    Some(format!("{base}/"))
+}
+
+/// The host part of an http(s) URL, without port or brackets.
+fn url_host(url: &str) -> &str {
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let authority = rest.split('/').next().unwrap_or_default();
+    if let Some(v6) = authority.strip_prefix('[') {
+        return v6.split(']').next().unwrap_or_default();
+    }
+    authority.split(':').next().unwrap_or_default()
+}
+
+/// The deb822 source for the knit repository. The repository is not signed:
+/// it is trusted because it is fetched over https from the control plane,
+/// whose CA apt checks (`CaInfo`), and apt checks every index and package
+/// against the hashes in `Release`.
+pub fn knit_source(repository: &str) -> String {
+    format!(
+        "# Written by knit-agent (base-packages): the control plane's Debian repository.\n\
+         Types: deb\nURIs: {repository}\nSuites: ./\nTrusted: yes\n"
+    )
+}
+
+/// `Inst NAME (VERSION …)` lines of `apt-get -s`: the names.
+pub fn simulated_installs(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("Inst "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+fn install_from_knit_repository(
+    ctx: &mut Ctx,
+    repository: &str,
+    missing: &[String],
+) -> Result<String> {
+    let source = knit_source(repository);
+    ctx.host
+        .write_file(KNIT_SOURCES, source.as_bytes(), 0o644)?;
+    ctx.host.write_file(
+        &format!("{KNIT_ONLY_DIR}/knit.sources"),
+        source.as_bytes(),
+        0o644,
+    )?;
+    if repository.starts_with("https://") {
+        if let Some(ca) = ctx.config.cluster.control_plane_ca_cert.as_deref() {
+            ctx.host.write_file(KNIT_CA, ca.as_bytes(), 0o644)?;
+            ctx.host.write_file(
+                KNIT_APT_CONF,
+                format!(
+                    "// Written by knit-agent: the knit repository's https is checked against the control plane's CA.\n\
+                     Acquire::https::{}::CaInfo \"{KNIT_CA}\";\n",
+                    url_host(repository)
+                )
+                .as_bytes(),
+                0o644,
+            )?;
+        }
+    }
+    let only_dir = format!("Dir::Etc::SourceParts={KNIT_ONLY_DIR}");
+    let only = [
+        "-o",
+        "Dir::Etc::SourceList=/dev/null",
+        "-o",
+        only_dir.as_str(),
+        // An update keeps the node's own changes to configuration files.
+        "-o",
+        "Dpkg::Options::=--force-confdef",
+        "-o",
+        "Dpkg::Options::=--force-confold",
+    ];
+    knit_apt(ctx, &only, &["update", "-q"])?;
+    let mut summary = if missing.is_empty() {
+        format!("base packages present; knit repository {repository}")
+    } else {
+        let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+        args.extend(missing.iter().map(String::as_str));
+        knit_apt(ctx, &only, &args)?;
+        format!(
+            "installed [{}] from the knit repository {repository}",
+            missing.join(", ")
+        )
+    };
+    if security_fixes_wanted(ctx) {
+        let planned = knit_apt(ctx, &only, &["-s", "upgrade"])?;
+        let updates = simulated_installs(&planned);
+        if updates.is_empty() {
+            summary.push_str("; no updates available in it");
+        } else {
+            knit_apt(ctx, &only, &["upgrade", "-y", "-q"])?;
+            summary.push_str(&format!(
+                "; updates applied from it [{}]",
+                updates.join(", ")
+            ));
+        }
+    } else if markers::present(ctx.host, markers::SKIP_SECURITY_FIX) {
+        summary.push_str(&format!(
+            "; updates skipped (marker {})",
+            markers::SKIP_SECURITY_FIX
+        ));
+    }
+    Ok(summary)
+}
+
+/// apt-get non-interactively (no debconf questions, stdin is closed);
+/// its standard output.
+fn knit_apt(ctx: &Ctx, extra: &[&str], args: &[&str]) -> Result<String> {
+    let mut all: Vec<&str> = vec!["DEBIAN_FRONTEND=noninteractive", "apt-get"];
+    all.extend(APT_NET);
+    all.extend(extra);
+    all.extend(args);
+    let out = ctx.host.run(
+        ErrorCode::FailBasePackages,
+        "env",
+        &all,
+        Duration::from_secs(1800),
+    )?;
+    Ok(out.stdout)
 }
 
 #[cfg(test)]
@@ -515,6 +715,27 @@ mod tests {
         assert_eq!(
             security_sources("deb http://m.example/d bookworm main\n", ""),
             ""
+        );
+    }
+
+    #[test]
+    fn knit_source_is_a_trusted_flat_repository() {
+        let source = knit_source("https://10.213.0.1:7443/mirror/debian/");
+        assert!(
+            source.contains(
+                "URIs: https://10.213.0.1:7443/mirror/debian/\nSuites: ./\nTrusted: yes\n"
+            ),
+            "{source}"
+        );
+        assert!(!source.contains("Components"), "{source}");
+        assert_eq!(
+            url_host("https://10.213.0.1:7443/mirror/debian/"),
+            "10.213.0.1"
+        );
+        assert_eq!(url_host("http://[fd00::1]:80/x"), "fd00::1");
+        assert_eq!(
+            simulated_installs("Reading...\nInst pigz (2.6-1 knit [amd64])\nConf pigz (2.6-1 knit [amd64])\nInst curl [7.88.1-10] (7.88.1-10+deb12u15 knit [amd64])\n"),
+            ["pigz", "curl"]
         );
     }
 

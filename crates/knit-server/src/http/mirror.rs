@@ -1,5 +1,6 @@
 //! `GET /mirror/*path` (public): the package mirror's files. Only plain
-//! relative paths inside the mirror are served.
+//! relative paths inside the mirror are served; a `.` component is
+//! dropped (apt asks a flat repository for `debian/./Release`).
 
 use super::Cp;
 use crate::error::{Result, ServerError};
@@ -10,9 +11,11 @@ use axum::response::{IntoResponse, Response};
 
 pub async fn mirror_file(State(cp): State<Cp>, Path(path): Path<String>) -> Result<Response> {
     // Only plain relative components: nothing outside the mirror is served.
-    let clean = path
-        .split('/')
-        .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\'));
+    let parts: Vec<&str> = path.split('/').filter(|c| *c != ".").collect();
+    let clean = !parts.is_empty()
+        && parts
+            .iter()
+            .all(|c| !c.is_empty() && *c != ".." && !c.contains('\\'));
     let not_found = || ServerError::NotFound {
         kind: "mirror file",
         name: path.clone(),
@@ -20,7 +23,7 @@ pub async fn mirror_file(State(cp): State<Cp>, Path(path): Path<String>) -> Resu
     if !clean {
         return Err(not_found());
     }
-    let full = cp.mirror_dir.join(&path);
+    let full = cp.mirror_dir.join(parts.join("/"));
     let file = match tokio::fs::File::open(&full).await {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),

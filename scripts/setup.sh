@@ -23,6 +23,7 @@ PACKAGES=(
     chrony                                          # time-sync on every node (chronyd, tracking only in sandboxes)
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
     mmdebstrap                                      # knit image build: the node OS image from Debian packages
+    dpkg-dev                                        # knit package build: dpkg-scanpackages indexes the mirror's Debian repository
     dosfstools mtools                               # knit-qemu: the cloud-init NoCloud seed (vfat, label CIDATA)
     shellcheck                                      # scripts/test.sh: lints every tracked *.sh
     chromium chromium-driver fonts-liberation       # the web console's browser test (headless, WebDriver)

@@ -1,6 +1,7 @@
 //! `knit package build`: the package mirror assembled from what this
 //! machine has (the agent, the kubelet stand-in, containerd and runc, CNI
-//! plugins).
+//! plugins), and the Debian repository nodes install their base packages
+//! and updates from (`mirror/debian/`, see [`build_debian_repository`]).
 
 use crate::error::{io, CliError, Result};
 use clap::Subcommand;
@@ -76,8 +77,9 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
             .unwrap_or("")
             .to_string();
     }
+    let mirror_dir = Settings::new(state_dir).mirror_dir();
     let summary = knit_server::mirror::build(&knit_server::mirror::PackageBuild {
-        mirror_dir: Settings::new(state_dir).mirror_dir(),
+        mirror_dir: mirror_dir.clone(),
         kubernetes_version,
         kubelet,
         agent,
@@ -109,5 +111,281 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
         summary.tarball_sha256,
         summary.agent_sha256
     );
+    let image = knit_local::image::images_dir().join(knit_local::image::NAME);
+    if let Err(e) = build_debian_repository(&mirror_dir, &image, &mut |line| println!("{line}")) {
+        // Nodes fall back to their image's own sources: a warning, not a failure.
+        eprintln!("warning: the Debian repository was not built: {e}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The packages the agent's base-packages phase installs on Debian.
+const DEBIAN_BASE_PACKAGES: &[&str] = &["pigz", "zlib1g"];
+/// `apt-get update` / download each get this long.
+const APT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Builds `mirror/debian/`, a flat Debian repository: the base packages
+/// (at their candidate versions), their dependencies the node image lacks,
+/// and every available update of a package in the image. apt resolves
+/// against a private state whose dpkg status is the image's own, so the
+/// closure is exactly what a node lacks; only apt's configured sources are
+/// used. `pool/*.deb`, then `Packages` (dpkg-scanpackages) and `Release`
+/// (sha256 of the index). The same versions as the last build: nothing done.
+pub fn build_debian_repository(
+    mirror_dir: &Path,
+    image: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let status = image.join("root/var/lib/dpkg/status");
+    if !status.is_file() {
+        progress(&format!(
+            "debian repository: skipped, no node image at {} (knit image build makes it)",
+            image.display()
+        ));
+        return Ok(());
+    }
+    let repo = mirror_dir.join("debian");
+    let pool = repo.join("pool");
+    // apt's private state sits beside the mirror, not in it: not served.
+    let apt_dir = mirror_dir.parent().unwrap_or(mirror_dir).join("debian-apt");
+    for dir in [
+        pool.clone(),
+        apt_dir.join("lists/partial"),
+        apt_dir.join("cache/archives/partial"),
+    ] {
+        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    }
+    std::fs::copy(&status, apt_dir.join("status"))
+        .map_err(io(format!("copy {}", status.display())))?;
+    let opts: Vec<String> = [
+        ("Dir::State::Lists", apt_dir.join("lists")),
+        ("Dir::Cache", apt_dir.join("cache")),
+        ("Dir::State::status", apt_dir.join("status")),
+    ]
+    .iter()
+    .flat_map(|(k, v)| ["-o".to_string(), format!("{k}={}", v.display())])
+    .chain(["-o".to_string(), "Debug::NoLocking=1".to_string()])
+    .collect();
+    let apt = |args: &[&str], cwd: &Path| -> Result<String> {
+        let mut all: Vec<&str> = opts.iter().map(String::as_str).collect();
+        all.extend(args);
+        run_timed("apt-get", &all, cwd)
+    };
+    progress("debian repository [1/4] apt-get update (apt's configured sources, private lists)");
+    if let Err(e) = apt(&["update", "-q"], &apt_dir) {
+        progress(&format!(
+            "      warning: apt-get update failed, using the last lists: {e}"
+        ));
+    }
+    progress("debian repository [2/4] resolving base packages, their missing dependencies and the image's updates");
+    let mut wanted: std::collections::BTreeMap<String, String> = Default::default();
+    let mut install = vec!["-s", "install", "--no-install-recommends"];
+    install.extend(DEBIAN_BASE_PACKAGES);
+    for args in [install, vec!["-s", "upgrade"]] {
+        wanted.extend(simulated(&apt(&args, &apt_dir)?));
+    }
+    // The base packages themselves even when the image has them: a node
+    // whose image lacks them installs them from here.
+    let policy = run_timed(
+        "apt-cache",
+        &[
+            &opts.iter().map(String::as_str).collect::<Vec<_>>()[..],
+            &["policy"],
+            DEBIAN_BASE_PACKAGES,
+        ]
+        .concat(),
+        &apt_dir,
+    )?;
+    wanted.extend(candidates(&policy));
+    let files: Vec<(String, String)> = wanted
+        .iter()
+        .map(|(name, version)| {
+            (
+                format!("{name}={version}"),
+                format!("{name}_{}_", version.replace(':', "%3a")),
+            )
+        })
+        .collect();
+    let present: Vec<String> = std::fs::read_dir(&pool)
+        .map_err(io(format!("read {}", pool.display())))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    let fetch: Vec<&str> = files
+        .iter()
+        .filter(|(_, prefix)| {
+            !present
+                .iter()
+                .any(|p| p.starts_with(prefix.as_str()) && p.ends_with(".deb"))
+        })
+        .map(|(spec, _)| spec.as_str())
+        .collect();
+    let stale: Vec<&String> = present
+        .iter()
+        .filter(|p| {
+            !files
+                .iter()
+                .any(|(_, prefix)| p.starts_with(prefix.as_str()))
+        })
+        .collect();
+    if fetch.is_empty() && stale.is_empty() && repo.join("Release").is_file() {
+        progress(&format!(
+            "debian repository: up to date ({} packages) in {}",
+            files.len(),
+            repo.display()
+        ));
+        return Ok(());
+    }
+    progress(&format!(
+        "debian repository [3/4] downloading {} of {} packages: {}",
+        fetch.len(),
+        files.len(),
+        fetch.join(" ")
+    ));
+    if !fetch.is_empty() {
+        let mut args = vec!["download", "-q"];
+        args.extend(&fetch);
+        apt(&args, &pool)?;
+    }
+    for name in stale {
+        let path = pool.join(name);
+        std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())))?;
+    }
+    progress("debian repository [4/4] index: Packages (dpkg-scanpackages) and Release");
+    let packages = run_timed(
+        "dpkg-scanpackages",
+        &["--multiversion", "pool", "/dev/null"],
+        &repo,
+    )
+    .map_err(|e| {
+        CliError::Failed(format!(
+            "{e} (dpkg-scanpackages is in dpkg-dev: scripts/setup.sh installs it)"
+        ))
+    })?;
+    write_atomic(&repo.join("Packages"), packages.as_bytes())?;
+    let sum = knit_server::mirror::sha256_file(&repo.join("Packages"))?;
+    // apt warns about a Release without a valid Date (RFC 1123, UTC).
+    let date = run_timed(
+        "env",
+        &["LC_ALL=C", "date", "-u", "+%a, %d %b %Y %H:%M:%S UTC"],
+        &repo,
+    )?;
+    let release = format!(
+        "Origin: knit\nLabel: knit\nDate: {}\nDescription: the control plane's Debian repository (base packages and updates)\nSHA256:\n {sum} {} Packages\n",
+        date.trim(),
+        packages.len()
+    );
+    write_atomic(&repo.join("Release"), release.as_bytes())?;
+    let bytes: u64 = std::fs::read_dir(&pool)
+        .map_err(io(format!("read {}", pool.display())))?
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    progress(&format!(
+        "debian repository: {} packages, {} KiB in {}",
+        files.len(),
+        bytes >> 10,
+        repo.display()
+    ));
+    Ok(())
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data).map_err(io(format!("write {}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(io(format!("rename to {}", path.display())))
+}
+
+/// `Inst NAME [OLD] (VERSION …)` lines of `apt-get -s`: name → version.
+fn simulated(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("Inst "))
+        .filter_map(|l| {
+            let name = l.split_whitespace().next()?;
+            let version = l.split_once('(')?.1.split_whitespace().next()?;
+            Some((name.to_string(), version.to_string()))
+        })
+        .collect()
+}
+
+/// `apt-cache policy` output: each package's `Candidate:` version.
+fn candidates(out: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut name = None;
+    for line in out.lines() {
+        if !line.starts_with(' ') {
+            name = line.strip_suffix(':').map(str::to_string);
+        } else if let (Some(n), Some(v)) = (&name, line.trim().strip_prefix("Candidate:")) {
+            let v = v.trim();
+            if v != "(none)" {
+                found.push((n.clone(), v.to_string()));
+            }
+        }
+    }
+    found
+}
+
+/// Runs a command in `cwd` with a deadline; its stdout, or its stderr as the error.
+fn run_timed(program: &str, args: &[&str], cwd: &Path) -> Result<String> {
+    let shown = format!("{program} {}", args.join(" "));
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(io(format!("run {program}")))?;
+    let started = std::time::Instant::now();
+    loop {
+        if child
+            .try_wait()
+            .map_err(io(format!("wait for {program}")))?
+            .is_some()
+        {
+            break;
+        }
+        if started.elapsed() > APT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(CliError::Failed(format!(
+                "`{shown}` took longer than {}s",
+                APT_TIMEOUT.as_secs()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(io(format!("read {program}'s output")))?;
+    if !out.status.success() {
+        return Err(CliError::Failed(format!(
+            "`{shown}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_apt_simulations_and_policies() {
+        let sim = "Inst curl [7.88.1-10+deb12u14] (7.88.1-10+deb12u15 Debian-Security:12/oldstable-security [amd64])\nConf curl (7.88.1-10+deb12u15 Debian-Security:12/oldstable-security [amd64])\nInst libfoo1 (1:2.0-1 Debian:12 [amd64])\n";
+        assert_eq!(
+            simulated(sim),
+            [
+                ("curl".to_string(), "7.88.1-10+deb12u15".to_string()),
+                ("libfoo1".to_string(), "1:2.0-1".to_string())
+            ]
+        );
+        let policy = "pigz:\n  Installed: (none)\n  Candidate: 2.6-1\n  Version table:\n     2.6-1 500\nzlib1g:\n  Installed: (none)\n  Candidate: (none)\n";
+        assert_eq!(
+            candidates(policy),
+            [("pigz".to_string(), "2.6-1".to_string())]
+        );
+    }
 }

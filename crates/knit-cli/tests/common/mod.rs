@@ -20,6 +20,8 @@
 
 #![allow(dead_code)] // each suite uses its own part
 
+pub mod browser;
+
 use knit_local::{Cloud, Config, Template};
 use knit_registry::Registry;
 use serde_json::Value;
@@ -152,6 +154,8 @@ struct Holdings {
     pids: Vec<u32>,
     /// iptables rules we inserted (the arguments after -D).
     firewall: Vec<Vec<String>>,
+    /// The QEMU provider's VMs, with `provider("qemu")`.
+    qemu: Option<knit_qemu::Config>,
 }
 
 /// The holdings of every live `Env` of this process, by id.
@@ -223,6 +227,16 @@ fn release(h: &Holdings) -> bool {
         let _ = Command::new("iptables").arg("-D").args(rule).status();
     }
     let mut clean = true;
+    // VMs first: their taps are ports of the local cloud's bridge.
+    if let Some(q) = h.qemu.as_ref().filter(|q| q.state_dir.exists()) {
+        match knit_qemu::Machines::open(q.clone()).and_then(|m| m.down()) {
+            Ok(_) => {}
+            Err(e) => {
+                clean = false;
+                eprintln!("VMs down: {e}");
+            }
+        }
+    }
     if h.local.state_dir.exists() {
         match Cloud::open(h.local.clone()).map(|c| c.down()) {
             Ok(Ok(report)) if report.errors.is_empty() => {}
@@ -260,6 +274,7 @@ pub struct EnvBuilder {
     cluster: bool,
     parallelism: Option<usize>,
     registry: bool,
+    provider: Option<&'static str>,
     env: Vec<(OsString, OsString)>,
 }
 
@@ -283,6 +298,14 @@ impl EnvBuilder {
     /// ([`Env::registry_mirror`], [`Env::registry_push_url`]).
     pub fn registry(mut self, on: bool) -> Self {
         self.registry = on;
+        self
+    }
+
+    /// The server's `--provider` (default: the local cloud). With `qemu`
+    /// the VMs' state lives under this environment's directory and is
+    /// brought down with it.
+    pub fn provider(mut self, name: &'static str) -> Self {
+        self.provider = Some(name);
         self
     }
 
@@ -382,6 +405,15 @@ impl Env {
             local: self.local_config(),
             pids,
             firewall: self.firewall.clone(),
+            qemu: (self.opts.provider == Some("qemu")).then(|| {
+                let local = self.local_config();
+                knit_qemu::Config {
+                    state_dir: self.path("qemu"),
+                    bridge: local.bridge,
+                    subnet: local.subnet,
+                    ..knit_qemu::Config::default()
+                }
+            }),
         }
     }
 
@@ -517,6 +549,10 @@ impl Env {
         };
         if let Some(n) = self.opts.parallelism {
             cmd.args(["--parallelism", &n.to_string()]);
+        }
+        if let Some(provider) = self.opts.provider {
+            cmd.args(["--provider", provider]);
+            cmd.env("KNIT_QEMU_STATE_DIR", self.path("qemu"));
         }
         let child = cmd
             .args([

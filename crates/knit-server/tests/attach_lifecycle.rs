@@ -82,6 +82,7 @@ impl Harness {
                     ip: Some("10.213.0.7"),
                     instance_type: "ecs.g7.large",
                     state: InstanceState::Creating,
+                    record: None,
                 },
                 true,
             )

@@ -77,6 +77,7 @@ impl Harness {
                     ip: Some("10.213.0.9"),
                     instance_type: "ecs.g7.large",
                     state: InstanceState::Running,
+                    record: None,
                 },
                 false,
             )

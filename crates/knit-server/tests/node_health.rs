@@ -622,6 +622,7 @@ async fn an_added_instance_is_never_released_by_repair() {
                 ip: None,
                 instance_type: "t",
                 state: InstanceState::Running,
+                record: None,
             },
             false,
         )

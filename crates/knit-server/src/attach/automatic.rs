@@ -298,11 +298,10 @@ async fn attach_one(
         reimaged_ms: None,
         new_password: req.password.is_some(),
     };
-    // Before the intent: a resumed attach always finds its record.
-    cp.store.put_attach_record(&rec)?;
-    // The intent is written with the instance row and the count, before the
-    // first destructive step.
-    let intent = enroll(cp, pool_name, &name, f, InstanceState::Creating, true).await?;
+    // The record and the intent are written with the instance row and the
+    // count, before the first destructive step: a resumed attach always
+    // finds its record.
+    let intent = enroll(cp, pool_name, &name, f, InstanceState::Creating, &rec, true).await?;
     let outcome = async {
         let after = reimage_for_pool(cp, pool, &name, &f.id, true).await?;
         // The new system disk has the image's root password; the new one is

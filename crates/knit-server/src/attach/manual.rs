@@ -303,7 +303,7 @@ pub async fn redeem(
         );
     }
     let name = format!("{pool_name}-{}", pki::random_lower_alnum(5)?);
-    cp.store.put_attach_record(&AttachRecord {
+    let rec = AttachRecord {
         instance: name.clone(),
         provider_id: facts.id.clone(),
         pool: pool_name.clone(),
@@ -316,8 +316,17 @@ pub async fn redeem(
         at_ms: now_ms(),
         reimaged_ms: None,
         new_password: false,
-    })?;
-    enroll(cp, &pool_name, &name, &facts, InstanceState::Running, false).await?;
+    };
+    enroll(
+        cp,
+        &pool_name,
+        &name,
+        &facts,
+        InstanceState::Running,
+        &rec,
+        false,
+    )
+    .await?;
     // Not keeping its name: the instance takes its node name at once
     // (hostname included). A provider that cannot rename leaves the
     // instance's name as it was; the node still takes the pool's rule.

@@ -182,9 +182,9 @@ fn field_error(field: &str, value: String, rule: &str) -> ServerError {
     .into()
 }
 
-/// Records an added instance in its pool: the instance row, the pool's
-/// desired count + 1, the marker label and (automatic mode) the attach
-/// intent, in one transaction under the planner's lock so the reconciler
+/// Records an added instance in its pool: the instance row, its attach
+/// record, the pool's desired count + 1, the marker label and (automatic
+/// mode) the attach intent, in one transaction under the planner's lock so the reconciler
 /// never sees the count without the instance.
 async fn enroll(
     cp: &ControlPlane,
@@ -192,6 +192,7 @@ async fn enroll(
     name: &str,
     f: &InstanceFacts,
     state_word: knit_api::state::InstanceState,
+    rec: &AttachRecord,
     intent: bool,
 ) -> Result<Option<i64>> {
     let _guard = cp.plan_lock.lock().await;
@@ -214,6 +215,7 @@ async fn enroll(
             ip: f.ip.as_deref(),
             instance_type: &f.instance_type,
             state: state_word,
+            record: Some(rec),
         },
         intent,
     )?;

@@ -337,6 +337,7 @@ mod tests {
                     ip: None,
                     instance_type: "t",
                     state: InstanceState::Running,
+                    record: None,
                 },
                 false,
             )

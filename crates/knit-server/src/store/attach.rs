@@ -131,7 +131,7 @@ fn record_row(r: &Row<'_>) -> rusqlite::Result<RecordRow> {
     })
 }
 
-fn put_record(conn: &rusqlite::Connection, r: &AttachRecord) -> Result<()> {
+pub(super) fn put_record(conn: &rusqlite::Connection, r: &AttachRecord) -> Result<()> {
     conn.execute(
         &format!("INSERT OR REPLACE INTO attach_records ({RECORD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
         params![
@@ -320,6 +320,34 @@ mod tests {
             reimaged_ms: Some(9),
             new_password: true,
         }
+    }
+
+    /// The attach record is written with the instance row or not at all
+    /// (an enrollment into a missing pool leaves neither).
+    #[test]
+    fn the_record_is_enrolled_with_its_instance() {
+        use crate::store::Enrollment;
+        use knit_api::state::InstanceState;
+        use knit_api::{NodePool, NodePoolSpec};
+        let store = Store::open_in_memory().unwrap();
+        let pool = NodePool::new("workers", NodePoolSpec::default());
+        let r = record("workers-abcde", Mode::Manual);
+        let enrollment = Enrollment {
+            name: "workers-abcde",
+            pool: &pool,
+            provider_id: "i-1",
+            ip: None,
+            instance_type: "t",
+            state: InstanceState::Running,
+            record: Some(&r),
+        };
+        assert!(store.enroll_attached(&enrollment, false).is_err());
+        assert_eq!(store.attach_record("workers-abcde").unwrap(), None);
+        assert!(store.instance("workers-abcde").unwrap().is_none());
+        store.insert_pool(&pool).unwrap();
+        store.enroll_attached(&enrollment, false).unwrap();
+        assert_eq!(store.attach_record("workers-abcde").unwrap(), Some(r));
+        assert!(store.instance("workers-abcde").unwrap().unwrap().added);
     }
 
     #[test]

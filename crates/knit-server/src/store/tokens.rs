@@ -1,6 +1,7 @@
 //! Join tokens (single use, expiring) and the enrollment of an existing
 //! instance into a pool (attach) and its undoing.
 
+use super::attach::{put_record, AttachRecord};
 use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::{Result, ServerError};
 use knit_api::state::{InstanceState, IntentAction, IntentStatus};
@@ -37,6 +38,9 @@ pub struct Enrollment<'a> {
     pub ip: Option<&'a str>,
     pub instance_type: &'a str,
     pub state: InstanceState,
+    /// How it was added, written in the same transaction as the instance
+    /// row: neither is ever stored without the other.
+    pub record: Option<&'a AttachRecord>,
 }
 
 impl Store {
@@ -148,6 +152,9 @@ impl Store {
             "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms, added) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 1)",
             params![e.name, e.pool.metadata.name, e.provider_id, e.state.as_str(), e.ip, e.instance_type, now],
         )?;
+        if let Some(record) = e.record {
+            put_record(&tx, record)?;
+        }
         let changed = tx.execute(
             "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
             params![e.pool.metadata.name, to_json(e.pool)?, now],

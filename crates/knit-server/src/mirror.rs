@@ -149,10 +149,12 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
 
     // Agent: copied, then its digest beside it.
     let agent_dst = bin_dir.join("knit-agent");
-    let agent_tmp = bin_dir.join(".knit-agent.tmp");
-    std::fs::copy(&b.agent, &agent_tmp).map_err(io(format!("copy {}", b.agent.display())))?;
-    std::fs::rename(&agent_tmp, &agent_dst)
-        .map_err(io(format!("rename to {}", agent_dst.display())))?;
+    // Written whole, with the source's mode (as a copy keeps it).
+    let agent = std::fs::read(&b.agent).map_err(io(format!("copy {}", b.agent.display())))?;
+    let agent_mode = std::fs::metadata(&b.agent)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+        .map_err(io(format!("copy {}", b.agent.display())))?;
+    crate::durable::write(&agent_dst, &agent, agent_mode)?;
     let agent_sha256 = sha256_file(&agent_dst)?;
     write_sha_beside(&agent_dst, &agent_sha256)?;
 
@@ -161,10 +163,9 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
         "kubernetes-{}-linux-amd64.tar.gz",
         b.kubernetes_version
     ));
-    let tmp = pkg_dir.join(".tarball.tmp");
-    let out = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+    // Built in memory, then written whole: never a half tarball under its name.
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        out,
+        Vec::new(),
         flate2::Compression::fast(),
     ));
     let mut files = BTreeMap::new();
@@ -218,8 +219,8 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
     let gz = builder
         .into_inner()
         .map_err(io("finish the tarball".into()))?;
-    gz.finish().map_err(io("finish the gzip stream".into()))?;
-    std::fs::rename(&tmp, &tarball).map_err(io(format!("rename to {}", tarball.display())))?;
+    let gzipped = gz.finish().map_err(io("finish the gzip stream".into()))?;
+    crate::durable::write(&tarball, &gzipped, 0o644)?;
     let tarball_sha256 = sha256_file(&tarball)?;
     write_sha_beside(&tarball, &tarball_sha256)?;
     let tarball_bytes = std::fs::metadata(&tarball)

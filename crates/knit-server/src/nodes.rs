@@ -11,9 +11,8 @@ use crate::reconcile::counts_toward_pool;
 use crate::store::{InstanceRecord, NodeRecord, TimelineEntry};
 use knit_api::state::EventType;
 use knit_api::views::{
-    ExecRequest, ExecResponse, InstanceView, NodeCacheView, NodeRemoving, NodeView,
-    TimelineEntryView, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
-    EXEC_MAX_TIMEOUT_SECONDS, LOG_FILES,
+    ExecRequest, ExecResponse, InstanceView, NodeRemoving, NodeView, TimelineEntryView,
+    EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS, EXEC_MAX_TIMEOUT_SECONDS, LOG_FILES,
 };
 use knit_api::{ApiError, FieldError};
 use serde::de::DeserializeOwned;
@@ -111,13 +110,7 @@ pub async fn describe(cp: &ControlPlane, name: &str) -> Result<NodeView> {
     })?;
     let instance = cp.store.instance(&node.instance)?;
     let mut view = node_view(cp, &node, instance.as_ref(), true)?;
-    let cache = crate::snapshot::node_cache(cp, &node, instance.as_ref()).await;
-    view.cache = Some(serde_json::from_value(cache).unwrap_or_else(|e| {
-        // The report file is the node's: a malformed one does not fail
-        // the describe.
-        tracing::warn!(node = %node.name, error = %e, "the node's cache report does not read");
-        NodeCacheView::default()
-    }));
+    view.cache = Some(crate::snapshot::node_cache(cp, &node, instance.as_ref()).await);
     Ok(view)
 }
 

@@ -58,10 +58,10 @@ use crate::error::{Result, ServerError};
 use crate::store::{SnapshotBuildRecord, SnapshotRecord};
 use knit_api::state::EventType;
 use knit_api::views::{
-    BuildStepView, Snapshot, SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted, SnapshotView,
+    BuildStepView, ImageCacheView, NodeCacheView, PackageCacheView, Snapshot, SnapshotBuildStatus,
+    SnapshotBuildView, SnapshotDeleted, SnapshotView,
 };
 use knit_api::NodePool;
-use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -323,17 +323,18 @@ const DESCRIBE_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `hit=N miss=N bytes=N[ failed=N]` as the report's counters
 /// (`hit`, `miss`, `bytesPulled`, `failed`); `None` when malformed.
-pub fn parse_image_annotation(text: &str) -> Option<Value> {
-    let mut out = json!({"hit": 0, "miss": 0, "bytesPulled": 0, "failed": 0});
+pub fn parse_image_annotation(text: &str) -> Option<ImageCacheView> {
+    let mut out = ImageCacheView::default();
     for part in text.split_whitespace() {
         let (k, v) = part.split_once('=')?;
         let v: u64 = v.parse().ok()?;
-        let key = match k {
-            "hit" | "miss" | "failed" => k,
-            "bytes" => "bytesPulled",
+        match k {
+            "hit" => out.hit = v,
+            "miss" => out.miss = v,
+            "failed" => out.failed = v,
+            "bytes" => out.bytes_pulled = v,
             _ => continue,
-        };
-        out[key] = json!(v);
+        }
     }
     Some(out)
 }
@@ -343,13 +344,14 @@ pub fn parse_image_annotation(text: &str) -> Option<Value> {
 /// The images come from the node's own published report (the kubelet's
 /// Node annotation, read from the cluster: what the node's credential
 /// wrote); each image's outcome (failed pulls with their error) is added
-/// from the report file inside the instance when the provider can read it.
+/// from the report file inside the instance when the provider can read it
+/// (a file that does not read as a report is left out: it is the node's).
 pub async fn node_cache(
     cp: &ControlPlane,
     node: &crate::store::NodeRecord,
     instance: Option<&crate::store::InstanceRecord>,
-) -> Value {
-    let mut out = json!({});
+) -> NodeCacheView {
+    let mut out = NodeCacheView::default();
     let timeline = cp.store.timeline(&node.name).unwrap_or_default();
     if let Some(reason) = timeline
         .iter()
@@ -367,7 +369,10 @@ pub async fn node_cache(
             .and_then(|s| s.rsplit('(').next())
             .and_then(|s| s.trim().parse::<u64>().ok())
             .unwrap_or(0);
-        out["package"] = json!({"cacheHit": hit, "bytesDownloaded": if hit { 0 } else { bytes }});
+        out.package = Some(PackageCacheView {
+            cache_hit: hit,
+            bytes_downloaded: if hit { 0 } else { bytes },
+        });
     }
     let published = tokio::time::timeout(
         DESCRIBE_READ_TIMEOUT,
@@ -376,9 +381,11 @@ pub async fn node_cache(
     )
     .await;
     if let Ok(Ok(Some(text))) = published {
-        if let Some(mut summary) = parse_image_annotation(&text) {
-            summary["source"] = json!("node annotation");
-            out["images"] = summary;
+        if let Some(summary) = parse_image_annotation(&text) {
+            out.images = Some(ImageCacheView {
+                source: "node annotation".into(),
+                ..summary
+            });
         }
     }
     let detail = async {
@@ -391,15 +398,28 @@ pub async fn node_cache(
         .await
         .ok()?
         .ok()?;
-        serde_json::from_slice::<Value>(&bytes).ok()
+        match serde_json::from_slice::<ImageCacheView>(&bytes) {
+            Ok(report) => Some(report),
+            Err(e) => {
+                tracing::warn!(node = %node.name, error = %e, "the node's image report does not read");
+                None
+            }
+        }
     };
     if let Some(report) = detail.await {
-        if out["images"].is_null() {
+        match &mut out.images {
             // No cluster to publish to (or not published yet): the file.
-            out["images"] = report;
-            out["images"]["source"] = json!("report file");
-        } else if report["images"].is_array() {
-            out["images"]["images"] = report["images"].clone();
+            None => {
+                out.images = Some(ImageCacheView {
+                    source: "report file".into(),
+                    ..report
+                })
+            }
+            Some(published) => {
+                if report.images.is_some() {
+                    published.images = report.images;
+                }
+            }
         }
     }
     out
@@ -408,6 +428,7 @@ pub async fn node_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn stale_and_unknown_snapshots_warn_and_strict_refuses() {
@@ -511,7 +532,13 @@ mod tests {
     fn describe_reads_the_image_report_the_node_published() {
         assert_eq!(
             parse_image_annotation("hit=2 miss=1 bytes=42 failed=3").unwrap(),
-            json!({"hit": 2, "miss": 1, "bytesPulled": 42, "failed": 3})
+            ImageCacheView {
+                hit: 2,
+                miss: 1,
+                bytes_pulled: 42,
+                failed: 3,
+                ..ImageCacheView::default()
+            }
         );
         assert!(parse_image_annotation("hit=x").is_none());
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -561,14 +588,15 @@ mod tests {
                 user_data: None,
             };
             let cache = node_cache(&cp, &node, None).await;
-            assert_eq!(cache["images"]["failed"], 3, "{cache}");
-            assert_eq!(cache["images"]["source"], "node annotation", "{cache}");
+            let images = cache.images.as_ref().expect("images");
+            assert_eq!(images.failed, 3, "{cache:?}");
+            assert_eq!(images.source, "node annotation", "{cache:?}");
             // A node that published nothing: no report.
             let other = crate::store::NodeRecord {
                 name: "n-2".into(),
                 ..node
             };
-            assert!(node_cache(&cp, &other, None).await["images"].is_null());
+            assert!(node_cache(&cp, &other, None).await.images.is_none());
             join.stop();
         });
     }

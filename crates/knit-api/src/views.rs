@@ -321,9 +321,24 @@ pub struct ImageCacheView {
     #[serde(default)]
     pub source: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub images: Option<Vec<Value>>,
+    pub images: Option<Vec<ImageOutcomeView>>,
     /// Anything else the node's report file holds (e.g. `totalMillis`),
     /// passed through as the node wrote it.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+/// One image of the node's report file: its reference and, when every
+/// pull failed, why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageOutcomeView {
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The rest of the image's entry (`cached`, `sizeBytes`, `bytesPulled`,
+    /// `repoDigests`, `pullMillis`), passed through as the node wrote it.
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
 }
@@ -934,7 +949,18 @@ mod tests {
                 bytes_pulled: 42,
                 failed: 0,
                 source: "report file".into(),
-                images: Some(vec![json!({"image": "pause:3.9", "cached": true})]),
+                images: Some(vec![
+                    ImageOutcomeView {
+                        image: "pause:3.9".into(),
+                        error: None,
+                        other: BTreeMap::from([("cached".to_string(), json!(true))]),
+                    },
+                    ImageOutcomeView {
+                        image: "coredns:1.11".into(),
+                        error: Some("not found".into()),
+                        other: BTreeMap::from([("cached".to_string(), json!(false))]),
+                    },
+                ]),
                 other: BTreeMap::from([("totalMillis".to_string(), json!(77))]),
             }),
         });
@@ -949,10 +975,28 @@ mod tests {
             "package": {"cacheHit": false, "bytesDownloaded": 1024},
             "images": {"hit": 2, "miss": 1, "bytesPulled": 42, "failed": 0,
                        "source": "report file", "totalMillis": 77,
-                       "images": [{"image": "pause:3.9", "cached": true}]},
+                       "images": [{"image": "pause:3.9", "cached": true},
+                                  {"image": "coredns:1.11", "cached": false,
+                                   "error": "not found"}]},
         });
         pinned(&view, wire);
         pinned(&NodeCacheView::default(), json!({}));
+    }
+
+    /// An image entry as the kubelet stand-in writes it (knit-images.json)
+    /// goes through the view unchanged.
+    #[test]
+    fn an_image_report_entry_keeps_its_json() {
+        let entry = json!({
+            "image": "registry.k8s.io/pause:3.10", "cached": false,
+            "sizeBytes": 321, "bytesPulled": 321,
+            "repoDigests": ["registry.k8s.io/pause@sha256:ab"], "pullMillis": 12,
+            "error": "pull failed"
+        });
+        let view: ImageOutcomeView = serde_json::from_value(entry.clone()).unwrap();
+        assert_eq!(view.image, "registry.k8s.io/pause:3.10");
+        assert_eq!(view.error.as_deref(), Some("pull failed"));
+        assert_eq!(serde_json::to_value(&view).unwrap(), entry);
     }
 
     #[test]

@@ -302,16 +302,6 @@ pub fn describe_cache(n: &NodeView) {
     print!("{}", cache_lines(n));
 }
 
-/// One image of a node's image report: pulled, cached, or failed with
-/// its error.
-#[derive(serde::Deserialize)]
-struct ImageOutcome {
-    #[serde(default)]
-    image: String,
-    #[serde(default)]
-    error: Option<String>,
-}
-
 /// The cache section's lines: the package, the images' counters, and each
 /// image that failed to pull with its error (when the node's report file
 /// could be read; else where to find them).
@@ -336,11 +326,10 @@ pub fn cache_lines(n: &NodeView) -> String {
         "Images:        cache hit {}, miss {}, failed {}, {} bytes pulled\n",
         i.hit, i.miss, i.failed, i.bytes_pulled
     ));
-    let failed: Vec<ImageOutcome> = i
+    let failed: Vec<_> = i
         .images
         .iter()
         .flatten()
-        .filter_map(|img| serde_json::from_value::<ImageOutcome>(img.clone()).ok())
         .filter(|img| img.error.is_some())
         .collect();
     for img in &failed {

@@ -101,7 +101,12 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
         "{out}"
     );
     env.start_server();
-    env.create("pool", POOL);
+    // Without the skip marker: base-packages runs against the mirror's
+    // Debian repository (checked below).
+    env.create(
+        "pool",
+        &POOL.replace("  preUserData: touch /var/.skip-yum\n", ""),
+    );
 
     // 0 -> 3: every node initialized by the real agent, reported back.
     env.scale_wait("workers", 3);
@@ -120,6 +125,23 @@ fn scale_with_the_real_local_cloud_and_survive_kill_9() {
     );
     let log = env.knit_ok(&["logs", "node", node]);
     assert!(log.contains("[data-disk]"), "{log}");
+    // base-packages took its packages and updates from the mirror's Debian
+    // repository (knit package build made it from the node image).
+    let doc: Value =
+        serde_json::from_str(&env.knit_ok(&["describe", "node", node, "-o", "json"])).unwrap();
+    let base = doc["timeline"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["phase"] == "base-packages" && t["outcome"] == "done")
+        .unwrap_or_else(|| panic!("{doc}"));
+    let reason = base["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(" the knit repository https://")
+            && (reason.contains("updates applied from it")
+                || reason.contains("no updates available in it")),
+        "{reason}"
+    );
     // `knit exec` runs on the node's own machine (its hostname is its
     // instance's name), through the server's API.
     let hostname = env.knit_ok(&["exec", "node", node, "--", "cat", "/etc/hostname"]);

@@ -469,8 +469,9 @@ pub const KNIT_SOURCES: &str = "/etc/apt/sources.list.d/knit.sources";
 /// nothing but the knit repository is read (the image's own sources are
 /// unreachable on an offline node and would stall `apt-get update`).
 const KNIT_ONLY_DIR: &str = "/etc/knit/apt-knit";
-/// The control plane's CA, for apt's https to the mirror.
-const KNIT_CA: &str = "/etc/knit/apt-knit-ca.crt";
+/// The control plane's CA, for apt's https to the mirror. Not under
+/// /etc/knit (mode 0700): apt's https method reads it as the `_apt` user.
+const KNIT_CA: &str = "/etc/apt/knit-ca.crt";
 const KNIT_APT_CONF: &str = "/etc/apt/apt.conf.d/60knit-repository";
 
 /// What one round of probes found.
@@ -608,7 +609,7 @@ fn install_from_knit_repository(
     ];
     knit_apt(ctx, &only, &["update", "-q"])?;
     let mut summary = if missing.is_empty() {
-        format!("base packages present; knit repository {repository}")
+        format!("base packages installed, nothing to install from the knit repository {repository}")
     } else {
         let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
         args.extend(missing.iter().map(String::as_str));

@@ -283,7 +283,7 @@ fn installed_version(s: &Sandbox, name: &str) -> String {
 /// The repository the control plane's mirror serves, made the same way
 /// (`knit package build`): pool/, Packages by dpkg-scanpackages, Release
 /// with the index's sha256.
-fn write_repository(repo: &Path, debs: &[(&str, Vec<u8>)]) {
+fn write_repository(repo: &Path, codename: &str, debs: &[(&str, Vec<u8>)]) {
     std::fs::create_dir_all(repo.join("pool")).unwrap();
     for (name, bytes) in debs {
         std::fs::write(repo.join(format!("pool/{name}.deb")), bytes).unwrap();
@@ -304,7 +304,7 @@ fn write_repository(repo: &Path, debs: &[(&str, Vec<u8>)]) {
     std::fs::write(
         repo.join("Release"),
         format!(
-            "Origin: knit\nLabel: knit\nSHA256:\n {sum} {} Packages\n",
+            "Origin: knit\nLabel: knit\nCodename: {codename}\nSHA256:\n {sum} {} Packages\n",
             out.stdout.len()
         ),
     )
@@ -329,8 +329,10 @@ fn pigz_and_updates_come_from_the_knit_repository() {
         .to_string();
     let update = format!("{ping}+knit1");
     let repo = s.dir.path().join("mirror/debian");
+    let codename = s.sh(". /etc/os-release && echo $VERSION_CODENAME");
     write_repository(
         &repo,
+        codename.trim(),
         &[
             ("pigz", repack(&s, "pigz", &pigz)),
             ("iputils-ping", repack(&s, "iputils-ping", &update)),

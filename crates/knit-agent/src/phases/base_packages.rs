@@ -525,7 +525,10 @@ fn probe(ctx: &Ctx, manager: PackageManager) -> Reach {
     }
 }
 
-/// The repository's URL (with a final `/`) when it serves `Release`.
+/// The repository's URL (with a final `/`) when it serves `Release` made
+/// for this node's release: its packages are built for the knit node image
+/// (`Codename:` in `Release`), so a node of another release (an attached
+/// Ubuntu instance, say) keeps its own sources.
 fn knit_release(ctx: &Ctx, repository: &str) -> Option<String> {
     let base = repository.trim_end_matches('/');
     let agent = crate::tls::http_agent(
@@ -533,8 +536,29 @@ fn knit_release(ctx: &Ctx, repository: &str) -> Option<String> {
         Duration::from_secs(5),
     )
     .ok()?;
-    agent.get(&format!("{base}/Release")).call().ok()?;
-    Some(format!("{base}/"))
+    let release = agent
+        .get(&format!("{base}/Release"))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()?;
+    let node = ctx.host.read("/etc/os-release").unwrap_or_default();
+    release_fits(&release, &node).then(|| format!("{base}/"))
+}
+
+/// Whether a repository's `Release` suits a node (its os-release text): the
+/// same `Codename` as the node's `VERSION_CODENAME`, or none named.
+pub fn release_fits(release: &str, os_release: &str) -> bool {
+    let field = |text: &str, key: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(key)
+                .map(|v| v.trim().trim_matches('"').to_string())
+        })
+    };
+    match field(release, "Codename:") {
+        None => true,
+        Some(codename) => field(os_release, "VERSION_CODENAME=").as_deref() == Some(&*codename),
+    }
 }
 
 /// The host part of an http(s) URL, without port or brackets.
@@ -738,6 +762,17 @@ mod tests {
             simulated_installs("Reading...\nInst pigz (2.6-1 knit [amd64])\nConf pigz (2.6-1 knit [amd64])\nInst curl [7.88.1-10] (7.88.1-10+deb12u15 knit [amd64])\n"),
             ["pigz", "curl"]
         );
+    }
+
+    #[test]
+    fn a_repository_for_another_release_is_not_used() {
+        let bookworm = "ID=debian\nVERSION_ID=\"12\"\nVERSION_CODENAME=bookworm\n";
+        let jammy = "ID=ubuntu\nVERSION_CODENAME=jammy\n";
+        let release = "Origin: knit\nCodename: bookworm\nSHA256:\n";
+        assert!(release_fits(release, bookworm));
+        assert!(!release_fits(release, jammy));
+        assert!(!release_fits(release, "ID=debian\n"));
+        assert!(release_fits("Origin: knit\n", jammy));
     }
 
     #[test]

@@ -270,8 +270,16 @@ pub fn build_debian_repository(
         &["LC_ALL=C", "date", "-u", "+%a, %d %b %Y %H:%M:%S UTC"],
         &repo,
     )?;
+    // The image's release: agents on nodes of another release leave the
+    // repository alone (its packages are built for this one).
+    let os_release = std::fs::read_to_string(image.join("root/etc/os-release")).unwrap_or_default();
+    let codename = os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|v| format!("Codename: {}\n", v.trim().trim_matches('"')))
+        .unwrap_or_default();
     let release = format!(
-        "Origin: knit\nLabel: knit\nDate: {}\nDescription: the control plane's Debian repository (base packages and updates)\nSHA256:\n {sum} {} Packages\n",
+        "Origin: knit\nLabel: knit\n{codename}Date: {}\nDescription: the control plane's Debian repository (base packages and updates)\nSHA256:\n {sum} {} Packages\n",
         date.trim(),
         packages.len()
     );

@@ -100,8 +100,7 @@ pub fn page(
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · knit console</title>
-<link rel="stylesheet" href="/ui/assets/console.css">
-<script src="/ui/assets/console.js" defer></script>
+<style>{css}</style>
 </head>
 <body{live}>
 <a class="skip" href="#main">Skip to content</a>
@@ -110,10 +109,13 @@ pub fn page(
 <h1>{title}</h1>
 {body}
 </main>
+<script>{js}</script>
 </body>
 </html>
 "##,
         title = esc(title),
+        css = super::CSS,
+        js = super::JS,
     );
     (
         status,

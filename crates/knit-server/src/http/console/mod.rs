@@ -23,7 +23,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Form, Router};
 use html::{page, see_other, Section};
@@ -44,8 +44,36 @@ type Cs = Arc<Console>;
 /// The largest form the console takes (a pool's YAML is far smaller).
 const MAX_FORM_BYTES: usize = 256 * 1024;
 
-const CSS: &str = include_str!("../../../console/console.css");
-const JS: &str = include_str!("../../../console/console.js");
+/// The stylesheet and the live-update script, inlined in every page and
+/// allowed by their hashes in the Content-Security-Policy. As separate
+/// files a page could come without them: a browser aborts loads in flight
+/// when the host's network changes (`ERR_NETWORK_CHANGED`, as when a local
+/// cloud adds a machine's veth), and that page then never updated live.
+pub(crate) const CSS: &str = include_str!("../../../console/console.css");
+pub(crate) const JS: &str = include_str!("../../../console/console.js");
+
+/// The policy: nothing but the console itself, its one script and its one
+/// stylesheet by hash.
+static CSP: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(|| {
+    let policy = format!(
+        "default-src 'self'; script-src '{}'; style-src '{}'; img-src 'self' data:; \
+         connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        csp_hash(JS),
+        csp_hash(CSS)
+    );
+    HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("default-src 'none'"))
+});
+
+/// `sha256-<base64>` of an inline script or style, as CSP names it.
+fn csp_hash(text: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    format!(
+        "sha256-{}",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
 
 /// The console's router and the task that feeds its live updates (it ends
 /// when `shutdown` turns true).
@@ -89,8 +117,6 @@ pub fn router(
         .route("/ui", get(|| async { see_other("/ui/pools") }))
         .route("/ui/", get(|| async { see_other("/ui/pools") }))
         .route("/ui/sign-in", get(sign_in_form).post(sign_in))
-        .route("/ui/assets/console.css", get(css))
-        .route("/ui/assets/console.js", get(js))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(middleware::from_fn(guard_headers))
@@ -103,13 +129,7 @@ pub fn router(
 async fn guard_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
+    h.insert(header::CONTENT_SECURITY_POLICY, CSP.clone());
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -179,25 +199,6 @@ async fn require_session(State(console): State<Cs>, request: Request, next: Next
     parts.extensions.insert(session);
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
-}
-
-async fn css() -> Response {
-    asset("text/css; charset=utf-8", CSS)
-}
-
-async fn js() -> Response {
-    asset("text/javascript; charset=utf-8", JS)
-}
-
-fn asset(content_type: &'static str, text: &'static str) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, content_type),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        text,
-    )
-        .into_response()
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -287,4 +288,30 @@ async fn sign_out(State(console): State<Cs>, Extension(session): Extension<Sessi
         response.headers_mut().insert(header::SET_COOKIE, v);
     }
     response
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::*;
+
+    /// A browser runs the inlined script and applies the inlined style only
+    /// when their hashes are the ones the policy names.
+    #[test]
+    fn the_policy_allows_exactly_the_inlined_script_and_style() {
+        let csp = CSP.to_str().unwrap();
+        assert!(
+            csp.contains(&format!("script-src '{}'", csp_hash(JS))),
+            "{csp}"
+        );
+        assert!(
+            csp.contains(&format!("style-src '{}'", csp_hash(CSS))),
+            "{csp}"
+        );
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+        // The known value of sha256("") in CSP's form.
+        assert_eq!(
+            csp_hash(""),
+            "sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
+        );
+    }
 }

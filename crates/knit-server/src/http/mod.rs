@@ -80,10 +80,7 @@ pub fn router(cp: Cp) -> Router {
             axum::routing::delete(snapshots::delete),
         )
         .route("/api/v1/snapshot-builds", get(snapshots::builds))
-        .route(
-            "/api/v1/snapshot-builds/:id",
-            get(snapshots::build_status),
-        )
+        .route("/api/v1/snapshot-builds/:id", get(snapshots::build_status))
         .route("/api/v1/jointokens", get(tokens::list))
         .route("/api/v1/exec", post(exec::exec))
         .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));

@@ -92,7 +92,8 @@ fn nodes_on_a_non_default_subnet_bootstrap_from_the_providers_gateway() {
         .clone()
         .unwrap_or_default();
     assert!(
-        user_data.contains(&format!("'{expected}/bootstrap/v1/config'")),
+        // The stub's values are shell assignments at its top.
+        user_data.contains(&format!("\nbootstrap_url={expected}/bootstrap/v1/config\n")),
         "{user_data}"
     );
     assert!(!user_data.contains("10.213.0.1"), "{user_data}");

@@ -7,139 +7,15 @@
 
 mod components_support;
 
+use components_support::sandbox::Sandbox;
 use components_support::{build_package, VERSION};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-fn knit_local() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_knit-agent")).with_file_name("knit-local");
-    assert!(
-        p.is_file(),
-        "{} is missing: build the workspace first (cargo build --workspace)",
-        p.display()
-    );
-    p
-}
-
-/// A bridge name and a free /24 unique to this process and call.
-fn unique_net(n: u32) -> (String, String) {
-    let pid = std::process::id();
-    let routes = Command::new("ip")
-        .args(["-4", "route", "show", "table", "all"])
-        .output()
-        .expect("ip route");
-    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
-    const SPACE: u32 = 100 * 256;
-    let start = (pid.wrapping_mul(16).wrapping_add(n * 7919 + 4099)) % SPACE;
-    let prefix = (0..SPACE)
-        .map(|i| (start + i) % SPACE)
-        .map(|c| format!("10.{}.{}.", 150 + c / 256, c % 256))
-        .find(|p| !routes.contains(p.as_str()))
-        .expect("no free 10.x.y.0/24");
-    (format!("kb{pid:x}{n}"), format!("{prefix}0/24"))
-}
-
-/// One sandbox machine in a local cloud of its own; `down` on drop.
-struct Sandbox {
-    dir: tempfile::TempDir,
-    bridge: String,
-    subnet: String,
-    id: String,
-    ip: String,
-}
-
 impl Sandbox {
-    fn new(n: u32) -> Sandbox {
-        let dir = tempfile::Builder::new()
-            .prefix("knit-agent-packages-")
-            .tempdir()
-            .unwrap();
-        let (bridge, subnet) = unique_net(n);
-        let mut sandbox = Sandbox {
-            dir,
-            bridge,
-            subnet,
-            id: String::new(),
-            ip: String::new(),
-        };
-        let template = sandbox.dir.path().join("template.yaml");
-        std::fs::write(&template, "name: packages\nsystemDiskSize: 1Gi\n").unwrap();
-        let out = sandbox
-            .local()
-            .args(["create", "--file"])
-            .arg(&template)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        sandbox.id = created["id"].as_str().unwrap().to_string();
-        sandbox.ip = created["privateIp"]
-            .as_str()
-            .or_else(|| created["record"]["privateIp"].as_str())
-            .unwrap_or_else(|| panic!("no privateIp in {created}"))
-            .to_string();
-        sandbox
-    }
-
-    fn local(&self) -> Command {
-        let mut c = Command::new(knit_local());
-        c.env("KNIT_LOCAL_STATE_DIR", self.dir.path().join("state"))
-            .env("KNIT_LOCAL_BRIDGE", &self.bridge)
-            .env("KNIT_LOCAL_SUBNET", &self.subnet);
-        c
-    }
-
-    fn sh_out(&self, script: &str, input: Option<&Path>) -> Output {
-        let mut c = self.local();
-        c.args(["exec", &self.id, "--", "/bin/sh", "-c", script]);
-        c.stdin(match input {
-            Some(p) => Stdio::from(std::fs::File::open(p).unwrap()),
-            None => Stdio::null(),
-        });
-        c.output().unwrap()
-    }
-
-    fn sh_bytes(&self, script: &str) -> Vec<u8> {
-        let out = self.sh_out(script, None);
-        assert!(
-            out.status.success(),
-            "`{script}` failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    }
-
-    fn sh(&self, script: &str) -> String {
-        String::from_utf8_lossy(&self.sh_bytes(script)).into_owned()
-    }
-
-    fn copy_in(&self, from: &Path, to: &str, mode: &str) {
-        let out = self.sh_out(
-            &format!("mkdir -p \"$(dirname {to})\" && cat > {to} && chmod {mode} {to}"),
-            Some(from),
-        );
-        assert!(out.status.success(), "copy {}", from.display());
-    }
-
-    /// The host's address as the machine sees it (its default gateway).
-    fn gateway(&self) -> String {
-        let route = self.sh("ip -4 route show default");
-        route
-            .split_whitespace()
-            .skip_while(|w| *w != "via")
-            .nth(1)
-            .unwrap_or_else(|| panic!("no default route: {route}"))
-            .to_string()
-    }
-
     /// The agent, a Kubernetes package and a node config: the phases before
     /// base-packages run as on any node (a kubelet that only sleeps).
     fn prepare(&self, base_packages: &str) {
@@ -193,16 +69,6 @@ impl Sandbox {
         let journal: serde_json::Value =
             serde_json::from_str(&self.sh("cat /var/lib/knit/journal.json")).unwrap();
         journal["phases"]["base-packages"].clone()
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        match self.local().arg("down").output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!("down: {}", String::from_utf8_lossy(&o.stderr)),
-            Err(e) => eprintln!("down: {e}"),
-        }
     }
 }
 
@@ -316,7 +182,7 @@ fn write_repository(repo: &Path, codename: &str, debs: &[(&str, Vec<u8>)]) {
 /// that repository only, through a deb822 source it writes.
 #[test]
 fn pigz_and_updates_come_from_the_knit_repository() {
-    let s = Sandbox::new(0);
+    let s = Sandbox::new("packages", "kb", 4099, 0);
     let pigz = installed_version(&s, "pigz");
     let ping = installed_version(&s, "iputils-ping");
     let pigz = pigz
@@ -387,7 +253,7 @@ fn pigz_and_updates_come_from_the_knit_repository() {
 /// printed for docs/benchmarks.md, not asserted.
 #[test]
 fn an_offline_node_is_told_so_without_waiting() {
-    let s = Sandbox::new(1);
+    let s = Sandbox::new("packages", "kb", 4099, 1);
     s.sh("rm -f /etc/apt/sources.list.d/* && printf '%s\\n' \
           'deb http://192.0.2.1/debian bookworm main' \
           'deb http://deb.knit-offline.invalid/debian-security bookworm-security main' \

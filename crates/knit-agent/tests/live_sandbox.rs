@@ -5,122 +5,12 @@
 
 mod components_support;
 
+use components_support::sandbox::Sandbox;
 use components_support::{build_package, VERSION};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn knit_local() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_knit-agent")).with_file_name("knit-local");
-    assert!(
-        p.is_file(),
-        "{} is missing: build the workspace first (cargo build --workspace)",
-        p.display()
-    );
-    p
-}
-
-/// A bridge name and a free /24 unique to this process and call.
-fn unique_net(n: u32) -> (String, String) {
-    let pid = std::process::id();
-    let routes = Command::new("ip")
-        .args(["-4", "route", "show", "table", "all"])
-        .output()
-        .expect("ip route");
-    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
-    const SPACE: u32 = 100 * 256;
-    let start = (pid.wrapping_mul(16).wrapping_add(n * 7919)) % SPACE;
-    let prefix = (0..SPACE)
-        .map(|i| (start + i) % SPACE)
-        .map(|c| format!("10.{}.{}.", 150 + c / 256, c % 256))
-        .find(|p| !routes.contains(p.as_str()))
-        .expect("no free 10.x.y.0/24");
-    (format!("ka{pid:x}{n}"), format!("{prefix}0/24"))
-}
-
-/// One sandbox machine in a local cloud of its own; `down` on drop.
-struct Sandbox {
-    dir: tempfile::TempDir,
-    bridge: String,
-    subnet: String,
-    id: String,
-    ip: String,
-}
+use std::path::Path;
+use std::process::Output;
 
 impl Sandbox {
-    fn new(n: u32) -> Sandbox {
-        let dir = tempfile::Builder::new()
-            .prefix("knit-agent-live-")
-            .tempdir()
-            .unwrap();
-        let (bridge, subnet) = unique_net(n);
-        let mut sandbox = Sandbox {
-            dir,
-            bridge,
-            subnet,
-            id: String::new(),
-            ip: String::new(),
-        };
-        let template = sandbox.dir.path().join("template.yaml");
-        std::fs::write(&template, "name: live\nsystemDiskSize: 1Gi\n").unwrap();
-        let out = sandbox
-            .local()
-            .args(["create", "--file"])
-            .arg(&template)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        sandbox.id = created["id"].as_str().unwrap().to_string();
-        sandbox.ip = created["privateIp"]
-            .as_str()
-            .or_else(|| created["record"]["privateIp"].as_str())
-            .unwrap_or_else(|| panic!("no privateIp in {created}"))
-            .to_string();
-        sandbox
-    }
-
-    fn local(&self) -> Command {
-        let mut c = Command::new(knit_local());
-        c.env("KNIT_LOCAL_STATE_DIR", self.dir.path().join("state"))
-            .env("KNIT_LOCAL_BRIDGE", &self.bridge)
-            .env("KNIT_LOCAL_SUBNET", &self.subnet);
-        c
-    }
-
-    /// `sh -c script` inside, stdin from `input` when given.
-    fn sh_out(&self, script: &str, input: Option<&Path>) -> Output {
-        let mut c = self.local();
-        c.args(["exec", &self.id, "--", "/bin/sh", "-c", script]);
-        c.stdin(match input {
-            Some(p) => Stdio::from(std::fs::File::open(p).unwrap()),
-            None => Stdio::null(),
-        });
-        c.output().unwrap()
-    }
-
-    fn sh(&self, script: &str) -> String {
-        let out = self.sh_out(script, None);
-        assert!(
-            out.status.success(),
-            "`{script}` failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn copy_in(&self, from: &Path, to: &str, mode: &str) {
-        let out = self.sh_out(
-            &format!("mkdir -p \"$(dirname {to})\" && cat > {to} && chmod {mode} {to}"),
-            Some(from),
-        );
-        assert!(out.status.success(), "copy {}", from.display());
-    }
-
     /// The agent, a package and a node config inside the machine.
     fn prepare(&self, extra: &str) {
         self.copy_in(
@@ -170,16 +60,6 @@ impl Sandbox {
     }
 }
 
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        match self.local().arg("down").output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!("down: {}", String::from_utf8_lossy(&o.stderr)),
-            Err(e) => eprintln!("down: {e}"),
-        }
-    }
-}
-
 fn sysctl(s: &Sandbox, key: &str) -> String {
     s.sh(&format!("cat /proc/sys/{}", key.replace('.', "/")))
         .trim()
@@ -194,7 +74,7 @@ fn sysctl(s: &Sandbox, key: &str) -> String {
 /// written, where the namespace allows, and the rest is said to wait for boot.
 #[test]
 fn init_on_a_sandbox_machine_syncs_time_and_applies_os_settings_in_order() {
-    let s = Sandbox::new(0);
+    let s = Sandbox::new("live", "ka", 0, 0);
     if s.sh_out("command -v chronyd", None).status.code() != Some(0) {
         panic!(
             "chronyd is not installed in the machine's image (scripts/setup.sh installs chrony)"
@@ -274,7 +154,7 @@ fn init_on_a_sandbox_machine_syncs_time_and_applies_os_settings_in_order() {
 /// chronyd said (it used to be started blind and restarted forever).
 #[test]
 fn a_chronyd_that_cannot_start_is_fail_sync_time() {
-    let s = Sandbox::new(1);
+    let s = Sandbox::new("live", "ka", 0, 1);
     s.prepare("");
     s.sh("mkdir -p /etc/chrony/conf.d && echo 'no-such-directive 1' > /etc/chrony/conf.d/broken.conf");
     let out = s.init("--stop-after time-sync");

@@ -4,6 +4,8 @@
 //! on the fly, and a test PKI.
 #![allow(dead_code)] // each test file uses a part of it
 
+pub mod sandbox;
+
 use knit_agent::engine::{self, InitOptions};
 use knit_agent::host::Host;
 use knit_agent::journal::Journal;

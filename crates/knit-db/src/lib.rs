@@ -1,0 +1,270 @@
+//! One SQL seam over the two datastores knit runs on: SQLite, embedded in
+//! one server's state directory (the default), and PostgreSQL, shared by
+//! several servers. Callers write portable SQL (`?1`-style placeholders,
+//! `ON CONFLICT`, `RETURNING`, `CAST(… AS BIGINT)` around sums) and run it
+//! inside [`Db::read`] or [`Db::write`], which give both backends the same
+//! meaning: a write transaction sees and changes the database as if it
+//! were alone (SQLite's single writer; PostgreSQL's SERIALIZABLE, with the
+//! transaction re-run when the server reports a conflict).
+
+mod dialect;
+mod error;
+mod postgres;
+mod sqlite;
+pub mod testing;
+mod value;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::DbError;
+pub use value::{FromValue, Row, Value};
+
+/// Parameters of a statement: `params![a, b]` is `&[Value::from(a), …]`.
+#[macro_export]
+macro_rules! params {
+    () => { &[] as &[$crate::Value] };
+    ($($p:expr),+ $(,)?) => { &[$($crate::Value::from($p)),+] as &[$crate::Value] };
+}
+
+/// Where a control plane keeps its state.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Datastore {
+    /// One SQLite file (in the state directory unless a path is given).
+    Sqlite(PathBuf),
+    /// SQLite in memory: tests only.
+    SqliteMemory,
+    /// A PostgreSQL connection URL (`postgres://user:password@host:port/db`).
+    Postgres(String),
+}
+
+impl std::fmt::Debug for Datastore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl Datastore {
+    /// Reads `--datastore`: `sqlite` (the file `default_sqlite`),
+    /// `sqlite:PATH`, or a `postgres://` / `postgresql://` URL.
+    pub fn parse(text: &str, default_sqlite: &Path) -> Result<Datastore, DbError> {
+        let text = text.trim();
+        let bad = |rule: &str| DbError::BadDatastore {
+            value: redact_url(text),
+            rule: rule.to_string(),
+        };
+        if text == "sqlite" {
+            return Ok(Datastore::Sqlite(default_sqlite.to_path_buf()));
+        }
+        if let Some(path) = text.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err(bad("sqlite:PATH needs a path"));
+            }
+            return Ok(Datastore::Sqlite(PathBuf::from(path)));
+        }
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            text.parse::<tokio_postgres::Config>()
+                .map_err(|e| bad(&format!("not a PostgreSQL connection URL: {e}")))?;
+            return Ok(Datastore::Postgres(text.to_string()));
+        }
+        Err(bad("must be `sqlite`, `sqlite:PATH` or a postgres:// URL"))
+    }
+
+    /// Shared by several servers (so a leader must be elected).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Datastore::Postgres(_))
+    }
+
+    /// The datastore as it may be logged: a URL's password replaced.
+    pub fn redacted(&self) -> String {
+        match self {
+            Datastore::Sqlite(p) => format!("sqlite:{}", p.display()),
+            Datastore::SqliteMemory => "sqlite::memory:".into(),
+            Datastore::Postgres(url) => redact_url(url),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((auth, host)) = rest.split_once('@') else {
+        return url.to_string();
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// Limits of the database calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connecting to PostgreSQL.
+    pub connect_timeout: Duration,
+    /// One statement (PostgreSQL), or waiting for SQLite's lock.
+    pub statement_timeout: Duration,
+    /// Open PostgreSQL connections of this process.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(15),
+            max_connections: 8,
+        }
+    }
+}
+
+/// Which backend a [`Db`] runs on (for the rare statement that differs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub struct Db {
+    inner: Inner,
+}
+
+enum Inner {
+    Sqlite(sqlite::Sqlite),
+    Postgres(Box<postgres::Postgres>),
+}
+
+/// A transaction in progress: every statement of a [`Db::read`] or
+/// [`Db::write`] goes through it.
+pub struct Tx<'a> {
+    inner: TxInner<'a>,
+}
+
+enum TxInner<'a> {
+    Sqlite(&'a rusqlite::Transaction<'a>),
+    Postgres(&'a mut postgres::Conn, &'a postgres::Postgres),
+}
+
+impl Db {
+    pub fn open(store: &Datastore, limits: Limits) -> Result<Db, DbError> {
+        let inner = match store {
+            Datastore::Sqlite(path) => Inner::Sqlite(sqlite::Sqlite::open(Some(path), limits)?),
+            Datastore::SqliteMemory => Inner::Sqlite(sqlite::Sqlite::open(None, limits)?),
+            Datastore::Postgres(url) => {
+                Inner::Postgres(Box::new(postgres::Postgres::open(url, limits)?))
+            }
+        };
+        Ok(Db { inner })
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.inner {
+            Inner::Sqlite(_) => Backend::Sqlite,
+            Inner::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Runs `f` in a read-only view of one moment of the database.
+    pub fn read<T, E: From<DbError>>(
+        &self,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        match &self.inner {
+            Inner::Sqlite(db) => db.run(false, f),
+            Inner::Postgres(db) => db.run(false, f),
+        }
+    }
+
+    /// Runs `f` in a write transaction, committed when `f` returns `Ok`.
+    /// On PostgreSQL `f` may run more than once (a serialization conflict
+    /// with another server re-runs it), so it must only touch the database.
+    pub fn write<T, E: From<DbError>>(
+        &self,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        match &self.inner {
+            Inner::Sqlite(db) => db.run(true, f),
+            Inner::Postgres(db) => db.run(true, f),
+        }
+    }
+
+    /// Brings `component`'s schema to `steps.len()`: step `i` takes it from
+    /// version `i` to `i + 1`, in the transaction that records the new
+    /// version; `after_step(tx, i)` runs there too. A database with a newer
+    /// version than `steps` knows is refused. On SQLite the version is the
+    /// file's `user_version` (one component per file); on PostgreSQL a row
+    /// of `knit_schema`, and servers starting together migrate one at a time.
+    pub fn migrate<E: From<DbError>>(
+        &self,
+        component: &str,
+        steps: &[&str],
+        after_step: impl FnMut(&mut Tx<'_>, usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        match &self.inner {
+            Inner::Sqlite(db) => db.migrate(component, steps, after_step),
+            Inner::Postgres(db) => db.migrate(component, steps, after_step),
+        }
+    }
+
+    /// One statement outside any transaction (`CREATE DATABASE`, `VACUUM`).
+    pub fn autocommit(&self, sql: &str) -> Result<(), DbError> {
+        match &self.inner {
+            Inner::Sqlite(db) => db.autocommit(sql),
+            Inner::Postgres(db) => db.autocommit(sql),
+        }
+    }
+
+    /// `component`'s schema version (0 for none).
+    pub fn schema_version(&self, component: &str) -> Result<i64, DbError> {
+        match &self.inner {
+            Inner::Sqlite(db) => db.schema_version(),
+            Inner::Postgres(db) => db.schema_version(component),
+        }
+    }
+}
+
+impl Tx<'_> {
+    pub fn backend(&self) -> Backend {
+        match self.inner {
+            TxInner::Sqlite(_) => Backend::Sqlite,
+            TxInner::Postgres(..) => Backend::Postgres,
+        }
+    }
+
+    /// Runs one statement; the number of rows it changed.
+    pub fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        match &mut self.inner {
+            TxInner::Sqlite(tx) => sqlite::execute(tx, sql, params),
+            TxInner::Postgres(conn, db) => db.execute(conn, sql, params),
+        }
+    }
+
+    /// Every row of a query.
+    pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        match &mut self.inner {
+            TxInner::Sqlite(tx) => sqlite::query(tx, sql, params),
+            TxInner::Postgres(conn, db) => db.query(conn, sql, params),
+        }
+    }
+
+    /// The first row of a query, if any.
+    pub fn query_opt(&mut self, sql: &str, params: &[Value]) -> Result<Option<Row>, DbError> {
+        Ok(self.query(sql, params)?.into_iter().next())
+    }
+
+    /// The first row of a query that always has one (`COUNT(*)`, …).
+    pub fn query_one(&mut self, sql: &str, params: &[Value]) -> Result<Row, DbError> {
+        self.query_opt(sql, params)?
+            .ok_or_else(|| DbError::NoRow(dialect::first_words(sql)))
+    }
+
+    /// Statements without parameters, `;`-separated (schema changes).
+    pub fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        match &mut self.inner {
+            TxInner::Sqlite(tx) => Ok(tx.execute_batch(sql)?),
+            TxInner::Postgres(conn, db) => db.batch(conn, &dialect::postgres_ddl(sql)),
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! The shared backend: PostgreSQL through tokio-postgres, whose connections
+//! run on a small runtime of their own. Callers block on their statements
+//! (as they do on SQLite's), each bounded by the statement timeout, so the
+//! store stays synchronous and works from any thread.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Statement};
+
+use crate::dialect;
+use crate::{DbError, Limits, Row, Tx, TxInner, Value};
+
+/// Serialization conflicts re-run a write transaction up to this many times.
+const MAX_ATTEMPTS: u32 = 12;
+/// Prepared statements kept per connection.
+const STATEMENT_CACHE: usize = 256;
+
+pub struct Postgres {
+    config: Config,
+    target: String,
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+    pool: Mutex<PoolState>,
+    returned: Condvar,
+    limits: Limits,
+}
+
+struct PoolState {
+    idle: Vec<Conn>,
+    open: usize,
+}
+
+pub struct Conn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+    /// A statement failed with a serialization conflict or a deadlock:
+    /// the transaction is worth running again.
+    conflicted: bool,
+    /// A call timed out or the connection dropped: not reused.
+    broken: bool,
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.idle.clear();
+        }
+        // Not a blocking shutdown: the store may be dropped on an async thread.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Postgres {
+    pub fn open(url: &str, limits: Limits) -> Result<Postgres, DbError> {
+        let mut config: Config = url.parse().map_err(|e| DbError::BadDatastore {
+            value: crate::redact_url(url),
+            rule: format!("not a PostgreSQL connection URL: {e}"),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(limits.connect_timeout);
+        }
+        // A server that vanished without closing the connection is noticed.
+        config.keepalives(true);
+        config.keepalives_idle(Duration::from_secs(10));
+        if config.get_application_name().is_none() {
+            config.application_name("knit");
+        }
+        let target = describe_target(&config);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("knit-db-postgres")
+            .enable_all()
+            .build()
+            .map_err(|e| DbError::Postgres(format!("start the connection runtime: {e}")))?;
+        let handle = runtime.handle().clone();
+        let db = Postgres {
+            config,
+            target,
+            runtime: Some(runtime),
+            handle,
+            pool: Mutex::new(PoolState {
+                idle: Vec::new(),
+                open: 0,
+            }),
+            returned: Condvar::new(),
+            limits,
+        };
+        // Fail at start, with the reason, when the database is unreachable.
+        let conn = db.get()?;
+        db.put(conn);
+        Ok(db)
+    }
+
+    /// Waits for `fut` on the connection runtime, at most the statement timeout.
+    fn block<F: Future>(&self, fut: F) -> Result<F::Output, DbError> {
+        let _enter = self.handle.enter();
+        let limit = self.limits.statement_timeout;
+        futures::executor::block_on(async { tokio::time::timeout(limit, fut).await })
+            .map_err(|_| DbError::Timeout(limit))
+    }
+
+    fn connect(&self) -> Result<Conn, DbError> {
+        let (client, connection) = self
+            .block(self.config.connect(NoTls))
+            .map_err(|_| DbError::Connect {
+                target: self.target.clone(),
+                reason: format!("no answer within {:?}", self.limits.statement_timeout),
+            })?
+            .map_err(|e| DbError::Connect {
+                target: self.target.clone(),
+                reason: e.to_string(),
+            })?;
+        self.handle.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL connection ended");
+            }
+        });
+        let mut conn = Conn {
+            client,
+            statements: HashMap::new(),
+            conflicted: false,
+            broken: false,
+        };
+        // The server bounds a statement too: a call we stopped waiting for
+        // does not go on holding locks.
+        let ms = self.limits.statement_timeout.as_millis();
+        self.batch(&mut conn, &format!("SET statement_timeout = {ms}"))?;
+        Ok(conn)
+    }
+
+    /// A connection from the pool, a new one, or (all in use) the first
+    /// one returned within the statement timeout.
+    fn get(&self) -> Result<Conn, DbError> {
+        let deadline = Instant::now() + self.limits.statement_timeout;
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(conn) = pool.idle.pop() {
+                return Ok(conn);
+            }
+            if pool.open < self.limits.max_connections.max(1) {
+                pool.open += 1;
+                drop(pool);
+                return self.connect().inspect_err(|_| self.forget_one());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DbError::Timeout(self.limits.statement_timeout));
+            }
+            pool = self
+                .returned
+                .wait_timeout(pool, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn forget_one(&self) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.open = pool.open.saturating_sub(1);
+        self.returned.notify_one();
+    }
+
+    fn put(&self, conn: Conn) {
+        if conn.broken || conn.client.is_closed() {
+            self.forget_one();
+            return;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.idle.push(conn);
+        self.returned.notify_one();
+    }
+
+    pub fn run<T, E: From<DbError>>(
+        &self,
+        write: bool,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let begin = if write {
+            "BEGIN ISOLATION LEVEL SERIALIZABLE"
+        } else {
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        };
+        self.run_with(begin, f)
+    }
+
+    fn run_with<T, E: From<DbError>>(
+        &self,
+        begin: &str,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = self.get()?;
+            if let Err(e) = self.batch(&mut conn, begin) {
+                self.put(conn);
+                return Err(e.into());
+            }
+            let result = f(&mut Tx {
+                inner: TxInner::Postgres(&mut conn, self),
+            });
+            let again = match result {
+                Ok(value) => match self.batch(&mut conn, "COMMIT") {
+                    Ok(()) => {
+                        self.put(conn);
+                        return Ok(value);
+                    }
+                    Err(e) if conn.conflicted && attempt < MAX_ATTEMPTS => {
+                        tracing::debug!(error = %e, attempt, "transaction conflicted at commit; running it again");
+                        true
+                    }
+                    Err(e) => {
+                        self.put(conn);
+                        return Err(e.into());
+                    }
+                },
+                Err(e) => {
+                    let conflicted = conn.conflicted;
+                    let _ = self.batch(&mut conn, "ROLLBACK");
+                    if !(conflicted && attempt < MAX_ATTEMPTS) {
+                        self.put(conn);
+                        return Err(e);
+                    }
+                    true
+                }
+            };
+            if again {
+                conn.conflicted = false;
+                self.put(conn);
+                // Spread the retries of servers that collided.
+                let jitter = (std::process::id() as u64 + attempt as u64 * 7) % 10;
+                std::thread::sleep(Duration::from_millis((5u64 << attempt.min(6)) + jitter));
+            }
+        }
+    }
+
+    pub fn migrate<E: From<DbError>>(
+        &self,
+        component: &str,
+        steps: &[&str],
+        mut after_step: impl FnMut(&mut Tx<'_>, usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        // READ COMMITTED: after waiting for the lock, another server's
+        // finished migration is visible.
+        self.run_with("BEGIN", |tx| {
+            tx.batch("SELECT pg_advisory_xact_lock(7401730117)")?;
+            tx.batch(
+                "CREATE TABLE IF NOT EXISTS knit_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+            )?;
+            let current: i64 = tx
+                .query_opt(
+                    "SELECT version FROM knit_schema WHERE component = ?1",
+                    crate::params![component],
+                )?
+                .map(|r| r.get(0))
+                .transpose()?
+                .unwrap_or(0);
+            let known = steps.len() as i64;
+            if current > known {
+                return Err(DbError::NewerSchema {
+                    component: component.to_string(),
+                    found: current,
+                    known,
+                }
+                .into());
+            }
+            for (i, sql) in steps.iter().enumerate().skip(current as usize) {
+                tx.batch(sql)?;
+                after_step(tx, i)?;
+            }
+            tx.execute(
+                "INSERT INTO knit_schema (component, version) VALUES (?1, ?2) ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                crate::params![component, known],
+            )?;
+            Ok(())
+        })
+    }
+
+    pub fn autocommit(&self, sql: &str) -> Result<(), DbError> {
+        let mut conn = self.get()?;
+        let result = self.batch(&mut conn, sql);
+        self.put(conn);
+        result
+    }
+
+    pub fn schema_version(&self, component: &str) -> Result<i64, DbError> {
+        self.run(false, |tx| {
+            let exists = tx
+                .query_one("SELECT to_regclass('knit_schema') IS NOT NULL", &[])?
+                .get::<bool>(0)?;
+            if !exists {
+                return Ok(0);
+            }
+            Ok(tx
+                .query_opt(
+                    "SELECT version FROM knit_schema WHERE component = ?1",
+                    crate::params![component],
+                )?
+                .map(|r| r.get(0))
+                .transpose()?
+                .unwrap_or(0))
+        })
+    }
+
+    fn statement(&self, conn: &mut Conn, sql: &str) -> Result<Statement, DbError> {
+        if let Some(s) = conn.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let translated = dialect::postgres_placeholders(sql);
+        let prepared = self.call(conn, |c| c.prepare(&translated))?;
+        if conn.statements.len() >= STATEMENT_CACHE {
+            conn.statements.clear();
+        }
+        conn.statements.insert(sql.to_string(), prepared.clone());
+        Ok(prepared)
+    }
+
+    /// One call on the connection: a timeout breaks it, a conflict marks it.
+    fn call<'c, T, F, Fut>(&self, conn: &'c mut Conn, f: F) -> Result<T, DbError>
+    where
+        F: FnOnce(&'c Client) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let client: &'c Client = &conn.client;
+        match self.block(f(client)) {
+            Err(timeout) => {
+                conn.broken = true;
+                Err(timeout)
+            }
+            Ok(Err(e)) => {
+                let err = pg_error(&e);
+                if let Some(code) = e.code() {
+                    let code = code.code();
+                    if code == "40001" || code == "40P01" {
+                        conn.conflicted = true;
+                    }
+                }
+                if e.is_closed() {
+                    conn.broken = true;
+                }
+                Err(err)
+            }
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    pub fn execute(&self, conn: &mut Conn, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let stmt = self.statement(conn, sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+        self.call(conn, |c| async move { c.execute(&stmt, &refs).await })
+    }
+
+    pub fn query(&self, conn: &mut Conn, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        let stmt = self.statement(conn, sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+        let rows = self.call(conn, |c| async move { c.query(&stmt, &refs).await })?;
+        rows.iter().map(pg_row).collect()
+    }
+
+    pub fn batch(&self, conn: &mut Conn, sql: &str) -> Result<(), DbError> {
+        self.call(conn, |c| c.batch_execute(sql))
+    }
+}
+
+fn describe_target(config: &Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("(default)");
+    format!("{host}:{port}/{db}")
+}
+
+/// SQLSTATE first, then the server's message: callers match on the code.
+fn pg_error(e: &tokio_postgres::Error) -> DbError {
+    match e.as_db_error() {
+        Some(db) => DbError::Postgres(format!(
+            "{} {}{}",
+            db.code().code(),
+            db.message(),
+            db.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+        )),
+        None => DbError::Postgres(e.to_string()),
+    }
+}
+
+impl ToSql for Value {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut tokio_postgres::types::private::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Value::Null => Ok(IsNull::Yes),
+            Value::Int(i) => match *ty {
+                Type::INT2 => i16::try_from(*i)?.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
+                Type::BOOL => (*i != 0).to_sql(ty, out),
+                Type::FLOAT8 => (*i as f64).to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    i.to_string().to_sql(ty, out)
+                }
+                _ => i.to_sql(ty, out),
+            },
+            Value::Real(f) => f.to_sql(ty, out),
+            Value::Text(s) => s.as_str().to_sql(ty, out),
+            Value::Blob(b) => b.as_slice().to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+fn pg_row(row: &tokio_postgres::Row) -> Result<Row, DbError> {
+    let mut values = Vec::with_capacity(row.len());
+    for (i, col) in row.columns().iter().enumerate() {
+        let bad = |e: tokio_postgres::Error| DbError::Column {
+            index: i,
+            reason: e.to_string(),
+        };
+        let v = match *col.type_() {
+            Type::INT8 => row.try_get::<_, Option<i64>>(i).map_err(bad)?.map(Value::Int),
+            Type::INT4 => row
+                .try_get::<_, Option<i32>>(i)
+                .map_err(bad)?
+                .map(|v| Value::Int(v.into())),
+            Type::INT2 => row
+                .try_get::<_, Option<i16>>(i)
+                .map_err(bad)?
+                .map(|v| Value::Int(v.into())),
+            Type::BOOL => row
+                .try_get::<_, Option<bool>>(i)
+                .map_err(bad)?
+                .map(|v| Value::Int(v as i64)),
+            Type::FLOAT8 => row.try_get::<_, Option<f64>>(i).map_err(bad)?.map(Value::Real),
+            Type::FLOAT4 => row
+                .try_get::<_, Option<f32>>(i)
+                .map_err(bad)?
+                .map(|v| Value::Real(v.into())),
+            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => row
+                .try_get::<_, Option<String>>(i)
+                .map_err(bad)?
+                .map(Value::Text),
+            Type::BYTEA => row
+                .try_get::<_, Option<Vec<u8>>>(i)
+                .map_err(bad)?
+                .map(Value::Blob),
+            ref other => {
+                return Err(DbError::Column {
+                    index: i,
+                    reason: format!(
+                        "column {:?} has type {other}, which knit does not read (CAST it to BIGINT or TEXT)",
+                        col.name()
+                    ),
+                })
+            }
+        };
+        values.push(v.unwrap_or(Value::Null));
+    }
+    Ok(Row { values })
+}

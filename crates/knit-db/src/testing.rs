@@ -1,0 +1,256 @@
+//! A real PostgreSQL server for tests: its own data directory and loopback
+//! port, started from the installed server binaries (Debian's `postgresql`
+//! package), stopped by its PID and removed on drop — on success, failure
+//! and panic. As root the server runs as the `postgres` user (PostgreSQL
+//! refuses to run as root), in a directory given to that user.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{Datastore, Db, Limits};
+
+pub struct TestPostgres {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+/// The directory of `initdb` and `postgres`: `KNIT_PG_BINDIR`, else the
+/// newest version under /usr/lib/postgresql.
+pub fn bindir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var("KNIT_PG_BINDIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, p)| p)
+}
+
+/// The uid/gid the server runs as: `postgres` when we are root.
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let name = std::ffi::CString::new("postgres").ok()?;
+    // SAFETY: getpwnam reads a static entry; copied out at once.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return None;
+    }
+    // SAFETY: non-null entry from getpwnam.
+    Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+}
+
+fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+}
+
+fn as_server_user(cmd: &mut Command) {
+    if let Some((uid, gid)) = server_user() {
+        cmd.uid(uid).gid(gid);
+    }
+    // SAFETY: prctl only; runs in the child before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The server ends with the test process, even on SIGKILL.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+impl TestPostgres {
+    /// Starts a server; `Err` says what is missing (install `postgresql`).
+    pub fn start() -> Result<TestPostgres, String> {
+        let bin = bindir().ok_or(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql (install the `postgresql` package, or set KNIT_PG_BINDIR)",
+        )?;
+        let dir = tempfile::Builder::new()
+            .prefix("knit-pg-test-")
+            .tempdir()
+            .map_err(|e| format!("temporary directory: {e}"))?;
+        let data = dir.path().join("data");
+        let sockets = dir.path().join("run");
+        std::fs::create_dir_all(&sockets).map_err(|e| e.to_string())?;
+        if let Some((uid, gid)) = server_user() {
+            for p in [dir.path(), &sockets] {
+                chown_tree(p, uid, gid).map_err(|e| format!("chown {}: {e}", p.display()))?;
+            }
+        }
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .args(["-D"])
+            .arg(&data)
+            .args([
+                "-U",
+                "knit",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_server_user(&mut initdb);
+        let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("free port: {e}"))?
+            .port();
+        let log = std::fs::File::create(dir.path().join("postgres.log"))
+            .map_err(|e| format!("log file: {e}"))?;
+        if let Some((uid, gid)) = server_user() {
+            let _ = chown_tree(&dir.path().join("postgres.log"), uid, gid);
+        }
+        let mut server = Command::new(bin.join("postgres"));
+        server
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(&sockets)
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        as_server_user(&mut server);
+        let child = server.spawn().map_err(|e| format!("start postgres: {e}"))?;
+        let pg = TestPostgres {
+            child: Some(child),
+            dir,
+            port,
+        };
+        pg.wait_ready()?;
+        Ok(pg)
+    }
+
+    fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Db::open(
+                &Datastore::Postgres(self.url("postgres")),
+                Limits::default(),
+            ) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!(
+                        "PostgreSQL did not start: {e}; log: {}",
+                        self.log()
+                    ))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's log so far (for a failing test's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+
+    /// The URL of database `db` on this server.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://knit@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Creates database `name` (a fresh one per test) and gives its URL.
+    pub fn create_database(&self, name: &str) -> Result<String, String> {
+        let admin = Db::open(
+            &Datastore::Postgres(self.url("postgres")),
+            Limits::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        // CREATE DATABASE cannot run in a transaction block: run it as a
+        // statement of its own in autocommit (READ COMMITTED BEGIN would wrap it).
+        admin
+            .autocommit(&format!("CREATE DATABASE \"{name}\""))
+            .map_err(|e| e.to_string())?;
+        Ok(self.url(name))
+    }
+
+    /// The server's PID (for tests that stop or kill it on purpose).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stops the server (fast shutdown) and waits for it; `restart` starts
+    /// it again on the same port and data.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: a signal to our own child, by its PID.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        let bin = bindir().ok_or("PostgreSQL binaries vanished")?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("postgres.log"))
+            .map_err(|e| e.to_string())?;
+        let mut server = Command::new(bin.join("postgres"));
+        server
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-p", &self.port.to_string(), "-k"])
+            .arg(self.dir.path().join("run"))
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        as_server_user(&mut server);
+        self.child = Some(server.spawn().map_err(|e| format!("start postgres: {e}"))?);
+        self.wait_ready()
+    }
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

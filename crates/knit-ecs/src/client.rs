@@ -16,13 +16,77 @@ pub type Params = BTreeMap<String, String>;
 pub const ECS_VERSION: &str = "2014-05-26";
 pub const STS_VERSION: &str = "2015-04-01";
 
-/// The public ECS endpoint of a region as the official SDKs resolve it: the
-/// SDKs' endpoint map names cn-hangzhou's own host; every other public
-/// region follows the regional rule `ecs.<region>.aliyuncs.com`.
+/// Regions whose ECS host is not `ecs.<region>.aliyuncs.com`: the
+/// exceptions of the official SDKs' endpoint map for ECS 2014-05-26 (the
+/// generated clients' `EndpointMap`); cn-hangzhou is the one public region
+/// among them.
+const ECS_ENDPOINT_EXCEPTIONS: &[(&str, &str)] = &[
+    ("cn-hangzhou", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-shanghai-finance-1", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-shenzhen-finance-1", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-north-2-gov-1", "ecs.aliyuncs.com"),
+    ("ap-northeast-2-pop", "ecs.aliyuncs.com"),
+    ("cn-beijing-finance-pop", "ecs.aliyuncs.com"),
+    ("cn-beijing-gov-1", "ecs.aliyuncs.com"),
+    ("cn-beijing-nu16-b01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-edge-1", "ecs.cn-qingdao-nebula.aliyuncs.com"),
+    ("cn-fujian", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-haidian-cm12-c01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-hangzhou-bj-b01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-hangzhou-finance", "ecs.aliyuncs.com"),
+    (
+        "cn-hangzhou-internal-prod-1",
+        "ecs-cn-hangzhou.aliyuncs.com",
+    ),
+    (
+        "cn-hangzhou-internal-test-1",
+        "ecs-cn-hangzhou.aliyuncs.com",
+    ),
+    (
+        "cn-hangzhou-internal-test-2",
+        "ecs-cn-hangzhou.aliyuncs.com",
+    ),
+    (
+        "cn-hangzhou-internal-test-3",
+        "ecs-cn-hangzhou.aliyuncs.com",
+    ),
+    ("cn-hangzhou-test-306", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-hongkong-finance-pop", "ecs.aliyuncs.com"),
+    (
+        "cn-huhehaote-nebula-1",
+        "ecs.cn-qingdao-nebula.aliyuncs.com",
+    ),
+    ("cn-shanghai-et15-b01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-shanghai-et2-b01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-shanghai-inner", "ecs.aliyuncs.com"),
+    (
+        "cn-shanghai-internal-test-1",
+        "ecs-cn-hangzhou.aliyuncs.com",
+    ),
+    ("cn-shenzhen-inner", "ecs.aliyuncs.com"),
+    ("cn-shenzhen-st4-d01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-shenzhen-su18-b01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-wuhan", "ecs.aliyuncs.com"),
+    ("cn-yushanfang", "ecs.aliyuncs.com"),
+    ("cn-zhangbei", "ecs.aliyuncs.com"),
+    ("cn-zhangbei-na61-b01", "ecs-cn-hangzhou.aliyuncs.com"),
+    ("cn-zhangjiakou-na62-a01", "ecs.cn-zhangjiakou.aliyuncs.com"),
+    (
+        "cn-zhengzhou-nebula-1",
+        "ecs.cn-qingdao-nebula.aliyuncs.com",
+    ),
+    ("eu-west-1-oxs", "ecs.cn-shenzhen-cloudstone.aliyuncs.com"),
+    ("rus-west-1-pop", "ecs.aliyuncs.com"),
+];
+
+/// The public ECS endpoint of a region as the official SDKs resolve it:
+/// the endpoint map's host where it names one (cn-hangzhou →
+/// `ecs-cn-hangzhou.aliyuncs.com`), else the regional rule
+/// `ecs.<region>.aliyuncs.com`.
 pub fn ecs_endpoint(region: &str) -> String {
-    match region {
-        "cn-hangzhou" => "https://ecs-cn-hangzhou.aliyuncs.com".into(),
-        r => format!("https://ecs.{r}.aliyuncs.com"),
+    match ECS_ENDPOINT_EXCEPTIONS.iter().find(|(r, _)| *r == region) {
+        Some((_, host)) => format!("https://{host}"),
+        None => format!("https://ecs.{region}.aliyuncs.com"),
     }
 }
 
@@ -298,30 +362,34 @@ impl Client {
             Service::Sts => (&self.config.sts_endpoint, STS_VERSION),
         };
         let host = host_of(endpoint).to_string();
-        // Parameters travel as a form body, never in the URL: HTTP
-        // libraries log URLs (ureq does, at debug), and a URL would carry a
-        // password or user data. The body is signed through its hash.
-        let body = sign::canonical_query(params);
-        let hashed = sign::sha256_hex(body.as_bytes());
+        // Every parameter goes in the query string and the body is empty,
+        // as the official SDKs send ECS's and STS's RPC actions (each
+        // parameter's metadata says `in: query`) and as the V3
+        // specification's own RunInstances example does; the query string
+        // is signed as the canonical query string. The URL therefore holds
+        // passwords and user data: it is never logged or put in an error
+        // (knit keeps ureq's own logging at warn, LOG_DIRECTIVE).
+        let query = sign::canonical_query(params);
+        let hashed = sign::sha256_hex(b"");
         let mut headers: BTreeMap<String, String> = BTreeMap::new();
         headers.insert("host".into(), host);
-        headers.insert(
-            "content-type".into(),
-            "application/x-www-form-urlencoded".into(),
-        );
         headers.insert("x-acs-action".into(), action.to_string());
         headers.insert("x-acs-version".into(), version.to_string());
         headers.insert("x-acs-date".into(), iso8601(std::time::SystemTime::now()));
         headers.insert("x-acs-signature-nonce".into(), nonce());
         headers.insert("x-acs-content-sha256".into(), hashed.clone());
         if let Some(token) = self.credentials.security_token() {
+            // With an STS key the SDKs name the key id in a header too.
+            headers.insert(
+                "x-acs-accesskey-id".into(),
+                self.credentials.access_key_id().to_string(),
+            );
             headers.insert("x-acs-security-token".into(), token.to_string());
         }
-        let no_query = Params::new();
         let input = SignInput {
             method: "POST",
             path: "/",
-            query: &no_query,
+            query: params,
             headers: &headers,
             hashed_payload: &hashed,
         };
@@ -330,7 +398,11 @@ impl Client {
             self.credentials.access_key_id(),
             self.credentials.secret(),
         );
-        let url = format!("{endpoint}/");
+        let url = if query.is_empty() {
+            format!("{endpoint}/")
+        } else {
+            format!("{endpoint}/?{query}")
+        };
         let mut request = self.agent.post(&url);
         for (k, v) in &headers {
             request = request.set(k, v);
@@ -338,7 +410,7 @@ impl Client {
         request = request
             .set("Authorization", &authorization)
             .set("Accept", "application/json");
-        let (status, response) = match request.send_bytes(body.as_bytes()) {
+        let (status, response) = match request.send_bytes(&[]) {
             Ok(r) => (r.status(), r),
             Err(ureq::Error::Status(code, r)) => (code, r),
             Err(ureq::Error::Transport(t)) => {
@@ -405,5 +477,34 @@ impl Client {
             message: text("Message"),
             request_id,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_follow_the_sdk_map() {
+        assert_eq!(
+            ecs_endpoint("cn-hangzhou"),
+            "https://ecs-cn-hangzhou.aliyuncs.com"
+        );
+        assert_eq!(
+            ecs_endpoint("cn-shanghai"),
+            "https://ecs.cn-shanghai.aliyuncs.com"
+        );
+        assert_eq!(
+            ecs_endpoint("ap-southeast-1"),
+            "https://ecs.ap-southeast-1.aliyuncs.com"
+        );
+        assert_eq!(
+            ecs_endpoint("cn-shanghai-finance-1"),
+            "https://ecs-cn-hangzhou.aliyuncs.com"
+        );
+        assert_eq!(
+            sts_endpoint("cn-hangzhou"),
+            "https://sts.cn-hangzhou.aliyuncs.com"
+        );
     }
 }

@@ -365,6 +365,46 @@ impl FakeEcs {
         self.lock().snapshots.values().cloned().collect()
     }
 
+    /// Puts a file inside an instance, at `path` under its /tmp, /var/tmp
+    /// or /root (the places an instance of the fake has of its own).
+    pub fn put_file(&self, id: &str, path: &str, data: &[u8]) -> std::io::Result<()> {
+        let s = self.lock();
+        let g = s.guest(id)?;
+        let (dir, rest) = [
+            ("/tmp/", "tmp"),
+            ("/var/tmp/", "vartmp"),
+            ("/root/", "root"),
+        ]
+        .iter()
+        .find_map(|(p, d)| path.strip_prefix(p).map(|r| (*d, r)))
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "path {path:?}: must be under /tmp/, /var/tmp/ or /root/ of the instance"
+            ))
+        })?;
+        if rest.is_empty() || rest.split('/').any(|c| c == ".." || c.is_empty()) {
+            return Err(std::io::Error::other(format!(
+                "path {path:?}: must name a file, without '..' or empty components"
+            )));
+        }
+        let target = g.join(dir).join(rest);
+        std::fs::write(&target, data)?;
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata(&g)?.uid() == NOBODY {
+            std::os::unix::fs::chown(&target, Some(NOBODY), Some(NOBODY))?;
+        }
+        Ok(())
+    }
+
+    /// The host name the instance's OS has (its /etc/hostname): ECS's
+    /// HostName as of its last start, or what a command inside set.
+    pub fn guest_hostname(&self, id: &str) -> Option<String> {
+        let g = self.lock().guest(id).ok()?;
+        std::fs::read_to_string(g.join("hostname"))
+            .ok()
+            .map(|h| h.trim().to_string())
+    }
+
     /// An instance knit did not make (for add-existing): Running, in the
     /// first vSwitch, with the first security group.
     pub fn add_existing(&self, name: &str, instance_type: &str, ram_role: Option<&str>) -> String {
@@ -583,6 +623,35 @@ fn page(p: &BTreeMap<String, String>) -> (usize, usize) {
 }
 
 impl State {
+    /// The instance's own files (its /tmp, /var/tmp, /root, /run and
+    /// /etc/hostname), made on first use. When the fake runs as root they
+    /// belong to `nobody`, the user its commands run as on this host.
+    fn guest(&self, id: &str) -> std::io::Result<std::path::PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let g = self.scratch.join("guests").join(id);
+        if g.join("hostname").exists() {
+            return Ok(g);
+        }
+        for sub in ["tmp", "vartmp", "root", "run"] {
+            std::fs::create_dir_all(g.join(sub))?;
+        }
+        let host = self
+            .instances
+            .get(id)
+            .map(|i| i.host_name.clone())
+            .unwrap_or_else(|| id.to_string());
+        std::fs::write(g.join("hostname"), format!("{host}\n"))?;
+        if std::fs::metadata(&g)?.uid() == 0 {
+            for sub in ["", "tmp", "vartmp", "root", "run", "hostname"] {
+                std::os::unix::fs::chown(g.join(sub), Some(NOBODY), Some(NOBODY))?;
+            }
+            let mut perm = std::fs::metadata(g.join("tmp"))?.permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o1777);
+            std::fs::set_permissions(g.join("tmp"), perm)?;
+        }
+        Ok(g)
+    }
+
     fn new_id(&mut self, prefix: &str) -> String {
         self.next += 1;
         format!("{prefix}fake{:012x}", self.next)
@@ -1112,6 +1181,17 @@ impl State {
 
     /// One poll: every instance on its way somewhere moves on.
     fn advance(&mut self, id: &str) {
+        let mut booted = None;
+        self.advance_steps(id, &mut booted);
+        // A start applies the instance's HostName to its OS, as ECS does.
+        if let Some(host) = booted {
+            if let Ok(g) = self.guest(id) {
+                let _ = std::fs::write(g.join("hostname"), format!("{host}\n"));
+            }
+        }
+    }
+
+    fn advance_steps(&mut self, id: &str, booted: &mut Option<String>) {
         let Some(i) = self.instances.get_mut(id) else {
             return;
         };
@@ -1127,6 +1207,7 @@ impl State {
                 if let Some(pw) = i.pending_password.take() {
                     i.password = Some(pw);
                 }
+                *booted = Some(i.host_name.clone());
             }
             if i.steps.is_empty() {
                 i.status = reached.status.to_string();
@@ -1321,6 +1402,7 @@ impl State {
             return Err(State::wrong_status(i));
         }
         self.instances.remove(id);
+        let _ = std::fs::remove_dir_all(self.scratch.join("guests").join(id));
         self.disks
             .retain(|_, d| d.instance_id != id || !d.delete_with_instance);
         for d in self.disks.values_mut().filter(|d| d.instance_id == id) {
@@ -1670,14 +1752,25 @@ impl State {
             _ => {}
         }
         let invoke = self.new_id("t-");
+        let instance_id = instance.clone();
         let run = Arc::new(Mutex::new(Run {
             instance_id: instance,
             done: None,
         }));
         self.runs.insert(invoke.clone(), run.clone());
         let dir = self.scratch.join(&invoke);
+        let guest = match self.guest(&instance_id) {
+            Ok(g) => g,
+            Err(e) => {
+                return Err(fail(
+                    500,
+                    "InternalError",
+                    format!("fake ECS: the instance's files: {e}"),
+                ))
+            }
+        };
         std::thread::spawn(move || {
-            let result = run_script(&script, &dir, Duration::from_secs(timeout));
+            let result = run_script(&script, &dir, &guest, Duration::from_secs(timeout));
             let _ = std::fs::remove_dir_all(&dir);
             run.lock().unwrap_or_else(|p| p.into_inner()).done = Some(result);
         });
@@ -1793,11 +1886,52 @@ impl State {
     }
 }
 
-/// Runs a Cloud Assistant script: `sh -c` in a scratch directory of its
-/// own, output (stdout and stderr together, as Cloud Assistant reports it)
-/// and exit code; killed after `limit`.
-fn run_script(script: &[u8], dir: &std::path::Path, limit: Duration) -> (i32, Vec<u8>, bool) {
+/// The host user a command of the fake's Cloud Assistant runs as when the
+/// fake runs as root.
+const NOBODY: u32 = 65534;
+
+/// Sets up an instance's namespaces and runs its command: `$1` the
+/// instance's files, `$2` the script (opened before its /tmp hides the
+/// scratch directory), `$3` `drop` to become `nobody` on the host.
+const SANDBOX: &str = r#"set -e
+g=$1
+exec 3<"$2"
+h=$(cat "$g/hostname")
+mount --bind "$g/root" /root
+mount --bind "$g/run" /run
+mount --bind "$g/vartmp" /var/tmp
+if [ -e /etc/hostname ]; then mount --bind "$g/hostname" /etc/hostname; fi
+mount --bind "$g/tmp" /tmp
+hostname "$h" 2>/dev/null || true
+mount -t proc proc /proc 2>/dev/null || true
+set +e
+cd /tmp
+path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+if [ "$3" = drop ]; then
+  setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \
+    env -i PATH=$path HOME=/root LANG=C.UTF-8 /bin/sh /dev/fd/3
+else
+  env -i PATH=$path HOME=/root LANG=C.UTF-8 /bin/sh /dev/fd/3
+fi
+"#;
+
+/// Runs a Cloud Assistant script the way the fake models an instance:
+/// `unshare` gives it its own mount, PID, network (loopback only), UTS
+/// and IPC namespaces; the instance's own /tmp, /var/tmp, /root, /run and
+/// /etc/hostname (kept between its commands) are bound over the host's;
+/// the rest of the host's file system is seen as it is. As root the fake
+/// runs the script as `nobody` on the host (setpriv, no capabilities, no
+/// new privileges); as another user, as that user mapped to root in a new
+/// user namespace. Output is stdout and stderr together, as Cloud
+/// Assistant reports it; the whole namespace is killed after `limit`.
+fn run_script(
+    script: &[u8],
+    dir: &std::path::Path,
+    guest: &std::path::Path,
+    limit: Duration,
+) -> (i32, Vec<u8>, bool) {
     use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
     if std::fs::create_dir_all(dir).is_err() {
         return (-1, b"cannot make a scratch directory".to_vec(), false);
     }
@@ -1812,20 +1946,49 @@ fn run_script(script: &[u8], dir: &std::path::Path, limit: Duration) -> (i32, Ve
     let Ok(err) = out.try_clone() else {
         return (-1, b"cannot share the output file".to_vec(), false);
     };
-    let child = std::process::Command::new("/bin/sh")
+    let as_root = std::fs::metadata(dir)
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false);
+    let mut command = std::process::Command::new("unshare");
+    if !as_root {
+        command.arg("--user").arg("--map-root-user");
+    }
+    command
+        .args([
+            "--mount",
+            "--pid",
+            "--net",
+            "--uts",
+            "--ipc",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            SANDBOX,
+            "sh",
+        ])
+        .arg(guest)
         .arg(&path)
-        .current_dir(dir)
+        .arg(if as_root { "drop" } else { "keep" })
         .stdin(std::process::Stdio::null())
         .stdout(out)
-        .stderr(err)
-        .spawn();
-    let Ok(mut child) = child else {
-        return (-1, b"cannot start /bin/sh".to_vec(), false);
+        .stderr(err);
+    let Ok(mut child) = command.spawn() else {
+        return (
+            -1,
+            b"the fake's Cloud Assistant needs unshare (util-linux) to give a command its namespaces"
+                .to_vec(),
+            false,
+        );
     };
     let started = std::time::Instant::now();
     let (code, timed_out) = loop {
         match child.try_wait() {
             Ok(Some(status)) => break (status.code().unwrap_or(-1), false),
+            // Killing unshare kills its child, the namespace's first
+            // process, and with it every process of the command.
             Ok(None) if started.elapsed() > limit => {
                 let _ = child.kill();
                 let _ = child.wait();

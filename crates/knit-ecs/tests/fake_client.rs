@@ -236,3 +236,68 @@ fn no_secret_in_debug_or_errors() {
     assert!(!e.to_string().contains("Secr3t!pass"));
     assert!(!format!("{e:?}").contains(&secret));
 }
+
+/// The fake's Cloud Assistant runs a command the way it models an
+/// instance: its own network (loopback only), PID namespace and files
+/// (/tmp kept between its commands, not shared with another instance), and
+/// no way to write the host's files.
+#[test]
+fn cloud_assistant_commands_run_confined() {
+    let fake = FakeEcs::start();
+    let c = client_for(&fake, fake.credentials());
+    let running = |token: &str| {
+        let id = c.run_instances(&run_request(&fake, token)).unwrap();
+        for _ in 0..20 {
+            if c.describe_instance(&id).unwrap().unwrap().status == "Running" {
+                return id;
+            }
+        }
+        panic!("{id} never ran");
+    };
+    let (a, b) = (running("confined-a"), running("confined-b"));
+    let run = |id: &str, script: &str| -> (i64, String) {
+        let token = format!("cmd-{}-{}", id, fake.calls("RunCommand"));
+        let invoke = c.run_command(id, script, 30, &token).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = c.describe_invocation_result(&invoke, id).unwrap().unwrap();
+            if r.invoke_record_status == "Finished" {
+                use base64::Engine;
+                let out = base64::engine::general_purpose::STANDARD
+                    .decode(r.output)
+                    .unwrap();
+                return (r.exit_code, String::from_utf8_lossy(&out).into_owned());
+            }
+            assert!(std::time::Instant::now() < deadline, "{script} hangs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut tag = [0u8; 6];
+    getrandom::getrandom(&mut tag).unwrap();
+    let escape = format!("/etc/knit-fake-escape-{}", hex::encode(tag));
+    let (code, out) = run(
+        &a,
+        &format!(
+            "echo kept > /tmp/mark\n\
+             tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '\n\
+             echo \"pid $$\"\n\
+             touch {escape} 2>/dev/null && echo escaped\n\
+             kill -0 {me} 2>/dev/null && echo sees-the-host\n\
+             exit 0\n",
+            me = std::process::id()
+        ),
+    );
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"lo"), "only loopback: {out}");
+    assert!(lines[1].starts_with("pid "), "{out}");
+    let pid: u32 = lines[1][4..].parse().unwrap();
+    assert!(pid < 100, "its own PID namespace: {out}");
+    assert!(!out.contains("sees-the-host"), "{out}");
+    assert!(!out.contains("escaped"), "{out}");
+    assert!(!std::path::Path::new(&escape).exists());
+    assert_eq!(run(&a, "cat /tmp/mark"), (0, "kept\n".to_string()));
+    let (code, _) = run(&b, "cat /tmp/mark 2>/dev/null");
+    assert_ne!(code, 0, "another instance has its own /tmp");
+    assert_eq!(run(&b, "hostname"), (0, "workers-abcde\n".to_string()));
+}

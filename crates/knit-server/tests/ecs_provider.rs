@@ -89,13 +89,31 @@ async fn every_operation_over_the_fake() {
     );
     assert_eq!(fake.instance(&made.id).unwrap().boots, boots + 1);
 
-    // rename.
+    // rename: ECS's attributes, and the OS's host name. ECS gives the OS a
+    // new HostName only at a start: a running instance is given it inside
+    // (Cloud Assistant), without the restart that would cut off a manual
+    // attach's command; a stopped one takes it when started.
+    let boots = fake.instance(&made.id).unwrap().boots;
+    assert_eq!(
+        fake.guest_hostname(&made.id).as_deref(),
+        Some("workers-aaaaa")
+    );
     p.rename(&made.id, "node-1").await.unwrap();
     let f = fake.instance(&made.id).unwrap();
     assert_eq!(
         (f.name.as_str(), f.host_name.as_str()),
         ("node-1", "node-1")
     );
+    assert_eq!(f.boots, boots, "renamed without a restart");
+    assert_eq!(fake.guest_hostname(&made.id).as_deref(), Some("node-1"));
+    let argv = |s: &str| vec!["sh".to_string(), "-c".to_string(), s.to_string()];
+    let (_, out, _) = p.exec(&made.id, &argv("hostname")).await.unwrap();
+    assert_eq!(out, b"node-1\n");
+    p.stop(&made.id).await.unwrap();
+    p.rename(&made.id, "node-2").await.unwrap();
+    assert_eq!(fake.guest_hostname(&made.id).as_deref(), Some("node-1"));
+    p.start(&made.id).await.unwrap();
+    assert_eq!(fake.guest_hostname(&made.id).as_deref(), Some("node-2"));
 
     // set_password: applied by the reboot ECS needs.
     p.set_password(&made.id, "N3w-Passw0rd!").await.unwrap();
@@ -108,7 +126,6 @@ async fn every_operation_over_the_fake() {
     assert!(!refused.to_string().contains("short"), "{refused}");
 
     // exec through Cloud Assistant: exit code and both streams.
-    let argv = |s: &str| vec!["sh".to_string(), "-c".to_string(), s.to_string()];
     let (code, out, err) = p
         .exec(&made.id, &argv("echo out; echo 'it''s err' >&2; exit 3"))
         .await
@@ -152,21 +169,16 @@ async fn every_operation_over_the_fake() {
         .unwrap_err();
     assert!(knit_server::provider::is_limit_error(&slow), "{slow}");
 
-    // read_file: a file larger than the output limit, byte for byte.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("big.log");
+    // read_file: a file inside the instance larger than the output limit,
+    // byte for byte.
+    let file = "/var/tmp/big.log";
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    std::fs::write(&file, &data).unwrap();
-    let read = p.read_file(&made.id, file.to_str().unwrap()).await.unwrap();
+    fake.put_file(&made.id, file, &data).unwrap();
+    let read = p.read_file(&made.id, file).await.unwrap();
     assert_eq!(read, data);
     let commands = fake.calls("RunCommand");
     let small = p
-        .read_file_limited(
-            &made.id,
-            file.to_str().unwrap(),
-            1000,
-            Duration::from_secs(60),
-        )
+        .read_file_limited(&made.id, file, 1000, Duration::from_secs(60))
         .await
         .unwrap_err();
     assert!(small.to_string().contains("larger than 1000"), "{small}");

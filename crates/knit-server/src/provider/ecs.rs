@@ -700,6 +700,13 @@ impl Provider for EcsProvider {
         self.image_id(image).map(|_| ())
     }
 
+    /// ModifyInstanceAttribute InstanceName + HostName. ECS gives a new
+    /// HostName to the OS only at the instance's next start: a stopped
+    /// instance takes it when started (automatic attach's re-image starts
+    /// it); a running one is given it now, inside, through Cloud Assistant
+    /// (`/etc/hostname`, then hostnamectl or hostname), so that it needs no
+    /// restart: a manual attach renames the machine while its attach
+    /// command runs on it, and a restart would cut that command off.
     async fn rename(&self, id: &str, name: &str) -> Result<()> {
         let modify = ModifyInstanceAttribute {
             instance_id: id.to_string(),
@@ -708,7 +715,38 @@ impl Provider for EcsProvider {
             ..Default::default()
         };
         self.ecs(move |c| c.modify_instance_attribute(&modify))
-            .await
+            .await?;
+        let running = self
+            .describe(id)
+            .await?
+            .is_some_and(|i| i.status == "Running");
+        if !running {
+            return Ok(());
+        }
+        let script = format!(
+            "n={q}\n\
+             printf '%s\\n' \"$n\" > /etc/hostname || exit 1\n\
+             if command -v hostnamectl >/dev/null 2>&1 && hostnamectl set-hostname \"$n\" 2>/dev/null; then exit 0; fi\n\
+             hostname \"$n\" 2>/dev/null || echo \"/etc/hostname says $n; the running host name changes at the next start\" >&2\n",
+            q = quote(name)
+        );
+        match self.run_script(id, script, Duration::from_secs(120)).await {
+            Ok((0, _)) => {}
+            // The name is ECS's already and the OS takes it at its next
+            // start; the node's name does not depend on it.
+            Ok((code, out)) => tracing::warn!(
+                instance = id,
+                code,
+                output = %String::from_utf8_lossy(&out).trim(),
+                "renamed at ECS; setting the host name inside failed, it applies at the next start"
+            ),
+            Err(e) => tracing::warn!(
+                instance = id,
+                error = %e,
+                "renamed at ECS; Cloud Assistant could not set the host name inside, it applies at the next start"
+            ),
+        }
+        Ok(())
     }
 
     async fn set_password(&self, id: &str, password: &str) -> Result<()> {

@@ -18,13 +18,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::DbError;
-pub use value::{FromValue, Row, Value};
+pub use value::{FromValue, Row, ToValue, Value};
 
-/// Parameters of a statement: `params![a, b]` is `&[Value::from(a), …]`.
+/// Parameters of a statement: `params![a, b]` is `&[a.to_value(), …]`;
+/// each is borrowed, never moved (so closures that may run again keep them).
 #[macro_export]
 macro_rules! params {
     () => { &[] as &[$crate::Value] };
-    ($($p:expr),+ $(,)?) => { &[$($crate::Value::from($p)),+] as &[$crate::Value] };
+    ($($p:expr),+ $(,)?) => { &[$($crate::ToValue::to_value(&$p)),+] as &[$crate::Value] };
 }
 
 /// Where a control plane keeps its state.

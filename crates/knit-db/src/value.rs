@@ -68,6 +68,64 @@ impl<T: Clone + Into<Value>> From<&Option<T>> for Value {
     }
 }
 
+/// A parameter, by reference: what `params!` calls on each argument.
+pub trait ToValue {
+    fn to_value(&self) -> Value;
+}
+
+macro_rules! to_value_via_from {
+    ($($t:ty),*) => {$(
+        impl ToValue for $t {
+            fn to_value(&self) -> Value {
+                Value::from(self.clone())
+            }
+        }
+    )*};
+}
+to_value_via_from!(
+    i64,
+    i32,
+    u32,
+    u16,
+    u8,
+    usize,
+    u64,
+    bool,
+    f64,
+    String,
+    Vec<u8>
+);
+
+impl ToValue for str {
+    fn to_value(&self) -> Value {
+        Value::Text(self.to_string())
+    }
+}
+
+impl ToValue for [u8] {
+    fn to_value(&self) -> Value {
+        Value::Blob(self.to_vec())
+    }
+}
+
+impl ToValue for Value {
+    fn to_value(&self) -> Value {
+        self.clone()
+    }
+}
+
+impl<T: ToValue + ?Sized> ToValue for &T {
+    fn to_value(&self) -> Value {
+        (**self).to_value()
+    }
+}
+
+impl<T: ToValue> ToValue for Option<T> {
+    fn to_value(&self) -> Value {
+        self.as_ref().map_or(Value::Null, ToValue::to_value)
+    }
+}
+
 /// A row of a query: its columns in the order the query named them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {

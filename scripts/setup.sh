@@ -27,6 +27,8 @@ PACKAGES=(
     dosfstools mtools                               # knit-qemu: the cloud-init NoCloud seed (vfat, label CIDATA)
     shellcheck                                      # scripts/test.sh: lints every tracked *.sh
     chromium chromium-driver fonts-liberation       # the web console's browser test (headless, WebDriver)
+    postgresql                                      # the PostgreSQL datastore: knit up --ha and the tests run their own server from its binaries (own data dir and port; Debian's cluster service is left alone)
+    haproxy                                         # knit up --ha: one address (TCP, health-checked) in front of the servers
 )
 
 missing=()

@@ -82,3 +82,57 @@ fn pool_replicas_become_ecs_instances() {
     wait_for("the instances deleted", || mine(&fake).is_empty());
     assert!(fake.disks().is_empty(), "disks went with their instances");
 }
+
+/// The add-existing preflight over the ECS provider reads the account's
+/// real values: the instance's account (DescribeInstances' owner through
+/// STS), region, VPC, security groups and OS, and the cluster's account is
+/// the key's (STS GetCallerIdentity), not the local cloud's.
+#[test]
+fn attach_preflight_reads_the_accounts_values() {
+    let fake = FakeEcs::start();
+    let mut s = EcsSettings::new(&fake.region());
+    s.endpoint = Some(fake.url());
+    s.v_switch_id = Some("vsw-fake0001".into());
+    s.security_group_ids = vec!["sg-fake0001".into()];
+    s.default_image = Some(fake.config().images[0].clone());
+    s.poll_interval = Duration::from_millis(10);
+    let provider = EcsProvider::new(s, fake.credentials()).unwrap();
+    let existing = fake.add_existing("old-web", "ecs.g7.large", None);
+    let mut srv = TestServer::new();
+    srv.start(Some(Arc::new(provider)));
+    srv.write_agent_checksum();
+    let cluster = format!(
+        "apiVersion: knit.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: c}}\n\
+         spec: {{region: {}, vpc: vpc-fake0001}}\n",
+        fake.region()
+    );
+    srv.client()
+        .call("PUT", "/api/v1/cluster", Some(&cluster))
+        .unwrap();
+    let yaml = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: added\nspec:\n  replicas: 0\n";
+    srv.client()
+        .call("POST", "/api/v1/pools", Some(yaml))
+        .unwrap();
+    let body = serde_json::json!({"instances": [existing], "dryRun": true}).to_string();
+    let report = srv
+        .client()
+        .call("POST", "/api/v1/pools/added/attach", Some(&body))
+        .unwrap();
+    let results = report["preflight"][0]["results"].as_array().unwrap();
+    let status = |check: &str| {
+        results
+            .iter()
+            .find(|r| r["check"] == check)
+            .map(|r| (r["status"].as_str().unwrap_or(""), r["message"].to_string()))
+            .unwrap_or_else(|| panic!("no {check} in {report}"))
+    };
+    for check in ["same-account", "same-region", "same-vpc"] {
+        let (st, msg) = status(check);
+        assert_eq!(st, "pass", "{check}: {msg}");
+    }
+    assert!(
+        status("same-account").1.contains(&fake.config().account_id),
+        "{report}"
+    );
+    assert!(fake.calls("GetCallerIdentity") >= 1);
+}

@@ -74,9 +74,13 @@ pub async fn attach(
         }
     }
     let adding = req.instances.len() as i64;
+    let account = provider.account_id().await?;
     let mut reports = Vec::new();
     for f in &facts {
-        let ctx = context(cp, Mode::Automatic, adding, req.password.is_some(), &f.id)?;
+        let mut ctx = context(cp, Mode::Automatic, adding, req.password.is_some(), &f.id)?;
+        if let Some(a) = &account {
+            ctx.account_id = a.clone();
+        }
         reports.push(preflight::check(&cluster, &record.pool, f, &ctx));
     }
     let passed = reports.iter().all(PreflightReport::passed);

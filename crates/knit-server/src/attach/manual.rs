@@ -274,7 +274,10 @@ pub async fn redeem(
         facts.os_name = machine.os_name;
     }
     let cluster = cp.cluster_doc()?;
-    let ctx = context(cp, Mode::Manual, 1, false, &facts.id)?;
+    let mut ctx = context(cp, Mode::Manual, 1, false, &facts.id)?;
+    if let Some(a) = provider.account_id().await? {
+        ctx.account_id = a;
+    }
     let report = preflight::check(&cluster, &record.pool, &facts, &ctx);
     if !report.passed() {
         let text = knit_api::views::preflight_table(std::slice::from_ref(&report));

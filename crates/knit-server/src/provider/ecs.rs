@@ -521,7 +521,8 @@ impl EcsProvider {
         self.read_chunked(id, path, max_bytes, limit).await
     }
 
-    async fn account_id(&self) -> Result<String> {
+    /// The key's account (STS GetCallerIdentity), asked once.
+    async fn caller_account(&self) -> Result<String> {
         self.account
             .get_or_try_init(|| async {
                 self.ecs(|c| c.get_caller_identity().map(|i| i.account_id))
@@ -887,6 +888,12 @@ impl Provider for EcsProvider {
         self.exec_bounded(id, argv, limit, max_output).await
     }
 
+    /// The key's account: instances knit makes are in it, and the cluster
+    /// is (the preflight's `same-account` compares with it).
+    async fn account_id(&self) -> Result<Option<String>> {
+        self.caller_account().await.map(Some)
+    }
+
     async fn facts(&self, id: &str) -> Result<InstanceFacts> {
         let i = self
             .describe(id)
@@ -895,7 +902,7 @@ impl Provider for EcsProvider {
                 kind: "ECS instance",
                 name: id.to_string(),
             })?;
-        let account_id = self.account_id().await?;
+        let account_id = self.caller_account().await?;
         let itype = vec![i.instance_type.clone()];
         let limits = self.ecs(move |c| c.describe_instance_types(&itype)).await?;
         let limit = limits

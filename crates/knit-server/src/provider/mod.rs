@@ -280,6 +280,13 @@ pub trait Provider: Send + Sync {
         .capped(max_output))
     }
 
+    /// The cloud account the provider makes instances in: the cluster's
+    /// own account for the add-existing preflight (`same-account`). `None`
+    /// (the default): the provider has no account of its own, the
+    /// preflight's default (the local cloud's) stands.
+    async fn account_id(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
     /// What the add-existing preflight reads about an instance (account,
     /// VPC, security groups, ENIs, OS, disks …). Providers that cannot
     /// tell refuse.
@@ -492,6 +499,11 @@ impl Provider for BoundedProvider {
         let call = self.inner.exec_limited(id, argv, limit, max);
         let out = self.bound("exec", id, limit + LIMIT_GRACE, call).await?;
         Ok(out.capped(max))
+    }
+    async fn account_id(&self) -> Result<Option<String>> {
+        let call = self.inner.account_id();
+        self.bound("account_id", "(account)", self.limits.call, call)
+            .await
     }
     async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
         self.bound("facts", id, self.limits.call, self.inner.facts(id))

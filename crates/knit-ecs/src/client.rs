@@ -211,6 +211,14 @@ fn idempotent(action: &str, params: &Params) -> bool {
         )
 }
 
+/// A random duration in `[0, max]`.
+fn jitter(max: Duration) -> Duration {
+    let mut b = [0u8; 8];
+    let _ = getrandom::getrandom(&mut b);
+    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
+    Duration::from_nanos(u64::from_le_bytes(b) % nanos.saturating_add(1))
+}
+
 fn nonce() -> String {
     let mut b = [0u8; 16];
     if getrandom::getrandom(&mut b).is_err() {
@@ -338,14 +346,17 @@ impl Client {
             {
                 return Err(err);
             }
+            // Half the backoff, plus a random part of the other half: clients
+            // throttled together do not come back together.
+            let wait = backoff / 2 + jitter(backoff / 2);
             tracing::info!(
                 action,
                 attempt,
                 code = err.code(),
-                backoff_ms = backoff.as_millis() as u64,
+                backoff_ms = wait.as_millis() as u64,
                 "ECS call failed, repeating it"
             );
-            std::thread::sleep(backoff);
+            std::thread::sleep(wait);
             backoff = (backoff * 2).min(policy.max_backoff);
             attempt += 1;
         }

@@ -46,10 +46,14 @@ impl EcsError {
         }
     }
 
-    /// The API said the thing does not exist (`*.NotFound`).
+    /// The API said the resource named in the request does not exist
+    /// (`InvalidInstanceId.NotFound` …); an unknown key or action is not
+    /// that.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, EcsError::Api { code, status, .. }
-            if code.ends_with(".NotFound") || code.ends_with("NotFound") || *status == 404)
+        matches!(self, EcsError::Api { code, .. }
+            if code.ends_with("NotFound")
+                && !code.starts_with("InvalidAccessKeyId")
+                && !code.starts_with("InvalidAction"))
     }
 
     /// Safe to send again: throttling, a server error, no answer.

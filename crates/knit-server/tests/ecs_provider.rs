@@ -352,4 +352,15 @@ async fn throttling_quota_and_refusals() {
     let e = p3.list().await.unwrap_err();
     assert!(e.to_string().contains("SignatureDoesNotMatch"), "{e}");
     assert!(!e.to_string().contains("wrong-secret"));
+    // An unknown key's InvalidAccessKeyId.NotFound is not "already
+    // deleted": delete and snapshot_delete fail, naming ECS's code.
+    let unknown = knit_ecs::Credentials::new("LTAIunknown", "x", None).unwrap();
+    let p4 = EcsProvider::new(settings(&fake), unknown).unwrap();
+    let e = p4.delete("i-fake000000000001").await.unwrap_err();
+    assert!(e.to_string().contains("InvalidAccessKeyId.NotFound"), "{e}");
+    let e = p4.snapshot_delete("s-fake000000000001").await.unwrap_err();
+    assert!(e.to_string().contains("InvalidAccessKeyId.NotFound"), "{e}");
+    // A snapshot or instance that is gone is: deleting it again is done.
+    p.delete("i-fake00000000ffff").await.unwrap();
+    p.snapshot_delete("s-fake00000000ffff").await.unwrap();
 }

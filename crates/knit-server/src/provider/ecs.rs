@@ -197,11 +197,19 @@ impl EcsProvider {
         &self,
         f: impl FnOnce(&Client) -> std::result::Result<T, EcsError> + Send + 'static,
     ) -> Result<T> {
+        self.ecs_typed(f).await?.map_err(err)
+    }
+
+    /// [`Self::ecs`] with ECS's error as it is, for callers that act on
+    /// its code.
+    async fn ecs_typed<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Client) -> std::result::Result<T, EcsError> + Send + 'static,
+    ) -> Result<std::result::Result<T, EcsError>> {
         let client = self.client.clone();
         tokio::task::spawn_blocking(move || f(&client))
             .await
-            .map_err(|e| ServerError::Internal(format!("ECS task: {e}")))?
-            .map_err(err)
+            .map_err(|e| ServerError::Internal(format!("ECS task: {e}")))
     }
 
     async fn describe(&self, id: &str) -> Result<Option<Instance>> {
@@ -575,23 +583,23 @@ impl Provider for EcsProvider {
             client_token: client_token("run", &[&template.name]),
         };
         let id = match self
-            .ecs({
+            .ecs_typed({
                 let r = request.clone();
                 move |c| c.run_instances(&r)
             })
-            .await
+            .await?
         {
             Ok(id) => id,
             // The same name was used with other settings (a pool changed
             // between a crash and the retry): the instance it made is the
             // one knit named.
-            Err(e) if e.to_string().contains("IdempotentParameterMismatch") => {
+            Err(e) if e.code() == "IdempotentParameterMismatch" => {
                 match self.find_by_name(&template.name).await? {
                     Some(found) => found.id,
-                    None => return Err(e),
+                    None => return Err(err(e)),
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(err(e)),
         };
         let running = self.wait_status(&id, "Running").await?;
         Ok(view(&running))
@@ -768,10 +776,15 @@ impl Provider for EcsProvider {
 
     async fn delete(&self, id: &str) -> Result<()> {
         let iid = id.to_string();
-        match self.ecs(move |c| c.delete_instance(&iid, true)).await {
+        // Gone already is done; a wrong key (InvalidAccessKeyId.NotFound)
+        // is not.
+        match self
+            .ecs_typed(move |c| c.delete_instance(&iid, true))
+            .await?
+        {
             Ok(()) => Ok(()),
-            Err(e) if e.to_string().contains(".NotFound") => Ok(()),
-            Err(e) => Err(e),
+            Err(e) if e.code() == "InvalidInstanceId.NotFound" => Ok(()),
+            Err(e) => Err(err(e)),
         }
     }
 
@@ -850,10 +863,10 @@ impl Provider for EcsProvider {
 
     async fn snapshot_delete(&self, snapshot_id: &str) -> Result<()> {
         let sid = snapshot_id.to_string();
-        match self.ecs(move |c| c.delete_snapshot(&sid)).await {
+        match self.ecs_typed(move |c| c.delete_snapshot(&sid)).await? {
             Ok(()) => Ok(()),
-            Err(e) if e.to_string().contains(".NotFound") => Ok(()),
-            Err(e) => Err(e),
+            Err(e) if e.code() == "InvalidSnapshotId.NotFound" => Ok(()),
+            Err(e) => Err(err(e)),
         }
     }
 

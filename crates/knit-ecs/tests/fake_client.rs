@@ -301,3 +301,56 @@ fn cloud_assistant_commands_run_confined() {
     assert_ne!(code, 0, "another instance has its own /tmp");
     assert_eq!(run(&b, "hostname"), (0, "workers-abcde\n".to_string()));
 }
+
+/// ECS's parameters go in the signed query string with an empty body, as
+/// the official SDKs send them: a correctly signed request carrying them
+/// in a form body instead is refused by the fake, so a client that drifts
+/// to another form fails here rather than at the real gateway.
+#[test]
+fn parameters_in_a_body_are_refused() {
+    use knit_ecs::sign;
+    let fake = FakeEcs::start();
+    let creds = fake.config();
+    let host = fake.url().trim_start_matches("http://").to_string();
+    let body = format!("RegionId={}", fake.region());
+    let hashed = sign::sha256_hex(body.as_bytes());
+    let headers: BTreeMap<String, String> = [
+        ("host", host.as_str()),
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("x-acs-action", "DescribeInstances"),
+        ("x-acs-version", "2014-05-26"),
+        ("x-acs-content-sha256", hashed.as_str()),
+        ("x-acs-signature-nonce", "nonce-body-0001"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .chain([(
+        "x-acs-date".to_string(),
+        knit_ecs::client::iso8601(std::time::SystemTime::now()),
+    )])
+    .collect();
+    let no_query = BTreeMap::new();
+    let auth = sign::authorization(
+        &sign::SignInput {
+            method: "POST",
+            path: "/",
+            query: &no_query,
+            headers: &headers,
+            hashed_payload: &hashed,
+        },
+        &creds.access_key_id,
+        creds.access_key_secret.as_bytes(),
+    );
+    let mut r = ureq::post(&format!("{}/", fake.url()));
+    for (k, v) in &headers {
+        r = r.set(k, v);
+    }
+    let (status, text) = match r.set("Authorization", &auth).send_bytes(body.as_bytes()) {
+        Ok(resp) => (resp.status(), resp.into_string().unwrap()),
+        Err(ureq::Error::Status(code, resp)) => (code, resp.into_string().unwrap()),
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("query string"), "{text}");
+    assert_eq!(fake.calls("DescribeInstances"), 0);
+}

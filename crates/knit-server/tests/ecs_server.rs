@@ -83,10 +83,11 @@ fn pool_replicas_become_ecs_instances() {
     assert!(fake.disks().is_empty(), "disks went with their instances");
 }
 
-/// The add-existing preflight over the ECS provider reads the account's
-/// real values: the instance's account (DescribeInstances' owner through
-/// STS), region, VPC, security groups and OS, and the cluster's account is
-/// the key's (STS GetCallerIdentity), not the local cloud's.
+/// The add-existing preflight over the ECS provider compares the
+/// account's values: the instance's region and VPC (DescribeInstances)
+/// with the cluster's, and the cluster's account is the key's (STS
+/// GetCallerIdentity), not the local cloud's. An instance the key can see
+/// is in the key's account, so its account is the key's too.
 #[test]
 fn attach_preflight_reads_the_accounts_values() {
     let fake = FakeEcs::start();

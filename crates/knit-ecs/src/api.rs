@@ -797,6 +797,9 @@ impl Client {
         put(&mut p, "InstanceId.1", instance_id);
         put(&mut p, "Timeout", timeout_secs.max(10));
         put(&mut p, "RepeatMode", "Once");
+        // At its Timeout Cloud Assistant ends the command's whole process
+        // tree, not only its first process (the default, `Process`).
+        put(&mut p, "TerminationMode", "ProcessTree");
         put(&mut p, "ClientToken", client_token);
         let v = self.call("RunCommand", p)?;
         v.get("InvokeId")

@@ -1697,6 +1697,24 @@ impl State {
             ));
         }
         let content = param(p, "CommandContent")?;
+        // RunCommand's limit without KeepCommand: 24 KB of encoded content.
+        if content.len() > 24 * 1024 {
+            return Err(fail(
+                400,
+                "InvalidCommandContent.LengthExceeded",
+                "The command content exceeds the size limit.",
+            ));
+        }
+        match p.get("TerminationMode").map(String::as_str) {
+            None | Some("Process") | Some("ProcessTree") => {}
+            Some(_) => {
+                return Err(fail(
+                    400,
+                    "InvalidTerminationMode",
+                    "The specified TerminationMode is not valid.",
+                ))
+            }
+        }
         let script = match p.get("ContentEncoding").map(String::as_str) {
             Some("Base64") => B64.decode(content).map_err(|_| {
                 fail(
@@ -1707,13 +1725,6 @@ impl State {
             })?,
             _ => content.as_bytes().to_vec(),
         };
-        if script.len() > 16 * 1024 {
-            return Err(fail(
-                400,
-                "InvalidCommandContent.LengthExceeded",
-                "The command content exceeds the size limit.",
-            ));
-        }
         let timeout: u64 = p.get("Timeout").and_then(|t| t.parse().ok()).unwrap_or(60);
         if !(10..=86_400).contains(&timeout) {
             return Err(fail(
@@ -1905,7 +1916,7 @@ mount --bind "$g/tmp" /tmp
 hostname "$h" 2>/dev/null || true
 mount -t proc proc /proc 2>/dev/null || true
 set +e
-cd /tmp
+cd /root
 path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 if [ "$3" = drop ]; then
   setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \

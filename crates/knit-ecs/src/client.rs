@@ -432,6 +432,12 @@ impl Client {
                 })
             }
         };
+        // The gateway names the request in a header too: kept for an answer
+        // whose body does not.
+        let header_request_id = response
+            .header("x-acs-request-id")
+            .unwrap_or("")
+            .to_string();
         let cap = self.config.max_answer_bytes;
         let mut body = Vec::new();
         response
@@ -457,19 +463,22 @@ impl Client {
                     status,
                     code: "ServiceUnavailable".into(),
                     message: format!("HTTP {status} without a JSON body"),
-                    request_id: String::new(),
+                    request_id: header_request_id.clone(),
                 };
             }
             EcsError::Decode {
                 action: action.to_string(),
-                reason: format!("HTTP {status}, body is not JSON: {e}"),
+                reason: format!(
+                    "HTTP {status}, body is not JSON (RequestId {header_request_id:?}): {e}"
+                ),
             }
         })?;
         let request_id = value
             .get("RequestId")
             .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_string();
+            .filter(|r| !r.is_empty())
+            .map(str::to_string)
+            .unwrap_or(header_request_id);
         if (200..300).contains(&status) {
             tracing::debug!(action, request_id, "ECS call done");
             return Ok(value);

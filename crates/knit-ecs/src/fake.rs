@@ -49,6 +49,10 @@ pub enum Fault {
     /// The action is carried out, then the connection closes without an
     /// answer (a lost response).
     LoseAnswer,
+    /// 503 with an HTML page instead of JSON, as a gateway in front of the
+    /// API may answer; the request id only in `x-acs-request-id`. The
+    /// action is not carried out.
+    GatewayPage,
 }
 
 /// What the fake account holds before the test starts.
@@ -512,19 +516,29 @@ fn parse_pairs(s: &str) -> Option<BTreeMap<String, String>> {
     Some(m)
 }
 
+/// The answer with the gateway's `x-acs-request-id` header.
+fn with_request_id(id: &str, mut r: Response) -> Response {
+    if let Ok(v) = axum::http::HeaderValue::from_str(id) {
+        r.headers_mut().insert("x-acs-request-id", v);
+    }
+    r
+}
+
 fn error_response(e: ApiError) -> Response {
+    let id = request_id();
     let body = json!({
-        "RequestId": request_id(),
+        "RequestId": id,
         "HostId": "ecs.fake.aliyuncs.com",
         "Code": e.code,
         "Message": e.message,
         "Recommend": "https://api.aliyun.com/troubleshoot",
     });
-    (
+    let r = (
         StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
         axum::Json(body),
     )
-        .into_response()
+        .into_response();
+    with_request_id(&id, r)
 }
 
 async fn handle(
@@ -540,11 +554,21 @@ async fn handle(
     };
     match outcome {
         Served::Answer(Ok(mut v)) => {
+            let id = request_id();
             if let Some(o) = v.as_object_mut() {
-                o.insert("RequestId".into(), Value::String(request_id()));
+                o.insert("RequestId".into(), Value::String(id.clone()));
             }
-            (StatusCode::OK, axum::Json(v)).into_response()
+            with_request_id(&id, (StatusCode::OK, axum::Json(v)).into_response())
         }
+        Served::GatewayPage => with_request_id(
+            &request_id(),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("content-type", "text/html")],
+                "<html><body><h1>503 Service Temporarily Unavailable</h1></body></html>",
+            )
+                .into_response(),
+        ),
         Served::Answer(Err(e)) => error_response(e),
         // Unwinding out of the handler makes the server close the
         // connection without an answer; resume_unwind skips the panic hook.
@@ -555,6 +579,7 @@ async fn handle(
 enum Served {
     Answer(Answer),
     Lost,
+    GatewayPage,
 }
 
 fn param<'a>(p: &'a BTreeMap<String, String>, k: &str) -> Result<&'a str, ApiError> {
@@ -723,6 +748,7 @@ impl State {
                     "Request was denied due to user flow control.",
                 )))
             }
+            Some(Fault::GatewayPage) => return Served::GatewayPage,
             Some(Fault::ServerError) => {
                 return Served::Answer(Err(fail(
                     500,

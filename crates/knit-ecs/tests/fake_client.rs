@@ -158,6 +158,26 @@ fn throttling_is_retried_and_unsafe_repeats_are_not() {
     let e = c.start_instance(&id).unwrap_err();
     assert_eq!(e.code(), "InternalError");
     assert_eq!(fake.calls("StartInstance"), 1);
+
+    // A gateway's HTML page (503): a server error, repeated for a read,
+    // and once the retries are spent the error still names the request
+    // (from the x-acs-request-id header, the body having none).
+    fake.inject("DescribeDisks", Fault::GatewayPage, 2);
+    assert!(!c.describe_disks(&id, "all").unwrap().is_empty());
+    assert_eq!(fake.calls("DescribeDisks"), 3);
+    fake.inject("DescribeDisks", Fault::GatewayPage, 100);
+    match c.describe_disks(&id, "all").unwrap_err() {
+        EcsError::Api {
+            code,
+            status,
+            request_id,
+            ..
+        } => {
+            assert_eq!((code.as_str(), status), ("ServiceUnavailable", 503));
+            assert_eq!(request_id.len(), 36, "{request_id:?}");
+        }
+        other => panic!("expected a server error, got {other:?}"),
+    }
 }
 
 #[test]

@@ -75,7 +75,13 @@ impl Controllers {
                         view = tokio::task::block_in_place(|| self.resync());
                         Ok(())
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    // The store restarted its feed: it missed changes (a
+                    // server far behind the others on PostgreSQL).
+                    Err(broadcast::error::RecvError::Closed) => {
+                        feed = self.store.subscribe();
+                        view = tokio::task::block_in_place(|| self.resync());
+                        Ok(())
+                    }
                 },
             };
             if let Err(e) = result {

@@ -14,8 +14,9 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
+    /// The datastore (SQLite or PostgreSQL) failed or could not be reached.
     #[error("storage: {0}")]
-    Storage(#[from] rusqlite::Error),
+    Storage(#[from] knit_db::DbError),
     #[error("certificate: {0}")]
     Cert(String),
     #[error("TLS: {0}")]
@@ -159,13 +160,29 @@ impl From<ClusterError> for ApiStatus {
     fn from(e: ClusterError) -> Self {
         match e {
             ClusterError::Api(s) => s,
+            ClusterError::Storage(e) => ApiStatus::from(e),
             other => ApiStatus::internal(format!("{} ({})", other, other.code())),
         }
     }
 }
 
-impl From<rusqlite::Error> for ApiStatus {
-    fn from(e: rusqlite::Error) -> Self {
-        ApiStatus::from(ClusterError::Storage(e))
+/// A datastore that cannot be reached (or did not answer in time) is 503:
+/// the client retries, as with an etcd that has no quorum. Writers that
+/// kept colliding on PostgreSQL are 409, as a changed object is. Anything
+/// else is 500 with the datastore's stable code.
+impl From<knit_db::DbError> for ApiStatus {
+    fn from(e: knit_db::DbError) -> Self {
+        let code = e.code();
+        if e.is_unavailable() {
+            ApiStatus::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                format!("the datastore is unavailable, try again later: {e} ({code})"),
+            )
+        } else if matches!(e, knit_db::DbError::Conflict(_)) {
+            ApiStatus::conflict(format!("{e} ({code}); please try again"))
+        } else {
+            ApiStatus::internal(format!("storage: {e} ({code})"))
+        }
     }
 }

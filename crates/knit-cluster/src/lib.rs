@@ -3,8 +3,9 @@
 //!
 //! It serves HTTPS with a cluster CA generated at first start (persisted in
 //! the data dir), authenticates bootstrap tokens, client certificates and an
-//! admin credential, stores objects durably in SQLite with one increasing
-//! resourceVersion, supports list + watch with bookmarks, and runs the
+//! admin credential, stores objects durably (SQLite, or PostgreSQL shared by
+//! several servers) with one increasing resourceVersion, supports list +
+//! watch with bookmarks, and runs the
 //! controllers joining needs: kubelet-client CSR approval and signing,
 //! `cluster-info` JWS signing, and node lifecycle (stale Lease → Unknown).
 //!
@@ -76,6 +77,12 @@ pub struct ClusterConfig {
     /// A connection that sends no complete request head within this long
     /// (at its start or between requests) is closed.
     pub header_timeout: Duration,
+    /// Where the objects live: `None` is `cluster.db` (SQLite) in
+    /// `data_dir`; a PostgreSQL datastore is shared with the other servers
+    /// on it, whose changes this server's watches follow. (An SQLite file
+    /// given here must be the cluster's own: its schema version is the
+    /// file's.)
+    pub datastore: Option<knit_db::Datastore>,
 }
 
 impl ClusterConfig {
@@ -89,6 +96,7 @@ impl ClusterConfig {
             node_grace_period: Duration::from_secs(40),
             bookmark_interval: Duration::from_secs(60),
             header_timeout: Duration::from_secs(30),
+            datastore: None,
         }
     }
 }
@@ -190,7 +198,10 @@ impl EmbeddedCluster {
         create_private_dir(&cfg.data_dir)?;
         create_private_dir(&pki_dir)?;
         let ca = Arc::new(pki::Ca::load_or_create(&pki_dir)?);
-        let store = Arc::new(store::Store::open(&cfg.data_dir.join("cluster.db"))?);
+        let store = Arc::new(match &cfg.datastore {
+            Some(datastore) => store::Store::open_datastore(datastore, knit_db::Limits::default())?,
+            None => store::Store::open(&cfg.data_dir.join("cluster.db"))?,
+        });
         for ns in resources::NAMESPACES {
             if store.get("namespaces", "", ns)?.is_none() {
                 store.create(

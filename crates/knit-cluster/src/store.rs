@@ -1,12 +1,27 @@
-//! Durable object storage (SQLite) with one monotonically increasing
+//! Durable object storage with one monotonically increasing
 //! resourceVersion for the whole cluster, and the change feed that watches
 //! read. Objects are kept as the JSON the API serves.
+//!
+//! Two datastores, through one SQL seam (knit-db):
+//! - SQLite (one server, the default): this process is the only writer, so
+//!   writes are serialized by `Core::state`'s lock and the watch history is
+//!   filled as they commit.
+//! - PostgreSQL (several servers share the cluster): the resourceVersion
+//!   is assigned in the write transaction, which first takes a table lock
+//!   every writer takes, so resourceVersion order is commit order on all
+//!   servers. Every change is also appended to `kube_changes` (trimmed to
+//!   the watch history window), and a follower thread reads the changes
+//!   other servers made (every [`FOLLOW_INTERVAL`]) into the same history
+//!   and feed, in resourceVersion order, each once. Preconditions (a
+//!   client's resourceVersion) are checked inside the write transaction.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use knit_db::{params, Backend, Datastore, Db, DbError, Limits, Tx};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
@@ -20,6 +35,29 @@ const FEED_CAPACITY: usize = 8_192;
 /// Largest stored object, serialized (etcd's default request limit,
 /// 1.5 MiB): however an object is written (create, update, any patch).
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
+/// How often a server sharing PostgreSQL reads the other servers' changes.
+pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+/// Changes read from the change log per query.
+const FOLLOW_BATCH: usize = 1_000;
+/// The change log is trimmed to [`HISTORY`] entries every this many writes.
+const TRIM_EVERY: u64 = 256;
+
+/// The schema, one step per version (knit-db's migrations). Version 1 is
+/// the tables SQLite stores had before they were named `kube_*` (those are
+/// moved in by the step); `kube_changes` is written on PostgreSQL only.
+const SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS kube_objects (
+         resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+         rv INTEGER NOT NULL, body TEXT NOT NULL,
+         PRIMARY KEY (resource, namespace, name));
+     CREATE TABLE IF NOT EXISTS kube_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+     CREATE TABLE IF NOT EXISTS kube_node_certs (
+         serial TEXT PRIMARY KEY, node TEXT NOT NULL,
+         not_after INTEGER NOT NULL, revoked_at INTEGER);
+     CREATE INDEX IF NOT EXISTS kube_node_certs_node ON kube_node_certs (node);
+     CREATE TABLE IF NOT EXISTS kube_changes (
+         rv INTEGER PRIMARY KEY, kind TEXT NOT NULL,
+         resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+         object TEXT NOT NULL, previous TEXT)"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -34,6 +72,15 @@ impl EventType {
             EventType::Added => "ADDED",
             EventType::Modified => "MODIFIED",
             EventType::Deleted => "DELETED",
+        }
+    }
+
+    fn parse(s: &str) -> Option<EventType> {
+        match s {
+            "ADDED" => Some(EventType::Added),
+            "MODIFIED" => Some(EventType::Modified),
+            "DELETED" => Some(EventType::Deleted),
+            _ => None,
         }
     }
 }
@@ -53,19 +100,29 @@ pub struct Change {
 }
 
 pub struct Store {
-    inner: Mutex<Inner>,
-    feed: broadcast::Sender<Arc<Change>>,
+    core: Arc<Core>,
+    /// Dropped with the store: the follower thread (PostgreSQL) ends.
+    _stop_follower: Option<mpsc::Sender<()>>,
+}
+
+struct Core {
+    db: Db,
+    /// PostgreSQL: other servers write too (change log, follower).
+    shared: bool,
+    state: Mutex<State>,
     /// Revoked node client certificates: serial (hex) → node name. Read on
-    /// every request with a client certificate, so not behind `inner`.
+    /// every request with a client certificate, so not behind `state`.
     revoked: RwLock<HashMap<String, String>>,
 }
 
-struct Inner {
-    conn: Connection,
+/// What watches read, changed only with the lock held: every change up to
+/// `rv`, in order, each once.
+struct State {
     rv: u64,
     history: VecDeque<Arc<Change>>,
     /// resourceVersion before the oldest change in `history`.
     history_floor: u64,
+    feed: broadcast::Sender<Arc<Change>>,
 }
 
 /// Where a watch starts: every change after `rv`, or the current state
@@ -76,64 +133,152 @@ pub struct WatchStart {
     pub rv: u64,
 }
 
+/// A write decided inside its transaction.
+enum Plan {
+    Write {
+        kind: EventType,
+        obj: Value,
+        previous: Option<Value>,
+    },
+    /// Nothing to write (a no-op update): the stored object.
+    Unchanged(Value),
+}
+
+enum Outcome {
+    Written {
+        rv: u64,
+        kind: EventType,
+        obj: Value,
+        previous: Option<Value>,
+        revoked: Vec<String>,
+    },
+    Unchanged(Value),
+}
+
+fn conflict(resource: &str, name: &str) -> ApiStatus {
+    ApiStatus::conflict(format!(
+        "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+    ))
+}
+
+fn not_found(resource: &str, name: &str) -> ApiStatus {
+    ApiStatus::not_found(format!("{resource} \"{name}\" not found"))
+}
+
+/// Identity fields are the server's, whatever the client sent.
+fn keep_identity(base: &Value, next: &mut Value) {
+    for key in ["uid", "creationTimestamp", "name", "namespace"] {
+        let meta = util::meta_mut(next);
+        match base["metadata"].get(key) {
+            Some(v) => meta.insert(key.into(), v.clone()),
+            None => meta.remove(key),
+        };
+    }
+}
+
+/// `next` equals `base` but for its resourceVersion: a no-op write, which
+/// does not bump the resourceVersion (like Kubernetes).
+fn same_as(base: &Value, next: &Value) -> bool {
+    let mut cmp = next.clone();
+    util::meta_mut(&mut cmp).insert(
+        "resourceVersion".into(),
+        base["metadata"]["resourceVersion"].clone(),
+    );
+    cmp == *base
+}
+
 impl Store {
+    /// The SQLite store of one server (the default datastore).
     pub fn open(path: &Path) -> Result<Store, ClusterError> {
-        let conn = Connection::open(path)?;
-        // WAL without a sync per commit: heartbeats write often, and a lost
-        // last heartbeat after a power cut is harmless.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS objects (
-                 resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
-                 rv INTEGER NOT NULL, body TEXT NOT NULL,
-                 PRIMARY KEY (resource, namespace, name));
-             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS node_certs (
-                 serial TEXT PRIMARY KEY, node TEXT NOT NULL,
-                 not_after INTEGER NOT NULL, revoked_at INTEGER);
-             CREATE INDEX IF NOT EXISTS node_certs_node ON node_certs (node);",
-        )?;
-        // Node certificates issued before they were recorded at signing
-        // are still on their CSRs.
-        for csr in list_in(&conn, "certificatesigningrequests", None)? {
-            if let Some(c) = issued_node_cert(&csr) {
-                conn.execute(
-                    "INSERT OR IGNORE INTO node_certs (serial, node, not_after) VALUES (?1, ?2, ?3)",
-                    params![c.serial, c.node, c.not_after],
+        Store::open_datastore(&Datastore::Sqlite(path.to_path_buf()), Limits::default())
+    }
+
+    /// The store on `datastore`: SQLite (this server alone) or PostgreSQL
+    /// (shared with the other servers on it, whose changes this store's
+    /// watches follow).
+    pub fn open_datastore(datastore: &Datastore, limits: Limits) -> Result<Store, ClusterError> {
+        let db = Db::open(datastore, limits)?;
+        db.migrate("cluster", SCHEMA, |tx, step| -> Result<(), ClusterError> {
+            if step == 0 {
+                adopt_unprefixed_tables(tx)?;
+                tx.execute(
+                    "INSERT INTO kube_meta (key, value) VALUES ('rv', 0) ON CONFLICT (key) DO NOTHING",
+                    &[],
                 )?;
             }
-        }
-        // Certificates that expired need no revocation any more.
-        conn.execute(
-            "DELETE FROM node_certs WHERE not_after < ?1",
-            params![util::now().unix_timestamp()],
-        )?;
-        let mut revoked = HashMap::new();
-        {
-            let mut st =
-                conn.prepare("SELECT serial, node FROM node_certs WHERE revoked_at IS NOT NULL")?;
-            let mut rows = st.query([])?;
-            while let Some(r) = rows.next()? {
-                revoked.insert(r.get::<_, String>(0)?, r.get::<_, String>(1)?);
+            Ok(())
+        })?;
+        let shared = db.backend() == Backend::Postgres;
+        db.write(|tx| -> Result<(), ClusterError> {
+            // Node certificates issued before they were recorded at signing
+            // are still on their CSRs.
+            for csr in list_in(tx, "certificatesigningrequests", None)? {
+                if let Some(c) = issued_node_cert(&csr) {
+                    tx.execute(
+                        "INSERT INTO kube_node_certs (serial, node, not_after) VALUES (?1, ?2, ?3) ON CONFLICT (serial) DO NOTHING",
+                        params![c.serial, c.node, c.not_after],
+                    )?;
+                }
             }
+            // Certificates that expired need no revocation any more.
+            tx.execute(
+                "DELETE FROM kube_node_certs WHERE not_after < ?1",
+                params![util::now().unix_timestamp()],
+            )?;
+            Ok(())
+        })?;
+        let (revoked, rv, changes) = db.read(|tx| -> Result<_, ClusterError> {
+            let mut revoked = HashMap::new();
+            for r in tx.query(
+                "SELECT serial, node FROM kube_node_certs WHERE revoked_at IS NOT NULL",
+                &[],
+            )? {
+                revoked.insert(r.get::<String>(0)?, r.get::<String>(1)?);
+            }
+            let rv = meta_rv(tx)?;
+            // Shared: the watch history starts with the change log, so a
+            // watch from a resourceVersion another server gave works here.
+            let changes = if shared {
+                changes_between(tx, 0, rv, i64::MAX)?.0
+            } else {
+                Vec::new()
+            };
+            Ok((revoked, rv, changes))
+        })?;
+        let mut history: VecDeque<Arc<Change>> = changes.into_iter().map(Arc::new).collect();
+        while history.len() > HISTORY {
+            history.pop_front();
         }
-        let rv: u64 = conn
-            .query_row("SELECT value FROM meta WHERE key = 'rv'", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .optional()?
-            .unwrap_or(0) as u64;
-        let (feed, _) = broadcast::channel(FEED_CAPACITY);
-        Ok(Store {
-            inner: Mutex::new(Inner {
-                conn,
+        let contiguous = history.back().is_none_or(|c| c.rv == rv)
+            && history.front().map_or(0, |c| c.rv) + history.len() as u64 == rv + 1;
+        if !history.is_empty() && !contiguous {
+            tracing::warn!(
                 rv,
-                history: VecDeque::new(),
-                history_floor: rv,
+                "the change log does not end at the cluster's resourceVersion; watches start from it"
+            );
+            history.clear();
+        }
+        let history_floor = history.front().map_or(rv, |c| c.rv - 1);
+        let (feed, _) = broadcast::channel(FEED_CAPACITY);
+        let core = Arc::new(Core {
+            db,
+            shared,
+            state: Mutex::new(State {
+                rv,
+                history,
+                history_floor,
+                feed,
             }),
-            feed,
             revoked: RwLock::new(revoked),
+        });
+        let stop = if shared {
+            Some(spawn_follower(core.clone())?)
+        } else {
+            None
+        };
+        Ok(Store {
+            core,
+            _stop_follower: stop,
         })
     }
 
@@ -145,49 +290,47 @@ impl Store {
         node: &str,
         not_after: i64,
     ) -> Result<(), ClusterError> {
-        self.lock().conn.execute(
-            "INSERT OR IGNORE INTO node_certs (serial, node, not_after) VALUES (?1, ?2, ?3)",
-            params![serial, node, not_after],
-        )?;
-        Ok(())
+        self.core.db.write(|tx| -> Result<(), ClusterError> {
+            tx.execute(
+                "INSERT INTO kube_node_certs (serial, node, not_after) VALUES (?1, ?2, ?3) ON CONFLICT (serial) DO NOTHING",
+                params![serial, node, not_after],
+            )?;
+            Ok(())
+        })
     }
 
-    /// The node whose certificate with this serial was revoked, if it was.
+    /// The node whose certificate with this serial was revoked, if it was
+    /// (by this server, or by another one sharing the datastore).
     pub fn revoked_node(&self, serial: &str) -> Option<String> {
-        self.revoked
+        self.core
+            .revoked
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(serial)
             .cloned()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves SQLite consistent (each write
-        // is one transaction), so a poisoned lock is still usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
+    /// The newest resourceVersion this server's watches have seen.
     pub fn current_rv(&self) -> u64 {
-        self.lock().rv
+        self.core.lock().rv
     }
 
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Result<Option<Value>, ClusterError> {
-        // Parsed after the lock is released.
-        let body = get_raw(&self.lock().conn, resource, ns, name)?;
+        // Parsed after the transaction ends.
+        let body = self.core.db.read(|tx| get_raw(tx, resource, ns, name))?;
         body.map(|b| parse(&b)).transpose()
     }
 
     /// All objects of a resource (in one namespace, or all when `ns` is None),
-    /// sorted by namespace and name, with the store's resourceVersion.
+    /// sorted by namespace and name, with the resourceVersion they are at.
     pub fn list(
         &self,
         resource: &str,
         ns: Option<&str>,
     ) -> Result<(Vec<Value>, u64), ClusterError> {
-        let (bodies, rv) = {
-            let inner = self.lock();
-            (list_raw(&inner.conn, resource, ns)?, inner.rv)
-        };
+        let (bodies, rv) = self.core.db.read(|tx| -> Result<_, ClusterError> {
+            Ok((list_raw(tx, resource, ns)?, meta_rv(tx)?))
+        })?;
         let items = bodies
             .iter()
             .map(|b| parse(b))
@@ -196,14 +339,7 @@ impl Store {
     }
 
     pub fn create(&self, resource: &str, ns: &str, mut obj: Value) -> Result<Value, ApiStatus> {
-        let mut inner = self.lock();
         let name = util::name_of(&obj).to_string();
-        if get_in(&inner.conn, resource, ns, &name)?.is_some() {
-            return Err(
-                ApiStatus::already_exists(format!("{resource} \"{name}\" already exists"))
-                    .with_details(json!({"name": name, "kind": resource})),
-            );
-        }
         let meta = util::meta_mut(&mut obj);
         meta.insert("uid".into(), Value::String(util::new_uid()?));
         meta.insert(
@@ -211,60 +347,56 @@ impl Store {
             Value::String(util::now_rfc3339()),
         );
         meta.remove("deletionTimestamp");
-        self.write(
-            &mut inner,
-            EventType::Added,
-            (resource, ns, &name),
-            obj,
-            None,
-        )
+        self.commit((resource, ns, &name), |tx| {
+            let exists = tx
+                .query_opt(
+                    "SELECT 1 FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+                    params![resource, ns, &name],
+                )?
+                .is_some();
+            if exists {
+                return Err(ApiStatus::already_exists(format!(
+                    "{resource} \"{name}\" already exists"
+                ))
+                .with_details(json!({"name": name, "kind": resource})));
+            }
+            Ok(Plan::Write {
+                kind: EventType::Added,
+                obj: obj.clone(),
+                previous: None,
+            })
+        })
     }
 
     /// Replace an object. With `expected_rv`, fails with 409 if the stored
     /// object changed since (optimistic concurrency, as Kubernetes does).
+    /// `f` runs in the write transaction (again, should PostgreSQL ask for
+    /// the transaction to be re-run), so it only computes.
     pub fn update(
         &self,
         resource: &str,
         ns: &str,
         name: &str,
         expected_rv: Option<u64>,
-        f: impl FnOnce(&Value) -> Result<Value, ApiStatus>,
+        mut f: impl FnMut(&Value) -> Result<Value, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
-        let mut inner = self.lock();
-        let current = get_in(&inner.conn, resource, ns, name)?
-            .ok_or_else(|| ApiStatus::not_found(format!("{resource} \"{name}\" not found")))?;
-        if let Some(expected) = expected_rv {
-            if util::rv_of(&current) != Some(expected) {
-                return Err(ApiStatus::conflict(format!(
-                    "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-                )));
+        self.commit((resource, ns, name), |tx| {
+            let current =
+                get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
+            if expected_rv.is_some_and(|e| util::rv_of(&current) != Some(e)) {
+                return Err(conflict(resource, name));
             }
-        }
-        let mut next = f(&current)?;
-        // Identity fields are the server's, whatever the client sent.
-        for key in ["uid", "creationTimestamp", "name", "namespace"] {
-            let meta = util::meta_mut(&mut next);
-            match current["metadata"].get(key) {
-                Some(v) => meta.insert(key.into(), v.clone()),
-                None => meta.remove(key),
-            };
-        }
-        // A no-op write does not bump the resourceVersion (like Kubernetes).
-        let mut cmp = next.clone();
-        util::meta_mut(&mut cmp).insert(
-            "resourceVersion".into(),
-            current["metadata"]["resourceVersion"].clone(),
-        );
-        if cmp == current {
-            return Ok(current);
-        }
-        self.write(
-            &mut inner,
-            EventType::Modified,
-            (resource, ns, name),
-            next,
-            Some(current),
-        )
+            let mut next = f(&current)?;
+            keep_identity(&current, &mut next);
+            if same_as(&current, &next) {
+                return Ok(Plan::Unchanged(current));
+            }
+            Ok(Plan::Write {
+                kind: EventType::Modified,
+                obj: next,
+                previous: Some(current),
+            })
+        })
     }
 
     /// Replace `base` (an object read earlier) by `next`, computed from it
@@ -278,146 +410,183 @@ impl Store {
         base: &Value,
         mut next: Value,
     ) -> Result<Value, ApiStatus> {
-        for key in ["uid", "creationTimestamp", "name", "namespace"] {
-            let meta = util::meta_mut(&mut next);
-            match base["metadata"].get(key) {
-                Some(v) => meta.insert(key.into(), v.clone()),
-                None => meta.remove(key),
-            };
-        }
-        let mut cmp = next.clone();
-        util::meta_mut(&mut cmp).insert(
-            "resourceVersion".into(),
-            base["metadata"]["resourceVersion"].clone(),
-        );
-        let unchanged = cmp == *base;
-        let mut inner = self.lock();
-        let stored_rv: Option<i64> = inner
-            .conn
-            .query_row(
-                "SELECT rv FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+        keep_identity(base, &mut next);
+        let check = |tx: &mut Tx<'_>| -> Result<(), ApiStatus> {
+            let stored = tx.query_opt(
+                "SELECT rv FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
                 params![resource, ns, name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(ClusterError::from)?;
-        let Some(stored_rv) = stored_rv else {
-            return Err(ApiStatus::not_found(format!(
-                "{resource} \"{name}\" not found"
-            )));
+            )?;
+            let Some(stored) = stored else {
+                return Err(not_found(resource, name));
+            };
+            if util::rv_of(base) != Some(stored.get::<u64>(0)?) {
+                return Err(conflict(resource, name));
+            }
+            Ok(())
         };
-        if util::rv_of(base) != Some(stored_rv as u64) {
-            return Err(ApiStatus::conflict(format!(
-                "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-            )));
-        }
-        // A no-op write does not bump the resourceVersion (like Kubernetes).
-        if unchanged {
+        // A no-op write does not bump the resourceVersion (like Kubernetes):
+        // only checked, without a write transaction.
+        if same_as(base, &next) {
+            self.core.db.read(check)?;
             return Ok(base.clone());
         }
-        self.write(
-            &mut inner,
-            EventType::Modified,
-            (resource, ns, name),
-            next,
-            Some(base.clone()),
-        )
+        self.commit((resource, ns, name), |tx| {
+            check(tx)?;
+            Ok(Plan::Write {
+                kind: EventType::Modified,
+                obj: next.clone(),
+                previous: Some(base.clone()),
+            })
+        })
     }
 
     pub fn delete(&self, resource: &str, ns: &str, name: &str) -> Result<Value, ApiStatus> {
-        let mut inner = self.lock();
-        let current = get_in(&inner.conn, resource, ns, name)?
-            .ok_or_else(|| ApiStatus::not_found(format!("{resource} \"{name}\" not found")))?;
-        self.write(
-            &mut inner,
-            EventType::Deleted,
-            (resource, ns, name),
-            current,
-            None,
-        )
+        self.commit((resource, ns, name), |tx| {
+            let current =
+                get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
+            Ok(Plan::Write {
+                kind: EventType::Deleted,
+                obj: current,
+                previous: None,
+            })
+        })
     }
 
-    fn write(
+    /// Runs `decide` and the write it asks for in one write transaction,
+    /// which assigns the next resourceVersion; then adds the change to the
+    /// history and feed.
+    fn commit(
         &self,
-        inner: &mut Inner,
-        kind: EventType,
         (resource, ns, name): (&str, &str, &str),
-        mut obj: Value,
-        previous: Option<Value>,
+        mut decide: impl FnMut(&mut Tx<'_>) -> Result<Plan, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
-        let rv = inner.rv + 1;
-        util::meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        let body = obj.to_string();
-        if kind != EventType::Deleted && body.len() > MAX_OBJECT_BYTES {
-            return Err(ApiStatus::new(
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                "RequestEntityTooLarge",
-                format!(
-                    "{resource} \"{name}\" would be {} bytes; the limit for a stored object is {MAX_OBJECT_BYTES} bytes (1.5 MiB)",
-                    body.len()
-                ),
-            ));
-        }
-        let tx = inner.conn.transaction()?;
-        let mut revoked = Vec::new();
-        if kind == EventType::Deleted {
-            tx.execute(
-                "DELETE FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                params![resource, ns, name],
-            )?;
-            if resource == "nodes" {
-                // A removed node keeps no working credential: its client
-                // certificates are revoked with the Node, atomically.
+        let core = &*self.core;
+        let mut state = core.lock();
+        let outcome = core.db.write(|tx| -> Result<Outcome, ApiStatus> {
+            if core.shared {
+                // Every writer on every server takes this lock first, before
+                // the transaction's snapshot: writes follow one another
+                // without serialization failures, and resourceVersion order
+                // is commit order (what the followers rely on).
+                tx.batch("LOCK TABLE kube_meta IN SHARE ROW EXCLUSIVE MODE")?;
+            }
+            let (kind, mut obj, previous) = match decide(tx)? {
+                Plan::Unchanged(current) => return Ok(Outcome::Unchanged(current)),
+                Plan::Write {
+                    kind,
+                    obj,
+                    previous,
+                } => (kind, obj, previous),
+            };
+            let rv: u64 = tx
+                .query_one(
+                    "UPDATE kube_meta SET value = value + 1 WHERE key = 'rv' RETURNING value",
+                    &[],
+                )?
+                .get(0)?;
+            util::meta_mut(&mut obj)
+                .insert("resourceVersion".into(), Value::String(rv.to_string()));
+            let body = obj.to_string();
+            if kind != EventType::Deleted && body.len() > MAX_OBJECT_BYTES {
+                return Err(ApiStatus::new(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLarge",
+                    format!(
+                        "{resource} \"{name}\" would be {} bytes; the limit for a stored object is {MAX_OBJECT_BYTES} bytes (1.5 MiB)",
+                        body.len()
+                    ),
+                ));
+            }
+            let mut revoked = Vec::new();
+            if kind == EventType::Deleted {
                 tx.execute(
-                    "UPDATE node_certs SET revoked_at = ?2 WHERE node = ?1 AND revoked_at IS NULL",
-                    params![name, util::now().unix_timestamp()],
+                    "DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+                    params![resource, ns, name],
                 )?;
-                let mut st = tx.prepare("SELECT serial FROM node_certs WHERE node = ?1")?;
-                let mut rows = st.query(params![name])?;
-                while let Some(r) = rows.next()? {
-                    revoked.push(r.get::<_, String>(0)?);
+                if resource == "nodes" {
+                    // A removed node keeps no working credential: its client
+                    // certificates are revoked with the Node, atomically.
+                    tx.execute(
+                        "UPDATE kube_node_certs SET revoked_at = ?2 WHERE node = ?1 AND revoked_at IS NULL",
+                        params![name, util::now().unix_timestamp()],
+                    )?;
+                    for r in tx.query(
+                        "SELECT serial FROM kube_node_certs WHERE node = ?1",
+                        params![name],
+                    )? {
+                        revoked.push(r.get::<String>(0)?);
+                    }
+                }
+            } else {
+                tx.execute(
+                    "INSERT INTO kube_objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body",
+                    params![resource, ns, name, rv, body.as_str()],
+                )?;
+            }
+            if core.shared {
+                tx.execute(
+                    "INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        rv,
+                        kind.as_str(),
+                        resource,
+                        ns,
+                        name,
+                        body,
+                        previous.as_ref().map(Value::to_string)
+                    ],
+                )?;
+                if rv.is_multiple_of(TRIM_EVERY) && rv > HISTORY as u64 {
+                    tx.execute(
+                        "DELETE FROM kube_changes WHERE rv <= ?1",
+                        params![rv - HISTORY as u64],
+                    )?;
                 }
             }
-        } else {
-            tx.execute(
-                "INSERT OR REPLACE INTO objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![resource, ns, name, rv as i64, body],
-            )?;
-        }
-        tx.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('rv', ?1)",
-            params![rv as i64],
-        )?;
-        tx.commit()?;
+            Ok(Outcome::Written {
+                rv,
+                kind,
+                obj,
+                previous,
+                revoked,
+            })
+        })?;
+        let (rv, kind, obj, previous, revoked) = match outcome {
+            Outcome::Unchanged(current) => return Ok(current),
+            Outcome::Written {
+                rv,
+                kind,
+                obj,
+                previous,
+                revoked,
+            } => (rv, kind, obj, previous, revoked),
+        };
         if !revoked.is_empty() {
             tracing::info!(
                 node = name,
                 certificates = revoked.len(),
                 "node deleted: its client certificates are revoked"
             );
-            let mut set = self.revoked.write().unwrap_or_else(|p| p.into_inner());
-            for serial in revoked {
-                set.insert(serial, name.to_string());
+            core.revoke(revoked.into_iter().map(|s| (s, name.to_string())));
+        }
+        if core.shared && rv > state.rv + 1 {
+            // Other servers' changes committed before this one: theirs first.
+            if let Err(e) = core.pull(&mut state, Some(rv - 1)) {
+                tracing::warn!(code = e.code(), error = %e, rv, "reading other servers' changes failed; the follower adds them and this one");
             }
         }
-        inner.rv = rv;
-        let change = Arc::new(Change {
-            kind,
-            resource: resource.to_string(),
-            namespace: ns.to_string(),
-            name: name.to_string(),
-            rv,
-            object: Arc::new(obj.clone()),
-            previous: previous.map(Arc::new),
-        });
-        if inner.history.len() >= HISTORY {
-            if let Some(old) = inner.history.pop_front() {
-                inner.history_floor = old.rv;
-            }
+        if !core.shared || rv == state.rv + 1 {
+            state.push(Arc::new(Change {
+                kind,
+                resource: resource.to_string(),
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                rv,
+                object: Arc::new(obj.clone()),
+                previous: previous.map(Arc::new),
+            }));
         }
-        inner.history.push_back(change.clone());
-        // No receiver is not an error: nobody watches yet.
-        let _ = self.feed.send(change);
         Ok(obj)
     }
 
@@ -429,111 +598,300 @@ impl Store {
         ns: Option<&str>,
         from: Option<u64>,
     ) -> Result<WatchStart, ApiStatus> {
-        let inner = self.lock();
+        let core = &*self.core;
+        let mut state = core.lock();
+        let wanted = |c: &Change| c.resource == resource && ns.is_none_or(|n| n == c.namespace);
         let initial = match from {
-            None => list_in(&inner.conn, resource, ns)?
-                .into_iter()
-                .map(|obj| {
-                    Arc::new(Change {
-                        kind: EventType::Added,
-                        resource: resource.to_string(),
-                        namespace: util::namespace_of(&obj).to_string(),
-                        name: util::name_of(&obj).to_string(),
-                        rv: util::rv_of(&obj).unwrap_or(0),
-                        object: Arc::new(obj),
-                        previous: None,
+            None => {
+                let (items, listed) = core.db.read(|tx| -> Result<_, ClusterError> {
+                    Ok((list_in(tx, resource, ns)?, meta_rv(tx)?))
+                })?;
+                if core.shared && listed > state.rv {
+                    // The feed continues from the listing's resourceVersion.
+                    core.pull(&mut state, Some(listed))?;
+                }
+                let mut initial: Vec<Arc<Change>> = items
+                    .into_iter()
+                    .map(|obj| {
+                        Arc::new(Change {
+                            kind: EventType::Added,
+                            resource: resource.to_string(),
+                            namespace: util::namespace_of(&obj).to_string(),
+                            name: util::name_of(&obj).to_string(),
+                            rv: util::rv_of(&obj).unwrap_or(0),
+                            object: Arc::new(obj),
+                            previous: None,
+                        })
                     })
-                })
-                .collect(),
-            Some(rv) if rv < inner.history_floor => {
-                return Err(ApiStatus::gone(format!(
-                    "too old resource version: {rv} ({})",
-                    inner.history_floor
-                )))
+                    .collect();
+                initial.extend(
+                    state
+                        .history
+                        .iter()
+                        .filter(|c| c.rv > listed && wanted(c))
+                        .cloned(),
+                );
+                initial
             }
-            Some(rv) => inner
-                .history
-                .iter()
-                .filter(|c| {
-                    c.rv > rv && c.resource == resource && ns.is_none_or(|n| n == c.namespace)
-                })
-                .cloned()
-                .collect(),
+            Some(rv) => {
+                if core.shared {
+                    // `rv` may come from another server, ahead of this one.
+                    if let Err(e) = core.pull(&mut state, None) {
+                        tracing::debug!(code = e.code(), error = %e, "watch: reading other servers' changes failed; the follower adds them");
+                    }
+                }
+                if rv < state.history_floor {
+                    return Err(ApiStatus::gone(format!(
+                        "too old resource version: {rv} ({})",
+                        state.history_floor
+                    )));
+                }
+                state
+                    .history
+                    .iter()
+                    .filter(|c| c.rv > rv && wanted(c))
+                    .cloned()
+                    .collect()
+            }
         };
         Ok(WatchStart {
             initial,
-            feed: self.feed.subscribe(),
-            rv: inner.rv,
+            feed: state.feed.subscribe(),
+            rv: state.rv,
         })
     }
 
-    /// Every change, for the built-in controllers.
+    /// Every change, for the built-in controllers. The feed closes when
+    /// this server missed changes (it was further behind the others than
+    /// the change log keeps): subscribe again and list.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
-        self.feed.subscribe()
+        self.core.lock().feed.subscribe()
     }
 }
 
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the database consistent (each
+        // write is one transaction), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn revoke(&self, certs: impl IntoIterator<Item = (String, String)>) {
+        let mut set = self.revoked.write().unwrap_or_else(|p| p.into_inner());
+        set.extend(certs);
+    }
+
+    /// Adds the changes after `state.rv` (up to `upto`) from the change
+    /// log: other servers' changes, in resourceVersion order.
+    fn pull(&self, state: &mut State, upto: Option<u64>) -> Result<(), ClusterError> {
+        let upto = upto.unwrap_or(i64::MAX as u64);
+        loop {
+            let after = state.rv;
+            if after >= upto {
+                return Ok(());
+            }
+            let (changes, revoked) = self
+                .db
+                .read(|tx| changes_between(tx, after, upto, FOLLOW_BATCH as i64))?;
+            let n = changes.len();
+            self.revoke(revoked);
+            for change in changes {
+                if change.rv != state.rv + 1 {
+                    // Trimmed before this server read it: watches cannot be
+                    // told what they missed. Their feed ends (they list
+                    // again) and older resourceVersions are 410 Gone.
+                    tracing::error!(
+                        from = state.rv,
+                        to = change.rv,
+                        "this server fell behind the change log: its watches start over"
+                    );
+                    state.history.clear();
+                    state.history_floor = change.rv - 1;
+                    state.feed = broadcast::channel(FEED_CAPACITY).0;
+                }
+                state.push(Arc::new(change));
+            }
+            if n < FOLLOW_BATCH {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl State {
+    fn push(&mut self, change: Arc<Change>) {
+        if self.history.len() >= HISTORY {
+            if let Some(old) = self.history.pop_front() {
+                self.history_floor = old.rv;
+            }
+        }
+        self.rv = change.rv;
+        self.history.push_back(change.clone());
+        // No receiver is not an error: nobody watches yet.
+        let _ = self.feed.send(change);
+    }
+}
+
+/// The thread that reads other servers' changes; it ends when the returned
+/// sender is dropped.
+fn spawn_follower(core: Arc<Core>) -> Result<mpsc::Sender<()>, ClusterError> {
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("knit-cluster-follow".into())
+        .spawn(move || {
+            let mut failing = false;
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(FOLLOW_INTERVAL) {
+                let result = {
+                    let mut state = core.lock();
+                    core.pull(&mut state, None)
+                };
+                match result {
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!(code = e.code(), error = %e, "reading other servers' changes failed; retrying");
+                    }
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("reading other servers' changes again");
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .map_err(|e| ClusterError::io("the change follower thread", e))?;
+    Ok(stop)
+}
+
+/// The cluster's resourceVersion as stored.
+fn meta_rv(tx: &mut Tx<'_>) -> Result<u64, ClusterError> {
+    Ok(tx
+        .query_opt("SELECT value FROM kube_meta WHERE key = 'rv'", &[])?
+        .map(|r| r.get::<u64>(0))
+        .transpose()?
+        .unwrap_or(0))
+}
+
+/// A revoked certificate's serial and node.
+type RevokedCert = (String, String);
+
+/// Changes `after < rv <= upto` of the change log (at most `limit`), and
+/// the revoked certificates of the nodes deleted among them.
+fn changes_between(
+    tx: &mut Tx<'_>,
+    after: u64,
+    upto: u64,
+    limit: i64,
+) -> Result<(Vec<Change>, Vec<RevokedCert>), ClusterError> {
+    let rows = tx.query(
+        "SELECT rv, kind, resource, namespace, name, object, previous FROM kube_changes
+         WHERE rv > ?1 AND rv <= ?2 ORDER BY rv LIMIT ?3",
+        params![after, upto, limit],
+    )?;
+    let mut changes = Vec::with_capacity(rows.len());
+    let mut revoked = Vec::new();
+    for r in rows {
+        let kind: String = r.get(1)?;
+        let kind = EventType::parse(&kind)
+            .ok_or_else(|| ClusterError::Corrupt(format!("change log: event type {kind:?}")))?;
+        let change = Change {
+            rv: r.get(0)?,
+            kind,
+            resource: r.get(2)?,
+            namespace: r.get(3)?,
+            name: r.get(4)?,
+            object: Arc::new(parse(&r.get::<String>(5)?)?),
+            previous: r
+                .get::<Option<String>>(6)?
+                .map(|p| parse(&p).map(Arc::new))
+                .transpose()?,
+        };
+        if change.kind == EventType::Deleted && change.resource == "nodes" {
+            for s in tx.query(
+                "SELECT serial FROM kube_node_certs WHERE node = ?1 AND revoked_at IS NOT NULL",
+                params![&change.name],
+            )? {
+                revoked.push((s.get::<String>(0)?, change.name.clone()));
+            }
+        }
+        changes.push(change);
+    }
+    Ok((changes, revoked))
+}
+
+/// SQLite stores from before the `kube_` prefix (one file per cluster)
+/// had the same tables under shorter names: their rows move in.
+fn adopt_unprefixed_tables(tx: &mut Tx<'_>) -> Result<(), ClusterError> {
+    if tx.backend() != Backend::Sqlite {
+        return Ok(());
+    }
+    let old = tx
+        .query_opt(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'objects'",
+            &[],
+        )?
+        .is_some();
+    if old {
+        tx.batch(
+            "INSERT INTO kube_objects (resource, namespace, name, rv, body)
+                 SELECT resource, namespace, name, rv, body FROM objects;
+             INSERT INTO kube_meta (key, value) SELECT key, value FROM meta;
+             INSERT INTO kube_node_certs (serial, node, not_after, revoked_at)
+                 SELECT serial, node, not_after, revoked_at FROM node_certs;
+             DROP TABLE objects; DROP TABLE meta; DROP TABLE node_certs;",
+        )?;
+    }
+    Ok(())
+}
+
 fn get_raw(
-    conn: &Connection,
+    tx: &mut Tx<'_>,
     resource: &str,
     ns: &str,
     name: &str,
 ) -> Result<Option<String>, ClusterError> {
-    Ok(conn
-        .query_row(
-            "SELECT body FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+    Ok(tx
+        .query_opt(
+            "SELECT body FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
             params![resource, ns, name],
-            |r| r.get(0),
-        )
-        .optional()?)
+        )?
+        .map(|r| r.get::<String>(0))
+        .transpose()?)
 }
 
 fn get_in(
-    conn: &Connection,
+    tx: &mut Tx<'_>,
     resource: &str,
     ns: &str,
     name: &str,
 ) -> Result<Option<Value>, ClusterError> {
-    get_raw(conn, resource, ns, name)?
+    get_raw(tx, resource, ns, name)?
         .map(|b| parse(&b))
         .transpose()
 }
 
 fn list_raw(
-    conn: &Connection,
+    tx: &mut Tx<'_>,
     resource: &str,
     ns: Option<&str>,
 ) -> Result<Vec<String>, ClusterError> {
-    let mut out = Vec::new();
-    let mut push = |rows: &mut rusqlite::Rows<'_>| -> Result<(), ClusterError> {
-        while let Some(row) = rows.next()? {
-            out.push(row.get::<_, String>(0)?);
-        }
-        Ok(())
+    let rows = match ns {
+        Some(ns) => tx.query(
+            "SELECT body FROM kube_objects WHERE resource = ?1 AND namespace = ?2 ORDER BY name",
+            params![resource, ns],
+        )?,
+        None => tx.query(
+            "SELECT body FROM kube_objects WHERE resource = ?1 ORDER BY namespace, name",
+            params![resource],
+        )?,
     };
-    match ns {
-        Some(ns) => {
-            let mut st = conn.prepare_cached(
-                "SELECT body FROM objects WHERE resource = ?1 AND namespace = ?2 ORDER BY name",
-            )?;
-            push(&mut st.query(params![resource, ns])?)?;
-        }
-        None => {
-            let mut st = conn.prepare_cached(
-                "SELECT body FROM objects WHERE resource = ?1 ORDER BY namespace, name",
-            )?;
-            push(&mut st.query(params![resource])?)?;
-        }
-    }
-    Ok(out)
+    Ok(rows
+        .iter()
+        .map(|r| r.get::<String>(0))
+        .collect::<Result<_, DbError>>()?)
 }
 
-fn list_in(
-    conn: &Connection,
-    resource: &str,
-    ns: Option<&str>,
-) -> Result<Vec<Value>, ClusterError> {
-    list_raw(conn, resource, ns)?
+fn list_in(tx: &mut Tx<'_>, resource: &str, ns: Option<&str>) -> Result<Vec<Value>, ClusterError> {
+    list_raw(tx, resource, ns)?
         .iter()
         .map(|b| parse(b))
         .collect()
@@ -566,69 +924,362 @@ fn parse(body: &str) -> Result<Value, ClusterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use knit_db::testing::TestPostgres;
+    use std::time::Instant;
 
     fn node(name: &str) -> Value {
         json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name}})
     }
 
+    /// A datastore of its own for one test: an SQLite file in a temporary
+    /// directory, or a database on a PostgreSQL server of the test's own.
+    struct Fixture {
+        datastore: Datastore,
+        _dir: Option<tempfile::TempDir>,
+        _pg: Option<TestPostgres>,
+    }
+
+    impl Fixture {
+        fn sqlite() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            Fixture {
+                datastore: Datastore::Sqlite(dir.path().join("s.db")),
+                _dir: Some(dir),
+                _pg: None,
+            }
+        }
+
+        fn postgres() -> Fixture {
+            let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
+            let url = pg.create_database("cluster_store").unwrap();
+            Fixture {
+                datastore: Datastore::Postgres(url),
+                _dir: None,
+                _pg: Some(pg),
+            }
+        }
+
+        fn open(&self) -> Store {
+            Store::open_datastore(&self.datastore, Limits::default()).unwrap()
+        }
+    }
+
+    /// Runs `test` on SQLite, then on PostgreSQL.
+    fn on_both(test: impl Fn(&Fixture)) {
+        test(&Fixture::sqlite());
+        test(&Fixture::postgres());
+    }
+
     #[test]
     fn resource_versions_grow_and_survive_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.db");
-        let s = Store::open(&path).unwrap();
-        let a = s.create("nodes", "", node("a")).unwrap();
-        let b = s.create("nodes", "", node("b")).unwrap();
-        assert!(util::rv_of(&b) > util::rv_of(&a));
-        let err = s.create("nodes", "", node("a")).unwrap_err();
-        assert_eq!(err.code, 409);
-        let rv_before = s.current_rv();
-        drop(s);
-        let s = Store::open(&path).unwrap();
-        assert_eq!(s.current_rv(), rv_before);
-        let c = s.create("nodes", "", node("c")).unwrap();
-        assert!(util::rv_of(&c).unwrap() > rv_before);
-        assert_eq!(s.list("nodes", None).unwrap().0.len(), 3);
+        on_both(|f| {
+            let s = f.open();
+            let a = s.create("nodes", "", node("a")).unwrap();
+            let b = s.create("nodes", "", node("b")).unwrap();
+            assert!(util::rv_of(&b) > util::rv_of(&a));
+            let err = s.create("nodes", "", node("a")).unwrap_err();
+            assert_eq!(err.code, 409);
+            let rv_before = s.current_rv();
+            drop(s);
+            let s = f.open();
+            assert_eq!(s.current_rv(), rv_before);
+            let c = s.create("nodes", "", node("c")).unwrap();
+            assert!(util::rv_of(&c).unwrap() > rv_before);
+            assert_eq!(s.list("nodes", None).unwrap().0.len(), 3);
+        });
     }
 
     #[test]
     fn stale_update_conflicts_and_noop_keeps_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(&dir.path().join("s.db")).unwrap();
-        let a = s.create("nodes", "", node("a")).unwrap();
-        let rv = util::rv_of(&a).unwrap();
-        let same = s
-            .update("nodes", "", "a", Some(rv), |cur| Ok(cur.clone()))
-            .unwrap();
-        assert_eq!(util::rv_of(&same), Some(rv));
-        let mut changed = a.clone();
-        changed["spec"] = json!({"unschedulable": true});
-        let next = s
-            .update("nodes", "", "a", Some(rv), |_| Ok(changed.clone()))
-            .unwrap();
-        assert!(util::rv_of(&next).unwrap() > rv);
-        let err = s
-            .update("nodes", "", "a", Some(rv), |_| Ok(changed.clone()))
-            .unwrap_err();
-        assert_eq!(err.code, 409);
+        on_both(|f| {
+            let s = f.open();
+            let a = s.create("nodes", "", node("a")).unwrap();
+            let rv = util::rv_of(&a).unwrap();
+            let same = s
+                .update("nodes", "", "a", Some(rv), |cur| Ok(cur.clone()))
+                .unwrap();
+            assert_eq!(util::rv_of(&same), Some(rv));
+            assert_eq!(s.current_rv(), rv, "a no-op takes no resourceVersion");
+            let mut changed = a.clone();
+            changed["spec"] = json!({"unschedulable": true});
+            let next = s
+                .update("nodes", "", "a", Some(rv), |_| Ok(changed.clone()))
+                .unwrap();
+            assert!(util::rv_of(&next).unwrap() > rv);
+            let err = s
+                .update("nodes", "", "a", Some(rv), |_| Ok(changed.clone()))
+                .unwrap_err();
+            assert_eq!(err.code, 409);
+            let err = s
+                .replace("nodes", "", "a", &a, changed.clone())
+                .unwrap_err();
+            assert_eq!(err.code, 409);
+            let err = s
+                .replace("nodes", "", "gone", &a, changed.clone())
+                .unwrap_err();
+            assert_eq!(err.code, 404);
+        });
+    }
+
+    #[test]
+    fn oversized_object_is_refused_and_takes_no_version() {
+        on_both(|f| {
+            let s = f.open();
+            let rv = s.current_rv();
+            let mut big = node("big");
+            big["metadata"]["annotations"] = json!({"x": "y".repeat(MAX_OBJECT_BYTES)});
+            let err = s.create("nodes", "", big).unwrap_err();
+            assert_eq!(err.code, 413);
+            assert!(err.message.contains("1.5 MiB"), "{}", err.message);
+            assert_eq!(s.current_rv(), rv);
+            assert!(s.get("nodes", "", "big").unwrap().is_none());
+            let next = s.create("nodes", "", node("small")).unwrap();
+            assert_eq!(
+                util::rv_of(&next),
+                Some(rv + 1),
+                "no gap left by the refusal"
+            );
+        });
     }
 
     #[test]
     fn watch_from_version_sees_only_later_changes() {
+        on_both(|f| {
+            let s = f.open();
+            let a = s.create("nodes", "", node("a")).unwrap();
+            s.create("nodes", "", node("b")).unwrap();
+            s.delete("nodes", "", "a").unwrap();
+            let w = s.watch("nodes", None, util::rv_of(&a)).unwrap();
+            let kinds: Vec<_> = w.initial.iter().map(|c| (c.kind, c.name.clone())).collect();
+            assert_eq!(
+                kinds,
+                vec![
+                    (EventType::Added, "b".to_string()),
+                    (EventType::Deleted, "a".to_string())
+                ]
+            );
+            let all = s.watch("nodes", None, None).unwrap();
+            assert_eq!(all.initial.len(), 1);
+        });
+    }
+
+    #[test]
+    fn deleting_a_node_revokes_its_certificates_durably() {
+        on_both(|f| {
+            let s = f.open();
+            let far = util::now().unix_timestamp() + 3600;
+            s.record_node_cert("0a0b", "n1", far).unwrap();
+            s.record_node_cert("0c0d", "n2", far).unwrap();
+            s.create("nodes", "", node("n1")).unwrap();
+            assert_eq!(s.revoked_node("0a0b"), None);
+            s.delete("nodes", "", "n1").unwrap();
+            assert_eq!(s.revoked_node("0a0b").as_deref(), Some("n1"));
+            assert_eq!(s.revoked_node("0c0d"), None);
+            drop(s);
+            assert_eq!(f.open().revoked_node("0a0b").as_deref(), Some("n1"));
+        });
+    }
+
+    /// A cluster.db written before the tables were named `kube_*` opens
+    /// with its objects, resourceVersion and revocations.
+    #[test]
+    fn sqlite_store_from_before_the_prefix_is_adopted() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(&dir.path().join("s.db")).unwrap();
-        let a = s.create("nodes", "", node("a")).unwrap();
-        s.create("nodes", "", node("b")).unwrap();
-        s.delete("nodes", "", "a").unwrap();
-        let w = s.watch("nodes", None, util::rv_of(&a)).unwrap();
-        let kinds: Vec<_> = w.initial.iter().map(|c| (c.kind, c.name.clone())).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                (EventType::Added, "b".to_string()),
-                (EventType::Deleted, "a".to_string())
-            ]
+        let path = dir.path().join("cluster.db");
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE objects (
+                     resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+                     rv INTEGER NOT NULL, body TEXT NOT NULL,
+                     PRIMARY KEY (resource, namespace, name));
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                 CREATE TABLE node_certs (
+                     serial TEXT PRIMARY KEY, node TEXT NOT NULL,
+                     not_after INTEGER NOT NULL, revoked_at INTEGER);
+                 INSERT INTO objects VALUES ('nodes', '', 'old', 41,
+                     '{\"kind\":\"Node\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"old\",\"resourceVersion\":\"41\"}}');
+                 INSERT INTO meta VALUES ('rv', 42);",
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO node_certs VALUES ('ff01', 'gone', ?1, ?2)",
+                [util::now().unix_timestamp() + 3600, 1],
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.current_rv(), 42);
+        let old = s.get("nodes", "", "old").unwrap().unwrap();
+        assert_eq!(util::rv_of(&old), Some(41));
+        assert_eq!(s.revoked_node("ff01").as_deref(), Some("gone"));
+        let next = s.create("nodes", "", node("new")).unwrap();
+        assert_eq!(util::rv_of(&next), Some(43));
+        drop(s);
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.list("nodes", None).unwrap().0.len(), 2);
+    }
+
+    /// The next change of a feed, waiting at most 10 s (then None).
+    fn next_change(feed: &mut broadcast::Receiver<Arc<Change>>) -> Option<Arc<Change>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match feed.try_recv() {
+                Ok(c) => return Some(c),
+                Err(broadcast::error::TryRecvError::Empty) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("feed: {e:?}"),
+            }
+        }
+    }
+
+    /// Two servers on one PostgreSQL database: each one's watches see the
+    /// other's changes, in resourceVersion order and once; preconditions
+    /// hold across them; a revocation by one is seen by the other.
+    #[test]
+    fn two_servers_share_one_postgres_database() {
+        let f = Fixture::postgres();
+        let a = f.open();
+        let b = f.open();
+        let mut w = a.watch("nodes", None, None).unwrap();
+        assert!(w.initial.is_empty());
+
+        b.create("nodes", "", node("x")).unwrap();
+        a.create("nodes", "", node("y")).unwrap();
+        let x = b
+            .update("nodes", "", "x", None, |cur| {
+                let mut next = cur.clone();
+                next["spec"] = json!({"unschedulable": true});
+                Ok(next)
+            })
+            .unwrap();
+        a.delete("nodes", "", "y").unwrap();
+        b.delete("nodes", "", "x").unwrap();
+        let expected = [
+            (EventType::Added, "x"),
+            (EventType::Added, "y"),
+            (EventType::Modified, "x"),
+            (EventType::Deleted, "y"),
+            (EventType::Deleted, "x"),
+        ];
+        let mut rvs = Vec::new();
+        for (kind, name) in expected {
+            let c = next_change(&mut w.feed).unwrap_or_else(|| panic!("no {kind:?} {name}"));
+            assert_eq!((c.kind, c.name.as_str()), (kind, name));
+            if c.kind == EventType::Modified {
+                assert_eq!(c.object["spec"]["unschedulable"], json!(true));
+                assert!(
+                    c.previous.is_some(),
+                    "a change from another server has its previous object"
+                );
+                assert_eq!(util::rv_of(&c.object), util::rv_of(&x));
+            }
+            rvs.push(c.rv);
+        }
+        assert!(
+            rvs.windows(2).all(|p| p[1] == p[0] + 1),
+            "every resourceVersion once, in order: {rvs:?}"
         );
-        let all = s.watch("nodes", None, None).unwrap();
-        assert_eq!(all.initial.len(), 1);
+        // Nothing twice: a few follower rounds later the feed is empty.
+        std::thread::sleep(FOLLOW_INTERVAL * 5);
+        assert!(matches!(
+            w.feed.try_recv(),
+            Err(broadcast::error::TryRecvError::Empty)
+        ));
+
+        // A watch on A from a resourceVersion B gave (B's list), before A's
+        // follower ran: the change after it is there.
+        let (_, listed) = b.list("nodes", None).unwrap();
+        b.create("nodes", "", node("z")).unwrap();
+        let from_b = a.watch("nodes", None, Some(listed)).unwrap();
+        let names: Vec<_> = from_b
+            .initial
+            .iter()
+            .map(|c| (c.kind, c.name.clone()))
+            .collect();
+        assert_eq!(names, vec![(EventType::Added, "z".to_string())]);
+        // And a fresh watch on A lists what B wrote.
+        let fresh = a.watch("nodes", None, None).unwrap();
+        assert_eq!(fresh.initial.len(), 1);
+        assert_eq!(fresh.initial[0].name, "z");
+
+        // Optimistic concurrency across servers.
+        let seen_by_a = a.get("nodes", "", "z").unwrap().unwrap();
+        let old_rv = util::rv_of(&seen_by_a);
+        b.update("nodes", "", "z", old_rv, |cur| {
+            let mut next = cur.clone();
+            next["metadata"]["labels"] = json!({"by": "b"});
+            Ok(next)
+        })
+        .unwrap();
+        let err = a
+            .update("nodes", "", "z", old_rv, |cur| {
+                let mut next = cur.clone();
+                next["metadata"]["labels"] = json!({"by": "a"});
+                Ok(next)
+            })
+            .unwrap_err();
+        assert_eq!(err.code, 409, "{}", err.message);
+        let mut stale = seen_by_a.clone();
+        stale["metadata"]["labels"] = json!({"by": "a"});
+        let err = a.replace("nodes", "", "z", &seen_by_a, stale).unwrap_err();
+        assert_eq!(err.code, 409, "{}", err.message);
+        let stored = b.get("nodes", "", "z").unwrap().unwrap();
+        assert_eq!(stored["metadata"]["labels"]["by"], json!("b"));
+        let err = a.create("nodes", "", node("z")).unwrap_err();
+        assert_eq!(err.code, 409);
+
+        // A revocation through B is seen by A.
+        let far = util::now().unix_timestamp() + 3600;
+        b.record_node_cert("0b0b", "z", far).unwrap();
+        b.delete("nodes", "", "z").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a.revoked_node("0b0b").is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(a.revoked_node("0b0b").as_deref(), Some("z"));
+    }
+
+    /// Both servers write at once: each one's controllers' feed has every
+    /// change, in resourceVersion order with no gap and none twice.
+    #[test]
+    fn concurrent_writes_on_two_servers_reach_both_feeds_in_order() {
+        const EACH: usize = 40;
+        let f = Fixture::postgres();
+        let a = Arc::new(f.open());
+        let b = Arc::new(f.open());
+        let start = a.current_rv();
+        let mut feeds = [a.subscribe(), b.subscribe()];
+        let writers: Vec<_> = [("a", a.clone()), ("b", b.clone())]
+            .into_iter()
+            .map(|(who, s)| {
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let name = format!("{who}-{i}");
+                        s.create("leases", "kube-node-lease", node(&name)).unwrap();
+                        s.update("leases", "kube-node-lease", &name, None, |cur| {
+                            let mut next = cur.clone();
+                            next["spec"] = json!({"renewTime": i});
+                            Ok(next)
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        for feed in &mut feeds {
+            let mut rv = start;
+            for _ in 0..EACH * 4 {
+                let c = next_change(feed).expect("every change reaches both servers");
+                assert_eq!(c.rv, rv + 1, "in order, none twice, no gap");
+                rv = c.rv;
+            }
+        }
+        assert_eq!(a.current_rv(), start + (EACH * 4) as u64);
+        assert_eq!(b.current_rv(), a.current_rv());
     }
 }

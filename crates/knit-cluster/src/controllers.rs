@@ -181,6 +181,14 @@ impl Controllers {
         }
         self.store
             .update(CSRS, "", name, None, |cur| {
+                // Another server sharing the datastore may have signed it
+                // first: its certificate stays (the kubelet may hold it).
+                if cur["status"]["certificate"]
+                    .as_str()
+                    .is_some_and(|c| !c.is_empty())
+                {
+                    return Ok(cur.clone());
+                }
                 let mut next = cur.clone();
                 util::field_mut(&mut next, "status")
                     .insert("certificate".into(), json!(STANDARD.encode(&cert)));
@@ -254,6 +262,11 @@ impl Controllers {
                 let status = util::field_mut(&mut next, "status");
                 let conds = status.entry("conditions").or_insert_with(|| json!([]));
                 if let Some(list) = conds.as_array_mut() {
+                    // Added once, whichever server sharing the datastore
+                    // decided first.
+                    if list.iter().any(|c| c["type"] == kind) {
+                        return Ok(cur.clone());
+                    }
                     list.push(json!({
                         "type": kind, "status": "True", "reason": reason, "message": message,
                         "lastUpdateTime": now, "lastTransitionTime": now,
@@ -480,10 +493,13 @@ pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), C
         Ok(next)
     }) {
         Ok(_) => Ok(()),
-        Err(e) if e.code == 404 => store
-            .create("configmaps", "kube-public", cm)
-            .map(|_| ())
-            .map_err(ClusterError::Api),
+        Err(e) if e.code == 404 => match store.create("configmaps", "kube-public", cm) {
+            // Another server sharing the datastore created it meanwhile:
+            // its next sync (every token change) brings the data.
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 409 => Ok(()),
+            Err(e) => Err(ClusterError::Api(e)),
+        },
         Err(e) => Err(ClusterError::Api(e)),
     }
 }

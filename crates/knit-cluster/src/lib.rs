@@ -204,11 +204,18 @@ impl EmbeddedCluster {
         });
         for ns in resources::NAMESPACES {
             if store.get("namespaces", "", ns)?.is_none() {
-                store.create(
+                let created = store.create(
                     "namespaces",
                     "",
                     json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": ns}, "status": {"phase": "Active"}}),
-                )?;
+                );
+                match created {
+                    // Another server sharing the datastore, starting too.
+                    Err(e) if e.code == 409 => {}
+                    other => {
+                        other?;
+                    }
+                }
             }
         }
 

@@ -1,6 +1,7 @@
 //! Runs the fake ECS on 127.0.0.1 until interrupted, to try
 //! `knit server --provider ecs` without an account: prints the endpoint and
-//! the environment the server needs (the fake's own made-up key).
+//! the environment the server needs (the fake's own made-up key). Ends,
+//! cleaning up, on SIGINT or SIGTERM.
 
 fn main() {
     let fake = knit_ecs::fake::FakeEcs::start();
@@ -19,7 +20,19 @@ fn main() {
         println!("export KNIT_ECS_SECURITY_GROUPS={sg}");
     }
     println!("export KNIT_ECS_IMAGE={}", c.images[0]);
-    loop {
-        std::thread::sleep(std::time::Duration::from_secs(3600));
-    }
+    // Until SIGINT or SIGTERM; then the fake is dropped, which stops it and
+    // removes its scratch directory (its instances' files).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the signals");
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    });
+    drop(fake);
 }

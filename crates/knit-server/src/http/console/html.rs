@@ -51,6 +51,7 @@ pub enum Section {
     Nodes,
     Events,
     Snapshots,
+    Attach,
     SignIn,
 }
 
@@ -59,6 +60,7 @@ const NAV: &[(Section, &str, &str)] = &[
     (Section::Nodes, "/ui/nodes", "Nodes"),
     (Section::Events, "/ui/events", "Events"),
     (Section::Snapshots, "/ui/snapshots", "Snapshots"),
+    (Section::Attach, "/ui/attach", "Add instances"),
 ];
 
 /// A whole page: `body` goes into `<main>`. Signed in (`session`), the

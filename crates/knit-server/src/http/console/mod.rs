@@ -9,6 +9,7 @@
 //! origin and carry the session's CSRF token. Answers forbid framing,
 //! inline scripts and caching.
 
+mod attach;
 mod events;
 mod html;
 mod live;
@@ -105,6 +106,9 @@ pub fn router(
         .route("/ui/events", get(events::list))
         .route("/ui/snapshots", get(snapshots::list))
         .route("/ui/snapshot-builds/:id", get(snapshots::build))
+        .route("/ui/attach", get(attach::show).post(attach::attach))
+        // GET too: a page answered to the POST refreshes itself live.
+        .route("/ui/attach/manual", get(attach::show).post(attach::manual))
         .route("/ui/live", get(live::stream))
         .route("/ui/sign-out", post(sign_out))
         .route_layer(middleware::from_fn_with_state(

@@ -104,7 +104,8 @@ fn row(pool: &PoolView, now: i64) -> String {
 <td data-col="initialized">{initialized}</td><td data-col="ready">{ready}</td>
 <td>{age}</td>
 <td class="actions"><a href="/ui/pools/{q}/edit">Edit<span class="visually-hidden"> {n}</span></a>
-<a href="/ui/pools/{q}/delete">Delete<span class="visually-hidden"> {n}</span></a></td></tr>"#,
+<a href="/ui/pools/{q}/delete">Delete<span class="visually-hidden"> {n}</span></a>
+<a href="/ui/attach?pool={q}">Add instances<span class="visually-hidden"> to {n}</span></a></td></tr>"#,
         id = esc(name),
         n = esc(name),
         q = html::query_value(name),

@@ -3,14 +3,20 @@
 //! embedded cluster. Sign in; create a pool from YAML; a bad document is
 //! refused with the field's message; a bad scale with the API's message;
 //! scale to 2 and watch, without reloading, both nodes reach Ready; open a
-//! node and find its timeline with every phase it reported; sign out and be
+//! node and find its timeline with every phase it reported; add existing
+//! instances of the local cloud (in no pool): the dry-run preflight shows
+//! every check with its code, message and fix, as the API answers it, a
+//! refused attach changes nothing, an automatic attach is followed on the
+//! same page until its node is Ready, and the manual command is given (and
+//! a bad token lifetime refused with the API's message); sign out and be
 //! refused. Security without a browser's help: no cookie is sent to the
 //! sign-in page, a cross-site POST (other or no Origin, wrong or no CSRF
 //! token) is refused, and a session expires.
 //!
 //! Needs root (the local cloud) and Debian's chromium + chromium-driver
 //! (scripts/setup.sh); without them it fails saying so. Screenshots of the
-//! pools page and a node's timeline go to target/console-artifacts/.
+//! pools page, a node's timeline and the add-instances page go to
+//! target/console-artifacts/.
 
 mod common;
 
@@ -39,6 +45,17 @@ spec:
 ";
 
 const COOKIE: &str = "__Host-knit-console";
+
+/// An instance the user owns, in no pool, that passes the preflight (the
+/// pool's default instance type).
+const OWNED: &str = "name: old-web
+instanceType: ecs.g7.large
+";
+
+/// One that does not: swap on, and an instance type the pool does not have.
+const SWAPPY: &str = "name: swappy
+attributes: {swap: true}
+";
 
 struct Console {
     base: String,
@@ -134,13 +151,21 @@ async fn browser_sign_in(client: &Client, console: &Console) {
     client.goto(&console.url("/ui/pools")).await.unwrap();
     // No cookie: the sign-in page.
     wait_for_url(client, "/ui/sign-in", Duration::from_secs(10)).await;
-    client
-        .find(Locator::Id("token"))
+    let field = match client
+        .wait()
+        .at_most(Duration::from_secs(5))
+        .for_element(Locator::Id("token"))
         .await
-        .unwrap()
-        .send_keys(&console.token)
-        .await
-        .unwrap();
+    {
+        Ok(f) => f,
+        Err(_) => {
+            // A load aborted by a host network change: once more.
+            eprintln!("the sign-in page did not load (a host network change?); reloaded once");
+            client.refresh().await.unwrap();
+            client.find(Locator::Id("token")).await.unwrap()
+        }
+    };
+    field.send_keys(&console.token).await.unwrap();
     client
         .find(Locator::Css("form.sign-in button"))
         .await
@@ -193,6 +218,97 @@ async fn scale_in_browser(client: &Client, replicas: &str) {
         .unwrap();
 }
 
+/// The page a click loaded (at `part`), whole and connected to the live
+/// feed. The local cloud adds or changes a machine's network link at such
+/// moments, and Chromium aborts the loads in flight on a host network
+/// change (net::ERR_NETWORK_CHANGED): the page may have come without its
+/// script. A user would reload it; so does the test, once, and says so.
+/// What follows must then happen on that one page, without a reload.
+async fn live_page(client: &Client, part: &str, what: &str) {
+    wait_for_url(client, part, Duration::from_secs(20)).await;
+    let connected = "return !!(document.body && document.body.dataset.liveState === 'connected')";
+    let loaded = Instant::now() + Duration::from_secs(5);
+    while js(client, connected).await != Value::Bool(true) {
+        if Instant::now() > loaded {
+            eprintln!(
+                "the page after {what} did not load whole (a host network change); reloaded once"
+            );
+            client.refresh().await.unwrap();
+            wait_for_url(client, part, Duration::from_secs(10)).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    js(client, "window.__sameDocument = true;").await;
+}
+
+/// The page was updated live and never reloaded since [`live_page`].
+async fn assert_same_document(client: &Client) {
+    let same = js(
+        client,
+        "return window.__sameDocument === true && !!document.body.dataset.refreshed",
+    )
+    .await;
+    assert_eq!(same, Value::Bool(true), "updated without a reload");
+}
+
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+}
+
+/// Submits a form by clicking `css` and waits for the page it answers
+/// (the old one's elements would otherwise be found first).
+async fn submit(client: &Client, css: &str) {
+    js(client, "window.__oldPage = true;").await;
+    click(client, css).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let arrived = "return window.__oldPage !== true && document.readyState === 'complete'";
+    while js(client, arrived).await != Value::Bool(true) {
+        if Instant::now() > deadline {
+            let text = js(client, "return document.body.innerText").await;
+            panic!("no new page after {css}:\n{}", text.as_str().unwrap_or(""));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Each preflight table on the page: instance -> [(status, code, message, fix)].
+async fn preflight_on_page(client: &Client) -> Value {
+    js(
+        client,
+        "var out = {}; document.querySelectorAll('#preflight table.preflight').forEach(function (t) { \
+           out[t.dataset.instance] = Array.from(t.querySelectorAll('tbody tr')).map(function (r) { \
+             var c = r.querySelectorAll('td'); \
+             return [r.dataset.status, r.dataset.code, c[3].textContent, c[4].textContent]; }); }); \
+         return out;",
+    )
+    .await
+}
+
+/// The same from the API's answer.
+fn preflight_of(answer: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for report in answer["preflight"].as_array().expect("a preflight") {
+        let rows: Vec<Value> = report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::json!([r["status"], r["code"], r["message"], r["fix"]]))
+            .collect();
+        out.insert(
+            report["instance"].as_str().unwrap().to_string(),
+            Value::Array(rows),
+        );
+    }
+    Value::Object(out)
+}
+
 #[test]
 fn the_console_in_a_real_browser() {
     browser::require_chromium();
@@ -203,6 +319,12 @@ fn the_console_in_a_real_browser() {
         .env("KNIT_CONSOLE_LISTEN", format!("127.0.0.1:{console_port}"))
         .env("KNIT_CONSOLE_SESSION_TTL", "3600")
         .build();
+    // Instances of the local cloud in no pool, made first: each adds a
+    // network link, and Chromium aborts the loads in flight on a host
+    // network change (see `live_page`); the package build leaves it time.
+    env.network_up();
+    let owned = env.instance(OWNED);
+    let swappy = env.instance(SWAPPY);
     let (ok, out, err) = env.knit(&[
         "package",
         "build",
@@ -274,6 +396,24 @@ fn the_console_in_a_real_browser() {
         ),
     ] {
         assert_eq!(a.status, 403, "{what}: {}", a.body);
+    }
+    for (what, origin, token) in [
+        ("another site's Origin", Some(evil), Some(csrf.as_str())),
+        ("no CSRF token", Some(base.as_str()), None),
+    ] {
+        for path in ["/ui/attach", "/ui/attach/manual"] {
+            let mut form = vec![
+                ("pool", "workers"),
+                ("instance", owned.as_str()),
+                ("action", "attach"),
+                ("expires_seconds", "600"),
+            ];
+            if let Some(t) = token {
+                form.push(("csrf", t));
+            }
+            let a = console.post(path, origin, Some(&session), &form);
+            assert_eq!(a.status, 403, "{path}, {what}: {}", a.body);
+        }
     }
     let a = create(Some(&base), None, Some(&csrf));
     assert_eq!(
@@ -367,24 +507,7 @@ fn the_console_in_a_real_browser() {
         // Scale to 2 and watch, on the same page, both nodes get Ready.
         client.goto(&console.url("/ui/pools")).await.unwrap();
         scale_in_browser(&client, "2").await;
-        wait_for_url(&client, "/ui/pools?done=", Duration::from_secs(10)).await;
-        // The local cloud adds a network link for each new machine right
-        // now, and Chromium aborts the loads in flight on a host network
-        // change (net::ERR_NETWORK_CHANGED): this page may have come empty.
-        // A user would reload it; so does the test, once, and says so. What
-        // follows must then happen on that one page, without a reload.
-        let connected = "return !!(document.body && document.body.dataset.liveState === 'connected')";
-        let loaded = Instant::now() + Duration::from_secs(5);
-        while js(&client, connected).await != Value::Bool(true) {
-            if Instant::now() > loaded {
-                eprintln!("the page after the scale did not load whole (a host network change); reloaded once");
-                client.refresh().await.unwrap();
-                wait_for_url(&client, "/ui/pools?done=", Duration::from_secs(10)).await;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        js(&client, "window.__sameDocument = true;").await;
+        live_page(&client, "/ui/pools?done=", "the scale").await;
         let mut seen = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(480);
         loop {
@@ -413,8 +536,7 @@ fn the_console_in_a_real_browser() {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let same = js(&client, "return window.__sameDocument === true && !!document.body.dataset.refreshed").await;
-        assert_eq!(same, Value::Bool(true), "updated without a reload");
+        assert_same_document(&client).await;
         assert!(seen.len() >= 2, "no change was watched: {seen:?}");
         eprintln!("Ready count on the page, as it changed: {seen:?}");
         std::fs::write(
@@ -475,6 +597,211 @@ fn the_console_in_a_real_browser() {
         )
         .unwrap();
 
+        // ---- add existing instances: the local cloud's instances in no pool.
+        client.goto(&console.url("/ui/attach?pool=workers")).await.unwrap();
+        let offered = js(
+            &client,
+            "return Array.from(document.querySelectorAll('table.candidates tbody tr')).map(function (r) { return r.dataset.instance; })",
+        )
+        .await;
+        let offered: Vec<String> = serde_json::from_value(offered).unwrap();
+        assert!(offered.contains(&owned) && offered.contains(&swappy), "{offered:?}");
+        let members: Vec<String> = api.get("/api/v1/instances").unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i["providerId"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(members.len(), 2, "{members:?}");
+        for m in &members {
+            assert!(!offered.contains(m), "a pool's instance {m} offered: {offered:?}");
+        }
+        // Labelled for the keyboard and screen readers.
+        let label = client
+            .find(Locator::Css(&format!(r#"label[for="instance-{owned}"]"#)))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(label, "old-web");
+
+        // The dry run: every check of both, as the API answers it.
+        click(&client, &format!("#instance-{owned}")).await;
+        click(&client, &format!("#instance-{swappy}")).await;
+        submit(&client, r#"form.attach button[value="preflight"]"#).await;
+        client
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css("#preflight"))
+            .await
+            .expect("the preflight's results");
+        let shown = preflight_on_page(&client).await;
+        let request = serde_json::json!({"instances": [owned, swappy], "dryRun": true}).to_string();
+        let (status, body) = api
+            .raw("POST", "/api/v1/pools/workers/attach", Some(&request))
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["passed"], false, "{answer}");
+        assert_eq!(shown, preflight_of(&answer), "the page shows the API's checks");
+        let bad: Vec<(String, String)> = shown[swappy.as_str()]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r[0] == "error")
+            .map(|r| (r[1].as_str().unwrap().to_string(), r[3].as_str().unwrap().to_string()))
+            .collect();
+        let codes: Vec<&str> = bad.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(codes, ["PreflightSwapOn", "PreflightInstanceTypeNotInPool"], "{bad:?}");
+        assert!(bad[0].1.contains("swapoff"), "the fix is shown: {bad:?}");
+        assert!(
+            shown[owned.as_str()].as_array().unwrap().iter().all(|r| r[0] != "error"),
+            "{shown}"
+        );
+        let passed = js(&client, "return document.getElementById('preflight').dataset.passed").await;
+        assert_eq!(passed, "false");
+
+        // Attach both: refused by the preflight, nothing changed.
+        submit(&client, r#"form.attach button[value="attach"]"#).await;
+        let verdict = client
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css("#preflight p.error"))
+            .await
+            .expect("a refusal")
+            .text()
+            .await
+            .unwrap();
+        assert!(verdict.contains("Not attached"), "{verdict}");
+        assert_eq!(api.get("/api/v1/pools/workers").unwrap()["spec"]["replicas"], 2);
+
+        // The good one alone, keeping its name: started, then followed on
+        // the same page until its node is Ready.
+        let ticked = |id: &str| format!("return document.getElementById('instance-{id}').checked");
+        assert_eq!(js(&client, &ticked(&swappy)).await, Value::Bool(true), "the ticks are kept");
+        click(&client, &format!("#instance-{swappy}")).await;
+        click(&client, r#"form.attach input[name="keep_instance_name"]"#).await;
+        let started = Instant::now();
+        click(&client, r#"form.attach button[value="attach"]"#).await;
+        live_page(&client, "/ui/attach?pool=workers&done=", "the attach").await;
+        let notice = client
+            .find(Locator::Id("attach-notice"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(notice.contains(&owned) && notice.contains("started"), "{notice}");
+        let row = format!(r#"table.added tr[data-provider-id="{owned}"]"#);
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let cells = js(
+                &client,
+                &format!(
+                    "var r = document.querySelector('{}'); if (!r) return null; \
+                     return [r.querySelector('[data-col=state]').textContent, \
+                             r.querySelector('[data-col=node]').textContent, \
+                             r.querySelector('[data-col=node-status]').textContent];",
+                    row.replace('\'', "\\'")
+                ),
+            )
+            .await;
+            if seen.last() != Some(&cells) {
+                seen.push(cells.clone());
+            }
+            if cells[2] == "Ready" {
+                assert_eq!(cells[1], "old-web", "the node keeps the instance's name");
+                break;
+            }
+            if Instant::now() > deadline {
+                let text = js(&client, "return document.body.innerText").await;
+                panic!(
+                    "the attached node never showed Ready (seen {seen:?}), showing:\n{}\nserver log:\n{}",
+                    text.as_str().unwrap_or(""),
+                    env.server_log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_same_document(&client).await;
+        eprintln!(
+            "automatic attach from the console to Ready: {:.1} s; the row as it changed: {seen:?}",
+            started.elapsed().as_secs_f64()
+        );
+        let pool = api.get("/api/v1/pools/workers").unwrap();
+        assert_eq!(pool["spec"]["replicas"], 3, "desired count +1");
+        let node = api.get("/api/v1/nodes/old-web").unwrap();
+        assert_eq!(node["status"], "Ready", "{node}");
+
+        // The manual command: a bad lifetime refused with the API's message,
+        // then the command, for this pool, whose token the server knows.
+        let expires = client.find(Locator::Id("manual-expires")).await.unwrap();
+        expires.clear().await.unwrap();
+        expires.send_keys("0").await.unwrap();
+        submit(&client, "form.attach-manual button").await;
+        let (status, body) = api
+            .raw("POST", "/api/v1/pools/workers/attach-script", Some(r#"{"expiresSeconds": 0}"#))
+            .unwrap();
+        assert!((400..500).contains(&status), "{status} {body}");
+        let refusal: Value = serde_json::from_str(&body).unwrap();
+        let shown = client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(r#"#manual-error li[data-field="expiresSeconds"]"#))
+            .await
+            .expect("the lifetime refused at its field")
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            shown.contains(refusal["errors"][0]["rule"].as_str().unwrap()),
+            "{shown} / {refusal}"
+        );
+        let expires = client.find(Locator::Id("manual-expires")).await.unwrap();
+        expires.clear().await.unwrap();
+        expires.send_keys("600").await.unwrap();
+        submit(&client, "form.attach-manual button").await;
+        let command = client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Id("manual-command"))
+            .await
+            .expect("the manual command")
+            .prop("value")
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        let token_id = client.find(Locator::Id("manual-token")).await.unwrap().text().await.unwrap();
+        let b64 = command
+            .strip_prefix("echo ")
+            .and_then(|c| c.strip_suffix(" | base64 -d | bash"))
+            .unwrap_or_else(|| panic!("the API's command form: {command}"));
+        assert!(
+            b64.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b)),
+            "one base64 word: {command}"
+        );
+        let decoded = std::process::Command::new("sh")
+            .args(["-c", &format!("echo {b64} | base64 -d")])
+            .output()
+            .unwrap();
+        assert!(decoded.status.success());
+        let script = String::from_utf8(decoded.stdout).unwrap();
+        assert!(script.contains(&format!("knitattach.{token_id}")), "the token is in the script");
+        let syntax = std::process::Command::new("bash")
+            .args(["-n", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(syntax.status.success(), "{}", String::from_utf8_lossy(&syntax.stderr));
+        let tokens = api.get("/api/v1/jointokens").unwrap().to_string();
+        assert!(tokens.contains(&token_id), "{tokens}");
+        std::fs::write(
+            artifacts.join("console-attach.png"),
+            client.screenshot().await.unwrap(),
+        )
+        .unwrap();
+
         // The events page: newest first.
         client.goto(&console.url("/ui/events?kind=NodePool")).await.unwrap();
         let events = client.find(Locator::Css("table.events")).await.unwrap().text().await.unwrap();
@@ -522,4 +849,101 @@ fn the_console_in_a_real_browser() {
         "an expired session"
     );
     drop(driver);
+}
+
+/// Where `browser_holder` reports its chromedriver's PID and profile.
+const HOLDER_REPORT: &str = "KNIT_BROWSER_HOLDER_REPORT";
+
+/// Not a test of its own: the test process that
+/// `the_browser_ends_with_the_test_process` kills. Starts chromedriver and
+/// a Chromium with a session, reports them, and waits to be killed.
+#[test]
+#[ignore = "a helper process, run by the_browser_ends_with_the_test_process"]
+fn browser_holder() {
+    let report =
+        std::env::var_os(HOLDER_REPORT).expect("run by the_browser_ends_with_the_test_process");
+    let report = std::path::PathBuf::from(report);
+    let driver = Driver::start(&report.with_extension("log"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _client = rt.block_on(async {
+        let client = driver.session().await;
+        client.goto("about:blank").await.unwrap();
+        client
+    });
+    let line = format!("{} {}\n", driver.pid(), driver.profile().display());
+    std::fs::write(report.with_extension("tmp"), line).unwrap();
+    std::fs::rename(report.with_extension("tmp"), &report).unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Running, not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// A test process ended by SIGTERM (the test runner past its timeout) or
+/// SIGKILL, with no destructor run, takes chromedriver and Chromium with
+/// it: they ran in a process group of their own, which the guardian kills
+/// when the test process's pipe closes.
+#[test]
+fn the_browser_ends_with_the_test_process() {
+    browser::require_chromium();
+    let dir = tempfile::Builder::new()
+        .prefix("knit-browser-holder-")
+        .tempdir()
+        .unwrap();
+    for (name, signal) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
+        let report = dir.path().join(format!("holder-{name}"));
+        let mut holder = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "browser_holder", "--nocapture"])
+            .env(HOLDER_REPORT, &report)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(report.with_extension("err")).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let text = loop {
+            if let Ok(t) = std::fs::read_to_string(&report) {
+                break t;
+            }
+            if let Ok(Some(status)) = holder.try_wait() {
+                panic!(
+                    "the holder ended ({status}): {}",
+                    std::fs::read_to_string(report.with_extension("err")).unwrap_or_default()
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = holder.kill();
+                panic!("the holder never reported its browser");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let (pid, profile) = text.trim().split_once(' ').unwrap();
+        let pid: u32 = pid.parse().unwrap();
+        assert!(alive(pid), "chromedriver {pid} runs");
+        assert!(!browser::pids_with(profile).is_empty(), "Chromium runs");
+        // SAFETY: kill(2) on the holder this test started (not yet reaped).
+        unsafe { libc::kill(holder.id() as i32, signal) };
+        holder.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = browser::pids_with(profile);
+            if !alive(pid) && left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "after {name} to the test process: chromedriver {pid} alive: {}, Chromium left: {left:?}",
+                alive(pid)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The holder could not remove its profile directory.
+        let _ = std::fs::remove_dir_all(profile);
+    }
 }

@@ -3,14 +3,19 @@
 //! checks. Chromium and chromedriver are Debian's (`scripts/setup.sh`
 //! installs them); a machine without them fails the test, never skips it.
 //!
-//! Cleanup on drop (so also on panic): the Chromium processes whose command
-//! line names this browser's own profile directory, then chromedriver, each
-//! by PID.
+//! chromedriver runs in a process group of its own, which the Chromium it
+//! starts inherits. Cleanup on drop (so also on panic) kills that group,
+//! whose id is chromedriver's PID. When the test process dies without
+//! dropping it (SIGTERM from the test runner ends the process after the
+//! environment's release; SIGKILL), a small guardian started beside
+//! chromedriver sees the pipe from the test process close and kills the
+//! group: a killed chromedriver alone would leave Chromium running.
 
 use fantoccini::{Client, ClientBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,11 +33,46 @@ pub fn require_chromium() {
     }
 }
 
-/// chromedriver and the Chromium it starts, ended by PID on drop.
+/// chromedriver and the Chromium it starts (one process group), ended on
+/// drop, or by the guardian when the test process dies.
 pub struct Driver {
     child: Child,
+    guardian: Guardian,
     pub port: u16,
     profile: tempfile::TempDir,
+}
+
+/// `bash` waiting on a pipe only the test process holds (its end is
+/// close-on-exec): at end of file, the test process is gone, and it kills
+/// chromedriver's process group. In a group of its own and deaf to the
+/// usual termination signals, so a signal to the test's group (the test
+/// runner's) does not end it before it has done that.
+struct Guardian {
+    child: Child,
+    /// Held, never written: dropped with the test process.
+    _pipe: ChildStdin,
+}
+
+impl Guardian {
+    fn start(group: u32) -> Guardian {
+        let mut child = Command::new("bash")
+            .args([
+                "-c",
+                // `read` returns at end of file; the group id is chromedriver's
+                // PID, and the group lives on while Chromium does. (bash:
+                // dash's kill takes no negative process-group id.)
+                r#"trap '' HUP INT TERM; read -r _; kill -KILL -- "-$0" 2>/dev/null; exit 0"#,
+            ])
+            .arg(group.to_string())
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start the browser's guardian (bash): {e}"));
+        let pipe = child.stdin.take().expect("the guardian's stdin");
+        Guardian { child, _pipe: pipe }
+    }
 }
 
 impl Driver {
@@ -42,21 +82,31 @@ impl Driver {
         require_chromium();
         let port = super::free_port();
         let out = std::fs::File::create(log).unwrap();
+        let profile = tempfile::Builder::new()
+            .prefix("knit-console-chromium-")
+            .tempdir()
+            .unwrap();
+        // A process group of its own (id = its PID), inherited by Chromium:
+        // one kill ends both, and nothing else. Chromium's configuration
+        // goes to the profile directory (not the user's): its crash
+        // reporter, which leaves the group and ends by itself once Chromium
+        // is gone, then names that directory too.
         let child = Command::new(CHROMEDRIVER)
+            .env("XDG_CONFIG_HOME", profile.path())
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
+            .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("start {CHROMEDRIVER}: {e}"));
+        let guardian = Guardian::start(child.id());
         let driver = Driver {
             child,
+            guardian,
             port,
-            profile: tempfile::Builder::new()
-                .prefix("knit-console-chromium-")
-                .tempdir()
-                .unwrap(),
+            profile,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -68,6 +118,18 @@ impl Driver {
             std::thread::sleep(Duration::from_millis(100));
         }
         driver
+    }
+
+    /// chromedriver's PID, also the id of the process group it and its
+    /// Chromium run in.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The profile directory of this driver's Chromium (named on each of
+    /// its processes' command lines).
+    pub fn profile(&self) -> &Path {
+        self.profile.path()
     }
 
     /// A WebDriver session on a fresh headless Chromium. The server's
@@ -108,21 +170,28 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        // Chromium first (chromedriver's children would outlive a killed
-        // chromedriver), found by the profile directory only this run uses.
-        let profile = self.profile.path().to_string_lossy().into_owned();
-        for pid in pids_with(&profile) {
-            // SAFETY: kill(2) on a process whose command line names our
-            // own temporary profile directory.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        let _ = self.child.kill();
+        // The guardian first (it would kill the group once more, by then
+        // perhaps a reused id), then the group while chromedriver is not
+        // yet reaped, so its PID (the group's id) cannot be reused.
+        let _ = self.guardian.child.kill();
+        let _ = self.guardian.child.wait();
+        let group = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) on the process group of the chromedriver this
+        // Driver started (its PID, not yet reaped): it and its Chromium.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
         let _ = self.child.wait();
+        // Chromium's processes in that group, reparented, go on their own
+        // once killed; wait (briefly) so the profile directory can go.
+        let profile = self.profile.path().to_string_lossy().into_owned();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !pids_with(&profile).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
 /// Processes whose command line contains `needle`.
-fn pids_with(needle: &str) -> Vec<u32> {
+pub fn pids_with(needle: &str) -> Vec<u32> {
     let me = std::process::id();
     std::fs::read_dir("/proc")
         .into_iter()

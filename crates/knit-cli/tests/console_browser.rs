@@ -662,6 +662,20 @@ fn the_console_in_a_real_browser() {
         let passed = js(&client, "return document.getElementById('preflight').dataset.passed").await;
         assert_eq!(passed, "false");
 
+        // The page as the docs show it: the failing instance's checks.
+        client
+            .execute(
+                "document.querySelector('table.preflight[data-instance=\"' + arguments[0] + '\"]').scrollIntoView(); return true;",
+                vec![Value::String(swappy.clone())],
+            )
+            .await
+            .unwrap();
+        std::fs::write(
+            artifacts.join("console-attach.png"),
+            client.screenshot().await.unwrap(),
+        )
+        .unwrap();
+
         // Attach both: refused by the preflight, nothing changed.
         submit(&client, r#"form.attach button[value="attach"]"#).await;
         let verdict = client
@@ -796,11 +810,6 @@ fn the_console_in_a_real_browser() {
         assert!(syntax.status.success(), "{}", String::from_utf8_lossy(&syntax.stderr));
         let tokens = api.get("/api/v1/jointokens").unwrap().to_string();
         assert!(tokens.contains(&token_id), "{tokens}");
-        std::fs::write(
-            artifacts.join("console-attach.png"),
-            client.screenshot().await.unwrap(),
-        )
-        .unwrap();
 
         // The events page: newest first.
         client.goto(&console.url("/ui/events?kind=NodePool")).await.unwrap();

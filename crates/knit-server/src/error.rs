@@ -41,8 +41,9 @@ pub enum ServerError {
     BadRequest(String),
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// The datastore (SQLite or PostgreSQL) failed or could not be reached.
     #[error("store: {0}")]
-    Store(#[from] rusqlite::Error),
+    Db(#[from] knit_db::DbError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -84,7 +85,8 @@ impl ServerError {
             ServerError::PayloadTooLarge { .. } => "PayloadTooLarge",
             ServerError::BadRequest(_) => "BadRequest",
             ServerError::Forbidden(_) => "Forbidden",
-            ServerError::Store(_) => "StoreError",
+            ServerError::Db(e) if e.is_unavailable() => "StoreUnavailable",
+            ServerError::Db(_) => "StoreError",
             ServerError::Io { .. } => "IoError",
             ServerError::Pki(_) => "PkiError",
             ServerError::Provider { .. } => "ProviderError",
@@ -106,6 +108,8 @@ impl ServerError {
             ServerError::AlreadyExists { .. } | ServerError::Conflict(_) => 409,
             ServerError::Unauthorized(_) | ServerError::TokenRefused(_) => 401,
             ServerError::ProviderTimeout { .. } => 504,
+            // Unreachable or slow: worth retrying once it is back.
+            ServerError::Db(e) if e.is_unavailable() => 503,
             _ => 500,
         }
     }

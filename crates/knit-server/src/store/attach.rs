@@ -14,7 +14,7 @@
 use super::{from_json, to_json, Store};
 use crate::error::{Result, ServerError};
 use crate::preflight::Mode;
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use knit_db::{params, DbError, Row, Tx};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -89,81 +89,75 @@ fn mode_word(mode: Mode) -> &'static str {
     }
 }
 
-fn mode_from_word(word: &str) -> rusqlite::Result<Mode> {
+fn mode_from_word(word: &str) -> Result<Mode> {
     match word {
         "automatic" => Ok(Mode::Automatic),
         "manual" => Ok(Mode::Manual),
-        other => Err(rusqlite::Error::FromSqlConversionFailure(
-            3,
-            rusqlite::types::Type::Text,
-            format!("unknown attach mode {other:?}").into(),
-        )),
+        other => Err(DbError::Column {
+            index: 3,
+            reason: format!("stored attach mode {other:?} is not one of automatic, manual"),
+        }
+        .into()),
     }
 }
 
 const RECORD_COLUMNS: &str = "instance, provider_id, pool, mode, instance_name, keep_instance_name, format_data_disk, old_disks, new_disks, at_ms, reimaged_ms, new_password";
 
-/// A row as read; the disk lists are JSON text, decoded after the query.
-struct RecordRow {
-    record: AttachRecord,
-    old_disks: String,
-    new_disks: String,
-}
-
-fn record_row(r: &Row<'_>) -> rusqlite::Result<RecordRow> {
-    Ok(RecordRow {
-        record: AttachRecord {
-            instance: r.get(0)?,
-            provider_id: r.get(1)?,
-            pool: r.get(2)?,
-            mode: mode_from_word(&r.get::<_, String>(3)?)?,
-            instance_name: r.get(4)?,
-            keep_instance_name: r.get::<_, i64>(5)? != 0,
-            format_data_disk: r.get::<_, i64>(6)? != 0,
-            old_disks: Vec::new(),
-            new_disks: Vec::new(),
-            at_ms: r.get(9)?,
-            reimaged_ms: r.get(10)?,
-            new_password: r.get::<_, i64>(11)? != 0,
-        },
-        old_disks: r.get(7)?,
-        new_disks: r.get(8)?,
+fn record_row(r: &Row) -> Result<AttachRecord> {
+    Ok(AttachRecord {
+        instance: r.get(0)?,
+        provider_id: r.get(1)?,
+        pool: r.get(2)?,
+        mode: mode_from_word(&r.get::<String>(3)?)?,
+        instance_name: r.get(4)?,
+        keep_instance_name: r.get(5)?,
+        format_data_disk: r.get(6)?,
+        old_disks: from_json(&r.get::<String>(7)?)?,
+        new_disks: from_json(&r.get::<String>(8)?)?,
+        at_ms: r.get(9)?,
+        reimaged_ms: r.get(10)?,
+        new_password: r.get(11)?,
     })
 }
 
-pub(super) fn put_record(conn: &rusqlite::Connection, r: &AttachRecord) -> Result<()> {
-    conn.execute(
-        &format!("INSERT OR REPLACE INTO attach_records ({RECORD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+pub(super) fn put_record(tx: &mut Tx<'_>, r: &AttachRecord) -> Result<()> {
+    tx.execute(
+        &format!(
+            "INSERT INTO attach_records ({RECORD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+             ON CONFLICT (instance) DO UPDATE SET provider_id = excluded.provider_id, pool = excluded.pool,
+               mode = excluded.mode, instance_name = excluded.instance_name,
+               keep_instance_name = excluded.keep_instance_name, format_data_disk = excluded.format_data_disk,
+               old_disks = excluded.old_disks, new_disks = excluded.new_disks, at_ms = excluded.at_ms,
+               reimaged_ms = excluded.reimaged_ms, new_password = excluded.new_password"
+        ),
         params![
-            r.instance,
-            r.provider_id,
-            r.pool,
+            &r.instance,
+            &r.provider_id,
+            &r.pool,
             mode_word(r.mode),
-            r.instance_name,
-            r.keep_instance_name as i64,
-            r.format_data_disk as i64,
+            &r.instance_name,
+            r.keep_instance_name,
+            r.format_data_disk,
             to_json(&r.old_disks)?,
             to_json(&r.new_disks)?,
             r.at_ms,
             r.reimaged_ms,
-            r.new_password as i64,
+            r.new_password,
         ],
     )?;
     Ok(())
 }
 
-fn put_token_options(
-    conn: &rusqlite::Connection,
-    token_id: &str,
-    o: &AttachTokenOptions,
-) -> Result<()> {
-    conn.execute(
-        "INSERT OR REPLACE INTO attach_tokens (token_id, pool, keep_instance_name, format_data_disk, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+fn put_token_options(tx: &mut Tx<'_>, token_id: &str, o: &AttachTokenOptions) -> Result<()> {
+    tx.execute(
+        "INSERT INTO attach_tokens (token_id, pool, keep_instance_name, format_data_disk, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (token_id) DO UPDATE SET pool = excluded.pool, keep_instance_name = excluded.keep_instance_name,
+           format_data_disk = excluded.format_data_disk, expires_ms = excluded.expires_ms",
         params![
             token_id,
-            o.pool,
-            o.keep_instance_name as i64,
-            o.format_data_disk as i64,
+            &o.pool,
+            o.keep_instance_name,
+            o.format_data_disk,
             o.expires_ms
         ],
     )?;
@@ -173,27 +167,18 @@ fn put_token_options(
 impl Store {
     /// The attach record of a knit instance, if it was added (not created).
     pub fn attach_record(&self, instance: &str) -> Result<Option<AttachRecord>> {
-        let row = self
-            .conn()
-            .query_row(
-                &format!("SELECT {RECORD_COLUMNS} FROM attach_records WHERE instance = ?1"),
-                params![instance],
-                record_row,
-            )
-            .optional()?;
-        row.map(|row| {
-            Ok(AttachRecord {
-                old_disks: from_json(&row.old_disks)?,
-                new_disks: from_json(&row.new_disks)?,
-                ..row.record
-            })
+        let sql = format!("SELECT {RECORD_COLUMNS} FROM attach_records WHERE instance = ?1");
+        self.read(|tx| {
+            tx.query_opt(&sql, params![instance])?
+                .as_ref()
+                .map(record_row)
+                .transpose()
         })
-        .transpose()
     }
 
     /// Writes (or replaces) the attach record of `record.instance`.
     pub fn put_attach_record(&self, record: &AttachRecord) -> Result<()> {
-        put_record(&self.conn(), record)
+        self.write(|tx| put_record(tx, record))
     }
 
     /// Keeps the options of an attach command under its token id.
@@ -202,33 +187,36 @@ impl Store {
         token_id: &str,
         options: &AttachTokenOptions,
     ) -> Result<()> {
-        put_token_options(&self.conn(), token_id, options)
+        self.write(|tx| put_token_options(tx, token_id, options))
     }
 
     /// The options of the attach command with token id `token_id`.
     pub fn attach_token_options(&self, token_id: &str) -> Result<Option<AttachTokenOptions>> {
-        Ok(self
-            .conn()
-            .query_row(
+        self.read(|tx| {
+            tx.query_opt(
                 "SELECT pool, keep_instance_name, format_data_disk, expires_ms FROM attach_tokens WHERE token_id = ?1",
                 params![token_id],
-                |r| {
-                    Ok(AttachTokenOptions {
-                        pool: r.get(0)?,
-                        keep_instance_name: r.get::<_, i64>(1)? != 0,
-                        format_data_disk: r.get::<_, i64>(2)? != 0,
-                        expires_ms: r.get(3)?,
-                    })
-                },
-            )
-            .optional()?)
+            )?
+            .map(|r| {
+                Ok(AttachTokenOptions {
+                    pool: r.get(0)?,
+                    keep_instance_name: r.get(1)?,
+                    format_data_disk: r.get(2)?,
+                    expires_ms: r.get(3)?,
+                })
+            })
+            .transpose()
+        })
     }
 }
 
-/// Where older servers kept attach records, beside the database.
-fn legacy_dir(tx: &Transaction<'_>) -> Option<std::path::PathBuf> {
-    let db = tx.path().filter(|p| !p.is_empty())?;
-    Some(Path::new(db).parent()?.join("attach"))
+/// Where older servers kept attach records: `attach/` beside their
+/// SQLite file (a PostgreSQL datastore never had them).
+pub(super) fn legacy_dir(db_file: &Path) -> std::path::PathBuf {
+    db_file
+        .parent()
+        .unwrap_or_else(|| Path::new(""))
+        .join("attach")
 }
 
 fn read_legacy<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
@@ -265,14 +253,17 @@ fn json_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
 /// open rather than losing which machines are the user's. Returns the
 /// directory imported, for [`retire_legacy_dir`] once the transaction is
 /// committed.
-pub(super) fn import_legacy_files(tx: &Transaction<'_>) -> Result<Option<std::path::PathBuf>> {
-    let Some(dir) = legacy_dir(tx) else {
+pub(super) fn import_legacy_files(
+    tx: &mut Tx<'_>,
+    dir: Option<&Path>,
+) -> Result<Option<std::path::PathBuf>> {
+    let Some(dir) = dir else {
         return Ok(None);
     };
     if !dir.is_dir() {
         return Ok(None);
     }
-    for path in json_files(&dir)? {
+    for path in json_files(dir)? {
         let record: AttachRecord = read_legacy(&path)?;
         put_record(tx, &record)?;
         tx.execute(
@@ -287,7 +278,7 @@ pub(super) fn import_legacy_files(tx: &Transaction<'_>) -> Result<Option<std::pa
         let options: AttachTokenOptions = read_legacy(&path)?;
         put_token_options(tx, token_id, &options)?;
     }
-    Ok(Some(dir))
+    Ok(Some(dir.to_path_buf()))
 }
 
 /// After the import is committed the directory is renamed to
@@ -329,50 +320,52 @@ mod tests {
         use crate::store::Enrollment;
         use knit_api::state::InstanceState;
         use knit_api::{NodePool, NodePoolSpec};
-        let store = Store::open_in_memory().unwrap();
-        let pool = NodePool::new("workers", NodePoolSpec::default());
-        let r = record("workers-abcde", Mode::Manual);
-        let enrollment = Enrollment {
-            name: "workers-abcde",
-            pool: &pool,
-            provider_id: "i-1",
-            ip: None,
-            instance_type: "t",
-            state: InstanceState::Running,
-            record: Some(&r),
-        };
-        assert!(store.enroll_attached(&enrollment, false).is_err());
-        assert_eq!(store.attach_record("workers-abcde").unwrap(), None);
-        assert!(store.instance("workers-abcde").unwrap().is_none());
-        store.insert_pool(&pool).unwrap();
-        store.enroll_attached(&enrollment, false).unwrap();
-        assert_eq!(store.attach_record("workers-abcde").unwrap(), Some(r));
-        assert!(store.instance("workers-abcde").unwrap().unwrap().added);
+        crate::store::testing::each_store(|store| {
+            let pool = NodePool::new("workers", NodePoolSpec::default());
+            let r = record("workers-abcde", Mode::Manual);
+            let enrollment = Enrollment {
+                name: "workers-abcde",
+                pool: &pool,
+                provider_id: "i-1",
+                ip: None,
+                instance_type: "t",
+                state: InstanceState::Running,
+                record: Some(&r),
+            };
+            assert!(store.enroll_attached(&enrollment, false).is_err());
+            assert_eq!(store.attach_record("workers-abcde").unwrap(), None);
+            assert!(store.instance("workers-abcde").unwrap().is_none());
+            store.insert_pool(&pool).unwrap();
+            store.enroll_attached(&enrollment, false).unwrap();
+            assert_eq!(store.attach_record("workers-abcde").unwrap(), Some(r));
+            assert!(store.instance("workers-abcde").unwrap().unwrap().added);
+        });
     }
 
     #[test]
     fn records_and_token_options_round_trip() {
-        let store = Store::open_in_memory().unwrap();
-        assert_eq!(store.attach_record("workers-abcde").unwrap(), None);
-        let mut r = record("workers-abcde", Mode::Manual);
-        store.put_attach_record(&r).unwrap();
-        assert_eq!(
-            store.attach_record("workers-abcde").unwrap(),
-            Some(r.clone())
-        );
-        r.reimaged_ms = None;
-        r.mode = Mode::Automatic;
-        store.put_attach_record(&r).unwrap();
-        assert_eq!(store.attach_record("workers-abcde").unwrap(), Some(r));
-        let o = AttachTokenOptions {
-            pool: "workers".into(),
-            keep_instance_name: false,
-            format_data_disk: true,
-            expires_ms: 42,
-        };
-        store.put_attach_token_options("abc123", &o).unwrap();
-        assert_eq!(store.attach_token_options("abc123").unwrap(), Some(o));
-        assert_eq!(store.attach_token_options("zzz999").unwrap(), None);
+        crate::store::testing::each_store(|store| {
+            assert_eq!(store.attach_record("workers-abcde").unwrap(), None);
+            let mut r = record("workers-abcde", Mode::Manual);
+            store.put_attach_record(&r).unwrap();
+            assert_eq!(
+                store.attach_record("workers-abcde").unwrap(),
+                Some(r.clone())
+            );
+            r.reimaged_ms = None;
+            r.mode = Mode::Automatic;
+            store.put_attach_record(&r).unwrap();
+            assert_eq!(store.attach_record("workers-abcde").unwrap(), Some(r));
+            let o = AttachTokenOptions {
+                pool: "workers".into(),
+                keep_instance_name: false,
+                format_data_disk: true,
+                expires_ms: 42,
+            };
+            store.put_attach_token_options("abc123", &o).unwrap();
+            assert_eq!(store.attach_token_options("abc123").unwrap(), Some(o));
+            assert_eq!(store.attach_token_options("zzz999").unwrap(), None);
+        });
     }
 
     /// The JSON older servers wrote: the import reads exactly this form.
@@ -402,16 +395,24 @@ mod tests {
             .position(|sql| *sql == SCHEMA)
             .unwrap();
         {
-            let conn = rusqlite::Connection::open(&db).unwrap();
-            for sql in &super::super::MIGRATIONS[..version] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "user_version", version as i64)
-                .unwrap();
-            conn.execute(
-                "INSERT INTO instances (name, pool, provider_id, state, instance_type, created_ms, updated_ms) VALUES ('workers-abcde', 'workers', 'i-1', 'Running', 't', 0, 0)",
-                [],
+            // The database as an older server left it, before this step.
+            let old = knit_db::Db::open(
+                &knit_db::Datastore::Sqlite(db.clone()),
+                knit_db::Limits::default(),
             )
+            .unwrap();
+            old.migrate(
+                super::super::COMPONENT,
+                &super::super::MIGRATIONS[..version],
+                |_, _| Ok::<_, DbError>(()),
+            )
+            .unwrap();
+            old.write(|tx| {
+                tx.execute(
+                    "INSERT INTO instances (name, pool, provider_id, state, instance_type, created_ms, updated_ms) VALUES ('workers-abcde', 'workers', 'i-1', 'Running', 't', 0, 0)",
+                    &[],
+                )
+            })
             .unwrap();
         }
         let attach = dir.path().join("attach");

@@ -4,7 +4,7 @@
 use super::{now_ms, word, Store};
 use crate::error::Result;
 use knit_api::state::EventType;
-use rusqlite::params;
+use knit_db::params;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,9 +68,7 @@ impl Store {
         message: &str,
     ) -> Result<()> {
         let now = now_ms();
-        {
-            let mut conn = self.conn();
-            let tx = conn.transaction()?;
+        self.write(|tx| {
             let counted = tx.execute(
                 "UPDATE events SET count = count + 1, last_ms = ?1 WHERE id = (
                    SELECT id FROM events WHERE object_name = ?4 AND reason = ?5 AND type = ?2
@@ -92,8 +90,10 @@ impl Store {
                     params![now, event_type.as_str(), kind, name, reason, message],
                 )?;
             }
-            tx.commit()?;
-        }
+            Ok(())
+        })?;
+        // After the write (which may run more than once on PostgreSQL):
+        // the count of writes and the pruning are this process's own.
         let written = self
             .events_written
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -117,27 +117,31 @@ impl Store {
             .event_retention
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let conn = self.conn();
-        let old = conn.execute(
-            "DELETE FROM events WHERE last_ms < ?1",
-            params![now - retention.max_age_ms],
-        )?;
-        let over = conn.execute(
-            "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY last_ms DESC, id DESC LIMIT -1 OFFSET ?1)",
-            params![retention.max_count.max(0)],
-        )?;
-        Ok(old + over)
+        let cutoff = now - retention.max_age_ms;
+        let keep = retention.max_count.max(0);
+        let removed = self.write(|tx| {
+            let old = tx.execute("DELETE FROM events WHERE last_ms < ?1", params![cutoff])?;
+            // All but the newest `keep` (written without `LIMIT -1 OFFSET`,
+            // which PostgreSQL does not take).
+            let over = tx.execute(
+                "DELETE FROM events WHERE id NOT IN (SELECT id FROM events ORDER BY last_ms DESC, id DESC LIMIT ?1)",
+                params![keep],
+            )?;
+            Ok(old + over)
+        })?;
+        Ok(removed as usize)
     }
 
     /// The newest `limit` events, oldest first.
     pub fn events(&self, limit: i64) -> Result<Vec<EventRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, at_ms, type, object_kind, object_name, reason, message, count, last_ms FROM
-               (SELECT * FROM events ORDER BY last_ms DESC, id DESC LIMIT ?1) ORDER BY last_ms, id",
-        )?;
-        let rows = stmt
-            .query_map(params![limit], |r| {
+        self.read(|tx| {
+            tx.query(
+                "SELECT id, at_ms, type, object_kind, object_name, reason, message, count, last_ms FROM
+                   (SELECT * FROM events ORDER BY last_ms DESC, id DESC LIMIT ?1) AS newest ORDER BY last_ms, id",
+                params![limit],
+            )?
+            .iter()
+            .map(|r| {
                 Ok(EventRecord {
                     id: r.get(0)?,
                     at_ms: r.get(1)?,
@@ -149,8 +153,8 @@ impl Store {
                     count: r.get(7)?,
                     last_ms: r.get(8)?,
                 })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
+            })
+            .collect()
+        })
     }
 }

@@ -4,7 +4,7 @@
 use super::{now_ms, opt_word, word, Store};
 use crate::error::Result;
 use knit_api::state::{InstanceState, RepairAction};
-use rusqlite::{params, OptionalExtension};
+use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +30,7 @@ pub struct InstanceRecord {
 const INSTANCE_COLUMNS: &str =
     "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms, added";
 
-fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
+fn instance_row(r: &Row) -> Result<InstanceRecord> {
     Ok(InstanceRecord {
         name: r.get(0)?,
         pool: r.get(1)?,
@@ -42,7 +42,7 @@ fn instance_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstanceRecord> {
         last_error: r.get(7)?,
         created_ms: r.get(8)?,
         updated_ms: r.get(9)?,
-        added: r.get::<_, i64>(10)? != 0,
+        added: r.get(10)?,
     })
 }
 
@@ -69,23 +69,29 @@ pub struct InstanceHealth {
 
 impl Store {
     pub fn instances(&self, pool: Option<&str>) -> Result<Vec<InstanceRecord>> {
-        let conn = self.conn();
         let sql = format!(
-            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE (?1 IS NULL OR pool = ?1) ORDER BY created_ms, name"
+            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE (CAST(?1 AS TEXT) IS NULL OR pool = ?1) ORDER BY created_ms"
         );
-        let mut stmt = conn.prepare_cached(&sql)?;
-        let rows = stmt
-            .query_map(params![pool], instance_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut rows = self.read(|tx| {
+            tx.query(&sql, params![pool])?
+                .iter()
+                .map(instance_row)
+                .collect::<Result<Vec<_>>>()
+        })?;
+        // Names in byte order on both backends (PostgreSQL's collation
+        // may order text differently from SQLite's).
+        rows.sort_by(|a, b| (a.created_ms, &a.name).cmp(&(b.created_ms, &b.name)));
         Ok(rows)
     }
 
     pub fn instance(&self, name: &str) -> Result<Option<InstanceRecord>> {
         let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE name = ?1");
-        Ok(self
-            .conn()
-            .query_row(&sql, params![name], instance_row)
-            .optional()?)
+        self.read(|tx| {
+            tx.query_opt(&sql, params![name])?
+                .as_ref()
+                .map(instance_row)
+                .transpose()
+        })
     }
 
     pub fn set_instance_state(
@@ -94,11 +100,14 @@ impl Store {
         state: InstanceState,
         error: Option<&str>,
     ) -> Result<()> {
-        self.conn().execute(
-            "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
-            params![name, state.as_str(), error, now_ms()],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
+                params![name, state.as_str(), error, now],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn set_instance_created(
@@ -107,48 +116,56 @@ impl Store {
         provider_id: &str,
         ip: Option<&str>,
     ) -> Result<()> {
-        self.conn().execute(
-            "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
-            params![name, provider_id, ip, InstanceState::Running.as_str(), now_ms()],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
+                params![name, provider_id, ip, InstanceState::Running.as_str(), now],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn set_report_token_hash(&self, name: &str, hash: &str) -> Result<()> {
-        self.conn().execute(
-            "UPDATE instances SET report_token_hash = ?2, updated_ms = ?3 WHERE name = ?1",
-            params![name, hash, now_ms()],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE instances SET report_token_hash = ?2, updated_ms = ?3 WHERE name = ?1",
+                params![name, hash, now],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn instance_by_report_token(&self, hash: &str) -> Result<Option<InstanceRecord>> {
         let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE report_token_hash = ?1");
-        Ok(self
-            .conn()
-            .query_row(&sql, params![hash], instance_row)
-            .optional()?)
+        self.read(|tx| {
+            tx.query_opt(&sql, params![hash])?
+                .as_ref()
+                .map(instance_row)
+                .transpose()
+        })
     }
 
     /// Forgets a released instance, its node and its timeline.
     pub fn remove_instance(&self, name: &str) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
-        tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
-        tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
-        tx.commit()?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
+            Ok(())
+        })
     }
 
     /// Every instance's health record, by instance name.
     pub fn instance_health(&self) -> Result<std::collections::HashMap<String, InstanceHealth>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT instance, joined_ms, join_failed_ms, unhealthy_since_ms, repair_step, repair_action, repair_at_ms, repair_note FROM instance_health",
-        )?;
-        let rows = stmt
-            .query_map([], |r| {
+        let rows = self.read(|tx| {
+            tx.query(
+                "SELECT instance, joined_ms, join_failed_ms, unhealthy_since_ms, repair_step, repair_action, repair_at_ms, repair_note FROM instance_health",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
                 Ok(InstanceHealth {
                     instance: r.get(0)?,
                     joined_ms: r.get(1)?,
@@ -159,36 +176,46 @@ impl Store {
                     repair_at_ms: r.get(6)?,
                     repair_note: r.get(7)?,
                 })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+            })
+            .collect::<Result<Vec<_>>>()
+        })?;
         Ok(rows.into_iter().map(|h| (h.instance.clone(), h)).collect())
     }
 
     pub fn put_instance_health(&self, h: &InstanceHealth) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO instance_health (instance, joined_ms, join_failed_ms, unhealthy_since_ms, repair_step, repair_action, repair_at_ms, repair_note, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-             ON CONFLICT (instance) DO UPDATE SET joined_ms = ?2, join_failed_ms = ?3, unhealthy_since_ms = ?4, repair_step = ?5, repair_action = ?6, repair_at_ms = ?7, repair_note = ?8, updated_ms = ?9",
-            params![
-                h.instance,
-                h.joined_ms,
-                h.join_failed_ms,
-                h.unhealthy_since_ms,
-                h.repair_step,
-                h.repair_action.map(RepairAction::as_str),
-                h.repair_at_ms,
-                h.repair_note,
-                now_ms()
-            ],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO instance_health (instance, joined_ms, join_failed_ms, unhealthy_since_ms, repair_step, repair_action, repair_at_ms, repair_note, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (instance) DO UPDATE SET joined_ms = excluded.joined_ms, join_failed_ms = excluded.join_failed_ms,
+                   unhealthy_since_ms = excluded.unhealthy_since_ms, repair_step = excluded.repair_step,
+                   repair_action = excluded.repair_action, repair_at_ms = excluded.repair_at_ms,
+                   repair_note = excluded.repair_note, updated_ms = excluded.updated_ms",
+                params![
+                    &h.instance,
+                    h.joined_ms,
+                    h.join_failed_ms,
+                    h.unhealthy_since_ms,
+                    h.repair_step,
+                    h.repair_action.map(RepairAction::as_str),
+                    h.repair_at_ms,
+                    &h.repair_note,
+                    now
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     /// Forgets the health of instances released or detached: attached
     /// again later, an instance joins afresh.
     pub fn prune_instance_health(&self) -> Result<usize> {
-        Ok(self.conn().execute(
-            "DELETE FROM instance_health WHERE instance NOT IN (SELECT name FROM instances WHERE state != ?1)",
-            params![InstanceState::Detached.as_str()],
-        )?)
+        let removed = self.write(|tx| {
+            Ok(tx.execute(
+                "DELETE FROM instance_health WHERE instance NOT IN (SELECT name FROM instances WHERE state != ?1)",
+                params![InstanceState::Detached.as_str()],
+            )?)
+        })?;
+        Ok(removed as usize)
     }
 }

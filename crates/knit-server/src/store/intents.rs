@@ -4,7 +4,7 @@
 use super::{now_ms, word, Store};
 use crate::error::Result;
 use knit_api::state::{InstanceState, IntentAction, IntentStatus};
-use rusqlite::{params, OptionalExtension};
+use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,13 +21,13 @@ pub struct IntentRecord {
     pub last_error: Option<String>,
 }
 
-fn intent_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<IntentRecord> {
+fn intent_row(r: &Row) -> Result<IntentRecord> {
     Ok(IntentRecord {
         id: r.get(0)?,
         action: word(r, 1)?,
         instance: r.get(2)?,
         pool: r.get(3)?,
-        release: r.get::<_, i64>(4)? != 0,
+        release: r.get(4)?,
         status: word(r, 5)?,
         attempts: r.get(6)?,
         next_attempt_ms: r.get(7)?,
@@ -40,111 +40,108 @@ impl Store {
     /// transaction: either all exist or none.
     pub fn add_create_intents(&self, pool: &str, names: &[(String, String)]) -> Result<()> {
         let now = now_ms();
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        for (name, instance_type) in names {
-            tx.execute(
-                "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                params![name, pool, InstanceState::Pending.as_str(), instance_type, now],
-            )?;
-            tx.execute(
-                "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, ?5, ?3, ?3)",
-                params![
-                    name,
-                    pool,
-                    now,
-                    IntentAction::Create.as_str(),
-                    IntentStatus::Pending.as_str()
-                ],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
+        self.write(|tx| {
+            for (name, instance_type) in names {
+                tx.execute(
+                    "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                    params![name, pool, InstanceState::Pending.as_str(), instance_type, now],
+                )?;
+                tx.execute(
+                    "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, ?5, ?3, ?3)",
+                    params![
+                        name,
+                        pool,
+                        now,
+                        IntentAction::Create.as_str(),
+                        IntentStatus::Pending.as_str()
+                    ],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// Marks instances for deletion and records their delete intents. An
     /// instance that already has a pending intent is left alone.
     pub fn add_delete_intents(&self, pool: &str, names: &[String], release: bool) -> Result<usize> {
         let now = now_ms();
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let mut added = 0;
-        for name in names {
-            // A pending create of the same instance is superseded by the delete.
-            tx.execute(
-                "UPDATE intents SET status = ?3, updated_ms = ?2 WHERE instance = ?1 AND action = ?4 AND status = ?5",
-                params![
-                    name,
-                    now,
-                    IntentStatus::Cancelled.as_str(),
-                    IntentAction::Create.as_str(),
-                    IntentStatus::Pending.as_str()
-                ],
-            )?;
-            let exists: bool = tx
-                .query_row(
-                    "SELECT 1 FROM intents WHERE instance = ?1 AND action = ?2 AND status = ?3",
+        self.write(|tx| {
+            let mut added = 0;
+            for name in names {
+                // A pending create of the same instance is superseded by the delete.
+                tx.execute(
+                    "UPDATE intents SET status = ?3, updated_ms = ?2 WHERE instance = ?1 AND action = ?4 AND status = ?5",
                     params![
                         name,
+                        now,
+                        IntentStatus::Cancelled.as_str(),
+                        IntentAction::Create.as_str(),
+                        IntentStatus::Pending.as_str()
+                    ],
+                )?;
+                let exists = tx
+                    .query_opt(
+                        "SELECT 1 FROM intents WHERE instance = ?1 AND action = ?2 AND status = ?3",
+                        params![
+                            name,
+                            IntentAction::Delete.as_str(),
+                            IntentStatus::Pending.as_str()
+                        ],
+                    )?
+                    .is_some();
+                if exists {
+                    continue;
+                }
+                tx.execute(
+                    "UPDATE instances SET state = ?2, updated_ms = ?3 WHERE name = ?1",
+                    params![name, InstanceState::Deleting.as_str(), now],
+                )?;
+                tx.execute(
+                    "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES (?5, ?1, ?2, ?3, ?6, ?4, ?4)",
+                    params![
+                        name,
+                        pool,
+                        release,
+                        now,
                         IntentAction::Delete.as_str(),
                         IntentStatus::Pending.as_str()
                     ],
-                    |_| Ok(true),
-                )
-                .optional()?
-                .unwrap_or(false);
-            if exists {
-                continue;
+                )?;
+                added += 1;
             }
-            tx.execute(
-                "UPDATE instances SET state = ?2, updated_ms = ?3 WHERE name = ?1",
-                params![name, InstanceState::Deleting.as_str(), now],
-            )?;
-            tx.execute(
-                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES (?5, ?1, ?2, ?3, ?6, ?4, ?4)",
-                params![
-                    name,
-                    pool,
-                    release as i64,
-                    now,
-                    IntentAction::Delete.as_str(),
-                    IntentStatus::Pending.as_str()
-                ],
-            )?;
-            added += 1;
-        }
-        tx.commit()?;
-        Ok(added)
+            Ok(added)
+        })
     }
 
     pub fn pending_intents(&self) -> Result<Vec<IntentRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = ?1 ORDER BY id",
-        )?;
-        let rows = stmt
-            .query_map(params![IntentStatus::Pending.as_str()], intent_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
+        self.read(|tx| {
+            tx.query(
+                "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = ?1 ORDER BY id",
+                params![IntentStatus::Pending.as_str()],
+            )?
+            .iter()
+            .map(intent_row)
+            .collect()
+        })
     }
 
     pub fn intent_status(&self, id: i64) -> Result<Option<IntentStatus>> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT status FROM intents WHERE id = ?1",
-                params![id],
-                |r| word(r, 0),
-            )
-            .optional()?)
+        self.read(|tx| {
+            tx.query_opt("SELECT status FROM intents WHERE id = ?1", params![id])?
+                .map(|r| word(&r, 0))
+                .transpose()
+        })
     }
 
     pub fn finish_intent(&self, id: i64, status: IntentStatus, error: Option<&str>) -> Result<()> {
-        self.conn().execute(
-            "UPDATE intents SET status = ?2, last_error = ?3, updated_ms = ?4 WHERE id = ?1",
-            params![id, status.as_str(), error, now_ms()],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE intents SET status = ?2, last_error = ?3, updated_ms = ?4 WHERE id = ?1",
+                params![id, status.as_str(), error, now],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn retry_intent(
@@ -154,69 +151,72 @@ impl Store {
         next_attempt_ms: i64,
         error: &str,
     ) -> Result<()> {
-        self.conn().execute(
-            "UPDATE intents SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4, updated_ms = ?5 WHERE id = ?1",
-            params![id, attempts, next_attempt_ms, error, now_ms()],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE intents SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4, updated_ms = ?5 WHERE id = ?1",
+                params![id, attempts, next_attempt_ms, error, now],
+            )?;
+            Ok(())
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use knit_api::{PhaseEvent, PhaseName, PhaseOutcome};
 
     #[test]
     fn intents_and_timeline() {
-        let store = Store::open_in_memory().unwrap();
-        store
-            .add_create_intents(
-                "p",
-                &[("p-a".into(), "t".into()), ("p-b".into(), "t".into())],
-            )
-            .unwrap();
-        assert_eq!(store.pending_intents().unwrap().len(), 2);
-        // Deleting a not-yet-created instance cancels its create.
-        assert_eq!(
+        crate::store::testing::each_store(|store| {
             store
-                .add_delete_intents("p", &["p-b".into()], true)
-                .unwrap(),
-            1
-        );
-        assert_eq!(
-            store
-                .add_delete_intents("p", &["p-b".into()], true)
-                .unwrap(),
-            0
-        );
-        let pending = store.pending_intents().unwrap();
-        let actions: Vec<(&str, &str)> = pending
-            .iter()
-            .map(|i| (i.action.as_str(), i.instance.as_str()))
-            .collect();
-        assert_eq!(actions, vec![("create", "p-a"), ("delete", "p-b")]);
+                .add_create_intents(
+                    "p",
+                    &[("p-a".into(), "t".into()), ("p-b".into(), "t".into())],
+                )
+                .unwrap();
+            assert_eq!(store.pending_intents().unwrap().len(), 2);
+            // Deleting a not-yet-created instance cancels its create.
+            assert_eq!(
+                store
+                    .add_delete_intents("p", &["p-b".into()], true)
+                    .unwrap(),
+                1
+            );
+            assert_eq!(
+                store
+                    .add_delete_intents("p", &["p-b".into()], true)
+                    .unwrap(),
+                0
+            );
+            let pending = store.pending_intents().unwrap();
+            let actions: Vec<(&str, &str)> = pending
+                .iter()
+                .map(|i| (i.action.as_str(), i.instance.as_str()))
+                .collect();
+            assert_eq!(actions, vec![("create", "p-a"), ("delete", "p-b")]);
 
-        let instance = store.instance("p-a").unwrap().unwrap();
-        let event = PhaseEvent {
-            node: "local.i-1".into(),
-            instance_id: "i-1".into(),
-            phase: PhaseName::DataDisk,
-            outcome: PhaseOutcome::Failed,
-            reason: Some("no disk".into()),
-            error_code: Some(knit_api::ErrorCode::FailDataDiskNotFound),
-            at_ms: 5,
-            duration_ms: Some(3),
-        };
-        store.record_phase_event(&instance, &event).unwrap();
-        let node = store.node("local.i-1").unwrap().unwrap();
-        assert_eq!(
-            node.error_code,
-            Some(knit_api::ErrorCode::FailDataDiskNotFound)
-        );
-        assert_eq!(node.phase_outcome, Some(PhaseOutcome::Failed));
-        assert_eq!(store.timeline("local.i-1").unwrap().len(), 1);
-        store.remove_instance("p-a").unwrap();
-        assert!(store.node("local.i-1").unwrap().is_none());
+            let instance = store.instance("p-a").unwrap().unwrap();
+            let event = PhaseEvent {
+                node: "local.i-1".into(),
+                instance_id: "i-1".into(),
+                phase: PhaseName::DataDisk,
+                outcome: PhaseOutcome::Failed,
+                reason: Some("no disk".into()),
+                error_code: Some(knit_api::ErrorCode::FailDataDiskNotFound),
+                at_ms: 5,
+                duration_ms: Some(3),
+            };
+            store.record_phase_event(&instance, &event).unwrap();
+            let node = store.node("local.i-1").unwrap().unwrap();
+            assert_eq!(
+                node.error_code,
+                Some(knit_api::ErrorCode::FailDataDiskNotFound)
+            );
+            assert_eq!(node.phase_outcome, Some(PhaseOutcome::Failed));
+            assert_eq!(store.timeline("local.i-1").unwrap().len(), 1);
+            store.remove_instance("p-a").unwrap();
+            assert!(store.node("local.i-1").unwrap().is_none());
+        });
     }
 }

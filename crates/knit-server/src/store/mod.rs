@@ -1,5 +1,13 @@
-//! The control plane's state: one SQLite database, schema versioned by
-//! `PRAGMA user_version` and migrated forward at open.
+//! The control plane's state: one database — SQLite in the state
+//! directory, or PostgreSQL shared by several servers — reached through
+//! `knit_db`, its schema versioned (component `knit-server`) and migrated
+//! forward at open.
+//!
+//! Every read goes through [`Store::read`] and every write through
+//! [`Store::write`]: one transaction each, and the one place where a check
+//! before every write belongs. A write's closure may run more than once on
+//! PostgreSQL (a conflict with another server re-runs it), so closures only
+//! touch the database, and never call another `Store` method.
 //!
 //! Every intent (create or delete an instance) is written here before the
 //! reconciler acts on it, so a server killed at any point resumes from the
@@ -7,11 +15,11 @@
 
 use crate::error::{Result, ServerError};
 use knit_api::FieldError;
-use rusqlite::Connection;
+use knit_db::{Datastore, Db, DbError, Limits, Row, Tx};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 pub mod attach;
 mod events;
@@ -20,6 +28,8 @@ mod intents;
 mod nodes;
 mod pools;
 mod snapshots;
+#[cfg(test)]
+pub(crate) mod testing;
 mod tokens;
 
 // The record types at `crate::store::…`, where every caller finds them.
@@ -206,8 +216,11 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// The component name of the store's schema version.
+const COMPONENT: &str = "knit-server";
+
 pub struct Store {
-    conn: Mutex<Connection>,
+    db: Db,
     event_retention: Mutex<EventRetention>,
     events_written: std::sync::atomic::AtomicU64,
 }
@@ -223,150 +236,194 @@ fn from_json<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T> {
 
 /// A state word of column `idx` as its enum. The columns hold the enums'
 /// own words, so another word is a database this knit cannot read.
-fn word<T: FromStr<Err = FieldError>>(r: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<T> {
+fn word<T: FromStr<Err = FieldError>>(r: &Row, idx: usize) -> Result<T> {
     let text: String = r.get(idx)?;
     parse_word(idx, &text)
 }
 
 /// [`word`] of a column that may be NULL.
-fn opt_word<T: FromStr<Err = FieldError>>(
-    r: &rusqlite::Row<'_>,
-    idx: usize,
-) -> rusqlite::Result<Option<T>> {
+fn opt_word<T: FromStr<Err = FieldError>>(r: &Row, idx: usize) -> Result<Option<T>> {
     let text: Option<String> = r.get(idx)?;
     text.map(|t| parse_word(idx, &t)).transpose()
 }
 
-fn parse_word<T: FromStr<Err = FieldError>>(idx: usize, text: &str) -> rusqlite::Result<T> {
+fn parse_word<T: FromStr<Err = FieldError>>(idx: usize, text: &str) -> Result<T> {
     text.parse().map_err(|e: FieldError| {
-        rusqlite::Error::FromSqlConversionFailure(
-            idx,
-            rusqlite::types::Type::Text,
-            format!("stored {e}").into(),
-        )
+        DbError::Column {
+            index: idx,
+            reason: format!("stored {e}"),
+        }
+        .into()
     })
 }
 
 impl Store {
+    /// The SQLite file `path` (created if missing).
     pub fn open(path: &Path) -> Result<Store> {
-        let conn = Connection::open(path)?;
-        Store::init(conn)
+        Store::open_datastore(&Datastore::Sqlite(path.to_path_buf()), Limits::default())
     }
 
+    /// SQLite in memory (tests).
     pub fn open_in_memory() -> Result<Store> {
-        Store::init(Connection::open_in_memory()?)
+        Store::open_datastore(&Datastore::SqliteMemory, Limits::default())
     }
 
-    fn init(mut conn: Connection) -> Result<Store> {
-        // WAL: readers do not block the writer; NORMAL sync is durable across
-        // a process kill (only an OS crash may lose the last transaction).
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrate(&mut conn)?;
+    /// `datastore` (SQLite or PostgreSQL), its schema migrated forward; a
+    /// newer schema than this knit knows is refused.
+    pub fn open_datastore(datastore: &Datastore, limits: Limits) -> Result<Store> {
+        let db = Db::open(datastore, limits)?;
+        // Servers before the attach tables kept their records as files
+        // beside the SQLite file; a PostgreSQL datastore never had them.
+        let legacy = match datastore {
+            Datastore::Sqlite(path) => Some(attach::legacy_dir(path)),
+            Datastore::SqliteMemory | Datastore::Postgres(_) => None,
+        };
+        let mut imported = None;
+        db.migrate(COMPONENT, MIGRATIONS, |tx, step| {
+            if MIGRATIONS[step] == attach::SCHEMA {
+                imported = attach::import_legacy_files(tx, legacy.as_deref())?;
+            }
+            Ok::<_, ServerError>(())
+        })?;
+        // Only once the import is committed.
+        if let Some(dir) = imported {
+            attach::retire_legacy_dir(&dir);
+        }
         Ok(Store {
-            conn: Mutex::new(conn),
+            db,
             event_retention: Mutex::new(EventRetention::default()),
             events_written: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves SQLite consistent (every
-        // change is a transaction), so a poisoned lock is safe to reuse.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub fn schema_version(&self) -> Result<i64> {
-        Ok(self
-            .conn()
-            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
+        Ok(self.db.schema_version(COMPONENT)?)
     }
-}
 
-fn migrate(conn: &mut Connection) -> Result<()> {
-    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    let known = MIGRATIONS.len() as i64;
-    if current > known {
-        return Err(ServerError::Internal(format!(
-            "the database has schema version {current}, newer than this knit server knows ({known}): use a newer knit"
-        )));
+    /// Every read of the store: `f` sees one moment of the database.
+    fn read<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.db.read(f)
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        let imported = if *sql == attach::SCHEMA {
-            attach::import_legacy_files(&tx)?
-        } else {
-            None
-        };
-        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-        tx.commit()?;
-        if let Some(dir) = imported {
-            attach::retire_legacy_dir(&dir);
-        }
+
+    /// Every write of the store, in one transaction committed when `f`
+    /// returns `Ok`. The single choke point of writes: a check that must
+    /// hold for every write goes here. `f` may run more than once (on
+    /// PostgreSQL a conflict re-runs it), so it only touches the database.
+    fn write<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.db.write(f)
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{each_store, on_both_backends};
     use super::*;
     use knit_api::{NodePool, NodePoolSpec};
 
     #[test]
     fn migrates_an_empty_database_and_reopens() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("knit.db");
-        let store = Store::open(&path).unwrap();
-        assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
-        store
-            .insert_pool(&NodePool::new("a", NodePoolSpec::default()))
-            .unwrap();
-        drop(store);
-        let again = Store::open(&path).unwrap();
-        assert_eq!(again.pools().unwrap().len(), 1);
+        on_both_backends(|backend| {
+            let store = backend.open();
+            assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
+            store
+                .insert_pool(&NodePool::new("a", NodePoolSpec::default()))
+                .unwrap();
+            drop(store);
+            let again = backend.open();
+            assert_eq!(again.schema_version().unwrap(), MIGRATIONS.len() as i64);
+            assert_eq!(again.pools().unwrap().len(), 1);
+        });
     }
 
+    /// An SQLite file at `version` (the first `version` migrations), as an
+    /// older server left it.
+    fn sqlite_at_version(path: &Path, version: usize) -> Db {
+        let db = Db::open(&Datastore::Sqlite(path.to_path_buf()), Limits::default()).unwrap();
+        db.migrate(COMPONENT, &MIGRATIONS[..version], |_, _| {
+            Ok::<_, DbError>(())
+        })
+        .unwrap();
+        db
+    }
+
+    /// SQLite only: a file an older server wrote, at schema version 1.
     #[test]
     fn migrates_forward_from_version_1() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("knit.db");
         {
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(MIGRATIONS[0]).unwrap();
-            conn.pragma_update(None, "user_version", 1).unwrap();
-            conn.execute(
-                "INSERT INTO nodes (name, instance, pool, status, created_ms, updated_ms) VALUES ('n', 'i', 'p', 'Ready', 0, 0)",
-                [],
-            )
+            let db = sqlite_at_version(&path, 1);
+            db.write(|tx| {
+                tx.execute(
+                    "INSERT INTO nodes (name, instance, pool, status, created_ms, updated_ms) VALUES ('n', 'i', 'p', 'Ready', 0, 0)",
+                    &[],
+                )
+            })
             .unwrap();
+            assert_eq!(db.schema_version(COMPONENT).unwrap(), 1);
         }
         let store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
         assert_eq!(store.pool_counts("p").unwrap().ready, 1);
     }
 
+    /// SQLite only: the version is the file's `user_version`.
     #[test]
     fn refuses_a_newer_schema() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("knit.db");
         {
-            let conn = Connection::open(&path).unwrap();
-            conn.pragma_update(None, "user_version", 99).unwrap();
+            let db = sqlite_at_version(&path, 0);
+            db.autocommit("PRAGMA user_version = 99").unwrap();
         }
         let err = Store::open(&path).err().unwrap();
         assert!(err.to_string().contains("schema version 99"), "{err}");
+        assert_eq!(err.code(), "StoreError");
+    }
+
+    /// PostgreSQL: a database whose knit-server schema is newer than this
+    /// knit is refused too, naming both versions.
+    #[test]
+    fn refuses_a_newer_schema_on_postgres() {
+        let backend = testing::TestStore::postgres();
+        drop(backend.open());
+        let db = Db::open(&backend.datastore, Limits::default()).unwrap();
+        db.write(|tx| {
+            tx.execute(
+                "UPDATE knit_schema SET version = 99 WHERE component = ?1",
+                knit_db::params![COMPONENT],
+            )
+        })
+        .unwrap();
+        let err = Store::open_datastore(&backend.datastore, Limits::default())
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("schema version 99"), "{err}");
+    }
+
+    /// Texts of the first column of `sql`'s rows.
+    fn words(store: &Store, sql: &str) -> Vec<String> {
+        store
+            .db()
+            .read(|tx| {
+                tx.query(sql, &[])?
+                    .iter()
+                    .map(|r| r.get::<String>(0))
+                    .collect::<std::result::Result<Vec<_>, DbError>>()
+            })
+            .unwrap()
     }
 
     /// The typed states are written as the words older servers wrote (and
     /// read back): a database moves between versions unchanged.
     #[test]
     fn typed_states_keep_their_words_in_the_columns() {
+        each_store(typed_states_keep_their_words);
+    }
+
+    fn typed_states_keep_their_words(store: &Store) {
         use knit_api::state::{EventType, InstanceState, IntentStatus, NodeStatus};
         use knit_api::{PhaseEvent, PhaseName, PhaseOutcome};
-        let store = Store::open_in_memory().unwrap();
         store
             .add_create_intents("p", &[("p-a".into(), "t".into())])
             .unwrap();
@@ -412,16 +469,7 @@ mod tests {
             .add_event(EventType::Warning, "Node", "n", "NodeUnknown", "gone")
             .unwrap();
 
-        let words = |sql: &str| -> Vec<String> {
-            let conn = store.conn();
-            let mut stmt = conn.prepare(sql).unwrap();
-            let rows = stmt
-                .query_map([], |r| r.get(0))
-                .unwrap()
-                .collect::<rusqlite::Result<Vec<String>>>()
-                .unwrap();
-            rows
-        };
+        let words = |sql: &str| words(store, sql);
         assert_eq!(words("SELECT state FROM instances"), ["Detached"]);
         assert_eq!(
             words("SELECT action || ' ' || status FROM intents ORDER BY id"),
@@ -460,30 +508,35 @@ mod tests {
 
     #[test]
     fn an_unknown_state_word_is_an_error_naming_the_field() {
-        let store = Store::open_in_memory().unwrap();
-        store
-            .conn()
-            .execute(
-                "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES ('a', 'p', 'Sleeping', 't', 0, 0)",
-                [],
-            )
-            .unwrap();
-        let err = store.instances(None).unwrap_err().to_string();
-        assert!(
-            err.contains("instance.state: value \"Sleeping\" must be one of"),
-            "{err}"
-        );
-        store
-            .conn()
-            .execute(
-                "INSERT INTO nodes (name, instance, pool, status, phase, created_ms, updated_ms) VALUES ('n', 'a', 'p', 'Ready', 'Join', 0, 0)",
-                [],
-            )
-            .unwrap();
-        let err = store.nodes().unwrap_err().to_string();
-        assert!(
-            err.contains("phase.name: value \"Join\" must be one of time-sync"),
-            "{err}"
-        );
+        each_store(|store| {
+            store
+                .db()
+                .write(|tx| {
+                    tx.execute(
+                        "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES ('a', 'p', 'Sleeping', 't', 0, 0)",
+                        &[],
+                    )
+                })
+                .unwrap();
+            let err = store.instances(None).unwrap_err().to_string();
+            assert!(
+                err.contains("instance.state: value \"Sleeping\" must be one of"),
+                "{err}"
+            );
+            store
+                .db()
+                .write(|tx| {
+                    tx.execute(
+                        "INSERT INTO nodes (name, instance, pool, status, phase, created_ms, updated_ms) VALUES ('n', 'a', 'p', 'Ready', 'Join', 0, 0)",
+                        &[],
+                    )
+                })
+                .unwrap();
+            let err = store.nodes().unwrap_err().to_string();
+            assert!(
+                err.contains("phase.name: value \"Join\" must be one of time-sync"),
+                "{err}"
+            );
+        });
     }
 }

@@ -5,7 +5,7 @@ use super::{now_ms, opt_word, word, Store};
 use crate::error::Result;
 use knit_api::state::NodeStatus;
 use knit_api::{ErrorCode, PhaseEvent, PhaseName, PhaseOutcome};
-use rusqlite::{params, OptionalExtension};
+use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +48,7 @@ pub struct TimelineEntry {
 const NODE_COLUMNS: &str =
     "name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms, user_data";
 
-fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRecord> {
+fn node_row(r: &Row) -> Result<NodeRecord> {
     Ok(NodeRecord {
         name: r.get(0)?,
         instance: r.get(1)?,
@@ -71,87 +71,97 @@ impl Store {
         let outcome = event.outcome.as_str();
         let error_code = event.error_code.map(ErrorCode::as_str);
         let now = now_ms();
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT INTO timeline (node, instance, phase, outcome, reason, error_code, at_ms, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                event.node,
-                instance.name,
-                event.phase.as_str(),
-                outcome,
-                event.reason,
-                error_code,
-                event.at_ms as i64,
-                event.duration_ms.map(|d| d as i64)
-            ],
-        )?;
         let failed = event.outcome == PhaseOutcome::Failed;
-        tx.execute(
-            "INSERT INTO nodes (name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?10, ?4, ?5, ?6, ?7, ?8, ?8)
-             ON CONFLICT(name) DO UPDATE SET phase = excluded.phase, phase_outcome = excluded.phase_outcome,
-               error_code = CASE WHEN ?9 THEN excluded.error_code ELSE nodes.error_code END,
-               error = CASE WHEN ?9 THEN excluded.error ELSE nodes.error END,
-               updated_ms = excluded.updated_ms",
-            params![
-                event.node,
-                instance.name,
-                instance.pool,
-                event.phase.as_str(),
-                outcome,
-                error_code,
-                if failed { event.reason.clone() } else { None },
-                now,
-                failed,
-                NodeStatus::NotReady.as_str()
-            ],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO timeline (node, instance, phase, outcome, reason, error_code, at_ms, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    &event.node,
+                    &instance.name,
+                    event.phase.as_str(),
+                    outcome,
+                    &event.reason,
+                    error_code,
+                    event.at_ms as i64,
+                    event.duration_ms.map(|d| d as i64)
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO nodes (name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, ?10, ?4, ?5, ?6, ?7, ?8, ?8)
+                 ON CONFLICT (name) DO UPDATE SET phase = excluded.phase, phase_outcome = excluded.phase_outcome,
+                   error_code = CASE WHEN ?9 = 1 THEN excluded.error_code ELSE nodes.error_code END,
+                   error = CASE WHEN ?9 = 1 THEN excluded.error ELSE nodes.error END,
+                   updated_ms = excluded.updated_ms",
+                params![
+                    &event.node,
+                    &instance.name,
+                    &instance.pool,
+                    event.phase.as_str(),
+                    outcome,
+                    error_code,
+                    if failed { event.reason.clone() } else { None },
+                    now,
+                    failed,
+                    NodeStatus::NotReady.as_str()
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn set_node_user_data(&self, name: &str, outcome: &str) -> Result<()> {
-        self.conn().execute(
-            "UPDATE nodes SET user_data = ?2 WHERE name = ?1",
-            params![name, outcome],
-        )?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE nodes SET user_data = ?2 WHERE name = ?1",
+                params![name, outcome],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn set_node_status(&self, name: &str, status: NodeStatus) -> Result<()> {
-        self.conn().execute(
-            "UPDATE nodes SET status = ?2, updated_ms = ?3 WHERE name = ?1",
-            params![name, status.as_str(), now_ms()],
-        )?;
-        Ok(())
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE nodes SET status = ?2, updated_ms = ?3 WHERE name = ?1",
+                params![name, status.as_str(), now],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        let conn = self.conn();
-        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY created_ms, name");
-        let mut stmt = conn.prepare_cached(&sql)?;
-        let rows = stmt
-            .query_map([], node_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY created_ms");
+        let mut rows = self.read(|tx| {
+            tx.query(&sql, &[])?
+                .iter()
+                .map(node_row)
+                .collect::<Result<Vec<_>>>()
+        })?;
+        // Names in byte order on both backends.
+        rows.sort_by(|a, b| (a.created_ms, &a.name).cmp(&(b.created_ms, &b.name)));
         Ok(rows)
     }
 
     pub fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
         let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE name = ?1");
-        Ok(self
-            .conn()
-            .query_row(&sql, params![name], node_row)
-            .optional()?)
+        self.read(|tx| {
+            tx.query_opt(&sql, params![name])?
+                .as_ref()
+                .map(node_row)
+                .transpose()
+        })
     }
 
     pub fn timeline(&self, node: &str) -> Result<Vec<TimelineEntry>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT phase, outcome, reason, error_code, at_ms, duration_ms FROM timeline WHERE node = ?1 ORDER BY at_ms, id",
-        )?;
-        let rows = stmt
-            .query_map(params![node], |r| {
+        self.read(|tx| {
+            tx.query(
+                "SELECT phase, outcome, reason, error_code, at_ms, duration_ms FROM timeline WHERE node = ?1 ORDER BY at_ms, id",
+                params![node],
+            )?
+            .iter()
+            .map(|r| {
                 Ok(TimelineEntry {
                     phase: word(r, 0)?,
                     outcome: word(r, 1)?,
@@ -160,8 +170,8 @@ impl Store {
                     at_ms: r.get(4)?,
                     duration_ms: r.get(5)?,
                 })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
+            })
+            .collect()
+        })
     }
 }

@@ -5,7 +5,7 @@ use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::{Result, ServerError};
 use knit_api::state::InstanceState;
 use knit_api::{Cluster, NodePool};
-use rusqlite::{params, OptionalExtension};
+use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,29 +24,46 @@ pub struct PoolCounts {
     pub ready: i64,
 }
 
+fn pool_row(r: &Row) -> Result<PoolRecord> {
+    Ok(PoolRecord {
+        pool: from_json(&r.get::<String>(0)?)?,
+        deleting: r.get(1)?,
+        created_ms: r.get(2)?,
+        updated_ms: r.get(3)?,
+    })
+}
+
 impl Store {
     pub fn cluster(&self) -> Result<Option<Cluster>> {
-        let doc: Option<String> = self
-            .conn()
-            .query_row("SELECT doc FROM cluster WHERE id = 1", [], |r| r.get(0))
-            .optional()?;
+        let doc: Option<String> = self.read(|tx| {
+            Ok(tx
+                .query_opt("SELECT doc FROM cluster WHERE id = 1", &[])?
+                .map(|r| r.get(0))
+                .transpose()?)
+        })?;
         doc.map(|d| from_json(&d)).transpose()
     }
 
     pub fn put_cluster(&self, cluster: &Cluster) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO cluster (id, doc) VALUES (1, ?1) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc",
-            params![to_json(cluster)?],
-        )?;
-        Ok(())
+        let doc = to_json(cluster)?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO cluster (id, doc) VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET doc = excluded.doc",
+                params![&doc],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn insert_pool(&self, pool: &NodePool) -> Result<()> {
         let now = now_ms();
-        let changed = self.conn().execute(
-            "INSERT INTO pools (name, doc, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?3) ON CONFLICT(name) DO NOTHING",
-            params![pool.metadata.name, to_json(pool)?, now],
-        )?;
+        let doc = to_json(pool)?;
+        let changed = self.write(|tx| {
+            Ok(tx.execute(
+                "INSERT INTO pools (name, doc, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?3) ON CONFLICT (name) DO NOTHING",
+                params![&pool.metadata.name, &doc, now],
+            )?)
+        })?;
         if changed == 0 {
             return Err(ServerError::AlreadyExists {
                 kind: "pool",
@@ -57,10 +74,14 @@ impl Store {
     }
 
     pub fn update_pool(&self, pool: &NodePool) -> Result<()> {
-        let changed = self.conn().execute(
-            "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
-            params![pool.metadata.name, to_json(pool)?, now_ms()],
-        )?;
+        let now = now_ms();
+        let doc = to_json(pool)?;
+        let changed = self.write(|tx| {
+            Ok(tx.execute(
+                "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
+                params![&pool.metadata.name, &doc, now],
+            )?)
+        })?;
         if changed == 0 {
             return Err(ServerError::NotFound {
                 kind: "pool",
@@ -86,59 +107,44 @@ impl Store {
     }
 
     pub fn pool(&self, name: &str) -> Result<Option<PoolRecord>> {
-        let row: Option<(String, i64, i64, i64)> = self
-            .conn()
-            .query_row(
+        self.read(|tx| {
+            tx.query_opt(
                 "SELECT doc, deleting, created_ms, updated_ms FROM pools WHERE name = ?1",
                 params![name],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .optional()?;
-        row.map(|(doc, deleting, created_ms, updated_ms)| {
-            Ok(PoolRecord {
-                pool: from_json(&doc)?,
-                deleting: deleting != 0,
-                created_ms,
-                updated_ms,
-            })
+            )?
+            .as_ref()
+            .map(pool_row)
+            .transpose()
         })
-        .transpose()
     }
 
     pub fn pools(&self) -> Result<Vec<PoolRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT doc, deleting, created_ms, updated_ms FROM pools ORDER BY name",
-        )?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                ))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        rows.into_iter()
-            .map(|(doc, deleting, created_ms, updated_ms)| {
-                Ok(PoolRecord {
-                    pool: from_json(&doc)?,
-                    deleting: deleting != 0,
-                    created_ms,
-                    updated_ms,
-                })
-            })
-            .collect()
+        let rows = self.read(|tx| {
+            Ok(tx.query(
+                "SELECT doc, deleting, created_ms, updated_ms, name FROM pools",
+                &[],
+            )?)
+        })?;
+        let mut named = rows
+            .iter()
+            .map(|r| Ok((r.get::<String>(4)?, pool_row(r)?)))
+            .collect::<Result<Vec<_>>>()?;
+        // By name in byte order on both backends (PostgreSQL's collation
+        // may order text differently from SQLite's).
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(named.into_iter().map(|(_, p)| p).collect())
     }
 
     /// Marks a pool for deletion: the reconciler scales it to zero and then
     /// removes the row.
     pub fn mark_pool_deleting(&self, name: &str) -> Result<()> {
-        let changed = self.conn().execute(
-            "UPDATE pools SET deleting = 1, updated_ms = ?2 WHERE name = ?1",
-            params![name, now_ms()],
-        )?;
+        let now = now_ms();
+        let changed = self.write(|tx| {
+            Ok(tx.execute(
+                "UPDATE pools SET deleting = 1, updated_ms = ?2 WHERE name = ?1",
+                params![name, now],
+            )?)
+        })?;
         if changed == 0 {
             return Err(ServerError::NotFound {
                 kind: "pool",
@@ -149,30 +155,34 @@ impl Store {
     }
 
     pub fn remove_pool(&self, name: &str) -> Result<()> {
-        self.conn()
-            .execute("DELETE FROM pools WHERE name = ?1", params![name])?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute("DELETE FROM pools WHERE name = ?1", params![name])?;
+            Ok(())
+        })
     }
 
     /// A pool's instances by state and its nodes' progress, counted in SQL.
     pub fn pool_counts(&self, pool: &str) -> Result<PoolCounts> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT state, COUNT(*) FROM instances WHERE pool = ?1 GROUP BY state",
-        )?;
-        let instances = stmt
-            .query_map(params![pool], |r| Ok((word(r, 0)?, r.get::<_, i64>(1)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-        let (initialized, ready) = conn.query_row(
-            "SELECT COALESCE(SUM(phase = 'hardening' AND phase_outcome IN ('done', 'skipped')), 0),
-                    COALESCE(SUM(status = 'Ready'), 0) FROM nodes WHERE pool = ?1",
-            params![pool],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok(PoolCounts {
-            instances,
-            initialized,
-            ready,
+        self.read(|tx| {
+            let instances = tx
+                .query(
+                    "SELECT state, COUNT(*) FROM instances WHERE pool = ?1 GROUP BY state",
+                    params![pool],
+                )?
+                .iter()
+                .map(|r| Ok((word(r, 0)?, r.get::<i64>(1)?)))
+                .collect::<Result<_>>()?;
+            let row = tx.query_one(
+                "SELECT CAST(COALESCE(SUM(CASE WHEN phase = 'hardening' AND phase_outcome IN ('done', 'skipped') THEN 1 ELSE 0 END), 0) AS BIGINT),
+                        CAST(COALESCE(SUM(CASE WHEN status = 'Ready' THEN 1 ELSE 0 END), 0) AS BIGINT)
+                 FROM nodes WHERE pool = ?1",
+                params![pool],
+            )?;
+            Ok(PoolCounts {
+                instances,
+                initialized: row.get(0)?,
+                ready: row.get(1)?,
+            })
         })
     }
 }
@@ -184,12 +194,13 @@ mod tests {
 
     #[test]
     fn duplicate_pool_is_refused() {
-        let store = Store::open_in_memory().unwrap();
-        let pool = NodePool::new("a", NodePoolSpec::default());
-        store.insert_pool(&pool).unwrap();
-        assert_eq!(
-            store.insert_pool(&pool).unwrap_err().code(),
-            "AlreadyExists"
-        );
+        crate::store::testing::each_store(|store| {
+            let pool = NodePool::new("a", NodePoolSpec::default());
+            store.insert_pool(&pool).unwrap();
+            assert_eq!(
+                store.insert_pool(&pool).unwrap_err().code(),
+                "AlreadyExists"
+            );
+        });
     }
 }

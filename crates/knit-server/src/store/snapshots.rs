@@ -3,7 +3,7 @@
 use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::Result;
 use knit_api::state::BuildStatus;
-use rusqlite::{params, OptionalExtension};
+use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,115 +53,94 @@ pub struct BuildStep {
 
 const BUILD_COLUMNS: &str = "id, name, pool, builder_pool, builder_instance, images, keep_builder, status, step, error, snapshot_id, started_ms, finished_ms";
 
-fn build_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotBuildRecord, String)> {
-    Ok((
-        SnapshotBuildRecord {
-            id: r.get(0)?,
-            name: r.get(1)?,
-            pool: r.get(2)?,
-            builder_pool: r.get(3)?,
-            builder_instance: r.get(4)?,
-            images: Vec::new(),
-            keep_builder: r.get::<_, i64>(6)? != 0,
-            status: word(r, 7)?,
-            step: r.get(8)?,
-            error: r.get(9)?,
-            snapshot_id: r.get(10)?,
-            started_ms: r.get(11)?,
-            finished_ms: r.get(12)?,
-        },
-        r.get(5)?,
-    ))
-}
-
-fn with_images((mut b, images): (SnapshotBuildRecord, String)) -> Result<SnapshotBuildRecord> {
-    b.images = from_json(&images)?;
-    Ok(b)
+fn build_row(r: &Row) -> Result<SnapshotBuildRecord> {
+    Ok(SnapshotBuildRecord {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        pool: r.get(2)?,
+        builder_pool: r.get(3)?,
+        builder_instance: r.get(4)?,
+        images: from_json(&r.get::<String>(5)?)?,
+        keep_builder: r.get(6)?,
+        status: word(r, 7)?,
+        step: r.get(8)?,
+        error: r.get(9)?,
+        snapshot_id: r.get(10)?,
+        started_ms: r.get(11)?,
+        finished_ms: r.get(12)?,
+    })
 }
 
 impl Store {
     pub fn add_snapshot(&self, s: &SnapshotRecord) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO snapshots (id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![s.id, s.pool, s.kubernetes_version, s.containerd_version, to_json(&s.images)?, s.size_bytes, s.created_ms],
-        )?;
-        Ok(())
+        let images = to_json(&s.images)?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO snapshots (id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![&s.id, &s.pool, &s.kubernetes_version, &s.containerd_version, &images, s.size_bytes, s.created_ms],
+            )?;
+            Ok(())
+        })
     }
 
     /// Whether a record was removed.
     pub fn delete_snapshot(&self, id: &str) -> Result<bool> {
-        Ok(self
-            .conn()
-            .execute("DELETE FROM snapshots WHERE id = ?1", params![id])?
-            > 0)
+        let removed =
+            self.write(|tx| Ok(tx.execute("DELETE FROM snapshots WHERE id = ?1", params![id])?))?;
+        Ok(removed > 0)
     }
 
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms FROM snapshots ORDER BY created_ms",
-        )?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, i64>(6)?,
-                ))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        rows.into_iter()
-            .map(
-                |(
-                    id,
-                    pool,
-                    kubernetes_version,
-                    containerd_version,
-                    images,
-                    size_bytes,
-                    created_ms,
-                )| {
-                    Ok(SnapshotRecord {
-                        id,
-                        pool,
-                        kubernetes_version,
-                        containerd_version,
-                        images: from_json(&images)?,
-                        size_bytes,
-                        created_ms,
-                    })
-                },
-            )
-            .collect()
+        let mut rows = self.read(|tx| {
+            tx.query(
+                "SELECT id, pool, kubernetes_version, containerd_version, images, size_bytes, created_ms FROM snapshots ORDER BY created_ms",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
+                Ok(SnapshotRecord {
+                    id: r.get(0)?,
+                    pool: r.get(1)?,
+                    kubernetes_version: r.get(2)?,
+                    containerd_version: r.get(3)?,
+                    images: from_json(&r.get::<String>(4)?)?,
+                    size_bytes: r.get(5)?,
+                    created_ms: r.get(6)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+        })?;
+        // Ties in the same order on both backends.
+        rows.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        Ok(rows)
     }
 
     pub fn insert_snapshot_build(&self, b: &SnapshotBuildRecord) -> Result<()> {
         let sql = format!(
             "INSERT INTO snapshot_builds ({BUILD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
         );
-        self.conn().execute(
-            &sql,
-            params![
-                b.id,
-                b.name,
-                b.pool,
-                b.builder_pool,
-                b.builder_instance,
-                to_json(&b.images)?,
-                b.keep_builder as i64,
-                b.status.as_str(),
-                b.step,
-                b.error,
-                b.snapshot_id,
-                b.started_ms,
-                b.finished_ms
-            ],
-        )?;
-        Ok(())
+        let images = to_json(&b.images)?;
+        self.write(|tx| {
+            tx.execute(
+                &sql,
+                params![
+                    &b.id,
+                    &b.name,
+                    &b.pool,
+                    &b.builder_pool,
+                    &b.builder_instance,
+                    &images,
+                    b.keep_builder,
+                    b.status.as_str(),
+                    &b.step,
+                    &b.error,
+                    &b.snapshot_id,
+                    b.started_ms,
+                    b.finished_ms
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     /// Appends a progress message; with `current` the build's step becomes
@@ -173,36 +152,40 @@ impl Store {
         message: &str,
         current: bool,
     ) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT INTO snapshot_build_steps (build, at_ms, step, message) VALUES (?1, ?2, ?3, ?4)",
-            params![id, now_ms(), step, message],
-        )?;
-        if current {
+        let now = now_ms();
+        self.write(|tx| {
             tx.execute(
-                "UPDATE snapshot_builds SET step = ?2 WHERE id = ?1",
-                params![id, step],
+                "INSERT INTO snapshot_build_steps (build, at_ms, step, message) VALUES (?1, ?2, ?3, ?4)",
+                params![id, now, step, message],
             )?;
-        }
-        tx.commit()?;
-        Ok(())
+            if current {
+                tx.execute(
+                    "UPDATE snapshot_builds SET step = ?2 WHERE id = ?1",
+                    params![id, step],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     pub fn set_snapshot_build_instance(&self, id: &str, instance: &str) -> Result<()> {
-        self.conn().execute(
-            "UPDATE snapshot_builds SET builder_instance = ?2 WHERE id = ?1",
-            params![id, instance],
-        )?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE snapshot_builds SET builder_instance = ?2 WHERE id = ?1",
+                params![id, instance],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn set_snapshot_build_snapshot(&self, id: &str, snapshot_id: &str) -> Result<()> {
-        self.conn().execute(
-            "UPDATE snapshot_builds SET snapshot_id = ?2 WHERE id = ?1",
-            params![id, snapshot_id],
-        )?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE snapshot_builds SET snapshot_id = ?2 WHERE id = ?1",
+                params![id, snapshot_id],
+            )?;
+            Ok(())
+        })
     }
 
     /// Ends a running build with `status`; false if it had already ended.
@@ -212,53 +195,62 @@ impl Store {
         status: BuildStatus,
         error: Option<&str>,
     ) -> Result<bool> {
-        Ok(self.conn().execute(
-            "UPDATE snapshot_builds SET status = ?2, error = ?3, finished_ms = ?4 WHERE id = ?1 AND status = ?5",
-            params![
-                id,
-                status.as_str(),
-                error,
-                now_ms(),
-                BuildStatus::Running.as_str()
-            ],
-        )? > 0)
+        let now = now_ms();
+        let changed = self.write(|tx| {
+            Ok(tx.execute(
+                "UPDATE snapshot_builds SET status = ?2, error = ?3, finished_ms = ?4 WHERE id = ?1 AND status = ?5",
+                params![
+                    id,
+                    status.as_str(),
+                    error,
+                    now,
+                    BuildStatus::Running.as_str()
+                ],
+            )?)
+        })?;
+        Ok(changed > 0)
     }
 
     pub fn snapshot_build(&self, id: &str) -> Result<Option<SnapshotBuildRecord>> {
         let sql = format!("SELECT {BUILD_COLUMNS} FROM snapshot_builds WHERE id = ?1");
-        self.conn()
-            .query_row(&sql, params![id], build_row)
-            .optional()?
-            .map(with_images)
-            .transpose()
+        self.read(|tx| {
+            tx.query_opt(&sql, params![id])?
+                .as_ref()
+                .map(build_row)
+                .transpose()
+        })
     }
 
     /// Every build, oldest first.
     pub fn snapshot_builds(&self) -> Result<Vec<SnapshotBuildRecord>> {
-        let conn = self.conn();
-        let sql = format!("SELECT {BUILD_COLUMNS} FROM snapshot_builds ORDER BY started_ms, id");
-        let mut stmt = conn.prepare_cached(&sql)?;
-        let rows = stmt
-            .query_map([], build_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        rows.into_iter().map(with_images).collect()
+        let sql = format!("SELECT {BUILD_COLUMNS} FROM snapshot_builds ORDER BY started_ms");
+        let mut rows = self.read(|tx| {
+            tx.query(&sql, &[])?
+                .iter()
+                .map(build_row)
+                .collect::<Result<Vec<_>>>()
+        })?;
+        // Ids in byte order on both backends.
+        rows.sort_by(|a, b| (a.started_ms, &a.id).cmp(&(b.started_ms, &b.id)));
+        Ok(rows)
     }
 
     pub fn snapshot_build_steps(&self, id: &str) -> Result<Vec<BuildStep>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT at_ms, step, message FROM snapshot_build_steps WHERE build = ?1 ORDER BY id",
-        )?;
-        let rows = stmt
-            .query_map(params![id], |r| {
+        self.read(|tx| {
+            tx.query(
+                "SELECT at_ms, step, message FROM snapshot_build_steps WHERE build = ?1 ORDER BY id",
+                params![id],
+            )?
+            .iter()
+            .map(|r| {
                 Ok(BuildStep {
                     at_ms: r.get(0)?,
                     step: r.get(1)?,
                     message: r.get(2)?,
                 })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
+            })
+            .collect()
+        })
     }
 }
 
@@ -268,57 +260,57 @@ mod tests {
 
     #[test]
     fn snapshot_builds_keep_their_steps_across_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("knit.db");
-        let store = Store::open(&path).unwrap();
-        let b = SnapshotBuildRecord {
-            id: "build-1".into(),
-            name: "n".into(),
-            pool: "p".into(),
-            builder_pool: "p-snap-1".into(),
-            builder_instance: None,
-            images: vec!["docker.io/a:1".into()],
-            keep_builder: true,
-            status: BuildStatus::Running,
-            step: "builder".into(),
-            error: None,
-            snapshot_id: None,
-            started_ms: 1,
-            finished_ms: None,
-        };
-        store.insert_snapshot_build(&b).unwrap();
-        store
-            .add_snapshot_build_step("build-1", "ready", "node Ready", true)
-            .unwrap();
-        store
-            .set_snapshot_build_instance("build-1", "p-snap-1-x")
-            .unwrap();
-        store.set_snapshot_build_snapshot("build-1", "s-1").unwrap();
-        drop(store);
-        let store = Store::open(&path).unwrap();
-        let got = store.snapshot_build("build-1").unwrap().unwrap();
-        assert_eq!(got.step, "ready");
-        assert_eq!(got.builder_instance.as_deref(), Some("p-snap-1-x"));
-        assert_eq!(got.snapshot_id.as_deref(), Some("s-1"));
-        assert_eq!(got.images, b.images);
-        assert!(got.keep_builder);
-        assert!(store
-            .finish_snapshot_build("build-1", BuildStatus::Failed, Some("x"))
-            .unwrap());
-        // Ended once: a second end changes nothing.
-        assert!(!store
-            .finish_snapshot_build("build-1", BuildStatus::Succeeded, None)
-            .unwrap());
-        store
-            .add_snapshot_build_step("build-1", "failed", "x", false)
-            .unwrap();
-        let all = store.snapshot_builds().unwrap();
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0].status, BuildStatus::Failed);
-        assert_eq!(all[0].step, "ready");
-        assert!(all[0].finished_ms.is_some());
-        let steps = store.snapshot_build_steps("build-1").unwrap();
-        let names: Vec<&str> = steps.iter().map(|s| s.step.as_str()).collect();
-        assert_eq!(names, vec!["ready", "failed"]);
+        crate::store::testing::on_both_backends(|backend| {
+            let store = backend.open();
+            let b = SnapshotBuildRecord {
+                id: "build-1".into(),
+                name: "n".into(),
+                pool: "p".into(),
+                builder_pool: "p-snap-1".into(),
+                builder_instance: None,
+                images: vec!["docker.io/a:1".into()],
+                keep_builder: true,
+                status: BuildStatus::Running,
+                step: "builder".into(),
+                error: None,
+                snapshot_id: None,
+                started_ms: 1,
+                finished_ms: None,
+            };
+            store.insert_snapshot_build(&b).unwrap();
+            store
+                .add_snapshot_build_step("build-1", "ready", "node Ready", true)
+                .unwrap();
+            store
+                .set_snapshot_build_instance("build-1", "p-snap-1-x")
+                .unwrap();
+            store.set_snapshot_build_snapshot("build-1", "s-1").unwrap();
+            drop(store);
+            let store = backend.open();
+            let got = store.snapshot_build("build-1").unwrap().unwrap();
+            assert_eq!(got.step, "ready");
+            assert_eq!(got.builder_instance.as_deref(), Some("p-snap-1-x"));
+            assert_eq!(got.snapshot_id.as_deref(), Some("s-1"));
+            assert_eq!(got.images, b.images);
+            assert!(got.keep_builder);
+            assert!(store
+                .finish_snapshot_build("build-1", BuildStatus::Failed, Some("x"))
+                .unwrap());
+            // Ended once: a second end changes nothing.
+            assert!(!store
+                .finish_snapshot_build("build-1", BuildStatus::Succeeded, None)
+                .unwrap());
+            store
+                .add_snapshot_build_step("build-1", "failed", "x", false)
+                .unwrap();
+            let all = store.snapshot_builds().unwrap();
+            assert_eq!(all.len(), 1);
+            assert_eq!(all[0].status, BuildStatus::Failed);
+            assert_eq!(all[0].step, "ready");
+            assert!(all[0].finished_ms.is_some());
+            let steps = store.snapshot_build_steps("build-1").unwrap();
+            let names: Vec<&str> = steps.iter().map(|s| s.step.as_str()).collect();
+            assert_eq!(names, vec!["ready", "failed"]);
+        });
     }
 }

@@ -6,7 +6,7 @@ use super::{from_json, now_ms, to_json, word, Store};
 use crate::error::{Result, ServerError};
 use knit_api::state::{InstanceState, IntentAction, IntentStatus};
 use knit_api::NodePool;
-use rusqlite::{params, OptionalExtension};
+use knit_db::params;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,63 +53,64 @@ impl Store {
         ttl_ms: i64,
     ) -> Result<()> {
         let now = now_ms();
-        self.conn().execute(
-            "INSERT INTO join_tokens (token_hash, token_id, instance, pool, created_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![token_hash, token_id, instance, pool, now, now + ttl_ms],
-        )?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO join_tokens (token_hash, token_id, instance, pool, created_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![token_hash, token_id, instance, pool, now, now + ttl_ms],
+            )?;
+            Ok(())
+        })
     }
 
     /// The (instance, pool) of a live token — unused and unexpired —
     /// without using it (checks that must pass before the token is spent).
     pub fn live_join_token(&self, token_hash: &str, now: i64) -> Result<Option<(String, String)>> {
-        Ok(self
-            .conn()
-            .query_row(
+        self.read(|tx| {
+            tx.query_opt(
                 "SELECT instance, pool FROM join_tokens WHERE token_hash = ?1 AND used_ms IS NULL AND expires_ms > ?2",
                 params![token_hash, now],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?)
+            )?
+            .map(|r| Ok((r.get(0)?, r.get(1)?)))
+            .transpose()
+        })
     }
 
     /// Single use: the first redeem of a live token wins, atomically.
     pub fn redeem_join_token(&self, token_hash: &str, now: i64) -> Result<Redeem> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let row: Option<(String, String, i64, Option<i64>)> = tx
-            .query_row(
+        self.write(|tx| {
+            let row = tx.query_opt(
                 "SELECT instance, pool, expires_ms, used_ms FROM join_tokens WHERE token_hash = ?1",
                 params![token_hash],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .optional()?;
-        let outcome = match row {
-            None => Redeem::Unknown,
-            Some((instance, _, _, Some(used_ms))) => Redeem::Used { instance, used_ms },
-            Some((instance, _, expires_ms, None)) if expires_ms <= now => Redeem::Expired {
-                instance,
-                expires_ms,
-            },
-            Some((instance, pool, _, None)) => {
-                tx.execute(
-                    "UPDATE join_tokens SET used_ms = ?2 WHERE token_hash = ?1",
-                    params![token_hash, now],
-                )?;
-                Redeem::Ok { instance, pool }
-            }
-        };
-        tx.commit()?;
-        Ok(outcome)
+            )?;
+            let row: Option<(String, String, i64, Option<i64>)> = row
+                .map(|r| -> Result<_> { Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)) })
+                .transpose()?;
+            Ok(match row {
+                None => Redeem::Unknown,
+                Some((instance, _, _, Some(used_ms))) => Redeem::Used { instance, used_ms },
+                Some((instance, _, expires_ms, None)) if expires_ms <= now => Redeem::Expired {
+                    instance,
+                    expires_ms,
+                },
+                Some((instance, pool, _, None)) => {
+                    tx.execute(
+                        "UPDATE join_tokens SET used_ms = ?2 WHERE token_hash = ?1",
+                        params![token_hash, now],
+                    )?;
+                    Redeem::Ok { instance, pool }
+                }
+            })
+        })
     }
 
     pub fn join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT token_id, instance, pool, created_ms, expires_ms, used_ms FROM join_tokens ORDER BY created_ms",
-        )?;
-        let rows = stmt
-            .query_map([], |r| {
+        let mut rows = self.read(|tx| {
+            tx.query(
+                "SELECT token_id, instance, pool, created_ms, expires_ms, used_ms FROM join_tokens ORDER BY created_ms",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
                 Ok(JoinTokenRecord {
                     token_id: r.get(0)?,
                     instance: r.get(1)?,
@@ -118,8 +119,11 @@ impl Store {
                     expires_ms: r.get(4)?,
                     used_ms: r.get(5)?,
                 })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+            })
+            .collect::<Result<Vec<_>>>()
+        })?;
+        // Ties in the same order on both backends.
+        rows.sort_by(|a, b| (a.created_ms, &a.token_id).cmp(&(b.created_ms, &b.token_id)));
         Ok(rows)
     }
 
@@ -130,58 +134,55 @@ impl Store {
     /// that a restarted server resumes. Returns the intent's id.
     pub fn enroll_attached(&self, e: &Enrollment<'_>, intent: bool) -> Result<Option<i64>> {
         let now = now_ms();
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let old: Vec<String> = {
-            let mut stmt =
-                tx.prepare("SELECT name FROM instances WHERE provider_id = ?1 AND state = ?2")?;
-            let rows = stmt
-                .query_map(
+        let doc = to_json(e.pool)?;
+        self.write(|tx| {
+            let old = tx
+                .query(
+                    "SELECT name FROM instances WHERE provider_id = ?1 AND state = ?2",
                     params![e.provider_id, InstanceState::Detached.as_str()],
-                    |r| r.get(0),
                 )?
-                .collect::<rusqlite::Result<Vec<String>>>()?;
-            rows
-        };
-        for name in &old {
-            tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
-            tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
-            tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
-        }
-        tx.execute(
-            "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms, added) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 1)",
-            params![e.name, e.pool.metadata.name, e.provider_id, e.state.as_str(), e.ip, e.instance_type, now],
-        )?;
-        if let Some(record) = e.record {
-            put_record(&tx, record)?;
-        }
-        let changed = tx.execute(
-            "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
-            params![e.pool.metadata.name, to_json(e.pool)?, now],
-        )?;
-        if changed == 0 {
-            return Err(ServerError::NotFound {
-                kind: "pool",
-                name: e.pool.metadata.name.clone(),
-            });
-        }
-        let id = if intent {
+                .iter()
+                .map(|r| r.get::<String>(0))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            for name in &old {
+                tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
+                tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
+                tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
+            }
             tx.execute(
-                "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, 0, ?5, ?3, ?3)",
-                params![
-                    e.name,
-                    e.pool.metadata.name,
-                    now,
-                    IntentAction::Attach.as_str(),
-                    IntentStatus::Pending.as_str()
-                ],
+                "INSERT INTO instances (name, pool, provider_id, state, ip, instance_type, created_ms, updated_ms, added) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 1)",
+                params![e.name, &e.pool.metadata.name, e.provider_id, e.state.as_str(), e.ip, e.instance_type, now],
             )?;
-            Some(tx.last_insert_rowid())
-        } else {
-            None
-        };
-        tx.commit()?;
-        Ok(id)
+            if let Some(record) = e.record {
+                put_record(tx, record)?;
+            }
+            let changed = tx.execute(
+                "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
+                params![&e.pool.metadata.name, &doc, now],
+            )?;
+            if changed == 0 {
+                return Err(ServerError::NotFound {
+                    kind: "pool",
+                    name: e.pool.metadata.name.clone(),
+                });
+            }
+            if !intent {
+                return Ok(None);
+            }
+            let id: i64 = tx
+                .query_one(
+                    "INSERT INTO intents (action, instance, pool, release, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, 0, ?5, ?3, ?3) RETURNING id",
+                    params![
+                        e.name,
+                        &e.pool.metadata.name,
+                        now,
+                        IntentAction::Attach.as_str(),
+                        IntentStatus::Pending.as_str()
+                    ],
+                )?
+                .get(0)?;
+            Ok(Some(id))
+        })
     }
 
     /// Undoes an attach that failed before its node could run, in one
@@ -191,56 +192,51 @@ impl Store {
     /// the count drops once: `(pool, from, to)`, or `None` when it had left.
     pub fn undo_attach(&self, name: &str, reason: &str) -> Result<Option<(String, i64, i64)>> {
         let now = now_ms();
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let row: Option<(String, InstanceState)> = tx
-            .query_row(
-                "SELECT pool, state FROM instances WHERE name = ?1",
-                params![name],
-                |r| Ok((r.get(0)?, word(r, 1)?)),
-            )
-            .optional()?;
-        tx.execute(
-            "UPDATE intents SET status = ?4, last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = ?5 AND status = ?6",
-            params![
-                name,
-                reason,
-                now,
-                IntentStatus::Failed.as_str(),
-                IntentAction::Attach.as_str(),
-                IntentStatus::Pending.as_str()
-            ],
-        )?;
-        let Some((pool, _)) = row.filter(|(_, st)| st.is_member()) else {
-            tx.commit()?;
-            return Ok(None);
-        };
-        tx.execute(
-            "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
-            params![name, InstanceState::Detached.as_str(), reason, now],
-        )?;
-        let doc: Option<String> = tx
-            .query_row(
-                "SELECT doc FROM pools WHERE name = ?1",
-                params![pool],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let counts = match doc {
-            Some(doc) => {
-                let mut p: NodePool = from_json(&doc)?;
-                let from = p.spec.replicas;
-                p.spec.replicas = (from - 1).max(0);
-                tx.execute(
-                    "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1",
-                    params![pool, to_json(&p)?, now],
-                )?;
-                (from, p.spec.replicas)
-            }
-            None => (0, 0),
-        };
-        tx.commit()?;
-        Ok(Some((pool, counts.0, counts.1)))
+        self.write(|tx| {
+            let row: Option<(String, InstanceState)> = tx
+                .query_opt(
+                    "SELECT pool, state FROM instances WHERE name = ?1",
+                    params![name],
+                )?
+                .map(|r| -> Result<_> { Ok((r.get(0)?, word(&r, 1)?)) })
+                .transpose()?;
+            tx.execute(
+                "UPDATE intents SET status = ?4, last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = ?5 AND status = ?6",
+                params![
+                    name,
+                    reason,
+                    now,
+                    IntentStatus::Failed.as_str(),
+                    IntentAction::Attach.as_str(),
+                    IntentStatus::Pending.as_str()
+                ],
+            )?;
+            let Some((pool, _)) = row.filter(|(_, st)| st.is_member()) else {
+                return Ok(None);
+            };
+            tx.execute(
+                "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
+                params![name, InstanceState::Detached.as_str(), reason, now],
+            )?;
+            let doc: Option<String> = tx
+                .query_opt("SELECT doc FROM pools WHERE name = ?1", params![&pool])?
+                .map(|r| r.get(0))
+                .transpose()?;
+            let counts = match doc {
+                Some(doc) => {
+                    let mut p: NodePool = from_json(&doc)?;
+                    let from = p.spec.replicas;
+                    p.spec.replicas = (from - 1).max(0);
+                    tx.execute(
+                        "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1",
+                        params![&pool, to_json(&p)?, now],
+                    )?;
+                    (from, p.spec.replicas)
+                }
+                None => (0, 0),
+            };
+            Ok(Some((pool, counts.0, counts.1)))
+        })
     }
 
     /// An added instance re-imaged and booting: `Running`, and its join
@@ -248,11 +244,13 @@ impl Store {
     /// `Creating`: a removal decided meanwhile wins.
     pub fn set_attached_running(&self, name: &str, ip: Option<&str>) -> Result<()> {
         let now = now_ms();
-        self.conn().execute(
-            "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
-            params![name, ip, InstanceState::Running.as_str(), now, InstanceState::Creating.as_str()],
-        )?;
-        Ok(())
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
+                params![name, ip, InstanceState::Running.as_str(), now, InstanceState::Creating.as_str()],
+            )?;
+            Ok(())
+        })
     }
 }
 
@@ -262,32 +260,33 @@ mod tests {
 
     #[test]
     fn join_tokens_are_single_use_and_expire() {
-        let store = Store::open_in_memory().unwrap();
-        store
-            .add_join_token("h1", "abcdef", "i-1", "p", 60_000)
-            .unwrap();
-        store
-            .add_join_token("h2", "ghijkl", "i-2", "p", -1)
-            .unwrap();
-        let now = now_ms();
-        assert_eq!(
-            store.redeem_join_token("h1", now).unwrap(),
-            Redeem::Ok {
-                instance: "i-1".into(),
-                pool: "p".into()
-            }
-        );
-        assert!(matches!(
-            store.redeem_join_token("h1", now).unwrap(),
-            Redeem::Used { .. }
-        ));
-        assert!(matches!(
-            store.redeem_join_token("h2", now).unwrap(),
-            Redeem::Expired { .. }
-        ));
-        assert_eq!(
-            store.redeem_join_token("nope", now).unwrap(),
-            Redeem::Unknown
-        );
+        crate::store::testing::each_store(|store| {
+            store
+                .add_join_token("h1", "abcdef", "i-1", "p", 60_000)
+                .unwrap();
+            store
+                .add_join_token("h2", "ghijkl", "i-2", "p", -1)
+                .unwrap();
+            let now = now_ms();
+            assert_eq!(
+                store.redeem_join_token("h1", now).unwrap(),
+                Redeem::Ok {
+                    instance: "i-1".into(),
+                    pool: "p".into()
+                }
+            );
+            assert!(matches!(
+                store.redeem_join_token("h1", now).unwrap(),
+                Redeem::Used { .. }
+            ));
+            assert!(matches!(
+                store.redeem_join_token("h2", now).unwrap(),
+                Redeem::Expired { .. }
+            ));
+            assert_eq!(
+                store.redeem_join_token("nope", now).unwrap(),
+                Redeem::Unknown
+            );
+        });
     }
 }

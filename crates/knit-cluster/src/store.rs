@@ -1156,6 +1156,8 @@ mod tests {
             .unwrap();
         a.delete("nodes", "", "y").unwrap();
         b.delete("nodes", "", "x").unwrap();
+        // Only A's follower brings B's last change (A writes nothing after).
+        let written = Instant::now();
         let expected = [
             (EventType::Added, "x"),
             (EventType::Added, "y"),
@@ -1177,6 +1179,11 @@ mod tests {
             }
             rvs.push(c.rv);
         }
+        eprintln!(
+            "B's last change reached A's feed after {} ms (follower every {} ms)",
+            written.elapsed().as_millis(),
+            FOLLOW_INTERVAL.as_millis()
+        );
         assert!(
             rvs.windows(2).all(|p| p[1] == p[0] + 1),
             "every resourceVersion once, in order: {rvs:?}"

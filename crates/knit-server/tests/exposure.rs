@@ -357,10 +357,21 @@ fn a_thousand_refused_bootstraps_are_one_event_with_a_count() {
     );
 }
 
+/// On both datastores: SQLite, and a real PostgreSQL of the test's own.
 #[test]
 fn events_are_kept_by_count_and_by_age() {
-    use knit_server::store::{now_ms, EventRetention, Store};
-    let store = Store::open_in_memory().unwrap();
+    use knit_db::{testing::TestPostgres, Datastore, Limits};
+    let pg = TestPostgres::start().unwrap_or_else(|e| panic!("PostgreSQL for the test: {e}"));
+    let url = pg.create_database("events").unwrap();
+    for datastore in [Datastore::SqliteMemory, Datastore::Postgres(url)] {
+        let store = knit_server::store::Store::open_datastore(&datastore, Limits::default())
+            .unwrap_or_else(|e| panic!("{datastore:?}: {e}"));
+        events_are_kept_on(&store);
+    }
+}
+
+fn events_are_kept_on(store: &knit_server::store::Store) {
+    use knit_server::store::{now_ms, EventRetention};
     store.set_event_retention(EventRetention {
         max_count: 5,
         max_age_ms: 3_600_000,

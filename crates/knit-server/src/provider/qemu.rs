@@ -18,6 +18,17 @@ use std::time::Duration;
 /// How long a reboot may take to come back (a TCG boot takes minutes).
 const REBOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
+/// The tag that carries the pool's instance type on a VM knit made: a VM
+/// has no cloud instance type of its own (every VM gets the provider's
+/// memory and vCPUs), but add-existing's preflight compares it with the
+/// pool's `instanceTypes`.
+pub const TAG_INSTANCE_TYPE: &str = "knit.dev/instance-type";
+/// A VM's instance type without that tag (made outside knit).
+pub const DEFAULT_INSTANCE_TYPE: &str = "qemu";
+/// Each file preflight reads from inside a VM (os-release, swaps).
+const FACTS_FILE_TIMEOUT: Duration = Duration::from_secs(20);
+const FACTS_FILE_MAX_BYTES: usize = 64 << 10;
+
 pub struct QemuProvider {
     machines: Arc<Machines>,
 }
@@ -151,8 +162,131 @@ pub fn vm_template(t: &InstanceTemplate) -> VmTemplate {
             })
             .collect(),
         user_data: t.user_data.clone(),
-        tags: t.tags.clone(),
+        tags: {
+            let mut tags = t.tags.clone();
+            if !t.instance_type.is_empty() {
+                tags.insert(TAG_INSTANCE_TYPE.to_string(), t.instance_type.clone());
+            }
+            tags
+        },
         ..Default::default()
+    }
+}
+
+/// A VM's device names for its data disks, in order: virtio disks follow
+/// the system disk (`vdb`, `vdc`, …), each NVMe disk is a controller of its
+/// own (`nvme0n1`, `nvme1n1`, …); the order of the QEMU command line.
+pub fn disk_devices(disks: &[knit_qemu::DiskRecord]) -> Vec<String> {
+    let (mut virtio, mut nvme) = (0u8, 0u32);
+    disks
+        .iter()
+        .map(|d| match d.interface {
+            Interface::Virtio => {
+                virtio = virtio.saturating_add(1);
+                format!("vd{}", char::from(b'a' + virtio.min(25)))
+            }
+            Interface::Nvme => {
+                nvme += 1;
+                format!("nvme{}n1", nvme - 1)
+            }
+        })
+        .collect()
+}
+
+/// `ID`, `VERSION_ID`, `PRETTY_NAME` of an os-release text.
+fn os_release(text: &str) -> knit_local::OsInfo {
+    let mut os = knit_local::OsInfo::default();
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            let v = v.trim().trim_matches('"').to_string();
+            match k.trim() {
+                "ID" => os.id = v,
+                "VERSION_ID" => os.version_id = v,
+                "PRETTY_NAME" => os.pretty_name = v,
+                _ => {}
+            }
+        }
+    }
+    os
+}
+
+/// What add-existing's preflight reads about a VM. The VM sits on the
+/// local cloud's network, so its account, region, zone, VPC, vSwitch,
+/// security group and ENI limits are the local cloud's (the same simulated
+/// objects a sandbox reports); the OS and swap are read from inside
+/// (`os_release`, `swaps`: `None` when the guest agent did not answer, and
+/// the OS is then unknown); the disks and the password from the record.
+pub fn vm_facts(
+    vm: &Vm,
+    os_release_text: Option<&str>,
+    swaps: Option<&str>,
+) -> crate::preflight::InstanceFacts {
+    use crate::preflight::{DiskFacts, RuleFacts, SecurityGroupFacts};
+    let r = &vm.record;
+    let a = knit_local::Attributes::default();
+    let os = os_release_text.map(os_release).unwrap_or_default();
+    let devices = disk_devices(&r.disks);
+    let view = view(vm);
+    crate::preflight::InstanceFacts {
+        id: r.id.clone(),
+        name: view.name.unwrap_or_else(|| r.name.clone()),
+        state: view.state,
+        ip: Some(r.ip.clone()),
+        instance_type: r
+            .tags
+            .get(TAG_INSTANCE_TYPE)
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_INSTANCE_TYPE.to_string()),
+        account_id: a.account_id,
+        region_id: a.region_id,
+        zone_id: a.zone_id,
+        vpc_id: a.vpc_id,
+        v_switch_id: a.v_switch_id,
+        security_groups: a
+            .security_groups
+            .iter()
+            .map(|g| SecurityGroupFacts {
+                id: g.id.clone(),
+                kind: match g.kind {
+                    knit_local::SecurityGroupType::Normal => "normal".into(),
+                    knit_local::SecurityGroupType::Enterprise => "enterprise".into(),
+                },
+                rules: g
+                    .rules
+                    .iter()
+                    .map(|x| RuleFacts {
+                        direction: x.direction.clone(),
+                        protocol: x.protocol.clone(),
+                        port_range: x.port_range.clone(),
+                        cidr: x.cidr.clone(),
+                        policy: x.policy.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        // One tap: one network interface.
+        eni_count: 1,
+        max_enis: a.instance_type_limits.max_enis,
+        max_ips_per_eni: a.instance_type_limits.max_ips_per_eni,
+        ram_role: None,
+        ipv6: false,
+        // /proc/swaps has a header line, then one line per active swap.
+        swap: swaps.is_some_and(|s| s.lines().skip(1).any(|l| !l.trim().is_empty())),
+        os_id: os.id,
+        os_version: os.version_id,
+        os_name: os.pretty_name,
+        tags: r.tags.clone(),
+        password_login: r.password_set_at.is_some(),
+        data_disks: r
+            .disks
+            .iter()
+            .zip(devices)
+            .map(|(d, device)| DiskFacts {
+                id: d.id.clone(),
+                device: Some(device),
+                size_bytes: d.size_bytes,
+            })
+            .collect(),
     }
 }
 
@@ -334,6 +468,31 @@ impl Provider for QemuProvider {
             .collect())
     }
 
+    /// From the record, and from inside through the guest agent when the
+    /// VM runs (its OS, its swap).
+    async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
+        let id = id.to_string();
+        self.blocking("reading a VM's facts", CALL_TIMEOUT, move |m| {
+            let vm = m.describe(&id)?;
+            let inside = |path: &str| {
+                if !vm.alive {
+                    return None;
+                }
+                match m.read_file(&id, path, FACTS_FILE_MAX_BYTES, FACTS_FILE_TIMEOUT) {
+                    Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+                    Err(e) => {
+                        tracing::warn!(id = %id, path, error = %e, "preflight facts: cannot read from inside the VM");
+                        None
+                    }
+                }
+            };
+            let os = inside("/etc/os-release");
+            let swaps = inside("/proc/swaps");
+            Ok(vm_facts(&vm, os.as_deref(), swaps.as_deref()))
+        })
+        .await
+    }
+
     async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
         let (id, argv) = (id.to_string(), argv.to_vec());
         let limit = CALL_TIMEOUT - Duration::from_secs(10);
@@ -393,6 +552,105 @@ mod tests {
         assert_eq!(
             v.image,
             knit_local::image::images_dir().join(knit_local::image::NAME)
+        );
+    }
+
+    /// A VM's record as knit-qemu writes it: NVMe, virtio, NVMe, virtio.
+    fn vm(tags: serde_json::Value, password_set_at: Option<u64>) -> Vm {
+        let disk = |id: &str, interface: &str| serde_json::json!({"id": id, "interface": interface, "sizeBytes": 1u64 << 30, "snapshot": null});
+        let record = serde_json::from_value(serde_json::json!({
+            "id": "vm-0123456789ab", "name": "n1", "hostname": "n1", "state": "running",
+            "boot": {"image": "/img", "disk": "/img/disk.raw", "kernel": "/img/vmlinuz", "initrd": "/img/initrd.img"},
+            "systemDiskBytes": 4u64 << 30, "memoryMib": 1024, "cpus": 1, "bridge": "br0",
+            "tap": "kq0123456789ab", "mac": "52:54:00:aa:bb:cc", "ip": "10.9.0.254", "prefix": 24,
+            "gateway": "10.9.0.1",
+            "disks": [disk("d-1", "nvme"), disk("d-2", "virtio"), disk("d-3", "nvme"), disk("d-4", "virtio")],
+            "generation": 1, "tags": tags, "process": null, "accel": null, "createdAt": 0,
+            "passwordSetAt": password_set_at,
+        }))
+        .unwrap();
+        Vm {
+            record,
+            alive: true,
+            dir: "/s/vms/vm-0123456789ab".into(),
+        }
+    }
+
+    #[test]
+    fn facts_of_a_vm() {
+        let made = vm(
+            serde_json::json!({TAG_NAME: "workers-abcde", TAG_INSTANCE_TYPE: "ecs.g7.large"}),
+            Some(5),
+        );
+        let os = "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nNAME=\"Debian GNU/Linux\"\nVERSION_ID=\"12\"\nID=debian\n";
+        let swaps = "Filename\tType\tSize\tUsed\tPriority\n/swap file 1048572 0 -2\n";
+        let f = vm_facts(&made, Some(os), Some(swaps));
+        assert_eq!(f.name, "workers-abcde");
+        assert_eq!(f.state, "running");
+        assert_eq!(f.ip.as_deref(), Some("10.9.0.254"));
+        assert_eq!(f.instance_type, "ecs.g7.large");
+        assert_eq!(
+            (f.os_id.as_str(), f.os_version.as_str(), f.os_name.as_str()),
+            ("debian", "12", "Debian GNU/Linux 12 (bookworm)")
+        );
+        assert!(f.swap && f.password_login);
+        // The local cloud's network: the same simulated objects as a sandbox.
+        let local = knit_local::Attributes::default();
+        assert_eq!(
+            (&f.account_id, &f.region_id, &f.vpc_id, &f.v_switch_id),
+            (
+                &local.account_id,
+                &local.region_id,
+                &local.vpc_id,
+                &local.v_switch_id
+            )
+        );
+        assert_eq!(f.security_groups[0].id, local.security_groups[0].id);
+        assert_eq!(f.eni_count, 1);
+        let devices: Vec<_> = f
+            .data_disks
+            .iter()
+            .map(|d| (d.id.as_str(), d.device.as_deref().unwrap()))
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                ("d-1", "nvme0n1"),
+                ("d-2", "vdb"),
+                ("d-3", "nvme1n1"),
+                ("d-4", "vdc")
+            ]
+        );
+
+        // Made outside knit, guest agent silent, no swap, no password: the
+        // OS is unknown (preflight says so), the type is the default.
+        let bare = vm(serde_json::json!({}), None);
+        let f = vm_facts(&bare, None, Some("Filename\tType\tSize\tUsed\tPriority\n"));
+        assert_eq!(f.instance_type, DEFAULT_INSTANCE_TYPE);
+        assert_eq!(f.name, "n1");
+        assert!(f.os_id.is_empty() && !f.swap && !f.password_login);
+    }
+
+    #[test]
+    fn the_template_carries_the_instance_type() {
+        let t = InstanceTemplate {
+            name: "w-1".into(),
+            instance_type: "ecs.g7.large".into(),
+            image: "host".into(),
+            system_disk_gib: 20,
+            data_disks: vec![],
+            user_data: String::new(),
+            region: "local".into(),
+            zone: None,
+            vpc: "vpc-local".into(),
+            tags: Default::default(),
+        };
+        assert_eq!(
+            vm_template(&t)
+                .tags
+                .get(TAG_INSTANCE_TYPE)
+                .map(String::as_str),
+            Some("ecs.g7.large")
         );
     }
 }

@@ -898,7 +898,7 @@ fn alive(pid: u32) -> bool {
 /// A test process ended by SIGTERM (the test runner past its timeout) or
 /// SIGKILL, with no destructor run, takes chromedriver and Chromium with
 /// it: they ran in a process group of their own, which the guardian kills
-/// when the test process's pipe closes.
+/// when the test process's pipe closes; it then removes the profile.
 #[test]
 fn the_browser_ends_with_the_test_process() {
     browser::require_chromium();
@@ -952,7 +952,11 @@ fn the_browser_ends_with_the_test_process() {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        // The holder could not remove its profile directory.
-        let _ = std::fs::remove_dir_all(profile);
+        // Its profile directory too (the guardian's last step).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(profile).exists() {
+            assert!(Instant::now() < deadline, "{profile} left after {name}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }

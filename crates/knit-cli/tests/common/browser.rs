@@ -44,7 +44,9 @@ pub struct Driver {
 
 /// `bash` waiting on a pipe only the test process holds (its end is
 /// close-on-exec): at end of file, the test process is gone, and it kills
-/// chromedriver's process group. In a group of its own and deaf to the
+/// chromedriver's process group, then removes the profile directory once
+/// no process names it (Chromium's crash reporter, outside the group, ends
+/// by itself; at most 5 s). In a group of its own and deaf to the
 /// usual termination signals, so a signal to the test's group (the test
 /// runner's) does not end it before it has done that.
 struct Guardian {
@@ -54,16 +56,30 @@ struct Guardian {
 }
 
 impl Guardian {
-    fn start(group: u32) -> Guardian {
+    fn start(group: u32, profile: &Path) -> Guardian {
+        // `read` returns at end of file; the group id is chromedriver's PID,
+        // and the group lives on while Chromium does (bash: dash's kill
+        // takes no negative process-group id). Command lines are read with
+        // builtins, the guardian's own left out.
+        const SCRIPT: &str = r#"trap '' HUP INT TERM
+read -r _
+kill -KILL -- "-$0" 2>/dev/null
+for _ in {1..50}; do
+  busy=
+  for c in /proc/[0-9]*/cmdline; do
+    [[ $c == "/proc/$$/cmdline" ]] && continue
+    mapfile -d '' a < "$c" 2>/dev/null || continue
+    [[ "${a[*]}" == *"$1"* ]] && { busy=1; break; }
+  done
+  [[ -z $busy ]] && break
+  sleep 0.1
+done
+rm -rf -- "$1"
+exit 0"#;
         let mut child = Command::new("bash")
-            .args([
-                "-c",
-                // `read` returns at end of file; the group id is chromedriver's
-                // PID, and the group lives on while Chromium does. (bash:
-                // dash's kill takes no negative process-group id.)
-                r#"trap '' HUP INT TERM; read -r _; kill -KILL -- "-$0" 2>/dev/null; exit 0"#,
-            ])
+            .args(["-c", SCRIPT])
             .arg(group.to_string())
+            .arg(profile)
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -101,7 +117,7 @@ impl Driver {
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("start {CHROMEDRIVER}: {e}"));
-        let guardian = Guardian::start(child.id());
+        let guardian = Guardian::start(child.id(), profile.path());
         let driver = Driver {
             child,
             guardian,

@@ -1,7 +1,8 @@
 //! One conformance suite for every provider that exists: the same
 //! operations and the same expectations (the crash contract included: a
 //! created instance is found again by knit's name) against the ECS provider
-//! over the fake ECS and against the local cloud.
+//! over the fake ECS, against the local cloud and against QEMU VMs (one boot
+//! under TCG, about a minute; it needs the node OS image, `knit image build`).
 
 use knit_server::provider::ecs::{EcsProvider, EcsSettings};
 use knit_server::provider::{DiskTemplate, InstanceTemplate, Provider, TAG_NAME, TAG_POOL};
@@ -238,4 +239,79 @@ async fn local_exec_is_bounded_inside_the_instance() {
         "the command outlived its limit inside the instance"
     );
     p.delete(&made.id).await.unwrap();
+}
+
+/// Brings the VMs down (processes, taps, files), then the local cloud's
+/// network they used, on drop.
+struct VmsDown {
+    qemu: knit_qemu::Config,
+    _local: Down,
+}
+
+impl Drop for VmsDown {
+    fn drop(&mut self) {
+        if self.qemu.state_dir.exists() {
+            match knit_qemu::Machines::open(self.qemu.clone()).and_then(|m| m.down()) {
+                Ok(r) if !r.vms.is_empty() => eprintln!("VMs left, now down: {r:?}"),
+                Ok(_) => {}
+                Err(e) => eprintln!("VMs down failed: {e}"),
+            }
+        }
+    }
+}
+
+/// QEMU VMs on a bridge of their own: the node OS image (`knit image
+/// build`), TCG on a host without usable KVM. The VM boots while `create`
+/// returns; the first `exec` waits for its guest agent (52 s in all here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_vms() {
+    let Some(helper) = local_helper() else {
+        panic!("no knit-local binary next to the tests (cargo build -p knit-local)");
+    };
+    let qemu_installed = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-system-x86_64").is_file()));
+    assert!(
+        qemu_installed,
+        "qemu-system-x86_64 is missing: scripts/setup.sh installs it"
+    );
+    let image = knit_local::image::images_dir().join(knit_local::image::NAME);
+    assert!(
+        knit_qemu::base::check_image(&image).is_ok(),
+        "no node OS image at {}: run `knit image build`",
+        image.display()
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("knit-conformance-qemu-")
+        .tempdir()
+        .unwrap();
+    let pid = std::process::id();
+    let local = knit_local::Config {
+        state_dir: tmp.path().join("local"),
+        bridge: format!("kv{pid:x}"),
+        subnet: free_subnet(pid),
+        metadata_port: 80,
+        helper: Some(helper),
+    };
+    let qemu = knit_qemu::Config {
+        state_dir: tmp.path().join("qemu"),
+        bridge: local.bridge.clone(),
+        subnet: local.subnet.clone(),
+        ..knit_qemu::Config::default()
+    };
+    let _down = VmsDown {
+        qemu: qemu.clone(),
+        _local: Down(knit_local::Cloud::open(local.clone()).unwrap()),
+    };
+    let p = knit_server::provider::qemu::QemuProvider::new(local, qemu.clone()).unwrap();
+    conformance(&p, "conf-qemu").await;
+    // Nothing of the VM is left: no tap on the bridge, no VM directory.
+    let ports: Vec<_> = std::fs::read_dir(format!("/sys/class/net/{}/brif", qemu.bridge))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(ports.is_empty(), "ports left on {}: {ports:?}", qemu.bridge);
+    let vms = qemu.state_dir.join("vms");
+    let left: Vec<_> = std::fs::read_dir(&vms)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left under {}: {left:?}", vms.display());
 }

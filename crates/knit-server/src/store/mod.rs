@@ -346,25 +346,30 @@ mod tests {
         db
     }
 
-    /// SQLite only: a file an older server wrote, at schema version 1.
+    /// A database an older server wrote, at schema version 1, with a
+    /// node: every later step runs over it (both backends).
     #[test]
     fn migrates_forward_from_version_1() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("knit.db");
-        {
-            let db = sqlite_at_version(&path, 1);
-            db.write(|tx| {
-                tx.execute(
-                    "INSERT INTO nodes (name, instance, pool, status, created_ms, updated_ms) VALUES ('n', 'i', 'p', 'Ready', 0, 0)",
-                    &[],
-                )
-            })
-            .unwrap();
-            assert_eq!(db.schema_version(COMPONENT).unwrap(), 1);
-        }
-        let store = Store::open(&path).unwrap();
-        assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
-        assert_eq!(store.pool_counts("p").unwrap().ready, 1);
+        on_both_backends(|backend| {
+            {
+                let db = Db::open(&backend.datastore, Limits::default()).unwrap();
+                db.migrate(COMPONENT, &MIGRATIONS[..1], |_, _| Ok::<_, DbError>(()))
+                    .unwrap();
+                db.write(|tx| {
+                    tx.execute(
+                        "INSERT INTO nodes (name, instance, pool, status, created_ms, updated_ms) VALUES ('n', 'i', 'p', 'Ready', 0, 0)",
+                        &[],
+                    )
+                })
+                .unwrap();
+                assert_eq!(db.schema_version(COMPONENT).unwrap(), 1);
+            }
+            let store = backend.open();
+            assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
+            assert_eq!(store.pool_counts("p").unwrap().ready, 1);
+            // Migration 6 counted the Ready node as joined.
+            assert!(store.instance_health().unwrap()["i"].joined_ms.is_some());
+        });
     }
 
     /// SQLite only: the version is the file's `user_version`.

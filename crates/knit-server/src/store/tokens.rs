@@ -289,4 +289,43 @@ mod tests {
             );
         });
     }
+
+    /// Servers sharing one PostgreSQL database redeem the same token at
+    /// once: exactly one gets it (the write transactions are serializable,
+    /// and a conflicting one re-runs and then sees the token used).
+    #[test]
+    fn a_join_token_is_redeemed_once_across_servers() {
+        let backend = crate::store::testing::TestStore::postgres();
+        let first = backend.open();
+        let now = now_ms();
+        for i in 0..5 {
+            first
+                .add_join_token(&format!("h{i}"), &format!("id{i}"), "i-1", "p", 60_000)
+                .unwrap();
+        }
+        let servers: Vec<Store> = (0..4).map(|_| backend.open()).collect();
+        let outcomes: Vec<Vec<Redeem>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = servers
+                .iter()
+                .map(|store| {
+                    scope.spawn(move || {
+                        (0..5)
+                            .map(|i| store.redeem_join_token(&format!("h{i}"), now).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for i in 0..5 {
+            let won = outcomes
+                .iter()
+                .filter(|o| matches!(o[i], Redeem::Ok { .. }))
+                .count();
+            assert_eq!(won, 1, "token h{i}: {outcomes:?}");
+            assert!(outcomes
+                .iter()
+                .all(|o| matches!(o[i], Redeem::Ok { .. } | Redeem::Used { .. })));
+        }
+    }
 }

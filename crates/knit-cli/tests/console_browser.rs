@@ -252,6 +252,36 @@ async fn assert_same_document(client: &Client) {
     assert_eq!(same, Value::Bool(true), "updated without a reload");
 }
 
+/// An element of the page a click loaded: waited for, and the page
+/// reloaded once when it did not come (a load aborted by a host network
+/// change: the local clouds on this machine add and remove links).
+async fn find_on_page(client: &Client, locator: Locator<'_>) -> fantoccini::elements::Element {
+    if let Ok(e) = client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(locator)
+        .await
+    {
+        return e;
+    }
+    let text = js(
+        client,
+        "return document.body ? document.body.innerText : ''",
+    )
+    .await;
+    eprintln!(
+        "the page did not show {locator:?} (a host network change?); reloaded once. It showed:\n{}",
+        text.as_str().unwrap_or("")
+    );
+    client.refresh().await.unwrap();
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(locator)
+        .await
+        .unwrap_or_else(|e| panic!("{locator:?} after a reload: {e}"))
+}
+
 async fn click(client: &Client, css: &str) {
     client
         .find(Locator::Css(css))
@@ -451,7 +481,7 @@ fn the_console_in_a_real_browser() {
         // Create the pool from YAML.
         submit_yaml(&client, &console, POOL).await;
         wait_for_url(&client, "/ui/pools?done=", Duration::from_secs(10)).await;
-        let row = client.find(Locator::Id("pool-workers")).await.unwrap();
+        let row = find_on_page(&client, Locator::Id("pool-workers")).await;
         assert!(row.text().await.unwrap().contains("workers"));
 
         // A bad document: refused with the field the API names.

@@ -85,6 +85,42 @@ fn a_vm_pool_joins_reboots_keeps_its_data_disk_and_is_released() {
     assert_eq!(vms.len(), 1, "{vms:?}");
     assert!(!vms[0].pids.is_empty(), "no QEMU process for {}", vms[0].id);
 
+    // Add-existing's preflight reads the VM's facts (the provider's record,
+    // swap from inside): every check passes but the one that says it is
+    // already a node of this pool.
+    let (ok, out, err) = env.knit(&[
+        "attach",
+        "--pool",
+        "vms",
+        "--instances",
+        &vms[0].id,
+        "--dry-run",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        !ok,
+        "a dry run of a node already in the pool passed: {out}{err}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    let results = report["preflight"][0]["results"].as_array().unwrap();
+    let status = |code: &str| {
+        results
+            .iter()
+            .find(|r| r["code"] == code)
+            .map(|r| r["status"].as_str().unwrap_or("").to_string())
+            .unwrap_or_else(|| panic!("no {code} in {report}"))
+    };
+    let errors: Vec<&str> = results
+        .iter()
+        .filter(|r| r["status"] == "error")
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(errors, ["PreflightAlreadyInCluster"], "{report}");
+    assert_eq!(status("PreflightSwapOn"), "pass", "{report}");
+    assert_eq!(status("PreflightInstanceTypeNotInPool"), "pass", "{report}");
+
     // cloud-init: the image's own, from the NoCloud seed, every stage done;
     // the pool's #cloud-config applied.
     let status = node_until(

@@ -37,8 +37,11 @@ fn argv(script: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script.into()]
 }
 
-/// What every provider must do.
-async fn conformance(p: &dyn Provider, name: &str) {
+/// What every provider must do. `boot`: how long a new instance may take
+/// before it runs commands (a VM under TCG boots for a minute or more, and
+/// longer beside other tests); the first `exec` is retried until then, and
+/// its last error is the failure.
+async fn conformance(p: &dyn Provider, name: &str, boot: Duration) {
     // An image that cannot exist is refused before anything is made.
     assert!(p.check_image("/nonexistent/knit-image").await.is_err());
 
@@ -51,10 +54,20 @@ async fn conformance(p: &dyn Provider, name: &str) {
     assert_eq!(p.get(&made.id).await.unwrap().unwrap().id, made.id);
     assert!(p.list().await.unwrap().iter().any(|i| i.id == made.id));
 
-    let (code, out, err) = p
-        .exec(&made.id, &argv("echo out; echo err >&2; exit 3"))
-        .await
-        .unwrap();
+    let deadline = std::time::Instant::now() + boot;
+    let (code, out, err) = loop {
+        match p
+            .exec(&made.id, &argv("echo out; echo err >&2; exit 3"))
+            .await
+        {
+            Ok(done) => break done,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("{name}: not running commands yet: {e}");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            Err(e) => panic!("{name}: exec after {} s: {e}", boot.as_secs()),
+        }
+    };
     assert_eq!(
         (code, out.as_slice(), err.as_slice()),
         (3, &b"out\n"[..], &b"err\n"[..])
@@ -113,7 +126,7 @@ async fn ecs_over_the_fake() {
     s.poll_interval = Duration::from_millis(5);
     s.retry.first_backoff = Duration::from_millis(1);
     let p = EcsProvider::new(s, fake.credentials()).unwrap();
-    conformance(&p, "conf-ecs").await;
+    conformance(&p, "conf-ecs", Duration::ZERO).await;
 }
 
 /// The local cloud's helper binary, next to this test's own directory.
@@ -171,7 +184,7 @@ async fn local_cloud() {
     };
     let _down = Down(knit_local::Cloud::open(config.clone()).unwrap());
     let p = knit_server::provider::local::LocalProvider::new(config).unwrap();
-    conformance(&p, "conf-local").await;
+    conformance(&p, "conf-local", Duration::ZERO).await;
 }
 
 /// The local cloud's exec through the control plane's bounded provider, in
@@ -303,7 +316,7 @@ async fn qemu_vms() {
         _local: Down(knit_local::Cloud::open(local.clone()).unwrap()),
     };
     let p = knit_server::provider::qemu::QemuProvider::new(local, qemu.clone()).unwrap();
-    conformance(&p, "conf-qemu").await;
+    conformance(&p, "conf-qemu", Duration::from_secs(900)).await;
     // Nothing of the VM is left: no tap on the bridge, no VM directory.
     let ports: Vec<_> = std::fs::read_dir(format!("/sys/class/net/{}/brif", qemu.bridge))
         .map(|d| d.flatten().map(|e| e.file_name()).collect())

@@ -26,6 +26,9 @@ pub enum CliError {
     Registry(#[from] knit_registry::RegistryError),
     #[error("{0}")]
     Local(#[from] knit_local::LocalError),
+    /// `knit up --ha`: PostgreSQL, a server or HAProxy.
+    #[error("{0}")]
+    Ha(#[from] crate::commands::server::ha::HaError),
 }
 
 impl CliError {
@@ -38,6 +41,7 @@ impl CliError {
             CliError::Failed(_) => "Failed".into(),
             CliError::Registry(e) => e.code().into(),
             CliError::Local(e) => e.code().into(),
+            CliError::Ha(e) => e.code().into(),
         }
     }
 }

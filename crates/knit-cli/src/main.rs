@@ -8,8 +8,8 @@ mod output;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use commands::{
-    apply, attach, cluster, events, exec, image, local, nodes, package, pools, registry, server,
-    snapshot,
+    apply, attach, cluster, events, exec, get, image, local, nodes, package, pools, registry,
+    server, snapshot,
 };
 use error::{CliError, Result};
 use output::Format;
@@ -47,6 +47,8 @@ enum Kind {
     Events,
     #[value(alias = "jointoken")]
     Jointokens,
+    #[value(alias = "server")]
+    Servers,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -68,7 +70,7 @@ enum ServerAction {
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a server with embedded defaults in the background and write the client config.
-    Up(server::ServerOpts),
+    Up(server::ha::UpArgs),
     /// Run the server in the foreground.
     Server {
         #[command(subcommand)]
@@ -205,7 +207,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     let client = || commands::client(&cli.config);
     match cli.cmd {
-        Cmd::Up(opts) => server::up(&cli.config, opts),
+        Cmd::Up(args) => server::ha::up(&cli.config, args),
         Cmd::Server {
             action: Some(ServerAction::Init(opts)),
             ..
@@ -226,6 +228,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Kind::Snapshots => snapshot::get(&c, name, output),
                 Kind::Events => events::get(&c, name, output),
                 Kind::Jointokens => nodes::get_join_tokens(&c, name, output),
+                Kind::Servers => get::servers(&c, name, output),
             }
         }
         Cmd::Describe { kind, name, output } => match kind {

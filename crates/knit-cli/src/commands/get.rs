@@ -59,3 +59,64 @@ pub fn table_or_none<T>(table: fn(&[&T], bool) -> String, items: &[&T], wide: bo
     }
     table(items, wide)
 }
+
+/// `knit get servers`: the servers sharing the datastore, the leader
+/// marked (one on SQLite; several with `knit up --ha`).
+pub fn servers(
+    c: &knit_client::Client,
+    name: Option<&str>,
+    format: Option<Format>,
+) -> Result<ExitCode> {
+    let items = c
+        .servers()?
+        .into_iter()
+        .map(|view| {
+            let raw = serde_json::to_value(&view)
+                .map_err(|e| CliError::Failed(format!("server {}: {e}", view.id)))?;
+            Ok(Document { view, raw })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let listing = Listing {
+        what: "servers",
+        name_of: |s: &knit_api::views::ServerView| s.id.clone(),
+        table: server_table,
+    };
+    show(listing, items, name, format)
+}
+
+fn server_table(items: &[&knit_api::views::ServerView], wide: bool) -> String {
+    let now = super::now_ms();
+    let mut headers = vec!["ID", "ADDRESS", "PID", "LEADER", "SINCE", "HEARTBEAT"];
+    if wide {
+        headers.extend(["HOSTNAME", "VERSION", "EPOCH", "STARTED"]);
+    }
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|s| {
+            let mut row = vec![
+                s.id.clone(),
+                s.address.clone(),
+                s.pid.to_string(),
+                if s.leader { "yes" } else { "no" }.to_string(),
+                s.leader_since_ms
+                    .map(|t| output::age(t, now))
+                    .unwrap_or_else(|| "-".into()),
+                format!(
+                    "{} ago{}",
+                    output::age(s.heartbeat_ms, now),
+                    if s.stale { " (stale)" } else { "" }
+                ),
+            ];
+            if wide {
+                row.extend([
+                    s.hostname.clone(),
+                    s.version.clone(),
+                    output::opt(&s.epoch),
+                    output::age(s.started_ms, now),
+                ]);
+            }
+            row
+        })
+        .collect();
+    output::table(&headers, &rows)
+}

@@ -13,6 +13,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `knit up --ha N`: PostgreSQL, N servers and HAProxy (docs/ha.md).
+#[path = "ha.rs"]
+pub mod ha;
+
 #[derive(Args, Clone)]
 pub struct ServerOpts {
     /// Database, CA, admin token and package mirror.
@@ -374,28 +378,7 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
     // Before the server runs: `knit down` removes the clouds it made.
     clouds::record(&opts.state_dir, &opts.provider, &local_config(&opts))?;
-    // Embedded defaults: a server without a package mirror could make no
-    // node, so the first `up` assembles one from this machine.
-    let mirror = Settings::new(opts.state_dir.clone()).mirror_dir();
-    if !mirror.join("bin/knit-agent").is_file() {
-        let no_runtime = package::which("containerd").is_none();
-        println!(
-            "assembling the package mirror in {}{}",
-            mirror.display(),
-            if no_runtime {
-                " (containerd is not installed: package without a runtime)"
-            } else {
-                ""
-            }
-        );
-        package::run(package::PackageAction::Build {
-            state_dir: opts.state_dir.clone(),
-            kubernetes_version: knit_api::DEFAULT_KUBERNETES_VERSION.to_string(),
-            agent: None,
-            kubelet: None,
-            no_runtime,
-        })?;
-    }
+    ensure_mirror(&opts)?;
     let log_path = opts.state_dir.join("server.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -501,6 +484,33 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     }
 }
 
+/// Embedded defaults: a server without a package mirror could make no
+/// node, so the first `up` assembles one from this machine in
+/// `<state>/mirror` (with `--ha`, every server serves this one).
+fn ensure_mirror(opts: &ServerOpts) -> Result<()> {
+    let mirror = Settings::new(opts.state_dir.clone()).mirror_dir();
+    if !mirror.join("bin/knit-agent").is_file() {
+        let no_runtime = package::which("containerd").is_none();
+        println!(
+            "assembling the package mirror in {}{}",
+            mirror.display(),
+            if no_runtime {
+                " (containerd is not installed: package without a runtime)"
+            } else {
+                ""
+            }
+        );
+        package::run(package::PackageAction::Build {
+            state_dir: opts.state_dir.clone(),
+            kubernetes_version: knit_api::DEFAULT_KUBERNETES_VERSION.to_string(),
+            agent: None,
+            kubelet: None,
+            no_runtime,
+        })?;
+    }
+    Ok(())
+}
+
 /// True when `pid` runs `knit server` (so a recycled PID is never signalled).
 fn is_our_server(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -520,14 +530,27 @@ pub fn down(
 ) -> Result<ExitCode> {
     let path = config_path(cli_config)?;
     let mut config = ClientConfig::load(&path)?;
-    let c = Client::new(&config)?;
+    // `knit up --ha` ran here: its servers, HAProxy and PostgreSQL.
+    let ha_dir = config
+        .state_dir
+        .as_deref()
+        .map(Path::new)
+        .filter(|d| ha::present(d));
     // A server `knit up` started that has died (killed, host reboot) cannot
     // delete its pools, nor say which instances were added by attach: stop
     // before anything is removed and say how to go on.
-    if let Some(pid) = config.pid.filter(|pid| !is_our_server(*pid)) {
+    let dead = match ha_dir {
+        Some(d) => (!ha::any_server_running(d))
+            .then(|| "no knit server of `knit up --ha` is running".to_string()),
+        None => config
+            .pid
+            .filter(|pid| !is_our_server(*pid))
+            .map(|pid| format!("knit server (pid {pid}) is not running")),
+    };
+    if let Some(what) = dead {
         if !keep_instances {
             return Err(CliError::Failed(format!(
-                "knit server (pid {pid}) is not running, so its pools were not deleted and nothing was removed \
+                "{what}, so its pools were not deleted and nothing was removed \
                  (the local cloud may hold instances added by attach, which knit never releases). \
                  Start it again with `knit up` and rerun `knit down`, or keep the instances with `knit down --keep-instances`, \
                  or remove the local cloud and every instance in it with `knit local down`"
@@ -537,6 +560,7 @@ pub fn down(
     // Instances added by attach that the pools' deletion kept (SPEC §2).
     let mut added_kept: Vec<String> = Vec::new();
     if !keep_instances {
+        let c = Client::new(&config)?;
         for p in c.list_pools()? {
             let name = p.view.metadata.name;
             c.delete_pool(&name)?;
@@ -568,8 +592,9 @@ pub fn down(
             std::thread::sleep(Duration::from_millis(500));
         }
     }
-    match config.pid {
-        Some(pid) if is_our_server(pid) => {
+    match (ha_dir, config.pid) {
+        (Some(dir), _) => ha::stop(dir)?,
+        (None, Some(pid)) if is_our_server(pid) => {
             // SAFETY: signalling the server process this config recorded, checked above.
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -585,8 +610,10 @@ pub fn down(
             }
             println!("knit server (pid {pid}) stopped");
         }
-        Some(pid) => println!("knit server (pid {pid}) is not running"),
-        None => println!("this config has no server started by `knit up`; nothing to stop"),
+        (None, Some(pid)) => println!("knit server (pid {pid}) is not running"),
+        (None, None) => {
+            println!("this config has no server started by `knit up`; nothing to stop")
+        }
     }
     // The registry `knit registry up` started for this server's state.
     if let Some(dir) = &config.state_dir {

@@ -337,6 +337,7 @@ impl EnvBuilder {
             cluster_port: self.cluster.then(free_port),
             server: None,
             up_pid: None,
+            adopted: Vec::new(),
             registry: None,
             firewall: Vec::new(),
             opts: self,
@@ -378,6 +379,9 @@ pub struct Env {
     /// The server `knit up` started (not our child: it runs in its own
     /// session); ended by PID on drop if still running.
     up_pid: Option<u32>,
+    /// Other processes a test's `knit` command started here (`knit up
+    /// --ha`: PostgreSQL, servers, HAProxy), ended by PID on drop.
+    adopted: Vec<u32>,
     registry: Option<Registry>,
     /// iptables rules to delete on drop (the arguments after -D).
     firewall: Vec<Vec<String>>,
@@ -398,6 +402,7 @@ impl Env {
             .map(Child::id)
             .into_iter()
             .chain(self.up_pid)
+            .chain(self.adopted.iter().copied())
             .chain(self.registry.iter().flat_map(Registry::pids))
             .collect();
         Holdings {
@@ -663,6 +668,15 @@ impl Env {
         self.up_pid = Some(pid);
         self.publish();
         out
+    }
+
+    /// Ends `pid` (a process a `knit` command started, with this
+    /// environment's directory on its command line) with the rest on drop.
+    pub fn adopt(&mut self, pid: u32) {
+        if !self.adopted.contains(&pid) {
+            self.adopted.push(pid);
+            self.publish();
+        }
     }
 
     /// The PID of the server `knit up` started, if any.

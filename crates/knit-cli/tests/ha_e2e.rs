@@ -1,0 +1,370 @@
+//! `knit up --ha 2` end to end, as root: PostgreSQL (Debian's binaries,
+//! its own data directory and port), two knit servers on it and HAProxy in
+//! front of the API and the embedded Kubernetes API; `knit get servers`
+//! shows both with one leader; a pool's node joins through HAProxy and
+//! reaches Ready; the leader is killed by PID and the other takes over, the
+//! node keeps renewing its Lease and a second node joins through HAProxy;
+//! `knit down` leaves no process of ours.
+
+mod common;
+
+use common::{is_root, on_path, Env};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const POOL: &str = "apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {name: workers}
+spec:
+  replicas: 0
+  systemDisk: {sizeGiB: 20}
+";
+
+/// The PIDs `knit up --ha` recorded (`<state>/ha/pids/*.pid`), by name.
+fn recorded_pids(state: &Path) -> Vec<(String, u32)> {
+    let mut out: Vec<(String, u32)> = std::fs::read_dir(state.join("ha/pids"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.strip_suffix(".pid")?.to_string();
+            let pid = std::fs::read_to_string(e.path())
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((name, pid))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every recorded process handed to the environment's cleanup.
+fn adopt_all(env: &mut Env) {
+    for (_, pid) in recorded_pids(&env.state_dir()) {
+        env.adopt(pid);
+    }
+}
+
+/// Waits (60 s at most) until `get servers` lists `n` live servers with
+/// exactly one leader among them; the list.
+fn one_leader_of(env: &Env, n: usize, not: Option<u64>) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // A call that fails is reported and asked again within the wait.
+        let (ok, out, err) = env.knit(&["get", "servers", "-o", "json"]);
+        if !ok {
+            eprintln!("knit get servers failed (asked again): {err}");
+        }
+        let all: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        let list: Vec<Value> = all["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s["stale"] != true)
+            .collect();
+        let leaders: Vec<&Value> = list.iter().filter(|s| s["leader"] == true).collect();
+        if list.len() == n && leaders.len() == 1 && leaders[0]["pid"].as_u64() != not {
+            return list;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single leader among {n} live servers within 60 s: {list:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A file of PEM data from a kubeconfig's base64 field.
+fn pem_file(dir: &Path, name: &str, b64: &str) -> PathBuf {
+    let path = dir.join(name);
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b64.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "base64 -d {name}");
+    std::fs::write(&path, out.stdout).unwrap();
+    path
+}
+
+/// The node's Lease renewTime, read through HAProxy with the admin
+/// kubeconfig's client certificate.
+fn lease_renew_time(env: &Env, kubeconfig: &Path, url: &str, node: &str) -> String {
+    let cfg: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
+    let dir = env.path("kube");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = pem_file(
+        &dir,
+        "ca.crt",
+        cfg["clusters"][0]["cluster"]["certificate-authority-data"]
+            .as_str()
+            .unwrap(),
+    );
+    let cert = pem_file(
+        &dir,
+        "admin.crt",
+        cfg["users"][0]["user"]["client-certificate-data"]
+            .as_str()
+            .unwrap(),
+    );
+    let key = pem_file(
+        &dir,
+        "admin.key",
+        cfg["users"][0]["user"]["client-key-data"].as_str().unwrap(),
+    );
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--max-filesize", "1000000"])
+        .arg("--cacert")
+        .arg(&ca)
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .arg(format!(
+            "{url}/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}"
+        ))
+        .output()
+        .unwrap();
+    let lease: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "lease of {node}: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    lease["spec"]["renewTime"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no renewTime: {lease}"))
+        .to_string()
+}
+
+/// What to read when a step fails: each server's log, HAProxy's.
+fn logs(state: &Path) -> String {
+    let mut out = String::new();
+    for name in ["server-1/server.log", "server-2/server.log", "haproxy.log"] {
+        let text = std::fs::read_to_string(state.join("ha").join(name)).unwrap_or_default();
+        out.push_str(&format!("--- {name} (tail)\n{}\n", common::tail(&text, 40)));
+    }
+    out
+}
+
+/// `knit scale pool workers --replicas N --wait` (300 s at most): its
+/// output, which must say every node is initialized and Ready.
+fn scale_ready(env: &Env, n: u32) -> String {
+    let replicas = n.to_string();
+    let (ok, out, err) = env.knit(&[
+        "scale",
+        "pool",
+        "workers",
+        "--replicas",
+        &replicas,
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    assert!(
+        ok && out.contains(&format!("{n}/{n} initialized and Ready")),
+        "scale to {n}:\n{out}\n{err}\n{}",
+        logs(&env.state_dir())
+    );
+    out
+}
+
+#[test]
+fn two_servers_behind_haproxy_survive_the_loss_of_one() {
+    assert!(is_root(), "this test needs root");
+    assert!(
+        on_path("haproxy"),
+        "haproxy is not installed: scripts/setup.sh installs Debian's haproxy package"
+    );
+    assert!(
+        Path::new("/usr/lib/postgresql").is_dir(),
+        "PostgreSQL's server binaries are not installed: scripts/setup.sh installs Debian's postgresql package"
+    );
+    let mut env = Env::builder().cluster(true).parallelism(2).build();
+    env.build_package(true);
+    let state = env.state_dir();
+    let port = env.port;
+    let cluster_port = env.cluster_port.unwrap();
+    let listen = format!("127.0.0.1:{port},{}:{port}", env.gateway);
+    let (ok, out, err) = env.knit(&[
+        "up",
+        "--ha",
+        "2",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--advertise-address",
+        &env.gateway.clone(),
+        "--cluster",
+        "embedded",
+        "--cluster-port",
+        &cluster_port.to_string(),
+        "--console-listen",
+        "off",
+        "--parallelism",
+        "2",
+        "--local-state-dir",
+        env.path("local").to_str().unwrap(),
+        "--local-bridge",
+        &env.bridge.clone(),
+        "--local-subnet",
+        &env.subnet.clone(),
+    ]);
+    // Whatever happened, what was recorded is ended with the environment.
+    adopt_all(&mut env);
+    let server_log = |i: u32| {
+        std::fs::read_to_string(state.join(format!("ha/server-{i}/server.log")))
+            .map(|s| common::tail(&s, 40))
+            .unwrap_or_default()
+    };
+    assert!(
+        ok,
+        "knit up --ha 2:\n{out}\n{err}\nserver 1:\n{}\nserver 2:\n{}",
+        server_log(1),
+        server_log(2)
+    );
+    eprintln!("knit up --ha 2:\n{out}");
+    let names: Vec<String> = recorded_pids(&state).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["haproxy", "postgres", "server-1", "server-2"]);
+    for needle in [
+        "PostgreSQL (pid",
+        "knit server 2 (pid",
+        "HAProxy (pid",
+        "logs:",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing in:\n{out}");
+    }
+
+    // Both servers, one leader; the same CA and admin token on both: the
+    // client config (HAProxy's address, server 1's CA and token) works
+    // against server 2 directly.
+    let list = one_leader_of(&env, 2, None);
+    eprintln!("servers: {list:#?}");
+    let table = env.knit_ok(&["get", "servers"]);
+    assert!(
+        table.contains("LEADER") && table.lines().count() == 3,
+        "{table}"
+    );
+    let config = std::fs::read_to_string(env.path("config")).unwrap();
+    assert!(
+        config.contains(&format!("https://127.0.0.1:{port}")),
+        "{config}"
+    );
+    let direct = env.path("config-server-2");
+    std::fs::write(
+        &direct,
+        config.replace(
+            &format!("https://127.0.0.1:{port}"),
+            &format!("https://127.0.2.2:{port}"),
+        ),
+    )
+    .unwrap();
+    let out = Command::new(common::knit())
+        .args(["--config", direct.to_str().unwrap(), "get", "pools"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "server 2 with server 1's CA and token: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A node joins through HAProxy (the advertised address is its own).
+    env.create("pool", POOL);
+    scale_ready(&env, 1);
+    let first = env.nodes_of("workers")[0].clone();
+    let first_name = first["name"].as_str().unwrap().to_string();
+    let first_ip = first["ip"].as_str().unwrap().to_string();
+    let proxy_log = || std::fs::read_to_string(state.join("ha/haproxy.log")).unwrap_or_default();
+    assert!(
+        proxy_log()
+            .lines()
+            .any(|l| l.starts_with(&format!("{first_ip}:")) && l.contains(" knit-api ")),
+        "the node's calls did not go through HAProxy:\n{}",
+        common::tail(&proxy_log(), 30)
+    );
+
+    // The leader killed by its PID: the other server leads.
+    let leader = list.iter().find(|s| s["leader"] == true).unwrap();
+    let leader_pid = leader["pid"].as_u64().unwrap() as u32;
+    assert!(
+        recorded_pids(&state)
+            .iter()
+            .any(|(n, p)| n.starts_with("server-") && *p == leader_pid),
+        "the leader's pid {leader_pid} is not one up recorded"
+    );
+    let kubeconfig = state.join("ha/server-1/cluster/admin.kubeconfig");
+    let kube_url = format!("https://127.0.0.1:{cluster_port}");
+    let before = lease_renew_time(&env, &kubeconfig, &kube_url, &first_name);
+    // SAFETY: kill(2) on a server this test's `knit up` started (recorded, checked above).
+    unsafe { libc::kill(leader_pid as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.runs_here(leader_pid) {
+        assert!(Instant::now() < deadline, "the killed server still runs");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after_kill = one_leader_of(&env, 1, Some(leader_pid as u64));
+    eprintln!("after the leader's death: {after_kill:#?}");
+
+    // The first node keeps heartbeating through HAProxy to the survivor.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let now = lease_renew_time(&env, &kubeconfig, &kube_url, &first_name);
+        if now != before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node's Lease was not renewed after the server's death (still {now})"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // A new node joins with one server left.
+    scale_ready(&env, 2);
+    let second = env
+        .nodes_of("workers")
+        .into_iter()
+        .find(|n| n["name"] != first_name.as_str())
+        .unwrap();
+    let second_ip = second["ip"].as_str().unwrap().to_string();
+    assert!(
+        proxy_log()
+            .lines()
+            .any(|l| l.starts_with(&format!("{second_ip}:")) && l.contains(" knit-api ")),
+        "the second node's calls did not go through HAProxy:\n{}",
+        common::tail(&proxy_log(), 30)
+    );
+
+    // Down: pools, servers, HAProxy, PostgreSQL, the local cloud.
+    let started = recorded_pids(&state);
+    assert_eq!(started.len(), 4, "{started:?}");
+    let out = env.knit_ok(&["down"]);
+    eprintln!("knit down:\n{out}");
+    for needle in [
+        "nodepool/workers deleted",
+        "HAProxy (pid",
+        "PostgreSQL (pid",
+        "local cloud in",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing in:\n{out}");
+    }
+    for (name, pid) in started {
+        assert!(!env.runs_here(pid), "{name} (pid {pid}) still runs");
+    }
+    assert_eq!(env.processes_here(), vec![], "processes left");
+    assert!(!Env::link_exists(&env.bridge), "the bridge is left");
+}

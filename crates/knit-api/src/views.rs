@@ -767,6 +767,36 @@ pub enum PreflightStatus {
     Skipped,
 }
 
+// ---- servers
+
+/// One knit server sharing the datastore (`GET /api/v1/servers`): on
+/// SQLite there is one, always the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerView {
+    /// Unique per process start (`<hostname>-<pid>-<random>`).
+    pub id: String,
+    /// The URL the server advertises to nodes and clients.
+    pub address: String,
+    pub hostname: String,
+    pub pid: u32,
+    pub version: String,
+    /// This server holds the leader lease: it alone runs the reconciler,
+    /// repair, attach roll-forward and snapshot recovery.
+    pub leader: bool,
+    /// Leader since (epoch milliseconds), when `leader`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_since_ms: Option<i64>,
+    /// The lease's epoch: each new leader has a higher one, and a write of
+    /// a leader's work carries it (an older epoch's write is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    pub started_ms: i64,
+    pub heartbeat_ms: i64,
+    /// No heartbeat within the lease time: probably gone.
+    pub stale: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

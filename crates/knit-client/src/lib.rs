@@ -172,6 +172,17 @@ impl Client {
         })
     }
 
+    /// The servers sharing the datastore, the leader marked.
+    pub fn servers(&self) -> Result<Vec<knit_api::views::ServerView>> {
+        Ok(self
+            .call_typed::<knit_api::views::Items<knit_api::views::ServerView>>(
+                "GET",
+                "/api/v1/servers",
+                None,
+            )?
+            .items)
+    }
+
     /// A text answer (logs), checked for 2xx.
     pub fn get_text(&self, path: &str) -> Result<String> {
         let (status, text) = self.raw("GET", path, None)?;

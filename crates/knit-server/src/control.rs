@@ -39,6 +39,12 @@ pub struct Settings {
     pub reconcile_interval: Duration,
     /// The web console (`/ui/`) on a TLS port of its own; `None`: none.
     pub console: Option<ConsoleSettings>,
+    /// Where the state lives: SQLite in the state directory (default), or
+    /// PostgreSQL shared with other servers (then one leads: see `ha`).
+    pub datastore: knit_db::Datastore,
+    /// How long the leader lease lasts without renewal: a leader that
+    /// stops renewing is replaced after at most this (plus one renewal).
+    pub lease_ttl: Duration,
 }
 
 /// Where the web console listens and how long a sign-in lasts.
@@ -97,6 +103,7 @@ impl Default for ConnectionLimits {
 impl Settings {
     pub fn new(state_dir: PathBuf) -> Settings {
         Settings {
+            datastore: knit_db::Datastore::Sqlite(state_dir.join("knit.db")),
             state_dir,
             listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
             also_listen: Vec::new(),
@@ -107,6 +114,7 @@ impl Settings {
             max_create_attempts: 5,
             reconcile_interval: Duration::from_secs(2),
             console: None,
+            lease_ttl: Duration::from_secs(8),
         }
     }
 
@@ -139,6 +147,8 @@ pub struct ControlPlane {
     pub(crate) plan_lock: tokio::sync::Mutex<()>,
     pub(crate) in_flight: std::sync::Mutex<HashSet<String>>,
     pub(crate) parallelism: Arc<tokio::sync::Semaphore>,
+    /// This server among others on the datastore, and its leader lease.
+    pub leadership: crate::ha::Leadership,
 }
 
 impl ControlPlane {
@@ -169,6 +179,7 @@ impl ControlPlane {
             plan_lock: tokio::sync::Mutex::new(()),
             in_flight: std::sync::Mutex::new(HashSet::new()),
             parallelism,
+            leadership: crate::ha::Leadership::new(),
         }
     }
 

@@ -44,6 +44,10 @@ pub enum ServerError {
     /// The datastore (SQLite or PostgreSQL) failed or could not be reached.
     #[error("store: {0}")]
     Db(#[from] knit_db::DbError),
+    /// A write of the leader's work from a server whose lease (epoch) is
+    /// no longer the current one: another server leads now.
+    #[error("not the leader any more: the lease of epoch {epoch} was lost; this server's leader work stops")]
+    Fenced { epoch: i64 },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -87,6 +91,7 @@ impl ServerError {
             ServerError::Forbidden(_) => "Forbidden",
             ServerError::Db(e) if e.is_unavailable() => "StoreUnavailable",
             ServerError::Db(_) => "StoreError",
+            ServerError::Fenced { .. } => "NotLeader",
             ServerError::Io { .. } => "IoError",
             ServerError::Pki(_) => "PkiError",
             ServerError::Provider { .. } => "ProviderError",
@@ -110,6 +115,7 @@ impl ServerError {
             ServerError::ProviderTimeout { .. } => 504,
             // Unreachable or slow: worth retrying once it is back.
             ServerError::Db(e) if e.is_unavailable() => 503,
+            ServerError::Fenced { .. } => 503,
             _ => 500,
         }
     }

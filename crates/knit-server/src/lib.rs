@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod control;
 pub mod durable;
 pub mod error;
+pub mod ha;
 pub mod http;
 pub mod join;
 pub mod metrics;

@@ -66,7 +66,10 @@ pub async fn start(
         .map_err(|e| ServerError::io(format!("chmod {}", dir.display()), e))?;
     std::fs::create_dir_all(settings.mirror_dir())
         .map_err(|e| ServerError::io(format!("create {}", settings.mirror_dir().display()), e))?;
-    let store = Store::open(&settings.db_path())?;
+    let store = Store::open_datastore(&settings.datastore, knit_db::Limits::default())?;
+    tracing::info!(datastore = %settings.datastore.redacted(), "datastore open");
+    // Several servers on one datastore share one CA and admin token.
+    crate::ha::adopt_shared_secrets(&store, &settings)?;
     // The CA is made at the first start only: when the admin token (made
     // with it) exists, or instances that fetched their NodeConfig (whose
     // nodes trust it), a missing CA is refused, never made again.
@@ -78,8 +81,13 @@ pub async fn start(
     {
         state.push(settings.db_path());
     }
-    let pki = Pki::load_or_create(&settings.pki_dir(), &state)?;
-    let admin_token = load_or_create_token(&settings.admin_token_path())?;
+    let mut pki = Pki::load_or_create(&settings.pki_dir(), &state)?;
+    let mut admin_token = load_or_create_token(&settings.admin_token_path())?;
+    if crate::ha::publish_secrets(&store, &settings)? {
+        // Another server made them first: use its.
+        pki = Pki::load_or_create(&settings.pki_dir(), &state)?;
+        admin_token = load_or_create_token(&settings.admin_token_path())?;
+    }
     if store.cluster()?.is_none() {
         store.put_cluster(&knit_api::Cluster::default())?;
     }
@@ -142,8 +150,6 @@ pub async fn start(
         admin_token,
         advertise_url,
     ));
-    // Snapshot builds cut off by the previous server's end.
-    crate::snapshot::recover(&control)?;
     let (shutdown, rx) = watch::channel(false);
     let app = router(control.clone());
     // One cap for all listeners: it guards the process's descriptors.
@@ -175,6 +181,9 @@ pub async fn start(
         tasks.push(feed);
         tracing::info!(address = ?console_addr, "knit web console listening under /ui/");
     }
+    // The lease first: the reconciler runs only on the leader. Taking the
+    // lead also recovers snapshot builds cut off by a server's end.
+    tasks.push(tokio::spawn(control.clone().run_leadership(rx.clone())));
     tasks.push(tokio::spawn(control.clone().run_reconciler(rx)));
     tracing::info!(addresses = ?addrs, advertise = %control.advertise_url, "knit server listening");
     Ok(Server {

@@ -55,6 +55,15 @@ pub struct ServerOpts {
     /// ECS image id used for pools whose image is `host`.
     #[arg(long, env = "KNIT_ECS_IMAGE")]
     ecs_image: Option<String>,
+    /// Where the state lives: `sqlite` (knit.db in the state directory),
+    /// `sqlite:PATH`, or a PostgreSQL URL (postgres://user@host:port/db)
+    /// shared by several servers, of which one leads (docs/ha.md). Put a
+    /// password in PGPASSWORD or ~/.pgpass rather than in the URL.
+    #[arg(long, env = "KNIT_DATASTORE", default_value = "sqlite")]
+    datastore: String,
+    /// Seconds the leader lease lasts without renewal (several servers).
+    #[arg(long, default_value_t = 8)]
+    lease_ttl: u64,
     /// Provider calls in flight at once.
     #[arg(long, default_value_t = 4)]
     parallelism: usize,
@@ -153,6 +162,15 @@ fn settings(opts: &ServerOpts) -> Result<Settings> {
     s.parallelism = opts.parallelism.max(1);
     s.join_token_ttl = Duration::from_secs(opts.join_token_ttl);
     s.console = console_settings(opts)?;
+    s.datastore = knit_db::Datastore::parse(&opts.datastore, &s.db_path())
+        .map_err(|e| CliError::Usage(format!("--datastore: {e}")))?;
+    if opts.lease_ttl < 3 {
+        return Err(CliError::Usage(format!(
+            "--lease-ttl {}: must be at least 3 seconds (the lease is renewed every third of it)",
+            opts.lease_ttl
+        )));
+    }
+    s.lease_ttl = Duration::from_secs(opts.lease_ttl);
     Ok(s)
 }
 
@@ -342,6 +360,9 @@ async fn start_cluster(
     let advertise = knit_server::server::advertise_host(s, &addrs, gateway);
     let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
     cfg.advertise_address = Some(advertise);
+    // On a shared datastore the embedded API's objects live there too, so
+    // that every server serves the same nodes (SQLite: its own cluster.db).
+    cfg.datastore = s.datastore.is_shared().then(|| s.datastore.clone());
     let cluster = knit_cluster::EmbeddedCluster::start(cfg)
         .await
         .map_err(|e| CliError::Failed(format!("embedded cluster on {listen}: {e}")))?;

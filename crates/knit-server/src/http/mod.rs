@@ -13,6 +13,7 @@ pub mod node_api;
 pub mod nodes;
 pub mod openapi;
 pub mod pools;
+mod servers;
 pub mod snapshots;
 pub mod tokens;
 
@@ -83,6 +84,7 @@ pub fn router(cp: Cp) -> Router {
         .route("/api/v1/snapshot-builds/:id", get(snapshots::build_status))
         .route("/api/v1/jointokens", get(tokens::list))
         .route("/api/v1/exec", post(exec::exec))
+        .route("/api/v1/servers", get(servers::list))
         .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
     Router::new()
         .merge(admin)

@@ -41,7 +41,8 @@ impl ControlPlane {
                 in_flight.insert(intent.instance.clone());
             }
             let cp = Arc::clone(self);
-            tokio::spawn(async move {
+            // Carries the leader's fence: a lost lease refuses its writes.
+            crate::ha::spawn(async move {
                 // The permit bounds provider calls across all pools.
                 let permit = cp.parallelism.clone().acquire_owned().await;
                 let instance = intent.instance.clone();

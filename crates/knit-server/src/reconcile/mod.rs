@@ -30,34 +30,43 @@ pub const JOIN_TIMEOUT_MESSAGE_START: &str = "not initialized ";
 pub const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl ControlPlane {
-    /// The reconcile loop: plan, dispatch, sleep until woken or the interval.
+    /// The reconcile loop: on the leader, a pass; then sleep until woken or
+    /// the interval.
     pub async fn run_reconciler(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         if self.provider.is_none() {
             tracing::warn!("no provider configured: pools are stored but no instance is created");
             return;
         }
         loop {
-            if let Err(e) = self.plan_all().await {
-                tracing::error!(error = %e, "planning failed");
-            }
-            // Repair actions run in their own tasks: not waited for here.
-            if let Err(e) = self.repair_all_at(now_ms()).await {
-                tracing::error!(error = %e, "node repair failed");
-            }
-            if let Err(e) = self.dispatch() {
-                tracing::error!(error = %e, "dispatch failed");
-            }
-            if let Err(e) = self.sync_node_statuses().await {
-                tracing::warn!(error = %e, "reading node statuses from the cluster failed");
-            }
-            if let Err(e) = self.check_user_data().await {
-                tracing::warn!(error = %e, "checking user-data results failed");
+            // Only the leader reconciles; its writes carry its lease.
+            if let Some(fence) = self.leadership.fence() {
+                crate::ha::fenced(fence, self.clone().reconcile_pass()).await;
             }
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
             }
+        }
+    }
+
+    /// One pass: plan, repair, dispatch, node statuses, user-data results.
+    async fn reconcile_pass(self: Arc<Self>) {
+        if let Err(e) = self.plan_all().await {
+            tracing::error!(error = %e, "planning failed");
+        }
+        // Repair actions run in their own tasks: not waited for here.
+        if let Err(e) = self.repair_all_at(now_ms()).await {
+            tracing::error!(error = %e, "node repair failed");
+        }
+        if let Err(e) = self.dispatch() {
+            tracing::error!(error = %e, "dispatch failed");
+        }
+        if let Err(e) = self.sync_node_statuses().await {
+            tracing::warn!(error = %e, "reading node statuses from the cluster failed");
+        }
+        if let Err(e) = self.check_user_data().await {
+            tracing::warn!(error = %e, "checking user-data results failed");
         }
     }
 }

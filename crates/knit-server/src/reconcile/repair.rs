@@ -461,7 +461,7 @@ impl ControlPlane {
                 }
             }
             let cp = Arc::clone(self);
-            handles.push(tokio::spawn(async move {
+            handles.push(crate::ha::spawn(async move {
                 cp.run_repair(&job).await;
                 cp.in_flight
                     .lock()

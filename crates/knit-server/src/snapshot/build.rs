@@ -118,6 +118,9 @@ pub fn start(cp: &Cp, req: SnapshotBuildRequest) -> Result<SnapshotBuildStatus> 
         finished_ms: None,
     };
     cp.store.insert_snapshot_build(&build)?;
+    // The build runs on this server; if this server goes, the leader
+    // finds it owned by a server that is no longer alive and recovers it.
+    cp.store.set_build_owner(&id, &cp.leadership.id)?;
     let task_cp = cp.clone();
     tokio::spawn(async move {
         let result = run(&task_cp, &id, &req).await;

@@ -1,5 +1,6 @@
-//! At server start: builds a restart cut off are failed (or, when their
-//! snapshot was recorded, completed), and their builders cleaned up.
+//! When a server takes the lead (at start, alone): builds whose server
+//! ended are failed (or, when their snapshot was recorded, completed), and
+//! their builders cleaned up.
 
 use super::build::finish;
 use super::cleanup::{clean_up, release_builder, CLEANUP_DONE};
@@ -15,17 +16,32 @@ use knit_api::state::{BuildStatus, EventType};
 /// (instance released unless `keepBuilder`, then stopped; builder pool
 /// removed; a provider snapshot not yet recorded deleted).
 pub fn recover(cp: &Cp) -> Result<()> {
-    let interrupted: Vec<SnapshotBuildRecord> = cp
-        .store
-        .snapshot_builds()?
-        .into_iter()
-        .filter(|b| b.status == BuildStatus::Running)
-        .collect();
+    // A running build is interrupted when the server running it is gone:
+    // not this server and not one that heartbeats (with several servers,
+    // the leader runs this when it takes the lead).
+    let live = cp.live_servers()?;
+    let mut interrupted: Vec<SnapshotBuildRecord> = Vec::new();
+    for b in cp.store.snapshot_builds()? {
+        if b.status != BuildStatus::Running {
+            continue;
+        }
+        let owner = cp.store.build_owner(&b.id)?;
+        let owner_alive = owner.is_some_and(|o| live.contains(&o));
+        if !owner_alive {
+            interrupted.push(b);
+        }
+    }
     // Failed builds whose clean-up did not end (the server died during it,
-    // or a provider call kept failing): once more.
+    // or a provider call kept failing): once more, unless their server is
+    // alive and still at it.
     let mut unclean = Vec::new();
     for b in cp.store.snapshot_builds()? {
+        let owner_alive = cp
+            .store
+            .build_owner(&b.id)?
+            .is_some_and(|o| live.contains(&o));
         if b.status == BuildStatus::Failed
+            && !owner_alive
             && !cp
                 .store
                 .snapshot_build_steps(&b.id)?
@@ -37,6 +53,10 @@ pub fn recover(cp: &Cp) -> Result<()> {
     }
     if interrupted.is_empty() && unclean.is_empty() {
         return Ok(());
+    }
+    // This server takes them over: a later pass sees their owner alive.
+    for b in interrupted.iter().chain(&unclean) {
+        cp.store.set_build_owner(&b.id, &cp.leadership.id)?;
     }
     let recorded = cp.store.snapshots()?;
     let mut failed = Vec::new();

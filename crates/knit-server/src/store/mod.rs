@@ -25,6 +25,7 @@ pub mod attach;
 mod events;
 mod instances;
 mod intents;
+mod leader;
 mod nodes;
 mod pools;
 mod snapshots;
@@ -36,6 +37,7 @@ mod tokens;
 pub use events::{EventRecord, EventRetention, EVENT_AGGREGATION_WINDOW_MS};
 pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
+pub use leader::{Lease, ServerRecord};
 pub use nodes::{NodeRecord, TimelineEntry};
 pub use pools::{PoolCounts, PoolRecord};
 pub use snapshots::{BuildStep, SnapshotBuildRecord, SnapshotRecord};
@@ -207,6 +209,9 @@ CREATE INDEX events_last ON events (last_ms);
     // Attach records and attach-command options, kept as JSON files under
     // `<state>/attach/` before: the step also imports those files.
     attach::SCHEMA,
+    // Servers sharing the datastore, the leader lease, shared secrets,
+    // and which server runs a snapshot build.
+    leader::SCHEMA,
 ];
 
 pub fn now_ms() -> i64 {
@@ -309,7 +314,21 @@ impl Store {
     /// returns `Ok`. The single choke point of writes: a check that must
     /// hold for every write goes here. `f` may run more than once (on
     /// PostgreSQL a conflict re-runs it), so it only touches the database.
-    fn write<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+    ///
+    /// Leader work (a task under `crate::ha::fenced`) first proves, in the
+    /// same transaction, that its lease is still the current one.
+    fn write<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        match crate::ha::current_fence() {
+            Some(fence) => self.db.write(|tx| {
+                leader::check_fence(tx, &fence.holder, fence.epoch)?;
+                f(tx)
+            }),
+            None => self.db.write(f),
+        }
+    }
+
+    /// A write that is no leader's work (the lease itself, heartbeats).
+    fn write_unfenced<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         self.db.write(f)
     }
 }

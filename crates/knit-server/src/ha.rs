@@ -1,0 +1,317 @@
+//! Several knit servers on one datastore (PostgreSQL). Every server serves
+//! the API; one, the leader, runs the work that must happen once: the
+//! reconciler (creates, deletes, repair) and the recovery of snapshot
+//! builds whose server is gone. Leadership is a lease in the datastore
+//! (`store::leader`), renewed every third of its time; the leader's work
+//! runs under a [`Fence`] that every write of it checks. On SQLite there is
+//! one server, which takes the lease at once and keeps it.
+
+use crate::control::ControlPlane;
+use crate::error::Result;
+use crate::store::{now_ms, Lease, ServerRecord};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+tokio::task_local! {
+    static FENCE: Fence;
+}
+
+/// The lease a piece of leader work was started under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub holder: String,
+    pub epoch: i64,
+}
+
+/// The fence of the leader work this task is doing, if it is.
+pub fn current_fence() -> Option<Fence> {
+    FENCE.try_with(Fence::clone).ok()
+}
+
+/// Runs `fut` as leader work under `fence`: its writes are refused once
+/// the lease has passed to another epoch.
+pub async fn fenced<F: Future>(fence: Fence, fut: F) -> F::Output {
+    FENCE.scope(fence, fut).await
+}
+
+/// `tokio::spawn` that carries the current fence into the new task, so
+/// work handed off by the leader stays fenced.
+pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match current_fence() {
+        Some(fence) => tokio::spawn(FENCE.scope(fence, fut)),
+        None => tokio::spawn(fut),
+    }
+}
+
+/// This server's identity and what it knows of its lease.
+pub struct Leadership {
+    /// Unique per process start: `<hostname>-<pid>-<random>`.
+    pub id: String,
+    pub hostname: String,
+    pub started_ms: i64,
+    lease: Mutex<Option<Lease>>,
+}
+
+impl Leadership {
+    pub fn new() -> Leadership {
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "knit".into());
+        let mut random = [0u8; 4];
+        // Without randomness the pid still tells processes of one host apart.
+        let _ = getrandom::getrandom(&mut random);
+        Leadership {
+            id: format!("{hostname}-{}-{}", std::process::id(), hex::encode(random)),
+            hostname,
+            started_ms: now_ms(),
+            lease: Mutex::new(None),
+        }
+    }
+
+    fn set(&self, lease: Option<Lease>) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+
+    /// The lease, while this server holds it by its own clock. Past the
+    /// expiry (renewal failing: the datastore down or slow) this server
+    /// starts no new leader work; the datastore refuses writes of work
+    /// already started.
+    pub fn fence(&self) -> Option<Fence> {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        lease
+            .as_ref()
+            .filter(|l| l.expires_ms > now_ms())
+            .map(|l| Fence {
+                holder: l.holder.clone(),
+                epoch: l.epoch,
+            })
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.fence().is_some()
+    }
+}
+
+impl Default for Leadership {
+    fn default() -> Self {
+        Leadership::new()
+    }
+}
+
+impl ControlPlane {
+    /// Heartbeat and lease: every third of the lease time, record this
+    /// server alive and take or renew the lease. Becoming leader wakes the
+    /// reconciler and recovers snapshot builds whose server is gone.
+    pub async fn run_leadership(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let ttl = self.settings.lease_ttl;
+        let exclusive = !self.settings.datastore.is_shared();
+        let me = &self.leadership;
+        let mut led = false;
+        loop {
+            match self.lead_once(ttl, exclusive) {
+                Ok(Some(lease)) => {
+                    if !led || me.fence().map(|f| f.epoch) != Some(lease.epoch) {
+                        tracing::info!(server = %me.id, epoch = lease.epoch, "this server leads");
+                        me.set(Some(lease.clone()));
+                        led = true;
+                        self.on_leading();
+                    } else {
+                        me.set(Some(lease));
+                        // Builds of a server that ended since the last pass.
+                        if let Err(e) = crate::snapshot::recover(&self) {
+                            tracing::error!(error = %e, "recovering snapshot builds failed");
+                        }
+                    }
+                }
+                Ok(None) => {
+                    if led {
+                        tracing::warn!(server = %me.id, "another server took the lead");
+                    }
+                    me.set(None);
+                    led = false;
+                }
+                // The lease stays as it was: it lapses by its time, and
+                // `fence()` stops new leader work then.
+                Err(e) => tracing::warn!(error = %e, "heartbeat or leader lease failed"),
+            }
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tokio::time::sleep(ttl / 3) => {}
+            }
+        }
+        // A clean stop hands the lead over at once.
+        me.set(None);
+        if let Err(e) = self
+            .store
+            .resign(&me.id)
+            .and_then(|_| self.store.forget_servers(0, Some(&me.id)))
+        {
+            tracing::warn!(error = %e, "giving up the leader lease at shutdown failed");
+        }
+    }
+
+    fn lead_once(&self, ttl: Duration, exclusive: bool) -> Result<Option<Lease>> {
+        let me = &self.leadership;
+        let now = now_ms();
+        self.store.heartbeat_server(&ServerRecord {
+            id: me.id.clone(),
+            address: self.advertise_url.clone(),
+            hostname: me.hostname.clone(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_ms: me.started_ms,
+            heartbeat_ms: now,
+        })?;
+        // Rows of servers silent for ten lease times are dropped.
+        self.store
+            .forget_servers(now - 10 * ttl.as_millis() as i64, None)?;
+        self.store
+            .try_lead(&me.id, now, ttl.as_millis() as i64, exclusive)
+    }
+
+    fn on_leading(self: &Arc<Self>) {
+        let _ = self.store.add_event(
+            knit_api::state::EventType::Normal,
+            "Server",
+            &self.leadership.id,
+            "LeaderElected",
+            &format!("{} leads ({})", self.leadership.id, self.advertise_url),
+        );
+        if let Err(e) = crate::snapshot::recover(self) {
+            tracing::error!(error = %e, "recovering snapshot builds failed");
+        }
+        self.wake();
+    }
+
+    /// `GET /api/v1/servers`: every server row, the lease holder marked.
+    pub fn server_views(&self) -> Result<Vec<knit_api::views::ServerView>> {
+        let lease = self.store.lease()?;
+        let horizon = now_ms() - self.settings.lease_ttl.as_millis() as i64;
+        Ok(self
+            .store
+            .servers()?
+            .into_iter()
+            .map(|s| {
+                let held = lease
+                    .as_ref()
+                    .filter(|l| l.holder == s.id && l.expires_ms > now_ms());
+                knit_api::views::ServerView {
+                    leader: held.is_some(),
+                    leader_since_ms: held.map(|l| l.acquired_ms),
+                    epoch: held.map(|l| l.epoch),
+                    stale: s.heartbeat_ms < horizon,
+                    id: s.id,
+                    address: s.address,
+                    hostname: s.hostname,
+                    pid: s.pid,
+                    version: s.version,
+                    started_ms: s.started_ms,
+                    heartbeat_ms: s.heartbeat_ms,
+                }
+            })
+            .collect())
+    }
+
+    /// Servers that heartbeated within the lease time (this one included;
+    /// on SQLite only this one: the state directory is its alone).
+    pub fn live_servers(&self) -> Result<Vec<String>> {
+        if !self.settings.datastore.is_shared() {
+            return Ok(vec![self.leadership.id.clone()]);
+        }
+        let horizon = now_ms() - self.settings.lease_ttl.as_millis() as i64;
+        Ok(self
+            .store
+            .servers()?
+            .into_iter()
+            .filter(|s| s.heartbeat_ms >= horizon || s.id == self.leadership.id)
+            .map(|s| s.id)
+            .collect())
+    }
+}
+
+/// The files every server must share, by their name in the datastore.
+fn shared_files(
+    settings: &crate::control::Settings,
+) -> [(&'static str, std::path::PathBuf, u32); 3] {
+    [
+        ("ca.pem", settings.pki_dir().join("ca.pem"), 0o644),
+        ("ca.key", settings.pki_dir().join("ca.key"), 0o600),
+        ("admin-token", settings.admin_token_path(), 0o600),
+    ]
+}
+
+/// Before the CA and admin token are loaded: the ones other servers of
+/// this datastore already use replace any local copy. Only on a shared
+/// datastore (SQLite's state is this directory's own).
+pub fn adopt_shared_secrets(
+    store: &crate::store::Store,
+    settings: &crate::control::Settings,
+) -> Result<()> {
+    if !settings.datastore.is_shared() {
+        return Ok(());
+    }
+    for (name, path, mode) in shared_files(settings) {
+        if let Some(value) = store.stored_secret(name)? {
+            write_if_different(&path, &value, mode)?;
+        }
+    }
+    Ok(())
+}
+
+/// After they are loaded (or made): offers this server's to the datastore;
+/// `true` when another server's were there first and were written here
+/// instead (the caller loads them again).
+pub fn publish_secrets(
+    store: &crate::store::Store,
+    settings: &crate::control::Settings,
+) -> Result<bool> {
+    if !settings.datastore.is_shared() {
+        return Ok(false);
+    }
+    let mut replaced = false;
+    for (name, path, mode) in shared_files(settings) {
+        let local = std::fs::read_to_string(&path)
+            .map_err(|e| crate::error::ServerError::io(format!("read {}", path.display()), e))?;
+        let stored = store.shared_secret(name, &local)?;
+        replaced |= write_if_different(&path, &stored, mode)?;
+    }
+    Ok(replaced)
+}
+
+fn write_if_different(path: &std::path::Path, value: &str, mode: u32) -> Result<bool> {
+    if std::fs::read_to_string(path).is_ok_and(|v| v == value) {
+        return Ok(false);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| crate::error::ServerError::io(format!("create {}", dir.display()), e))?;
+    }
+    crate::durable::write(path, value.as_bytes(), mode)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_fence_follows_spawned_work() {
+        let fence = Fence {
+            holder: "a".into(),
+            epoch: 3,
+        };
+        let seen = fenced(fence.clone(), async {
+            spawn(async { current_fence() }).await.unwrap()
+        })
+        .await;
+        assert_eq!(seen, Some(fence));
+        assert_eq!(spawn(async { current_fence() }).await.unwrap(), None);
+    }
+}

@@ -70,6 +70,29 @@ fn as_server_user(cmd: &mut Command) {
     }
 }
 
+/// The server on `dir`'s data and socket directories, logging to `log`.
+fn spawn_server(bin: &Path, dir: &Path, port: u16, log: std::fs::File) -> Result<Child, String> {
+    let mut server = Command::new(bin.join("postgres"));
+    server
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(dir.join("run"))
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=200",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    as_server_user(&mut server);
+    server.spawn().map_err(|e| format!("start postgres: {e}"))
+}
+
 impl TestPostgres {
     /// Starts a server; `Err` says what is missing (install `postgresql`).
     pub fn start() -> Result<TestPostgres, String> {
@@ -120,25 +143,7 @@ impl TestPostgres {
         if let Some((uid, gid)) = server_user() {
             let _ = chown_tree(&dir.path().join("postgres.log"), uid, gid);
         }
-        let mut server = Command::new(bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(&sockets)
-            .args([
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=200",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
-        as_server_user(&mut server);
-        let child = server.spawn().map_err(|e| format!("start postgres: {e}"))?;
+        let child = spawn_server(&bin, dir.path(), port, log)?;
         let pg = TestPostgres {
             child: Some(child),
             dir,
@@ -226,25 +231,7 @@ impl TestPostgres {
             .append(true)
             .open(self.dir.path().join("postgres.log"))
             .map_err(|e| e.to_string())?;
-        let mut server = Command::new(bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-p", &self.port.to_string(), "-k"])
-            .arg(self.dir.path().join("run"))
-            .args([
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=200",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
-        as_server_user(&mut server);
-        self.child = Some(server.spawn().map_err(|e| format!("start postgres: {e}"))?);
+        self.child = Some(spawn_server(&bin, self.dir.path(), self.port, log)?);
         self.wait_ready()
     }
 }

@@ -312,6 +312,10 @@ impl Cloud {
 
         let mut rec = {
             let _lock = self.state.lock()?;
+            if let Some(existing) = self.by_client_token(tpl.client_token.as_deref())? {
+                tracing::info!(id = %existing.id, "create repeated with the same client token: the instance it made");
+                return self.view(existing);
+            }
             self.ensure_network()?;
             let id = new_id("i-")?;
             let ip = self.pick_ip(tpl.private_ip.as_deref())?;
@@ -361,6 +365,17 @@ impl Cloud {
             return Err(e);
         }
         self.view(rec)
+    }
+
+    /// The instance an earlier create with this client token made, if it
+    /// still exists. Called under the state lock.
+    fn by_client_token(&self, token: Option<&str>) -> Result<Option<InstanceRecord>> {
+        let Some(token) = token else { return Ok(None) };
+        Ok(self
+            .state
+            .instances()?
+            .into_iter()
+            .find(|r| r.template.client_token.as_deref() == Some(token)))
     }
 
     /// Disks from snapshots: the snapshot exists and the disk is not smaller.
@@ -654,7 +669,23 @@ impl Cloud {
         rec.state = InstanceState::Running;
         rec.boots += 1;
         rec.last_boot_ms = Some(started.elapsed().as_millis() as u64);
-        self.state.put_instance(rec)?;
+        {
+            let _lock = self.state.lock()?;
+            // Released meanwhile by another process (a create that was
+            // frozen, then its instance deleted by the next leader): the
+            // record is not written back, what this boot started ends.
+            if self.state.instance(&rec.id).is_err() {
+                drop(_lock);
+                if let Err(e) = self.halt(rec) {
+                    tracing::warn!(id = %rec.id, error = %e, "ending a boot whose instance was deleted meanwhile");
+                }
+                return Err(LocalError::NotFound {
+                    kind: "instance",
+                    id: rec.id.clone(),
+                });
+            }
+            self.state.put_instance(rec)?;
+        }
         tracing::info!(id = %rec.id, ip = %rec.private_ip, boot_ms = rec.last_boot_ms, "instance ready");
         Self::checkpoint("spawn");
         Ok(())

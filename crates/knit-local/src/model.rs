@@ -39,6 +39,12 @@ pub struct Template {
     pub user_data_runner: UserDataRunner,
     #[serde(default)]
     pub attributes: Attributes,
+    /// Idempotency key, as a cloud's client token: a create with the token
+    /// of an instance that exists returns that instance instead of making
+    /// another (a create repeated by a server that was paused, or by the
+    /// next leader, must not make two machines).
+    #[serde(default)]
+    pub client_token: Option<String>,
 }
 
 impl Default for Template {
@@ -55,6 +61,7 @@ impl Default for Template {
             user_data: None,
             user_data_runner: UserDataRunner::Knit,
             attributes: Attributes::default(),
+            client_token: None,
         }
     }
 }
@@ -312,6 +319,15 @@ impl Template {
         }
         if self.instance_type.is_empty() {
             e.add("instanceType", "\"\"", "must not be empty");
+        }
+        if let Some(t) = &self.client_token {
+            if t.is_empty() || t.len() > 64 || !t.is_ascii() {
+                e.add(
+                    "clientToken",
+                    format!("{t:?}"),
+                    "must be 1 to 64 ASCII characters",
+                );
+            }
         }
         if let Err(rule) = check_base_root(&self.base_root) {
             e.add("baseRoot", format!("{:?}", self.base_root), rule);

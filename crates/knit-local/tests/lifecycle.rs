@@ -424,6 +424,32 @@ fn parallel_creates_get_distinct_addresses() {
     }
 }
 
+/// A create repeated with the same client token (a paused server woken,
+/// the next leader retrying) gets the instance the first one made, also
+/// when both race; another token makes another instance.
+#[test]
+fn a_client_token_makes_one_instance() {
+    let t = TestCloud::new();
+    let tpl = "systemDiskSize: 256Mi\nclientToken: pool-a-00001\n";
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| t.create(tpl).record.id))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    assert_eq!(t.cloud.list().unwrap().len(), 1);
+    let other = t.create("systemDiskSize: 256Mi\nclientToken: pool-a-00002\n");
+    assert_ne!(other.record.id, ids[0]);
+    assert_eq!(t.cloud.list().unwrap().len(), 2);
+    let bad = knit_local::Template::parse(&format!("clientToken: {}\n", "x".repeat(65)))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("clientToken"), "{bad}");
+}
+
 /// PID 1 killed from outside (a host crash, an OOM kill): the record still
 /// says running, `alive` says otherwise, and start brings it back intact.
 #[test]

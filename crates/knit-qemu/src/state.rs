@@ -119,6 +119,9 @@ pub struct VmRecord {
     pub accel: Option<String>,
     pub created_at: u64,
     pub password_set_at: Option<u64>,
+    /// The create's idempotency key (absent in records of older versions).
+    #[serde(default)]
+    pub client_token: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

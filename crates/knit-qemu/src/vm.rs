@@ -137,6 +137,10 @@ pub struct VmTemplate {
     pub memory_mib: Option<u32>,
     pub cpus: Option<u32>,
     pub ip: Option<Ipv4Addr>,
+    /// Idempotency key, as a cloud's client token: a create with the token
+    /// of a VM that exists returns that VM (a create repeated by a paused
+    /// server or by the next leader must not make two machines).
+    pub client_token: Option<String>,
 }
 
 /// A VM as seen now: its record and whether its QEMU process lives.
@@ -249,6 +253,17 @@ impl Machines {
         self.require_bridge()?;
         let rec = {
             let _lock = self.state.lock()?;
+            if let Some(token) = &t.client_token {
+                if let Some(existing) = self
+                    .state
+                    .vms()?
+                    .into_iter()
+                    .find(|v| v.client_token.as_ref() == Some(token))
+                {
+                    tracing::info!(id = %existing.id, "create repeated with the same client token: the VM it made");
+                    return self.describe(&existing.id);
+                }
+            }
             let hex = random_hex(6)?;
             let ip = self.pick_ip(t.ip)?;
             let mut disks = Vec::new();
@@ -290,6 +305,7 @@ impl Machines {
                 accel: None,
                 created_at: now(),
                 password_set_at: None,
+                client_token: t.client_token.clone(),
             };
             // Written before any file, tap or process it names.
             self.state.put_vm(&rec)?;
@@ -1382,6 +1398,7 @@ mod tests {
             accel: None,
             created_at: 0,
             password_set_at: None,
+            client_token: None,
         }
     }
 

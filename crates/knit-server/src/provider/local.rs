@@ -102,6 +102,9 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
             .collect(),
         user_data: Some(t.user_data.clone()),
         attributes,
+        // knit's name is unique: a create repeated by a woken or a new
+        // leader gets the instance the first one made.
+        client_token: Some(t.name.clone()),
         ..Template::default()
     }
 }

@@ -169,6 +169,9 @@ pub fn vm_template(t: &InstanceTemplate) -> VmTemplate {
             }
             tags
         },
+        // knit's name is unique: a create repeated by a woken or a new
+        // leader gets the VM the first one made.
+        client_token: Some(t.name.clone()),
         ..Default::default()
     }
 }

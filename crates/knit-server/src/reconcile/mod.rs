@@ -37,10 +37,18 @@ impl ControlPlane {
             tracing::warn!("no provider configured: pools are stored but no instance is created");
             return;
         }
+        // The epoch of the last pass, to log the first pass of a new lease
+        // (bench/ha-failover.sh times a failover up to this line).
+        let mut last_epoch = None;
         loop {
             // Only the leader reconciles; its writes carry its lease.
             if let Some(fence) = self.leadership.fence() {
+                let epoch = fence.epoch;
                 crate::ha::fenced(fence, self.clone().reconcile_pass()).await;
+                if last_epoch != Some(epoch) {
+                    last_epoch = Some(epoch);
+                    tracing::info!(epoch, "first reconcile pass as leader");
+                }
             }
             tokio::select! {
                 _ = shutdown.changed() => return,

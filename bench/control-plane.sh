@@ -3,7 +3,10 @@
 # repository root):
 #  1. the in-process benchmark: reconcile decision time for a 1,000-node
 #     pool, API latency p50/p99 under concurrent HTTPS clients on loopback,
-#     server RSS with 1,000 nodes stored;
+#     server RSS with 1,000 nodes stored; then the same API latency with
+#     the server's datastore on PostgreSQL (a throwaway server of its own
+#     from Debian's binaries; skipped, saying why, where none can start)
+#     and the PostgreSQL/SQLite ratios;
 #  2. time from `knit scale` to every node done, on the real local cloud,
 #     for 1, 3 and 10 nodes: first joining no cluster (provider create +
 #     boot + stub + every agent phase), then joining the embedded cluster
@@ -15,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
-echo "== in-process: planning, API latency, RSS"
+echo "== in-process: planning, API latency (SQLite, then PostgreSQL), RSS"
 cargo run --release -q -p knit-server --example bench_control_plane
 
 BIN=target/release

@@ -3,7 +3,12 @@
 //!    full planning pass that reads the SQLite store and writes intents);
 //! 2. API latency p50/p99 under a concurrent load generator on loopback
 //!    (real TLS server, keep-alive HTTPS clients on threads);
-//! 3. server RSS with 1,000 nodes and their phase timelines stored.
+//! 3. server RSS with 1,000 nodes and their phase timelines stored;
+//! 4. the API latency of 2. again with the server's datastore on PostgreSQL
+//!    (a throwaway server of its own from Debian's binaries, on loopback,
+//!    `knit_db::testing::TestPostgres`), the same 1,000 nodes stored, and
+//!    the ratio to SQLite. Skipped, saying why, when PostgreSQL cannot be
+//!    started here (not root, binaries not installed).
 //!
 //! Run: `cargo run --release -p knit-server --example bench_control_plane`
 //! (no provider is involved; everything stays on 127.0.0.1 and a temp dir).
@@ -11,10 +16,13 @@
 use knit_api::state::InstanceState;
 use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_client::{Client, ClientConfig};
+use knit_db::testing::TestPostgres;
+use knit_db::Datastore;
 use knit_server::bootstrap::NoCluster;
+use knit_server::control::ControlPlane;
 use knit_server::reconcile::plan;
 use knit_server::store::InstanceRecord;
-use knit_server::Settings;
+use knit_server::{Server, Settings};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,6 +99,101 @@ fn main() {
         replicas: NODES as i64,
         ..Default::default()
     };
+    populate(&cp, &spec, &instances);
+    let rss_loaded = rss_kib();
+    // Desired 900: one pass plans 100 deletions and writes their intents.
+    spec.replicas = (NODES - 100) as i64;
+    cp.store
+        .update_pool(&NodePool::new("workers", spec.clone()))
+        .expect("update");
+    let t = Instant::now();
+    rt.block_on(cp.plan_all()).expect("plan");
+    let first = t.elapsed();
+    let mut steady = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        rt.block_on(cp.plan_all()).expect("plan");
+        steady.push(t.elapsed());
+    }
+    steady.sort();
+    println!(
+        "plan_all() with {NODES} instances in SQLite: scale-in pass (writes 100 intents) {:.1} ms; steady pass p50 {:.2} ms, p99 {:.2} ms",
+        ms(first),
+        ms(percentile(&steady, 0.5)),
+        ms(percentile(&steady, 0.99))
+    );
+
+    // 2. API latency under concurrent load.
+    let sqlite = api_latency(&server);
+    for row in &sqlite {
+        println!(
+            "GET {}: {} requests, {} concurrent clients: p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s",
+            row.path, row.requests, row.threads, row.p50, row.p99, row.rps
+        );
+    }
+    println!(
+        "RSS: {} MiB before start, {} MiB with {NODES} nodes and {} timeline events stored, {} MiB after the load",
+        rss_before / 1024,
+        rss_loaded / 1024,
+        NODES * PhaseName::ALL.len() * 2,
+        rss_kib() / 1024
+    );
+    rt.block_on(server.shutdown());
+
+    // 4. The same API latency with the datastore on PostgreSQL.
+    let pg = match TestPostgres::start() {
+        Ok(pg) => pg,
+        Err(e) => {
+            println!("PostgreSQL: skipped, no server could be started here: {e}");
+            return;
+        }
+    };
+    let url = match pg.create_database("knit_bench") {
+        Ok(url) => url,
+        Err(e) => {
+            println!("PostgreSQL: skipped, no database could be created: {e}");
+            return;
+        }
+    };
+    let mut settings = Settings::new(dir.path().join("state-pg"));
+    settings.listen = "127.0.0.1:0".parse().expect("addr");
+    settings.datastore = Datastore::Postgres(url);
+    let server = rt
+        .block_on(knit_server::start(settings, None, Arc::new(NoCluster)))
+        .expect("server on PostgreSQL");
+    spec.replicas = NODES as i64;
+    let t = Instant::now();
+    populate(&server.control, &spec, &instances);
+    println!(
+        "PostgreSQL (loopback, fsync off): {NODES} nodes and their timelines stored in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let postgres = api_latency(&server);
+    println!("API latency, same run, same load: SQLite vs PostgreSQL");
+    println!(
+        "| request | clients | SQLite p50 / p99 | PostgreSQL p50 / p99 | p50 ratio | p99 ratio |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (a, b) in sqlite.iter().zip(&postgres) {
+        println!(
+            "| GET {} | {} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.2}x | {:.2}x |",
+            a.path,
+            a.threads,
+            a.p50,
+            a.p99,
+            b.p50,
+            b.p99,
+            b.p50 / a.p50,
+            b.p99 / a.p99
+        );
+    }
+    rt.block_on(server.shutdown());
+    drop(pg);
+}
+
+/// The pool, its 1,000 instances created, and each node's nine phases
+/// (started + done) in the server's store.
+fn populate(cp: &ControlPlane, spec: &NodePoolSpec, instances: &[InstanceRecord]) {
     let mut cluster = knit_api::Cluster::default();
     cluster.spec.edition = "pro".into();
     cp.store.put_cluster(&cluster).expect("cluster");
@@ -104,7 +207,7 @@ fn main() {
     cp.store
         .add_create_intents("workers", &names)
         .expect("intents");
-    for i in &instances {
+    for i in instances {
         cp.store
             .set_instance_created(
                 &i.name,
@@ -133,30 +236,20 @@ fn main() {
             }
         }
     }
-    let rss_loaded = rss_kib();
-    // Desired 900: one pass plans 100 deletions and writes their intents.
-    spec.replicas = (NODES - 100) as i64;
-    cp.store
-        .update_pool(&NodePool::new("workers", spec.clone()))
-        .expect("update");
-    let t = Instant::now();
-    rt.block_on(cp.plan_all()).expect("plan");
-    let first = t.elapsed();
-    let mut steady = Vec::new();
-    for _ in 0..50 {
-        let t = Instant::now();
-        rt.block_on(cp.plan_all()).expect("plan");
-        steady.push(t.elapsed());
-    }
-    steady.sort();
-    println!(
-        "plan_all() with {NODES} instances in SQLite: scale-in pass (writes 100 intents) {:.1} ms; steady pass p50 {:.2} ms, p99 {:.2} ms",
-        ms(first),
-        ms(percentile(&steady, 0.5)),
-        ms(percentile(&steady, 0.99))
-    );
+}
 
-    // 2. API latency under concurrent load.
+struct Latency {
+    path: &'static str,
+    threads: usize,
+    requests: usize,
+    p50: f64,
+    p99: f64,
+    rps: f64,
+}
+
+/// GETs from keep-alive HTTPS clients on threads, per path: p50/p99 (ms)
+/// and throughput.
+fn api_latency(server: &Server) -> Vec<Latency> {
     let config = ClientConfig {
         server: server.local_url.clone(),
         token: server.admin_token().to_string(),
@@ -164,6 +257,7 @@ fn main() {
         state_dir: None,
         pid: None,
     };
+    let mut out = Vec::new();
     for (path, threads, per_thread) in [
         ("/api/v1/pools/workers", 8, 250),
         ("/healthz", 8, 500),
@@ -194,20 +288,14 @@ fn main() {
             .collect();
         let wall = started.elapsed();
         all.sort();
-        println!(
-            "GET {path}: {} requests, {threads} concurrent clients: p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s",
-            all.len(),
-            ms(percentile(&all, 0.5)),
-            ms(percentile(&all, 0.99)),
-            all.len() as f64 / wall.as_secs_f64()
-        );
+        out.push(Latency {
+            path,
+            threads,
+            requests: all.len(),
+            p50: ms(percentile(&all, 0.5)),
+            p99: ms(percentile(&all, 0.99)),
+            rps: all.len() as f64 / wall.as_secs_f64(),
+        });
     }
-    println!(
-        "RSS: {} MiB before start, {} MiB with {NODES} nodes and {} timeline events stored, {} MiB after the load",
-        rss_before / 1024,
-        rss_loaded / 1024,
-        NODES * PhaseName::ALL.len() * 2,
-        rss_kib() / 1024
-    );
-    rt.block_on(server.shutdown());
+    out
 }

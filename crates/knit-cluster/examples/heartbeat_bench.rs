@@ -6,7 +6,14 @@
 //! Nodes are Ready, then measures this process's CPU time (the API server
 //! and its controllers; the stand-ins are other processes) over a window.
 //!
-//! Run: `bash bench/cluster-heartbeats.sh [N] [WINDOW_SECS]`
+//! The datastore is SQLite in the cluster's directory, or with
+//! `KNIT_BENCH_DATASTORE=postgres` a throwaway PostgreSQL server of its own
+//! (`knit_db::testing::TestPostgres`, on loopback, fsync off) as servers
+//! sharing a datastore use it; then the database's work is in other
+//! processes, and their CPU over the same window (the postmaster and its
+//! children, from /proc/<pid>/stat) is reported beside this process's.
+//!
+//! Run: `bash bench/cluster-heartbeats.sh [N] [WINDOW_SECS]` (both datastores).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,6 +22,7 @@ use std::time::{Duration, Instant};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use knit_cluster::{ClusterConfig, EmbeddedCluster};
+use knit_db::testing::TestPostgres;
 
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills the struct we own.
@@ -40,6 +48,56 @@ fn rss_mib() -> f64 {
         / 1024.0
 }
 
+/// Clock ticks per second, for /proc/<pid>/stat's times.
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// (ppid, utime + stime + cutime + cstime in ticks) of a process; the
+/// children's times are those it has reaped (ended backends).
+fn proc_times(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: fields start after its ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state): ppid is field 4, utime..cstime 14..17.
+    let ppid = f.get(1)?.parse().ok()?;
+    let ticks = f
+        .get(11..15)?
+        .iter()
+        .map(|v| v.parse::<u64>().unwrap_or(0))
+        .sum();
+    Some((ppid, ticks))
+}
+
+/// CPU seconds of a PostgreSQL server so far: the postmaster's own and
+/// reaped children's, plus every live child's (backends, WAL writer,
+/// checkpointer...).
+fn postgres_cpu_seconds(postmaster: u32) -> f64 {
+    let mut ticks = proc_times(postmaster).map(|(_, t)| t).unwrap_or(0);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some((ppid, t)) = proc_times(pid) {
+            if ppid == postmaster {
+                ticks += t;
+            }
+        }
+    }
+    ticks as f64 / clock_ticks()
+}
+
 fn raise_fd_limit() {
     // SAFETY: get/setrlimit on our own process.
     unsafe {
@@ -63,11 +121,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     raise_fd_limit();
 
     let dir = tempfile::tempdir()?;
-    let cluster = EmbeddedCluster::start(ClusterConfig::new(
-        dir.path().join("cluster"),
-        "127.0.0.1:0".parse()?,
-    ))
-    .await?;
+    let mut cfg = ClusterConfig::new(dir.path().join("cluster"), "127.0.0.1:0".parse()?);
+    let choice = std::env::var("KNIT_BENCH_DATASTORE").unwrap_or_else(|_| "sqlite".into());
+    let pg = match choice.as_str() {
+        "sqlite" => None,
+        "postgres" => {
+            let pg = TestPostgres::start().map_err(|e| format!("PostgreSQL: {e}"))?;
+            let url = pg
+                .create_database("knit_bench")
+                .map_err(|e| format!("PostgreSQL database: {e}"))?;
+            cfg.datastore = Some(knit_db::Datastore::Postgres(url));
+            Some(pg)
+        }
+        other => return Err(format!("KNIT_BENCH_DATASTORE={other}: sqlite or postgres").into()),
+    };
+    let pg_cpu = || {
+        pg.as_ref()
+            .and_then(TestPostgres::pid)
+            .map(postgres_cpu_seconds)
+    };
+    let cluster = EmbeddedCluster::start(cfg).await?;
     let token = cluster.create_bootstrap_token(None, Duration::from_secs(3600), &[])?;
     let boot = dir.path().join("bootstrap-kubelet.conf");
     std::fs::write(
@@ -121,14 +194,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         // Let start-up work (CSRs, registrations) drain, then measure.
         tokio::time::sleep(Duration::from_secs(15)).await;
-        let (cpu0, rv0, t0) = (cpu_seconds(), cluster_rv(&cluster).await?, Instant::now());
+        let (cpu0, db0, rv0, t0) = (
+            cpu_seconds(),
+            pg_cpu(),
+            cluster_rv(&cluster).await?,
+            Instant::now(),
+        );
         tokio::time::sleep(window).await;
-        let (cpu1, rv1, t1) = (cpu_seconds(), cluster_rv(&cluster).await?, Instant::now());
+        let (cpu1, db1, rv1, t1) = (
+            cpu_seconds(),
+            pg_cpu(),
+            cluster_rv(&cluster).await?,
+            Instant::now(),
+        );
         let wall = (t1 - t0).as_secs_f64();
-        println!("| nodes | all Ready after | window | API server CPU (% of one core) | writes/s | API server RSS |");
-        println!("|---|---|---|---|---|---|");
+        let db = match (db0, db1) {
+            (Some(a), Some(b)) => format!("{:.2} %", 100.0 * (b - a) / wall),
+            _ => "(in process)".to_string(),
+        };
+        println!("| datastore | nodes | all Ready after | window | API server CPU (% of one core) | PostgreSQL processes' CPU | writes/s | API server RSS |");
+        println!("|---|---|---|---|---|---|---|---|");
         println!(
-            "| {nodes} | {:.1} s | {:.0} s | {:.2} % | {:.1} | {:.0} MiB |",
+            "| {choice} | {nodes} | {:.1} s | {:.0} s | {:.2} % | {db} | {:.1} | {:.0} MiB |",
             ready_after.as_secs_f64(),
             wall,
             100.0 * (cpu1 - cpu0) / wall,
@@ -143,6 +230,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = c.wait();
     }
     cluster.shutdown().await;
+    drop(pg);
     result
 }
 

@@ -12,6 +12,7 @@ mod error;
 mod postgres;
 mod sqlite;
 pub mod testing;
+mod tls;
 mod value;
 
 use std::path::{Path, PathBuf};
@@ -64,7 +65,9 @@ impl Datastore {
             return Ok(Datastore::Sqlite(PathBuf::from(path)));
         }
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            text.parse::<tokio_postgres::Config>()
+            let tls = tls::settings(text, |rule| bad(&rule))?;
+            tls.driver_url
+                .parse::<tokio_postgres::Config>()
                 .map_err(|e| bad(&format!("not a PostgreSQL connection URL: {e}")))?;
             return Ok(Datastore::Postgres(text.to_string()));
         }

@@ -21,6 +21,8 @@ const STATEMENT_CACHE: usize = 256;
 
 pub struct Postgres {
     config: Config,
+    /// `None` with sslmode=disable.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     target: String,
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
@@ -58,10 +60,16 @@ impl Drop for Postgres {
 
 impl Postgres {
     pub fn open(url: &str, limits: Limits) -> Result<Postgres, DbError> {
-        let mut config: Config = url.parse().map_err(|e| DbError::BadDatastore {
+        let bad = |rule: String| DbError::BadDatastore {
             value: crate::redact_url(url),
-            rule: format!("not a PostgreSQL connection URL: {e}"),
-        })?;
+            rule,
+        };
+        let tls_settings = crate::tls::settings(url, bad)?;
+        let tls = crate::tls::connector(&tls_settings, bad)?;
+        let mut config: Config = tls_settings
+            .driver_url
+            .parse()
+            .map_err(|e| bad(format!("not a PostgreSQL connection URL: {e}")))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(limits.connect_timeout);
         }
@@ -81,6 +89,7 @@ impl Postgres {
         let handle = runtime.handle().clone();
         let db = Postgres {
             config,
+            tls,
             target,
             runtime: Some(runtime),
             handle,
@@ -106,21 +115,42 @@ impl Postgres {
     }
 
     fn connect(&self) -> Result<Conn, DbError> {
-        let (client, connection) = self
-            .block(self.config.connect(NoTls))
-            .map_err(|_| DbError::Connect {
-                target: self.target.clone(),
-                reason: format!("no answer within {:?}", self.limits.statement_timeout),
-            })?
-            .map_err(|e| DbError::Connect {
-                target: self.target.clone(),
-                reason: e.to_string(),
-            })?;
-        self.handle.spawn(async move {
-            if let Err(e) = connection.await {
+        let no_answer = |_| DbError::Connect {
+            target: self.target.clone(),
+            reason: format!("no answer within {:?}", self.limits.statement_timeout),
+        };
+        let refused = |e: tokio_postgres::Error| DbError::Connect {
+            target: self.target.clone(),
+            // The TLS error (a certificate refused, say) is the source.
+            reason: match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            },
+        };
+        let ended = |r: Result<(), tokio_postgres::Error>| {
+            if let Err(e) = r {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
             }
-        });
+        };
+        // The two connections differ in type: each driven where it is made.
+        let client = match &self.tls {
+            None => {
+                let (client, connection) = self
+                    .block(self.config.connect(NoTls))
+                    .map_err(no_answer)?
+                    .map_err(refused)?;
+                self.handle.spawn(async move { ended(connection.await) });
+                client
+            }
+            Some(tls) => {
+                let (client, connection) = self
+                    .block(self.config.connect(tls.clone()))
+                    .map_err(no_answer)?
+                    .map_err(refused)?;
+                self.handle.spawn(async move { ended(connection.await) });
+                client
+            }
+        };
         let mut conn = Conn {
             client,
             statements: HashMap::new(),

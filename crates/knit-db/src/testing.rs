@@ -15,6 +15,8 @@ pub struct TestPostgres {
     child: Option<Child>,
     dir: tempfile::TempDir,
     port: u16,
+    /// `-c name=value` settings beyond the defaults (TLS, say).
+    settings: Vec<String>,
 }
 
 /// The directory of `initdb` and `postgres`: `KNIT_PG_BINDIR`, else the
@@ -70,8 +72,15 @@ fn as_server_user(cmd: &mut Command) {
     }
 }
 
-/// The server on `dir`'s data and socket directories, logging to `log`.
-fn spawn_server(bin: &Path, dir: &Path, port: u16, log: std::fs::File) -> Result<Child, String> {
+/// The server on `dir`'s data and socket directories, logging to `log`,
+/// with `settings` (`name=value`) beyond the defaults.
+fn spawn_server(
+    bin: &Path,
+    dir: &Path,
+    port: u16,
+    settings: &[String],
+    log: std::fs::File,
+) -> Result<Child, String> {
     let mut server = Command::new(bin.join("postgres"));
     server
         .arg("-D")
@@ -85,7 +94,11 @@ fn spawn_server(bin: &Path, dir: &Path, port: u16, log: std::fs::File) -> Result
             "fsync=off",
             "-c",
             "max_connections=200",
-        ])
+        ]);
+    for setting in settings {
+        server.arg("-c").arg(setting);
+    }
+    server
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log);
@@ -96,6 +109,17 @@ fn spawn_server(bin: &Path, dir: &Path, port: u16, log: std::fs::File) -> Result
 impl TestPostgres {
     /// Starts a server; `Err` says what is missing (install `postgresql`).
     pub fn start() -> Result<TestPostgres, String> {
+        TestPostgres::start_with(None)
+    }
+
+    /// Starts a server that also offers TLS with this certificate chain
+    /// and key (PEM), as `ssl = on` in postgresql.conf does; plain
+    /// connections are still accepted, as with a stock server.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Result<TestPostgres, String> {
+        TestPostgres::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Result<TestPostgres, String> {
         let bin = bindir().ok_or(
             "PostgreSQL server binaries not found under /usr/lib/postgresql (install the `postgresql` package, or set KNIT_PG_BINDIR)",
         )?;
@@ -143,11 +167,37 @@ impl TestPostgres {
         if let Some((uid, gid)) = server_user() {
             let _ = chown_tree(&dir.path().join("postgres.log"), uid, gid);
         }
-        let child = spawn_server(&bin, dir.path(), port, log)?;
+        let mut settings = Vec::new();
+        if let Some((cert, key)) = tls {
+            let tls_dir = dir.path().join("tls");
+            std::fs::create_dir_all(&tls_dir).map_err(|e| e.to_string())?;
+            let (cert_file, key_file) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
+            // PostgreSQL refuses a key file others can read.
+            for (path, text, mode) in [(&cert_file, cert, 0o644), (&key_file, key, 0o600)] {
+                std::fs::write(path, text)
+                    .and_then(|_| {
+                        std::fs::set_permissions(
+                            path,
+                            std::os::unix::fs::PermissionsExt::from_mode(mode),
+                        )
+                    })
+                    .map_err(|e| format!("write {}: {e}", path.display()))?;
+            }
+            if let Some((uid, gid)) = server_user() {
+                for p in [&tls_dir, &cert_file, &key_file] {
+                    chown_tree(p, uid, gid).map_err(|e| format!("chown {}: {e}", p.display()))?;
+                }
+            }
+            settings.push("ssl=on".to_string());
+            settings.push(format!("ssl_cert_file={}", cert_file.display()));
+            settings.push(format!("ssl_key_file={}", key_file.display()));
+        }
+        let child = spawn_server(&bin, dir.path(), port, &settings, log)?;
         let pg = TestPostgres {
             child: Some(child),
             dir,
             port,
+            settings,
         };
         pg.wait_ready()?;
         Ok(pg)
@@ -231,7 +281,13 @@ impl TestPostgres {
             .append(true)
             .open(self.dir.path().join("postgres.log"))
             .map_err(|e| e.to_string())?;
-        self.child = Some(spawn_server(&bin, self.dir.path(), self.port, log)?);
+        self.child = Some(spawn_server(
+            &bin,
+            self.dir.path(),
+            self.port,
+            &self.settings,
+            log,
+        )?);
         self.wait_ready()
     }
 }

@@ -4,7 +4,9 @@
 //! shows both with one leader; a pool's node joins through HAProxy and
 //! reaches Ready; the leader is killed by PID and the other takes over, the
 //! node keeps renewing its Lease and a second node joins through HAProxy;
-//! `knit down` leaves no process of ours.
+//! `knit down` leaves no process of ours. A second test carries one
+//! scale-out after another through a leader killed -9, a leader frozen
+//! (SIGSTOP) past its lease and the database stopped and started again.
 
 mod common;
 
@@ -40,6 +42,40 @@ fn recorded_pids(state: &Path) -> Vec<(String, u32)> {
         .collect();
     out.sort();
     out
+}
+
+/// `knit up --ha 2` for this environment (its own state directory,
+/// ports, bridge and subnet); run again, it starts what is not running.
+fn up_ha(env: &Env) -> (bool, String, String) {
+    let state = env.state_dir();
+    let port = env.port;
+    let cluster_port = env.cluster_port.unwrap();
+    let listen = format!("127.0.0.1:{port},{}:{port}", env.gateway);
+    env.knit(&[
+        "up",
+        "--ha",
+        "2",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--advertise-address",
+        &env.gateway.clone(),
+        "--cluster",
+        "embedded",
+        "--cluster-port",
+        &cluster_port.to_string(),
+        "--console-listen",
+        "off",
+        "--parallelism",
+        "2",
+        "--local-state-dir",
+        env.path("local").to_str().unwrap(),
+        "--local-bridge",
+        &env.bridge.clone(),
+        "--local-subnet",
+        &env.subnet.clone(),
+    ])
 }
 
 /// Every recorded process handed to the environment's cleanup.
@@ -198,32 +234,7 @@ fn two_servers_behind_haproxy_survive_the_loss_of_one() {
     let state = env.state_dir();
     let port = env.port;
     let cluster_port = env.cluster_port.unwrap();
-    let listen = format!("127.0.0.1:{port},{}:{port}", env.gateway);
-    let (ok, out, err) = env.knit(&[
-        "up",
-        "--ha",
-        "2",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--listen",
-        &listen,
-        "--advertise-address",
-        &env.gateway.clone(),
-        "--cluster",
-        "embedded",
-        "--cluster-port",
-        &cluster_port.to_string(),
-        "--console-listen",
-        "off",
-        "--parallelism",
-        "2",
-        "--local-state-dir",
-        env.path("local").to_str().unwrap(),
-        "--local-bridge",
-        &env.bridge.clone(),
-        "--local-subnet",
-        &env.subnet.clone(),
-    ]);
+    let (ok, out, err) = up_ha(&env);
     // Whatever happened, what was recorded is ended with the environment.
     adopt_all(&mut env);
     let server_log = |i: u32| {
@@ -365,6 +376,274 @@ fn two_servers_behind_haproxy_survive_the_loss_of_one() {
     for (name, pid) in started {
         assert!(!env.runs_here(pid), "{name} (pid {pid}) still runs");
     }
+    assert_eq!(env.processes_here(), vec![], "processes left");
+    assert!(!Env::link_exists(&env.bridge), "the bridge is left");
+}
+
+/// The recorded server (`server-<i>`) with this PID, if any.
+fn server_name(state: &Path, pid: u32) -> Option<String> {
+    recorded_pids(state)
+        .into_iter()
+        .find(|(n, p)| n.starts_with("server-") && *p == pid)
+        .map(|(n, _)| n)
+}
+
+fn server_log_of(state: &Path, name: &str) -> String {
+    std::fs::read_to_string(state.join("ha").join(name).join("server.log")).unwrap_or_default()
+}
+
+/// The live leader's PID (60 s at most for there to be exactly one).
+fn leader_pid(env: &Env, n: usize, not: Option<u64>) -> u32 {
+    let list = one_leader_of(env, n, not);
+    list.iter().find(|s| s["leader"] == true).unwrap()["pid"]
+        .as_u64()
+        .unwrap() as u32
+}
+
+/// Signals a process `knit up` started for this test (checked first).
+fn signal(env: &Env, pid: u32, sig: i32) {
+    assert!(
+        recorded_pids(&env.state_dir())
+            .iter()
+            .any(|(_, p)| *p == pid),
+        "pid {pid} is not one this test's `knit up` recorded"
+    );
+    assert!(env.runs_here(pid), "pid {pid} does not run here");
+    // SAFETY: kill(2) on a process this test's `knit up` started (checked above).
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+fn wait_gone(env: &Env, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.runs_here(pid) {
+        assert!(Instant::now() < deadline, "pid {pid} still runs after 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A frozen server is thawed whatever happens, so cleanup can end it.
+struct Thaw(u32);
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        // SAFETY: SIGCONT to the server this test stopped; harmless if gone.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+/// Waits (60 s at most) until the store lists at least `n` instances of
+/// `workers` with a provider id; how many it lists.
+fn wait_created(env: &Env, n: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let made = env
+            .store_instances()
+            .iter()
+            .filter(|i| i["pool"] == "workers" && i["providerId"].is_string())
+            .count();
+        if made >= n {
+            return made;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {n} instances made within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Exactly `n` instances: the same names in the store and at the local
+/// cloud, none twice, every one made once (one `Created` or `Adopted`
+/// event, never both, never two) and none left Deleting.
+fn exactly(env: &Env, n: usize) {
+    let stored: Vec<Value> = env
+        .store_instances()
+        .into_iter()
+        .filter(|i| i["pool"] == "workers")
+        .collect();
+    let mut names: Vec<String> = stored
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    let at_provider = env.provider_names();
+    assert_eq!(
+        at_provider, names,
+        "the local cloud's instances differ from the store's"
+    );
+    assert_eq!(names.len(), n, "{names:?}");
+    for i in &stored {
+        assert_eq!(i["state"], "Running", "{i}");
+    }
+    let events = env.json(&["get", "events", "-o", "json"]);
+    for name in &names {
+        let made: i64 = events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["objectName"] == name.as_str()
+                    && (e["reason"] == "Created" || e["reason"] == "Adopted")
+            })
+            .map(|e| e["count"].as_i64().unwrap_or(1))
+            .sum();
+        assert_eq!(made, 1, "{name} was made {made} times: {events:#}");
+    }
+}
+
+/// Two servers on PostgreSQL through a scale-out, three times: the leader
+/// killed -9 in the middle of 0 → 6 (the other takes over and finishes:
+/// six instances, one create each); a leader frozen (SIGSTOP) past its
+/// lease with a create in flight, then woken (its write is refused with
+/// NotLeader, the instance the other server adopted stays healthy); the
+/// database stopped in the middle of 8 → 10 and started again (the work
+/// finishes once it is back). Every node Ready; nothing made twice.
+#[test]
+fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
+    assert!(is_root(), "this test needs root");
+    assert!(
+        on_path("haproxy"),
+        "haproxy is not installed: scripts/setup.sh installs it"
+    );
+    assert!(
+        Path::new("/usr/lib/postgresql").is_dir(),
+        "PostgreSQL's server binaries are not installed: scripts/setup.sh installs them"
+    );
+    let mut env = Env::builder().cluster(true).parallelism(2).build();
+    env.build_package(true);
+    let state = env.state_dir();
+    let (ok, out, err) = up_ha(&env);
+    adopt_all(&mut env);
+    assert!(ok, "knit up --ha 2:\n{out}\n{err}\n{}", logs(&state));
+    env.create("pool", POOL);
+
+    // 1. The leader killed -9 while 0 → 6 is being carried out.
+    let leader = leader_pid(&env, 2, None);
+    env.knit_ok(&["scale", "pool", "workers", "--replicas", "6"]);
+    let made = wait_created(&env, 1);
+    signal(&env, leader, libc::SIGKILL);
+    let killed_at = Instant::now();
+    wait_gone(&env, leader);
+    let survivor = leader_pid(&env, 1, Some(leader as u64));
+    eprintln!(
+        "leader {leader} killed with {made} of 6 instances made; {survivor} led {:.1} s later",
+        killed_at.elapsed().as_secs_f64()
+    );
+    scale_ready(&env, 6);
+    exactly(&env, 6);
+
+    // The killed server back (knit up starts what is missing), with a
+    // create of its own to be held for 20 s once it runs one.
+    let killed = server_name(&state, leader).unwrap();
+    env.set_env("KNIT_SERVER_DELAY_AT", Some("create-provider-returned:20"));
+    let (ok, out, err) = up_ha(&env);
+    env.set_env("KNIT_SERVER_DELAY_AT", None);
+    adopt_all(&mut env);
+    assert!(ok, "knit up --ha 2 again:\n{out}\n{err}\n{}", logs(&state));
+    let restarted = recorded_pids(&state)
+        .into_iter()
+        .find(|(n, _)| *n == killed)
+        .unwrap()
+        .1;
+    // It leads once the survivor stops cleanly (which hands the lease
+    // over); the survivor is started again, without the delay.
+    let survivor_name = server_name(&state, survivor).unwrap();
+    signal(&env, survivor, libc::SIGTERM);
+    wait_gone(&env, survivor);
+    assert_eq!(leader_pid(&env, 1, Some(survivor as u64)), restarted);
+    let (ok, out, err) = up_ha(&env);
+    adopt_all(&mut env);
+    assert!(
+        ok,
+        "knit up --ha 2 a third time:\n{out}\n{err}\n{}",
+        logs(&state)
+    );
+    let other = recorded_pids(&state)
+        .into_iter()
+        .find(|(n, _)| *n == survivor_name)
+        .unwrap()
+        .1;
+    assert_eq!(leader_pid(&env, 2, None), restarted);
+
+    // 2. The leader frozen with a create in flight, past its lease.
+    env.knit_ok(&["scale", "pool", "workers", "--replicas", "8"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !server_log_of(&state, &killed).contains("delayed at create-provider-returned") {
+        assert!(
+            Instant::now() < deadline,
+            "the leader held no create within 120 s:\n{}",
+            logs(&state)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    signal(&env, restarted, libc::SIGSTOP);
+    let thaw = Thaw(restarted);
+    let frozen_at = Instant::now();
+    assert_eq!(leader_pid(&env, 1, Some(restarted as u64)), other);
+    eprintln!(
+        "leader {restarted} frozen; {other} led {:.1} s later",
+        frozen_at.elapsed().as_secs_f64()
+    );
+    scale_ready(&env, 8);
+    // Woken past its 20 s hold: the held create goes on with the old
+    // lease, and its write is refused.
+    while frozen_at.elapsed() < Duration::from_secs(22) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(thaw);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server_log_of(&state, &killed).contains("not the leader any more") {
+        assert!(
+            Instant::now() < deadline,
+            "the woken server's write was not refused within 60 s:\n{}",
+            common::tail(&server_log_of(&state, &killed), 40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        leader_pid(&env, 2, None),
+        other,
+        "the woken server leads again"
+    );
+    exactly(&env, 8);
+
+    // 3. The database stopped in the middle of 8 → 10, while the local
+    // cloud boots the new instances (so the leader cannot record them),
+    // then started again. Ten is the basic edition's node quota.
+    let postgres = recorded_pids(&state)
+        .into_iter()
+        .find(|(n, _)| n == "postgres")
+        .unwrap()
+        .1;
+    env.knit_ok(&["scale", "pool", "workers", "--replicas", "10"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while env.provider_names().len() < 9 {
+        assert!(
+            Instant::now() < deadline,
+            "no create of 8 → 10 reached the local cloud within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGINT: PostgreSQL's fast shutdown (every session ended at once).
+    signal(&env, postgres, libc::SIGINT);
+    wait_gone(&env, postgres);
+    eprintln!(
+        "PostgreSQL stopped with {} instances at the local cloud",
+        env.provider_names().len()
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let (ok, out, err) = up_ha(&env);
+    adopt_all(&mut env);
+    assert!(
+        ok,
+        "knit up --ha 2 after the database stopped:\n{out}\n{err}\n{}",
+        logs(&state)
+    );
+    scale_ready(&env, 10);
+    exactly(&env, 10);
+    one_leader_of(&env, 2, None);
+
+    let out = env.knit_ok(&["down"]);
+    eprintln!("knit down:\n{out}");
     assert_eq!(env.processes_here(), vec![], "processes left");
     assert!(!Env::link_exists(&env.bridge), "the bridge is left");
 }

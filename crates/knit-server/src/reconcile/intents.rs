@@ -148,6 +148,7 @@ impl ControlPlane {
                 return Ok(());
             }
             // Half-made when the server died: release it and make it again.
+            self.store.prove_lease()?;
             within(
                 provider.name(),
                 "releasing a half-made instance",
@@ -180,6 +181,7 @@ impl ControlPlane {
         };
         match outcome {
             Ok(created) => {
+                crate::pause::delay_at("create-provider-returned").await;
                 if self.store.intent_status(intent.id)?
                     != Some(knit_api::state::IntentStatus::Pending)
                 {
@@ -196,7 +198,10 @@ impl ControlPlane {
             Err(e) => {
                 self.metrics.instance_create_failed(&intent.pool);
                 let message = e.to_string();
-                // Nothing half-made stays behind.
+                // Nothing half-made stays behind; but what is found by this
+                // name may be another leader's, made after this one lost
+                // its lease (paused mid-create): then it is left alone.
+                self.store.prove_lease()?;
                 if let Ok(Some(partial)) = within(
                     provider.name(),
                     "finding the instance",

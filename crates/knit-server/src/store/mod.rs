@@ -327,6 +327,15 @@ impl Store {
         }
     }
 
+    /// Proves that the lease the current leader work runs under is still
+    /// the current one, in a transaction that writes nothing; `Ok` outside
+    /// leader work. Called right before a provider call that destroys
+    /// something: a leader that lost its lease while it was paused must
+    /// not release an instance the new leader made under the same name.
+    pub fn prove_lease(&self) -> Result<()> {
+        self.write(|_| Ok(()))
+    }
+
     /// A write that is no leader's work (the lease itself, heartbeats).
     fn write_unfenced<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         self.db.write(f)

@@ -44,6 +44,10 @@ pub struct Conn {
     conflicted: bool,
     /// A call timed out or the connection dropped: not reused.
     broken: bool,
+    /// The transaction's `BEGIN`, not sent yet: it goes in the same round
+    /// trip as the transaction's first statement (pipelined), which saves
+    /// one round trip per transaction.
+    begin: Option<&'static str>,
 }
 
 impl Drop for Postgres {
@@ -156,6 +160,7 @@ impl Postgres {
             statements: HashMap::new(),
             conflicted: false,
             broken: false,
+            begin: None,
         };
         // The server bounds a statement too: a call we stopped waiting for
         // does not go on holding locks.
@@ -196,7 +201,8 @@ impl Postgres {
         self.returned.notify_one();
     }
 
-    fn put(&self, conn: Conn) {
+    fn put(&self, mut conn: Conn) {
+        conn.begin = None;
         if conn.broken || conn.client.is_closed() {
             self.forget_one();
             return;
@@ -221,21 +227,24 @@ impl Postgres {
 
     fn run_with<T, E: From<DbError>>(
         &self,
-        begin: &str,
+        begin: &'static str,
         mut f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let mut conn = self.get()?;
-            if let Err(e) = self.batch(&mut conn, begin) {
-                self.put(conn);
-                return Err(e.into());
-            }
+            conn.begin = Some(begin);
             let result = f(&mut Tx {
                 inner: TxInner::Postgres(&mut conn, self),
             });
+            // No statement ran: there is no transaction to end.
+            let idle = conn.begin.take().is_some();
             let again = match result {
+                Ok(value) if idle => {
+                    self.put(conn);
+                    return Ok(value);
+                }
                 Ok(value) => match self.batch(&mut conn, "COMMIT") {
                     Ok(()) => {
                         self.put(conn);
@@ -252,7 +261,9 @@ impl Postgres {
                 },
                 Err(e) => {
                     let conflicted = conn.conflicted;
-                    let _ = self.batch(&mut conn, "ROLLBACK");
+                    if !idle {
+                        let _ = self.batch(&mut conn, "ROLLBACK");
+                    }
                     if !(conflicted && attempt < MAX_ATTEMPTS) {
                         self.put(conn);
                         return Err(e);
@@ -358,7 +369,24 @@ impl Postgres {
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let client: &'c Client = &conn.client;
-        match self.block(f(client)) {
+        let outcome = match conn.begin.take() {
+            None => self.block(f(client)),
+            Some(begin) => self
+                .block(async {
+                    // Sent in this order, answered in this order.
+                    futures::join!(client.batch_execute(begin), f(client))
+                })
+                .map(|(began, result)| match began {
+                    Ok(()) => result,
+                    Err(e) => {
+                        // Never reused: the statement may have run
+                        // outside a transaction; closing ends it.
+                        conn.broken = true;
+                        Err(e)
+                    }
+                }),
+        };
+        match outcome {
             Err(timeout) => {
                 conn.broken = true;
                 Err(timeout)

@@ -517,6 +517,24 @@ impl Store {
                         revoked.push(r.get::<String>(0)?);
                     }
                 }
+            } else if core.shared {
+                // The object and its change log entry in one statement: one
+                // round trip to PostgreSQL instead of two.
+                tx.execute(
+                    "WITH object AS (
+                         INSERT INTO kube_objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body)
+                     INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?4, ?6, ?1, ?2, ?3, ?5, ?7)",
+                    params![
+                        resource,
+                        ns,
+                        name,
+                        rv,
+                        body.as_str(),
+                        kind.as_str(),
+                        previous.as_ref().map(Value::to_string)
+                    ],
+                )?;
             } else {
                 tx.execute(
                     "INSERT INTO kube_objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
@@ -525,18 +543,20 @@ impl Store {
                 )?;
             }
             if core.shared {
-                tx.execute(
-                    "INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    params![
-                        rv,
-                        kind.as_str(),
-                        resource,
-                        ns,
-                        name,
-                        body,
-                        previous.as_ref().map(Value::to_string)
-                    ],
-                )?;
+                if kind == EventType::Deleted {
+                    tx.execute(
+                        "INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        params![
+                            rv,
+                            kind.as_str(),
+                            resource,
+                            ns,
+                            name,
+                            body,
+                            previous.as_ref().map(Value::to_string)
+                        ],
+                    )?;
+                }
                 if rv.is_multiple_of(TRIM_EVERY) && rv > HISTORY as u64 {
                     tx.execute(
                         "DELETE FROM kube_changes WHERE rv <= ?1",

@@ -116,8 +116,8 @@ pub fn connector(
         return Ok(None);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier: Arc<dyn ServerCertVerifier> = match &settings.root_cert {
-        None => Arc::new(Unverified(provider.clone())),
+    let chain = match &settings.root_cert {
+        None => None,
         Some(path) => {
             let roots = read_roots(path).map_err(|why| {
                 bad(format!(
@@ -129,12 +129,18 @@ pub fn connector(
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                     .build()
                     .map_err(|e| bad(format!("sslrootcert={}: {e}", path.display())))?;
-            if settings.mode == SslMode::VerifyFull {
-                webpki
-            } else {
-                Arc::new(AnyName(webpki))
-            }
+            Some(webpki)
         }
+    };
+    let verifier: Arc<dyn ServerCertVerifier> = match chain {
+        Some(webpki) if settings.mode == SslMode::VerifyFull => webpki,
+        None if matches!(settings.mode, SslMode::VerifyFull | SslMode::VerifyCa) => {
+            return Err(bad("sslmode=verify-*: needs sslrootcert".into()));
+        }
+        chain => Arc::new(Lenient {
+            chain,
+            provider: provider.clone(),
+        }),
     };
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -160,12 +166,17 @@ fn read_roots(path: &PathBuf) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
-/// `verify-ca` (and `prefer`/`require` with a root): the chain is checked,
-/// the name is not.
+/// Every mode short of `verify-full`, as libpq: with a root (`verify-ca`,
+/// or `prefer`/`require` given one) the chain is checked and the name is
+/// not; without one (`prefer`/`require`) any certificate is taken. The
+/// handshake's signatures are checked either way.
 #[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -174,10 +185,10 @@ impl ServerCertVerifier for AnyName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -191,51 +202,11 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer`/`require` without a root, as libpq: any certificate; the
-/// handshake's signatures are still checked.
-#[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -249,12 +220,14 @@ impl ServerCertVerifier for Unverified {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

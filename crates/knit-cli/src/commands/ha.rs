@@ -322,6 +322,20 @@ struct Plan {
 }
 
 fn plan(opts: &ServerOpts, n: u32) -> Result<Plan> {
+    if opts.datastore.trim() != "sqlite" {
+        return Err(CliError::Usage(format!(
+            "--datastore {} (or KNIT_DATASTORE): knit up --ha runs a PostgreSQL of its own for its servers; to use yours, run `knit server --datastore postgres://…` on each machine (docs/ha.md)",
+            knit_db::Datastore::parse(&opts.datastore, Path::new("knit.db"))
+                .map(|d| d.redacted())
+                .unwrap_or_else(|_| "(not shown)".into())
+        )));
+    }
+    if opts.lease_ttl < 3 {
+        return Err(CliError::Usage(format!(
+            "--lease-ttl {}: must be at least 3 seconds (the lease is renewed every third of it)",
+            opts.lease_ttl
+        )));
+    }
     let addrs = listen_addrs(opts)?;
     let port = addrs[0].port();
     if port == 0 {
@@ -865,6 +879,7 @@ fn server_up(
             .args(["--cluster", &opts.cluster])
             .args(["--cluster-port", &opts.cluster_port.to_string()])
             .args(["--parallelism", &opts.parallelism.to_string()])
+            .args(["--lease-ttl", &opts.lease_ttl.to_string()])
             .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])
             .arg("--local-state-dir")
             .arg(&opts.local_state_dir)
@@ -1152,6 +1167,29 @@ mod tests {
         );
         assert!(plan_of(&["--listen", "127.0.0.1:0"]).is_err());
         assert!(plan_of(&["--cluster-port", "7443"]).is_err());
+    }
+
+    #[test]
+    fn a_datastore_or_a_short_lease_is_refused_with_the_rule() {
+        let Err(e) = plan_of(&[
+            "--ha",
+            "2",
+            "--datastore",
+            "postgres://knit:secret@db.internal/knit",
+        ]) else {
+            panic!("--datastore accepted with --ha");
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("runs a PostgreSQL of its own") && text.contains("knit:***@"),
+            "{text}"
+        );
+        assert!(!text.contains("secret"), "the password is shown: {text}");
+        let Err(e) = plan_of(&["--ha", "2", "--lease-ttl", "2"]) else {
+            panic!("--lease-ttl 2 accepted");
+        };
+        assert!(e.to_string().contains("at least 3 seconds"), "{e}");
+        assert!(plan_of(&["--ha", "2", "--lease-ttl", "4"]).is_ok());
     }
 
     #[test]

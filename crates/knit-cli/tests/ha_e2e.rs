@@ -218,8 +218,9 @@ fn scale_ready(env: &Env, n: u32) -> String {
     out
 }
 
-#[test]
-fn two_servers_behind_haproxy_survive_the_loss_of_one() {
+/// The environment of an HA test (root, HAProxy and PostgreSQL's server
+/// binaries required), with the package built.
+fn ha_env() -> Env {
     assert!(is_root(), "this test needs root");
     assert!(
         on_path("haproxy"),
@@ -229,8 +230,14 @@ fn two_servers_behind_haproxy_survive_the_loss_of_one() {
         Path::new("/usr/lib/postgresql").is_dir(),
         "PostgreSQL's server binaries are not installed: scripts/setup.sh installs Debian's postgresql package"
     );
-    let mut env = Env::builder().cluster(true).parallelism(2).build();
+    let env = Env::builder().cluster(true).parallelism(2).build();
     env.build_package(true);
+    env
+}
+
+#[test]
+fn two_servers_behind_haproxy_survive_the_loss_of_one() {
+    let mut env = ha_env();
     let state = env.state_dir();
     let port = env.port;
     let cluster_port = env.cluster_port.unwrap();
@@ -499,17 +506,7 @@ fn exactly(env: &Env, n: usize) {
 /// finishes once it is back). Every node Ready; nothing made twice.
 #[test]
 fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
-    assert!(is_root(), "this test needs root");
-    assert!(
-        on_path("haproxy"),
-        "haproxy is not installed: scripts/setup.sh installs it"
-    );
-    assert!(
-        Path::new("/usr/lib/postgresql").is_dir(),
-        "PostgreSQL's server binaries are not installed: scripts/setup.sh installs them"
-    );
-    let mut env = Env::builder().cluster(true).parallelism(2).build();
-    env.build_package(true);
+    let mut env = ha_env();
     let state = env.state_dir();
     let (ok, out, err) = up_ha(&env);
     adopt_all(&mut env);

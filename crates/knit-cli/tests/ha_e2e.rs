@@ -78,6 +78,27 @@ fn up_ha(env: &Env) -> (bool, String, String) {
     ])
 }
 
+/// `up_ha` that must succeed (`when` names the step); what it started is
+/// handed to the environment's cleanup first, whatever happened.
+fn up_ha_ok(env: &mut Env, when: &str) {
+    let (ok, out, err) = up_ha(env);
+    adopt_all(env);
+    assert!(
+        ok,
+        "knit up --ha 2 {when}:\n{out}\n{err}\n{}",
+        logs(&env.state_dir())
+    );
+}
+
+/// The PID `knit up --ha` recorded for `name` (`server-<i>`, `postgres`).
+fn recorded_pid(state: &Path, name: &str) -> u32 {
+    recorded_pids(state)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no PID recorded for {name}"))
+        .1
+}
+
 /// Every recorded process handed to the environment's cleanup.
 fn adopt_all(env: &mut Env) {
     for (_, pid) in recorded_pids(&env.state_dir()) {
@@ -508,9 +529,7 @@ fn exactly(env: &Env, n: usize) {
 fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
     let mut env = ha_env();
     let state = env.state_dir();
-    let (ok, out, err) = up_ha(&env);
-    adopt_all(&mut env);
-    assert!(ok, "knit up --ha 2:\n{out}\n{err}\n{}", logs(&state));
+    up_ha_ok(&mut env, "at first");
     env.create("pool", POOL);
 
     // 1. The leader killed -9 while 0 → 6 is being carried out.
@@ -532,33 +551,17 @@ fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
     // create of its own to be held for 20 s once it runs one.
     let killed = server_name(&state, leader).unwrap();
     env.set_env("KNIT_SERVER_DELAY_AT", Some("create-provider-returned:20"));
-    let (ok, out, err) = up_ha(&env);
+    up_ha_ok(&mut env, "again");
     env.set_env("KNIT_SERVER_DELAY_AT", None);
-    adopt_all(&mut env);
-    assert!(ok, "knit up --ha 2 again:\n{out}\n{err}\n{}", logs(&state));
-    let restarted = recorded_pids(&state)
-        .into_iter()
-        .find(|(n, _)| *n == killed)
-        .unwrap()
-        .1;
+    let restarted = recorded_pid(&state, &killed);
     // It leads once the survivor stops cleanly (which hands the lease
     // over); the survivor is started again, without the delay.
     let survivor_name = server_name(&state, survivor).unwrap();
     signal(&env, survivor, libc::SIGTERM);
     wait_gone(&env, survivor);
     assert_eq!(leader_pid(&env, 1, Some(survivor as u64)), restarted);
-    let (ok, out, err) = up_ha(&env);
-    adopt_all(&mut env);
-    assert!(
-        ok,
-        "knit up --ha 2 a third time:\n{out}\n{err}\n{}",
-        logs(&state)
-    );
-    let other = recorded_pids(&state)
-        .into_iter()
-        .find(|(n, _)| *n == survivor_name)
-        .unwrap()
-        .1;
+    up_ha_ok(&mut env, "a third time");
+    let other = recorded_pid(&state, &survivor_name);
     assert_eq!(leader_pid(&env, 2, None), restarted);
 
     // 2. The leader frozen with a create in flight, past its lease.
@@ -606,11 +609,7 @@ fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
     // 3. The database stopped in the middle of 8 → 10, while the local
     // cloud boots the new instances (so the leader cannot record them),
     // then started again. Ten is the basic edition's node quota.
-    let postgres = recorded_pids(&state)
-        .into_iter()
-        .find(|(n, _)| n == "postgres")
-        .unwrap()
-        .1;
+    let postgres = recorded_pid(&state, "postgres");
     env.knit_ok(&["scale", "pool", "workers", "--replicas", "10"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     while env.provider_names().len() < 9 {
@@ -628,13 +627,7 @@ fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
         env.provider_names().len()
     );
     std::thread::sleep(Duration::from_secs(5));
-    let (ok, out, err) = up_ha(&env);
-    adopt_all(&mut env);
-    assert!(
-        ok,
-        "knit up --ha 2 after the database stopped:\n{out}\n{err}\n{}",
-        logs(&state)
-    );
+    up_ha_ok(&mut env, "after the database stopped");
     scale_ready(&env, 10);
     exactly(&env, 10);
     one_leader_of(&env, 2, None);

@@ -517,6 +517,12 @@ impl Store {
                         revoked.push(r.get::<String>(0)?);
                     }
                 }
+                if core.shared {
+                    tx.execute(
+                        "INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        params![rv, kind.as_str(), resource, ns, name, body, previous.as_ref().map(Value::to_string)],
+                    )?;
+                }
             } else if core.shared {
                 // The object and its change log entry in one statement: one
                 // round trip to PostgreSQL instead of two.
@@ -542,27 +548,11 @@ impl Store {
                     params![resource, ns, name, rv, body.as_str()],
                 )?;
             }
-            if core.shared {
-                if kind == EventType::Deleted {
-                    tx.execute(
-                        "INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                        params![
-                            rv,
-                            kind.as_str(),
-                            resource,
-                            ns,
-                            name,
-                            body,
-                            previous.as_ref().map(Value::to_string)
-                        ],
-                    )?;
-                }
-                if rv.is_multiple_of(TRIM_EVERY) && rv > HISTORY as u64 {
-                    tx.execute(
-                        "DELETE FROM kube_changes WHERE rv <= ?1",
-                        params![rv - HISTORY as u64],
-                    )?;
-                }
+            if core.shared && rv.is_multiple_of(TRIM_EVERY) && rv > HISTORY as u64 {
+                tx.execute(
+                    "DELETE FROM kube_changes WHERE rv <= ?1",
+                    params![rv - HISTORY as u64],
+                )?;
             }
             Ok(Outcome::Written {
                 rv,

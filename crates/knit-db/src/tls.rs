@@ -151,8 +151,18 @@ pub fn connector(
     Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
 }
 
+/// Largest CA file read (a bundle of every public CA is about 200 KiB).
+const MAX_ROOTS_BYTES: u64 = 4 * 1024 * 1024;
+
 fn read_roots(path: &PathBuf) -> Result<RootCertStore, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    use std::io::Read;
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_ROOTS_BYTES + 1).read_to_end(&mut pem))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if pem.len() as u64 > MAX_ROOTS_BYTES {
+        return Err(format!("larger than {} MiB", MAX_ROOTS_BYTES >> 20));
+    }
     let mut roots = RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
         let cert = cert.map_err(|e| format!("not PEM: {e}"))?;

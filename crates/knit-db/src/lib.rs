@@ -175,10 +175,10 @@ impl Db {
         &self,
         f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
-        match &self.inner {
+        off_the_async_workers(|| match &self.inner {
             Inner::Sqlite(db) => db.run(false, f),
             Inner::Postgres(db) => db.run(false, f),
-        }
+        })
     }
 
     /// Runs `f` in a write transaction, committed when `f` returns `Ok`.
@@ -188,10 +188,10 @@ impl Db {
         &self,
         f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
-        match &self.inner {
+        off_the_async_workers(|| match &self.inner {
             Inner::Sqlite(db) => db.run(true, f),
             Inner::Postgres(db) => db.run(true, f),
-        }
+        })
     }
 
     /// Brings `component`'s schema to `steps.len()`: step `i` takes it from
@@ -206,26 +206,42 @@ impl Db {
         steps: &[&str],
         after_step: impl FnMut(&mut Tx<'_>, usize) -> Result<(), E>,
     ) -> Result<(), E> {
-        match &self.inner {
+        off_the_async_workers(|| match &self.inner {
             Inner::Sqlite(db) => db.migrate(component, steps, after_step),
             Inner::Postgres(db) => db.migrate(component, steps, after_step),
-        }
+        })
     }
 
     /// One statement outside any transaction (`CREATE DATABASE`, `VACUUM`).
     pub fn autocommit(&self, sql: &str) -> Result<(), DbError> {
-        match &self.inner {
+        off_the_async_workers(|| match &self.inner {
             Inner::Sqlite(db) => db.autocommit(sql),
             Inner::Postgres(db) => db.autocommit(sql),
-        }
+        })
     }
 
     /// `component`'s schema version (0 for none).
     pub fn schema_version(&self, component: &str) -> Result<i64, DbError> {
-        match &self.inner {
+        off_the_async_workers(|| match &self.inner {
             Inner::Sqlite(db) => db.schema_version(),
             Inner::Postgres(db) => db.schema_version(component),
-        }
+        })
+    }
+}
+
+/// Runs `f`, which waits on the database (a lock, a connection, a round
+/// trip), without losing the async worker thread that called it: on a
+/// multi-threaded tokio runtime the worker's other tasks are handed to
+/// another thread first (`block_in_place`), so accepting connections,
+/// TLS handshakes and health checks go on while a transaction waits. With
+/// two cores a runtime has two workers, and two requests waiting on a
+/// slow database used to stop the whole server. Elsewhere (a plain thread,
+/// a blocking-pool thread, a current-thread runtime) `f` simply runs.
+fn off_the_async_workers<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

@@ -487,3 +487,49 @@ fn expired_bootstrap_token_is_refused() {
         "an expired token is not consumed"
     );
 }
+
+/// A server whose datastore makes every write wait (another process holds
+/// SQLite's write lock) still answers `/healthz` and reads that need no
+/// write: a request waiting on the database must not hold up the async
+/// workers that accept connections and answer the rest. Under `knit up
+/// --ha` HAProxy's health checks go through those workers; starved, they
+/// failed, HAProxy marked the only server left down and every client's
+/// connection was closed during the TLS handshake.
+#[test]
+fn health_answers_while_writes_wait_for_the_database() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let h = harness();
+    let token = h.server().admin_token().to_string();
+    let holder = rusqlite::Connection::open(h.settings.db_path()).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    // More waiting writes than the runtime has workers (two).
+    let writers: Vec<_> = (0..4)
+        .map(|i| {
+            let client = h.client().with_token(&token);
+            std::thread::spawn(move || {
+                let pool = POOL.replace("name: workers", &format!("name: waiting-{i}"));
+                client.call("POST", "/api/v1/pools", Some(&pool))
+            })
+        })
+        .collect();
+    // Every writer has reached the database (or is queued behind it).
+    std::thread::sleep(Duration::from_secs(1));
+    let (tx, rx) = mpsc::channel();
+    let probe = h.client().with_token("");
+    std::thread::spawn(move || {
+        let _ = tx.send(probe.raw("GET", "/healthz", None));
+    });
+    // Far below the database's 15 s lock wait: an answer only then would
+    // mean the health check waited for the database.
+    let answer = rx.recv_timeout(Duration::from_secs(5));
+    holder.execute_batch("COMMIT").unwrap();
+    for w in writers {
+        w.join().unwrap().unwrap();
+    }
+    match answer {
+        Ok(Ok((200, body))) => assert_eq!(body, "ok\n"),
+        Ok(other) => panic!("/healthz while writes waited: {other:?}"),
+        Err(_) => panic!("/healthz did not answer within 5 s while writes waited for the database"),
+    }
+}

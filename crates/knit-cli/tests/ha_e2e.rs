@@ -130,7 +130,8 @@ fn one_leader_of(env: &Env, n: usize, not: Option<u64>) -> Vec<Value> {
         }
         assert!(
             Instant::now() < deadline,
-            "no single leader among {n} live servers within 60 s: {list:#?}"
+            "no single leader among {n} live servers within 60 s: {list:#?}\nlast error: {err}\n{}",
+            logs(&env.state_dir())
         );
         std::thread::sleep(Duration::from_millis(500));
     }

@@ -964,7 +964,8 @@ fn server_up(
 
 /// HAProxy's configuration: TCP mode (TLS goes through to the servers,
 /// client certificates included) on the API and Kubernetes API ports,
-/// each server checked over TLS against the shared CA every second.
+/// each server checked over TLS against the shared CA every second; when
+/// every check fails, the servers unchecked as backups.
 fn haproxy_config(layout: &Layout, plan: &Plan) -> String {
     let first = layout.server_dir(1);
     let mut cfg = format!(
@@ -978,7 +979,8 @@ fn haproxy_config(layout: &Layout, plan: &Plan) -> String {
          \x20   log global\n\
          \x20   option tcplog\n\
          \x20   option dontlognull\n\
-         \x20   option redispatch\n\
+         \x20   # A connection that fails goes to another server at its first retry.\n\
+         \x20   option redispatch 1\n\
          \x20   retries 3\n\
          \x20   timeout connect 3s\n\
          \x20   timeout check 3s\n\
@@ -994,13 +996,24 @@ fn haproxy_config(layout: &Layout, plan: &Plan) -> String {
             cfg.push_str(&format!("    bind {ip}:{port}\n"));
         }
         cfg.push_str(&format!(
-            "    default_backend {name}\n\nbackend {name}\n    balance roundrobin\n    option httpchk GET /healthz\n    http-check expect status 200\n"
+            "    default_backend {name}\n\nbackend {name}\n    balance roundrobin\n    option httpchk GET /healthz\n    http-check expect status 200\n    option allbackups\n"
         ));
         for i in 1..=plan.n {
             cfg.push_str(&format!(
                 "    server server-{i} {}:{port} check check-ssl verify required ca-file {}\n",
                 server_ip(i),
                 ca.display()
+            ));
+        }
+        // Fail open: when every health check fails at once (a loaded host
+        // can time them all out), clients are still sent to the servers,
+        // as Envoy's panic threshold does, instead of every connection
+        // being closed; a server that is really gone refuses the connect
+        // and `redispatch` tries the next.
+        for i in 1..=plan.n {
+            cfg.push_str(&format!(
+                "    server server-{i}-fail-open {}:{port} backup\n",
+                server_ip(i)
             ));
         }
     };
@@ -1149,6 +1162,9 @@ mod tests {
             "bind 10.213.0.1:6443",
             "server server-1 127.0.2.1:7443 check check-ssl verify required ca-file /s/ha/server-1/pki/ca.pem",
             "server server-2 127.0.2.2:6443 check check-ssl verify required ca-file /s/ha/server-1/cluster/pki/ca.crt",
+            "server server-1-fail-open 127.0.2.1:7443 backup",
+            "server server-2-fail-open 127.0.2.2:6443 backup",
+            "option allbackups",
             "mode tcp",
         ] {
             assert!(cfg.contains(line), "{line:?} not in:\n{cfg}");

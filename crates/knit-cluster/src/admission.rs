@@ -27,7 +27,49 @@ pub fn prepare_create(def: &ResourceDef, obj: &mut Value, who: &Identity) {
             obj["status"] = json!({});
         }
         "Secret" => fold_string_data(obj),
+        "Pod" => crate::pods::prepare_create(obj),
+        "PodDisruptionBudget" => {
+            obj["status"] = json!({"currentHealthy": 0, "desiredHealthy": 0, "disruptionsAllowed": 0, "expectedPods": 0});
+        }
+        "ReplicaSet" | "Deployment" | "StatefulSet" => {
+            util::field_mut(obj, "spec")
+                .entry("replicas")
+                .or_insert(json!(1));
+            obj["status"] = json!({});
+        }
+        "DaemonSet" => obj["status"] = json!({}),
         _ => {}
+    }
+    if has_generation(def) {
+        util::meta_mut(obj).insert("generation".into(), json!(1));
+    }
+}
+
+/// Kinds whose `metadata.generation` counts spec changes.
+fn has_generation(def: &ResourceDef) -> bool {
+    matches!(
+        def.kind,
+        "PodDisruptionBudget" | "DaemonSet" | "ReplicaSet" | "Deployment" | "StatefulSet"
+    )
+}
+
+/// Server-owned metadata on an update of the main resource: the deletion
+/// marks stay the server's, and `generation` grows when the spec changes.
+pub fn prepare_update(def: &ResourceDef, current: &Value, next: &mut Value) {
+    let meta = util::meta_mut(next);
+    for key in [
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
+        match current["metadata"].get(key) {
+            Some(v) => meta.insert(key.into(), v.clone()),
+            None => meta.remove(key),
+        };
+    }
+    if has_generation(def) && current.get("spec") != next.get("spec") {
+        let g = current["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
+        util::meta_mut(next).insert("generation".into(), json!(g));
     }
 }
 
@@ -104,6 +146,8 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Result<(), ApiStatus> {
         }
         "CertificateSigningRequest" => validate_csr(obj, &mut bad),
         "Secret" => validate_secret(obj, &mut bad),
+        "Pod" => crate::pods::validate(obj, &mut bad),
+        "PodDisruptionBudget" => crate::disruption::validate(obj, &mut bad),
         _ => {}
     }
     if errs.is_empty() {

@@ -20,7 +20,7 @@ use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
 use crate::store::{Change, EventType, Store, MAX_OBJECT_BYTES};
 use crate::table::{self, Include};
-use crate::{admission, patch, tokens, util};
+use crate::{admission, patch, pods, tokens, util};
 
 /// Largest request body accepted (kube-apiserver's limit: 3 MiB).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -46,7 +46,17 @@ pub struct PeerIdentity(pub Option<crate::pki::ClientCert>);
 impl IntoResponse for ApiStatus {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        json_response(code, &self.body())
+        let retry_after = self
+            .details
+            .as_ref()
+            .and_then(|d| d["retryAfterSeconds"].as_u64())
+            .filter(|s| *s > 0);
+        let mut r = json_response(code, &self.body());
+        if let Some(s) = retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(s));
+        }
+        r
     }
 }
 
@@ -403,9 +413,10 @@ fn serve(
         ("GET", None) => ctx.list(),
         ("GET", Some(name)) => ctx.get(name),
         ("POST", None) => ctx.create(&body),
+        ("POST", Some(name)) if t.sub.as_deref() == Some("eviction") => ctx.evict(name, &body),
         ("PUT", Some(name)) => ctx.update(name, &body),
         ("PATCH", Some(name)) => ctx.patch(name, &body),
-        ("DELETE", Some(name)) => ctx.delete(name),
+        ("DELETE", Some(name)) => ctx.delete(name, &body),
         (m, _) => Err(ApiStatus::method_not_allowed(format!(
             "method {m} is not supported on {path}"
         ))),
@@ -623,6 +634,9 @@ impl Ctx<'_> {
     /// `approval` only the CSR's conditions.
     fn scoped(&self, current: &Value, mut next: Value) -> Value {
         let has_status = self.t.def.subresources.iter().any(|(s, _)| *s == "status");
+        if self.t.sub.is_none() {
+            admission::prepare_update(self.t.def, current, &mut next);
+        }
         match self.t.sub.as_deref() {
             None if has_status => {
                 match current.get("status") {
@@ -658,7 +672,7 @@ impl Ctx<'_> {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
-        self.authorize(Verb::Update, Some(name))?;
+        let scope = self.authorize(Verb::Update, Some(name))?;
         self.normalize(&mut obj);
         util::meta_mut(&mut obj).insert("name".into(), json!(name));
         let expected =
@@ -673,6 +687,7 @@ impl Ctx<'_> {
         }
         let def = self.t.def;
         let updated = self.guaranteed_update(name, expected, |current| {
+            self.may_write(&scope, current)?;
             let next = self.scoped(current, obj.clone());
             admission::validate(def, &next)?;
             admission::node_restriction(self.who, def, Some(current), &next)?;
@@ -722,7 +737,7 @@ impl Ctx<'_> {
     }
 
     fn patch(&self, name: &str, body: &[u8]) -> Result<Response, ApiStatus> {
-        self.authorize(Verb::Patch, Some(name))?;
+        let scope = self.authorize(Verb::Patch, Some(name))?;
         let ctype = self
             .headers
             .get(header::CONTENT_TYPE)
@@ -754,6 +769,7 @@ impl Ctx<'_> {
             )));
         }
         let updated = self.guaranteed_update(name, expected, |current| {
+            self.may_write(&scope, current)?;
             let mut next = current.clone();
             match ctype.as_str() {
                 "application/merge-patch+json" => patch::merge_patch(&mut next, &p),
@@ -776,17 +792,55 @@ impl Ctx<'_> {
         Ok(json_response(StatusCode::OK, &updated))
     }
 
-    fn delete(&self, name: &str) -> Result<Response, ApiStatus> {
+    /// A write to an object the caller may only touch when it is its own:
+    /// a node and the pods bound to it (NodeRestriction's 403).
+    fn may_write(&self, scope: &Scope, current: &Value) -> Result<(), ApiStatus> {
+        match scope {
+            Scope::BoundPods(node) if !visible(scope, current) => Err(ApiStatus::forbidden(format!(
+                "pods \"{}\" is forbidden: node \"{node}\" can only update or delete pods with spec.nodeName set to itself",
+                util::name_of(current)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn delete(&self, name: &str, body: &[u8]) -> Result<Response, ApiStatus> {
         if self.t.sub.is_some() {
             return Err(ApiStatus::method_not_allowed(
                 "delete is not supported on subresources",
             ));
         }
-        self.authorize(Verb::Delete, Some(name))?;
+        let scope = self.authorize(Verb::Delete, Some(name))?;
+        let opts = pods::DeleteOptions::parse(self.query, body)?;
+        let plural = self.t.def.plural;
+        if plural == pods::PODS {
+            let gone = pods::delete(&self.st.store, self.ns(), name, &opts, &|current| {
+                self.may_write(&scope, current)
+            })?;
+            return Ok(json_response(StatusCode::OK, &gone));
+        }
+        let mut expected = None;
+        if opts.uid.is_some() || opts.resource_version.is_some() {
+            let current = self
+                .st
+                .store
+                .get(plural, self.ns(), name)?
+                .ok_or_else(|| self.not_found(name))?;
+            opts.check(plural, &current)?;
+            expected = util::rv_of(&current);
+        }
+        if opts.dry_run {
+            let current = self
+                .st
+                .store
+                .get(plural, self.ns(), name)?
+                .ok_or_else(|| self.not_found(name))?;
+            return Ok(json_response(StatusCode::OK, &current));
+        }
         let gone = self
             .st
             .store
-            .delete(self.t.def.plural, self.ns(), name)
+            .delete_if(plural, self.ns(), name, expected)
             .map_err(|e| {
                 if e.code == 404 {
                     self.not_found(name)
@@ -795,6 +849,27 @@ impl Ctx<'_> {
                 }
             })?;
         Ok(json_response(StatusCode::OK, &gone))
+    }
+
+    /// POST `pods/<name>/eviction` (policy/v1 or v1beta1 Eviction).
+    fn evict(&self, name: &str, body: &[u8]) -> Result<Response, ApiStatus> {
+        self.authorize(Verb::Create, Some(name))?;
+        let mut eviction: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiStatus::bad_request(format!("request body is not valid JSON: {e}")))?;
+        if !eviction.is_object() {
+            return Err(ApiStatus::bad_request("request body must be an object"));
+        }
+        let body_ns = util::namespace_of(&eviction);
+        if !body_ns.is_empty() && body_ns != self.ns() {
+            return Err(ApiStatus::bad_request(format!(
+                "the namespace of the object ({body_ns}) does not match the namespace on the request ({})",
+                self.ns()
+            )));
+        }
+        util::meta_mut(&mut eviction);
+        let (code, status) = pods::evict(&self.st.store, self.ns(), name, &eviction)?;
+        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Ok(json_response(code, &status))
     }
 
     fn watch(&self) -> Result<Response, ApiStatus> {
@@ -930,6 +1005,7 @@ fn visible(scope: &Scope, obj: &Value) -> bool {
         Scope::All => true,
         Scope::Named(n) => util::name_of(obj) == n,
         Scope::OwnCsrs(user) => obj["spec"]["username"].as_str() == Some(user),
+        Scope::BoundPods(node) => obj["spec"]["nodeName"].as_str() == Some(node),
     }
 }
 

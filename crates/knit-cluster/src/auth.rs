@@ -80,6 +80,9 @@ pub enum Scope {
     Named(String),
     /// Only CSRs whose `spec.username` is this user.
     OwnCsrs(String),
+    /// Only pods bound to this node (`spec.nodeName`), as the Node
+    /// authorizer and NodeRestriction allow a kubelet.
+    BoundPods(String),
 }
 
 pub struct Request<'a> {
@@ -137,6 +140,19 @@ pub fn authorize(id: &Identity, req: &Request<'_>) -> Result<Scope, ApiStatus> {
         };
     }
     if let Some(node) = id.node_name() {
+        if plural == "pods" {
+            // A kubelet reads the pods bound to it, reports their status
+            // and deletes them once they are finished; it creates none
+            // (mirror pods are not supported) and evicts none.
+            return match (req.verb, req.subresource) {
+                (Verb::Get | Verb::List | Verb::Watch, None | Some("status"))
+                | (Verb::Update | Verb::Patch, Some("status"))
+                | (Verb::Delete, None) => Ok(Scope::BoundPods(node.to_string())),
+                _ => Err(deny(&format!(
+                    "node \"{node}\" may only read pods bound to it, update their status and delete them"
+                ))),
+            };
+        }
         let own_object = match plural {
             "nodes" => req.verb != Verb::Delete,
             "leases" => req.namespace == Some("kube-node-lease") && req.subresource.is_none(),
@@ -233,6 +249,18 @@ mod tests {
         )
         .is_err());
         assert!(find("", "v1", "nodes").is_some());
+        assert_eq!(
+            authorize(&n1, &req(Verb::List, "pods", None, None)).unwrap(),
+            Scope::BoundPods("n1".into())
+        );
+        assert!(authorize(&n1, &req(Verb::Create, "pods", Some("default"), Some("p"))).is_err());
+        assert!(authorize(&n1, &req(Verb::Update, "pods", Some("default"), Some("p"))).is_err());
+        let mut status = req(Verb::Patch, "pods", Some("default"), Some("p"));
+        status.subresource = Some("status");
+        assert!(authorize(&n1, &status).is_ok());
+        let mut evict = req(Verb::Create, "pods", Some("default"), Some("p"));
+        evict.subresource = Some("eviction");
+        assert!(authorize(&n1, &evict).is_err());
     }
 
     #[test]

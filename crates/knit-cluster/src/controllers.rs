@@ -2,7 +2,7 @@
 //! bootstrap signer of `cluster-info` with the token cleaner, and the node
 //! lifecycle controller (stale Lease → Ready=Unknown + unreachable taints).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use tokio::sync::{broadcast, watch};
 use crate::error::ClusterError;
 use crate::pki::Ca;
 use crate::store::{Change, EventType, Store};
-use crate::{auth, tokens, util};
+use crate::{auth, pod_controllers, tokens, util};
 
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
@@ -23,6 +23,11 @@ pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 const CSRS: &str = "certificatesigningrequests";
 /// How often expired tokens are removed and cluster-info re-signed.
 const TOKEN_SWEEP: Duration = Duration::from_secs(30);
+/// Budget status work is batched over this long after a change.
+const BUDGET_BATCH: Duration = Duration::from_millis(200);
+/// Every budget is computed again this often (evictions whose pod was not
+/// deleted expire), and pods bound to missing nodes are looked for.
+const BUDGET_RECHECK: Duration = Duration::from_secs(10);
 
 pub struct Controllers {
     pub store: Arc<Store>,
@@ -43,9 +48,39 @@ impl Controllers {
         node_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut token_tick = tokio::time::interval(TOKEN_SWEEP);
         let mut last_check = Instant::now();
+        // Namespaces whose budgets need their status computed again,
+        // batched: a burst of pod changes is one pass.
+        let mut dirty: HashSet<String> = HashSet::new();
+        let mut budget_tick = tokio::time::interval(BUDGET_BATCH);
+        budget_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut recheck_tick = tokio::time::interval(BUDGET_RECHECK);
+        recheck_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut orphans = HashMap::new();
         loop {
             let result = tokio::select! {
                 _ = shutdown.changed() => return,
+                _ = budget_tick.tick(), if !dirty.is_empty() => {
+                    let namespaces: Vec<String> = dirty.drain().collect();
+                    tokio::task::block_in_place(|| {
+                        for ns in namespaces {
+                            match pod_controllers::sync_budgets(&self.store, &ns) {
+                                Ok(false) => {}
+                                Ok(true) => {
+                                    dirty.insert(ns);
+                                }
+                                Err(e) => {
+                                    dirty.insert(ns);
+                                    return Err(e);
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                }
+                _ = recheck_tick.tick() => tokio::task::block_in_place(|| {
+                    dirty.extend(pod_controllers::budget_namespaces(&self.store)?);
+                    pod_controllers::sweep_orphans(&self.store, &mut orphans)
+                }),
                 _ = node_tick.tick() => {
                     // A check far later than its interval means this process
                     // could not run (frozen, starved): the API could not take
@@ -64,10 +99,15 @@ impl Controllers {
                 r = feed.recv() => match r {
                     Ok(c) => {
                         view.apply(&c);
+                        if pod_controllers::affects_budgets(&c.resource) {
+                            dirty.insert(c.namespace.clone());
+                        }
                         tokio::task::block_in_place(|| match (c.resource.as_str(), c.kind) {
                         (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
                         ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
-                        ("nodes", EventType::Deleted) => self.collect_lease(&c.name),
+                        ("nodes", EventType::Deleted) => self
+                            .collect_lease(&c.name)
+                            .and_then(|()| pod_controllers::collect_node_pods(&self.store, &c.name)),
                         _ => Ok(()),
                         })
                     }

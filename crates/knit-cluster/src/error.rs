@@ -109,6 +109,22 @@ impl ApiStatus {
             m,
         )
     }
+    /// 429 as kube-apiserver's eviction answers it: `retryAfterSeconds`
+    /// (also sent as `Retry-After` when above 0) and one cause.
+    pub fn too_many_requests(
+        m: impl Into<String>,
+        retry_after_seconds: u32,
+        cause: Option<(&str, String)>,
+    ) -> Self {
+        let mut details = json!({});
+        if retry_after_seconds > 0 {
+            details["retryAfterSeconds"] = json!(retry_after_seconds);
+        }
+        if let Some((reason, message)) = cause {
+            details["causes"] = json!([{"reason": reason, "message": message}]);
+        }
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", m).with_details(details)
+    }
     pub fn internal(m: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", m)
     }
@@ -149,6 +165,12 @@ impl ApiStatus {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty() {
+            // A Status with no reason, as kube-apiserver returns some.
+            if let Some(o) = v.as_object_mut() {
+                o.remove("reason");
+            }
+        }
         if let Some(d) = &self.details {
             v["details"] = d.clone();
         }

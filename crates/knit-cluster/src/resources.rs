@@ -22,6 +22,7 @@ const ALL: &[&str] = &[
 ];
 const READ: &[&str] = &["get", "list", "watch"];
 const STATUS: &[&str] = &["get", "patch", "update"];
+const CREATE: &[&str] = &["create"];
 
 pub static RESOURCES: &[ResourceDef] = &[
     ResourceDef {
@@ -68,8 +69,9 @@ pub static RESOURCES: &[ResourceDef] = &[
         short_names: &["cm"],
         subresources: &[],
     },
-    // Read-only and always empty (no pods run here), so that `kubectl
-    // describe node` finds what it lists.
+    // Pods as the workloads of the stand-in nodes: graceful deletion, the
+    // status subresource (the kubelet stand-in's) and eviction (checked
+    // against PodDisruptionBudgets).
     ResourceDef {
         group: "",
         version: "v1",
@@ -77,9 +79,9 @@ pub static RESOURCES: &[ResourceDef] = &[
         singular: "pod",
         kind: "Pod",
         namespaced: true,
-        verbs: READ,
+        verbs: ALL,
         short_names: &["po"],
-        subresources: &[],
+        subresources: &[("status", STATUS), ("eviction", CREATE)],
     },
     ResourceDef {
         group: "",
@@ -114,6 +116,65 @@ pub static RESOURCES: &[ResourceDef] = &[
         short_names: &["csr"],
         subresources: &[("approval", STATUS), ("status", STATUS)],
     },
+    ResourceDef {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        singular: "poddisruptionbudget",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+        verbs: ALL,
+        short_names: &["pdb"],
+        subresources: &[("status", STATUS)],
+    },
+    // Workload objects, stored only (no controller runs them): pods'
+    // owner references resolve (`kubectl drain` reads a pod's DaemonSet;
+    // the disruption controller reads the scale of a pod's ReplicaSet,
+    // Deployment or StatefulSet for percentage budgets).
+    ResourceDef {
+        group: "apps",
+        version: "v1",
+        plural: "daemonsets",
+        singular: "daemonset",
+        kind: "DaemonSet",
+        namespaced: true,
+        verbs: ALL,
+        short_names: &["ds"],
+        subresources: &[("status", STATUS)],
+    },
+    ResourceDef {
+        group: "apps",
+        version: "v1",
+        plural: "replicasets",
+        singular: "replicaset",
+        kind: "ReplicaSet",
+        namespaced: true,
+        verbs: ALL,
+        short_names: &["rs"],
+        subresources: &[("status", STATUS)],
+    },
+    ResourceDef {
+        group: "apps",
+        version: "v1",
+        plural: "deployments",
+        singular: "deployment",
+        kind: "Deployment",
+        namespaced: true,
+        verbs: ALL,
+        short_names: &["deploy"],
+        subresources: &[("status", STATUS)],
+    },
+    ResourceDef {
+        group: "apps",
+        version: "v1",
+        plural: "statefulsets",
+        singular: "statefulset",
+        kind: "StatefulSet",
+        namespaced: true,
+        verbs: ALL,
+        short_names: &["sts"],
+        subresources: &[("status", STATUS)],
+    },
 ];
 
 /// Namespaces that always exist.
@@ -146,7 +207,12 @@ fn groups() -> Vec<&'static str> {
         .map(|r| r.group)
         .filter(|g| !g.is_empty())
         .collect();
-    g.dedup();
+    let mut seen = Vec::new();
+    g.retain(|x| {
+        let new = !seen.contains(x);
+        seen.push(*x);
+        new
+    });
     g
 }
 
@@ -199,13 +265,21 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             "shortNames": r.short_names,
         }));
         for (sub, verbs) in r.subresources {
-            resources.push(json!({
+            let mut doc = json!({
                 "name": format!("{}/{}", r.plural, sub),
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": r.kind,
                 "verbs": verbs,
-            }));
+            });
+            if *sub == "eviction" {
+                // As kube-apiserver lists it: `kubectl drain` looks for
+                // `pods/eviction` of kind Eviction before it evicts.
+                doc["group"] = json!("policy");
+                doc["version"] = json!("v1");
+                doc["kind"] = json!("Eviction");
+            }
+            resources.push(doc);
         }
     }
     let gv = if group.is_empty() {
@@ -261,8 +335,32 @@ mod tests {
             .collect();
         assert!(names.contains(&"nodes/status"));
         assert!(names.contains(&"secrets"));
+        let eviction = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "pods/eviction")
+            .unwrap();
+        assert_eq!(
+            (&eviction["group"], &eviction["version"], &eviction["kind"]),
+            (&json!("policy"), &json!("v1"), &json!("Eviction"))
+        );
         let groups = api_group_list();
-        assert_eq!(groups["groups"].as_array().unwrap().len(), 2);
+        let names: Vec<&str> = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "coordination.k8s.io",
+                "certificates.k8s.io",
+                "policy",
+                "apps"
+            ]
+        );
         assert!(
             resource_list("certificates.k8s.io", "v1").unwrap()["resources"]
                 .as_array()
@@ -270,6 +368,7 @@ mod tests {
                 .iter()
                 .any(|r| r["name"] == "certificatesigningrequests/approval")
         );
-        assert!(resource_list("apps", "v1").is_none());
+        assert!(resource_list("apps", "v1").is_some());
+        assert!(resource_list("batch", "v1").is_none());
     }
 }

@@ -441,9 +441,24 @@ impl Store {
     }
 
     pub fn delete(&self, resource: &str, ns: &str, name: &str) -> Result<Value, ApiStatus> {
+        self.delete_if(resource, ns, name, None)
+    }
+
+    /// Delete an object; with `expected_rv`, only if it is still at that
+    /// resourceVersion (409 otherwise), checked in the write transaction.
+    pub fn delete_if(
+        &self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        expected_rv: Option<u64>,
+    ) -> Result<Value, ApiStatus> {
         self.commit((resource, ns, name), |tx| {
             let current =
                 get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
+            if expected_rv.is_some_and(|e| util::rv_of(&current) != Some(e)) {
+                return Err(conflict(resource, name));
+            }
             Ok(Plan::Write {
                 kind: EventType::Deleted,
                 obj: current,

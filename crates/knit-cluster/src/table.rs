@@ -167,6 +167,24 @@ fn columns(kind: &str) -> Vec<Value> {
             col("Status", "string", 0, "The status of the namespace"),
             age,
         ],
+        "Pod" => vec![
+            name,
+            col("Ready", "string", 0, "The aggregate readiness state of this pod for accepting traffic."),
+            col("Status", "string", 0, "The aggregate status of the containers in this pod."),
+            col("Restarts", "string", 0, "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted."),
+            age,
+            col("IP", "string", 1, "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated."),
+            col("Node", "string", 1, "NodeName is a request to schedule this pod onto a specific node."),
+            col("Nominated Node", "string", 1, "nominatedNodeName is set only when this pod preempts other pods on the node."),
+            col("Readiness Gates", "string", 1, "If specified, all readiness gates will be evaluated for pod readiness."),
+        ],
+        "PodDisruptionBudget" => vec![
+            name,
+            col("Min Available", "string", 0, "The minimum number of pods that must be available simultaneously."),
+            col("Max Unavailable", "string", 0, "The maximum number of pods that may be unavailable simultaneously."),
+            col("Allowed Disruptions", "integer", 0, "Calculated number of pods that may be disrupted at this time."),
+            age,
+        ],
         _ => vec![name, age],
     }
 }
@@ -234,6 +252,47 @@ fn cells(kind: &str, o: &Value) -> Vec<Value> {
             json!(age(o)),
         ],
         "Namespace" => vec![name, json!("Active"), json!(age(o))],
+        "Pod" => {
+            let statuses = o["status"]["containerStatuses"].as_array();
+            let total = o["spec"]["containers"].as_array().map_or(0, |c| c.len());
+            let ready = statuses.map_or(0, |s| s.iter().filter(|c| c["ready"] == true).count());
+            let restarts: i64 = statuses.map_or(0, |s| {
+                s.iter().filter_map(|c| c["restartCount"].as_i64()).sum()
+            });
+            let status = if !o["metadata"]["deletionTimestamp"].is_null() {
+                "Terminating".to_string()
+            } else {
+                o["status"]["reason"]
+                    .as_str()
+                    .or(o["status"]["phase"].as_str())
+                    .unwrap_or("Unknown")
+                    .to_string()
+            };
+            let none = |v: &Value| {
+                v.as_str()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("<none>")
+                    .to_string()
+            };
+            vec![
+                name,
+                json!(format!("{ready}/{total}")),
+                json!(status),
+                json!(restarts.to_string()),
+                json!(age(o)),
+                json!(none(&o["status"]["podIP"])),
+                json!(none(&o["spec"]["nodeName"])),
+                json!(none(&o["status"]["nominatedNodeName"])),
+                json!("<none>"),
+            ]
+        }
+        "PodDisruptionBudget" => vec![
+            name,
+            json!(crate::pods::budget_cell(&o["spec"]["minAvailable"])),
+            json!(crate::pods::budget_cell(&o["spec"]["maxUnavailable"])),
+            json!(o["status"]["disruptionsAllowed"].as_i64().unwrap_or(0)),
+            json!(age(o)),
+        ],
         _ => vec![name, json!(age(o))],
     }
 }

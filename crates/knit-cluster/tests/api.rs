@@ -157,7 +157,7 @@ async fn tls_bootstrap_node_authorization_and_errors() {
         assert_eq!(st["details"]["causes"][0]["field"], "spec.taints[0].effect");
         let (code, st) = admin.get("/api/v1/nodes/nope");
         assert_eq!((code, st["reason"].as_str()), (404, Some("NotFound")));
-        assert_eq!(admin.get("/apis/apps/v1/deployments").0, 404);
+        assert_eq!(admin.get("/apis/batch/v1/jobs").0, 404);
         assert_eq!(admin.patch("/api/v1/nodes/n1", "application/yaml", &json!({})).0, 415);
         assert_eq!(admin.call("POST", "/api/v1/nodes", Some("application/json"), None).0, 400);
         let (code, _) = admin.post("/api/v1/nodes", &node_obj("n2"));

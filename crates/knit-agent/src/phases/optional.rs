@@ -178,6 +178,15 @@ impl Phase for OptionalComponentsPhase {
             return Ok(Decision::Run(format!("{STARGZ_BIN} not running")));
         }
         let mut found = present(ctx);
+        // A GPU alone, without NVIDIA's driver and toolkit, is only seen:
+        // knit installs neither, nor the device plugin, so nothing ran.
+        if wanted == ["gpu"] && !ctx.host.exists(render::NVIDIA_RUNTIME) {
+            return Ok(Decision::Skip(format!(
+                "{}; knit installs no NVIDIA driver, container toolkit or device plugin: \
+                 install them and the next init reports the GPU in place",
+                found.join("; ")
+            )));
+        }
         if ctx.config.components.image_acceleration.enabled {
             found.push(format!("{STARGZ_BIN} running"));
         }

@@ -62,14 +62,21 @@ fn gpu_is_detected_by_pci_vendor_or_refused() {
     let record = &node.journal().phases[&PhaseName::OptionalComponents];
     assert_eq!(record.outcome, PhaseOutcome::Skipped);
     let reason = record.reason.as_deref().unwrap();
-    assert!(reason.contains("1 NVIDIA GPU(s) at 0000:00:05.0"), "{reason}");
+    assert!(
+        reason.contains("1 NVIDIA GPU(s) at 0000:00:05.0"),
+        "{reason}"
+    );
     assert!(reason.contains("installs no NVIDIA driver"), "{reason}");
     let toml = std::fs::read_to_string(node.path("/etc/containerd/config.toml")).unwrap();
     assert!(toml.contains("containerd.runtimes.nvidia]"), "{toml}");
 
     // With the toolkit in place the GPU is ready: done.
     std::fs::create_dir_all(node.path("/usr/bin")).unwrap();
-    std::fs::write(node.path("/usr/bin/nvidia-container-runtime"), b"#!/bin/sh\n").unwrap();
+    std::fs::write(
+        node.path("/usr/bin/nvidia-container-runtime"),
+        b"#!/bin/sh\n",
+    )
+    .unwrap();
     node.init(&config).expect("init with a GPU and the toolkit");
     let record = &node.journal().phases[&PhaseName::OptionalComponents];
     assert_eq!(record.outcome, PhaseOutcome::Done);

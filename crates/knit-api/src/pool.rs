@@ -193,6 +193,56 @@ pub struct NodePoolSpec {
     pub auto_replace: bool,
     /// What knit does to a node that was Ready once and is not any more.
     pub repair: RepairSpec,
+    /// How a node of the pool is drained before its machine goes.
+    pub drain: DrainSpec,
+}
+
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: i64 = 600;
+/// What a drain does when its timeout passes with pods left.
+pub const DRAIN_ON_TIMEOUT: &[&str] = &["wait", "force"];
+
+/// The drain every removal of a node runs first (scale-in, `knit delete
+/// node`, pool delete, repair's replace, the snapshot builder): cordon, then
+/// every pod but mirror and DaemonSet pods evicted through the Eviction API,
+/// which honours PodDisruptionBudgets. After `timeoutSeconds` with pods
+/// left, `wait` keeps the node cordoned and the removal pending (the
+/// evictions go on being retried), `force` deletes the pods left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DrainSpec {
+    pub timeout_seconds: i64,
+    /// wait | force.
+    pub on_timeout: String,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        DrainSpec {
+            timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+            on_timeout: "wait".to_string(),
+        }
+    }
+}
+
+impl DrainSpec {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        e.range(
+            &format!("{at}.timeoutSeconds"),
+            self.timeout_seconds,
+            1,
+            86_400,
+        );
+        e.one_of(
+            &format!("{at}.onTimeout"),
+            &self.on_timeout,
+            DRAIN_ON_TIMEOUT,
+        );
+    }
+
+    /// Whether pods left after the timeout are deleted.
+    pub fn forces(&self) -> bool {
+        self.on_timeout == "force"
+    }
 }
 
 /// Actions of node repair, in the order a default policy takes them.
@@ -345,6 +395,7 @@ impl Default for NodePoolSpec {
             join_timeout_seconds: DEFAULT_JOIN_TIMEOUT_SECONDS,
             auto_replace: false,
             repair: RepairSpec::default(),
+            drain: DrainSpec::default(),
         }
     }
 }
@@ -565,6 +616,7 @@ impl NodePoolSpec {
             7200,
         );
         self.repair.validate(&f("repair"), e);
+        self.drain.validate(&f("drain"), e);
     }
 
     fn validate_data_disks(&self, at: &str, e: &mut Errors) {
@@ -1124,6 +1176,47 @@ mod tests {
             Err(ApiError::Invalid(list)) => assert_eq!(list[0].field, "spec.repair.actions"),
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn drain_settings_default_and_errors() {
+        let pool = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  drain: {onTimeout: force}\n",
+        )
+        .unwrap();
+        assert_eq!(pool.spec.drain.timeout_seconds, 600);
+        assert!(pool.spec.drain.forces());
+        assert!(!DrainSpec::default().forces(), "wait by default");
+        assert_eq!(DrainSpec::default().timeout_seconds, 600);
+
+        let mut bad = NodePool::new("p", NodePoolSpec::default());
+        bad.spec.drain = DrainSpec {
+            timeout_seconds: -1,
+            on_timeout: "evict-harder".into(),
+        };
+        match bad.validate() {
+            Err(ApiError::Invalid(list)) => {
+                let got: Vec<(&str, &str)> = list
+                    .iter()
+                    .map(|e| (e.field.as_str(), e.value.as_str()))
+                    .collect();
+                assert_eq!(
+                    got,
+                    vec![
+                        ("spec.drain.timeoutSeconds", "-1"),
+                        ("spec.drain.onTimeout", "\"evict-harder\""),
+                    ]
+                );
+                assert!(list[1].rule.contains("wait"), "{}", list[1].rule);
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        // An unknown field under drain is a parse error naming it.
+        let err = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  drain: {timeout: 5}\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("timeout"), "{err}");
     }
 
     #[test]

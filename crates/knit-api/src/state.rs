@@ -170,6 +170,22 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// Where the drain of a node being removed stands.
+    DrainState, field = "drain.state" {
+        /// Cordoned; evicting its pods or waiting for them to go.
+        Draining = "Draining",
+        /// An eviction was refused (a PodDisruptionBudget): retried with
+        /// backoff, the removal pending.
+        Blocked = "Blocked",
+        /// The timeout passed with `onTimeout: force`: the pods left are
+        /// being deleted.
+        Forcing = "Forcing",
+        /// No pod that blocks is left: the machine may go.
+        Drained = "Drained",
+    }
+}
+
 impl PhaseOutcome {
     /// Every outcome, in the order a phase goes through them.
     pub const ALL: &'static [PhaseOutcome] = &[
@@ -285,6 +301,10 @@ mod tests {
         pins(EventType::ALL, &["Normal", "Warning"]);
         pins(BuildStatus::ALL, &["Running", "Succeeded", "Failed"]);
         pins(DiskInterface::ALL, &["virtio", "nvme"]);
+        pins(
+            DrainState::ALL,
+            &["Draining", "Blocked", "Forcing", "Drained"],
+        );
         pins(PhaseOutcome::ALL, &["started", "done", "skipped", "failed"]);
         pins(
             RepairAction::ALL,

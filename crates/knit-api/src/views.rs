@@ -12,7 +12,7 @@ use crate::error::FieldError;
 use crate::events::PhaseOutcome;
 use crate::phase::{ErrorCode, PhaseName};
 use crate::pool::{NodePool, NodePoolSpec, ObjectMeta};
-use crate::state::{BuildStatus, EventType, InstanceState, NodeStatus};
+use crate::state::{BuildStatus, DrainState, EventType, InstanceState, NodeStatus};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -184,6 +184,9 @@ pub struct PoolStatus {
     /// Nodes whose agent finished its phases.
     pub initialized: i64,
     pub ready: i64,
+    /// Nodes being drained before their machine goes (cordoned, pods being
+    /// evicted or a PodDisruptionBudget waited for).
+    pub draining: i64,
     /// The pool itself is being deleted.
     pub deleting: bool,
     pub cluster_attached: bool,
@@ -268,6 +271,43 @@ pub struct NodeView {
     pub timeline: Option<Vec<TimelineEntryView>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<NodeCacheView>,
+    /// The drain of a node being removed (or drained for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainView>,
+}
+
+/// A node's drain: where it stands, what blocks it, and (describing one
+/// node) its steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainView {
+    pub state: DrainState,
+    pub started_ms: i64,
+    pub updated_ms: i64,
+    /// Why it has not ended, in a sentence (the pods left, the refusal).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The PodDisruptionBudget(s) that refused an eviction, `ns/name`.
+    #[serde(default)]
+    pub blocking_budget: Option<String>,
+    #[serde(default)]
+    pub pods_left: i64,
+    #[serde(default)]
+    pub evicted: i64,
+    /// When the pool's `drain.timeoutSeconds` passed, if it did.
+    #[serde(default)]
+    pub timed_out_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<DrainStepView>>,
+}
+
+/// One step of a drain's timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStepView {
+    pub at_ms: i64,
+    pub state: DrainState,
+    pub message: String,
 }
 
 /// One phase event of a node, as the agent reported it.
@@ -822,6 +862,7 @@ mod tests {
             deleting_instances: 0,
             initialized: 1,
             ready: 1,
+            draining: 0,
             deleting: false,
             cluster_attached: true,
         }
@@ -838,7 +879,7 @@ mod tests {
         wire["metadata"]["creationTimestampMs"] = json!(1_700_000_000_000i64);
         wire["status"] = json!({
             "desired": 2, "instances": 2, "pending": 1, "running": 1, "failed": 0,
-            "deletingInstances": 0, "initialized": 1, "ready": 1,
+            "deletingInstances": 0, "initialized": 1, "ready": 1, "draining": 0,
             "deleting": false, "clusterAttached": true,
         });
         assert!(!wire.to_string().contains("Secret-123"));
@@ -929,6 +970,7 @@ mod tests {
             ip: None,
             timeline: None,
             cache: None,
+            drain: None,
         }
     }
 
@@ -945,6 +987,34 @@ mod tests {
     #[test]
     fn node_view_in_a_list_has_no_timeline_or_cache() {
         pinned(&node(), node_wire());
+    }
+
+    #[test]
+    fn node_view_of_a_node_being_drained() {
+        let mut view = node();
+        view.drain = Some(DrainView {
+            state: DrainState::Blocked,
+            started_ms: 10,
+            updated_ms: 20,
+            reason: Some("eviction refused".into()),
+            blocking_budget: Some("default/web".into()),
+            pods_left: 2,
+            evicted: 1,
+            timed_out_ms: None,
+            steps: Some(vec![DrainStepView {
+                at_ms: 10,
+                state: DrainState::Draining,
+                message: "cordoned".into(),
+            }]),
+        });
+        let mut wire = node_wire();
+        wire["drain"] = json!({
+            "state": "Blocked", "startedMs": 10, "updatedMs": 20,
+            "reason": "eviction refused", "blockingBudget": "default/web",
+            "podsLeft": 2, "evicted": 1, "timedOutMs": null,
+            "steps": [{"atMs": 10, "state": "Draining", "message": "cordoned"}],
+        });
+        pinned(&view, wire);
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub fn prepare_update(def: &ResourceDef, current: &Value, next: &mut Value) {
             None => meta.remove(key),
         };
     }
+    if def.kind == "Node" {
+        crate::ipam::keep_pod_cidr(current, next);
+    }
     if has_generation(def) && current.get("spec") != next.get("spec") {
         let g = current["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
         util::meta_mut(next).insert("generation".into(), json!(g));

@@ -14,7 +14,7 @@ use tokio::sync::{broadcast, watch};
 use crate::error::ClusterError;
 use crate::pki::Ca;
 use crate::store::{Change, EventType, Store};
-use crate::{auth, pod_controllers, tokens, util};
+use crate::{auth, ipam, pod_controllers, tokens, util};
 
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
@@ -35,6 +35,7 @@ pub struct Controllers {
     pub endpoint: String,
     pub cert_ttl: Duration,
     pub grace: Duration,
+    pub pod_cidrs: crate::ipam::PodCidrs,
 }
 
 impl Controllers {
@@ -105,6 +106,11 @@ impl Controllers {
                         tokio::task::block_in_place(|| match (c.resource.as_str(), c.kind) {
                         (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
                         ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
+                        ("nodes", EventType::Added | EventType::Modified)
+                            if !ipam::has_pod_cidr(&c.object) =>
+                        {
+                            ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
+                        }
                         ("nodes", EventType::Deleted) => self
                             .collect_lease(&c.name)
                             .and_then(|()| pod_controllers::collect_node_pods(&self.store, &c.name)),
@@ -140,6 +146,11 @@ impl Controllers {
         let result = csrs.and_then(|items| {
             for c in items {
                 self.reconcile_csr(util::name_of(&c))?;
+            }
+            for n in self.store.list("nodes", None)?.0 {
+                if !ipam::has_pod_cidr(&n) {
+                    ipam::allocate(&self.store, &self.pod_cidrs, util::name_of(&n))?;
+                }
             }
             self.sync_cluster_info()
         });

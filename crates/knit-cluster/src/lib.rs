@@ -26,6 +26,7 @@ mod auth;
 mod controllers;
 mod disruption;
 mod error;
+mod ipam;
 mod metrics;
 mod patch;
 mod pki;
@@ -86,6 +87,13 @@ pub struct ClusterConfig {
     /// given here must be the cluster's own: its schema version is the
     /// file's.)
     pub datastore: Option<knit_db::Datastore>,
+    /// The cluster's pod CIDR (IPv4), cut into one subnet per Node
+    /// (`spec.podCIDR`) as kube-controller-manager's node IPAM does;
+    /// default: the Cluster spec's default `network.podCidr`.
+    pub pod_cidr: String,
+    /// Mask size of each node's subnet (kube-controller-manager's
+    /// `--node-cidr-mask-size`, 24 by default).
+    pub node_cidr_mask_size: u8,
 }
 
 impl ClusterConfig {
@@ -100,6 +108,8 @@ impl ClusterConfig {
             bookmark_interval: Duration::from_secs(60),
             header_timeout: Duration::from_secs(30),
             datastore: None,
+            pod_cidr: knit_api::pool::ClusterNetwork::default().pod_cidr,
+            node_cidr_mask_size: 24,
         }
     }
 }
@@ -200,6 +210,7 @@ impl EmbeddedCluster {
         let pki_dir = cfg.data_dir.join("pki");
         create_private_dir(&cfg.data_dir)?;
         create_private_dir(&pki_dir)?;
+        let pod_cidrs = ipam::PodCidrs::new(&cfg.pod_cidr, cfg.node_cidr_mask_size)?;
         let ca = Arc::new(pki::Ca::load_or_create(&pki_dir)?);
         let store = Arc::new(match &cfg.datastore {
             Some(datastore) => store::Store::open_datastore(datastore, knit_db::Limits::default())?,
@@ -281,6 +292,7 @@ impl EmbeddedCluster {
             endpoint: endpoint.clone(),
             cert_ttl: cfg.cert_ttl,
             grace: cfg.node_grace_period,
+            pod_cidrs,
         };
         controllers.sync_cluster_info()?;
         let metrics = Arc::new(metrics::Metrics::default());

@@ -399,6 +399,35 @@ impl Store {
         })
     }
 
+    /// Like `update` without a precondition, with every object of `see`
+    /// (cluster-wide) read in the same write transaction: a choice among
+    /// them (a free pod CIDR) cannot collide with another writer's, on
+    /// this server or another sharing the datastore.
+    pub fn update_seeing(
+        &self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        see: &str,
+        mut f: impl FnMut(&Value, &[Value]) -> Result<Value, ApiStatus>,
+    ) -> Result<Value, ApiStatus> {
+        self.commit((resource, ns, name), |tx| {
+            let current =
+                get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
+            let others = list_in(tx, see, None)?;
+            let mut next = f(&current, &others)?;
+            keep_identity(&current, &mut next);
+            if same_as(&current, &next) {
+                return Ok(Plan::Unchanged(current));
+            }
+            Ok(Plan::Write {
+                kind: EventType::Modified,
+                obj: next,
+                previous: Some(current),
+            })
+        })
+    }
+
     /// Replace `base` (an object read earlier) by `next`, computed from it
     /// without holding the store: 409 if the object changed since `base`
     /// was read (the caller reads again and retries), 404 if it is gone.

@@ -107,6 +107,29 @@ async fn field_selectors_graceful_deletion_and_pod_gc() {
     blocking(move || {
         create(&admin, "/api/v1/nodes", &node("fs-n1"));
         create(&admin, "/api/v1/nodes", &node("fs-n2"));
+        // Node IPAM: each Node gets its own /24 of the cluster's pod CIDR.
+        let cidr = |n: &str| {
+            wait_for(&format!("{n} podCIDR"), Duration::from_secs(10), || {
+                let (_, node) = admin.get(&format!("/api/v1/nodes/{n}"));
+                node["spec"]["podCIDR"].as_str().map(str::to_string)
+            })
+        };
+        let (c1, c2) = (cidr("fs-n1"), cidr("fs-n2"));
+        assert_ne!(c1, c2);
+        for c in [&c1, &c2] {
+            assert!(c.starts_with("172.20.") && c.ends_with(".0/24"), "{c}");
+        }
+        let (_, n1) = admin.get("/api/v1/nodes/fs-n1");
+        assert_eq!(n1["spec"]["podCIDRs"], json!([c1]));
+        // An update that drops it keeps it.
+        let mut put = n1.clone();
+        put["spec"] = json!({"unschedulable": false});
+        let (code, body) = admin.put("/api/v1/nodes/fs-n1", &put);
+        assert_eq!(
+            (code, body["spec"]["podCIDR"].as_str()),
+            (200, Some(c1.as_str())),
+            "{body}"
+        );
         for (name, n) in [
             ("a-0", "fs-n1"),
             ("a-1", "fs-n1"),

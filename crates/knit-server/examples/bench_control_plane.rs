@@ -76,7 +76,7 @@ fn main() {
     let mut samples = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        let p = plan(NODES - 100, &instances);
+        let p = plan(NODES - 100, &instances, &Default::default());
         samples.push(t.elapsed());
         assert_eq!(p.delete.len(), 100);
     }

@@ -2,6 +2,7 @@
 //! instance), and the seam to the cluster that supplies endpoint, CA, pin
 //! and a bootstrap token per node.
 
+use crate::cluster::pods::{BudgetFacts, Eviction, PodFacts};
 use crate::error::Result;
 use crate::store::InstanceRecord;
 use async_trait::async_trait;
@@ -29,7 +30,8 @@ pub struct JoinMaterial {
 pub trait ClusterJoin: Send + Sync {
     /// Join material for one node of `pool`; `None` when no cluster is attached.
     async fn join_material(&self, pool: &str, node_hint: &str) -> Result<Option<JoinMaterial>>;
-    /// Cordon, drain and delete a node before its instance goes.
+    /// Deletes the Node object (absent is not an error). Callers drain the
+    /// node first (`crate::drain`), so that its pods were evicted.
     async fn remove_node(&self, node: &str) -> Result<()>;
     /// NotReady | Ready | Unknown, when the cluster knows the node.
     async fn node_status(&self, node: &str) -> Result<Option<String>>;
@@ -50,6 +52,36 @@ pub trait ClusterJoin: Send + Sync {
     /// is not there, or no cluster is attached.
     async fn node_annotation(&self, _node: &str, _key: &str) -> Result<Option<String>> {
         Ok(None)
+    }
+
+    // The drain's calls (`crate::drain`), each one Kubernetes API request.
+
+    /// Marks the node unschedulable (`spec.unschedulable: true`); `false`
+    /// when it is not registered.
+    async fn cordon(&self, _node: &str) -> Result<bool> {
+        Ok(false)
+    }
+    /// The pods bound to `node` (`fieldSelector=spec.nodeName=NODE`).
+    async fn node_pods(&self, _node: &str) -> Result<Vec<PodFacts>> {
+        Ok(Vec::new())
+    }
+    /// Every pod of the cluster (each names its node).
+    async fn pods(&self) -> Result<Vec<PodFacts>> {
+        Ok(Vec::new())
+    }
+    /// Evicts one pod through the Eviction API (policy/v1), which honours
+    /// PodDisruptionBudgets; never a direct delete.
+    async fn evict_pod(&self, _namespace: &str, _name: &str) -> Result<Eviction> {
+        Ok(Eviction::Gone)
+    }
+    /// Deletes one pod (with its own grace period): only a drain past its
+    /// timeout with `onTimeout: force` does this.
+    async fn delete_pod(&self, _namespace: &str, _name: &str) -> Result<()> {
+        Ok(())
+    }
+    /// The PodDisruptionBudgets of one namespace.
+    async fn budgets(&self, _namespace: &str) -> Result<Vec<BudgetFacts>> {
+        Ok(Vec::new())
     }
 }
 

@@ -8,6 +8,7 @@ pub mod attach;
 pub mod bootstrap;
 pub mod cluster;
 pub mod control;
+pub mod drain;
 pub mod durable;
 pub mod error;
 pub mod ha;

@@ -8,11 +8,12 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::names;
 use crate::reconcile::counts_toward_pool;
-use crate::store::{InstanceRecord, NodeRecord, TimelineEntry};
-use knit_api::state::EventType;
+use crate::store::{DrainRecord, InstanceRecord, NodeRecord, TimelineEntry};
+use knit_api::state::{DrainState, EventType};
 use knit_api::views::{
-    ExecRequest, ExecResponse, InstanceView, NodeRemoving, NodeView, TimelineEntryView,
-    EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS, EXEC_MAX_TIMEOUT_SECONDS, LOG_FILES,
+    DrainStepView, DrainView, ExecRequest, ExecResponse, InstanceView, NodeRemoving, NodeView,
+    TimelineEntryView, EXEC_API_OUTPUT_MAX_BYTES, EXEC_DEFAULT_TIMEOUT_SECONDS,
+    EXEC_MAX_TIMEOUT_SECONDS, LOG_FILES,
 };
 use knit_api::{ApiError, FieldError};
 use serde::de::DeserializeOwned;
@@ -46,6 +47,7 @@ fn node_view(
     cp: &ControlPlane,
     node: &NodeRecord,
     instance: Option<&InstanceRecord>,
+    drain: Option<&DrainRecord>,
     with_timeline: bool,
 ) -> Result<NodeView> {
     let timeline = if with_timeline {
@@ -53,6 +55,25 @@ fn node_view(
         Some(entries.into_iter().map(timeline_entry_view).collect())
     } else {
         None
+    };
+    // A list shows a drain while it lasts; one node's answer shows it
+    // (with its steps) once started.
+    let drain = match drain.filter(|d| d.node == node.name) {
+        Some(d) if with_timeline => {
+            let steps = cp
+                .store
+                .drain_steps(&d.instance)?
+                .into_iter()
+                .map(|s| DrainStepView {
+                    at_ms: s.at_ms,
+                    state: s.state,
+                    message: s.message,
+                })
+                .collect();
+            Some(drain_view(d, Some(steps)))
+        }
+        Some(d) if d.state != DrainState::Drained => Some(drain_view(d, None)),
+        _ => None,
     };
     Ok(NodeView {
         name: node.name.clone(),
@@ -71,7 +92,22 @@ fn node_view(
         ip: instance.and_then(|i| i.ip.clone()),
         timeline,
         cache: None,
+        drain,
     })
+}
+
+fn drain_view(d: &DrainRecord, steps: Option<Vec<DrainStepView>>) -> DrainView {
+    DrainView {
+        state: d.state,
+        started_ms: d.started_ms,
+        updated_ms: d.updated_ms,
+        reason: d.reason.clone(),
+        blocking_budget: d.budget.clone(),
+        pods_left: d.pods_left,
+        evicted: d.evicted,
+        timed_out_ms: d.timed_out_ms,
+        steps,
+    }
 }
 
 fn timeline_entry_view(entry: TimelineEntry) -> TimelineEntryView {
@@ -94,10 +130,24 @@ pub fn list(cp: &ControlPlane) -> Result<Vec<NodeView>> {
         .into_iter()
         .map(|i| (i.name.clone(), i))
         .collect();
+    let drains: HashMap<String, DrainRecord> = cp
+        .store
+        .drains()?
+        .into_iter()
+        .map(|d| (d.instance.clone(), d))
+        .collect();
     cp.store
         .nodes()?
         .iter()
-        .map(|n| node_view(cp, n, instances.get(&n.instance), false))
+        .map(|n| {
+            node_view(
+                cp,
+                n,
+                instances.get(&n.instance),
+                drains.get(&n.instance),
+                false,
+            )
+        })
         .collect()
 }
 
@@ -109,7 +159,8 @@ pub async fn describe(cp: &ControlPlane, name: &str) -> Result<NodeView> {
         name: name.to_string(),
     })?;
     let instance = cp.store.instance(&node.instance)?;
-    let mut view = node_view(cp, &node, instance.as_ref(), true)?;
+    let drain = cp.store.drain(&node.instance)?;
+    let mut view = node_view(cp, &node, instance.as_ref(), drain.as_ref(), true)?;
     view.cache = Some(crate::snapshot::node_cache(cp, &node, instance.as_ref()).await);
     Ok(view)
 }

@@ -99,6 +99,7 @@ fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
         deleting_instances: count(InstanceState::Deleting),
         initialized: counts.initialized,
         ready: counts.ready,
+        draining: counts.draining,
         deleting: record.deleting,
         cluster_attached: cp.cluster.attached(),
     })

@@ -10,10 +10,12 @@
 //! the cluster runs) decides which node certificates are signed.
 
 use crate::bootstrap::{ClusterJoin, JoinMaterial};
+use crate::cluster::pods::{self, BudgetFacts, Eviction, PodFacts};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;
 use base64::Engine;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -112,107 +114,16 @@ impl ExternalJoin {
     }
 }
 
-/// How long a drain keeps retrying evictions a PodDisruptionBudget
-/// refuses (429). Within the callers' 30 s bound on a cluster call; a
-/// drain cut short is repeated by the next removal attempt (the node stays
-/// cordoned, evicted pods stay evicted).
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Whether drain evicts this pod: not a DaemonSet's (it would come back),
-/// not a static pod's mirror, not finished.
-fn evictable(p: &Pod) -> bool {
-    let daemon = p
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "DaemonSet");
-    let mirror = p
-        .metadata
-        .annotations
+fn pod_facts_of(pod: &Pod) -> Option<PodFacts> {
+    serde_json::to_value(pod)
+        .ok()
         .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    let finished = p
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
-    !daemon && !mirror && !finished
+        .and_then(pods::pod_facts)
 }
 
 impl ExternalJoin {
-    /// `kubectl drain`'s steps: cordon the node, then evict its pods
-    /// through the Eviction API (which enforces PodDisruptionBudgets) until
-    /// none is left or [`DRAIN_TIMEOUT`] passes. What was done, or why not.
-    pub async fn drain(&self, node: &str) -> Result<String> {
-        let cordon = serde_json::json!({"spec": {"unschedulable": true}});
-        match self
-            .nodes()
-            .patch(node, &PatchParams::default(), &Patch::Merge(&cordon))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                return Ok(format!("node {node} is not registered: nothing to drain"))
-            }
-            Err(e) => return Err(external_err(format!("cordon node {node}: {e}"))),
-        }
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
-        let mut evicted = 0usize;
-        loop {
-            let pods: Vec<Pod> = all
-                .list(&on_node)
-                .await
-                .map_err(|e| external_err(format!("list the pods of node {node}: {e}")))?
-                .items
-                .into_iter()
-                .filter(evictable)
-                .collect();
-            if pods.is_empty() {
-                return Ok(format!(
-                    "node {node} cordoned and drained: {evicted} pod(s) evicted"
-                ));
-            }
-            let mut refused = Vec::new();
-            for p in &pods {
-                let ns = p
-                    .metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| "default".into());
-                let name = p.metadata.name.clone().unwrap_or_default();
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-                match api.evict(&name, &EvictParams::default()).await {
-                    Ok(_) => evicted += 1,
-                    // Gone already.
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    // A PodDisruptionBudget does not allow it now.
-                    Err(kube::Error::Api(s)) if s.code == 429 => {
-                        refused.push(format!("{ns}/{name}"))
-                    }
-                    Err(e) => {
-                        return Err(external_err(format!(
-                            "evict pod {ns}/{name} from node {node}: {e}"
-                        )))
-                    }
-                }
-            }
-            if std::time::Instant::now() >= deadline {
-                return Err(external_err(format!(
-                    "draining node {node}: {} pod(s) still on it after {}s{}; the node stays cordoned and the removal is retried",
-                    pods.len(),
-                    DRAIN_TIMEOUT.as_secs(),
-                    if refused.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (evictions refused by a PodDisruptionBudget: {})", refused.join(", "))
-                    }
-                )));
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+    fn pods_in(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
     }
 }
 
@@ -311,15 +222,89 @@ impl ClusterJoin for ExternalJoin {
     }
 
     async fn remove_node(&self, node: &str) -> Result<()> {
-        // Cordon and evict first (PodDisruptionBudgets respected: a refused
-        // eviction fails the removal, which its caller retries).
-        let drained = self.drain(node).await?;
-        tracing::info!(node, "{drained}");
+        // The drain ran before (crate::drain): only the Node goes here.
         match self.nodes().delete(node, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(external_err(format!("delete node {node}: {e}"))),
         }
+    }
+
+    async fn cordon(&self, node: &str) -> Result<bool> {
+        let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+        match self
+            .nodes()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&cordon))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(external_err(format!("cordon node {node}: {e}"))),
+        }
+    }
+
+    async fn node_pods(&self, node: &str) -> Result<Vec<PodFacts>> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let list = all
+            .list(&on_node)
+            .await
+            .map_err(|e| external_err(format!("list the pods of node {node}: {e}")))?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(pod_facts_of)
+            .filter(|p| p.node == node)
+            .collect())
+    }
+
+    async fn pods(&self) -> Result<Vec<PodFacts>> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let list = all
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| external_err(format!("list pods: {e}")))?;
+        Ok(list.items.iter().filter_map(pod_facts_of).collect())
+    }
+
+    async fn evict_pod(&self, namespace: &str, name: &str) -> Result<Eviction> {
+        match self
+            .pods_in(namespace)
+            .evict(name, &EvictParams::default())
+            .await
+        {
+            Ok(_) => Ok(Eviction::Evicted),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
+            Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message)),
+            Err(e) => Err(external_err(format!("evict pod {namespace}/{name}: {e}"))),
+        }
+    }
+
+    async fn delete_pod(&self, namespace: &str, name: &str) -> Result<()> {
+        match self
+            .pods_in(namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(external_err(format!("delete pod {namespace}/{name}: {e}"))),
+        }
+    }
+
+    async fn budgets(&self, namespace: &str) -> Result<Vec<BudgetFacts>> {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+        let list = api.list(&ListParams::default()).await.map_err(|e| {
+            external_err(format!(
+                "list the PodDisruptionBudgets of namespace {namespace}: {e}"
+            ))
+        })?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|b| serde_json::to_value(b).ok())
+            .filter_map(|v| pods::budget_facts(&v))
+            .collect())
     }
 
     async fn node_annotation(&self, node: &str, key: &str) -> Result<Option<String>> {
@@ -653,20 +638,12 @@ mod tests {
                 other => panic!("a stale patch was not a conflict: {other:?}"),
             }
 
-            // Removal drains first: cordoned, and no pod to evict on the
-            // embedded cluster (it runs none).
-            let drained = join.drain("local.i-1").await.unwrap();
-            assert!(
-                drained.contains("cordoned and drained: 0 pod(s) evicted"),
-                "{drained}"
-            );
+            // The drain's calls: cordon, the node's pods, budgets.
+            assert!(join.cordon("local.i-1").await.unwrap());
             let cordoned = nodes.get("local.i-1").await.unwrap();
             assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
-            assert!(join
-                .drain("local.i-9")
-                .await
-                .unwrap()
-                .contains("not registered"));
+            assert!(!join.cordon("local.i-9").await.unwrap(), "not registered");
+            assert!(join.node_pods("local.i-1").await.unwrap().is_empty());
             join.remove_node("local.i-1").await.unwrap();
             assert_eq!(join.node_status("local.i-1").await.unwrap(), None);
             // Removing an absent node is not an error.

@@ -4,12 +4,14 @@
 //! the admin client certificate, as any Kubernetes client would.
 
 pub mod external;
+pub mod pods;
 
 use crate::bootstrap::{ClusterJoin, JoinMaterial};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;
 use base64::Engine;
 use knit_cluster::EmbeddedCluster;
+use pods::{BudgetFacts, Eviction, PodFacts};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,36 +102,99 @@ impl EmbeddedJoin {
         self.cluster.shutdown_handle().shutdown();
     }
 
-    /// One API call; `None` for 404. A body is sent as a JSON merge patch.
+    /// One API call: its status and JSON body (at most
+    /// [`MAX_ANSWER_BYTES`]). A body is sent as a JSON merge patch with
+    /// PATCH, as JSON otherwise.
+    pub(crate) async fn request(
+        &self,
+        method: &'static str,
+        path: String,
+        body: Option<Value>,
+    ) -> Result<(u16, Value)> {
+        let agent = self.admin.clone();
+        let url = format!("{}{path}", self.local_endpoint);
+        tokio::task::spawn_blocking(move || {
+            let request = agent.request(method, &url);
+            let content_type = if method == "PATCH" {
+                "application/merge-patch+json"
+            } else {
+                "application/json"
+            };
+            let outcome = match body {
+                Some(b) => request
+                    .set("Content-Type", content_type)
+                    .send_string(&b.to_string()),
+                None => request.call(),
+            };
+            let response = match outcome {
+                Ok(r) => r,
+                Err(ureq::Error::Status(_, r)) => r,
+                Err(e) => return Err(cluster_err(format!("{method} {url}: {e}"))),
+            };
+            let status = response.status();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(response.into_reader(), MAX_ANSWER_BYTES + 1),
+                &mut bytes,
+            )
+            .map_err(|e| cluster_err(format!("{method} {url}: reading the answer: {e}")))?;
+            if bytes.len() as u64 > MAX_ANSWER_BYTES {
+                return Err(cluster_err(format!(
+                    "{method} {url}: the answer is larger than {MAX_ANSWER_BYTES} bytes"
+                )));
+            }
+            let value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+            };
+            Ok((status, value))
+        })
+        .await
+        .map_err(cluster_err)?
+    }
+
+    /// One API call; `None` for 404, an error for any other status past 299.
     pub(crate) async fn call_with(
         &self,
         method: &'static str,
         path: String,
         body: Option<Value>,
     ) -> Result<Option<Value>> {
-        let agent = self.admin.clone();
-        let url = format!("{}{path}", self.local_endpoint);
-        tokio::task::spawn_blocking(move || {
-            let request = agent.request(method, &url);
-            let outcome = match body {
-                Some(b) => request
-                    .set("Content-Type", "application/merge-patch+json")
-                    .send_string(&b.to_string()),
-                None => request.call(),
-            };
-            match outcome {
-                Ok(r) => r.into_json::<Value>().map(Some).map_err(cluster_err),
-                Err(ureq::Error::Status(404, _)) => Ok(None),
-                Err(e) => Err(cluster_err(format!("{method} {url}: {e}"))),
-            }
-        })
-        .await
-        .map_err(cluster_err)?
+        let (status, value) = self.request(method, path.clone(), body).await?;
+        match status {
+            200..=299 => Ok(Some(value)),
+            404 => Ok(None),
+            _ => Err(cluster_err(format!(
+                "{method} {path}: {status} {}",
+                status_message(&value)
+            ))),
+        }
     }
 
     async fn call(&self, method: &'static str, path: String) -> Result<Option<Value>> {
         self.call_with(method, path, None).await
     }
+}
+
+/// The largest answer the control plane reads from the API (a list of
+/// every pod of a big cluster fits).
+const MAX_ANSWER_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The `message` of a Kubernetes Status body, or the body itself.
+fn status_message(body: &Value) -> String {
+    body["message"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| body.to_string())
+}
+
+/// The API path of one pod. Namespace and name are checked first (DNS-1123
+/// names), so that neither addresses another path.
+fn pod_path(namespace: &str, name: &str) -> Result<String> {
+    crate::names::check_node("metadata.namespace", namespace)?;
+    crate::names::check_node("metadata.name", name)?;
+    Ok(format!("/api/v1/namespaces/{namespace}/pods/{name}"))
 }
 
 #[async_trait]
@@ -150,39 +215,79 @@ impl ClusterJoin for EmbeddedJoin {
     }
 
     async fn remove_node(&self, node: &str) -> Result<()> {
-        // Drain, as on any cluster: cordon, then the node's pods. The
-        // embedded cluster runs no pods (its pods are read-only and always
-        // empty), so the eviction pass finds none; a pod found anyway is
-        // not silently dropped: the removal fails naming it.
-        let path = node_path(node)?;
+        // The drain ran before (crate::drain): only the Node goes here.
+        self.call("DELETE", node_path(node)?).await.map(|_| ())
+    }
+
+    async fn cordon(&self, node: &str) -> Result<bool> {
         let cordon = serde_json::json!({"spec": {"unschedulable": true}});
-        if self
-            .call_with("PATCH", path.clone(), Some(cordon))
+        Ok(self
+            .call_with("PATCH", node_path(node)?, Some(cordon))
             .await?
-            .is_some()
-        {
-            let pods = self
-                .call(
-                    "GET",
-                    format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"),
-                )
-                .await?
-                .unwrap_or_default();
-            let names: Vec<String> = pods["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
-                .collect();
-            if !names.is_empty() {
-                return Err(cluster_err(format!(
-                    "node {node} still runs pod(s) {}: the embedded cluster cannot evict them",
-                    names.join(", ")
-                )));
-            }
-            tracing::info!(node, "node cordoned and drained: 0 pod(s) evicted");
+            .is_some())
+    }
+
+    async fn node_pods(&self, node: &str) -> Result<Vec<PodFacts>> {
+        node_path(node)?;
+        let list = self
+            .call(
+                "GET",
+                format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"),
+            )
+            .await?
+            .unwrap_or_default();
+        // The field selector is the server's to apply; one that ignored
+        // it must not make another node's pods this node's.
+        Ok(pods::pod_list(&list)
+            .into_iter()
+            .filter(|p| p.node == node)
+            .collect())
+    }
+
+    async fn pods(&self) -> Result<Vec<PodFacts>> {
+        let list = self
+            .call("GET", "/api/v1/pods".to_string())
+            .await?
+            .unwrap_or_default();
+        Ok(pods::pod_list(&list))
+    }
+
+    async fn evict_pod(&self, namespace: &str, name: &str) -> Result<Eviction> {
+        let path = format!("{}/eviction", pod_path(namespace, name)?);
+        let (status, body) = self
+            .request(
+                "POST",
+                path.clone(),
+                Some(pods::eviction_body(namespace, name)),
+            )
+            .await?;
+        match status {
+            200..=299 => Ok(Eviction::Evicted),
+            404 => Ok(Eviction::Gone),
+            429 => Ok(Eviction::Refused(status_message(&body))),
+            _ => Err(cluster_err(format!(
+                "POST {path}: {status} {}",
+                status_message(&body)
+            ))),
         }
-        self.call("DELETE", path).await.map(|_| ())
+    }
+
+    async fn delete_pod(&self, namespace: &str, name: &str) -> Result<()> {
+        self.call("DELETE", pod_path(namespace, name)?)
+            .await
+            .map(|_| ())
+    }
+
+    async fn budgets(&self, namespace: &str) -> Result<Vec<BudgetFacts>> {
+        crate::names::check_node("metadata.namespace", namespace)?;
+        let list = self
+            .call(
+                "GET",
+                format!("/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"),
+            )
+            .await?
+            .unwrap_or_default();
+        Ok(pods::budget_list(&list))
     }
 
     async fn node_status(&self, node: &str) -> Result<Option<String>> {

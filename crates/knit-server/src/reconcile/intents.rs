@@ -350,6 +350,30 @@ impl ControlPlane {
 
     async fn run_delete(&self, intent: &IntentRecord) -> Result<()> {
         let provider = self.provider()?;
+        // The drain comes first (crate::drain): no machine is released,
+        // stopped or put back while pods that have not been evicted run on
+        // it. A drain that waits (a PodDisruptionBudget, pods terminating)
+        // leaves the intent pending and comes back later; its state is
+        // stored, so a restart or a new leader resumes it.
+        let nodes: Vec<String> = self
+            .store
+            .nodes()?
+            .into_iter()
+            .filter(|n| n.instance == intent.instance)
+            .map(|n| n.name)
+            .collect();
+        for node in &nodes {
+            match self
+                .drain_step(intent.id, &intent.instance, node, &intent.pool)
+                .await?
+            {
+                crate::drain::Progress::Done => {}
+                crate::drain::Progress::Wait(ms) => {
+                    self.store.defer_intent(intent.id, now_ms() + ms)?;
+                    return Ok(());
+                }
+            }
+        }
         let instance = self.store.instance(&intent.instance)?;
         let found = match instance.as_ref().and_then(|i| i.provider_id.clone()) {
             Some(id) => match within(
@@ -392,6 +416,9 @@ impl ControlPlane {
             Ok(false)
         };
         let mut left_running = false;
+        // A leader paused past its lease must not act on a machine another
+        // leader now owns.
+        self.store.prove_lease()?;
         let outcome = match &found {
             Some(found) if intent.release => {
                 within(
@@ -465,20 +492,15 @@ impl ControlPlane {
             )?;
             return Err(e);
         }
-        // After the instance is stopped, gone or its kubelet stopped by the
-        // undo, so that the kubelet cannot register the Node again. knit's
-        // nodes run no pods: nothing to drain.
-        for node in self
-            .store
-            .nodes()?
-            .into_iter()
-            .filter(|n| n.instance == intent.instance)
-        {
+        // Drained above; the Node object goes after the instance is
+        // stopped, gone or its kubelet stopped by the undo, so that the
+        // kubelet cannot register it again.
+        for node in &nodes {
             within(
                 "cluster",
                 "removing the node",
                 CLUSTER_CALL_TIMEOUT,
-                self.cluster.remove_node(&node.name),
+                self.cluster.remove_node(node),
             )
             .await?;
         }

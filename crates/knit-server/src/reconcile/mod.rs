@@ -10,7 +10,7 @@ mod planning;
 pub mod repair;
 mod user_data;
 
-pub use plan::{counts_toward_pool, plan, Plan};
+pub use plan::{counts_toward_pool, plan, scale_in_order, NodeFacts, Plan};
 pub use user_data::user_data_outcome;
 
 use crate::control::ControlPlane;

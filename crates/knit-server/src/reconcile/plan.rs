@@ -3,6 +3,7 @@
 
 use crate::store::InstanceRecord;
 use knit_api::state::InstanceState;
+use std::collections::HashMap;
 
 /// What a pool needs now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,11 +24,45 @@ pub fn counts_toward_pool(s: &InstanceState) -> bool {
     )
 }
 
-/// Desired vs actual for one pool. Scale-in removes instances knit created
-/// before instances added by attach (the user's machines), and within each,
-/// in this order: not yet created, failed, being created, then running ones
-/// newest first (SPEC: newest first unless the user names the node).
-pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
+/// What scale-in knows of an instance's node: whether it is Ready, and
+/// how many pods a drain would evict from it (`None`: not known, e.g. the
+/// cluster's API did not answer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub ready: bool,
+    pub evictable_pods: Option<usize>,
+}
+
+/// The scale-in rule, as one sort key (lower leaves first):
+/// 1. instances knit created before instances added by attach (the
+///    user's machines);
+/// 2. instances not yet Ready or failed: not yet created, failed, being
+///    created, then running without a Ready node;
+/// 3. Ready nodes with no evictable pod, then the fewest evictable pods
+///    (an unknown count after every known one);
+/// 4. the newest (then the name, so that the order is total).
+pub fn scale_in_order(instances: &mut [&InstanceRecord], facts: &HashMap<String, NodeFacts>) {
+    let key = |i: &InstanceRecord| {
+        let f = facts.get(&i.name).copied().unwrap_or_default();
+        let (group, pods) = match i.state {
+            InstanceState::Pending => (0, 0),
+            InstanceState::Failed => (1, 0),
+            InstanceState::Creating => (2, 0),
+            _ if !f.ready => (3, 0),
+            _ => (4, f.evictable_pods.unwrap_or(usize::MAX)),
+        };
+        (i.added, group, pods, std::cmp::Reverse(i.created_ms))
+    };
+    instances.sort_by(|a, b| key(a).cmp(&key(b)).then(b.name.cmp(&a.name)));
+}
+
+/// Desired vs actual for one pool; on scale-in, which instances leave by
+/// [`scale_in_order`].
+pub fn plan(
+    desired: usize,
+    instances: &[InstanceRecord],
+    facts: &HashMap<String, NodeFacts>,
+) -> Plan {
     let active: Vec<&InstanceRecord> = instances
         .iter()
         .filter(|i| counts_toward_pool(&i.state))
@@ -42,20 +77,8 @@ pub fn plan(desired: usize, instances: &[InstanceRecord]) -> Plan {
     if excess == 0 {
         return Plan::default();
     }
-    let rank = |s: &InstanceState| match *s {
-        InstanceState::Pending => 0,
-        InstanceState::Failed => 1,
-        InstanceState::Creating => 2,
-        _ => 3,
-    };
     let mut victims = active;
-    victims.sort_by(|a, b| {
-        a.added
-            .cmp(&b.added)
-            .then(rank(&a.state).cmp(&rank(&b.state)))
-            .then(b.created_ms.cmp(&a.created_ms))
-            .then(b.name.cmp(&a.name))
-    });
+    scale_in_order(&mut victims, facts);
     Plan {
         create: 0,
         delete: victims
@@ -86,6 +109,76 @@ mod tests {
         }
     }
 
+    fn none() -> HashMap<String, NodeFacts> {
+        HashMap::new()
+    }
+
+    fn ready(pods: Option<usize>) -> NodeFacts {
+        NodeFacts {
+            ready: true,
+            evictable_pods: pods,
+        }
+    }
+
+    #[test]
+    fn scale_in_takes_unready_then_empty_then_fewest_pods_then_newest() {
+        let list = vec![
+            inst("busy-old", InstanceState::Running, 1),
+            inst("busy-new", InstanceState::Running, 2),
+            inst("light", InstanceState::Running, 3),
+            inst("empty-old", InstanceState::Running, 4),
+            inst("empty-new", InstanceState::Running, 5),
+            inst("unready", InstanceState::Running, 0),
+            inst("unknown", InstanceState::Running, 9),
+            inst("failed", InstanceState::Failed, 0),
+            inst("creating", InstanceState::Creating, 0),
+            inst("pending", InstanceState::Pending, 0),
+        ];
+        let facts: HashMap<String, NodeFacts> = [
+            ("busy-old", ready(Some(5))),
+            ("busy-new", ready(Some(5))),
+            ("light", ready(Some(1))),
+            ("empty-old", ready(Some(0))),
+            ("empty-new", ready(Some(0))),
+            (
+                "unready",
+                NodeFacts {
+                    ready: false,
+                    evictable_pods: Some(7),
+                },
+            ),
+            ("unknown", ready(None)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(
+            plan(0, &list, &facts).delete,
+            vec![
+                "pending",
+                "failed",
+                "creating",
+                "unready",
+                "empty-new",
+                "empty-old",
+                "light",
+                "busy-new",
+                "busy-old",
+                "unknown"
+            ]
+        );
+        assert_eq!(
+            plan(7, &list, &facts).delete,
+            vec!["pending", "failed", "creating"]
+        );
+        // Without facts (no cluster): newest first, as before.
+        let running: Vec<InstanceRecord> = list[..5].to_vec();
+        assert_eq!(
+            plan(3, &running, &none()).delete,
+            vec!["empty-new", "empty-old"]
+        );
+    }
+
     #[test]
     fn scale_out_counts_pending_and_failed() {
         let list = vec![
@@ -94,13 +187,13 @@ mod tests {
             inst("c", InstanceState::Failed, 3),
         ];
         assert_eq!(
-            plan(5, &list),
+            plan(5, &list, &none()),
             Plan {
                 create: 2,
                 delete: vec![]
             }
         );
-        assert_eq!(plan(3, &list), Plan::default());
+        assert_eq!(plan(3, &list, &none()), Plan::default());
     }
 
     #[test]
@@ -109,7 +202,7 @@ mod tests {
             inst("a", InstanceState::Deleting, 1),
             inst("b", InstanceState::Detached, 2),
         ];
-        assert_eq!(plan(1, &list).create, 1);
+        assert_eq!(plan(1, &list, &none()).create, 1);
     }
 
     #[test]
@@ -121,9 +214,12 @@ mod tests {
             inst("bad", InstanceState::Failed, 2),
             inst("wait", InstanceState::Pending, 3),
         ];
-        assert_eq!(plan(1, &list).delete, vec!["wait", "bad", "new", "mid"]);
-        assert_eq!(plan(3, &list).delete, vec!["wait", "bad"]);
-        assert_eq!(plan(0, &list).delete.len(), 5);
+        assert_eq!(
+            plan(1, &list, &none()).delete,
+            vec!["wait", "bad", "new", "mid"]
+        );
+        assert_eq!(plan(3, &list, &none()).delete, vec!["wait", "bad"]);
+        assert_eq!(plan(0, &list, &none()).delete.len(), 5);
     }
 
     #[test]
@@ -138,10 +234,10 @@ mod tests {
             inst("ours-old", InstanceState::Running, 1),
             inst("ours-new", InstanceState::Running, 5),
         ];
-        assert_eq!(plan(3, &list).delete, vec!["ours-new"]);
-        assert_eq!(plan(2, &list).delete, vec!["ours-new", "ours-old"]);
+        assert_eq!(plan(3, &list, &none()).delete, vec!["ours-new"]);
+        assert_eq!(plan(2, &list, &none()).delete, vec!["ours-new", "ours-old"]);
         assert_eq!(
-            plan(1, &list).delete,
+            plan(1, &list, &none()).delete,
             vec!["ours-new", "ours-old", "mine-bad"]
         );
     }

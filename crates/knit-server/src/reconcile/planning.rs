@@ -8,7 +8,39 @@ use crate::store::{now_ms, InstanceHealth, InstanceRecord, NodeRecord};
 use knit_api::state::{EventType, InstanceState};
 use std::time::Instant;
 
-use super::plan::{plan, Plan};
+use super::plan::{plan, NodeFacts, Plan};
+use crate::cluster::pods::PodFacts;
+use std::collections::HashMap;
+
+/// Pods a drain would evict (not mirror, not DaemonSet, not already
+/// being deleted), counted by node.
+pub fn evictable_by_node(pods: &[PodFacts]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for p in pods {
+        if !p.mirror && !p.daemon_set && p.deletion_ms.is_none() && !p.node.is_empty() {
+            *counts.entry(p.node.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// What scale-in knows of each instance's node: Ready (as last read from
+/// the cluster) and, when the pods were listed, how many it would evict.
+fn node_facts(
+    nodes: &[NodeRecord],
+    pods: Option<&HashMap<String, usize>>,
+) -> HashMap<String, NodeFacts> {
+    let mut facts: HashMap<String, NodeFacts> = HashMap::new();
+    for n in nodes {
+        let f = facts.entry(n.instance.clone()).or_default();
+        f.ready |= n.status == knit_api::state::NodeStatus::Ready;
+        if let Some(counts) = pods {
+            let here = counts.get(&n.name).copied().unwrap_or(0);
+            f.evictable_pods = Some(f.evictable_pods.unwrap_or(0) + here);
+        }
+    }
+    facts
+}
 use super::JOIN_TIMEOUT_MESSAGE_START;
 
 /// `<pool>-<5 random chars>`: unique, short, a valid hostname label.
@@ -27,9 +59,17 @@ impl ControlPlane {
     /// timeout and the node health it records are judged at `now`.
     pub async fn plan_all_at(&self, now: i64) -> Result<()> {
         let started = Instant::now();
+        // Asked of the cluster before the plan lock (no lock across I/O),
+        // and only when some pool has more instances than it wants.
+        let pods = if self.scale_in_pending()? {
+            self.evictable_pod_counts().await
+        } else {
+            None
+        };
         let _guard = self.plan_lock.lock().await;
         self.store.prune_instance_health()?;
         let nodes = self.store.nodes()?;
+        let facts = node_facts(&nodes, pods.as_ref());
         let mut health = self.store.instance_health()?;
         for record in self.store.pools()? {
             let name = record.pool.metadata.name.clone();
@@ -43,7 +83,7 @@ impl ControlPlane {
             if self.check_join_timeouts(&record.pool, &instances, &nodes, &mut health, now)? {
                 instances = self.store.instances(Some(&name))?;
             }
-            let p = plan(desired, &instances);
+            let p = plan(desired, &instances, &facts);
             self.apply_plan(&record.pool, &p, true)?;
             if record.deleting && instances.iter().all(|i| i.state == InstanceState::Detached) {
                 self.store.remove_pool(&name)?;
@@ -158,7 +198,9 @@ impl ControlPlane {
     /// Plans one pool now (after a scale request) with the caller's choice
     /// of releasing or keeping removed instances.
     pub async fn plan_pool(&self, pool_name: &str, release: bool) -> Result<Plan> {
+        let pods = self.evictable_pod_counts().await;
         let _guard = self.plan_lock.lock().await;
+        let facts = node_facts(&self.store.nodes()?, pods.as_ref());
         let record = self
             .store
             .pool(pool_name)?
@@ -167,7 +209,11 @@ impl ControlPlane {
                 name: pool_name.to_string(),
             })?;
         let instances = self.store.instances(Some(pool_name))?;
-        let p = plan(record.pool.spec.replicas.max(0) as usize, &instances);
+        let p = plan(
+            record.pool.spec.replicas.max(0) as usize,
+            &instances,
+            &facts,
+        );
         self.apply_plan(&record.pool, &p, release)?;
         self.wake.notify_one();
         Ok(p)
@@ -185,7 +231,9 @@ impl ControlPlane {
         release: bool,
         check: impl FnOnce(&knit_api::NodePool) -> Result<()>,
     ) -> Result<(i64, Plan)> {
+        let pods = self.evictable_pod_counts().await;
         let _guard = self.plan_lock.lock().await;
+        let facts = node_facts(&self.store.nodes()?, pods.as_ref());
         let mut pool = self.store.live_pool(pool_name)?.pool;
         let from = pool.spec.replicas;
         pool.spec.replicas = replicas;
@@ -200,10 +248,54 @@ impl ControlPlane {
             &format!("replicas {from} -> {replicas}"),
         )?;
         let instances = self.store.instances(Some(pool_name))?;
-        let p = plan(replicas.max(0) as usize, &instances);
+        let p = plan(replicas.max(0) as usize, &instances, &facts);
         self.apply_plan(&pool, &p, release)?;
         self.wake.notify_one();
         Ok((from, p))
+    }
+
+    /// Whether some pool has more instances than it wants (or is deleted).
+    fn scale_in_pending(&self) -> Result<bool> {
+        for record in self.store.pools()? {
+            let desired = if record.deleting {
+                0
+            } else {
+                record.pool.spec.replicas.max(0) as usize
+            };
+            let active = self
+                .store
+                .instances(Some(&record.pool.metadata.name))?
+                .iter()
+                .filter(|i| super::counts_toward_pool(&i.state))
+                .count();
+            if active > desired {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Pods a drain would evict, by node name, from one list of the
+    /// cluster's pods; `None` without a cluster or when its API does not
+    /// answer (scale-in then goes by readiness and age alone).
+    async fn evictable_pod_counts(&self) -> Option<HashMap<String, usize>> {
+        if !self.cluster.attached() {
+            return None;
+        }
+        let pods = crate::provider::within(
+            "cluster",
+            "listing pods",
+            super::CLUSTER_CALL_TIMEOUT,
+            self.cluster.pods(),
+        )
+        .await;
+        match pods {
+            Ok(pods) => Some(evictable_by_node(&pods)),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing pods for scale-in failed; choosing by readiness and age");
+                None
+            }
+        }
     }
 
     fn apply_plan(&self, pool: &knit_api::NodePool, p: &Plan, release: bool) -> Result<()> {
@@ -291,6 +383,7 @@ mod tests {
     use super::super::plan::{plan, Plan};
     use crate::control::ControlPlane;
     use knit_api::state::InstanceState;
+    use std::collections::HashMap;
     use std::sync::Arc;
 
     fn control_plane(dir: &std::path::Path) -> Arc<ControlPlane> {
@@ -478,7 +571,7 @@ mod tests {
         assert_eq!(cp.store.undo_attach("p-mine", "again").unwrap(), None);
         assert_eq!(replicas(&cp), 2, "the count drops once");
         assert_eq!(
-            plan(2, &cp.store.instances(Some("p")).unwrap()),
+            plan(2, &cp.store.instances(Some("p")).unwrap(), &HashMap::new()),
             Plan::default()
         );
     }

@@ -454,9 +454,20 @@ async fn build_on(
         .and_then(|i| i.provider_id)
         .ok_or_else(|| ServerError::Internal(format!("builder {instance} has no provider id")))?;
 
-    // Out of the cluster, instance kept and running. The kubelet goes
-    // first so that it cannot register the Node again; containerd stays
-    // for the pulls.
+    // Out of the cluster, instance kept and running. The node is drained
+    // first (crate::drain: cordoned, its pods evicted), while its kubelet
+    // still runs to confirm the pods are gone; then the kubelet stops so
+    // that it cannot register the Node again; containerd stays for the
+    // pulls.
+    if attached {
+        note(
+            cp,
+            id,
+            "detach",
+            format!("draining node {} (cordon, evict its pods)", node.name),
+        )?;
+        cp.drain_to_end(&instance, &node.name, builder_pool).await?;
+    }
     note(
         cp,
         id,

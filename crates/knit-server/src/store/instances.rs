@@ -152,6 +152,8 @@ impl Store {
         self.write(|tx| {
             tx.execute("DELETE FROM timeline WHERE instance = ?1", params![name])?;
             tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM drains WHERE instance = ?1", params![name])?;
+            tx.execute("DELETE FROM drain_steps WHERE instance = ?1", params![name])?;
             tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
             Ok(())
         })

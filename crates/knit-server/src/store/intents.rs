@@ -144,6 +144,19 @@ impl Store {
         })
     }
 
+    /// Runs a pending intent again at `next_attempt_ms`, its attempts
+    /// unchanged: it is waiting (a drain), not failing.
+    pub fn defer_intent(&self, id: i64, next_attempt_ms: i64) -> Result<()> {
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE intents SET next_attempt_ms = ?2, updated_ms = ?3 WHERE id = ?1",
+                params![id, next_attempt_ms, now],
+            )?;
+            Ok(())
+        })
+    }
+
     pub fn retry_intent(
         &self,
         id: i64,

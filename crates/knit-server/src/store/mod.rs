@@ -22,6 +22,7 @@ use std::str::FromStr;
 use std::sync::Mutex;
 
 pub mod attach;
+mod drains;
 mod events;
 mod instances;
 mod intents;
@@ -34,6 +35,7 @@ pub(crate) mod testing;
 mod tokens;
 
 // The record types at `crate::store::…`, where every caller finds them.
+pub use drains::{DrainRecord, DrainStep};
 pub use events::{EventRecord, EventRetention, EVENT_AGGREGATION_WINDOW_MS};
 pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
@@ -212,6 +214,9 @@ CREATE INDEX events_last ON events (last_ms);
     // Servers sharing the datastore, the leader lease, shared secrets,
     // and which server runs a snapshot build.
     leader::SCHEMA,
+    // The drain of each node being removed and its steps, so that a
+    // restarted server or the next leader resumes it.
+    drains::SCHEMA,
 ];
 
 pub fn now_ms() -> i64 {

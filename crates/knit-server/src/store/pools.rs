@@ -22,6 +22,8 @@ pub struct PoolCounts {
     pub instances: std::collections::BTreeMap<InstanceState, i64>,
     pub initialized: i64,
     pub ready: i64,
+    /// Nodes whose drain has not ended.
+    pub draining: i64,
 }
 
 fn pool_row(r: &Row) -> Result<PoolRecord> {
@@ -178,10 +180,15 @@ impl Store {
                  FROM nodes WHERE pool = ?1",
                 params![pool],
             )?;
+            let draining = tx.query_one(
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM drains WHERE pool = ?1 AND state <> ?2",
+                params![pool, knit_api::state::DrainState::Drained.as_str()],
+            )?;
             Ok(PoolCounts {
                 instances,
                 initialized: row.get(0)?,
                 ready: row.get(1)?,
+                draining: draining.get(0)?,
             })
         })
     }

@@ -166,6 +166,19 @@ impl NodeIdentity {
         }
         if let Some(rule) = &self.custom_name {
             rule.validate(&format!("{at}.customName"), e);
+            let v6 = self
+                .ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+                .is_some_and(|ip| ip.is_ipv6());
+            if v6 && self.name.is_none() {
+                let name = rule.render(self.ip.as_deref().unwrap_or_default());
+                e.add(
+                    format!("{at}.ip"),
+                    quoted(self.ip.as_deref().unwrap_or_default()),
+                    format!("is an IPv6 address: the custom node name would be {name:?}, and a node name (a DNS-1123 subdomain) cannot hold ':'; give an IPv4 address or remove customName"),
+                );
+            }
         }
         validate_labels(&format!("{at}.labels"), &self.labels, e);
         validate_taints(&format!("{at}.taints"), &self.taints, e);
@@ -210,18 +223,55 @@ impl CustomNodeName {
                 "prefix + node IP + suffix must be at most 64 characters",
             );
         }
+        // The name every node of the pool gets must be a node name: the
+        // rendered name checked whole, for the shortest and the longest
+        // IPv4 address, so that the agent never refuses it.
+        for ip in ["1.1.1.1", "255.255.255.255"] {
+            let name = self.render(ip);
+            if let Err(rule) = CustomNodeName::check_rendered(&name) {
+                // The part that brings the capitals, else the rule whole.
+                let upper = |p: &str| p.bytes().any(|b| b.is_ascii_uppercase());
+                let mut fields: Vec<String> = [("prefix", &self.prefix), ("suffix", &self.suffix)]
+                    .into_iter()
+                    .filter(|(_, part)| upper(part))
+                    .map(|(f, _)| format!("{at}.{f}"))
+                    .collect();
+                if fields.is_empty() {
+                    fields.push(at.to_string());
+                }
+                for field in fields {
+                    e.add(
+                        field,
+                        quoted(&name),
+                        format!("renders node names like this one, which {rule}"),
+                    );
+                }
+                break;
+            }
+        }
     }
 
-    /// The full-name rule for one concrete name (2–64 chars, lowercase
-    /// alphanumeric at both ends).
+    /// The full-name rule for one concrete name: 2–64 chars, a Kubernetes
+    /// node name (a DNS-1123 subdomain: lowercase letters, digits, '-' and
+    /// '.', alphanumeric at both ends of every label). An IPv6 address
+    /// cannot be part of one (its ':').
     pub fn check_rendered(name: &str) -> Result<(), String> {
         if name.len() < 2 || name.len() > 64 {
             return Err("must be 2 to 64 characters".to_string());
+        }
+        if name.contains(':') {
+            return Err("holds an IPv6 address, whose ':' a node name cannot hold (a DNS-1123 subdomain): give the node an IPv4 address or use no customNodeName".to_string());
+        }
+        if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err("holds upper-case letters: a node name is a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')".to_string());
         }
         let ends_ok =
             |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
         if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
             return Err("must start and end with a lowercase letter or digit".to_string());
+        }
+        if !is_dns_subdomain(name) {
+            return Err("is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', every dot-separated label alphanumeric at both ends)".to_string());
         }
         Ok(())
     }
@@ -960,5 +1010,73 @@ mod marker_warning_tests {
         assert!(userdata_marker_warnings("#!/bin/sh\necho hi\n").is_empty());
         assert!(userdata_marker_warnings("# touch /var/.skip-yum in preUserData\n").is_empty());
         assert!(userdata_marker_warnings("touch /var/.skip-yum-not-a-marker\n").is_empty());
+    }
+}
+
+#[cfg(test)]
+mod node_name_tests {
+    use super::*;
+    use crate::NodeIdentity;
+
+    fn rule(prefix: &str, suffix: &str) -> CustomNodeName {
+        CustomNodeName {
+            prefix: prefix.into(),
+            suffix: suffix.into(),
+        }
+    }
+
+    /// Issue 27 (1): capitals in a custom name's prefix or suffix are
+    /// refused at the pool (before: accepted, then every node of the pool
+    /// failed FailSetNodeIdentity), naming the field and the rendered name.
+    #[test]
+    fn capitals_in_a_custom_name_are_refused_naming_the_field() {
+        let mut e = Errors::default();
+        rule("Node", "").validate("spec.customNodeName", &mut e);
+        let errors = e.into_result().unwrap_err();
+        let ApiError::Invalid(list) = errors else {
+            panic!("{errors}")
+        };
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].field, "spec.customNodeName.prefix");
+        assert_eq!(list[0].value, "\"Node1.1.1.1\"");
+        assert!(list[0].rule.contains("upper-case"), "{}", list[0].rule);
+        assert!(list[0].rule.contains("DNS-1123"), "{}", list[0].rule);
+
+        let mut e = Errors::default();
+        rule("node", "Pool").validate("spec.customNodeName", &mut e);
+        let ApiError::Invalid(list) = e.into_result().unwrap_err() else {
+            panic!()
+        };
+        assert_eq!(list[0].field, "spec.customNodeName.suffix");
+
+        let mut e = Errors::default();
+        rule("node", "pool-a").validate("spec.customNodeName", &mut e);
+        assert!(e.into_result().is_ok());
+    }
+
+    #[test]
+    fn an_ipv6_address_in_a_node_name_is_refused() {
+        assert!(CustomNodeName::check_rendered("nodefd00::5")
+            .unwrap_err()
+            .contains("IPv6"));
+        let identity = NodeIdentity {
+            ip: Some("fd00::5".into()),
+            custom_name: Some(rule("node", "")),
+            ..NodeIdentity::default()
+        };
+        let mut e = Errors::default();
+        identity.validate("node", &mut e);
+        let ApiError::Invalid(list) = e.into_result().unwrap_err() else {
+            panic!()
+        };
+        assert_eq!(list[0].field, "node.ip");
+        assert!(list[0].rule.contains("\"nodefd00::5\""), "{}", list[0].rule);
+        let v4 = NodeIdentity {
+            ip: Some("10.0.0.5".into()),
+            ..identity
+        };
+        let mut e = Errors::default();
+        v4.validate("node", &mut e);
+        assert!(e.into_result().is_ok());
     }
 }

@@ -62,13 +62,36 @@ impl NodePool {
     }
 
     /// Parse YAML or JSON and validate; every invalid field at once.
+    /// The fields the server sets (see [`NodePool::from_input`]) are
+    /// accepted and ignored.
     pub fn from_yaml(text: &str) -> Result<NodePool, ApiError> {
-        let pool: NodePool = serde_yaml::from_str(text).map_err(|e| ApiError::Parse {
+        NodePool::from_input(text).map(|(pool, _)| pool)
+    }
+
+    /// Parse YAML or JSON and validate, as kubectl's apply does a document
+    /// that `get -o yaml|json` printed: the fields only the server sets —
+    /// `status`, `warnings`, `metadata.creationTimestampMs` and Kubernetes'
+    /// read-only metadata (`creationTimestamp`, `generation`,
+    /// `resourceVersion`, `uid`, `selfLink`, `managedFields`), and
+    /// `spec.login.passwordSet` — are accepted and ignored; any other
+    /// unknown field is still an error. Also returns what the view said
+    /// that the pool cannot hold: whether a password was set.
+    pub fn from_input(text: &str) -> Result<(NodePool, InputFacts), ApiError> {
+        let parse = |e: serde_yaml::Error| ApiError::Parse {
             what: "NodePool".to_string(),
             message: e.to_string(),
-        })?;
+        };
+        let mut doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(parse)?;
+        let (stripped, facts) = strip_server_fields(&mut doc);
+        // Parsed from the text when nothing was taken out, so that an
+        // error keeps its line and column.
+        let pool: NodePool = if stripped {
+            serde_yaml::from_value(doc).map_err(parse)?
+        } else {
+            serde_yaml::from_str(text).map_err(parse)?
+        };
         pool.validate()?;
-        Ok(pool)
+        Ok((pool, facts))
     }
 
     pub fn validate(&self) -> Result<(), ApiError> {
@@ -106,6 +129,57 @@ impl NodePool {
         }
         e.into_result()
     }
+}
+
+/// What a pool document said that the pool itself does not hold (fields
+/// of the view `get` prints, read by `apply`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InputFacts {
+    /// `spec.login.passwordSet: true`: the pool had a password, which the
+    /// view never shows. Without `spec.login.password`, an apply keeps the
+    /// stored one.
+    pub password_set: bool,
+}
+
+/// Fields of `metadata` only the server sets (knit's, then Kubernetes').
+const SERVER_METADATA: &[&str] = &[
+    "creationTimestampMs",
+    "creationTimestamp",
+    "generation",
+    "resourceVersion",
+    "uid",
+    "selfLink",
+    "managedFields",
+];
+
+/// Takes the server-set fields out of a pool document: whether any was
+/// there, and what they said.
+fn strip_server_fields(doc: &mut serde_yaml::Value) -> (bool, InputFacts) {
+    use serde_yaml::Value;
+    let mut stripped = false;
+    let mut facts = InputFacts::default();
+    let Value::Mapping(top) = doc else {
+        return (false, facts);
+    };
+    for key in ["status", "warnings"] {
+        stripped |= top.remove(key).is_some();
+    }
+    if let Some(Value::Mapping(meta)) = top.get_mut("metadata") {
+        for key in SERVER_METADATA {
+            stripped |= meta.remove(*key).is_some();
+        }
+    }
+    let login = top
+        .get_mut("spec")
+        .and_then(|spec| spec.get_mut("login"))
+        .and_then(Value::as_mapping_mut);
+    if let Some(login) = login {
+        if let Some(set) = login.remove("passwordSet") {
+            stripped = true;
+            facts.password_set = set.as_bool().unwrap_or(false);
+        }
+    }
+    (stripped, facts)
 }
 
 fn hardening_name(p: HardeningProfile) -> &'static str {
@@ -1022,6 +1096,49 @@ mod tests {
             Err(ApiError::Invalid(list)) => list,
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    /// Issue 28 (5): what `knit get pool X -o yaml|json` prints is taken
+    /// back by apply: the server-set fields are ignored, a genuinely
+    /// unknown field is still refused.
+    #[test]
+    fn a_view_round_trips_and_unknown_fields_are_still_refused() {
+        let mut pool = NodePool::new("workers", NodePoolSpec::default());
+        pool.metadata.labels.insert("tier".into(), "web".into());
+        pool.spec.replicas = 2;
+        pool.spec.login.password = Some("Secret-123".into());
+        let status = crate::views::PoolStatus {
+            desired: 2,
+            ready: 1,
+            ..Default::default()
+        };
+        let view = crate::views::PoolView::new(pool.clone(), 1_700_000_000_000, status);
+        let mut json = serde_json::to_value(&view).unwrap();
+        json["metadata"]["generation"] = serde_json::json!(3);
+        json["metadata"]["resourceVersion"] = serde_json::json!("42");
+        for text in [
+            serde_json::to_string_pretty(&json).unwrap(),
+            serde_yaml::to_string(&json).unwrap(),
+        ] {
+            let (back, facts) = NodePool::from_input(&text).unwrap_or_else(|e| panic!("{e}"));
+            assert!(facts.password_set, "the view said a password was set");
+            let mut want = pool.clone();
+            want.spec.login.password = None;
+            assert_eq!(back, want);
+        }
+        // Not a server field: still an error, with its name.
+        json["metadata"]["nmae"] = serde_json::json!("x");
+        let e = NodePool::from_input(&json.to_string()).unwrap_err();
+        assert!(e.to_string().contains("unknown field `nmae`"), "{e}");
+        let e = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: w}\nspec: {replicaz: 1}\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown field `replicaz`"), "{e}");
+        assert!(
+            e.to_string().contains("line 4"),
+            "the position is kept: {e}"
+        );
     }
 
     #[test]

@@ -46,11 +46,20 @@ pub struct ErrorView {
 // ---- pools
 
 /// `?strict=true` on pool create and apply: refuse a pool whose snapshot is
-/// stale (else a warning).
+/// stale (else a warning). `?dryRun=All`: every check of the write is made
+/// and its answer given, nothing is stored (Kubernetes' server-side dry run).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolWriteQuery {
     #[serde(default)]
     pub strict: bool,
+    #[serde(default, rename = "dryRun", skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<DryRun>,
+}
+
+/// The one value of `?dryRun=` (as in Kubernetes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DryRun {
+    All,
 }
 
 /// A pool as the API shows it: its document with the login password

@@ -4,9 +4,12 @@
 
 mod commands;
 mod error;
+mod jsonpath;
 mod output;
+mod selector;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use commands::get::{GetFormat, GetOpts};
 use commands::{
     apply, attach, cluster, events, exec, get, image, local, nodes, package, pools, registry,
     server, snapshot,
@@ -85,8 +88,22 @@ enum Cmd {
     Get {
         kind: Kind,
         name: Option<String>,
+        /// wide | json | yaml | name | jsonpath=TEMPLATE (kubectl's:
+        /// `{.items[*].metadata.name}`, `{range .items[*]}…{end}`).
         #[arg(short = 'o', long)]
-        output: Option<Format>,
+        output: Option<GetFormat>,
+        /// Only the items whose labels match (pools: metadata.labels;
+        /// nodes: their pool's spec.labels and knit.dev/pool):
+        /// `k=v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`.
+        #[arg(short = 'l', long)]
+        selector: Option<selector::Selector>,
+        /// Print the table without its header line.
+        #[arg(long)]
+        no_headers: bool,
+        /// After the list, print each item that is added or changes
+        /// (asked every 2 s) until interrupted.
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
     /// Show one pool or node in detail (a node's phase timeline);
     /// `-o json|yaml`: the same details as one document.
@@ -103,12 +120,33 @@ enum Cmd {
         /// Refuse a pool whose data-disk snapshot is stale.
         #[arg(long)]
         strict: bool,
+        /// server: the server checks everything and stores nothing;
+        /// client: the documents are only read.
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+              default_value = "none", default_missing_value = "client")]
+        dry_run: apply::DryRunMode,
     },
-    /// Create or update the resources in a file.
+    /// Create or update the resources in a file (what `get -o yaml|json`
+    /// prints is taken as it is).
     Apply {
         #[arg(short = 'f', long)]
         file: PathBuf,
         /// Refuse a pool whose data-disk snapshot is stale.
+        #[arg(long)]
+        strict: bool,
+        /// server: the server checks everything and stores nothing;
+        /// client: the documents are only read.
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+              default_value = "none", default_missing_value = "client")]
+        dry_run: apply::DryRunMode,
+    },
+    /// What `apply -f FILE` would change: a unified diff per object of the
+    /// live object and what the server would store (its dry run). Exits 0
+    /// when nothing would change, 1 when something would, 2 on an error.
+    Diff {
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+        /// As apply's --strict.
         #[arg(long)]
         strict: bool,
     },
@@ -124,8 +162,8 @@ enum Cmd {
         /// Release removed instances (false: stop and keep them).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         release: bool,
-        /// Give up waiting after this many seconds.
-        #[arg(long, default_value_t = 900)]
+        /// Give up waiting after this long (`10m`, `90s`, or seconds).
+        #[arg(long, default_value = "900", value_parser = commands::seconds)]
         timeout: u64,
     },
     /// Add existing instances to a pool (automatic mode: re-imaged with the pool's image).
@@ -152,6 +190,11 @@ enum Cmd {
         /// init | user-data | error-code | error-msg
         #[arg(long, default_value = "init")]
         file: String,
+        /// Keep printing what is appended (every 2 s) until the node is
+        /// done with the log (init: initialized or failed; user-data: its
+        /// outcome known), the node is gone, or interrupted.
+        #[arg(short = 'f', long)]
+        follow: bool,
     },
     /// Delete every pool, wait for the instances to go, stop the server `knit up` started
     /// and bring down its local cloud (bridge, metadata server, what is left in it).
@@ -162,7 +205,8 @@ enum Cmd {
         /// Leave the local cloud up (`knit local down` removes it later).
         #[arg(long)]
         keep_cloud: bool,
-        #[arg(long, default_value_t = 600)]
+        /// Wait this long for the instances to go (`10m`, `90s`, or seconds).
+        #[arg(long, default_value = "600", value_parser = commands::seconds)]
         timeout: u64,
     },
     /// Data-disk snapshots: create from a pool, list, delete.
@@ -191,6 +235,19 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Print a shell completion script: `source <(knit completion bash)`.
+    Completion { shell: clap_complete::Shell },
+    /// The embedded cluster's admin kubeconfig: its path (`export
+    /// KUBECONFIG=$(knit kubeconfig)`), or with --raw its contents.
+    Kubeconfig {
+        /// Print the file's contents instead of its path.
+        #[arg(long)]
+        raw: bool,
+        /// The server's state directory (default: the one the client
+        /// config records, else /var/lib/knit/server).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -217,26 +274,48 @@ fn run(cli: Cli) -> Result<ExitCode> {
             opts,
             write_config,
         } => server::serve(&cli.config, opts, write_config),
-        Cmd::Get { kind, name, output } => {
+        Cmd::Get {
+            kind,
+            name,
+            output,
+            selector,
+            no_headers,
+            watch,
+        } => {
             let c = client()?;
             let name = name.as_deref();
+            let opts = GetOpts {
+                output,
+                selector,
+                no_headers,
+                watch,
+            };
             match kind {
-                Kind::Clusters => cluster::get(&c, name, output),
-                Kind::Pools => pools::get(&c, name, output),
-                Kind::Nodes => nodes::get(&c, name, output),
-                Kind::Instances => nodes::get_instances(&c, name, output),
-                Kind::Snapshots => snapshot::get(&c, name, output),
-                Kind::Events => events::get(&c, name, output),
-                Kind::Jointokens => nodes::get_join_tokens(&c, name, output),
-                Kind::Servers => get::servers(&c, name, output),
+                Kind::Clusters => cluster::get(&c, name, &opts),
+                Kind::Pools => pools::get(&c, name, &opts),
+                Kind::Nodes => nodes::get(&c, name, &opts),
+                Kind::Instances => nodes::get_instances(&c, name, &opts),
+                Kind::Snapshots => snapshot::get(&c, name, &opts),
+                Kind::Events => events::get(&c, name, &opts),
+                Kind::Jointokens => nodes::get_join_tokens(&c, name, &opts),
+                Kind::Servers => get::servers(&c, name, &opts),
             }
         }
         Cmd::Describe { kind, name, output } => match kind {
             One::Pool => pools::describe(&client()?, &name, output),
             One::Node => nodes::describe(&client()?, &name, output),
         },
-        Cmd::Create { file, strict } => apply::submit(&client()?, &file, false, strict),
-        Cmd::Apply { file, strict } => apply::submit(&client()?, &file, true, strict),
+        Cmd::Create {
+            file,
+            strict,
+            dry_run,
+        } => apply::submit(&client()?, &file, false, strict, dry_run),
+        Cmd::Apply {
+            file,
+            strict,
+            dry_run,
+        } => apply::submit(&client()?, &file, true, strict, dry_run),
+        Cmd::Diff { file, strict } => apply::diff(&client()?, &file, strict),
         Cmd::Scale {
             kind,
             name,
@@ -267,13 +346,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
             One::Node => nodes::delete(&client()?, &name, release),
         },
         Cmd::Exec(args) => Ok(exec::run(&client()?, args)?),
-        Cmd::Logs { kind, name, file } => {
+        Cmd::Logs {
+            kind,
+            name,
+            file,
+            follow,
+        } => {
             if kind != One::Node {
                 return Err(CliError::Usage(
                     "logs are per node: knit logs node NAME".into(),
                 ));
             }
-            nodes::logs(&client()?, &name, &file)
+            if follow {
+                nodes::follow(&client()?, &name, &file)
+            } else {
+                nodes::logs(&client()?, &name, &file)
+            }
         }
         Cmd::Down {
             keep_instances,
@@ -292,6 +380,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Image { action } => image::run(action),
         Cmd::Package { action } => package::run(action),
         Cmd::Local { args } => local::run(&args),
+        Cmd::Completion { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "knit", &mut script);
+            // A closed pipe (`| head`) is not an error worth a message.
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(error::io("write the completion script")(e))
+                }
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
+        Cmd::Kubeconfig { raw, state_dir } => {
+            cluster::kubeconfig(&cli.config, state_dir.as_deref(), raw)
+        }
     }
 }
 

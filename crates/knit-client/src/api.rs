@@ -4,10 +4,10 @@
 use crate::error::{ClientError, Result};
 use crate::{segment, Client};
 use knit_api::views::{
-    AttachRequest, AttachResponse, AttachScriptRequest, AttachScriptResponse, EventView,
+    AttachRequest, AttachResponse, AttachScriptRequest, AttachScriptResponse, DryRun, EventView,
     InstanceView, Items, JoinTokenView, NodeRemoving, NodeView, PoolDeleting, PoolView,
-    ScaleRequest, SnapshotBuildRequest, SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted,
-    SnapshotView,
+    PoolWriteQuery, ScaleRequest, SnapshotBuildRequest, SnapshotBuildStatus, SnapshotBuildView,
+    SnapshotDeleted, SnapshotView,
 };
 use knit_api::Cluster;
 use serde::de::DeserializeOwned;
@@ -91,6 +91,28 @@ impl Client {
         self.typed("PUT", &path, Some(document))
     }
 
+    /// A pool write with every query option: `name` given, `PUT` (create
+    /// or update, `knit apply`), else `POST` (create); `?dryRun=All`
+    /// answers what the write would store and stores nothing.
+    pub fn write_pool(
+        &self,
+        name: Option<&str>,
+        document: &str,
+        query: PoolWriteQuery,
+    ) -> Result<PoolView> {
+        let mut q = format!("strict={}", query.strict);
+        if query.dry_run == Some(DryRun::All) {
+            q.push_str("&dryRun=All");
+        }
+        match name {
+            Some(name) => {
+                let path = format!("/api/v1/pools/{}?{q}", segment(name));
+                self.typed("PUT", &path, Some(document))
+            }
+            None => self.typed("POST", &format!("/api/v1/pools?{q}"), Some(document)),
+        }
+    }
+
     pub fn scale_pool(&self, name: &str, request: &ScaleRequest) -> Result<PoolView> {
         let path = format!("/api/v1/pools/{}/scale", segment(name));
         self.typed("POST", &path, Some(&json_body("scale", request)?))
@@ -125,7 +147,11 @@ impl Client {
 
     /// One of a node's logs, as text.
     pub fn node_log(&self, name: &str, file: &str) -> Result<String> {
-        self.get_text(&format!("/api/v1/nodes/{}/logs?file={file}", segment(name)))
+        self.get_text(&format!(
+            "/api/v1/nodes/{}/logs?file={}",
+            segment(name),
+            segment(file)
+        ))
     }
 
     /// The last events, oldest first (`limit`: the server's default when absent).

@@ -56,8 +56,9 @@ pub enum ClientError {
         source: std::io::Error,
     },
     /// An error answer of the knit server: its status, stable code,
-    /// message and invalid fields.
-    #[error("{message} [{code}]")]
+    /// message and invalid fields. The message alone: the code is
+    /// [`ClientError::code`], which `knit` prints once (`error [CODE]: …`).
+    #[error("{message}")]
     Api {
         status: u16,
         code: String,
@@ -76,6 +77,14 @@ impl ClientError {
             ClientError::Api { code, .. } => code,
             ClientError::ConfigWrite { .. } => "IoError",
             _ => "ClientError",
+        }
+    }
+
+    /// The HTTP status of a server's error answer (`None`: no answer).
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
         }
     }
 

@@ -134,19 +134,76 @@ fn record_created(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
 /// Creates a pool. `strict`: refuse one whose snapshot is stale (else a
 /// warning in the view).
 pub fn create(cp: &ControlPlane, pool: NodePool, strict: bool) -> Result<PoolView> {
+    create_checked(cp, pool, strict, false)
+}
+
+/// What [`create`] would answer, every check made, nothing stored
+/// (`?dryRun=All`).
+pub fn create_dry_run(cp: &ControlPlane, pool: NodePool, strict: bool) -> Result<PoolView> {
+    create_checked(cp, pool, strict, true)
+}
+
+fn create_checked(
+    cp: &ControlPlane,
+    pool: NodePool,
+    strict: bool,
+    dry_run: bool,
+) -> Result<PoolView> {
     check_quota(cp, &pool)?;
     let warnings = crate::snapshot::check_pool(cp, &pool, strict)?;
+    if dry_run {
+        if cp.store.pool(&pool.metadata.name)?.is_some() {
+            return Err(ServerError::Conflict(format!(
+                "pool {:?} already exists",
+                pool.metadata.name
+            )));
+        }
+        return Ok(unstored(pool, crate::store::now_ms(), warnings));
+    }
     record_created(cp, &pool)?;
     cp.wake();
     written(cp, &pool.metadata.name, warnings)
+}
+
+/// The view a dry run answers: the pool as it would be stored, created at
+/// `created_ms`, its status its desired count alone.
+fn unstored(pool: NodePool, created_ms: i64, warnings: Vec<String>) -> PoolView {
+    let status = PoolStatus {
+        desired: pool.spec.replicas,
+        ..PoolStatus::default()
+    };
+    let mut view = PoolView::new(pool, created_ms, status);
+    view.warnings = Some(warnings);
+    view
 }
 
 /// Creates or replaces the pool named `name` (`knit apply`).
 pub fn apply(
     cp: &ControlPlane,
     name: &str,
+    pool: NodePool,
+    strict: bool,
+) -> Result<(Applied, PoolView)> {
+    apply_checked(cp, name, pool, strict, false)
+}
+
+/// What [`apply`] would answer, every check made, nothing stored
+/// (`?dryRun=All`, `knit apply --dry-run=server`, `knit diff`).
+pub fn apply_dry_run(
+    cp: &ControlPlane,
+    name: &str,
+    pool: NodePool,
+    strict: bool,
+) -> Result<(Applied, PoolView)> {
+    apply_checked(cp, name, pool, strict, true)
+}
+
+fn apply_checked(
+    cp: &ControlPlane,
+    name: &str,
     mut pool: NodePool,
     strict: bool,
+    dry_run: bool,
 ) -> Result<(Applied, PoolView)> {
     names::check_pool("metadata.name", name)?;
     if pool.metadata.name != name {
@@ -168,6 +225,9 @@ pub fn apply(
         Some(old) => {
             crate::attach::check_pool_update(&old.pool, &mut pool)?;
             pool.validate_update(&old.pool)?;
+            if dry_run {
+                return Ok((Applied::Updated, unstored(pool, old.created_ms, warnings)));
+            }
             cp.store.update_pool(&pool)?;
             cp.store.add_event(
                 EventType::Normal,
@@ -177,6 +237,10 @@ pub fn apply(
                 "pool spec replaced",
             )?;
             Applied::Updated
+        }
+        None if dry_run => {
+            let created_ms = crate::store::now_ms();
+            return Ok((Applied::Created, unstored(pool, created_ms, warnings)));
         }
         None => {
             record_created(cp, &pool)?;

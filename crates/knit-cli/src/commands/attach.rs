@@ -35,7 +35,8 @@ pub struct AttachArgs {
     /// Follow the nodes until every one is Ready (or failed).
     #[arg(long)]
     wait: bool,
-    #[arg(long, default_value_t = 900)]
+    /// How long --wait waits (`15m`, `90s`, or seconds).
+    #[arg(long, default_value = "900", value_parser = super::seconds)]
     timeout: u64,
     /// json for machine-readable output.
     #[arg(short = 'o', long)]

@@ -1,20 +1,32 @@
 //! `knit get events`.
 
-use super::get::{show, Listing};
+use super::get::{show, GetOpts, Listing};
 use super::now_ms;
 use crate::error::Result;
-use crate::output::{age, cell, table, Format};
+use crate::output::{age, cell, table};
 use knit_api::views::EventView;
 use knit_client::Client;
 use std::process::ExitCode;
 
-pub fn get(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+pub fn get(c: &Client, name: Option<&str>, opts: &GetOpts) -> Result<ExitCode> {
     let listing = Listing {
         what: "events",
+        kind: "event",
         name_of: |e: &EventView| e.id.to_string(),
+        labels: None,
         table: event_table,
     };
-    show(listing, c.events(None)?, name, format)
+    show(listing, || Ok(c.events(None)?), name, opts)
+}
+
+/// When an event last happened: `lastMs`, or its first time when the
+/// server sent none (an older server).
+fn last_seen(e: &EventView) -> i64 {
+    if e.last_ms > 0 {
+        e.last_ms
+    } else {
+        e.at_ms
+    }
 }
 
 pub fn event_table(items: &[&EventView], _wide: bool) -> String {
@@ -23,7 +35,7 @@ pub fn event_table(items: &[&EventView], _wide: bool) -> String {
         .iter()
         .map(|e| {
             vec![
-                age(e.at_ms, now),
+                age(last_seen(e), now),
                 cell(e.event_type),
                 cell(&e.reason),
                 format!(
@@ -36,4 +48,33 @@ pub fn event_table(items: &[&EventView], _wide: bool) -> String {
         })
         .collect();
     table(&["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knit_api::state::EventType;
+
+    /// LAST SEEN is when the event last happened (before: its first time).
+    #[test]
+    fn last_seen_is_the_last_time() {
+        let now = now_ms();
+        let e = EventView {
+            id: 1,
+            at_ms: now - 3_600_000,
+            count: 5,
+            last_ms: now - 5_000,
+            event_type: EventType::Normal,
+            object_kind: "NodePool".into(),
+            object_name: "w".into(),
+            reason: "Updated".into(),
+            message: "pool spec replaced".into(),
+        };
+        let out = event_table(&[&e], false);
+        let row = out.lines().nth(1).unwrap();
+        assert!(row.starts_with("5s ") || row.starts_with("6s "), "{out}");
+        let old = EventView { last_ms: 0, ..e };
+        let row = event_table(&[&old], false);
+        assert!(row.lines().nth(1).unwrap().starts_with("60m "), "{row}");
+    }
 }

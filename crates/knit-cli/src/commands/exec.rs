@@ -21,9 +21,9 @@ pub enum Target {
 pub struct ExecArgs {
     kind: Target,
     name: String,
-    /// Seconds the command may run (at most 300); past it the command is
-    /// killed and knit exec fails.
-    #[arg(long, default_value_t = EXEC_DEFAULT_TIMEOUT_SECONDS)]
+    /// How long the command may run (`90s`, `5m` or seconds; at most
+    /// 300 s); past it the command is killed and knit exec fails.
+    #[arg(long, default_value_t = EXEC_DEFAULT_TIMEOUT_SECONDS, value_parser = super::seconds)]
     timeout: u64,
     /// The command and its arguments, after `--`; sent as they are, no
     /// shell (use `sh -c '…'` for one).

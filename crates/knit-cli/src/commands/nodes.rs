@@ -1,22 +1,48 @@
 //! `knit get|describe|delete node`, `knit logs node`, and the lists of
 //! instances and join tokens.
 
-use super::get::{show, Listing};
+use super::get::{show, GetOpts, Listing};
 use super::{now_ms, snapshot};
 use crate::error::Result;
 use crate::output::{self, age, cell, duration, opt, table, Format};
 use knit_api::views::{InstanceView, JoinTokenView, NodeView, TimelineEntryView};
 use knit_api::PhaseOutcome;
 use knit_client::Client;
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-pub fn get(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+pub fn get(c: &Client, name: Option<&str>, opts: &GetOpts) -> Result<ExitCode> {
+    // A node's labels are the ones knit gives it: its pool's `spec.labels`
+    // and `knit.dev/pool` (read only when `-l` asks).
+    let pools: BTreeMap<String, BTreeMap<String, String>> = match opts.selector {
+        Some(_) => c
+            .list_pools()?
+            .into_iter()
+            .map(|p| (p.view.metadata.name, p.view.spec.spec.labels))
+            .collect(),
+        None => BTreeMap::new(),
+    };
     let listing = Listing {
         what: "nodes",
+        kind: "node",
         name_of: |n: &NodeView| n.name.clone(),
+        labels: Some(Box::new(move |n: &NodeView| node_labels(&pools, n))),
         table: node_table,
     };
-    show(listing, c.list_nodes()?, name, format)
+    show(listing, || Ok(c.list_nodes()?), name, opts)
+}
+
+/// Label every node gets: the pool it came from (the server's
+/// `bootstrap::POOL_LABEL`).
+pub const POOL_LABEL: &str = "knit.dev/pool";
+
+fn node_labels(
+    pools: &BTreeMap<String, BTreeMap<String, String>>,
+    n: &NodeView,
+) -> BTreeMap<String, String> {
+    let mut labels = pools.get(&n.pool).cloned().unwrap_or_default();
+    labels.insert(POOL_LABEL.to_string(), n.pool.clone());
+    labels
 }
 
 /// `phase/outcome` of a node's last report.
@@ -55,13 +81,15 @@ fn node_table(items: &[&NodeView], wide: bool) -> String {
     table(&headers, &rows)
 }
 
-pub fn get_instances(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+pub fn get_instances(c: &Client, name: Option<&str>, opts: &GetOpts) -> Result<ExitCode> {
     let listing = Listing {
         what: "instances",
+        kind: "instance",
         name_of: |i: &InstanceView| i.name.clone(),
+        labels: None,
         table: instance_table,
     };
-    show(listing, c.list_instances()?, name, format)
+    show(listing, || Ok(c.list_instances()?), name, opts)
 }
 
 pub fn instance_table(items: &[&InstanceView], wide: bool) -> String {
@@ -90,13 +118,15 @@ pub fn instance_table(items: &[&InstanceView], wide: bool) -> String {
     table(&headers, &rows)
 }
 
-pub fn get_join_tokens(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+pub fn get_join_tokens(c: &Client, name: Option<&str>, opts: &GetOpts) -> Result<ExitCode> {
     let listing = Listing {
         what: "jointokens",
+        kind: "jointoken",
         name_of: |t: &JoinTokenView| t.token_id.clone(),
+        labels: None,
         table: join_token_table,
     };
-    show(listing, c.join_tokens()?, name, format)
+    show(listing, || Ok(c.join_tokens()?), name, opts)
 }
 
 fn join_token_table(items: &[&JoinTokenView], _wide: bool) -> String {
@@ -227,4 +257,61 @@ pub fn delete(c: &Client, name: &str, release: Option<bool>) -> Result<ExitCode>
 pub fn logs(c: &Client, name: &str, file: &str) -> Result<ExitCode> {
     print!("{}", c.node_log(name, file)?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// How often `knit logs -f` reads the log again.
+const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `knit logs node NAME -f`: the log, then what is appended to it, until
+/// the node is done with it (`init`: the agent initialized the node or
+/// failed; `user-data`: its outcome is known), the node is gone, or the
+/// command is interrupted.
+pub fn follow(c: &Client, name: &str, file: &str) -> Result<ExitCode> {
+    use std::io::Write as _;
+    let mut shown = String::new();
+    loop {
+        let node = match c.get_node(name) {
+            Ok(n) => Some(n.view),
+            Err(e) if e.status() == Some(404) && !shown.is_empty() => None,
+            Err(e) => return Err(e.into()),
+        };
+        let text = match node {
+            Some(_) => c.node_log(name, file)?,
+            None => shown.clone(),
+        };
+        print!("{}", appended(&shown, &text));
+        let _ = std::io::stdout().flush();
+        shown = text;
+        let done = match &node {
+            None => true,
+            Some(n) => match file {
+                "init" => n.initialized || n.error_code.is_some(),
+                "user-data" => n.user_data.is_some(),
+                _ => false,
+            },
+        };
+        if done {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(FOLLOW_INTERVAL);
+    }
+}
+
+/// What `now` adds to `before`; all of `now` when it does not continue it
+/// (the log was rewritten).
+fn appended<'a>(before: &str, now: &'a str) -> &'a str {
+    now.strip_prefix(before).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod follow_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_new_text_is_printed() {
+        assert_eq!(appended("", "a\n"), "a\n");
+        assert_eq!(appended("a\n", "a\nb\n"), "b\n");
+        assert_eq!(appended("a\nb\n", "a\nb\n"), "");
+        assert_eq!(appended("old\n", "new\n"), "new\n");
+    }
 }

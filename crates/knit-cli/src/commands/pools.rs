@@ -1,6 +1,6 @@
 //! `knit get|describe|scale|delete pool`.
 
-use super::get::{show, table_or_none, Listing};
+use super::get::{show, table_or_none, GetOpts, Listing};
 use super::{events, nodes, now_ms, wait};
 use crate::error::Result;
 use crate::output::{self, age, cell, table, Format};
@@ -10,13 +10,15 @@ use serde_json::Value;
 use std::process::ExitCode;
 use std::time::Duration;
 
-pub fn get(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+pub fn get(c: &Client, name: Option<&str>, opts: &GetOpts) -> Result<ExitCode> {
     let listing = Listing {
         what: "pools",
+        kind: "nodepool",
         name_of: |p: &PoolView| p.metadata.name.clone(),
+        labels: Some(Box::new(|p: &PoolView| p.metadata.labels.clone())),
         table: pool_table,
     };
-    show(listing, c.list_pools()?, name, format)
+    show(listing, || Ok(c.list_pools()?), name, opts)
 }
 
 fn pool_table(items: &[&PoolView], wide: bool) -> String {

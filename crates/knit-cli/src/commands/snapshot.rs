@@ -1,9 +1,9 @@
 //! `knit snapshot create|list|delete|builds`: data-disk snapshots (SPEC §3).
 
-use super::get::{show, Listing};
+use super::get::{show, GetOpts, Listing};
 use super::now_ms;
 use crate::error::{CliError, Result};
-use crate::output::{age, cell, opt, table, Format};
+use crate::output::{age, cell, opt, table};
 use clap::Subcommand;
 use knit_api::views::{
     BuildStepView, ImageCacheView, NodeView, Snapshot, SnapshotBuildRequest, SnapshotBuildView,
@@ -30,14 +30,15 @@ pub enum SnapshotAction {
         /// Keep the builder instance (stopped) instead of releasing it.
         #[arg(long)]
         keep_builder: bool,
-        /// Deadline of the image pulls (the `images` step), in seconds:
-        /// an unreachable registry fails the build then.
-        #[arg(long, default_value_t = 600)]
+        /// Deadline of the image pulls (the `images` step; `10m`, `90s` or
+        /// seconds): an unreachable registry fails the build then.
+        #[arg(long, default_value = "600", value_parser = super::seconds)]
         images_timeout: u64,
         /// Do not wait; print the build id.
         #[arg(long)]
         no_wait: bool,
-        #[arg(long, default_value_t = 1800)]
+        /// How long to wait for the build (`30m`, `90s`, or seconds).
+        #[arg(long, default_value = "1800", value_parser = super::seconds)]
         timeout: u64,
     },
     /// List snapshots; STALE = another Kubernetes version than the cluster.
@@ -57,7 +58,8 @@ pub enum SnapshotAction {
         /// With an id: wait for the build to end, printing each step.
         #[arg(long)]
         follow: bool,
-        #[arg(long, default_value_t = 1800)]
+        /// How long to wait for the build (`30m`, `90s`, or seconds).
+        #[arg(long, default_value = "1800", value_parser = super::seconds)]
         timeout: u64,
     },
 }
@@ -171,13 +173,15 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
 }
 
 /// `knit get snapshots`.
-pub fn get(c: &Client, name: Option<&str>, format: Option<Format>) -> Result<ExitCode> {
+pub fn get(c: &Client, name: Option<&str>, opts: &GetOpts) -> Result<ExitCode> {
     let listing = Listing {
         what: "snapshots",
+        kind: "snapshot",
         name_of: |s: &SnapshotView| s.snapshot.id.clone(),
+        labels: None,
         table: snapshot_table,
     };
-    show(listing, c.list_snapshots()?, name, format)
+    show(listing, || Ok(c.list_snapshots()?), name, opts)
 }
 
 fn snapshot_table(items: &[&SnapshotView], _wide: bool) -> String {

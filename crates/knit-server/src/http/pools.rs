@@ -9,8 +9,8 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use knit_api::views::{Items, PoolDeleting, PoolView, PoolWriteQuery, ScaleRequest};
-use knit_api::{ApiError, Cluster, NodePool};
+use knit_api::views::{DryRun, Items, PoolDeleting, PoolView, PoolWriteQuery, ScaleRequest};
+use knit_api::{ApiError, Cluster, FieldError, NodePool};
 
 pub async fn get_cluster(State(cp): State<Cp>) -> Result<Json<Cluster>> {
     Ok(Json(cp.cluster_doc()?))
@@ -35,11 +35,28 @@ pub async fn create(
     Query(q): Query<PoolWriteQuery>,
     body: String,
 ) -> Result<(StatusCode, Json<PoolView>)> {
-    let pool = NodePool::from_yaml(&body)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(pools::create(&cp, pool, q.strict)?),
-    ))
+    let (pool, facts) = NodePool::from_input(&body)?;
+    if facts.password_set
+        && pool.spec.login.password.is_none()
+        && pool.spec.login.key_pair.is_none()
+    {
+        return Err(password_unknown().into());
+    }
+    let view = match q.dry_run {
+        Some(DryRun::All) => pools::create_dry_run(&cp, pool, q.strict)?,
+        None => pools::create(&cp, pool, q.strict)?,
+    };
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// `spec.login.passwordSet: true` without a password on a new pool: the
+/// password a view stood for is not known.
+fn password_unknown() -> ApiError {
+    ApiError::Invalid(vec![FieldError {
+        field: "spec.login.passwordSet".into(),
+        value: "true".into(),
+        rule: "stands for the password of an existing pool (a view never shows it): for a new pool give spec.login.password, or remove passwordSet".into(),
+    }])
 }
 
 /// Create or replace (`knit apply`).
@@ -51,8 +68,23 @@ pub async fn apply(
 ) -> Result<(StatusCode, Json<PoolView>)> {
     // The name in the URL before the document: a bad one is named first.
     names::check_pool("metadata.name", &name)?;
-    let pool = NodePool::from_yaml(&body)?;
-    let (applied, view) = pools::apply(&cp, &name, pool, q.strict)?;
+    let (mut pool, facts) = NodePool::from_input(&body)?;
+    if facts.password_set
+        && pool.spec.login.password.is_none()
+        && pool.spec.login.key_pair.is_none()
+    {
+        // A document `knit get` printed: the stored password is kept.
+        match cp.store.pool(&name)? {
+            Some(old) if old.pool.spec.login.password.is_some() => {
+                pool.spec.login.password = old.pool.spec.login.password;
+            }
+            _ => return Err(password_unknown().into()),
+        }
+    }
+    let (applied, view) = match q.dry_run {
+        Some(DryRun::All) => pools::apply_dry_run(&cp, &name, pool, q.strict)?,
+        None => pools::apply(&cp, &name, pool, q.strict)?,
+    };
     let status = match applied {
         Applied::Created => StatusCode::CREATED,
         Applied::Updated => StatusCode::OK,

@@ -205,7 +205,12 @@ fn wait_keeps_the_removal_pending_after_the_timeout() {
     assert!(a.events.iter().any(|e| e.reason == "DrainTimeout"
         && e.message.contains("onTimeout wait")
         && e.message.contains("5 s")));
-    assert!(a.record.reason.as_deref().unwrap().contains("onTimeout: wait"));
+    assert!(a
+        .record
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("onTimeout: wait"));
     // The timeout event once.
     let b = advance(&a.record, &stuck, &spec, late + 1000);
     assert!(b.events.iter().all(|e| e.reason != "DrainTimeout"));

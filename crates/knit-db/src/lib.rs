@@ -112,6 +112,12 @@ pub struct Limits {
     pub statement_timeout: Duration,
     /// Open PostgreSQL connections of this process.
     pub max_connections: usize,
+    /// How long PostgreSQL lets a transaction of ours sit idle before it
+    /// ends the session. Our transactions do no other I/O, so one idle
+    /// this long belongs to a process that is frozen (SIGSTOP, a paused
+    /// VM) or gone: its row locks — a fenced write holds the leader lease
+    /// row FOR SHARE — must not stop another server taking the lease.
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -120,6 +126,7 @@ impl Default for Limits {
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(15),
             max_connections: 8,
+            idle_in_transaction_timeout: Duration::from_secs(5),
         }
     }
 }

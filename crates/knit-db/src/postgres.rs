@@ -165,7 +165,13 @@ impl Postgres {
         // The server bounds a statement too: a call we stopped waiting for
         // does not go on holding locks.
         let ms = self.limits.statement_timeout.as_millis();
-        self.batch(&mut conn, &format!("SET statement_timeout = {ms}"))?;
+        let idle_ms = self.limits.idle_in_transaction_timeout.as_millis().max(1);
+        self.batch(
+            &mut conn,
+            &format!(
+                "SET statement_timeout = {ms}; SET idle_in_transaction_session_timeout = {idle_ms}"
+            ),
+        )?;
         Ok(conn)
     }
 

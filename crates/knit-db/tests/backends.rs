@@ -144,6 +144,64 @@ fn postgres_concurrent_writers_lose_no_update() {
     assert_eq!(n, 100);
 }
 
+/// A process frozen in the middle of a transaction (SIGSTOP, a paused VM)
+/// does not hold its row locks for as long as it is frozen: PostgreSQL
+/// ends its session once it sat idle in the transaction past the limit,
+/// and another writer of the same row goes on while the frozen one still
+/// sleeps. Under `knit up --ha` a leader frozen inside a fenced write held
+/// the lease row and the other server could never take the lease.
+#[test]
+fn postgres_ends_a_transaction_frozen_with_its_locks() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let pg = TestPostgres::start().expect("PostgreSQL for the test");
+    let url = pg.create_database("frozen").unwrap();
+    let limits = Limits {
+        idle_in_transaction_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let setup = Db::open(&Datastore::Postgres(url.clone()), limits).unwrap();
+    setup
+        .write(|tx| {
+            tx.batch("CREATE TABLE lease (id INTEGER PRIMARY KEY, holder TEXT NOT NULL)")?;
+            tx.execute("INSERT INTO lease (id, holder) VALUES (1, 'a')", &[])
+        })
+        .unwrap();
+    let locked = Arc::new(AtomicBool::new(false));
+    let woke = Arc::new(AtomicBool::new(false));
+    let frozen = {
+        let (url, locked, woke) = (url.clone(), locked.clone(), woke.clone());
+        std::thread::spawn(move || {
+            let db = Db::open(&Datastore::Postgres(url), limits).unwrap();
+            let mut first = true;
+            db.write(|tx| {
+                tx.query("SELECT holder FROM lease WHERE id = 1 FOR SHARE", &[])?;
+                if std::mem::take(&mut first) {
+                    locked.store(true, Ordering::SeqCst);
+                    // Frozen with the row locked, far past the limit.
+                    std::thread::sleep(Duration::from_secs(8));
+                    woke.store(true, Ordering::SeqCst);
+                }
+                Ok::<_, DbError>(())
+            })
+        })
+    };
+    while !locked.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    setup
+        .write(|tx| tx.execute("UPDATE lease SET holder = 'b' WHERE id = 1", &[]))
+        .unwrap();
+    assert!(
+        !woke.load(Ordering::SeqCst),
+        "the update waited for the frozen transaction to wake"
+    );
+    // Woken, the frozen writer finds its session ended: an error, never
+    // a commit of what it did before it froze.
+    assert!(frozen.join().unwrap().is_err());
+}
+
 /// A database that is down gives a clear, typed error within the limit,
 /// and the same `Db` works again once it is back.
 #[test]
@@ -154,6 +212,7 @@ fn postgres_down_then_back() {
         connect_timeout: std::time::Duration::from_secs(2),
         statement_timeout: std::time::Duration::from_secs(3),
         max_connections: 2,
+        ..Limits::default()
     };
     let db = Db::open(&Datastore::Postgres(url), limits).unwrap();
     db.write(|tx| tx.batch("CREATE TABLE t (x INTEGER)"))

@@ -24,6 +24,7 @@ PACKAGES=(
     protobuf-compiler                               # protoc: builds the CRI API bindings (k8s-cri)
     mmdebstrap                                      # knit image build: the node OS image from Debian packages
     dpkg-dev                                        # knit package build: dpkg-scanpackages indexes the mirror's Debian repository
+    gpg                                             # knit package build: signs that repository (InRelease, Release.gpg)
     dosfstools mtools                               # knit-qemu: the cloud-init NoCloud seed (vfat, label CIDATA)
     shellcheck                                      # scripts/test.sh: lints every tracked *.sh
     chromium chromium-driver fonts-liberation       # the web console's browser test (headless, WebDriver)

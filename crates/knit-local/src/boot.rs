@@ -19,6 +19,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{chdir, fork, pivot_root, sethostname, ForkResult, Pid};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -362,6 +363,11 @@ fn make_dev(dev: &Path) -> Result<()> {
             makedev(major, minor),
         )
         .sys(|| format!("mknod {}", p.display()))?;
+        // mknod's mode passes through the umask (022 here): without this
+        // /dev/null is 0644 and no program but root's may write to it
+        // (apt's _apt user discarding a 404 page stalled on that).
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666))
+            .ctx("cannot chmod", &p)?;
     }
     mkdirs(&dev.join("disk/by-id"))?;
     let pts = dev.join("pts");

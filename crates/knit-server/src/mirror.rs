@@ -260,6 +260,144 @@ fn write_index(mirror: &Path) -> Result<()> {
     std::fs::write(&path, lines.concat()).map_err(io(format!("write {}", path.display())))
 }
 
+/// The public key a signed Debian repository serves beside `Release`
+/// (the agent fetches it over the control plane's TLS and names it in
+/// `Signed-By`).
+pub const DEBIAN_REPOSITORY_KEY: &str = "knit-archive-keyring.gpg";
+/// The signing key's user id.
+const DEBIAN_KEY_UID: &str = "knit package mirror <knit@localhost>";
+/// One gpg call (key generation included) gets this long.
+const GPG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs gpg on `home` with `args` in `cwd`, bounded by [`GPG_TIMEOUT`];
+/// its error output (capped) in the error.
+fn gpg(home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("gpg")
+        .arg("--homedir")
+        .arg(home)
+        .args(["--batch", "--no-tty", "--quiet"])
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            ServerError::Package(format!(
+                "run gpg: {e} (Debian package gpg; scripts/setup.sh installs it)"
+            ))
+        })?;
+    // The error output in a thread, so that a chatty gpg never blocks.
+    let stderr = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(pipe) = stderr {
+            let _ = pipe.take(16 * 1024).read_to_string(&mut text);
+        }
+        text
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > GPG_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(ServerError::Package(format!(
+                    "gpg {} took longer than {} s",
+                    args.join(" "),
+                    GPG_TIMEOUT.as_secs()
+                )));
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(e) => return Err(ServerError::io("wait for gpg".to_string(), e)),
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    if !status.success() {
+        return Err(ServerError::Package(format!(
+            "gpg {} failed ({status}): {}",
+            args.join(" "),
+            text.trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Signs a flat Debian repository's `Release` the way a Debian archive is
+/// signed: `InRelease` (clear-signed) and `Release.gpg` (detached, armored),
+/// with an ed25519 key made once in `gnupg_home` (mode 0700, never
+/// served); its public half is written as [`DEBIAN_REPOSITORY_KEY`]. apt
+/// then reads one `InRelease` instead of asking for `InRelease`,
+/// `Release` and `Release.gpg`, two of them missing. Every file is written
+/// under a temporary name and renamed, `InRelease` last.
+pub fn sign_debian_repository(repo: &Path, gnupg_home: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !repo.join("Release").is_file() {
+        return Err(ServerError::Package(format!(
+            "{} has no Release to sign",
+            repo.display()
+        )));
+    }
+    std::fs::create_dir_all(gnupg_home).map_err(io(format!("create {}", gnupg_home.display())))?;
+    std::fs::set_permissions(gnupg_home, std::fs::Permissions::from_mode(0o700))
+        .map_err(io(format!("chmod {}", gnupg_home.display())))?;
+    if gpg(gnupg_home, repo, &["--list-secret-keys", DEBIAN_KEY_UID]).is_err() {
+        gpg(
+            gnupg_home,
+            repo,
+            &[
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+                "--quick-gen-key",
+                DEBIAN_KEY_UID,
+                "ed25519",
+                "sign",
+                "never",
+            ],
+        )?;
+    }
+    let tmp = |name: &str| repo.join(format!(".{name}.tmp"));
+    let outputs = [
+        (DEBIAN_REPOSITORY_KEY, vec!["--export", DEBIAN_KEY_UID]),
+        ("Release.gpg", vec!["--armor", "--detach-sign", "Release"]),
+        ("InRelease", vec!["--clearsign", "Release"]),
+    ];
+    for (name, args) in &outputs {
+        let out = tmp(name);
+        let _ = std::fs::remove_file(&out);
+        let out_arg = out.display().to_string();
+        let mut all = vec![
+            "--digest-algo",
+            "SHA512",
+            "--local-user",
+            DEBIAN_KEY_UID,
+            "--output",
+            out_arg.as_str(),
+        ];
+        all.extend(args.iter().copied());
+        gpg(gnupg_home, repo, &all)?;
+    }
+    for (name, _) in &outputs {
+        let out = tmp(name);
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644))
+            .map_err(io(format!("chmod {}", out.display())))?;
+        std::fs::rename(&out, repo.join(name))
+            .map_err(io(format!("rename to {}", repo.join(name).display())))?;
+    }
+    Ok(())
+}
+
+/// Removes a repository's signatures and key (it is served unsigned).
+pub fn remove_debian_signatures(repo: &Path) {
+    for name in ["InRelease", "Release.gpg", DEBIAN_REPOSITORY_KEY] {
+        let _ = std::fs::remove_file(repo.join(name));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -571,15 +571,50 @@ fn url_host(url: &str) -> &str {
     authority.split(':').next().unwrap_or_default()
 }
 
-/// The deb822 source for the knit repository. The repository is not signed:
-/// it is trusted because it is fetched over https from the control plane,
-/// whose CA apt checks (`CaInfo`), and apt checks every index and package
-/// against the hashes in `Release`.
-pub fn knit_source(repository: &str) -> String {
+/// The deb822 source for the knit repository. Signed (`knit package build`
+/// signs it when gpg is there): apt checks `InRelease` against the
+/// repository's key (`Signed-By`), which the agent fetched over https from
+/// the control plane. Unsigned: it is trusted because it is fetched over
+/// https from the control plane, whose CA apt checks (`CaInfo`). Either
+/// way apt checks every index and package against the hashes in `Release`.
+pub fn knit_source(repository: &str, signed_by: Option<&str>) -> String {
+    let trust = match signed_by {
+        Some(key) => format!("Signed-By: {key}"),
+        None => "Trusted: yes".to_string(),
+    };
     format!(
         "# Written by knit-agent (base-packages): the control plane's Debian repository.\n\
-         Types: deb\nURIs: {repository}\nSuites: ./\nTrusted: yes\n"
+         Types: deb\nURIs: {repository}\nSuites: ./\n{trust}\n"
     )
+}
+
+/// The repository's public key, served beside `Release` by a signed
+/// repository (`knit package build`), and where the node keeps it.
+const REPOSITORY_KEY: &str = "knit-archive-keyring.gpg";
+const KNIT_KEYRING: &str = "/etc/apt/keyrings/knit-archive-keyring.gpg";
+/// An OpenPGP public key is a few hundred bytes; more is not one.
+const KEY_MAX_BYTES: u64 = 64 * 1024;
+
+/// The repository's public key when it serves one (`None`: unsigned, or
+/// unreachable: apt then reports what it finds).
+fn repository_key(ctx: &Ctx, repository: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let agent = crate::tls::http_agent(
+        ctx.config.cluster.control_plane_ca_cert.as_deref(),
+        Duration::from_secs(5),
+    )
+    .ok()?;
+    let response = agent
+        .get(&format!("{repository}{REPOSITORY_KEY}"))
+        .call()
+        .ok()?;
+    let mut key = Vec::new();
+    response
+        .into_reader()
+        .take(KEY_MAX_BYTES + 1)
+        .read_to_end(&mut key)
+        .ok()?;
+    (!key.is_empty() && key.len() as u64 <= KEY_MAX_BYTES).then_some(key)
 }
 
 /// `Inst NAME (VERSION …)` lines of `apt-get -s`: the names.
@@ -596,7 +631,14 @@ fn install_from_knit_repository(
     repository: &str,
     missing: &[String],
 ) -> Result<String> {
-    let source = knit_source(repository);
+    let signed_by = match repository_key(ctx, repository) {
+        Some(key) => {
+            ctx.host.write_file(KNIT_KEYRING, &key, 0o644)?;
+            Some(KNIT_KEYRING)
+        }
+        None => None,
+    };
+    let source = knit_source(repository, signed_by);
     ctx.host
         .write_file(KNIT_SOURCES, source.as_bytes(), 0o644)?;
     ctx.host.write_file(
@@ -745,7 +787,11 @@ mod tests {
 
     #[test]
     fn knit_source_is_a_trusted_flat_repository() {
-        let source = knit_source("https://10.213.0.1:7443/mirror/debian/");
+        let signed = knit_source("https://10.213.0.1:7443/mirror/debian/", Some(KNIT_KEYRING));
+        assert!(signed.ends_with(
+            "URIs: https://10.213.0.1:7443/mirror/debian/\nSuites: ./\nSigned-By: /etc/apt/keyrings/knit-archive-keyring.gpg\n"
+        ));
+        let source = knit_source("https://10.213.0.1:7443/mirror/debian/", None);
         assert!(
             source.contains(
                 "URIs: https://10.213.0.1:7443/mirror/debian/\nSuites: ./\nTrusted: yes\n"

@@ -229,6 +229,10 @@ pub fn build_debian_repository(
         })
         .collect();
     if fetch.is_empty() && stale.is_empty() && repo.join("Release").is_file() {
+        // A repository indexed before it was signed gets its signatures.
+        if !repo.join("InRelease").is_file() {
+            sign_repository(&repo, &apt_dir, progress);
+        }
         progress(&format!(
             "debian repository: up to date ({} packages) in {}",
             files.len(),
@@ -284,6 +288,7 @@ pub fn build_debian_repository(
         packages.len()
     );
     write_atomic(&repo.join("Release"), release.as_bytes())?;
+    sign_repository(&repo, &apt_dir, progress);
     let bytes: u64 = std::fs::read_dir(&pool)
         .map_err(io(format!("read {}", pool.display())))?
         .flatten()
@@ -297,6 +302,21 @@ pub fn build_debian_repository(
         repo.display()
     ));
     Ok(())
+}
+
+/// Signs the repository (`InRelease`, `Release.gpg`, the public key beside
+/// them: [`knit_server::mirror::sign_debian_repository`]) with a key kept
+/// beside the mirror (`<state>/debian-apt/gnupg`, never served). Without
+/// gpg it stays unsigned (nodes trust it through the control plane's TLS)
+/// and old signature files are removed, so that no node checks a new
+/// `Release` against an old signature.
+fn sign_repository(repo: &Path, apt_dir: &Path, progress: &mut dyn FnMut(&str)) {
+    if let Err(e) = knit_server::mirror::sign_debian_repository(repo, &apt_dir.join("gnupg")) {
+        knit_server::mirror::remove_debian_signatures(repo);
+        progress(&format!(
+            "      warning: the repository is not signed ({e}); nodes trust it through the control plane's TLS"
+        ));
+    }
 }
 
 fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {

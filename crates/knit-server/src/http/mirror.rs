@@ -1,32 +1,60 @@
 //! `GET /mirror/*path` (public): the package mirror's files. Only plain
 //! relative paths inside the mirror are served; a `.` component is
 //! dropped (apt asks a flat repository for `debian/./Release`).
+//!
+//! Answered the way a Debian mirror's web server answers apt: every file
+//! with `Content-Length` and `Last-Modified`, `If-Modified-Since` answered
+//! `304` (apt's second `update` fetches nothing), the connection kept
+//! alive. A missing file is a `404` with an empty body and no
+//! `Content-Type`: apt then fails the item at once and keeps the
+//! connection, instead of reading an error page into `/dev/null` (which
+//! stalled every node's `apt-get update` for its whole timeout where that
+//! device was not writable).
 
 use super::Cp;
 use crate::error::{Result, ServerError};
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use std::time::UNIX_EPOCH;
 
-pub async fn mirror_file(State(cp): State<Cp>, Path(path): Path<String>) -> Result<Response> {
+/// A 404 with no body: nothing for apt to read and discard.
+fn not_found(path: &str) -> Response {
+    let mut r = StatusCode::NOT_FOUND.into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    if let Ok(v) = HeaderValue::from_str(&format!("mirror file {path} not found")) {
+        r.headers_mut().insert("x-knit-error", v);
+    }
+    r
+}
+
+pub async fn mirror_file(
+    State(cp): State<Cp>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
     // Only plain relative components: nothing outside the mirror is served.
     let parts: Vec<&str> = path.split('/').filter(|c| *c != ".").collect();
     let clean = !parts.is_empty()
         && parts
             .iter()
             .all(|c| !c.is_empty() && *c != ".." && !c.contains('\\'));
-    let not_found = || ServerError::NotFound {
-        kind: "mirror file",
-        name: path.clone(),
-    };
     if !clean {
-        return Err(not_found());
+        return Ok(not_found(&path));
     }
     let full = cp.mirror_dir.join(parts.join("/"));
     let file = match tokio::fs::File::open(&full).await {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            return Ok(not_found(&path))
+        }
         Err(e) => return Err(ServerError::io(format!("open {}", full.display()), e)),
     };
     let meta = file
@@ -34,15 +62,125 @@ pub async fn mirror_file(State(cp): State<Cp>, Path(path): Path<String>) -> Resu
         .await
         .map_err(|e| ServerError::io(format!("stat {}", full.display()), e))?;
     if !meta.is_file() {
-        return Err(not_found());
+        return Ok(not_found(&path));
+    }
+    // Whole seconds: HTTP dates have no finer unit.
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    let last_modified = modified.map(http_date);
+    let since = headers
+        .get(header::IF_MODIFIED_SINCE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_http_date);
+    if let (Some(m), Some(since)) = (modified, since) {
+        if m <= since {
+            let mut r = StatusCode::NOT_MODIFIED.into_response();
+            if let Some(lm) = last_modified.and_then(|v| HeaderValue::from_str(&v).ok()) {
+                r.headers_mut().insert(header::LAST_MODIFIED, lm);
+            }
+            return Ok(r);
+        }
     }
     let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
-    Ok((
+    let mut r = (
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
             (header::CONTENT_LENGTH, meta.len().to_string()),
         ],
         body,
     )
-        .into_response())
+        .into_response();
+    if let Some(lm) = last_modified.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        r.headers_mut().insert(header::LAST_MODIFIED, lm);
+    }
+    Ok(r)
+}
+
+const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// Days since 1970-01-01 → (year, month 1-12, day 1-31) (H. Hinnant's
+/// civil-from-days).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// (year, month, day) → days since 1970-01-01.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Seconds since the epoch as an HTTP date (`Wed, 02 Dec 2026 08:12:09 GMT`).
+pub fn http_date(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil(days);
+    format!(
+        "{}, {d:02} {} {y} {:02}:{:02}:{:02} GMT",
+        DAYS[days.rem_euclid(7) as usize],
+        MONTHS[(m - 1) as usize],
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// An HTTP date in the one format HTTP/1.1 senders use (IMF-fixdate, what
+/// apt sends); anything else is `None` (the file is then sent whole).
+pub fn parse_http_date(text: &str) -> Option<u64> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let [_, day, month, year, time, "GMT"] = words.as_slice() else {
+        return None;
+    };
+    let d: u32 = day.parse().ok()?;
+    let m = MONTHS.iter().position(|x| x == month)? as u32 + 1;
+    let y: i64 = year.parse().ok()?;
+    let hms: Vec<u64> = time
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let [h, min, s] = hms.as_slice() else {
+        return None;
+    };
+    if !(1..=31).contains(&d) || *h > 23 || *min > 59 || *s > 60 || y < 1970 {
+        return None;
+    }
+    let days = u64::try_from(days_from_civil(y, m, d)).ok()?;
+    Some(days * 86_400 + h * 3600 + min * 60 + s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_dates_round_trip() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(http_date(1_796_199_129), "Wed, 02 Dec 2026 08:12:09 GMT");
+        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+        for secs in [0, 68_169_599, 951_782_400, 1_796_199_129, 4_102_444_800] {
+            assert_eq!(parse_http_date(&http_date(secs)), Some(secs), "{secs}");
+        }
+        assert_eq!(parse_http_date("Wed, 02 Dec 2026 08:12:09 UTC"), None);
+        assert_eq!(parse_http_date("yesterday"), None);
+    }
 }

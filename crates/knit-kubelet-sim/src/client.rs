@@ -10,8 +10,17 @@ use serde_json::Value;
 use crate::error::SimError;
 use crate::kubeconfig::Kubeconfig;
 
+/// A watch read that waits longer than this ends (the server sends a
+/// bookmark or ends the watch well within it).
+pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(90);
+/// Longest watch event line read (the API stores objects of at most 1.5 MiB).
+pub const MAX_LINE: usize = 4 * 1024 * 1024;
+
 pub struct Client {
     agent: ureq::Agent,
+    /// For watches: no overall deadline, a read timeout instead (the
+    /// server ends each watch after its timeoutSeconds).
+    watch_agent: ureq::Agent,
     server: String,
     token: Option<String>,
     limiter: Mutex<Bucket>,
@@ -94,13 +103,21 @@ impl Client {
             }
             _ => builder.with_no_client_auth(),
         };
+        let config = Arc::new(config);
         let agent = ureq::AgentBuilder::new()
-            .tls_config(Arc::new(config))
+            .tls_config(config.clone())
             .timeout_connect(Duration::from_secs(10))
             .timeout(Duration::from_secs(30))
             .build();
+        let watch_agent = ureq::AgentBuilder::new()
+            .tls_config(config)
+            .timeout_connect(Duration::from_secs(10))
+            .timeout_read(WATCH_READ_TIMEOUT)
+            .timeout_write(Duration::from_secs(30))
+            .build();
         Ok(Client {
             agent,
+            watch_agent,
             server: kc.server.trim_end_matches('/').to_string(),
             token: kc.token.clone(),
             limiter: Mutex::new(Bucket {
@@ -116,6 +133,82 @@ impl Client {
         &self.server
     }
 
+    fn pace(&self) {
+        let wait = self
+            .limiter
+            .lock()
+            .map(|mut b| b.take())
+            .unwrap_or_default();
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// A watch (or any streamed GET): each line of the answer is given to
+    /// `on_line` (at most [`MAX_LINE`] bytes) until it returns false or
+    /// the server ends the stream. A read that waits longer than
+    /// [`WATCH_READ_TIMEOUT`] ends it with an error.
+    pub fn stream(
+        &self,
+        path: &str,
+        mut on_line: impl FnMut(Value) -> bool,
+    ) -> Result<(), SimError> {
+        use std::io::{BufRead, Read};
+        self.pace();
+        let what = format!("GET {path}");
+        let transport = |m: String| SimError::Transport {
+            what: what.clone(),
+            message: m,
+        };
+        let mut req = self
+            .watch_agent
+            .get(&format!("{}{}", self.server, path))
+            .set("Accept", "application/json")
+            .set(
+                "User-Agent",
+                concat!("knit-kubelet-sim/", env!("CARGO_PKG_VERSION")),
+            );
+        if let Some(t) = &self.token {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        let resp = match req.call() {
+            Ok(r) => r,
+            Err(ureq::Error::Status(code, r)) => {
+                let body = r.into_string().unwrap_or_default();
+                let v: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+                return Err(Reply { code, body: v }.error(&what));
+            }
+            Err(ureq::Error::Transport(t)) => return Err(transport(t.to_string())),
+        };
+        let mut reader = std::io::BufReader::new(resp.into_reader());
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let n = reader
+                .by_ref()
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| transport(e.to_string()))?;
+            if n == 0 {
+                return Ok(());
+            }
+            if buf.len() > MAX_LINE {
+                return Err(transport(format!(
+                    "a watch event longer than {MAX_LINE} bytes"
+                )));
+            }
+            let line = String::from_utf8_lossy(&buf);
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line.trim())
+                .map_err(|e| transport(format!("a watch event is not JSON: {e}")))?;
+            if !on_line(v) {
+                return Ok(());
+            }
+        }
+    }
+
     /// One request. HTTP error codes are a `Reply`; only transport failures
     /// (refused connection, TLS verification) are `Err`.
     pub fn call(
@@ -125,14 +218,7 @@ impl Client {
         content_type: Option<&str>,
         body: Option<&Value>,
     ) -> Result<Reply, SimError> {
-        let wait = self
-            .limiter
-            .lock()
-            .map(|mut b| b.take())
-            .unwrap_or_default();
-        if !wait.is_zero() {
-            std::thread::sleep(wait);
-        }
+        self.pace();
         let mut req = self
             .agent
             .request(method, &format!("{}{}", self.server, path))
@@ -180,6 +266,9 @@ impl Client {
     }
     pub fn put(&self, path: &str, body: &Value) -> Result<Reply, SimError> {
         self.call("PUT", path, Some("application/json"), Some(body))
+    }
+    pub fn delete(&self, path: &str, body: &Value) -> Result<Reply, SimError> {
+        self.call("DELETE", path, Some("application/json"), Some(body))
     }
     pub fn patch(&self, path: &str, body: &Value) -> Result<Reply, SimError> {
         self.call(

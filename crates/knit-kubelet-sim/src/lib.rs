@@ -1,7 +1,8 @@
 //! knit-kubelet-sim: knit's kubelet stand-in for the local cloud, where no
 //! kubelet binary exists. It does toward the API server what kubelet does
 //! — TLS bootstrap, Node registration, Lease heartbeats, NodeReady from the
-//! container runtime's CRI status and the CNI config — and runs no pods.
+//! container runtime's CRI status and the CNI config — and moves the pods
+//! bound to its node through their stages as KWOK does: no container runs.
 //! It is not kubelet and says so in `--version` and in its node info.
 
 pub mod certs;
@@ -14,6 +15,7 @@ pub mod flags;
 pub mod images;
 pub mod kubeconfig;
 pub mod node;
+pub mod pods;
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +33,7 @@ const CONNECT_RETRY: Duration = Duration::from_secs(15 * 60);
 
 pub fn version_line() -> String {
     format!(
-        "Kubernetes v{} (knit-kubelet-sim {}: knit's kubelet stand-in for the local cloud; not kubelet, runs no pods)",
+        "Kubernetes v{} (knit-kubelet-sim {}: knit's kubelet stand-in for the local cloud; not kubelet, runs no containers)",
         knit_api::DEFAULT_KUBERNETES_VERSION,
         env!("CARGO_PKG_VERSION")
     )
@@ -230,6 +232,13 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
         other => other?,
     }
 
+    // The pods bound to this node, on threads of their own with the
+    // client of the moment (replaced below when the certificate rotates).
+    let shared: pods::SharedClient = std::sync::Arc::new(std::sync::RwLock::new(
+        std::sync::Arc::new(Client::new(&kc, qps, burst)?),
+    ));
+    pods::start(name.clone(), shared.clone())?;
+
     let images = start_image_ensure(&flags, &cfg)?;
     let mut image_report: Option<images::ImageReport> = None;
 
@@ -288,6 +297,8 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
             match fresh {
                 Ok(fresh) => {
                     client = Client::new(&fresh, qps, burst)?;
+                    *shared.write().unwrap_or_else(|p| p.into_inner()) =
+                        std::sync::Arc::new(Client::new(&fresh, qps, burst)?);
                     times = cert_times(&fresh, jitter)?;
                     kc = fresh;
                 }

@@ -78,6 +78,7 @@ pub async fn attach(
     let mut reports = Vec::new();
     for f in &facts {
         let mut ctx = context(cp, Mode::Automatic, adding, req.password.is_some(), &f.id)?;
+        ctx.keep_instance_name = req.keep_instance_name;
         if let Some(a) = &account {
             ctx.account_id = a.clone();
         }

@@ -275,6 +275,7 @@ pub async fn redeem(
     }
     let cluster = cp.cluster_doc()?;
     let mut ctx = context(cp, Mode::Manual, 1, false, &facts.id)?;
+    ctx.keep_instance_name = options.keep_instance_name;
     if let Some(a) = provider.account_id().await? {
         ctx.account_id = a;
     }

@@ -296,7 +296,8 @@ pub struct DrainView {
     /// Why it has not ended, in a sentence (the pods left, the refusal).
     #[serde(default)]
     pub reason: Option<String>,
-    /// The PodDisruptionBudget(s) that refused an eviction, `ns/name`.
+    /// The PodDisruptionBudget(s) that refused an eviction: `ns/name (what
+    /// it asks, disruptions allowed)`, several separated by `; `.
     #[serde(default)]
     pub blocking_budget: Option<String>,
     #[serde(default)]

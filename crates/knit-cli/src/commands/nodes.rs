@@ -45,6 +45,27 @@ fn node_labels(
     labels
 }
 
+/// A node's status as `get nodes` shows it: its Ready condition, and
+/// while it is drained before removal `,Draining`, with the
+/// PodDisruptionBudget that blocks it (`Ready,Draining(default/web)`).
+pub fn node_status(n: &NodeView) -> String {
+    match &n.drain {
+        None => cell(n.status),
+        Some(d) => match d.blocking_budget.as_deref() {
+            // The budget's `ns/name`, without what it asks (no spaces in a cell).
+            Some(b) => format!(
+                "{},Draining({})",
+                n.status,
+                b.split("; ")
+                    .map(|one| one.split(' ').next().unwrap_or(one))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            None => format!("{},Draining", n.status),
+        },
+    }
+}
+
 /// `phase/outcome` of a node's last report.
 fn phase(n: &NodeView) -> String {
     format!("{}/{}", opt(&n.phase), opt(&n.phase_outcome))
@@ -61,7 +82,7 @@ fn node_table(items: &[&NodeView], wide: bool) -> String {
         .map(|n| {
             let mut r = vec![
                 cell(&n.name),
-                cell(n.status),
+                node_status(n),
                 cell(&n.pool),
                 phase(n),
                 cell(n.initialized),
@@ -153,6 +174,47 @@ fn join_token_table(items: &[&JoinTokenView], _wide: bool) -> String {
     table(&["TOKEN-ID", "INSTANCE", "POOL", "EXPIRES", "USED"], &rows)
 }
 
+/// The drain of a node being removed: where it stands, what blocks it, its
+/// steps.
+fn describe_drain(n: &NodeView, now: i64) {
+    let Some(d) = &n.drain else {
+        return;
+    };
+    println!(
+        "Drain:         {} (started {} ago, {} pod(s) evicted, {} left)",
+        cell(d.state),
+        age(d.started_ms, now),
+        d.evicted,
+        d.pods_left
+    );
+    if let Some(b) = &d.blocking_budget {
+        println!("  Blocked by:  PodDisruptionBudget {b}");
+    }
+    if let Some(r) = &d.reason {
+        println!("  Reason:      {r}");
+    }
+    if let Some(t) = d.timed_out_ms {
+        println!("  Timed out:   {} ago", age(t, now));
+    }
+    let steps = d.steps.as_deref().unwrap_or_default();
+    let rows: Vec<Vec<String>> = steps
+        .iter()
+        .map(|s| {
+            vec![
+                format!("+{}", duration(s.at_ms - d.started_ms)),
+                cell(s.state),
+                s.message.clone(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        println!("Drain timeline:");
+        for line in table(&["AT", "STATE", "STEP"], &rows).lines() {
+            println!("  {line}");
+        }
+    }
+}
+
 pub fn describe(c: &Client, name: &str, format: Option<Format>) -> Result<ExitCode> {
     let node = c.get_node(name)?;
     if let Some(f @ (Format::Json | Format::Yaml)) = format {
@@ -182,6 +244,7 @@ pub fn describe(c: &Client, name: &str, format: Option<Format>) -> Result<ExitCo
         println!("Error:         {} {}", cell(code), opt(&n.error));
     }
     println!("Age:           {}", age(n.created_ms, now));
+    describe_drain(n, now);
     snapshot::describe_cache(n);
     println!("Phase timeline:");
     let timeline: &[TimelineEntryView] = n.timeline.as_deref().unwrap_or_default();
@@ -313,5 +376,37 @@ mod follow_tests {
         assert_eq!(appended("a\n", "a\nb\n"), "b\n");
         assert_eq!(appended("a\nb\n", "a\nb\n"), "");
         assert_eq!(appended("old\n", "new\n"), "new\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_draining_node_shows_the_budget_that_blocks_it() {
+        let mut n: NodeView = serde_json::from_value(serde_json::json!({
+            "name": "n-1", "instance": "w-1", "pool": "w", "status": "Ready",
+            "createdMs": 0, "updatedMs": 0,
+        }))
+        .unwrap();
+        assert_eq!(node_status(&n), "Ready");
+        n.drain = Some(knit_api::views::DrainView {
+            state: knit_api::state::DrainState::Blocked,
+            started_ms: 0,
+            updated_ms: 0,
+            reason: None,
+            blocking_budget: Some(
+                "shop/web (minAvailable 2, 0 disruption(s) allowed); shop/db (maxUnavailable 0)"
+                    .into(),
+            ),
+            pods_left: 2,
+            evicted: 1,
+            timed_out_ms: None,
+            steps: None,
+        });
+        assert_eq!(node_status(&n), "Ready,Draining(shop/web,shop/db)");
+        n.drain.as_mut().unwrap().blocking_budget = None;
+        assert_eq!(node_status(&n), "Ready,Draining");
     }
 }

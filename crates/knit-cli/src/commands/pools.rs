@@ -31,6 +31,7 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
         "RUNNING",
         "INITIALIZED",
         "READY",
+        "DRAINING",
         "AGE",
     ];
     if wide {
@@ -49,6 +50,7 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
                 cell(st.running),
                 cell(st.initialized),
                 cell(st.ready),
+                cell(st.draining),
                 age(p.metadata.creation_timestamp_ms, now),
             ];
             if wide {

@@ -304,7 +304,7 @@ pub fn advance(prev: &DrainRecord, facts: &PassFacts, spec: &DrainSpec, now: i64
         let budget = if refused_budgets.is_empty() {
             None
         } else {
-            Some(refused_budgets.join(", "))
+            Some(refused_budgets.join("; "))
         };
         let by = match &budget {
             Some(b) => format!("PodDisruptionBudget {b}"),

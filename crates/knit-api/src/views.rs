@@ -266,7 +266,9 @@ pub struct NodeView {
     pub error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
-    /// `succeeded` or `failed: <why>` once the pool's user data ran.
+    /// Once the user-data runner finished, every part counted (pre-user
+    /// data, knit's stub, user data): `succeeded`, `failed: <which, why>`,
+    /// `not run: <which, why>`, or `none: …` for a pool without any.
     #[serde(default)]
     pub user_data: Option<String>,
     /// The agent finished its last phase.

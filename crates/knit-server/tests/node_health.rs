@@ -653,7 +653,8 @@ async fn an_added_instance_is_never_released_by_repair() {
 #[tokio::test]
 async fn a_stuck_or_endless_result_file_holds_up_no_other_instance() {
     let env = Env::new();
-    env.pool("p", 3, |_| {});
+    // With user data: a pool without any shows "none", not "succeeded".
+    env.pool("p", 3, |s| s.user_data = "echo hi".into());
     for n in ["p-fifo", "p-zero", "p-fine"] {
         env.running("p", n);
     }

@@ -45,26 +45,67 @@ fn forget_unreadable(node: &str) {
         .remove(node);
 }
 
-/// The pool's user-data part (`03-user-data`) from a result record: knit's
-/// runner lists each part's exit code; plain cloud-init lists errors.
-pub fn user_data_outcome(result: &Value) -> std::result::Result<(), String> {
-    if let Some(parts) = result["knit"]["parts"].as_array() {
-        return match parts.iter().find(|p| p["filename"] == "03-user-data") {
-            None => Ok(()),
-            Some(p) if p["exitCode"] == 0 => Ok(()),
-            Some(p) => Err(format!(
-                "user data exited with {}{}",
-                p["exitCode"]
-                    .as_i64()
-                    .map(|c| format!("code {c}"))
-                    .unwrap_or_else(|| "no exit code".into()),
-                p["error"]
-                    .as_str()
-                    .map(|e| format!(": {e}"))
-                    .unwrap_or_default()
-            )),
-        };
+/// The parts knit composes into an instance's user data (userdata::compose),
+/// in order, with the words a status uses for each.
+const PARTS: &[(&str, &str)] = &[
+    ("01-pre-user-data", "pre-user data"),
+    ("02-knit-init", "knit's initialization stub"),
+    ("03-user-data", "user data"),
+];
+
+/// A node's user-data status, as `knit describe node` and the API show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserDataOutcome {
+    /// Every part the pool gave ran and exited 0.
+    Succeeded,
+    /// The pool has neither pre-user data nor user data.
+    None,
+    /// A part failed (the text says which, and any part not run).
+    Failed(String),
+    /// No part failed, but one was not run (the text says which and why).
+    NotRun(String),
+}
+
+impl UserDataOutcome {
+    /// The words stored and shown (`userData` of a node).
+    pub fn text(&self) -> String {
+        match self {
+            UserDataOutcome::Succeeded => "succeeded".into(),
+            UserDataOutcome::None => "none: the pool has no pre-user data or user data".into(),
+            UserDataOutcome::Failed(why) => format!("failed: {why}"),
+            UserDataOutcome::NotRun(why) => format!("not run: {why}"),
+        }
     }
+
+    /// Whether the scheduling gate may be lifted.
+    pub fn ok(&self) -> bool {
+        matches!(self, UserDataOutcome::Succeeded | UserDataOutcome::None)
+    }
+}
+
+/// The user-data status from a result record and the pool's spec: every
+/// part counts (pre-user data, knit's stub, user data). knit's runner lists
+/// each part's status (`succeeded`, `failed`, `not-run`) and exit code; a
+/// part the pool gave that the record does not list was not run. Plain
+/// cloud-init lists errors only.
+pub fn user_data_outcome(result: &Value, pool: &knit_api::NodePoolSpec) -> UserDataOutcome {
+    let has = |script: &str| !script.trim().is_empty();
+    let any_user_data = has(&pool.pre_user_data) || has(&pool.user_data);
+    let expected: Vec<&str> = PARTS
+        .iter()
+        .map(|(f, _)| *f)
+        .filter(|f| match *f {
+            "01-pre-user-data" => has(&pool.pre_user_data),
+            "03-user-data" => has(&pool.user_data),
+            _ => true,
+        })
+        .collect();
+    let label = |filename: &str| {
+        PARTS
+            .iter()
+            .find(|(f, _)| *f == filename)
+            .map_or_else(|| format!("part {filename}"), |(_, l)| l.to_string())
+    };
     let errors: Vec<String> = result["v1"]["errors"]
         .as_array()
         .into_iter()
@@ -75,10 +116,71 @@ pub fn user_data_outcome(result: &Value) -> std::result::Result<(), String> {
                 .unwrap_or_else(|| e.to_string())
         })
         .collect();
-    if errors.is_empty() {
-        Ok(())
+    let Some(parts) = result["knit"]["parts"].as_array() else {
+        // Plain cloud-init: its errors, else every part ran.
+        return if !errors.is_empty() {
+            UserDataOutcome::Failed(errors.join("; "))
+        } else if any_user_data {
+            UserDataOutcome::Succeeded
+        } else {
+            UserDataOutcome::None
+        };
+    };
+    let (mut failed, mut not_run) = (Vec::new(), Vec::new());
+    for p in parts {
+        let filename = p["filename"].as_str().unwrap_or("?");
+        let error = p["error"].as_str().map(str::to_string);
+        let code = p["exitCode"].as_i64();
+        // Records written before `status` existed: the exit code.
+        let status = p["status"].as_str().unwrap_or(match code {
+            Some(0) if error.is_none() => "succeeded",
+            _ => "failed",
+        });
+        match status {
+            "succeeded" => {}
+            "not-run" => not_run.push(format!(
+                "{} ({filename}): {}",
+                label(filename),
+                error
+                    .as_deref()
+                    .map(|e| e.trim_start_matches("not run: "))
+                    .unwrap_or("not run")
+            )),
+            _ => failed.push(format!(
+                "{} exited with {}{}",
+                label(filename),
+                code.map(|c| format!("code {c}"))
+                    .unwrap_or_else(|| "no exit code".into()),
+                error.map(|e| format!(": {e}")).unwrap_or_default()
+            )),
+        }
+    }
+    let listed = |f: &str| parts.iter().any(|p| p["filename"] == f);
+    let skipped: Vec<&str> = result["knit"]["skipped"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for f in expected.iter().filter(|f| !listed(f)) {
+        let why = if !skipped.is_empty() {
+            skipped.join("; ")
+        } else if !errors.is_empty() {
+            errors.join("; ")
+        } else {
+            "the runner's record does not list it".to_string()
+        };
+        not_run.push(format!("{} ({f}): {why}", label(f)));
+    }
+    if !failed.is_empty() {
+        failed.extend(not_run.into_iter().map(|n| format!("not run: {n}")));
+        UserDataOutcome::Failed(failed.join("; "))
+    } else if !not_run.is_empty() {
+        UserDataOutcome::NotRun(not_run.join("; "))
+    } else if any_user_data {
+        UserDataOutcome::Succeeded
     } else {
-        Err(errors.join("; "))
+        UserDataOutcome::None
     }
 }
 
@@ -168,57 +270,65 @@ impl ControlPlane {
         result: &Value,
     ) -> Result<()> {
         let gate = pool.pool.spec.user_data_scheduling_gate && self.cluster.attached();
-        match user_data_outcome(result) {
-            Ok(()) => {
-                if gate {
-                    let removed = crate::provider::within(
-                        "cluster",
-                        "removing the scheduling gate taint",
-                        CLUSTER_CALL_TIMEOUT,
-                        self.cluster
-                            .remove_taint(&node.name, knit_api::USER_DATA_GATE_TAINT),
-                    )
-                    .await?;
-                    if !removed {
-                        return Ok(()); // not registered yet: next pass
-                    }
-                    self.store.add_event(
-                        EventType::Normal,
-                        "Node",
-                        &node.name,
-                        "SchedulingGateRemoved",
-                        &format!(
-                            "user data succeeded: taint {} removed",
-                            knit_api::USER_DATA_GATE_TAINT
-                        ),
-                    )?;
+        let outcome = user_data_outcome(result, &pool.pool.spec);
+        if outcome.ok() {
+            if gate {
+                let removed = crate::provider::within(
+                    "cluster",
+                    "removing the scheduling gate taint",
+                    CLUSTER_CALL_TIMEOUT,
+                    self.cluster
+                        .remove_taint(&node.name, knit_api::USER_DATA_GATE_TAINT),
+                )
+                .await?;
+                if !removed {
+                    return Ok(()); // not registered yet: next pass
                 }
-                self.store.set_node_user_data(&node.name, "succeeded")?;
+                self.store.add_event(
+                    EventType::Normal,
+                    "Node",
+                    &node.name,
+                    "SchedulingGateRemoved",
+                    &format!(
+                        "{}: taint {} removed",
+                        if outcome == UserDataOutcome::None {
+                            "no user data to wait for"
+                        } else {
+                            "user data succeeded"
+                        },
+                        knit_api::USER_DATA_GATE_TAINT
+                    ),
+                )?;
+            }
+            self.store.set_node_user_data(&node.name, &outcome.text())?;
+            if outcome == UserDataOutcome::Succeeded {
                 self.store.add_event(
                     EventType::Normal,
                     "Node",
                     &node.name,
                     "UserDataSucceeded",
-                    "the pool's user data ran successfully",
+                    "every user-data part ran successfully",
                 )?;
             }
-            Err(why) => {
-                self.store
-                    .set_node_user_data(&node.name, &format!("failed: {why}"))?;
-                let kept = if gate {
-                    "; the scheduling gate taint stays"
-                } else {
-                    ""
-                };
-                self.store.add_event(
-                    EventType::Warning,
-                    "Node",
-                    &node.name,
-                    "UserDataFailed",
-                    &format!("{why}{kept}"),
-                )?;
-            }
+            return Ok(());
         }
+        self.store.set_node_user_data(&node.name, &outcome.text())?;
+        let kept = if gate {
+            "; the scheduling gate taint stays"
+        } else {
+            ""
+        };
+        let reason = match outcome {
+            UserDataOutcome::NotRun(_) => "UserDataNotRun",
+            _ => "UserDataFailed",
+        };
+        self.store.add_event(
+            EventType::Warning,
+            "Node",
+            &node.name,
+            reason,
+            &format!("{}{kept}", outcome.text()),
+        )?;
         Ok(())
     }
 }
@@ -226,31 +336,124 @@ impl ControlPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use knit_api::NodePoolSpec;
+    use serde_json::json;
+
+    fn spec(pre: &str, user: &str) -> NodePoolSpec {
+        NodePoolSpec {
+            pre_user_data: pre.into(),
+            user_data: user.into(),
+            ..NodePoolSpec::default()
+        }
+    }
+
+    fn part(filename: &str, status: &str, code: Option<i64>) -> Value {
+        json!({"filename": filename, "status": status, "exitCode": code, "error": null})
+    }
+
+    fn knit(parts: Vec<Value>) -> Value {
+        json!({"v1": {"errors": []}, "knit": {"parts": parts, "skipped": []}})
+    }
 
     #[test]
-    fn user_data_outcome_from_result_records() {
-        let knit = |code: i64| {
-            serde_json::json!({"v1": {"errors": []}, "knit": {"parts": [
-                {"filename": "02-knit-init", "exitCode": 0},
-                {"filename": "03-user-data", "exitCode": code, "error": null}
-            ]}})
-        };
-        assert_eq!(user_data_outcome(&knit(0)), Ok(()));
+    fn every_part_counts() {
+        let both = spec("echo pre", "echo user");
+        let ok = |f| part(f, "succeeded", Some(0));
         assert_eq!(
-            user_data_outcome(&knit(3)),
-            Err("user data exited with code 3".to_string())
+            user_data_outcome(
+                &knit(vec![
+                    ok("01-pre-user-data"),
+                    ok("02-knit-init"),
+                    ok("03-user-data")
+                ]),
+                &both
+            ),
+            UserDataOutcome::Succeeded
         );
-        let no_user_part =
-            serde_json::json!({"knit": {"parts": [{"filename": "02-knit-init", "exitCode": 0}]}});
-        assert_eq!(user_data_outcome(&no_user_part), Ok(()));
-        let cloud_init = serde_json::json!({"v1": {"errors": ["script 03-user-data failed"]}});
-        assert_eq!(
-            user_data_outcome(&cloud_init),
-            Err("script 03-user-data failed".to_string())
+        // Issue 27 (3): a failed pre-user-data part shows on the node,
+        // though the pool's user data succeeded.
+        let pre_failed = user_data_outcome(
+            &knit(vec![
+                part("01-pre-user-data", "failed", Some(2)),
+                ok("02-knit-init"),
+                ok("03-user-data"),
+            ]),
+            &both,
         );
         assert_eq!(
-            user_data_outcome(&serde_json::json!({"v1": {"errors": []}})),
-            Ok(())
+            pre_failed.text(),
+            "failed: pre-user data exited with code 2"
+        );
+        assert!(!pre_failed.ok());
+        // The pool's user data failing keeps its words.
+        assert_eq!(
+            user_data_outcome(
+                &knit(vec![
+                    ok("01-pre-user-data"),
+                    ok("02-knit-init"),
+                    part("03-user-data", "failed", Some(3))
+                ]),
+                &both
+            )
+            .text(),
+            "failed: user data exited with code 3"
+        );
+        // A part not run is shown as such, never as succeeded.
+        let mut not_run = part("01-pre-user-data", "not-run", None);
+        not_run["error"] =
+            json!("not run: knit's user-data runner does not handle text/x-include-url");
+        let shown = user_data_outcome(
+            &knit(vec![not_run, ok("02-knit-init"), ok("03-user-data")]),
+            &both,
+        );
+        assert_eq!(
+            shown,
+            UserDataOutcome::NotRun(
+                "pre-user data (01-pre-user-data): knit's user-data runner does not handle text/x-include-url".into()
+            )
+        );
+        assert!(shown.text().starts_with("not run: "));
+        assert!(!shown.ok());
+        // A part the pool gave that the record does not list did not run.
+        let missing = user_data_outcome(&knit(vec![ok("02-knit-init"), ok("03-user-data")]), &both);
+        assert!(
+            matches!(&missing, UserDataOutcome::NotRun(w) if w.starts_with("pre-user data (01-pre-user-data)")),
+            "{missing:?}"
+        );
+    }
+
+    #[test]
+    fn a_pool_without_user_data_shows_none() {
+        let none = spec("", "  \n");
+        let stub_only = knit(vec![part("02-knit-init", "succeeded", Some(0))]);
+        let out = user_data_outcome(&stub_only, &none);
+        assert_eq!(out, UserDataOutcome::None);
+        assert!(out.text().starts_with("none"));
+        assert!(out.ok(), "nothing to wait for: the gate may go");
+        let cloud_init = json!({"v1": {"errors": []}});
+        assert_eq!(user_data_outcome(&cloud_init, &none), UserDataOutcome::None);
+    }
+
+    #[test]
+    fn plain_cloud_init_records_and_old_knit_records() {
+        let user = spec("", "echo hi");
+        let cloud_init = json!({"v1": {"errors": ["script 03-user-data failed"]}});
+        assert_eq!(
+            user_data_outcome(&cloud_init, &user).text(),
+            "failed: script 03-user-data failed"
+        );
+        assert_eq!(
+            user_data_outcome(&json!({"v1": {"errors": []}}), &user),
+            UserDataOutcome::Succeeded
+        );
+        // Written before parts had a status: the exit code decides.
+        let old = json!({"knit": {"parts": [
+            {"filename": "02-knit-init", "exitCode": 0},
+            {"filename": "03-user-data", "exitCode": 3, "error": null}
+        ]}});
+        assert_eq!(
+            user_data_outcome(&old, &user).text(),
+            "failed: user data exited with code 3"
         );
     }
 }

@@ -30,8 +30,8 @@ pub fn current(client: &SharedClient) -> Arc<Client> {
     client.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-/// Server-side end of each watch.
-const WATCH_SECONDS: u64 = 60;
+/// Server-side end of each watch (client-go's reflectors watch 5-10 min).
+const WATCH_SECONDS: u64 = 300;
 /// How often the worker looks at its pods without an event.
 const TICK: Duration = Duration::from_secs(1);
 
@@ -201,7 +201,15 @@ impl Worker {
                     self.pods = items.into_iter().map(|p| (key(&p), p)).collect();
                 }
                 Ok(Event::Upsert(p)) => {
-                    self.pods.insert(key(&p), p);
+                    // An event older than what the worker's own write
+                    // returned does not roll the pod back.
+                    let k = key(&p);
+                    let older = self.pods.get(&k).is_some_and(|cur| {
+                        cur["metadata"]["uid"] == p["metadata"]["uid"] && rv(cur) > rv(&p)
+                    });
+                    if !older {
+                        self.pods.insert(k, p);
+                    }
                 }
                 Ok(Event::Gone(ns, name)) => {
                     self.pods.remove(&(ns.clone(), name.clone()));
@@ -360,6 +368,13 @@ impl Worker {
             _ => Err(r.error("deleting a finished pod")),
         }
     }
+}
+
+fn rv(p: &Value) -> u64 {
+    p["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn phase(p: &Value) -> &str {

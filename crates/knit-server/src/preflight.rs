@@ -34,7 +34,9 @@ pub const DEFAULT_WORKER_RAM_ROLE: &str = "KnitWorkerRole";
 /// Instance type families knit refuses (burstable and retired shared types:
 /// too small or too old for a Kubernetes node).
 pub const UNSUPPORTED_FAMILIES: &[&str] = &["ecs.t1", "ecs.t5", "ecs.s1", "ecs.n1", "ecs.xn4"];
-/// Bare-metal GPU families whose MIG settings are reset at initialization.
+/// Bare-metal GPU families with MIG: knit does not configure or reset MIG
+/// (the agent installs no GPU driver and runs no nvidia-smi), but MIG GPU
+/// and compute instances do not survive the reboot a re-image is.
 pub const MIG_RESET_FAMILIES: &[&str] = &["ecs.ebmgn7", "ecs.ebmgn7e", "ecs.ebmgn7ex"];
 
 /// How the instance is added.
@@ -528,9 +530,13 @@ pub fn check(
     };
     let unsupported = family(UNSUPPORTED_FAMILIES);
     if family(MIG_RESET_FAMILIES) && !unsupported {
+        let what = match ctx.mode {
+            Mode::Automatic => "the re-image replaces the system disk and reboots the machine, and MIG GPU and compute instances do not survive a reboot: they are gone once it joins",
+            Mode::Manual => "the MIG layout stays as long as the machine does not reboot (MIG GPU and compute instances do not survive one)",
+        };
         o.warn(INSTANCE_TYPE_MIG, failure(
-            format!("instance type {} is a bare-metal GPU family: its MIG settings are reset at initialization, which can take long enough to hit the join timeout", i.instance_type),
-            "raise the pool's joinTimeoutSeconds, or expect a retry",
+            format!("instance type {} is a bare-metal GPU family with MIG: knit does not configure or reset MIG (its agent installs no GPU driver and runs no nvidia-smi), but {what}; a bare-metal boot is also slow enough to hit the join timeout", i.instance_type),
+            "raise the pool's joinTimeoutSeconds, and create the MIG instances again after the node joins (nvidia-smi mig, e.g. from the pool's userData)",
         ));
     } else {
         o.require(
@@ -1428,6 +1434,17 @@ mod tests {
             "PreflightMigReset",
             |_, p, i, _| set(p, i, "ecs.ebmgn7e.32xlarge"),
         );
+        // Issue 27 (7): the text says what knit really does with MIG.
+        let mut p = pool();
+        let mut i = good();
+        set(&mut p, &mut i, "ecs.ebmgn7.32xlarge");
+        let r = result(&terway(), &p, &i, &Context::default(), "instance-type");
+        assert!(
+            r.message.contains("does not configure or reset MIG"),
+            "{r:?}"
+        );
+        assert!(!r.message.contains("are reset at initialization"), "{r:?}");
+        assert!(r.fix.contains("create the MIG instances again"), "{r:?}");
     }
     #[test]
     fn instance_type_in_pool() {

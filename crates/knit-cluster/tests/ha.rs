@@ -124,3 +124,105 @@ async fn two_servers_on_one_postgres_serve_the_same_cluster() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Two servers on one database, both running the controllers: every Node
+/// gets its own pod CIDR whichever server allocates it, and evictions
+/// through both servers together take a budget's one disruption once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_share_pod_cidrs_and_disruption_budgets() {
+    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
+    let url = pg.create_database("cluster_ha_pods").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
+    drop(
+        EmbeddedCluster::start(ClusterConfig::new(&dir_a, "127.0.0.1:0".parse().unwrap()))
+            .await
+            .unwrap(),
+    );
+    std::fs::create_dir_all(dir_b.join("pki")).unwrap();
+    for f in ["ca.crt", "ca.key"] {
+        std::fs::copy(dir_a.join("pki").join(f), dir_b.join("pki").join(f)).unwrap();
+    }
+    let (a, b) = tokio::join!(
+        EmbeddedCluster::start(config(&dir_a, &url)),
+        EmbeddedCluster::start(config(&dir_b, &url))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
+    blocking(move || {
+        const PODS: &str = "/api/v1/namespaces/default/pods";
+        const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
+        // Nodes created through both servers at once.
+        let mut makers = Vec::new();
+        for (i, c) in [admin_a.clone(), admin_b.clone()].into_iter().enumerate() {
+            makers.push(std::thread::spawn(move || {
+                for j in 0..6 {
+                    let name = format!("ha-n{i}-{j}");
+                    let (code, body) = c.post("/api/v1/nodes", &json!({"metadata": {"name": name}}));
+                    assert_eq!(code, 201, "{body}");
+                }
+            }));
+        }
+        for m in makers {
+            m.join().unwrap();
+        }
+        let cidrs = common::wait_for("12 pod CIDRs", Duration::from_secs(20), || {
+            let (_, l) = admin_a.get("/api/v1/nodes");
+            let c: Vec<String> = l["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|n| n["spec"]["podCIDR"].as_str().map(str::to_string))
+                .collect();
+            (c.len() == 12).then_some(c)
+        });
+        let distinct: std::collections::HashSet<&String> = cidrs.iter().collect();
+        assert_eq!(distinct.len(), 12, "one subnet given twice: {cidrs:?}");
+
+        // A budget allowing exactly one disruption; evictions through both.
+        let (_, rs) = admin_a.post(
+            "/apis/apps/v1/namespaces/default/replicasets",
+            &json!({"metadata": {"name": "web"}, "spec": {"replicas": 3}}),
+        );
+        for i in 0..3 {
+            let pod = json!({"metadata": {"name": format!("web-{i}"), "labels": {"app": "web"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                                     "uid": rs["metadata"]["uid"], "controller": true}]},
+                "spec": {"nodeName": "ha-n0-0", "containers": [{"name": "c", "image": "i:1"}]}});
+            assert_eq!(admin_a.post(PODS, &pod).0, 201);
+            let (code, _) = admin_b.patch(
+                &format!("{PODS}/web-{i}/status"),
+                "application/merge-patch+json",
+                &json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+            );
+            assert_eq!(code, 200);
+        }
+        admin_a.post(
+            PDBS,
+            &json!({"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+        );
+        common::wait_for("budget on B", Duration::from_secs(20), || {
+            let (_, p) = admin_b.get(&format!("{PDBS}/web"));
+            (p["status"]["disruptionsAllowed"] == 1 && p["status"]["observedGeneration"] == 1)
+                .then_some(())
+        });
+        let evict = |c: Client, name: &'static str| {
+            std::thread::spawn(move || {
+                c.post(
+                    &format!("{PODS}/{name}/eviction"),
+                    &json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}),
+                )
+                .0
+            })
+        };
+        let (ta, tb) = (evict(admin_a.clone(), "web-0"), evict(admin_b.clone(), "web-1"));
+        let mut codes = vec![ta.join().unwrap(), tb.join().unwrap()];
+        codes.sort();
+        assert_eq!(codes, vec![201, 429], "one disruption, taken once");
+        let (_, p) = admin_a.get(&format!("{PDBS}/web"));
+        assert_eq!(p["status"]["disruptionsAllowed"], 0, "{p}");
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -25,6 +25,22 @@ pub const MAX_DATA_DISKS: usize = 64;
 /// A pool's default `image`: the node OS image `knit image build` makes.
 pub const DEFAULT_IMAGE: &str = "debian-12";
 
+/// Whether `image` has the shape of a cloud's image id (an ECS image id:
+/// `aliyun_3_x64_20G_alibase_20240819.vhd`, `m-bp1…`): letters, digits,
+/// '.', '_', '-', at most 128, starting with a letter or digit. Whether
+/// the pool's provider knows it is the provider's to say (the server asks
+/// it when the pool is written).
+pub fn is_cloud_image_id(image: &str) -> bool {
+    image.len() <= 128
+        && image
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && image
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 fn quoted(s: &str) -> String {
     format!("{s:?}")
 }
@@ -628,13 +644,16 @@ impl NodePoolSpec {
                 );
             }
         }
-        if !(self.image == DEFAULT_IMAGE || self.image == "host" || self.image.starts_with('/'))
+        if !(self.image == DEFAULT_IMAGE
+            || self.image == "host"
+            || self.image.starts_with('/')
+            || is_cloud_image_id(&self.image))
             || self.image.contains("..")
         {
             e.add(
                 f("image"),
                 quoted(&self.image),
-                "must be \"debian-12\", \"host\" or an absolute path without '..'",
+                "must be \"debian-12\", \"host\", an absolute path without '..', or a cloud image id (letters, digits, '.', '_', '-'; e.g. an ECS image id, which only the ECS provider accepts)",
             );
         }
         if let Some(zone) = &self.zone {

@@ -178,9 +178,15 @@ impl<'de> Deserialize<'de> for PoolSpecView {
 }
 
 /// `status` of a pool view: its instances by state and its nodes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct PoolStatus {
+    /// Why the pool's instances are not being made, when they are not:
+    /// the last error of a create being retried (with its attempt), else
+    /// of an instance whose create failed for good. Absent when creates
+    /// succeed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_error: Option<String>,
     /// `spec.replicas`.
     pub desired: i64,
     /// Instances that count toward the pool (not deleting, failed or detached).
@@ -877,6 +883,7 @@ mod tests {
             draining: 0,
             deleting: false,
             cluster_attached: true,
+            create_error: None,
         }
     }
 

@@ -102,7 +102,38 @@ fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
         draining: counts.draining,
         deleting: record.deleting,
         cluster_attached: cp.cluster.attached(),
+        create_error: create_error(cp, &record.pool.metadata.name, count(InstanceState::Failed))?,
     })
+}
+
+/// Why a pool's creates fail, if they do: the newest create being retried
+/// (its attempt and last error), else an instance whose create failed for
+/// good. What the reconciler logs, where `knit get pools` and `knit
+/// describe pool` show it.
+fn create_error(cp: &ControlPlane, pool: &str, failed: i64) -> Result<Option<String>> {
+    let retrying = cp
+        .store
+        .pending_intents()?
+        .into_iter()
+        .filter(|i| i.pool == pool && i.action == knit_api::state::IntentAction::Create)
+        .filter_map(|i| i.last_error.map(|e| (i.id, i.attempts, e)))
+        .max_by_key(|(id, _, _)| *id);
+    if let Some((_, attempts, error)) = retrying {
+        return Ok(Some(format!(
+            "create attempt {attempts} failed, retrying: {error}"
+        )));
+    }
+    if failed == 0 {
+        return Ok(None);
+    }
+    Ok(cp
+        .store
+        .instances(Some(pool))?
+        .into_iter()
+        .filter(|i| i.state == InstanceState::Failed)
+        .filter_map(|i| i.last_error.map(|e| (i.updated_ms, i.name, e)))
+        .max_by_key(|(at, _, _)| *at)
+        .map(|(_, name, error)| format!("instance {name} failed: {error}")))
 }
 
 fn stored(cp: &ControlPlane, name: &str) -> Result<PoolRecord> {
@@ -129,6 +160,27 @@ fn record_created(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
         "Created",
         &format!("pool created with {} replica(s)", pool.spec.replicas),
     )
+}
+
+/// A pool's `spec.image`, when it names a cloud image (not knit's own
+/// `debian-12`, `host` or a path, which are resolved at create as before),
+/// asked of the provider that will make its instances: an ECS image id is
+/// valid on ECS and refused on the local cloud and QEMU, the field named.
+/// Without a provider nothing is made and nothing is asked.
+pub async fn check_image(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
+    let image = &pool.spec.image;
+    let knit_name = image == knit_api::DEFAULT_IMAGE || image == "host" || image.starts_with('/');
+    let Some(provider) = cp.provider.as_ref().filter(|_| !knit_name) else {
+        return Ok(());
+    };
+    provider.check_image(image).await.map_err(|e| {
+        ApiError::Invalid(vec![FieldError {
+            field: "spec.image".into(),
+            value: format!("{image:?}"),
+            rule: format!("not usable by this server's provider: {e}"),
+        }])
+        .into()
+    })
 }
 
 /// Creates a pool. `strict`: refuse one whose snapshot is stale (else a

@@ -37,6 +37,12 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
     if wide {
         headers.extend(["FAILED", "INSTANCE-TYPES", "IMAGE", "DELETING"]);
     }
+    // Why creates fail, when they do for a listed pool (the reconciler's
+    // last error; `knit describe pool` shows it whole).
+    let failing = items.iter().any(|p| p.status.create_error.is_some());
+    if failing {
+        headers.push("MESSAGE");
+    }
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|p| {
@@ -61,10 +67,27 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
                     cell(st.deleting),
                 ]);
             }
+            if failing {
+                r.push(match &st.create_error {
+                    Some(e) => short(e, 100),
+                    None => String::new(),
+                });
+            }
             r
         })
         .collect();
     table(&headers, &rows)
+}
+
+/// `text` on one line, cut to `max` characters (marked with `…`).
+fn short(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let mut cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
 }
 
 /// A pool's instances and the last events about it.
@@ -127,7 +150,7 @@ pub fn describe(c: &Client, name: &str, format: Option<Format>) -> Result<ExitCo
     }
     print!("{}", output::yaml(&spec));
     println!("status:");
-    if let Ok(Value::Object(status)) = serde_json::to_value(pool.view.status) {
+    if let Ok(Value::Object(status)) = serde_json::to_value(&pool.view.status) {
         for (k, v) in status {
             println!("  {k}: {v}");
         }

@@ -17,7 +17,11 @@ use std::time::Duration;
 #[path = "ha.rs"]
 pub mod ha;
 
-#[derive(Args, Clone)]
+/// `knit server`'s settings. `knit up` takes the same options (flattened in
+/// its own arguments) and starts the server from them with
+/// [`ServerOpts::server_command_line`]: one type, so no setting of the
+/// server can be forgotten on the way.
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
 pub struct ServerOpts {
     /// Database, CA, admin token and package mirror.
     #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
@@ -97,19 +101,128 @@ pub struct ServerOpts {
     local_metadata_port: u16,
 }
 
-/// The ECS provider from the server's flags; the key from the environment
-/// or a credentials file (knit-ecs refuses one others can read).
-fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProvider> {
-    let region = opts.region.as_deref().ok_or_else(|| {
-        CliError::Usage("--provider ecs needs --region <id> (e.g. cn-shanghai)".into())
-    })?;
-    let credentials =
-        knit_ecs::Credentials::discover().map_err(|e| CliError::Failed(e.to_string()))?;
-    let mut s = knit_server::provider::ecs::EcsSettings::new(region);
+/// How `knit up` starts `knit server`: its arguments, and what goes in its
+/// environment instead (a datastore URL holding a password: never in a
+/// process's argv, which every user of the machine can read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerCommandLine {
+    pub args: Vec<std::ffi::OsString>,
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl ServerOpts {
+    /// The `knit server` command line that gives a server exactly these
+    /// options. Every field is named here (a new option that is not passed
+    /// does not compile), and `every_server_flag_given_to_up_reaches_the_server`
+    /// parses the result back as `knit server` would.
+    pub fn server_command_line(&self) -> ServerCommandLine {
+        let ServerOpts {
+            state_dir,
+            listen,
+            advertise_address,
+            provider,
+            region,
+            ecs_endpoint,
+            ecs_vswitch,
+            ecs_security_group,
+            ecs_image,
+            datastore,
+            lease_ttl,
+            parallelism,
+            join_token_ttl,
+            cluster,
+            cluster_port,
+            console_listen,
+            console_session_ttl,
+            local_state_dir,
+            local_bridge,
+            local_subnet,
+            local_metadata_port,
+        } = self;
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        let mut flag = |name: &str, value: std::ffi::OsString| {
+            args.push(format!("--{name}").into());
+            args.push(value);
+        };
+        flag("state-dir", state_dir.into());
+        flag("local-state-dir", local_state_dir.into());
+        for (name, value) in [
+            ("listen", listen),
+            ("advertise-address", advertise_address),
+            ("region", region),
+            ("ecs-endpoint", ecs_endpoint),
+            ("ecs-vswitch", ecs_vswitch),
+            ("ecs-image", ecs_image),
+            ("console-listen", console_listen),
+        ] {
+            if let Some(v) = value {
+                flag(name, v.into());
+            }
+        }
+        if !ecs_security_group.is_empty() {
+            flag("ecs-security-group", ecs_security_group.join(",").into());
+        }
+        for (name, value) in [
+            ("provider", provider.clone()),
+            ("lease-ttl", lease_ttl.to_string()),
+            ("parallelism", parallelism.to_string()),
+            ("join-token-ttl", join_token_ttl.to_string()),
+            ("cluster", cluster.clone()),
+            ("cluster-port", cluster_port.to_string()),
+            ("console-session-ttl", console_session_ttl.to_string()),
+            ("local-bridge", local_bridge.clone()),
+            ("local-subnet", local_subnet.clone()),
+            ("local-metadata-port", local_metadata_port.to_string()),
+        ] {
+            flag(name, value.into());
+        }
+        let mut env = Vec::new();
+        if has_password(datastore) {
+            env.push(("KNIT_DATASTORE", datastore.clone()));
+        } else {
+            flag("datastore", datastore.into());
+        }
+        ServerCommandLine { args, env }
+    }
+}
+
+/// Whether a datastore URL carries a password (`scheme://user:password@…`).
+fn has_password(datastore: &str) -> bool {
+    datastore
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+/// The ECS settings from the server's flags, refused (naming every flag
+/// still to give) when one ECS needs is missing.
+fn ecs_settings(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsSettings> {
+    let mut s =
+        knit_server::provider::ecs::EcsSettings::new(opts.region.as_deref().unwrap_or_default());
     s.endpoint = opts.ecs_endpoint.clone();
     s.v_switch_id = opts.ecs_vswitch.clone();
     s.security_group_ids = opts.ecs_security_group.clone();
     s.default_image = opts.ecs_image.clone();
+    let missing = s.missing_required();
+    if !missing.is_empty() {
+        return Err(CliError::Usage(format!(
+            "--provider ecs needs {}",
+            missing.join("; ")
+        )));
+    }
+    Ok(s)
+}
+
+/// The ECS provider from the server's flags; the key from the environment
+/// or a credentials file (knit-ecs refuses one others can read). What ECS
+/// needs before any instance can be made is checked here, at start: a
+/// missing setting stops the server naming the flag that gives it (every
+/// create would otherwise fail in the log, one after another).
+fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProvider> {
+    let s = ecs_settings(opts)?;
+    let credentials =
+        knit_ecs::Credentials::discover().map_err(|e| CliError::Failed(e.to_string()))?;
     Ok(knit_server::provider::ecs::EcsProvider::new(
         s,
         credentials,
@@ -395,6 +508,10 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     }
+    if opts.provider == "ecs" {
+        // The server would refuse to start: say so before starting it.
+        ecs_settings(&opts)?;
+    }
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
     // Before the server runs: `knit down` removes the clouds it made.
@@ -408,47 +525,14 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
         .map_err(io(format!("open {}", log_path.display())))?;
     let log2 = log.try_clone().map_err(io("dup log"))?;
     let exe = std::env::current_exe().map_err(io("find the knit executable"))?;
+    let line = opts.server_command_line();
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("server")
-        .arg("--state-dir")
-        .arg(&opts.state_dir)
-        .args(["--provider", &opts.provider])
-        .args([
-            "--cluster",
-            &opts.cluster,
-            "--cluster-port",
-            &opts.cluster_port.to_string(),
-        ])
-        .args(["--parallelism", &opts.parallelism.to_string()])
-        .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])
-        .arg("--local-state-dir")
-        .arg(&opts.local_state_dir)
-        .args([
-            "--local-bridge",
-            &opts.local_bridge,
-            "--local-subnet",
-            &opts.local_subnet,
-        ])
-        .args([
-            "--local-metadata-port",
-            &opts.local_metadata_port.to_string(),
-        ])
+        .args(&line.args)
+        .envs(line.env.iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(log2);
-    if let Some(a) = &opts.advertise_address {
-        cmd.args(["--advertise-address", a]);
-    }
-    if let Some(l) = &opts.listen {
-        cmd.args(["--listen", l]);
-    }
-    if let Some(c) = &opts.console_listen {
-        cmd.args(["--console-listen", c]);
-    }
-    cmd.args([
-        "--console-session-ttl",
-        &opts.console_session_ttl.to_string(),
-    ]);
     // The server outlives this command: its own session, no terminal.
     unsafe {
         use std::os::unix::process::CommandExt;
@@ -658,4 +742,120 @@ pub fn down(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// Every option of `knit server`, each with a value that is not its default.
+    const GIVEN: &[(&str, &str)] = &[
+        ("--state-dir", "/srv/knit-test/state"),
+        ("--listen", "127.0.0.1:17001,10.9.0.1:17001"),
+        ("--advertise-address", "10.9.0.1"),
+        ("--provider", "ecs"),
+        ("--region", "cn-shanghai"),
+        ("--ecs-endpoint", "https://127.0.0.1:19999"),
+        ("--ecs-vswitch", "vsw-test0001"),
+        ("--ecs-security-group", "sg-test0001,sg-test0002"),
+        ("--ecs-image", "m-test0001"),
+        ("--datastore", "postgres://knit@127.0.0.1:15999/knit"),
+        ("--lease-ttl", "11"),
+        ("--parallelism", "7"),
+        ("--join-token-ttl", "901"),
+        ("--cluster", "none"),
+        ("--cluster-port", "16999"),
+        ("--console-listen", "127.0.0.1:17999"),
+        ("--console-session-ttl", "999"),
+        ("--local-state-dir", "/srv/knit-test/local"),
+        ("--local-bridge", "kntest0"),
+        ("--local-subnet", "10.9.0.0/24"),
+        ("--local-metadata-port", "8099"),
+    ];
+
+    fn up(args: &[&str]) -> ServerOpts {
+        let argv = ["knit", "up"].iter().chain(args).copied();
+        match crate::Cli::try_parse_from(argv).unwrap().cmd {
+            crate::Cmd::Up(up) => up.opts,
+            _ => panic!("not knit up"),
+        }
+    }
+
+    /// What `knit server` parses from the command line `knit up` starts it with.
+    fn server_started_by(opts: &ServerOpts) -> ServerOpts {
+        let line = opts.server_command_line();
+        assert!(line.env.is_empty(), "{:?}", line.env);
+        let argv = ["knit", "server"]
+            .map(std::ffi::OsString::from)
+            .into_iter()
+            .chain(line.args);
+        match crate::Cli::try_parse_from(argv).unwrap().cmd {
+            crate::Cmd::Server {
+                action: None, opts, ..
+            } => opts,
+            _ => panic!("not knit server"),
+        }
+    }
+
+    #[test]
+    fn every_server_flag_given_to_up_reaches_the_server() {
+        // The test names every option (one added later must be added here).
+        let cmd = <ServerOpts as clap::Args>::augment_args(clap::Command::new("server"));
+        for arg in cmd.get_arguments() {
+            let long = format!("--{}", arg.get_long().unwrap_or_default());
+            assert!(
+                GIVEN.iter().any(|(flag, _)| *flag == long),
+                "{long} is not given by this test"
+            );
+        }
+        let defaults = up(&[]);
+        assert_eq!(server_started_by(&defaults), defaults);
+        // Each flag alone changes the options, and the server gets them.
+        for (flag, value) in GIVEN {
+            let opts = up(&[flag, value]);
+            assert_ne!(opts, defaults, "{flag} {value} changed nothing");
+            assert_eq!(server_started_by(&opts), opts, "{flag} {value}");
+        }
+        // All at once.
+        let all: Vec<&str> = GIVEN.iter().flat_map(|(f, v)| [*f, *v]).collect();
+        let opts = up(&all);
+        assert_eq!(server_started_by(&opts), opts);
+        assert_eq!(opts.region.as_deref(), Some("cn-shanghai"));
+        assert_eq!(opts.ecs_security_group, ["sg-test0001", "sg-test0002"]);
+    }
+
+    #[test]
+    fn a_datastore_password_goes_in_the_environment_not_argv() {
+        let opts = up(&["--datastore", "postgres://knit:s3cret@127.0.0.1:15999/knit"]);
+        let line = opts.server_command_line();
+        assert!(line
+            .args
+            .iter()
+            .all(|a| !a.to_string_lossy().contains("s3cret")));
+        assert_eq!(
+            line.env,
+            [(
+                "KNIT_DATASTORE",
+                "postgres://knit:s3cret@127.0.0.1:15999/knit".to_string()
+            )]
+        );
+        assert!(!has_password("postgres://knit@h:5432/db?sslmode=require"));
+        assert!(!has_password("sqlite:/var/lib/knit/x.db"));
+        assert!(has_password("postgresql://u:p@h/db"));
+    }
+
+    #[test]
+    fn ecs_settings_missing_at_start_name_their_flags() {
+        let Err(e) = ecs_settings(&up(&["--provider", "ecs", "--region", "cn-shanghai"])) else {
+            panic!("ECS without vSwitch, security group and image was accepted");
+        };
+        let text = e.to_string();
+        for flag in ["--ecs-vswitch", "--ecs-security-group", "--ecs-image"] {
+            assert!(text.contains(flag), "{flag} not named: {text}");
+        }
+        assert!(!text.contains("--region"), "{text}");
+        let all: Vec<&str> = GIVEN.iter().flat_map(|(f, v)| [*f, *v]).collect();
+        assert!(ecs_settings(&up(&all)).is_ok());
+    }
 }

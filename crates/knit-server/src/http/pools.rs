@@ -42,6 +42,7 @@ pub async fn create(
     {
         return Err(password_unknown().into());
     }
+    pools::check_image(&cp, &pool).await?;
     let view = match q.dry_run {
         Some(DryRun::All) => pools::create_dry_run(&cp, pool, q.strict)?,
         None => pools::create(&cp, pool, q.strict)?,
@@ -81,6 +82,7 @@ pub async fn apply(
             _ => return Err(password_unknown().into()),
         }
     }
+    pools::check_image(&cp, &pool).await?;
     let (applied, view) = match q.dry_run {
         Some(DryRun::All) => pools::apply_dry_run(&cp, &name, pool, q.strict)?,
         None => pools::apply(&cp, &name, pool, q.strict)?,

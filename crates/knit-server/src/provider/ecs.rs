@@ -73,6 +73,41 @@ impl EcsSettings {
     }
 }
 
+impl EcsSettings {
+    /// What ECS needs before any instance can be made, as the `knit server`
+    /// flags that give it (empty: nothing missing). The server checks it at
+    /// start, so that a missing setting stops it there instead of failing
+    /// every create in its log.
+    pub fn missing_required(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if self.region.trim().is_empty() {
+            missing.push("--region <id> (e.g. cn-shanghai)");
+        }
+        if self
+            .v_switch_id
+            .as_deref()
+            .is_none_or(|v| v.trim().is_empty())
+        {
+            missing.push(
+                "--ecs-vswitch <vsw-…> (the vSwitch new instances join: it fixes VPC and zone)",
+            );
+        }
+        if self.security_group_ids.iter().all(|g| g.trim().is_empty()) {
+            missing.push("--ecs-security-group <sg-…> (comma-separated for several)");
+        }
+        if self
+            .default_image
+            .as_deref()
+            .is_none_or(|i| i.trim().is_empty())
+        {
+            missing.push(
+                "--ecs-image <ECS image id> (aliyun_3_x64_20G_alibase_….vhd, m-…: the image of pools whose image is debian-12 or host; a pool may name another ECS image id in spec.image)",
+            );
+        }
+        missing
+    }
+}
+
 pub struct EcsProvider {
     client: Arc<Client>,
     settings: EcsSettings,

@@ -86,11 +86,18 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
 fn row(pool: &PoolView, now: i64) -> String {
     let name = &pool.metadata.name;
     let s = &pool.status;
-    let state = if s.deleting {
-        r#" <span class="badge warn">deleting</span>"#
+    let mut state = if s.deleting {
+        r#" <span class="badge warn">deleting</span>"#.to_string()
     } else {
-        ""
+        String::new()
     };
+    // Why its instances are not being made (what the reconciler logs).
+    if let Some(error) = &s.create_error {
+        state.push_str(&format!(
+            r#" <span class="badge warn" data-col="create-error">creates failing</span><p class="create-error">{}</p>"#,
+            esc(error)
+        ));
+    }
     let types = if pool.spec.spec.instance_types.is_empty() {
         "—".to_string()
     } else {

@@ -30,7 +30,7 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
     (
         "/api/v1/pools",
         "post",
-        "Create a node pool (YAML or JSON NodePool); 409 if it exists",
+        "Create a node pool (YAML or JSON NodePool, or what GET answered: server-set fields ignored); 409 if it exists; ?strict=true refuses a stale snapshot; ?dryRun=All checks everything and stores nothing",
         "admin",
     ),
     (
@@ -42,7 +42,7 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
     (
         "/api/v1/pools/{name}",
         "put",
-        "Create or replace a node pool (apply)",
+        "Create or replace a node pool (apply; what GET answered is taken, server-set fields ignored); ?strict=true refuses a stale snapshot; ?dryRun=All checks everything and stores nothing",
         "admin",
     ),
     (

@@ -80,7 +80,8 @@ impl Controllers {
                 }
                 _ = recheck_tick.tick() => tokio::task::block_in_place(|| {
                     dirty.extend(pod_controllers::budget_namespaces(&self.store)?);
-                    pod_controllers::sweep_orphans(&self.store, &mut orphans)
+                    let known = |n: &str| view.nodes.contains_key(n);
+                    pod_controllers::sweep_orphans(&self.store, &known, &mut orphans)
                 }),
                 _ = node_tick.tick() => {
                     // A check far later than its interval means this process

@@ -128,23 +128,33 @@ pub fn collect_node_pods(store: &Store, node: &str) -> Result<(), ClusterError> 
 }
 
 /// Pods bound to nodes that do not exist, collected once they have been
-/// seen so for [`ORPHAN_QUARANTINE`]. `seen` remembers since when.
+/// seen so for [`ORPHAN_QUARANTINE`]. `known` is the node names the
+/// controllers' view holds (kept from the change feed: no Node is read
+/// here while every pod's node is known); a node it does not hold is
+/// looked up before its pods are collected. `seen` remembers since when.
 pub fn sweep_orphans(
     store: &Store,
+    known: &dyn Fn(&str) -> bool,
     seen: &mut HashMap<(String, String), Instant>,
 ) -> Result<(), ClusterError> {
-    let nodes: HashSet<String> = store
-        .list("nodes", None)?
-        .0
-        .iter()
-        .map(|n| util::name_of(n).to_string())
-        .collect();
     let (pods, _) = store.list(PODS, None)?;
     let now = Instant::now();
     let mut orphans = HashMap::new();
+    let mut missing: HashMap<String, bool> = HashMap::new();
     for pod in &pods {
         let node = pod["spec"]["nodeName"].as_str().unwrap_or("");
-        if node.is_empty() || nodes.contains(node) {
+        if node.is_empty() || known(node) {
+            continue;
+        }
+        let gone = match missing.get(node) {
+            Some(g) => *g,
+            None => {
+                let g = store.get("nodes", "", node)?.is_none();
+                missing.insert(node.to_string(), g);
+                g
+            }
+        };
+        if !gone {
             continue;
         }
         let key = (
@@ -160,4 +170,56 @@ pub fn sweep_orphans(
     }
     *seen = orphans;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, node: &str) -> Value {
+        json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": "default"},
+               "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+               "status": {"phase": "Running"}})
+    }
+
+    #[test]
+    fn orphans_are_collected_after_the_quarantine_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        store
+            .create(
+                "nodes",
+                "",
+                json!({"kind": "Node", "metadata": {"name": "real"}}),
+            )
+            .unwrap();
+        store.create(PODS, "default", pod("kept", "real")).unwrap();
+        store
+            .create(PODS, "default", pod("orphan", "ghost"))
+            .unwrap();
+        // The view does not know "real" either: it is looked up and found.
+        let known = |_: &str| false;
+        let mut seen = HashMap::new();
+        sweep_orphans(&store, &known, &mut seen).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert!(store.get(PODS, "default", "orphan").unwrap().is_some());
+        // Seen long enough ago: collected, marked Failed first.
+        let long_ago = Instant::now()
+            .checked_sub(ORPHAN_QUARANTINE + Duration::from_secs(1))
+            .unwrap();
+        for v in seen.values_mut() {
+            *v = long_ago;
+        }
+        let mut feed = store.subscribe();
+        sweep_orphans(&store, &known, &mut seen).unwrap();
+        assert!(store.get(PODS, "default", "orphan").unwrap().is_none());
+        assert!(store.get(PODS, "default", "kept").unwrap().is_some());
+        let failed = feed.try_recv().unwrap();
+        assert_eq!(failed.object["status"]["phase"], "Failed");
+        assert_eq!(
+            failed.object["status"]["conditions"][0]["reason"],
+            "DeletionByPodGC"
+        );
+        assert!(seen.is_empty());
+    }
 }

@@ -867,6 +867,11 @@ impl Ctx<'_> {
             )));
         }
         util::meta_mut(&mut eviction);
+        if self.query.get("dryRun").is_some_and(|d| d == "All") {
+            // CreateOptions.dryRun carried into the eviction's delete
+            // options, as kube-apiserver's propagateDryRun does.
+            util::field_mut(&mut eviction, "deleteOptions").insert("dryRun".into(), json!(["All"]));
+        }
         let (code, status) = pods::evict(&self.st.store, self.ns(), name, &eviction)?;
         let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         Ok(json_response(code, &status))

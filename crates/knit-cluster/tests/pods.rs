@@ -284,6 +284,12 @@ async fn eviction_honours_disruption_budgets() {
         assert_eq!(b["status"]["conditions"][0]["status"], "True");
         assert_eq!(b["status"]["conditions"][0]["reason"], "SufficientPods");
 
+        // A dry run answers as the eviction would and changes nothing.
+        let (code, st) = admin.post(&format!("{PODS}/web-0/eviction?dryRun=All"),
+            &json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-0"}}));
+        assert_eq!(code, 201, "{st}");
+        assert!(admin.get(&format!("{PODS}/web-0")).1["metadata"]["deletionTimestamp"].is_null());
+        assert_eq!(admin.get(&format!("{PDBS}/web-pdb")).1["status"]["disruptionsAllowed"], 2);
         // Allowed: 201 Success, the pod deleted gracefully, the budget taken.
         for name in ["web-0", "web-1"] {
             let (code, st) = evict(&admin, name);

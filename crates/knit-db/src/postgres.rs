@@ -48,6 +48,10 @@ pub struct Conn {
     /// trip as the transaction's first statement (pipelined), which saves
     /// one round trip per transaction.
     begin: Option<&'static str>,
+    /// The connection turned out closed (the server ended it).
+    closed: bool,
+    /// Statements of the current transaction that were answered.
+    answered: u32,
 }
 
 impl Drop for Postgres {
@@ -161,6 +165,8 @@ impl Postgres {
             conflicted: false,
             broken: false,
             begin: None,
+            closed: false,
+            answered: 0,
         };
         // The server bounds a statement too: a call we stopped waiting for
         // does not go on holding locks.
@@ -182,6 +188,12 @@ impl Postgres {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(conn) = pool.idle.pop() {
+                // Closed while idle (the server restarted, say): dropped,
+                // never handed out to fail the caller's transaction.
+                if conn.client.is_closed() {
+                    pool.open = pool.open.saturating_sub(1);
+                    continue;
+                }
                 return Ok(conn);
             }
             if pool.open < self.limits.max_connections.max(1) {
@@ -241,6 +253,7 @@ impl Postgres {
             attempt += 1;
             let mut conn = self.get()?;
             conn.begin = Some(begin);
+            conn.answered = 0;
             let result = f(&mut Tx {
                 inner: TxInner::Postgres(&mut conn, self),
             });
@@ -267,10 +280,14 @@ impl Postgres {
                 },
                 Err(e) => {
                     let conflicted = conn.conflicted;
-                    if !idle {
+                    // A connection found closed at the transaction's first
+                    // statement did nothing: the work is run again on
+                    // another connection, once.
+                    let stale = conn.closed && conn.answered == 0 && attempt == 1;
+                    if !idle && !conn.closed {
                         let _ = self.batch(&mut conn, "ROLLBACK");
                     }
-                    if !(conflicted && attempt < MAX_ATTEMPTS) {
+                    if !((conflicted || stale) && attempt < MAX_ATTEMPTS) {
                         self.put(conn);
                         return Err(e);
                     }
@@ -407,10 +424,14 @@ impl Postgres {
                 }
                 if e.is_closed() {
                     conn.broken = true;
+                    conn.closed = true;
                 }
                 Err(err)
             }
-            Ok(Ok(v)) => Ok(v),
+            Ok(Ok(v)) => {
+                conn.answered += 1;
+                Ok(v)
+            }
         }
     }
 

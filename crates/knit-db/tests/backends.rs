@@ -202,6 +202,28 @@ fn postgres_ends_a_transaction_frozen_with_its_locks() {
     assert!(frozen.join().unwrap().is_err());
 }
 
+/// PostgreSQL restarted while the pool held idle connections: the next
+/// transaction is not an error (the closed connections are dropped, or
+/// the work runs again on a new one when the first statement finds its
+/// connection closed). `knit up --ha` restarts PostgreSQL under running
+/// servers; a client's first call after it failed with "connection closed".
+#[test]
+fn postgres_restart_between_calls_is_not_an_error() {
+    let mut pg = TestPostgres::start().expect("PostgreSQL for the test");
+    let url = pg.create_database("idle").unwrap();
+    let db = Db::open(&Datastore::Postgres(url), Limits::default()).unwrap();
+    db.write(|tx| tx.batch("CREATE TABLE t (x INTEGER)"))
+        .unwrap();
+    pg.stop();
+    pg.restart().unwrap();
+    db.write(|tx| tx.execute("INSERT INTO t VALUES (1)", &[]))
+        .expect("the first write after a restart");
+    let n: i64 = db
+        .read(|tx| tx.query_one("SELECT COUNT(*) FROM t", &[])?.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
 /// A database that is down gives a clear, typed error within the limit,
 /// and the same `Db` works again once it is back.
 #[test]

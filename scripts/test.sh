@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
+# Everything the tests need, QEMU and --ha included (scripts/setup.sh --tests).
+bash scripts/setup.sh --tests
 
 echo "== format and lint"
 cargo fmt --all -- --check

@@ -44,7 +44,7 @@ pub fn run_status(
             command: command.clone(),
             status: "not started".into(),
             stderr: if e.kind() == std::io::ErrorKind::NotFound {
-                format!("{program} is not installed (scripts/setup.sh installs it)")
+                format!("{program} is not installed (`scripts/setup.sh --qemu` installs it)")
             } else {
                 e.to_string()
             },

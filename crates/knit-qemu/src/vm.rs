@@ -584,7 +584,7 @@ impl Machines {
                 status: "not started".into(),
                 stderr: if e.kind() == std::io::ErrorKind::NotFound {
                     format!(
-                        "{} is not installed (qemu-system-x86; scripts/setup.sh installs it)",
+                        "{} is not installed (qemu-system-x86; `scripts/setup.sh --qemu` installs it)",
                         self.cfg.qemu
                     )
                 } else {

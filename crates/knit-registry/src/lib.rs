@@ -106,7 +106,7 @@ pub fn prepare(dir: &Path, addr: &str, access: Access) -> Result<(PathBuf, PathB
         .find(|p| p.is_file())
         .ok_or_else(|| {
             RegistryError::Start(
-                "docker-registry is not installed (Debian package docker-registry; scripts/setup.sh)"
+                "docker-registry is not installed (Debian package docker-registry: apt-get install docker-registry, or scripts/setup.sh --tests)"
                     .into(),
             )
         })?;

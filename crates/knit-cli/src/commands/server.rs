@@ -229,6 +229,42 @@ fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProv
     )?)
 }
 
+/// What `--provider qemu` runs on this host: (program, Debian package).
+const QEMU_PROGRAMS: &[(&str, &str)] = &[
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("qemu-img", "qemu-utils"),
+    ("mkfs.vfat", "dosfstools"),
+    ("mcopy", "mtools"),
+];
+
+/// `--provider qemu` refused at start when a program it runs is missing,
+/// naming the packages and the command that installs them (the main job's
+/// setup leaves QEMU out).
+fn check_qemu_programs() -> Result<()> {
+    let missing: Vec<(&str, &str)> = QEMU_PROGRAMS
+        .iter()
+        .copied()
+        .filter(|(program, _)| {
+            package::which(program).is_none()
+                && !["/usr/sbin", "/sbin"]
+                    .iter()
+                    .any(|d| Path::new(d).join(program).is_file())
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let programs: Vec<&str> = missing.iter().map(|(p, _)| *p).collect();
+    let mut packages: Vec<&str> = missing.iter().map(|(_, p)| *p).collect();
+    packages.dedup();
+    Err(CliError::Usage(format!(
+        "--provider qemu runs {} (not installed): install them with `sudo scripts/setup.sh --qemu` \
+         (or apt-get install {})",
+        programs.join(", "),
+        packages.join(" ")
+    )))
+}
+
 /// The provider's gateway: where its instances reach this host.
 fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
     if opts.provider != "local" && opts.provider != "qemu" {
@@ -388,7 +424,10 @@ pub fn serve(
             local_config(&opts),
         )?)),
         "ecs" => Some(Arc::new(ecs_provider(&opts)?)),
-        "qemu" => Some(clouds::qemu_provider(local_config(&opts))?),
+        "qemu" => {
+            check_qemu_programs()?;
+            Some(clouds::qemu_provider(local_config(&opts))?)
+        }
         _ => None,
     };
     let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;
@@ -508,9 +547,11 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     }
-    if opts.provider == "ecs" {
-        // The server would refuse to start: say so before starting it.
-        ecs_settings(&opts)?;
+    // The server would refuse to start: say so before starting it.
+    match opts.provider.as_str() {
+        "ecs" => drop(ecs_settings(&opts)?),
+        "qemu" => check_qemu_programs()?,
+        _ => {}
     }
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(io(format!("create {}", opts.state_dir.display())))?;

@@ -28,6 +28,21 @@ fn print_warnings(warnings: &Option<Vec<String>>) {
     }
 }
 
+/// A document refused by the CLI's own check (a Cluster has no server dry
+/// run), as the server would answer it: its code printed once.
+fn refused_here(e: knit_api::ApiError) -> knit_client::ClientError {
+    let errors = match &e {
+        knit_api::ApiError::Invalid(list) => list.clone(),
+        knit_api::ApiError::Parse { .. } => Vec::new(),
+    };
+    knit_client::ClientError::Api {
+        status: 422,
+        code: e.code().to_string(),
+        message: e.to_string(),
+        errors,
+    }
+}
+
 /// `--dry-run` of create and apply, as kubectl takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DryRunMode {
@@ -130,12 +145,7 @@ pub fn submit(
             // The cluster has no dry run: its document is checked here.
             "Cluster" if dry_run == DryRunMode::Server => knit_api::Cluster::from_yaml(&body)
                 .map(|_| "configured")
-                .map_err(|e| knit_client::ClientError::Api {
-                    status: 422,
-                    code: e.code().to_string(),
-                    message: e.to_string(),
-                    errors: Vec::new(),
-                }),
+                .map_err(refused_here),
             "Cluster" => c.apply_cluster(&body).map(|_| "configured"),
             other => {
                 eprintln!(
@@ -224,8 +234,7 @@ pub fn diff(c: &Client, file: &Path, strict: bool) -> Result<ExitCode> {
             })(),
             "Cluster" => (|| {
                 let live = c.cluster()?.raw;
-                let merged = knit_api::Cluster::from_yaml(&body)
-                    .map_err(|e| CliError::Failed(format!("{} [{}]", e, e.code())))?;
+                let merged = knit_api::Cluster::from_yaml(&body).map_err(refused_here)?;
                 let merged = serde_json::to_value(&merged)
                     .map_err(|e| CliError::Failed(format!("{}: {e}", doc.object())))?;
                 Ok((Some(live), merged))

@@ -4,7 +4,7 @@
 use super::*;
 use crate::bootstrap::JoinMaterial;
 use async_trait::async_trait;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 const NOW: i64 = 1_000_000_000;
 
@@ -397,4 +397,96 @@ async fn a_pass_cordons_evicts_and_never_deletes_unless_forced() {
         api.calls.lock().unwrap().clone(),
         vec!["cordon n1", "delete shop/web-9"]
     );
+}
+
+fn control_plane(store: crate::store::Store, api: Arc<FakeApi>) -> Arc<ControlPlane> {
+    let dir = std::env::temp_dir();
+    Arc::new(ControlPlane::new(
+        store,
+        None,
+        api,
+        crate::control::Settings::new(dir),
+        String::new(),
+        String::new(),
+        String::new(),
+    ))
+}
+
+/// A leader change mid-drain, on SQLite and PostgreSQL: leader A starts
+/// the drain (blocked by a budget) and stalls past its lease; B takes the
+/// lead. A's next pass is refused at its first write (before any call to
+/// the cluster); B resumes the same drain (same start, same state) and
+/// ends it once the budget allows.
+#[test]
+fn a_new_leader_resumes_the_drain_and_the_old_one_is_fenced() {
+    use crate::ha::{fenced, Fence};
+    crate::store::testing::on_both_backends(|backend| {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let api = Arc::new(FakeApi::default());
+        *api.pods.lock().unwrap() = vec![pod("web-1")];
+        let a = control_plane(backend.open(), api.clone());
+        let b = control_plane(backend.open(), api.clone());
+        a.store
+            .insert_pool(&knit_api::NodePool::new(
+                "p",
+                knit_api::NodePoolSpec::default(),
+            ))
+            .unwrap();
+        let lease_a = a
+            .store
+            .try_lead("a", now_ms(), 400, false)
+            .unwrap()
+            .unwrap();
+        let fence_a = Fence {
+            holder: "a".into(),
+            epoch: lease_a.epoch,
+        };
+        let first = rt
+            .block_on(fenced(fence_a.clone(), a.drain_step(5, "p-a", "n1", "p")))
+            .unwrap();
+        assert!(matches!(first, Progress::Wait(_)));
+        let started = a.store.drain("p-a").unwrap().unwrap();
+        assert_eq!(started.state, DrainState::Blocked);
+
+        // A stalls past its lease; B leads.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let lease_b = b
+            .store
+            .try_lead("b", now_ms(), 60_000, false)
+            .unwrap()
+            .expect("the lapsed lease is taken");
+        let fence_b = Fence {
+            holder: "b".into(),
+            epoch: lease_b.epoch,
+        };
+        let calls_before = api.calls.lock().unwrap().len();
+        let err = rt
+            .block_on(fenced(fence_a, a.drain_step(5, "p-a", "n1", "p")))
+            .unwrap_err();
+        assert_eq!(err.code(), "NotLeader", "{}: {err}", backend.name);
+        assert_eq!(
+            api.calls.lock().unwrap().len(),
+            calls_before,
+            "a fenced leader calls the cluster no more"
+        );
+
+        // B resumes the drain A started.
+        *api.allow.lock().unwrap() = true;
+        let resumed = rt
+            .block_on(fenced(fence_b.clone(), b.drain_step(5, "p-a", "n1", "p")))
+            .unwrap();
+        assert!(matches!(resumed, Progress::Wait(_)), "evicted, terminating");
+        let d = b.store.drain("p-a").unwrap().unwrap();
+        assert_eq!(d.started_ms, started.started_ms, "{}", backend.name);
+        assert_eq!(d.evicted, 1);
+        api.pods.lock().unwrap().clear();
+        let done = rt
+            .block_on(fenced(fence_b, b.drain_step(5, "p-a", "n1", "p")))
+            .unwrap();
+        assert_eq!(done, Progress::Done);
+        assert_eq!(
+            b.store.drain("p-a").unwrap().unwrap().state,
+            DrainState::Drained
+        );
+    });
 }

@@ -553,6 +553,63 @@ mod tests {
     }
 
     #[test]
+    fn scale_in_facts_count_only_pods_a_drain_would_evict() {
+        use super::{evictable_by_node, node_facts};
+        use crate::cluster::pods::PodFacts;
+        let pod = |node: &str| PodFacts {
+            name: "p".into(),
+            node: node.into(),
+            ..PodFacts::default()
+        };
+        let pods = vec![
+            pod("n1"),
+            pod("n1"),
+            PodFacts {
+                daemon_set: true,
+                ..pod("n1")
+            },
+            PodFacts {
+                mirror: true,
+                ..pod("n2")
+            },
+            PodFacts {
+                deletion_ms: Some(1),
+                ..pod("n2")
+            },
+            pod(""),
+        ];
+        let counts = evictable_by_node(&pods);
+        assert_eq!(counts.get("n1"), Some(&2));
+        assert_eq!(counts.get("n2"), None);
+        let node = |name: &str, instance: &str, status| crate::store::NodeRecord {
+            name: name.into(),
+            instance: instance.into(),
+            pool: "p".into(),
+            status,
+            phase: None,
+            phase_outcome: None,
+            error_code: None,
+            error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            user_data: None,
+        };
+        use knit_api::state::NodeStatus;
+        let nodes = vec![
+            node("n1", "p-a", NodeStatus::Ready),
+            node("n2", "p-b", NodeStatus::NotReady),
+        ];
+        let facts = node_facts(&nodes, Some(&counts));
+        assert!(facts["p-a"].ready && facts["p-a"].evictable_pods == Some(2));
+        assert!(!facts["p-b"].ready && facts["p-b"].evictable_pods == Some(0));
+        let blind = node_facts(&nodes, None);
+        assert_eq!(
+            blind["p-a"].evictable_pods, None,
+            "pods not listed: unknown"
+        );
+    }
+
+    #[test]
     fn a_failed_attach_is_undone_once() {
         let dir = tempfile::tempdir().unwrap();
         let cp = control_plane(dir.path());

@@ -335,7 +335,7 @@ pub fn evict(store: &Store, ns: &str, name: &str, body: &Value) -> Result<(u16, 
         if enforce && !client_rv {
             o.resource_version = util::rv_of(&current);
         }
-        match delete(store, ns, name, &o, &|_| Ok(())) {
+        match evict_delete(store, ns, name, &o) {
             Ok(_) => return Ok((201, success())),
             Err(e) if e.code == 409 && !client_rv => continue,
             Err(e) => return Err(e),
@@ -376,15 +376,58 @@ pub fn evict(store: &Store, ns: &str, name: &str, body: &Value) -> Result<(u16, 
         if precondition_added {
             let mut o = opts.clone();
             o.resource_version = util::rv_of(&pod);
-            return match delete(store, ns, name, &o, &|_| Ok(())) {
+            return match evict_delete(store, ns, name, &o) {
                 Ok(_) => Ok((201, success())),
                 Err(e) if e.code == 409 => Err(still_processing(&pdb_name)),
                 Err(e) => Err(e),
             };
         }
     }
-    delete(store, ns, name, &opts, &|_| Ok(()))?;
+    evict_delete(store, ns, name, &opts)?;
     Ok((201, success()))
+}
+
+/// kube-apiserver's `addConditionAndDeletePod`: the pod gets the
+/// `DisruptionTarget` condition (`EvictionByEvictionAPI`), then is deleted
+/// with the eviction's options (a resourceVersion precondition moves to
+/// the version that write made).
+fn evict_delete(
+    store: &Store,
+    ns: &str,
+    name: &str,
+    opts: &DeleteOptions,
+) -> Result<Value, ApiStatus> {
+    let mut opts = opts.clone();
+    if !opts.dry_run {
+        let now = util::now_rfc3339();
+        let marked = store.update(PODS, ns, name, opts.resource_version, |cur| {
+            opts.check(PODS, cur)?;
+            let mut next = cur.clone();
+            let status = util::field_mut(&mut next, "status");
+            let conds = status.entry("conditions").or_insert_with(|| json!([]));
+            if !conds.is_array() {
+                *conds = json!([]);
+            }
+            if let Some(list) = conds.as_array_mut() {
+                let cond = json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                                  "message": "Eviction API: evicting", "lastProbeTime": null, "lastTransitionTime": now});
+                match list.iter_mut().find(|c| c["type"] == "DisruptionTarget") {
+                    Some(c) if c["status"] == "True" && c["reason"] == "EvictionByEvictionAPI" => {}
+                    Some(c) => *c = cond,
+                    None => list.push(cond),
+                }
+            }
+            Ok(next)
+        });
+        let marked = match marked {
+            Err(e) if e.code == 404 => return Err(not_found(name)),
+            other => other?,
+        };
+        if opts.resource_version.is_some() {
+            opts.resource_version = util::rv_of(&marked);
+        }
+    }
+    delete(store, ns, name, &opts, &|_| Ok(()))
 }
 
 /// Verify the budget allows a disruption and take one (recording the pod

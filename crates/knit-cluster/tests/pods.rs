@@ -296,6 +296,10 @@ async fn eviction_honours_disruption_budgets() {
             assert_eq!((code, st["status"].as_str()), (201, Some("Success")), "{st}");
             let (_, p) = admin.get(&format!("{PODS}/{name}"));
             assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 30, "{p}");
+            // Marked as kube-apiserver marks an evicted pod.
+            let target = p["status"]["conditions"].as_array().unwrap().iter()
+                .find(|c| c["type"] == "DisruptionTarget").cloned().unwrap_or_default();
+            assert_eq!((target["status"].as_str(), target["reason"].as_str()), (Some("True"), Some("EvictionByEvictionAPI")), "{p}");
         }
         let (_, b) = admin.get(&format!("{PDBS}/web-pdb"));
         assert_eq!(b["status"]["disruptionsAllowed"], 0, "{b}");

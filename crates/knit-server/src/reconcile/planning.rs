@@ -198,7 +198,12 @@ impl ControlPlane {
     /// Plans one pool now (after a scale request) with the caller's choice
     /// of releasing or keeping removed instances.
     pub async fn plan_pool(&self, pool_name: &str, release: bool) -> Result<Plan> {
-        let pods = self.evictable_pod_counts().await;
+        let pods = match self.store.pool(pool_name)? {
+            Some(r) if self.shrinks(pool_name, r.pool.spec.replicas)? => {
+                self.evictable_pod_counts().await
+            }
+            _ => None,
+        };
         let _guard = self.plan_lock.lock().await;
         let facts = node_facts(&self.store.nodes()?, pods.as_ref());
         let record = self
@@ -231,7 +236,11 @@ impl ControlPlane {
         release: bool,
         check: impl FnOnce(&knit_api::NodePool) -> Result<()>,
     ) -> Result<(i64, Plan)> {
-        let pods = self.evictable_pod_counts().await;
+        let pods = if self.shrinks(pool_name, replicas)? {
+            self.evictable_pod_counts().await
+        } else {
+            None
+        };
         let _guard = self.plan_lock.lock().await;
         let facts = node_facts(&self.store.nodes()?, pods.as_ref());
         let mut pool = self.store.live_pool(pool_name)?.pool;
@@ -254,6 +263,18 @@ impl ControlPlane {
         Ok((from, p))
     }
 
+    /// Whether `pool` has more instances than `replicas`: only then does
+    /// planning ask the cluster for pods (scale-in's choice).
+    fn shrinks(&self, pool: &str, replicas: i64) -> Result<bool> {
+        let active = self
+            .store
+            .instances(Some(pool))?
+            .iter()
+            .filter(|i| super::counts_toward_pool(&i.state))
+            .count();
+        Ok(active > replicas.max(0) as usize)
+    }
+
     /// Whether some pool has more instances than it wants (or is deleted).
     fn scale_in_pending(&self) -> Result<bool> {
         for record in self.store.pools()? {
@@ -262,13 +283,7 @@ impl ControlPlane {
             } else {
                 record.pool.spec.replicas.max(0) as usize
             };
-            let active = self
-                .store
-                .instances(Some(&record.pool.metadata.name))?
-                .iter()
-                .filter(|i| super::counts_toward_pool(&i.state))
-                .count();
-            if active > desired {
+            if self.shrinks(&record.pool.metadata.name, desired as i64)? {
                 return Ok(true);
             }
         }

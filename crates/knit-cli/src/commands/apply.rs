@@ -61,12 +61,14 @@ struct Doc {
     at: String,
     kind: String,
     name: String,
-    value: Value,
+    /// As read (YAML keeps the document's order, so that an error's line
+    /// and column from the server are near the user's).
+    value: serde_yaml::Value,
 }
 
 impl Doc {
     fn body(&self) -> Result<String> {
-        serde_json::to_string(&self.value)
+        serde_yaml::to_string(&self.value)
             .map_err(|e| CliError::Usage(format!("document {}: {e}", self.at)))
     }
 
@@ -80,31 +82,30 @@ impl Doc {
 fn documents(file: &Path, text: &str) -> Result<Vec<Doc>> {
     let mut docs = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(doc)
+        let value = serde_yaml::Value::deserialize(doc)
             .map_err(|e| CliError::Usage(format!("{}: document {}: {e}", file.display(), i + 1)))?;
-        match value {
-            Value::Null => {}
-            Value::Object(ref fields)
-                if fields.get("kind").is_none_or(|k| k == "List")
-                    && fields.get("items").is_some_and(Value::is_array) =>
-            {
-                let items = fields
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                for (j, item) in items.into_iter().enumerate() {
-                    docs.push(doc_of(format!("{}.{}", i + 1, j + 1), item));
+        if value.is_null() {
+            continue;
+        }
+        let list = value.get("kind").is_none_or(|k| k.as_str() == Some("List"));
+        match value.get("items").and_then(serde_yaml::Value::as_sequence) {
+            Some(items) if list => {
+                for (j, item) in items.iter().enumerate() {
+                    docs.push(doc_of(format!("{}.{}", i + 1, j + 1), item.clone()));
                 }
             }
-            other => docs.push(doc_of((i + 1).to_string(), other)),
+            _ => docs.push(doc_of((i + 1).to_string(), value)),
         }
     }
     Ok(docs)
 }
 
-fn doc_of(at: String, value: Value) -> Doc {
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_string();
+fn doc_of(at: String, value: serde_yaml::Value) -> Doc {
+    let text = |v: Option<&serde_yaml::Value>| {
+        v.and_then(serde_yaml::Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     Doc {
         kind: text(value.get("kind")),
         name: text(value.get("metadata").and_then(|m| m.get("name"))),

@@ -38,6 +38,10 @@ pub fn prepare_create(def: &ResourceDef, obj: &mut Value, who: &Identity) {
             obj["status"] = json!({});
         }
         "DaemonSet" => obj["status"] = json!({}),
+        "Namespace" => {
+            util::field_mut(obj, "spec").insert("finalizers".into(), json!(["kubernetes"]));
+            obj["status"] = json!({"phase": "Active"});
+        }
         _ => {}
     }
     if has_generation(def) {

@@ -616,11 +616,20 @@ impl Ctx<'_> {
         self.normalize(&mut obj);
         let name = util::name_of(&obj).to_string();
         self.authorize(Verb::Create, Some(&name))?;
-        if self.t.def.namespaced && self.st.store.get("namespaces", "", self.ns())?.is_none() {
-            return Err(ApiStatus::not_found(format!(
-                "namespaces \"{}\" not found",
-                self.ns()
-            )));
+        if self.t.def.namespaced {
+            let Some(ns) = self.st.store.get("namespaces", "", self.ns())? else {
+                return Err(ApiStatus::not_found(format!(
+                    "namespaces \"{}\" not found",
+                    self.ns()
+                )));
+            };
+            if !ns["metadata"]["deletionTimestamp"].is_null() {
+                return Err(ApiStatus::forbidden(format!(
+                    "{} \"{name}\" is forbidden: unable to create new content in namespace {} because it is being terminated",
+                    self.t.def.plural,
+                    self.ns()
+                )));
+            }
         }
         admission::prepare_create(self.t.def, &mut obj, self.who);
         admission::validate(self.t.def, &obj)?;
@@ -819,6 +828,9 @@ impl Ctx<'_> {
             })?;
             return Ok(json_response(StatusCode::OK, &gone));
         }
+        if plural == "namespaces" {
+            return self.delete_namespace(name, &opts);
+        }
         let mut expected = None;
         if opts.uid.is_some() || opts.resource_version.is_some() {
             let current = self
@@ -849,6 +861,33 @@ impl Ctx<'_> {
                 }
             })?;
         Ok(json_response(StatusCode::OK, &gone))
+    }
+
+    /// A namespace is deleted as kube-apiserver and the namespace
+    /// controller do it: marked `Terminating` (with `deletionTimestamp`)
+    /// here, emptied and removed by the controller. The built-in ones stay.
+    fn delete_namespace(
+        &self,
+        name: &str,
+        opts: &pods::DeleteOptions,
+    ) -> Result<Response, ApiStatus> {
+        if resources::NAMESPACES.contains(&name) {
+            return Err(ApiStatus::forbidden(format!(
+                "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+            )));
+        }
+        let now = util::now_rfc3339();
+        let marked = self.guaranteed_update(name, None, |current| {
+            opts.check("namespaces", current)?;
+            let mut next = current.clone();
+            if next["metadata"]["deletionTimestamp"].is_null() {
+                util::meta_mut(&mut next).insert("deletionTimestamp".into(), json!(now));
+                util::meta_mut(&mut next).insert("deletionGracePeriodSeconds".into(), json!(0));
+            }
+            util::field_mut(&mut next, "status").insert("phase".into(), json!("Terminating"));
+            Ok(next)
+        })?;
+        Ok(json_response(StatusCode::OK, &marked))
     }
 
     /// POST `pods/<name>/eviction` (policy/v1 or v1beta1 Eviction).

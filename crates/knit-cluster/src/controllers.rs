@@ -80,6 +80,11 @@ impl Controllers {
                 }
                 _ = recheck_tick.tick() => tokio::task::block_in_place(|| {
                     dirty.extend(pod_controllers::budget_namespaces(&self.store)?);
+                    for ns in self.store.list("namespaces", None)?.0 {
+                        if !ns["metadata"]["deletionTimestamp"].is_null() {
+                            pod_controllers::finish_namespace(&self.store, util::name_of(&ns))?;
+                        }
+                    }
                     let known = |n: &str| view.nodes.contains_key(n);
                     pod_controllers::sweep_orphans(&self.store, &known, &mut orphans)
                 }),
@@ -111,6 +116,11 @@ impl Controllers {
                             if !ipam::has_pod_cidr(&c.object) =>
                         {
                             ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
+                        }
+                        ("namespaces", EventType::Added | EventType::Modified)
+                            if !c.object["metadata"]["deletionTimestamp"].is_null() =>
+                        {
+                            pod_controllers::finish_namespace(&self.store, &c.name)
                         }
                         ("nodes", EventType::Deleted) => self
                             .collect_lease(&c.name)
@@ -147,6 +157,9 @@ impl Controllers {
         let result = csrs.and_then(|items| {
             for c in items {
                 self.reconcile_csr(util::name_of(&c))?;
+            }
+            for ns in self.store.list("namespaces", None)?.0 {
+                pod_controllers::finish_namespace(&self.store, util::name_of(&ns))?;
             }
             for n in self.store.list("nodes", None)?.0 {
                 if !ipam::has_pod_cidr(&n) {

@@ -75,6 +75,34 @@ pub fn budget_namespaces(store: &Store) -> Result<HashSet<String>, ClusterError>
         .collect())
 }
 
+/// The namespace controller's work for a namespace being deleted: every
+/// namespaced object in it goes (pods at once), then the namespace.
+pub fn finish_namespace(store: &Store, ns: &str) -> Result<(), ClusterError> {
+    let Some(namespace) = store.get("namespaces", "", ns)? else {
+        return Ok(());
+    };
+    if namespace["metadata"]["deletionTimestamp"].is_null() {
+        return Ok(());
+    }
+    for def in crate::resources::RESOURCES.iter().filter(|d| d.namespaced) {
+        for obj in store.list(def.plural, Some(ns))?.0 {
+            match store.delete(def.plural, ns, util::name_of(&obj)) {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(ClusterError::Api(e)),
+            }
+        }
+    }
+    match store.delete("namespaces", "", ns) {
+        Ok(_) => {
+            tracing::info!(namespace = ns, "namespace deleted with its content");
+            Ok(())
+        }
+        Err(e) if e.code == 404 => Ok(()),
+        Err(e) => Err(ClusterError::Api(e)),
+    }
+}
+
 /// Pod GC of one pod: marked Failed with the `DisruptionTarget` condition
 /// kube-controller-manager adds, then deleted at once.
 fn collect(store: &Store, pod: &Value, why: &str) -> Result<(), ClusterError> {

@@ -43,7 +43,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         singular: "namespace",
         kind: "Namespace",
         namespaced: false,
-        verbs: READ,
+        verbs: ALL,
         short_names: &["ns"],
         subresources: &[],
     },

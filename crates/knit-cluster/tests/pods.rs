@@ -228,6 +228,22 @@ async fn field_selectors_graceful_deletion_and_pod_gc() {
         });
         // Pods of nodes that still exist stay.
         assert_eq!(admin.get(&format!("{PODS}/a-1")).0, 200);
+
+        // A namespace of a test's own: created, and deleted with its content.
+        let (code, ns) = admin.post("/api/v1/namespaces", &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "t-pods"}}));
+        assert_eq!((code, ns["status"]["phase"].as_str()), (201, Some("Active")), "{ns}");
+        create(&admin, "/api/v1/namespaces/t-pods/pods", &pod("p", "fs-n1", json!({"app": "p"}), None));
+        create(&admin, "/apis/policy/v1/namespaces/t-pods/poddisruptionbudgets",
+            &json!({"metadata": {"name": "b"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "p"}}}}));
+        let (code, gone) = delete(&admin, "/api/v1/namespaces/t-pods", None);
+        assert_eq!((code, gone["status"]["phase"].as_str()), (200, Some("Terminating")), "{gone}");
+        wait_for("t-pods gone", Duration::from_secs(15), || {
+            (admin.get("/api/v1/namespaces/t-pods").0 == 404).then_some(())
+        });
+        assert_eq!(admin.get("/api/v1/namespaces/t-pods/pods/p").0, 404);
+        assert_eq!(admin.post("/api/v1/namespaces/t-pods/pods", &pod("q", "fs-n1", json!({}), None)).0, 404);
+        let (code, st) = delete(&admin, "/api/v1/namespaces/default", None);
+        assert_eq!(code, 403, "{st}");
     })
     .await;
     cluster.shutdown().await;

@@ -251,7 +251,11 @@ fn cells(kind: &str, o: &Value) -> Vec<Value> {
             json!(o["data"].as_object().map_or(0, |d| d.len())),
             json!(age(o)),
         ],
-        "Namespace" => vec![name, json!("Active"), json!(age(o))],
+        "Namespace" => vec![
+            name,
+            json!(o["status"]["phase"].as_str().unwrap_or("Active")),
+            json!(age(o)),
+        ],
         "Pod" => {
             let statuses = o["status"]["containerStatuses"].as_array();
             let total = o["spec"]["containers"].as_array().map_or(0, |c| c.len());

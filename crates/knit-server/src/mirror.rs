@@ -269,14 +269,20 @@ const DEBIAN_KEY_UID: &str = "knit package mirror <knit@localhost>";
 /// One gpg call (key generation included) gets this long.
 const GPG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Runs gpg on `home` with `args` in `cwd`, bounded by [`GPG_TIMEOUT`];
-/// its error output (capped) in the error.
+/// Runs gpg on `home` with `args` in `cwd` (see [`gnupg_tool`]).
 fn gpg(home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
+    let mut all = vec!["--batch", "--no-tty", "--quiet"];
+    all.extend_from_slice(args);
+    gnupg_tool("gpg", home, cwd, &all)
+}
+
+/// Runs a GnuPG program (`gpg`, `gpgconf`) on `home` with `args` in `cwd`,
+/// bounded by [`GPG_TIMEOUT`]; its error output (capped) in the error.
+fn gnupg_tool(program: &str, home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
     use std::process::{Command, Stdio};
-    let mut child = Command::new("gpg")
+    let mut child = Command::new(program)
         .arg("--homedir")
         .arg(home)
-        .args(["--batch", "--no-tty", "--quiet"])
         .args(args)
         .current_dir(cwd)
         .stdin(Stdio::null())
@@ -285,7 +291,7 @@ fn gpg(home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
         .spawn()
         .map_err(|e| {
             ServerError::Package(format!(
-                "run gpg: {e} (Debian package gpg; scripts/setup.sh installs it)"
+                "run {program}: {e} (Debian package gpg; scripts/setup.sh installs it)"
             ))
         })?;
     // The error output in a thread, so that a chatty gpg never blocks.
@@ -305,19 +311,19 @@ fn gpg(home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(ServerError::Package(format!(
-                    "gpg {} took longer than {} s",
+                    "{program} {} took longer than {} s",
                     args.join(" "),
                     GPG_TIMEOUT.as_secs()
                 )));
             }
             Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) => return Err(ServerError::io("wait for gpg".to_string(), e)),
+            Err(e) => return Err(ServerError::io(format!("wait for {program}"), e)),
         }
     };
     let text = reader.join().unwrap_or_default();
     if !status.success() {
         return Err(ServerError::Package(format!(
-            "gpg {} failed ({status}): {}",
+            "{program} {} failed ({status}): {}",
             args.join(" "),
             text.trim()
         )));
@@ -333,6 +339,17 @@ fn gpg(home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
 /// `Release` and `Release.gpg`, two of them missing. Every file is written
 /// under a temporary name and renamed, `InRelease` last.
 pub fn sign_debian_repository(repo: &Path, gnupg_home: &Path) -> Result<()> {
+    let signed = sign_release(repo, gnupg_home);
+    // gpg started a gpg-agent for the secret key: it would outlive us.
+    if gnupg_home.is_dir() {
+        if let Err(e) = gnupg_tool("gpgconf", gnupg_home, repo, &["--kill", "gpg-agent"]) {
+            tracing::warn!(error = %e, "the gpg-agent of the repository's key was not stopped");
+        }
+    }
+    signed
+}
+
+fn sign_release(repo: &Path, gnupg_home: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if !repo.join("Release").is_file() {
         return Err(ServerError::Package(format!(

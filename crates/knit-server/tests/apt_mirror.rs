@@ -228,6 +228,9 @@ fn apt_reads_the_signed_repository_in_one_in_release() {
     assert!(!err.contains("W:") && !err.contains("E:"), "{err}");
 
     // A Release signed by another key is refused: the signature is checked.
+    // In a later second than the first signature: apt asks with
+    // If-Modified-Since, whose unit is the second, and would get 304.
+    std::thread::sleep(Duration::from_millis(1100));
     knit_server::mirror::sign_debian_repository(&repo, &work.join("gnupg-other")).unwrap();
     let out = apt.update_raw();
     let text =
@@ -236,6 +239,16 @@ fn apt_reads_the_signed_repository_in_one_in_release() {
         text.contains("NO_PUBKEY") || text.contains("not signed") || text.contains("signatures"),
         "a foreign signature was accepted:\n{text}"
     );
+    // No gpg-agent that signing started outlives it.
+    let ours = work.display().to_string();
+    let agents: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.starts_with("gpg-agent") && c.contains(&ours))
+        .collect();
+    assert!(agents.is_empty(), "gpg-agent left running: {agents:?}");
 }
 
 #[test]

@@ -258,6 +258,8 @@ fn a_node_not_registered_is_drained_at_once() {
 #[derive(Default)]
 struct FakeApi {
     pods: Mutex<Vec<PodFacts>>,
+    /// The node's Ready condition is not True (its kubelet is gone).
+    not_ready: Mutex<bool>,
     allow: Mutex<bool>,
     calls: Mutex<Vec<String>>,
 }
@@ -275,7 +277,14 @@ impl ClusterJoin for FakeApi {
         Ok(())
     }
     async fn node_status(&self, _: &str) -> Result<Option<String>> {
-        Ok(Some("Ready".into()))
+        Ok(Some(
+            if *self.not_ready.lock().unwrap() {
+                "Unknown"
+            } else {
+                "Ready"
+            }
+            .into(),
+        ))
     }
     async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
         Ok(Vec::new())
@@ -489,4 +498,39 @@ fn a_new_leader_resumes_the_drain_and_the_old_one_is_fenced() {
             DrainState::Drained
         );
     });
+}
+
+/// A node whose kubelet is gone: an evicted pod never finishes; 60 s past
+/// its due time it no longer blocks, and the drain ends (a Ready node's
+/// pod blocks however long it takes).
+#[tokio::test]
+async fn a_node_that_cannot_confirm_is_drained_60_s_after_the_deletion_was_due() {
+    let api = FakeApi::default();
+    let stuck = PodFacts {
+        deletion_ms: Some(NOW - 61_000),
+        ..pod("web-1")
+    };
+    *api.pods.lock().unwrap() = vec![stuck];
+    let ready = pass(&api, "n1", false, NOW).await.unwrap();
+    assert_eq!(ready.blocking, vec!["shop/web-1"], "a Ready node confirms");
+    *api.not_ready.lock().unwrap() = true;
+    let gone = pass(&api, "n1", false, NOW).await.unwrap();
+    assert!(!gone.node_ready);
+    assert!(gone.blocking.is_empty(), "{gone:?}");
+    assert_eq!(gone.skipped["terminating on a node that cannot confirm"], 1);
+    let a = advance(
+        &record(DrainState::Draining),
+        &gone,
+        &DrainSpec::default(),
+        NOW,
+    );
+    assert_eq!(a.record.state, DrainState::Drained);
+    // 59 s past: still waited for.
+    api.pods.lock().unwrap()[0].deletion_ms = Some(NOW - 59_000);
+    let waiting = pass(&api, "n1", false, NOW).await.unwrap();
+    assert_eq!(waiting.blocking.len(), 1);
+    assert!(
+        waiting.evicted.is_empty(),
+        "a terminating pod is not evicted again"
+    );
 }

@@ -937,6 +937,7 @@ impl Ctx<'_> {
         let ns = self.t.ns.clone();
         let start = self.st.store.watch(def.plural, ns.as_deref(), from)?;
         let interval = self.st.bookmark_interval;
+        let store = self.st.store.clone();
         let mut shutdown = self.st.shutdown.clone();
         let open = self.st.metrics.watch();
         // `kubectl get -w` asks for Table events: one row per event, the
@@ -992,11 +993,49 @@ impl Ctx<'_> {
                 let out = tokio::select! {
                     _ = &mut deadline => break,
                     _ = shutdown.changed() => break,
-                    _ = tick.tick(), if bookmarks => Some(line(&json!({
-                        "type": "BOOKMARK",
-                        "object": {"kind": def.kind, "apiVersion": def.api_version(),
-                                   "metadata": {"resourceVersion": progress.to_string()}},
-                    }))),
+                    _ = tick.tick(), if bookmarks => {
+                        // The feed carries this resource's changes only: the
+                        // bookmark may name the cluster's newest version
+                        // once every change up to it has been sent (they are
+                        // in the feed before that version is current).
+                        let newest = store.current_rv();
+                        let mut ended = false;
+                        loop {
+                            match feed.try_recv() {
+                                Ok(c) => {
+                                    progress = c.rv;
+                                    if let Some(l) = send_change(&c) {
+                                        if tx.send(l).await.is_err() {
+                                            ended = true;
+                                            break;
+                                        }
+                                    }
+                                }
+                                Err(broadcast::error::TryRecvError::Empty) => {
+                                    progress = progress.max(newest);
+                                    break;
+                                }
+                                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                                    let status = ApiStatus::gone("watch fell behind; list again");
+                                    let _ = tx.send(line(&json!({"type": "ERROR", "object": status.body()}))).await;
+                                    ended = true;
+                                    break;
+                                }
+                                Err(broadcast::error::TryRecvError::Closed) => {
+                                    ended = true;
+                                    break;
+                                }
+                            }
+                        }
+                        if ended {
+                            break;
+                        }
+                        Some(line(&json!({
+                            "type": "BOOKMARK",
+                            "object": {"kind": def.kind, "apiVersion": def.api_version(),
+                                       "metadata": {"resourceVersion": progress.to_string()}},
+                        })))
+                    }
                     r = feed.recv() => match r {
                         Ok(c) => {
                             progress = c.rv;

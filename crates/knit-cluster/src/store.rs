@@ -123,6 +123,10 @@ struct State {
     /// resourceVersion before the oldest change in `history`.
     history_floor: u64,
     feed: broadcast::Sender<Arc<Change>>,
+    /// One feed per resource for watches: a change wakes only the watches
+    /// of its resource (1,000 nodes' pod watches are not woken by every
+    /// Lease renewal).
+    resource_feeds: HashMap<String, broadcast::Sender<Arc<Change>>>,
 }
 
 /// Where a watch starts: every change after `rv`, or the current state
@@ -268,6 +272,7 @@ impl Store {
                 history,
                 history_floor,
                 feed,
+                resource_feeds: HashMap::new(),
             }),
             revoked: RwLock::new(revoked),
         });
@@ -710,7 +715,11 @@ impl Store {
         };
         Ok(WatchStart {
             initial,
-            feed: state.feed.subscribe(),
+            feed: state
+                .resource_feeds
+                .entry(resource.to_string())
+                .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0)
+                .subscribe(),
             rv: state.rv,
         })
     }
@@ -762,6 +771,7 @@ impl Core {
                     state.history.clear();
                     state.history_floor = change.rv - 1;
                     state.feed = broadcast::channel(FEED_CAPACITY).0;
+                    state.resource_feeds.clear();
                 }
                 state.push(Arc::new(change));
             }
@@ -782,6 +792,13 @@ impl State {
         self.rv = change.rv;
         self.history.push_back(change.clone());
         // No receiver is not an error: nobody watches yet.
+        if let Some(f) = self.resource_feeds.get(&change.resource) {
+            if f.receiver_count() == 0 {
+                self.resource_feeds.remove(&change.resource);
+            } else {
+                let _ = f.send(change.clone());
+            }
+        }
         let _ = self.feed.send(change);
     }
 }

@@ -244,6 +244,21 @@ async fn field_selectors_graceful_deletion_and_pod_gc() {
         assert_eq!(admin.post("/api/v1/namespaces/t-pods/pods", &pod("q", "fs-n1", json!({}), None)).0, 404);
         let (code, st) = delete(&admin, "/api/v1/namespaces/default", None);
         assert_eq!(code, 403, "{st}");
+
+        // A quiet pod watch's bookmark names the cluster's newest version
+        // (here a Node's), so watching again from it stays in the history.
+        let (_, l) = admin.get(PODS);
+        let rv0 = l["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        let (_, n) = admin.patch("/api/v1/nodes/fs-n1", "application/merge-patch+json", &json!({"metadata": {"labels": {"touched": "yes"}}}));
+        let rv_node: u64 = n["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+        let events = admin.watch_lines(
+            &format!("{PODS}?watch=1&allowWatchBookmarks=true&resourceVersion={rv0}&timeoutSeconds=10"),
+            |e| e["type"] == "BOOKMARK",
+        );
+        let last = events.last().unwrap();
+        assert_eq!(last["type"], "BOOKMARK", "{events:?}");
+        let rv_bookmark: u64 = last["object"]["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+        assert!(rv_bookmark >= rv_node, "bookmark {rv_bookmark} < {rv_node}");
     })
     .await;
     cluster.shutdown().await;

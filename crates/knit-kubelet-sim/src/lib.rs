@@ -217,7 +217,7 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     let name = node_name(&flags)?;
     let mut kc = client_credentials(&flags, &cfg, &name)?;
     let (qps, burst) = (cfg.kube_api_qps, cfg.kube_api_burst);
-    let mut client = Client::new(&kc, qps, burst)?;
+    let mut client = std::sync::Arc::new(Client::new(&kc, qps, burst)?);
     let mut agent = NodeAgent::new(name.clone(), flags.clone(), cfg.clone())?;
     match with_retry("registering the node", || agent.register(&client)) {
         // The server revokes a node's certificates when its Node is
@@ -226,7 +226,7 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
         Err(SimError::Api { code: 401, .. }) if flags.bootstrap_kubeconfig.is_some() => {
             tracing::warn!("the API server refused the existing client certificate (401; revoked when this node was removed?); bootstrapping again");
             kc = credentials(&flags, &cfg, &name, true)?;
-            client = Client::new(&kc, qps, burst)?;
+            client = std::sync::Arc::new(Client::new(&kc, qps, burst)?);
             with_retry("registering the node", || agent.register(&client))?;
         }
         other => other?,
@@ -234,9 +234,8 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
 
     // The pods bound to this node, on threads of their own with the
     // client of the moment (replaced below when the certificate rotates).
-    let shared: pods::SharedClient = std::sync::Arc::new(std::sync::RwLock::new(
-        std::sync::Arc::new(Client::new(&kc, qps, burst)?),
-    ));
+    // One client (one connection pool, one rate limit) for both.
+    let shared: pods::SharedClient = std::sync::Arc::new(std::sync::RwLock::new(client.clone()));
     pods::start(name.clone(), shared.clone())?;
 
     let images = start_image_ensure(&flags, &cfg)?;
@@ -296,9 +295,8 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
             };
             match fresh {
                 Ok(fresh) => {
-                    client = Client::new(&fresh, qps, burst)?;
-                    *shared.write().unwrap_or_else(|p| p.into_inner()) =
-                        std::sync::Arc::new(Client::new(&fresh, qps, burst)?);
+                    client = std::sync::Arc::new(Client::new(&fresh, qps, burst)?);
+                    *shared.write().unwrap_or_else(|p| p.into_inner()) = client.clone();
                     times = cert_times(&fresh, jitter)?;
                     kc = fresh;
                 }

@@ -450,6 +450,64 @@ fn wait_gone(env: &Env, pid: u32) {
     }
 }
 
+/// Whether `pid` holds the local cloud's state lock (`local/lock`, an
+/// flock: /proc/locks names its holder and the file's inode).
+fn holds_local_lock(env: &Env, pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(env.path("local").join("lock")) else {
+        return false;
+    };
+    let inode = format!(":{}", meta.ino());
+    std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&"FLOCK")
+                && f.get(4) == Some(&pid.to_string().as_str())
+                && f.get(5).is_some_and(|i| i.ends_with(&inode))
+        })
+}
+
+/// Freezes a server (SIGSTOP) at a moment it is not inside the local
+/// cloud: the local cloud's state lock is one flock on this host (a
+/// stand-in's limit, docs/local-cloud.md), and a server frozen holding it
+/// would stop the other server's creates too, which no real cloud does.
+fn freeze_outside_the_local_cloud(env: &Env, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Every thread stopped (a group stop reaches them one by one).
+    let stopped = || {
+        let state = |stat: String| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        };
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(state))
+            })
+            .unwrap_or(false)
+    };
+    loop {
+        signal(env, pid, libc::SIGSTOP);
+        // Stopped for certain before the locks are read.
+        while !stopped() {
+            assert!(Instant::now() < deadline, "pid {pid} did not stop");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !holds_local_lock(env, pid) {
+            return;
+        }
+        signal(env, pid, libc::SIGCONT);
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} held the local cloud's lock at every try for 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A frozen server is thawed whatever happens, so cleanup can end it.
 struct Thaw(u32);
 impl Drop for Thaw {
@@ -576,7 +634,7 @@ fn scale_out_survives_a_killed_leader_a_frozen_leader_and_a_database_restart() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    signal(&env, restarted, libc::SIGSTOP);
+    freeze_outside_the_local_cloud(&env, restarted);
     let thaw = Thaw(restarted);
     let frozen_at = Instant::now();
     assert_eq!(leader_pid(&env, 1, Some(restarted as u64)), other);

@@ -406,6 +406,9 @@ fn up_ha(cli_config: &Option<PathBuf>, opts: &ServerOpts, n: u32) -> Result<Exit
         }
     }
     let plan = plan(opts, n)?;
+    // What --ha runs is checked before anything starts, not half-way.
+    postgres_bindir()?;
+    haproxy_bin()?;
     let layout = Layout::new(&opts.state_dir);
     let result = bring_up(&path, opts, &plan, &layout);
     if result.is_err() {
@@ -575,7 +578,8 @@ fn postgres_user() -> Result<Option<(u32, u32)>> {
     let pw = unsafe { libc::getpwnam(name.as_ptr()) };
     if pw.is_null() {
         return Err(HaError::Postgres(
-            "no `postgres` user: install Debian's postgresql package (scripts/setup.sh)".into(),
+            "no `postgres` user: install Debian's postgresql package (scripts/setup.sh --ha)"
+                .into(),
         )
         .into());
     }
@@ -602,7 +606,7 @@ fn postgres_bindir() -> Result<PathBuf> {
     versions.sort();
     versions.pop().map(|(_, p)| p).ok_or_else(|| {
         HaError::Postgres(
-            "no server binaries under /usr/lib/postgresql: install Debian's postgresql package (scripts/setup.sh), or set KNIT_PG_BINDIR".into(),
+            "no server binaries under /usr/lib/postgresql: install Debian's postgresql package (scripts/setup.sh --ha), or set KNIT_PG_BINDIR".into(),
         )
         .into()
     })
@@ -1024,13 +1028,22 @@ fn haproxy_config(layout: &Layout, plan: &Plan) -> String {
     cfg
 }
 
+/// HAProxy's program, or the package to install.
+fn haproxy_bin() -> Result<PathBuf> {
+    super::package::which("haproxy").ok_or_else(|| {
+        HaError::Proxy(
+            "haproxy is not installed: install Debian's haproxy package (scripts/setup.sh --ha)"
+                .into(),
+        )
+        .into()
+    })
+}
+
 /// HAProxy in front of the servers; restarted when its configuration
 /// changed (another N, other addresses).
 fn proxy_up(layout: &Layout, plan: &Plan) -> Result<()> {
     let px = |m: String| CliError::from(HaError::Proxy(m));
-    let bin = super::package::which("haproxy").ok_or_else(|| {
-        px("haproxy is not installed: install Debian's haproxy package (scripts/setup.sh)".into())
-    })?;
+    let bin = haproxy_bin()?;
     let cfg_path = layout.haproxy_cfg();
     let cfg = haproxy_config(layout, plan);
     let same = std::fs::read_to_string(&cfg_path).is_ok_and(|old| old == cfg);

@@ -194,6 +194,7 @@ fn main() -> ExitCode {
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
     }
     let command = match cli.command {

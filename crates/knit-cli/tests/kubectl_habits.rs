@@ -3,7 +3,8 @@
 //! is made): `get -o yaml|json | apply -f -` round trips, `-o name`,
 //! `-o jsonpath=`, `-l`, `--no-headers`, `-w`, `diff -f`, `apply
 //! --dry-run=server`, `completion`, `kubeconfig`, human `--timeout`s and
-//! an error code printed once.
+//! an error code printed once; and the server's log as a log collector
+//! wants it (no colour codes in a file, `--log-format json`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,10 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("knit-habits-")
             .tempdir()
@@ -44,6 +49,7 @@ impl Server {
             .arg(format!("127.0.0.1:{}", free_port()))
             .arg("--state-dir")
             .arg(dir.path().join("state"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -336,4 +342,28 @@ fn kubectl_habits() {
         s.ok(&["kubeconfig", "--raw"], None),
         "apiVersion: v1\nkind: Config\n"
     );
+}
+
+/// The server's log written to a file has no terminal colour codes, and
+/// with `--log-format json` every line of it is one JSON object.
+#[test]
+fn the_server_log_is_plain_in_a_file_and_json_on_request() {
+    let text = Server::start();
+    let log = text.log();
+    assert!(log.contains("knit server on"), "{log}");
+    assert!(!log.contains('\x1b'), "colour codes in a file:\n{log}");
+    drop(text);
+
+    let json = Server::start_with(&["--log-format", "json"]);
+    let log = json.log();
+    assert!(log.lines().count() >= 2, "{log}");
+    for line in log.lines() {
+        let record: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            record["level"].is_string() && record["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(log.contains("knit server on"), "{log}");
 }

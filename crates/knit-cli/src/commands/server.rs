@@ -99,6 +99,26 @@ pub struct ServerOpts {
     local_subnet: String,
     #[arg(long, env = "KNIT_LOCAL_METADATA_PORT", default_value_t = 80)]
     local_metadata_port: u16,
+    /// The log's format on stderr: `text` (coloured only on a terminal)
+    /// or `json` (one object a line, for a log collector).
+    #[arg(long, env = "KNIT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A line for whoever started the server: plain on stderr, or a log
+/// record when the log is JSON (so every line of it parses).
+fn announce(format: LogFormat, line: &str) {
+    match format {
+        LogFormat::Text => eprintln!("{line}"),
+        LogFormat::Json => tracing::info!("{line}"),
+    }
 }
 
 /// How `knit up` starts `knit server`: its arguments, and what goes in its
@@ -138,6 +158,7 @@ impl ServerOpts {
             local_bridge,
             local_subnet,
             local_metadata_port,
+            log_format,
         } = self;
         let mut args: Vec<std::ffi::OsString> = Vec::new();
         let mut flag = |name: &str, value: std::ffi::OsString| {
@@ -173,6 +194,14 @@ impl ServerOpts {
             ("local-bridge", local_bridge.clone()),
             ("local-subnet", local_subnet.clone()),
             ("local-metadata-port", local_metadata_port.to_string()),
+            (
+                "log-format",
+                match log_format {
+                    LogFormat::Text => "text",
+                    LogFormat::Json => "json",
+                }
+                .to_string(),
+            ),
         ] {
             flag(name, value.into());
         }
@@ -391,19 +420,24 @@ pub fn serve(
     opts: ServerOpts,
     write_config: bool,
 ) -> Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-                // ureq prints request headers at debug: an STS token is one.
-                .add_directive(
-                    knit_ecs::LOG_DIRECTIVE
-                        .parse()
-                        .map_err(|e| CliError::Failed(format!("log filter: {e}")))?,
-                ),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        // ureq prints request headers at debug: an STS token is one.
+        .add_directive(
+            knit_ecs::LOG_DIRECTIVE
+                .parse()
+                .map_err(|e| CliError::Failed(format!("log filter: {e}")))?,
+        );
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match opts.log_format {
+        LogFormat::Json => logs.json().init(),
+        // Colour codes only for a person at a terminal, never in a file.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     let s = settings(&opts)?;
     // Listening on the gateway needs the bridge that holds it: made now,
     // as the first instance would (`knit down` removes it).
@@ -452,9 +486,12 @@ pub fn serve(
             }
             .save(&path)?;
         }
-        eprintln!(
-            "knit server on {} (instances use {})",
-            server.local_url, server.control.advertise_url
+        announce(
+            opts.log_format,
+            &format!(
+                "knit server on {} (instances use {})",
+                server.local_url, server.control.advertise_url
+            ),
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io("install SIGTERM handler"))?;
@@ -462,7 +499,7 @@ pub fn serve(
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("knit server stopping");
+        announce(opts.log_format, "knit server stopping");
         server.shutdown().await;
         if let Some(e) = embedded {
             e.stop();
@@ -518,10 +555,13 @@ async fn start_cluster(
     let cluster = knit_cluster::EmbeddedCluster::start(cfg)
         .await
         .map_err(|e| CliError::Failed(format!("embedded cluster on {listen}: {e}")))?;
-    eprintln!(
-        "embedded Kubernetes API at {} (admin kubeconfig {})",
-        cluster.endpoint(),
-        cluster.admin_kubeconfig_path().display()
+    announce(
+        opts.log_format,
+        &format!(
+            "embedded Kubernetes API at {} (admin kubeconfig {})",
+            cluster.endpoint(),
+            cluster.admin_kubeconfig_path().display()
+        ),
     );
     Ok(knit_server::cluster::EmbeddedJoin::new(
         cluster,
@@ -813,6 +853,7 @@ mod tests {
         ("--local-bridge", "kntest0"),
         ("--local-subnet", "10.9.0.0/24"),
         ("--local-metadata-port", "8099"),
+        ("--log-format", "json"),
     ];
 
     fn up(args: &[&str]) -> ServerOpts {

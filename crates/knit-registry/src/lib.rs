@@ -11,6 +11,9 @@
 //!   (incompressible) bytes in a tar.gz each, an image config, a manifest.
 //! - [`push`] uploads blobs (monolithic `POST` + `PUT ?digest=`) and the
 //!   manifest through the registry HTTP API.
+//! - [`oci`] builds the system images knit serves its nodes (a real pause
+//!   process, stand-ins for the rest) into an OCI image layout, with no
+//!   network, and reads that layout back for the control plane's registry.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -18,6 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+
+pub mod oci;
 
 pub const MANIFEST_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const CONFIG_TYPE: &str = "application/vnd.docker.container.image.v1+json";

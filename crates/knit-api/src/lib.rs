@@ -12,6 +12,7 @@ pub mod events;
 pub mod phase;
 pub mod pool;
 pub mod state;
+pub mod update;
 pub mod validate;
 pub mod views;
 

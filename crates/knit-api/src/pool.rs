@@ -10,7 +10,8 @@
 
 use crate::config::*;
 use crate::error::{ApiError, FieldError};
-use crate::validate::{validate_labels, validate_taints, Errors};
+use crate::update::UpdateStrategy;
+use crate::validate::{parse_kube_version, validate_labels, validate_taints, Errors};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -285,6 +286,16 @@ pub struct NodePoolSpec {
     pub repair: RepairSpec,
     /// How a node of the pool is drained before its machine goes.
     pub drain: DrainSpec,
+    /// The Kubernetes version the pool's nodes run: the cluster's when the
+    /// pool is made without one; never newer than the cluster's nor more
+    /// than three minors older (the kubelet's skew policy).
+    pub kubernetes_version: Option<String>,
+    /// How nodes a change left out of date are replaced
+    /// (`crate::update`).
+    pub update_strategy: UpdateStrategy,
+    /// A paused pool's rollout stands still (`knit rollout pause`);
+    /// scaling still works.
+    pub paused: bool,
 }
 
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: i64 = 600;
@@ -486,6 +497,9 @@ impl Default for NodePoolSpec {
             auto_replace: false,
             repair: RepairSpec::default(),
             drain: DrainSpec::default(),
+            kubernetes_version: None,
+            update_strategy: UpdateStrategy::default(),
+            paused: false,
         }
     }
 }
@@ -710,6 +724,16 @@ impl NodePoolSpec {
         );
         self.repair.validate(&f("repair"), e);
         self.drain.validate(&f("drain"), e);
+        self.update_strategy.validate(&f("updateStrategy"), e);
+        if let Some(v) = &self.kubernetes_version {
+            if parse_kube_version(v).is_none() {
+                e.add(
+                    f("kubernetesVersion"),
+                    quoted(v),
+                    "must be a Kubernetes version like \"1.31.4\"",
+                );
+            }
+        }
     }
 
     fn validate_data_disks(&self, at: &str, e: &mut Errors) {

@@ -1,0 +1,335 @@
+//! What a change to a pool means for the nodes it already has: one table
+//! of every `spec` field and how its change reaches them, the template
+//! hash that tells an up-to-date node from a drifted one, and the update
+//! strategy (a Deployment's `maxSurge`/`maxUnavailable`).
+
+use crate::pool::{IntOrPercent, NodePoolSpec};
+use crate::validate::Errors;
+use serde::{Deserialize, Serialize};
+
+/// How a change of a field reaches the nodes a pool already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpdateMode {
+    /// A setting of knit's own (repair, drain, timeouts, the strategy):
+    /// applies at the next pass, nothing on a node changes.
+    Immediate,
+    /// The pool's size: scaling, not an update.
+    Scaling,
+    /// Written onto the existing Node objects within seconds, no new
+    /// machine (labels and taints).
+    InPlace,
+    /// Needs a new machine: a rollout replaces every node made from the
+    /// old template (drained first).
+    Replace,
+    /// Used when a machine is made; nodes already there keep what they
+    /// ran (the seeds: user data runs once, at creation).
+    NewMachinesOnly,
+    /// Fixed at creation; a change is refused.
+    Fixed,
+}
+
+impl UpdateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateMode::Immediate => "immediate",
+            UpdateMode::Scaling => "scaling",
+            UpdateMode::InPlace => "in-place",
+            UpdateMode::Replace => "replace",
+            UpdateMode::NewMachinesOnly => "new-machines-only",
+            UpdateMode::Fixed => "fixed",
+        }
+    }
+}
+
+/// Every field of a pool's `spec` (its name in the document) and how a
+/// change of it reaches existing nodes. docs/control-plane.md ("Updating a
+/// pool") prints this table; a test checks that it lists every field.
+pub const SPEC_FIELDS: &[(&str, UpdateMode)] = &[
+    ("type", UpdateMode::Fixed),
+    ("hardening", UpdateMode::Fixed),
+    ("replicas", UpdateMode::Scaling),
+    ("scaling", UpdateMode::Scaling),
+    ("labels", UpdateMode::InPlace),
+    ("taints", UpdateMode::InPlace),
+    ("instanceTypes", UpdateMode::Replace),
+    ("image", UpdateMode::Replace),
+    ("zone", UpdateMode::Replace),
+    ("securityGroupType", UpdateMode::Replace),
+    ("systemDisk", UpdateMode::Replace),
+    ("dataDisks", UpdateMode::Replace),
+    ("customNodeName", UpdateMode::Replace),
+    ("kubelet", UpdateMode::Replace),
+    ("containerd", UpdateMode::Replace),
+    ("os", UpdateMode::Replace),
+    ("components", UpdateMode::Replace),
+    ("kubernetesVersion", UpdateMode::Replace),
+    ("login", UpdateMode::NewMachinesOnly),
+    ("preUserData", UpdateMode::NewMachinesOnly),
+    ("userData", UpdateMode::NewMachinesOnly),
+    ("userDataSchedulingGate", UpdateMode::NewMachinesOnly),
+    ("joinTimeoutSeconds", UpdateMode::Immediate),
+    ("autoReplace", UpdateMode::Immediate),
+    ("repair", UpdateMode::Immediate),
+    ("drain", UpdateMode::Immediate),
+    ("updateStrategy", UpdateMode::Immediate),
+    ("paused", UpdateMode::Immediate),
+];
+
+/// How a change of `field` (a key of `SPEC_FIELDS`) reaches existing
+/// nodes; an unknown field counts as needing a new machine.
+pub fn mode_of(field: &str) -> UpdateMode {
+    SPEC_FIELDS
+        .iter()
+        .find(|(name, _)| *name == field)
+        .map(|(_, mode)| *mode)
+        .unwrap_or(UpdateMode::Replace)
+}
+
+/// One changed field of a pool's spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldChange {
+    pub field: &'static str,
+    pub mode: UpdateMode,
+}
+
+fn spec_value(spec: &NodePoolSpec) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(spec) {
+        Ok(serde_json::Value::Object(map)) => map,
+        // A spec is plain data: it always serializes to an object.
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The fields that differ between `old` and `new`, in table order.
+pub fn changed_fields(old: &NodePoolSpec, new: &NodePoolSpec) -> Vec<FieldChange> {
+    let (a, b) = (spec_value(old), spec_value(new));
+    SPEC_FIELDS
+        .iter()
+        .filter(|(field, _)| a.get(*field) != b.get(*field))
+        .map(|&(field, mode)| FieldChange { field, mode })
+        .collect()
+}
+
+/// The hash of what a machine of the pool is made from: every `Replace`
+/// field, with the Kubernetes version the pool's nodes run (the pool's, or
+/// the cluster's when the pool names none). A node whose hash is not its
+/// pool's current one is out of date. FNV-1a over the fields' canonical
+/// JSON (sorted keys), as Kubernetes' `pod-template-hash` is FNV-based;
+/// ten hex digits.
+pub fn template_hash(spec: &NodePoolSpec, kubernetes_version: &str) -> String {
+    let mut fields = spec_value(spec);
+    fields.retain(|k, _| mode_of(k) == UpdateMode::Replace);
+    fields.insert(
+        "kubernetesVersion".to_string(),
+        serde_json::Value::String(kubernetes_version.to_string()),
+    );
+    let canonical = serde_json::Value::Object(fields).to_string();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in canonical.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{:010x}", hash & 0xff_ffff_ffff)
+}
+
+pub const UPDATE_STRATEGY_TYPES: &[&str] = &["RollingUpdate", "OnDelete"];
+
+/// How a pool replaces the nodes a change left out of date.
+/// `RollingUpdate` with a Deployment's meanings: `maxSurge` nodes above the
+/// desired count may exist during a rollout, `maxUnavailable` of the
+/// desired count may be unavailable (counts or percentages of the desired
+/// count; surge rounds up, unavailable rounds down, as a Deployment's do;
+/// both zero is refused). `OnDelete` replaces nothing until a node is
+/// removed. `inPlace` upgrades the Kubernetes version on the same machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct UpdateStrategy {
+    #[serde(rename = "type")]
+    pub strategy_type: String,
+    pub max_surge: IntOrPercent,
+    pub max_unavailable: IntOrPercent,
+    pub in_place: bool,
+}
+
+impl Default for UpdateStrategy {
+    fn default() -> Self {
+        UpdateStrategy {
+            strategy_type: "RollingUpdate".to_string(),
+            max_surge: IntOrPercent::Count(1),
+            max_unavailable: IntOrPercent::Count(0),
+            in_place: false,
+        }
+    }
+}
+
+impl UpdateStrategy {
+    pub fn validate(&self, at: &str, e: &mut Errors) {
+        e.one_of(
+            &format!("{at}.type"),
+            &self.strategy_type,
+            UPDATE_STRATEGY_TYPES,
+        );
+        let surge = self.max_surge.resolve(100);
+        let unavailable = self.max_unavailable.resolve(100);
+        if let Err(rule) = surge {
+            e.add(format!("{at}.maxSurge"), &self.max_surge, rule);
+        }
+        if let Err(rule) = unavailable {
+            e.add(format!("{at}.maxUnavailable"), &self.max_unavailable, rule);
+        }
+        if surge == Ok(0) && unavailable == Ok(0) {
+            e.add(
+                format!("{at}.maxUnavailable"),
+                &self.max_unavailable,
+                "may not be 0 when maxSurge is 0 too (nothing could be replaced)",
+            );
+        }
+    }
+
+    pub fn on_delete(&self) -> bool {
+        self.strategy_type == "OnDelete"
+    }
+
+    /// `(maxSurge, maxUnavailable)` as node counts for `desired` nodes, as
+    /// a Deployment resolves them: surge rounds up, unavailable rounds
+    /// down, and when both come to 0 unavailable is 1 so that a rollout
+    /// can move. Valid strategies only (an invalid value counts as 0).
+    pub fn limits(&self, desired: usize) -> (usize, usize) {
+        let surge = self.max_surge.resolve(desired).unwrap_or(0);
+        let unavailable = match &self.max_unavailable {
+            IntOrPercent::Text(t) => t
+                .strip_suffix('%')
+                .and_then(|d| d.parse::<usize>().ok())
+                .map(|pct| desired * pct.min(100) / 100)
+                .unwrap_or(0),
+            count => count.resolve(desired).unwrap_or(0),
+        };
+        if surge == 0 && unavailable == 0 {
+            (0, 1)
+        } else {
+            (surge, unavailable)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Taint;
+
+    #[test]
+    fn the_table_lists_every_spec_field_once() {
+        let fields = spec_value(&NodePoolSpec {
+            scaling: Some(Default::default()),
+            zone: Some("z".into()),
+            custom_node_name: Some(Default::default()),
+            kubernetes_version: Some("1.31.0".into()),
+            ..NodePoolSpec::default()
+        });
+        for key in fields.keys() {
+            assert!(
+                SPEC_FIELDS.iter().any(|(f, _)| f == key),
+                "spec.{key} is missing from SPEC_FIELDS"
+            );
+        }
+        for (i, (f, _)) in SPEC_FIELDS.iter().enumerate() {
+            assert!(fields.contains_key(*f), "SPEC_FIELDS names no field {f}");
+            assert!(
+                SPEC_FIELDS[..i].iter().all(|(g, _)| g != f),
+                "{f} is listed twice"
+            );
+        }
+    }
+
+    #[test]
+    fn only_fields_that_need_a_machine_change_the_hash() {
+        let base = NodePoolSpec::default();
+        let h = template_hash(&base, "1.31.0");
+        assert_eq!(h.len(), 10);
+        assert_eq!(h, template_hash(&base.clone(), "1.31.0"));
+        let mut labelled = base.clone();
+        labelled.labels.insert("tier".into(), "web".into());
+        labelled.taints.push(Taint {
+            key: "k".into(),
+            value: "v".into(),
+            effect: "NoSchedule".into(),
+        });
+        labelled.replicas = 9;
+        labelled.user_data = "#!/bin/sh\ntrue\n".into();
+        labelled.drain.timeout_seconds = 5;
+        assert_eq!(template_hash(&labelled, "1.31.0"), h);
+        let mut bigger = base.clone();
+        bigger.instance_types = vec!["ecs.g7.xlarge".into()];
+        assert_ne!(template_hash(&bigger, "1.31.0"), h);
+        assert_ne!(template_hash(&base, "1.32.0"), h);
+        // The pool's own version and the same version inherited hash alike.
+        let mut pinned = base.clone();
+        pinned.kubernetes_version = Some("1.31.0".into());
+        assert_eq!(template_hash(&pinned, "1.31.0"), h);
+    }
+
+    #[test]
+    fn changed_fields_name_each_change_with_its_mode() {
+        let old = NodePoolSpec::default();
+        let mut new = old.clone();
+        new.labels.insert("a".into(), "b".into());
+        new.image = "/srv/img".into();
+        new.replicas = 4;
+        assert_eq!(
+            changed_fields(&old, &new),
+            vec![
+                FieldChange {
+                    field: "replicas",
+                    mode: UpdateMode::Scaling
+                },
+                FieldChange {
+                    field: "labels",
+                    mode: UpdateMode::InPlace
+                },
+                FieldChange {
+                    field: "image",
+                    mode: UpdateMode::Replace
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn limits_round_as_a_deployment_does() {
+        let s = |surge: IntOrPercent, unavailable: IntOrPercent| UpdateStrategy {
+            max_surge: surge,
+            max_unavailable: unavailable,
+            ..UpdateStrategy::default()
+        };
+        use IntOrPercent::{Count, Text};
+        assert_eq!(UpdateStrategy::default().limits(10), (1, 0));
+        assert_eq!(s(Text("25%".into()), Text("25%".into())).limits(10), (3, 2));
+        assert_eq!(s(Text("10%".into()), Count(0)).limits(3), (1, 0));
+        assert_eq!(s(Count(0), Text("10%".into())).limits(3), (0, 1));
+        assert_eq!(s(Count(2), Count(1)).limits(10), (2, 1));
+    }
+
+    #[test]
+    fn both_zero_and_bad_values_are_refused_naming_the_field() {
+        let mut e = Errors::default();
+        UpdateStrategy {
+            max_surge: IntOrPercent::Count(0),
+            max_unavailable: IntOrPercent::Text("0%".into()),
+            ..UpdateStrategy::default()
+        }
+        .validate("spec.updateStrategy", &mut e);
+        let msg = format!("{:?}", e.into_result());
+        assert!(msg.contains("spec.updateStrategy.maxUnavailable"), "{msg}");
+        let mut e = Errors::default();
+        UpdateStrategy {
+            strategy_type: "Recreate".into(),
+            max_surge: IntOrPercent::Text("150%".into()),
+            ..UpdateStrategy::default()
+        }
+        .validate("spec.updateStrategy", &mut e);
+        let msg = format!("{:?}", e.into_result());
+        assert!(msg.contains("spec.updateStrategy.type"), "{msg}");
+        assert!(msg.contains("spec.updateStrategy.maxSurge"), "{msg}");
+    }
+}

@@ -18,9 +18,9 @@ use crate::error::ApiStatus;
 use crate::metrics::Metrics;
 use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
-use crate::store::{Change, EventType, Store, MAX_OBJECT_BYTES};
+use crate::store::{Change, EventType, SnapshotError, Store, MAX_OBJECT_BYTES};
 use crate::table::{self, Include};
-use crate::{admission, patch, pods, tokens, util};
+use crate::{admission, paging, patch, pods, tokens, util};
 
 /// Largest request body accepted (kube-apiserver's limit: 3 MiB).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -510,31 +510,73 @@ impl Ctx<'_> {
         Ok(json_response(StatusCode::OK, &obj))
     }
 
+    /// A list, paged with `limit` and `continue` as kube-apiserver pages
+    /// it: selectors apply before the limit, every page of a run is read
+    /// at the first page's resourceVersion (see `paging`).
     fn list(&self) -> Result<Response, ApiStatus> {
         let selector = self.selector()?;
         let scope = self.authorize(Verb::List, selector.pinned_name())?;
-        let (items, rv) = self
-            .st
-            .store
-            .list(self.t.def.plural, self.t.ns.as_deref())?;
-        let items: Vec<Value> = items
-            .into_iter()
-            .filter(|o| visible(&scope, o) && selector.matches(o))
-            .collect();
+        let opts = paging::ListOptions::parse(self.query)?;
+        let d = self.t.def;
+        let snap =
+            match self
+                .st
+                .store
+                .list_snapshot(d.plural, self.t.ns.as_deref(), opts.at, &opts.start)
+            {
+                Ok(s) => s,
+                Err(SnapshotError::Compacted) => {
+                    return Ok(json_response(StatusCode::GONE, &paging::expired(&opts)))
+                }
+                Err(SnapshotError::Future { current }) => {
+                    return Err(paging::too_large(opts.at.unwrap_or(current), current))
+                }
+                Err(SnapshotError::Api(e)) => return Err(e),
+            };
+        if let Some(min) = opts.not_older_than.filter(|min| *min > snap.rv) {
+            return Err(paging::too_large(min, snap.rv));
+        }
+        // Counted only when every object is served, as kube-apiserver
+        // counts it only without selectors.
+        let counted = selector.is_empty() && matches!(scope, Scope::All);
+        let mut items: Vec<Value> = Vec::new();
+        let mut last_key = "";
+        let mut next = None;
+        for (i, (key, body)) in snap.items.iter().enumerate() {
+            let obj = body.value()?;
+            if !(visible(&scope, &obj) && selector.matches(&obj)) {
+                continue;
+            }
+            if opts.limit.is_some_and(|l| items.len() >= l) {
+                // One more object is served: there is a next page.
+                next = Some((
+                    paging::encode(snap.rv as i64, last_key),
+                    counted.then_some(snap.items.len() - i),
+                ));
+                break;
+            }
+            last_key = key;
+            items.push(obj);
+        }
+        let mut metadata = json!({"resourceVersion": snap.rv.to_string()});
+        if let Some((token, remaining)) = next {
+            metadata["continue"] = json!(token);
+            if let Some(n) = remaining {
+                metadata["remainingItemCount"] = json!(n);
+            }
+        }
         if self.wants_table() {
             let include = Include::parse(self.query.get("includeObject").map(String::as_str));
-            return Ok(json_response(
-                StatusCode::OK,
-                &table::table(self.t.def, &items, rv, include),
-            ));
+            let mut t = table::table(d, &items, snap.rv, include);
+            t["metadata"] = metadata;
+            return Ok(json_response(StatusCode::OK, &t));
         }
-        let d = self.t.def;
         Ok(json_response(
             StatusCode::OK,
             &json!({
                 "kind": format!("{}List", d.kind),
                 "apiVersion": d.api_version(),
-                "metadata": {"resourceVersion": rv.to_string()},
+                "metadata": metadata,
                 "items": items,
             }),
         ))

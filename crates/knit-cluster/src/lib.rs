@@ -28,6 +28,7 @@ mod disruption;
 mod error;
 mod ipam;
 mod metrics;
+mod paging;
 mod patch;
 mod pki;
 mod pod_controllers;
@@ -94,6 +95,11 @@ pub struct ClusterConfig {
     /// Mask size of each node's subnet (kube-controller-manager's
     /// `--node-cidr-mask-size`, 24 by default).
     pub node_cidr_mask_size: u8,
+    /// Changes kept in memory (and, on PostgreSQL, in the change log): a
+    /// watch may resume, and a paged list continue, from any
+    /// resourceVersion among the last this many changes; older ones get
+    /// 410 Gone. Default 20,000.
+    pub change_history: usize,
 }
 
 impl ClusterConfig {
@@ -110,6 +116,7 @@ impl ClusterConfig {
             datastore: None,
             pod_cidr: knit_api::pool::ClusterNetwork::default().pod_cidr,
             node_cidr_mask_size: 24,
+            change_history: store::HISTORY,
         }
     }
 }
@@ -212,10 +219,15 @@ impl EmbeddedCluster {
         create_private_dir(&pki_dir)?;
         let pod_cidrs = ipam::PodCidrs::new(&cfg.pod_cidr, cfg.node_cidr_mask_size)?;
         let ca = Arc::new(pki::Ca::load_or_create(&pki_dir)?);
-        let store = Arc::new(match &cfg.datastore {
-            Some(datastore) => store::Store::open_datastore(datastore, knit_db::Limits::default())?,
-            None => store::Store::open(&cfg.data_dir.join("cluster.db"))?,
-        });
+        let datastore = match &cfg.datastore {
+            Some(datastore) => datastore.clone(),
+            None => knit_db::Datastore::Sqlite(cfg.data_dir.join("cluster.db")),
+        };
+        let store = Arc::new(store::Store::open_with_history(
+            &datastore,
+            knit_db::Limits::default(),
+            cfg.change_history,
+        )?);
         for ns in resources::NAMESPACES {
             if store.get("namespaces", "", ns)?.is_none() {
                 let created = store.create(

@@ -54,6 +54,11 @@ impl Selector {
         Ok(s)
     }
 
+    /// Selects everything (no label or field term).
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
     /// The single name a field selector pins, if any (`metadata.name=x`).
     pub fn pinned_name(&self) -> Option<&str> {
         self.fields

@@ -16,7 +16,6 @@
 //!   client's resourceVersion) are checked inside the write transaction.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -28,9 +27,10 @@ use tokio::sync::broadcast;
 use crate::error::{ApiStatus, ClusterError};
 use crate::util;
 
-/// Watch events kept in memory: a watch may start from any resourceVersion
-/// still in this window; older ones get 410 Gone, as from etcd compaction.
-const HISTORY: usize = 20_000;
+/// Changes kept in memory by default: a watch may start from any
+/// resourceVersion still in this window, and a list read at one (a paging
+/// run's continue token); older ones get 410 Gone, as from etcd compaction.
+pub const HISTORY: usize = 20_000;
 const FEED_CAPACITY: usize = 8_192;
 /// Largest stored object, serialized (etcd's default request limit,
 /// 1.5 MiB): however an object is written (create, update, any patch).
@@ -39,7 +39,7 @@ pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
 /// Changes read from the change log per query.
 const FOLLOW_BATCH: usize = 1_000;
-/// The change log is trimmed to [`HISTORY`] entries every this many writes.
+/// The change log is trimmed to the history window every this many writes.
 const TRIM_EVERY: u64 = 256;
 
 /// The schema, one step per version (knit-db's migrations). Version 1 is
@@ -94,8 +94,9 @@ pub struct Change {
     pub name: String,
     pub rv: u64,
     pub object: Arc<Value>,
-    /// The object before a modification: a filtered watch turns a change
-    /// into ADDED or DELETED when the object enters or leaves its filter.
+    /// The object before a modification (a filtered watch turns a change
+    /// into ADDED or DELETED when the object enters or leaves its filter)
+    /// or a deletion (a list at an earlier resourceVersion shows it).
     pub previous: Option<Arc<Value>>,
 }
 
@@ -109,6 +110,8 @@ struct Core {
     db: Db,
     /// PostgreSQL: other servers write too (change log, follower).
     shared: bool,
+    /// Changes kept in memory (and in the change log on PostgreSQL).
+    history: usize,
     state: Mutex<State>,
     /// Revoked node client certificates: serial (hex) → node name. Read on
     /// every request with a client certificate, so not behind `state`.
@@ -120,6 +123,8 @@ struct Core {
 struct State {
     rv: u64,
     history: VecDeque<Arc<Change>>,
+    /// Length of `history` at most (the store's window).
+    keep: usize,
     /// resourceVersion before the oldest change in `history`.
     history_floor: u64,
     feed: broadcast::Sender<Arc<Change>>,
@@ -135,6 +140,41 @@ pub struct WatchStart {
     pub initial: Vec<Arc<Change>>,
     pub feed: broadcast::Receiver<Arc<Change>>,
     pub rv: u64,
+}
+
+/// Objects of one list at one resourceVersion: (list key, object), sorted
+/// by key.
+pub struct Snapshot {
+    pub rv: u64,
+    pub items: Vec<(String, ListedBody)>,
+}
+
+/// An object of a [`Snapshot`]: as stored (parsed only if it is served), or
+/// as it was before a later change.
+pub enum ListedBody {
+    Stored(String),
+    Kept(Arc<Value>),
+}
+
+impl ListedBody {
+    pub fn value(&self) -> Result<Value, ClusterError> {
+        match self {
+            ListedBody::Stored(b) => parse(b),
+            ListedBody::Kept(v) => Ok((**v).clone()),
+        }
+    }
+}
+
+/// Why a list at a resourceVersion cannot be served.
+#[derive(Debug)]
+pub enum SnapshotError {
+    /// Older than the changes this server keeps (etcd's compaction).
+    Compacted,
+    /// Newer than the cluster's resourceVersion.
+    Future {
+        current: u64,
+    },
+    Api(ApiStatus),
 }
 
 /// A write decided inside its transaction.
@@ -193,14 +233,27 @@ fn same_as(base: &Value, next: &Value) -> bool {
 
 impl Store {
     /// The SQLite store of one server (the default datastore).
-    pub fn open(path: &Path) -> Result<Store, ClusterError> {
+    #[cfg(test)]
+    pub fn open(path: &std::path::Path) -> Result<Store, ClusterError> {
         Store::open_datastore(&Datastore::Sqlite(path.to_path_buf()), Limits::default())
     }
 
     /// The store on `datastore`: SQLite (this server alone) or PostgreSQL
     /// (shared with the other servers on it, whose changes this store's
     /// watches follow).
+    #[cfg(test)]
     pub fn open_datastore(datastore: &Datastore, limits: Limits) -> Result<Store, ClusterError> {
+        Store::open_with_history(datastore, limits, HISTORY)
+    }
+
+    /// Like [`Store::open_datastore`], keeping the last `history` changes
+    /// (at least 1) for watches and lists at an earlier resourceVersion.
+    pub fn open_with_history(
+        datastore: &Datastore,
+        limits: Limits,
+        history: usize,
+    ) -> Result<Store, ClusterError> {
+        let keep = history.max(1);
         let db = Db::open(datastore, limits)?;
         db.migrate("cluster", SCHEMA, |tx, step| -> Result<(), ClusterError> {
             if step == 0 {
@@ -250,7 +303,7 @@ impl Store {
             Ok((revoked, rv, changes))
         })?;
         let mut history: VecDeque<Arc<Change>> = changes.into_iter().map(Arc::new).collect();
-        while history.len() > HISTORY {
+        while history.len() > keep {
             history.pop_front();
         }
         let contiguous = history.back().is_none_or(|c| c.rv == rv)
@@ -267,9 +320,11 @@ impl Store {
         let core = Arc::new(Core {
             db,
             shared,
+            history: keep,
             state: Mutex::new(State {
                 rv,
                 history,
+                keep,
                 history_floor,
                 feed,
                 resource_feeds: HashMap::new(),
@@ -341,6 +396,121 @@ impl Store {
             .map(|b| parse(b))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((items, rv))
+    }
+
+    /// The objects of a resource (in one namespace, or all when `ns` is
+    /// None) whose list key is `from` or after, sorted by key, as they were
+    /// at resourceVersion `at` (the newest when None). A list key is the
+    /// object's name, or `namespace/name` in a list across namespaces
+    /// (etcd's key under the list's prefix, as kube-apiserver pages it).
+    ///
+    /// An earlier version is the stored objects with the changes after it
+    /// undone, from the history: one older than the history is
+    /// [`SnapshotError::Compacted`].
+    pub fn list_snapshot(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        at: Option<u64>,
+        from: &str,
+    ) -> Result<Snapshot, SnapshotError> {
+        let key_of = |namespace: &str, name: &str| -> String {
+            if ns.is_none() && !namespace.is_empty() {
+                format!("{namespace}/{name}")
+            } else {
+                name.to_string()
+            }
+        };
+        let (rows, listed) = self
+            .core
+            .db
+            .read(|tx| -> Result<_, ClusterError> {
+                let rows = match ns {
+                    Some(ns) => tx.query(
+                        "SELECT namespace, name, body FROM kube_objects WHERE resource = ?1 AND namespace = ?2",
+                        params![resource, ns],
+                    )?,
+                    None => tx.query(
+                        "SELECT namespace, name, body FROM kube_objects WHERE resource = ?1",
+                        params![resource],
+                    )?,
+                };
+                let mut out = Vec::with_capacity(rows.len());
+                for r in rows {
+                    let key = key_of(&r.get::<String>(0)?, &r.get::<String>(1)?);
+                    if key.as_str() >= from {
+                        out.push((key, r.get::<String>(2)?));
+                    }
+                }
+                Ok((out, meta_rv(tx)?))
+            })
+            .map_err(|e| SnapshotError::Api(e.into()))?;
+        let mut items: Vec<(String, ListedBody)> = rows
+            .into_iter()
+            .map(|(k, b)| (k, ListedBody::Stored(b)))
+            .collect();
+        match at {
+            None => {}
+            Some(at) if at == listed => {}
+            Some(at) if at > listed => return Err(SnapshotError::Future { current: listed }),
+            Some(at) => {
+                let core = &*self.core;
+                let changes: Vec<Arc<Change>> = {
+                    let mut state = core.lock();
+                    if core.shared && state.rv < listed {
+                        core.pull(&mut state, Some(listed))
+                            .map_err(|e| SnapshotError::Api(e.into()))?;
+                    }
+                    if at < state.history_floor {
+                        return Err(SnapshotError::Compacted);
+                    }
+                    if state.rv < listed {
+                        return Err(SnapshotError::Api(ApiStatus::new(
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            "ServiceUnavailable",
+                            format!("this server has not read the changes up to resourceVersion {listed} yet; try again"),
+                        )));
+                    }
+                    state
+                        .history
+                        .iter()
+                        .filter(|c| {
+                            c.rv > at
+                                && c.rv <= listed
+                                && c.resource == resource
+                                && ns.is_none_or(|n| n == c.namespace)
+                        })
+                        .cloned()
+                        .collect()
+                };
+                // Each key changed since `at` as it was then: before its
+                // first change since (absent if that change created it).
+                let mut then: std::collections::BTreeMap<String, Option<Arc<Value>>> =
+                    std::collections::BTreeMap::new();
+                for c in &changes {
+                    let key = key_of(&c.namespace, &c.name);
+                    if key.as_str() < from {
+                        continue;
+                    }
+                    then.entry(key).or_insert_with(|| match c.kind {
+                        EventType::Added => None,
+                        // A deletion logged before deletions kept the object
+                        // before: the deleted object is the nearest there is.
+                        _ => Some(c.previous.clone().unwrap_or_else(|| c.object.clone())),
+                    });
+                }
+                items.retain(|(k, _)| !then.contains_key(k));
+                items.extend(
+                    then.into_iter()
+                        .filter_map(|(k, v)| v.map(|v| (k, ListedBody::Kept(v)))),
+                );
+            }
+        }
+        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(Snapshot {
+            rv: at.unwrap_or(listed),
+            items,
+        })
     }
 
     pub fn create(&self, resource: &str, ns: &str, mut obj: Value) -> Result<Value, ApiStatus> {
@@ -493,10 +663,12 @@ impl Store {
             if expected_rv.is_some_and(|e| util::rv_of(&current) != Some(e)) {
                 return Err(conflict(resource, name));
             }
+            // The object as it was before: a list at an earlier
+            // resourceVersion (a paging run) still shows it.
             Ok(Plan::Write {
                 kind: EventType::Deleted,
-                obj: current,
-                previous: None,
+                obj: current.clone(),
+                previous: Some(current),
             })
         })
     }
@@ -597,10 +769,10 @@ impl Store {
                     params![resource, ns, name, rv, body.as_str()],
                 )?;
             }
-            if core.shared && rv.is_multiple_of(TRIM_EVERY) && rv > HISTORY as u64 {
+            if core.shared && rv.is_multiple_of(TRIM_EVERY) && rv > core.history as u64 {
                 tx.execute(
                     "DELETE FROM kube_changes WHERE rv <= ?1",
-                    params![rv - HISTORY as u64],
+                    params![rv - core.history as u64],
                 )?;
             }
             Ok(Outcome::Written {
@@ -784,7 +956,7 @@ impl Core {
 
 impl State {
     fn push(&mut self, change: Arc<Change>) {
-        if self.history.len() >= HISTORY {
+        if self.history.len() >= self.keep {
             if let Some(old) = self.history.pop_front() {
                 self.history_floor = old.rv;
             }
@@ -1131,6 +1303,71 @@ mod tests {
             );
             let all = s.watch("nodes", None, None).unwrap();
             assert_eq!(all.initial.len(), 1);
+        });
+    }
+
+    /// A list at an earlier resourceVersion: the objects as they were
+    /// then, whatever changed since (created, modified, deleted); older
+    /// than the history is Compacted, newer than the cluster Future.
+    #[test]
+    fn list_at_an_earlier_version_undoes_later_changes() {
+        on_both(|f| {
+            let s = Store::open_with_history(&f.datastore, Limits::default(), 8).unwrap();
+            for n in ["a", "b", "c", "d"] {
+                s.create("nodes", "", node(n)).unwrap();
+            }
+            s.create("pods", "ns1", node("p")).unwrap();
+            let then = s.current_rv();
+            s.update("nodes", "", "b", None, |cur| {
+                let mut next = cur.clone();
+                next["spec"] = json!({"unschedulable": true});
+                Ok(next)
+            })
+            .unwrap();
+            s.delete("nodes", "", "c").unwrap();
+            s.create("nodes", "", node("bb")).unwrap();
+            s.delete("pods", "ns1", "p").unwrap();
+            let names = |snap: &Snapshot| -> Vec<(String, Value)> {
+                snap.items
+                    .iter()
+                    .map(|(k, b)| (k.clone(), b.value().unwrap()))
+                    .collect()
+            };
+            let snap = s.list_snapshot("nodes", None, Some(then), "").unwrap();
+            assert_eq!(snap.rv, then);
+            let items = names(&snap);
+            let keys: Vec<_> = items.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(keys, ["a", "b", "c", "d"]);
+            assert!(items[1].1.get("spec").is_none(), "b as it was");
+            assert!(items.iter().all(|(_, o)| util::rv_of(o).unwrap() <= then));
+            let from_b = s
+                .list_snapshot("nodes", None, Some(then), "b\u{0}")
+                .unwrap();
+            let keys: Vec<_> = from_b.items.iter().map(|(k, _)| k.clone()).collect();
+            assert_eq!(keys, ["c", "d"]);
+            let now = s.list_snapshot("nodes", None, None, "").unwrap();
+            let keys: Vec<_> = now.items.iter().map(|(k, _)| k.clone()).collect();
+            assert_eq!(keys, ["a", "b", "bb", "d"]);
+            assert_eq!(now.rv, s.current_rv());
+            // Namespaced: keys are namespace/name across namespaces.
+            let pods = s.list_snapshot("pods", None, Some(then), "").unwrap();
+            assert_eq!(pods.items[0].0, "ns1/p");
+            let pods = s
+                .list_snapshot("pods", Some("ns1"), Some(then), "")
+                .unwrap();
+            assert_eq!(pods.items[0].0, "p");
+            assert!(matches!(
+                s.list_snapshot("nodes", None, Some(s.current_rv() + 5), ""),
+                Err(SnapshotError::Future { .. })
+            ));
+            // Past the history window (8 changes): compacted.
+            for i in 0..8 {
+                s.create("leases", "x", node(&format!("l{i}"))).unwrap();
+            }
+            assert!(matches!(
+                s.list_snapshot("nodes", None, Some(then), ""),
+                Err(SnapshotError::Compacted)
+            ));
         });
     }
 

@@ -361,9 +361,35 @@ fn registry_server(registry: &str, scheme: &str) -> String {
     }
 }
 
+/// The control plane's CA for containerd: named (`ca = …`) by the
+/// `hosts.toml` entries of mirrors at the control plane's own address
+/// (node-absolute; `ca` names it as the host sees it).
+pub const CONTROL_PLANE_REGISTRY_CA: &str = "/etc/containerd/knit-control-plane-ca.crt";
+
+/// The control plane as a registry mirror: its origin and the CA file
+/// (as containerd opens it) that verifies it.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlPlaneMirror<'a> {
+    pub origin: &'a str,
+    pub ca_file: &'a str,
+}
+
+/// `scheme://host[:port]` of a URL (no path, no final `/`).
+pub fn url_origin(url: &str) -> Option<&str> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    (!scheme.is_empty() && end > 0).then(|| &url[..scheme.len() + 3 + end])
+}
+
 /// One `hosts.toml` per registry with mirrors or marked insecure, keyed by
-/// the `certs.d` directory name (the registry host).
-pub fn registry_hosts(config: &ContainerdConfig) -> Result<BTreeMap<String, String>> {
+/// the `certs.d` directory name (the registry host). A mirror whose origin
+/// is `control_plane`'s (the control plane's registry) is verified with
+/// the CA file it names (`ca = …`), and only that mirror: the control
+/// plane's CA is trusted for nothing else.
+pub fn registry_hosts(
+    config: &ContainerdConfig,
+    control_plane: Option<ControlPlaneMirror<'_>>,
+) -> Result<BTreeMap<String, String>> {
     let mut registries: Vec<&String> = config.registry_mirrors.keys().collect();
     registries.extend(config.insecure_registries.iter());
     registries.sort();
@@ -390,6 +416,10 @@ pub fn registry_hosts(config: &ContainerdConfig) -> Result<BTreeMap<String, Stri
             );
             if skip_verify {
                 entry.push_str("  skip_verify = true\n");
+            } else if let Some(cp) = control_plane
+                .filter(|cp| url.starts_with("https://") && url_origin(url) == Some(cp.origin))
+            {
+                entry.push_str(&format!("  ca = {}\n", toml_str(cp.ca_file)));
             }
             entry
         };
@@ -488,6 +518,51 @@ pub fn stargz_service(host: &Host, bin: &str) -> ServiceSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_plane_ca_verifies_the_control_plane_mirror_only() {
+        assert_eq!(
+            url_origin("https://10.0.0.1:7443/report/v1/events"),
+            Some("https://10.0.0.1:7443")
+        );
+        assert_eq!(
+            url_origin("https://10.0.0.1:7443"),
+            Some("https://10.0.0.1:7443")
+        );
+        assert_eq!(url_origin("https:///x"), None);
+        assert_eq!(url_origin("10.0.0.1:7443"), None);
+        let mut c = ContainerdConfig::default();
+        c.registry_mirrors.insert(
+            "registry.k8s.io".into(),
+            vec!["https://10.0.0.1:7443/".into()],
+        );
+        c.registry_mirrors.insert(
+            "docker.io".into(),
+            vec![
+                "https://10.0.0.1:7444".into(),
+                "http://10.0.0.1:7443".into(),
+            ],
+        );
+        let cp = ControlPlaneMirror {
+            origin: "https://10.0.0.1:7443",
+            ca_file: "/etc/containerd/knit-control-plane-ca.crt",
+        };
+        let files = registry_hosts(&c, Some(cp)).unwrap();
+        assert!(
+            files["registry.k8s.io"].contains(
+                "[host.\"https://10.0.0.1:7443\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"/etc/containerd/knit-control-plane-ca.crt\"\n"
+            ),
+            "{}",
+            files["registry.k8s.io"]
+        );
+        assert!(
+            !files["docker.io"].contains("ca ="),
+            "{}",
+            files["docker.io"]
+        );
+        let files = registry_hosts(&c, None).unwrap();
+        assert!(!files["registry.k8s.io"].contains("ca ="));
+    }
 
     #[test]
     fn toml_strings_are_escaped() {

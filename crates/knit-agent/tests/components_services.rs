@@ -217,7 +217,7 @@ fn real_containerd_under_the_supervisor_answers_on_its_socket() {
     node.host
         .write_file(render::CONTAINERD_CONFIG, toml.as_bytes(), 0o644)
         .unwrap();
-    for (registry, text) in render::registry_hosts(&config.containerd).unwrap() {
+    for (registry, text) in render::registry_hosts(&config.containerd, None).unwrap() {
         node.host
             .write_file(
                 &format!("{}/{registry}/hosts.toml", render::CONTAINERD_CERTS_D),

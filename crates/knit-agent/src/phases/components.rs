@@ -69,10 +69,29 @@ fn rendered_files(ctx: &Ctx) -> Result<BTreeMap<String, (String, u32)>> {
             0o644,
         ),
     );
-    for (registry, text) in render::registry_hosts(&ctx.config.containerd)? {
+    // Mirrors at the control plane's address (its registry of system
+    // images) are verified with its CA, written beside containerd's config.
+    let ca = ctx.config.cluster.control_plane_ca_cert.as_deref();
+    let ca_file = host.host_path(render::CONTROL_PLANE_REGISTRY_CA);
+    let control_plane = ca
+        .and(ctx.config.cluster.report_url.as_deref())
+        .and_then(render::url_origin)
+        .map(|origin| render::ControlPlaneMirror {
+            origin,
+            ca_file: &ca_file,
+        });
+    let mut names_ca = false;
+    for (registry, text) in render::registry_hosts(&ctx.config.containerd, control_plane)? {
+        names_ca |= text.contains(&ca_file);
         files.insert(
             format!("{}/{registry}/hosts.toml", render::CONTAINERD_CERTS_D),
             (text, 0o644),
+        );
+    }
+    if let (true, Some(ca)) = (names_ca, ca) {
+        files.insert(
+            render::CONTROL_PLANE_REGISTRY_CA.to_string(),
+            (ca.to_string(), 0o644),
         );
     }
     Ok(files)

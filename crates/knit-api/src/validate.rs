@@ -345,11 +345,24 @@ pub fn check_label_value(value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Kubernetes reserves these prefixes, except the two node-facing ones.
+/// The well-known labels inside `kubernetes.io` a kubelet may set on its
+/// own Node (Kubernetes' NodeRestriction), as a cloud controller manager
+/// sets them: knit puts the instance type, region and zone on every node.
+pub const KUBELET_WELL_KNOWN_LABELS: &[&str] = &[
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+
+/// Kubernetes reserves these prefixes, except the two node-facing ones and
+/// the well-known labels a kubelet may set.
 fn reserved_label_prefix(key: &str) -> bool {
     let Some((prefix, _)) = key.rsplit_once('/') else {
         return false;
     };
+    if KUBELET_WELL_KNOWN_LABELS.contains(&key) {
+        return false;
+    }
     let allowed = ["kubelet.kubernetes.io", "node.kubernetes.io"];
     if allowed
         .iter()
@@ -370,7 +383,7 @@ pub fn validate_labels(at: &str, labels: &BTreeMap<String, String>, e: &mut Erro
             e.add(
                 format!("{at}[{key}]"),
                 quoted(key),
-                "key uses a reserved prefix (kubernetes.io/, k8s.io/); only kubelet.kubernetes.io/ and node.kubernetes.io/ are allowed",
+                "key uses a reserved prefix (kubernetes.io/, k8s.io/); only kubelet.kubernetes.io/, node.kubernetes.io/ and topology.kubernetes.io/region|zone are allowed",
             );
         }
         if let Err(rule) = check_label_value(value) {

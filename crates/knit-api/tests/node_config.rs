@@ -161,7 +161,7 @@ fn sysctl_and_thp() {
 #[test]
 fn labels_taints_and_custom_names() {
     let list = errors(&doc(
-        "node:\n  labels: {\"kubernetes.io/role\": x, \"node.kubernetes.io/pool\": ok, \"-bad\": v, good: \"-v\"}\n  taints: [{key: dedicated, value: gpu, effect: NoWhere}]\n  customName: {prefix: \"1abc\", suffix: \"x-\"}\n",
+        "node:\n  labels: {\"kubernetes.io/role\": x, \"node.kubernetes.io/pool\": ok, \"topology.kubernetes.io/zone\": local-a, \"topology.kubernetes.io/rack\": r1, \"-bad\": v, good: \"-v\"}\n  taints: [{key: dedicated, value: gpu, effect: NoWhere}]\n  customName: {prefix: \"1abc\", suffix: \"x-\"}\n",
     ));
     assert!(has(
         &list,
@@ -171,6 +171,16 @@ fn labels_taints_and_custom_names() {
     assert!(!list
         .iter()
         .any(|e| e.field == "node.labels[node.kubernetes.io/pool]"));
+    // The well-known labels a kubelet may set, and no other key of
+    // topology.kubernetes.io/.
+    assert!(!list
+        .iter()
+        .any(|e| e.field == "node.labels[topology.kubernetes.io/zone]"));
+    assert!(has(
+        &list,
+        "node.labels[topology.kubernetes.io/rack]",
+        "reserved prefix"
+    ));
     assert!(has(&list, "node.labels[-bad]", "start and end"));
     assert!(has(&list, "node.labels[good]", "value must start and end"));
     assert!(has(

@@ -122,6 +122,8 @@ pub async fn bootstrap(
         control_plane_ca_pem: cp.ca_pem.clone(),
     });
     crate::attach::adjust_config(cp, &instance, &mut config)?;
+    // On the local cloud, system images come from this server's registry.
+    crate::registry::apply_default_mirrors(cp, &mut config);
     config.validate().map_err(|e| {
         ServerError::Internal(format!(
             "the NodeConfig made for {instance_name} does not validate: {e}"

@@ -24,6 +24,7 @@ pub mod pools;
 pub mod preflight;
 pub mod provider;
 pub mod reconcile;
+pub mod registry;
 pub mod server;
 pub mod snapshot;
 pub mod store;

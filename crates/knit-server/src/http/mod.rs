@@ -1,7 +1,8 @@
 //! The REST API. `/api/v1/*` and `/metrics` need the admin token; the
 //! bootstrap and report endpoints take their own per-instance tokens; the
-//! package mirror, `/healthz` and `/openapi.json` are public (they hold no
-//! secret: the mirror serves the same binaries to every node).
+//! package mirror, the system images' registry (`/v2/`), `/healthz` and
+//! `/openapi.json` are public (they hold no secret: the mirror serves the
+//! same binaries and images to every node).
 
 pub mod attach;
 pub mod console;
@@ -13,6 +14,7 @@ pub mod node_api;
 pub mod nodes;
 pub mod openapi;
 pub mod pools;
+pub mod registry;
 mod servers;
 pub mod snapshots;
 pub mod tokens;
@@ -94,6 +96,9 @@ pub fn router(cp: Cp) -> Router {
             get(|| async { Json(crate::http::openapi::document()) }),
         )
         .route("/mirror/*path", get(mirror::mirror_file))
+        // The system images nodes pull (read-only; HEAD too, through get).
+        .route("/v2/", get(registry::base))
+        .route("/v2/*path", get(registry::serve))
         .route("/bootstrap/v1/config", post(node_api::bootstrap))
         .route("/attach/v1/manual", post(attach::manual))
         .route("/attach/v1/failed", post(attach::manual_failed))

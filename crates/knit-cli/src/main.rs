@@ -75,11 +75,19 @@ enum Cmd {
     /// Start a server with embedded defaults in the background and write the client config.
     Up(server::ha::UpArgs),
     /// Run the server in the foreground.
+    // A flag given twice keeps its last value: the command line's flags
+    // come after a config file's, so they win.
+    #[command(args_override_self = true)]
     Server {
         #[command(subcommand)]
         action: Option<ServerAction>,
         #[command(flatten)]
         opts: server::ServerOpts,
+        /// Read flags from a YAML file: keys are the flags' long names
+        /// (`state-dir: /var/lib/knit/server`). The command line wins over
+        /// the file, the file over the environment.
+        #[arg(long, env = "KNIT_SERVER_CONFIG_FILE")]
+        config_file: Option<PathBuf>,
         /// Also write the client config for this server.
         #[arg(long)]
         write_config: bool,
@@ -251,13 +259,37 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match with_config_file(Cli::parse_from(&argv), &argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error [{}]: {e}", e.code());
+            return ExitCode::FAILURE;
+        }
+    };
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error [{}]: {e}", e.code());
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `knit server --config-file FILE`: the command line parsed again with
+/// the file's flags before its own.
+fn with_config_file(cli: Cli, argv: &[std::ffi::OsString]) -> Result<Cli> {
+    let Cmd::Server {
+        config_file: Some(path),
+        ..
+    } = &cli.cmd
+    else {
+        return Ok(cli);
+    };
+    let extra = commands::server_config::file_args(path)?;
+    match commands::server_config::insert_after_server(argv, extra) {
+        Some(argv) => Ok(Cli::parse_from(argv)),
+        None => Ok(cli),
     }
 }
 
@@ -273,6 +305,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             action: None,
             opts,
             write_config,
+            ..
         } => server::serve(&cli.config, opts, write_config),
         Cmd::Get {
             kind,
@@ -401,6 +434,48 @@ fn run(cli: Cli) -> Result<ExitCode> {
 #[cfg(test)]
 mod describe_tests {
     use super::*;
+
+    /// A config file's flags come first: the command line's win.
+    #[test]
+    fn the_command_line_wins_over_a_config_file() {
+        let argv: Vec<std::ffi::OsString> = [
+            "knit",
+            "server",
+            "--region",
+            "from-file",
+            "--ecs-security-group",
+            "sg-file",
+            "--parallelism",
+            "3",
+            "--region",
+            "from-flag",
+            "--ecs-security-group",
+            "sg-a,sg-b",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{e}"));
+        let Cmd::Server { opts, .. } = cli.cmd else {
+            panic!("not server")
+        };
+        let line: Vec<String> = opts
+            .server_command_line()
+            .args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let after = |flag: &str| {
+            let at = line
+                .iter()
+                .position(|a| a == flag)
+                .unwrap_or_else(|| panic!("{flag} missing: {line:?}"));
+            line[at + 1].clone()
+        };
+        assert_eq!(after("--region"), "from-flag");
+        assert_eq!(after("--parallelism"), "3");
+        assert!(!line.iter().any(|a| a == "sg-file"), "{line:?}");
+    }
 
     /// `knit describe` takes `-o json|yaml` like `get` (before: an
     /// unexpected argument).

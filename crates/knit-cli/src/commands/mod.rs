@@ -15,6 +15,7 @@ pub mod package;
 pub mod pools;
 pub mod registry;
 pub mod server;
+pub mod server_config;
 pub mod snapshot;
 pub mod wait;
 

@@ -45,6 +45,10 @@ pub struct Settings {
     /// How long the leader lease lasts without renewal: a leader that
     /// stops renewing is replaced after at most this (plus one renewal).
     pub lease_ttl: Duration,
+    /// A drain stops waiting for a pod being deleted on a node that is not
+    /// Ready this long after the deletion was due (Cluster API's skip-wait
+    /// for unreachable nodes; default 60 s, `--drain-skip-wait-seconds`).
+    pub drain_skip_wait: Duration,
 }
 
 /// Where the web console listens and how long a sign-in lasts.
@@ -115,6 +119,7 @@ impl Settings {
             reconcile_interval: Duration::from_secs(2),
             console: None,
             lease_ttl: Duration::from_secs(8),
+            drain_skip_wait: crate::drain::DEFAULT_SKIP_WAIT,
         }
     }
 

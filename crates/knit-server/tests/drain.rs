@@ -341,3 +341,128 @@ async fn the_drain_against_the_embedded_and_an_external_cluster() {
     drain_story(&cp, &admin, "ext").await;
     embedded.stop();
 }
+
+/// A pod that two budgets select: kube-apiserver answers its eviction 500
+/// ("This pod has more than one PodDisruptionBudget…"). The drain is
+/// blocked by both budgets, named, not failed; past the timeout `wait`
+/// keeps waiting, and once the pool says `force` the pod is deleted.
+async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
+    let node = format!("{tag}-n2b");
+    admin.node(&node).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.client.clone(), &admin.ns);
+    let db = json!({"app": format!("{tag}-db")});
+    // Two budgets over one pod, by matchLabels and by matchExpressions.
+    for (name, selector) in [
+        ("a", json!({"matchLabels": db.clone()})),
+        (
+            "b",
+            json!({"matchExpressions": [{"key": "app", "operator": "In", "values": [format!("{tag}-db")]}]}),
+        ),
+    ] {
+        let spec = json!({"minAvailable": 0, "selector": selector});
+        pdbs.create(
+            &PostParams::default(),
+            &object(json!({"metadata": {"name": format!("{tag}-db-{name}")}, "spec": spec})),
+        )
+        .await
+        .unwrap();
+    }
+    let pod = format!("{tag}-db-0");
+    admin.pod(&pod, &node, db.clone(), json!({})).await;
+    // Each budget alone would allow the eviction.
+    admin.budget_allows(&format!("{tag}-db-a"), 1).await;
+    admin.budget_allows(&format!("{tag}-db-b"), 1).await;
+
+    let pool_name = format!("{tag}-two");
+    pool(cp, &pool_name, 1, "wait");
+    let instance = format!("{tag}-two-a");
+    let step = || cp.drain_step(3, &instance, &node, &pool_name);
+    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    let d = cp.store.drain(&instance).unwrap().unwrap();
+    assert_eq!(d.state, DrainState::Blocked, "{d:?}");
+    let budget = d.budget.clone().unwrap_or_default();
+    let ns = &admin.ns;
+    assert!(
+        budget.contains(&format!("{ns}/{tag}-db-a (minAvailable 0,"))
+            && budget.contains(&format!("{ns}/{tag}-db-b (minAvailable 0,")),
+        "{budget}"
+    );
+    let reason = d.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("refused by PodDisruptionBudgets")
+            && reason.contains("more than one PodDisruptionBudget")
+            && !reason.contains("API failed"),
+        "{reason}"
+    );
+    let events = cp.store.events(100).unwrap();
+    assert!(
+        events.iter().any(|e| e.reason == "DrainBlocked"
+            && e.object_name == node
+            && e.message.contains(&format!("{tag}-db-a"))
+            && e.message.contains(&format!("{tag}-db-b"))),
+        "{events:?}"
+    );
+    let p = admin.pods().get(&pod).await.unwrap();
+    assert!(p.metadata.deletion_timestamp.is_none(), "not evicted");
+
+    // Past the 1 s timeout, onTimeout wait: still blocked, still there.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    let d = cp.store.drain(&instance).unwrap().unwrap();
+    assert_eq!(d.state, DrainState::Blocked, "{d:?}");
+    assert!(d.timed_out_ms.is_some());
+    assert!(admin
+        .pods()
+        .get(&pod)
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp
+        .is_none());
+
+    // The pool says force now: the pod is deleted, then the drain ends.
+    let mut p = cp.store.pool(&pool_name).unwrap().unwrap().pool;
+    p.spec.drain.on_timeout = "force".into();
+    cp.store.update_pool(&p).unwrap();
+    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    let d = cp.store.drain(&instance).unwrap().unwrap();
+    assert_eq!(d.state, DrainState::Forcing, "{d:?}");
+    assert_eq!(admin.finish_deletions().await, vec![pod.clone()]);
+    assert_eq!(step().await.unwrap(), Progress::Done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_under_two_budgets_blocks_the_drain_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = knit_cluster::ClusterConfig::new(
+        dir.path().join("cluster"),
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    let cluster = knit_cluster::EmbeddedCluster::start(cfg).await.unwrap();
+    let kubeconfig = cluster.admin_kubeconfig_path().to_path_buf();
+    let external = ExternalJoin::from_kubeconfig(&kubeconfig, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let client = {
+        let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(cfg).unwrap()
+    };
+    let admin = Admin {
+        client,
+        ns: "default".into(),
+    };
+    let embedded = Arc::new(EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap());
+    for (tag, join) in [
+        ("emb", embedded.clone() as Arc<dyn ClusterJoin>),
+        ("ext", Arc::new(external) as Arc<dyn ClusterJoin>),
+    ] {
+        let state = dir.path().join(tag);
+        std::fs::create_dir_all(&state).unwrap();
+        let cp = control_plane(&state, join);
+        two_budgets_story(&cp, &admin, tag).await;
+    }
+    embedded.stop();
+}

@@ -179,7 +179,7 @@ impl EmbeddedJoin {
 
 /// The largest answer the control plane reads from the API (a list of
 /// every pod of a big cluster fits).
-const MAX_ANSWER_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The `message` of a Kubernetes Status body, or the body itself.
 fn status_message(body: &Value) -> String {
@@ -264,7 +264,9 @@ impl ClusterJoin for EmbeddedJoin {
         match status {
             200..=299 => Ok(Eviction::Evicted),
             404 => Ok(Eviction::Gone),
-            429 => Ok(Eviction::Refused(status_message(&body))),
+            _ if pods::is_budget_refusal(status, &status_message(&body)) => {
+                Ok(Eviction::Refused(status_message(&body)))
+            }
             _ => Err(cluster_err(format!(
                 "POST {path}: {status} {}",
                 status_message(&body)

@@ -97,9 +97,23 @@ pub enum Eviction {
     Evicted,
     /// The pod is gone already (404).
     Gone,
-    /// Refused for now (429: a PodDisruptionBudget does not allow it),
-    /// with the API's message.
+    /// Refused for now, with the API's message: 429 (a
+    /// PodDisruptionBudget does not allow it), or 500 for a pod that more
+    /// than one budget selects ([`MULTIPLE_BUDGETS`]).
     Refused(String),
+}
+
+/// kube-apiserver's message (with status 500) for the eviction of a pod
+/// that more than one PodDisruptionBudget selects: no eviction of it can
+/// succeed while both select it.
+pub const MULTIPLE_BUDGETS: &str =
+    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.";
+
+/// Whether an eviction's error answer is a refusal by the pod's budgets
+/// (the drain waits and names them) rather than a failure of the API: 429,
+/// or 500 with [`MULTIPLE_BUDGETS`].
+pub fn is_budget_refusal(status: u16, message: &str) -> bool {
+    status == 429 || (status == 500 && message.contains("more than one PodDisruptionBudget"))
 }
 
 fn string_map(v: &Value) -> BTreeMap<String, String> {
@@ -299,6 +313,17 @@ mod tests {
         assert_eq!(empty.disruptions_allowed, None);
         let none = budget_facts(&json!({"metadata": {"name": "none"}, "spec": {}})).unwrap();
         assert!(!none.selects(&labels(&[])));
+    }
+
+    #[test]
+    fn a_pod_under_two_budgets_is_a_refusal_not_a_failure() {
+        assert!(is_budget_refusal(
+            429,
+            "Cannot evict pod as it would violate the pod's disruption budget."
+        ));
+        assert!(is_budget_refusal(500, MULTIPLE_BUDGETS));
+        assert!(!is_budget_refusal(500, "etcdserver: request timed out"));
+        assert!(!is_budget_refusal(403, MULTIPLE_BUDGETS));
     }
 
     #[test]

@@ -11,8 +11,12 @@
 //!    refused is named;
 //! 4. the node is drained when no pod that blocks is left. A pod being
 //!    deleted on a node that is not Ready (its kubelet cannot confirm) no
-//!    longer blocks 60 s after its deletion was due, as Cluster API skips
-//!    waiting for unreachable nodes.
+//!    longer blocks 60 s after its deletion was due (the server's
+//!    `--drain-skip-wait-seconds`), as Cluster API skips waiting for
+//!    unreachable nodes. A pod that more than one budget selects cannot be
+//!    evicted at all (kube-apiserver answers 500, "This pod has more than
+//!    one PodDisruptionBudget…"): the drain is blocked by those budgets,
+//!    named, until one goes or the timeout forces.
 //!
 //! Past the pool's `spec.drain.timeoutSeconds`, `onTimeout: wait` keeps
 //! the node cordoned and the removal pending (evictions go on being
@@ -38,8 +42,9 @@ use std::collections::BTreeMap;
 
 /// A pod being deleted on a node that is not Ready stops blocking this
 /// long after its deletion was due (Cluster API's
-/// `SkipWaitForDeleteTimeoutSeconds` for unreachable nodes).
-pub const SKIP_WAIT_UNREACHABLE_MS: i64 = 60_000;
+/// `SkipWaitForDeleteTimeoutSeconds` for unreachable nodes): the default of
+/// [`crate::Settings::drain_skip_wait`].
+pub const DEFAULT_SKIP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Longest wait between two passes while evictions are refused.
 pub const MAX_BACKOFF_MS: i64 = 30_000;
 /// Wait between two passes while evicted pods terminate.
@@ -56,9 +61,9 @@ pub enum PodClass {
     Evict,
     /// Being deleted: waited for.
     Terminating,
-    /// Being deleted for over [`SKIP_WAIT_UNREACHABLE_MS`] past its due
-    /// time on a node that is not Ready (or after a forced delete): no
-    /// longer blocks.
+    /// Being deleted for longer than the skip-wait (default
+    /// [`DEFAULT_SKIP_WAIT`]) past its due time on a node that is not Ready
+    /// (or after a forced delete): no longer blocks.
     Abandoned,
 }
 
@@ -69,8 +74,15 @@ impl PodClass {
     }
 }
 
-/// Which of the drain's cases a pod is, at `now`.
-pub fn classify(pod: &PodFacts, now: i64, node_ready: bool, forced: bool) -> PodClass {
+/// Which of the drain's cases a pod is, at `now`; `skip_wait_ms`: how long
+/// past its due time a deletion on a node that cannot confirm still blocks.
+pub fn classify(
+    pod: &PodFacts,
+    now: i64,
+    node_ready: bool,
+    forced: bool,
+    skip_wait_ms: i64,
+) -> PodClass {
     if pod.mirror {
         return PodClass::Mirror;
     }
@@ -78,9 +90,7 @@ pub fn classify(pod: &PodFacts, now: i64, node_ready: bool, forced: bool) -> Pod
         return PodClass::DaemonSet;
     }
     match pod.deletion_ms {
-        Some(due) if (!node_ready || forced) && now - due > SKIP_WAIT_UNREACHABLE_MS => {
-            PodClass::Abandoned
-        }
+        Some(due) if (!node_ready || forced) && now - due > skip_wait_ms => PodClass::Abandoned,
         Some(_) => PodClass::Terminating,
         None => PodClass::Evict,
     }
@@ -307,6 +317,7 @@ pub fn advance(prev: &DrainRecord, facts: &PassFacts, spec: &DrainSpec, now: i64
             Some(refused_budgets.join("; "))
         };
         let by = match &budget {
+            Some(b) if refused_budgets.len() > 1 => format!("PodDisruptionBudgets {b}"),
             Some(b) => format!("PodDisruptionBudget {b}"),
             None => "the API server".to_string(),
         };
@@ -388,6 +399,7 @@ pub async fn pass(
     node: &str,
     forced: bool,
     now: i64,
+    skip_wait_ms: i64,
 ) -> Result<PassFacts> {
     let registered = bounded("cordoning the node", cluster.cordon(node)).await?;
     let node_ready = registered
@@ -403,7 +415,7 @@ pub async fn pass(
     };
     let mut budgets: BTreeMap<String, Vec<BudgetFacts>> = BTreeMap::new();
     for pod in &pods {
-        let class = classify(pod, now, node_ready, forced);
+        let class = classify(pod, now, node_ready, forced, skip_wait_ms);
         match class {
             PodClass::Mirror => *facts.skipped.entry("mirror").or_default() += 1,
             PodClass::DaemonSet => *facts.skipped.entry("DaemonSet").or_default() += 1,
@@ -493,7 +505,8 @@ impl ControlPlane {
         }
         let now = now_ms();
         let forced = spec.forces() && timed_out(&spec, record.started_ms, now);
-        let facts = match pass(self.cluster.as_ref(), node, forced, now).await {
+        let skip_wait_ms = self.settings.drain_skip_wait.as_millis() as i64;
+        let facts = match pass(self.cluster.as_ref(), node, forced, now, skip_wait_ms).await {
             Ok(facts) => facts,
             Err(e) => {
                 let mut failed = record.clone();

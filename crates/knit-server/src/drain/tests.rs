@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
 
 const NOW: i64 = 1_000_000_000;
+const SKIP: i64 = DEFAULT_SKIP_WAIT.as_millis() as i64;
 
 fn pod(name: &str) -> PodFacts {
     PodFacts {
@@ -28,9 +29,15 @@ fn mirror_and_daemonset_pods_are_skipped_and_the_rest_evicted() {
         daemon_set: true,
         ..pod("fluentd")
     };
-    assert_eq!(classify(&mirror, NOW, true, false), PodClass::Mirror);
-    assert_eq!(classify(&daemon, NOW, true, false), PodClass::DaemonSet);
-    assert_eq!(classify(&pod("web-1"), NOW, true, false), PodClass::Evict);
+    assert_eq!(classify(&mirror, NOW, true, false, SKIP), PodClass::Mirror);
+    assert_eq!(
+        classify(&daemon, NOW, true, false, SKIP),
+        PodClass::DaemonSet
+    );
+    assert_eq!(
+        classify(&pod("web-1"), NOW, true, false, SKIP),
+        PodClass::Evict
+    );
     assert!(!PodClass::Mirror.blocks() && !PodClass::DaemonSet.blocks());
     assert!(PodClass::Evict.blocks() && PodClass::Terminating.blocks());
 }
@@ -43,21 +50,21 @@ fn a_terminating_pod_blocks_unless_its_node_cannot_confirm_for_60_s() {
     };
     // Ready node: waited for however long it takes.
     assert_eq!(
-        classify(&terminating(NOW - 3_600_000), NOW, true, false),
+        classify(&terminating(NOW - 3_600_000), NOW, true, false, SKIP),
         PodClass::Terminating
     );
     // NotReady node: blocks until 60 s past its due time.
     assert_eq!(
-        classify(&terminating(NOW - 60_000), NOW, false, false),
+        classify(&terminating(NOW - 60_000), NOW, false, false, SKIP),
         PodClass::Terminating
     );
     assert_eq!(
-        classify(&terminating(NOW - 60_001), NOW, false, false),
+        classify(&terminating(NOW - 60_001), NOW, false, false, SKIP),
         PodClass::Abandoned
     );
     // Forced: the same allowance on a Ready node.
     assert_eq!(
-        classify(&terminating(NOW - 60_001), NOW, true, true),
+        classify(&terminating(NOW - 60_001), NOW, true, true, SKIP),
         PodClass::Abandoned
     );
     assert!(!PodClass::Abandoned.blocks());
@@ -371,7 +378,7 @@ async fn a_pass_cordons_evicts_and_never_deletes_unless_forced() {
             ..pod("elsewhere")
         },
     ];
-    let facts = pass(&api, "n1", false, NOW).await.unwrap();
+    let facts = pass(&api, "n1", false, NOW, SKIP).await.unwrap();
     assert_eq!(facts.blocking, vec!["shop/web-1", "shop/batch-1"]);
     assert_eq!(facts.evicted, vec!["shop/batch-1"]);
     assert_eq!(facts.refused.len(), 1);
@@ -389,18 +396,18 @@ async fn a_pass_cordons_evicts_and_never_deletes_unless_forced() {
     );
     // The budget allows it now.
     *api.allow.lock().unwrap() = true;
-    let facts = pass(&api, "n1", false, NOW).await.unwrap();
+    let facts = pass(&api, "n1", false, NOW, SKIP).await.unwrap();
     assert_eq!(facts.evicted, vec!["shop/web-1"]);
     assert!(facts.refused.is_empty());
     // Both terminating: they still block until gone.
-    let facts = pass(&api, "n1", false, NOW).await.unwrap();
+    let facts = pass(&api, "n1", false, NOW, SKIP).await.unwrap();
     assert_eq!(facts.blocking.len(), 2);
     assert!(facts.evicted.is_empty());
 
     // Forced: a pod left is deleted, not evicted.
     api.calls.lock().unwrap().clear();
     *api.pods.lock().unwrap() = vec![pod("web-9")];
-    let facts = pass(&api, "n1", true, NOW).await.unwrap();
+    let facts = pass(&api, "n1", true, NOW, SKIP).await.unwrap();
     assert_eq!(facts.deleted, vec!["shop/web-9"]);
     assert_eq!(
         api.calls.lock().unwrap().clone(),
@@ -511,10 +518,10 @@ async fn a_node_that_cannot_confirm_is_drained_60_s_after_the_deletion_was_due()
         ..pod("web-1")
     };
     *api.pods.lock().unwrap() = vec![stuck];
-    let ready = pass(&api, "n1", false, NOW).await.unwrap();
+    let ready = pass(&api, "n1", false, NOW, SKIP).await.unwrap();
     assert_eq!(ready.blocking, vec!["shop/web-1"], "a Ready node confirms");
     *api.not_ready.lock().unwrap() = true;
-    let gone = pass(&api, "n1", false, NOW).await.unwrap();
+    let gone = pass(&api, "n1", false, NOW, SKIP).await.unwrap();
     assert!(!gone.node_ready);
     assert!(gone.blocking.is_empty(), "{gone:?}");
     assert_eq!(gone.skipped["terminating on a node that cannot confirm"], 1);
@@ -527,7 +534,7 @@ async fn a_node_that_cannot_confirm_is_drained_60_s_after_the_deletion_was_due()
     assert_eq!(a.record.state, DrainState::Drained);
     // 59 s past: still waited for.
     api.pods.lock().unwrap()[0].deletion_ms = Some(NOW - 59_000);
-    let waiting = pass(&api, "n1", false, NOW).await.unwrap();
+    let waiting = pass(&api, "n1", false, NOW, SKIP).await.unwrap();
     assert_eq!(waiting.blocking.len(), 1);
     assert!(
         waiting.evicted.is_empty(),

@@ -95,7 +95,7 @@ impl ExternalJoin {
             .to_string()
             .trim_end_matches('/')
             .to_string();
-        let client = kube::Client::try_from(config).map_err(external_err)?;
+        let client = capped_client(config)?;
         Ok(ExternalJoin {
             client,
             endpoint,
@@ -112,6 +112,31 @@ impl ExternalJoin {
     fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
     }
+}
+
+/// The largest answer read from an external cluster's API, as from the
+/// embedded one (a list of every pod of a big cluster fits): a larger body
+/// fails the call instead of filling the server's memory.
+pub const MAX_ANSWER_BYTES: usize = super::MAX_ANSWER_BYTES as usize;
+
+/// A kube client whose every answer body is read through a cap of `max`
+/// bytes (kube's own client reads whatever the server sends). Timeouts are
+/// kube's (connect 30 s, read and write 295 s) and each call of the drain
+/// is bounded again by its caller.
+fn capped_client_of(config: kube::Config, max: usize) -> Result<kube::Client> {
+    let cap = tower::util::MapResponseLayer::new(
+        move |answer: hyper::Response<Box<kube::client::DynBody>>| {
+            answer.map(|body| http_body_util::Limited::new(body, max))
+        },
+    );
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(external_err)?
+        .with_layer(&cap)
+        .build())
+}
+
+fn capped_client(config: kube::Config) -> Result<kube::Client> {
+    capped_client_of(config, MAX_ANSWER_BYTES)
 }
 
 fn pod_facts_of(pod: &Pod) -> Option<PodFacts> {
@@ -275,7 +300,9 @@ impl ClusterJoin for ExternalJoin {
         {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
-            Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message)),
+            Err(kube::Error::Api(s)) if pods::is_budget_refusal(s.code, &s.message) => {
+                Ok(Eviction::Refused(s.message))
+            }
             Err(e) => Err(external_err(format!("evict pod {namespace}/{name}: {e}"))),
         }
     }
@@ -466,6 +493,111 @@ mod tests {
             effect: effect.into(),
             ..Default::default()
         }
+    }
+
+    /// A loopback API that answers `/api/v1/nodes` with a small list and
+    /// every other call with a valid JSON list larger than
+    /// [`MAX_ANSWER_BYTES`], for as many connections as come.
+    fn oversized_api() -> u16 {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let big = Arc::new(format!(
+            r#"{{"apiVersion":"v1","kind":"List","metadata":{{}},"items":[],"padding":"{}"}}"#,
+            "x".repeat(MAX_ANSWER_BYTES + 1024)
+        ));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let big = big.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut writer = conn;
+                    loop {
+                        let mut first = String::new();
+                        if reader.read_line(&mut first).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0u8; length];
+                        if std::io::Read::read_exact(&mut reader, &mut body).is_err() {
+                            return;
+                        }
+                        let answer: &str = if first.starts_with("GET /api/v1/nodes ")
+                            || first.starts_with("GET /api/v1/nodes?")
+                        {
+                            r#"{"apiVersion":"v1","kind":"NodeList","metadata":{},"items":[]}"#
+                        } else {
+                            big.as_str()
+                        };
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                            answer.len()
+                        );
+                        if writer.write_all(head.as_bytes()).is_err()
+                            || writer.write_all(answer.as_bytes()).is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    /// Every answer of an external cluster is read through the cap: the
+    /// drain's pod and budget lists, node reads and writes fail when the
+    /// API sends more than [`MAX_ANSWER_BYTES`] (kube's client alone read
+    /// it all), and a small answer still reads.
+    #[test]
+    fn an_external_answer_larger_than_the_cap_fails_the_call() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let port = oversized_api();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(ca.cert.pem());
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\n    certificate-authority-data: {b64}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+            ),
+        )
+        .unwrap();
+        rt.block_on(async {
+            let join = ExternalJoin::from_kubeconfig(&path, Duration::from_secs(600))
+                .await
+                .unwrap();
+            assert!(
+                join.node_statuses().await.unwrap().is_empty(),
+                "a small answer reads"
+            );
+            let too_big = |what: &str, r: Result<()>| {
+                let e = r.expect_err(what).to_string();
+                assert!(e.contains("length limit exceeded"), "{what}: {e}");
+            };
+            too_big("node pods", join.node_pods("n1").await.map(drop));
+            too_big("pods", join.pods().await.map(drop));
+            too_big("budgets", join.budgets("default").await.map(drop));
+            too_big("node status", join.node_status("n1").await.map(drop));
+            too_big("cordon", join.cordon("n1").await.map(drop));
+            too_big("evict", join.evict_pod("default", "p").await.map(drop));
+        });
     }
 
     #[test]

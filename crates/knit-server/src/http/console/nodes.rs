@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
+use knit_api::state::DrainState;
 use knit_api::views::{NodeCacheView, NodeView, TimelineEntryView};
 use knit_api::{PhaseName, PhaseOutcome};
 use serde::Deserialize;
@@ -137,6 +138,91 @@ fn status_badge(status: &str) -> String {
     )
 }
 
+/// A node's drain as a badge beside its status, as `knit get nodes` shows
+/// it (`Draining (default/web)`: the budgets that block, by name), the
+/// reason in its title; nothing when no drain is shown.
+fn drain_badge(node: &NodeView) -> String {
+    let Some(d) = &node.drain else {
+        return String::new();
+    };
+    let budgets: Vec<&str> = d
+        .blocking_budget
+        .as_deref()
+        .map(|b| {
+            b.split("; ")
+                .map(|one| one.split(' ').next().unwrap_or(one))
+                .collect()
+        })
+        .unwrap_or_default();
+    let (class, word) = match d.state {
+        DrainState::Drained => ("ok", "Drained"),
+        DrainState::Blocked => ("warn", "Draining"),
+        DrainState::Forcing => ("warn", "Draining, forced"),
+        DrainState::Draining => ("muted", "Draining"),
+    };
+    let label = if budgets.is_empty() {
+        word.to_string()
+    } else {
+        format!("{word} ({})", budgets.join(", "))
+    };
+    format!(
+        r#" <span class="badge {class}" data-drain="{state}" title="{reason}">{label}</span>"#,
+        state = esc(&d.state.to_string()),
+        reason = esc(d.reason.as_deref().unwrap_or("")),
+        label = esc(&label),
+    )
+}
+
+/// The facts of a node's drain and its timeline, for the node's page
+/// (what `knit describe node` prints).
+fn drain_section(node: &NodeView) -> String {
+    let Some(d) = &node.drain else {
+        return String::new();
+    };
+    let mut facts = format!(
+        r#"<dt>State</dt><dd>{badge}</dd><dt>Started</dt><dd>{started}</dd><dt>Evicted</dt><dd>{evicted}</dd><dt>Pods left</dt><dd>{left}</dd>"#,
+        badge = drain_badge(node),
+        started = html::utc(d.started_ms),
+        evicted = d.evicted,
+        left = d.pods_left,
+    );
+    if let Some(b) = &d.blocking_budget {
+        facts.push_str(&format!(
+            r#"<dt>Blocked by</dt><dd class="err" data-blocking-budget>PodDisruptionBudget {}</dd>"#,
+            esc(b)
+        ));
+    }
+    if let Some(r) = &d.reason {
+        facts.push_str(&format!("<dt>Reason</dt><dd>{}</dd>", esc(r)));
+    }
+    if let Some(t) = d.timed_out_ms {
+        facts.push_str(&format!("<dt>Timed out</dt><dd>{}</dd>", html::utc(t)));
+    }
+    let steps: String = d
+        .steps
+        .iter()
+        .flatten()
+        .map(|s| {
+            format!(
+                "<tr><td>{at}</td><td>{state}</td><td>{message}</td></tr>",
+                at = html::utc(s.at_ms),
+                state = esc(&s.state.to_string()),
+                message = esc(&s.message),
+            )
+        })
+        .collect();
+    let table = if steps.is_empty() {
+        String::new()
+    } else {
+        format!(
+            r#"<table class="drain-steps"><thead><tr><th scope="col">At</th><th scope="col">State</th><th scope="col">Step</th></tr></thead><tbody>{steps}</tbody></table>"#
+        )
+    };
+    format!(
+        r#"<section aria-labelledby="drain-title" data-drain-section><h2 id="drain-title">Drain</h2><dl class="facts">{facts}</dl>{table}</section>"#
+    )
+}
+
 fn cache_text(cache: Option<&NodeCacheView>) -> String {
     let Some(cache) = cache else {
         return "—".to_string();
@@ -188,7 +274,7 @@ fn row(node: &NodeView, cache: Option<&NodeCacheView>, now: i64) -> String {
         n = esc(&node.name),
         q = html::query_value(&node.name),
         pool = esc(&node.pool),
-        status = status_badge(node.status.as_str()),
+        status = status_badge(node.status.as_str()) + &drain_badge(node),
         phase = esc(&phase_text(node)),
         cache = esc(&cache_text(cache)),
         error = esc(&error_text(node)),
@@ -224,7 +310,7 @@ pub async fn node(
 <dt>Instance</dt><dd>{instance}</dd><dt>Address</dt><dd>{ip}</dd>
 <dt>Phase</dt><dd>{phase}</dd><dt>Initialized</dt><dd>{init}</dd>
 <dt>Error</dt><dd class="err">{error}</dd><dt>Created</dt><dd>{created}</dd></dl>"#,
-        status = status_badge(node.status.as_str()),
+        status = status_badge(node.status.as_str()) + &drain_badge(&node),
         pq = html::query_value(&node.pool),
         pool = esc(&node.pool),
         instance = esc(&node.instance),
@@ -235,12 +321,13 @@ pub async fn node(
         created = html::utc(node.created_ms),
     );
     let body = format!(
-        r#"<div id="node-live" data-live-region>{summary}
+        r#"<div id="node-live" data-live-region>{summary}{drain}
 <section aria-labelledby="timeline-title"><h2 id="timeline-title">Phase timeline</h2>{chart}{table}</section>
 <section aria-labelledby="cache-title"><h2 id="cache-title">Cache report</h2>{cache}</section>
 <section aria-labelledby="events-title"><h2 id="events-title">Events</h2>{events}</section></div>
 <section aria-labelledby="init-log-title"><h2 id="init-log-title">Init log</h2>{init_log}</section>
 <section aria-labelledby="ud-log-title"><h2 id="ud-log-title">User-data log</h2>{user_data_log}</section>"#,
+        drain = drain_section(&node),
         chart = timeline_chart(&timeline, now),
         table = timeline_table(&timeline),
         cache = cache_report(node.cache.as_ref()),
@@ -473,6 +560,7 @@ fn timeline_table(timeline: &[TimelineEntryView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use knit_api::views::{DrainStepView, DrainView};
 
     fn entry(
         phase: PhaseName,
@@ -488,6 +576,74 @@ mod tests {
             at_ms,
             duration_ms: d,
         }
+    }
+
+    fn node_with(drain: Option<DrainView>) -> NodeView {
+        NodeView {
+            name: "local.i-1".into(),
+            instance: "workers-a".into(),
+            pool: "workers".into(),
+            status: knit_api::state::NodeStatus::Ready,
+            phase: None,
+            phase_outcome: None,
+            error_code: None,
+            error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            user_data: None,
+            initialized: true,
+            provider_id: None,
+            ip: None,
+            timeline: None,
+            cache: None,
+            drain,
+        }
+    }
+
+    /// The list's status cell and the node's page show a draining node
+    /// as `knit get nodes` and `knit describe node` do: the budgets that
+    /// block by name, the full budget, the reason and the drain's steps.
+    #[test]
+    fn a_draining_node_shows_the_budgets_that_block_it() {
+        let drain = DrainView {
+            state: DrainState::Blocked,
+            started_ms: 1_000,
+            updated_ms: 2_000,
+            reason: Some("eviction of default/web-1 refused by PodDisruptionBudgets <a>".into()),
+            blocking_budget: Some(
+                "default/web (minAvailable 2, 0 disruption(s) allowed); default/db (maxUnavailable 0)"
+                    .into(),
+            ),
+            pods_left: 1,
+            evicted: 2,
+            timed_out_ms: None,
+            steps: Some(vec![DrainStepView {
+                at_ms: 1_500,
+                state: DrainState::Blocked,
+                message: "blocked: eviction refused".into(),
+            }]),
+        };
+        let n = node_with(Some(drain));
+        let cell = row(&n, None, 3_000);
+        assert!(
+            cell.contains(r#"data-drain="Blocked""#)
+                && cell.contains(">Draining (default/web, default/db)</span>"),
+            "{cell}"
+        );
+        assert!(
+            cell.contains("&lt;a&gt;") && !cell.contains("<a>"),
+            "{cell}"
+        );
+        let section = drain_section(&n);
+        assert!(
+            section.contains("PodDisruptionBudget default/web (minAvailable 2, 0 disruption(s) allowed); default/db (maxUnavailable 0)")
+                && section.contains("blocked: eviction refused")
+                && section.contains("<dt>Evicted</dt><dd>2</dd>"),
+            "{section}"
+        );
+        let quiet = node_with(None);
+        assert!(!row(&quiet, None, 3_000).contains("data-drain"));
+        assert!(drain_section(&quiet).is_empty());
     }
 
     #[test]

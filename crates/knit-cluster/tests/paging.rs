@@ -391,6 +391,70 @@ async fn selectors_apply_before_the_limit() {
     cluster.shutdown().await;
 }
 
+/// Two servers on one PostgreSQL database: a paging run started on one
+/// continues on the other (which reads the first one's changes from the
+/// change log) as the same snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_one_server_continues_on_another_sharing_postgres() {
+    let pg = knit_db::testing::TestPostgres::start().expect("a PostgreSQL server for the test");
+    let url = pg.create_database("cluster_paging").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
+    // One CA for both, made by a first start on A's directory alone.
+    drop(
+        EmbeddedCluster::start(ClusterConfig::new(&dir_a, "127.0.0.1:0".parse().unwrap()))
+            .await
+            .unwrap(),
+    );
+    std::fs::create_dir_all(dir_b.join("pki")).unwrap();
+    for f in ["ca.crt", "ca.key"] {
+        std::fs::copy(dir_a.join("pki").join(f), dir_b.join("pki").join(f)).unwrap();
+    }
+    let config = |d: &Path| {
+        let mut cfg = ClusterConfig::new(d, "127.0.0.1:0".parse().unwrap());
+        cfg.datastore = Some(knit_db::Datastore::Postgres(url.clone()));
+        cfg
+    };
+    let a = EmbeddedCluster::start(config(&dir_a)).await.unwrap();
+    let b = EmbeddedCluster::start(config(&dir_b)).await.unwrap();
+    let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
+    blocking(move || {
+        let ns = namespace(&admin_a, "paging-ha");
+        let names: Vec<String> = (0..30).map(|i| format!("cm-{i:02}")).collect();
+        create_all(&admin_a, &ns, &names, |_| json!({}));
+        let base = format!("/api/v1/namespaces/{ns}/configmaps");
+        let (code, first) = admin_a.get(&format!("{base}?limit=10"));
+        assert_eq!(code, 200, "{first}");
+        // Through A, right before B is asked (B's follower may not have
+        // read them yet): a change, a deletion and a creation on later pages.
+        admin_a.patch(
+            &format!("{base}/cm-15"),
+            "application/merge-patch+json",
+            &json!({"data": {"v": "changed"}}),
+        );
+        admin_a.call("DELETE", &format!("{base}/cm-25"), None, None);
+        admin_a.post(&base, &config_map("cm-20-new", json!({})));
+        let mut pages = vec![first];
+        while let Some(t) = token(pages.last().unwrap()) {
+            let (code, page) = admin_b.get(&format!("{base}?limit=10&continue={t}"));
+            assert_eq!(code, 200, "{page}");
+            pages.push(page);
+        }
+        assert_eq!(pages.len(), 3);
+        let at = rv(&pages[0]);
+        assert!(pages.iter().all(|p| rv(p) == at));
+        let listed: Vec<String> = pages.iter().flat_map(names_of).collect();
+        assert_eq!(listed, names);
+        assert!(pages
+            .iter()
+            .flat_map(|p| p["items"].as_array().unwrap().clone())
+            .all(|o| o["data"]["v"] == "0"));
+    })
+    .await;
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
 fn base64_url(s: &str) -> String {
     use base64::Engine;
     String::from_utf8(

@@ -10,8 +10,8 @@
 //! `docker.io`) is mirrored to the control plane
 //! (`https://<advertise>/`) unless the pool's
 //! `spec.containerd.registryMirrors` names that host itself (with other
-//! mirrors, or `[]` for none: then the host is pulled from directly). The
-//! agent trusts the control plane's CA for that mirror only.
+//! mirrors, or upstream's own URL to pull from it alone). The agent trusts
+//! the control plane's CA for that mirror only.
 
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
@@ -115,17 +115,29 @@ mod tests {
             ["docker.io", "registry.k8s.io"]
         );
         assert_eq!(c.containerd.registry_mirrors["registry.k8s.io"], [url]);
-        // The pool's own mirrors for a host are kept as written, `[]` too.
+        // The pool's own mirrors for a host are kept as written.
         let mut c = NodeConfig::default();
         c.containerd
             .registry_mirrors
             .insert("docker.io".into(), vec!["http://10.0.0.9:5000".into()]);
-        c.containerd
-            .registry_mirrors
-            .insert("registry.k8s.io".into(), vec![]);
+        c.containerd.registry_mirrors.insert(
+            "registry.k8s.io".into(),
+            vec!["https://registry.k8s.io".into()],
+        );
         let before = c.clone();
         default_mirrors("local", url, &mut c);
         assert_eq!(c, before);
+        // A pool naming one host keeps knit's mirror for the other.
+        let mut c = NodeConfig::default();
+        c.containerd
+            .registry_mirrors
+            .insert("docker.io".into(), vec!["http://10.0.0.9:5000".into()]);
+        default_mirrors("local", url, &mut c);
+        assert_eq!(
+            c.containerd.registry_mirrors["docker.io"],
+            ["http://10.0.0.9:5000"]
+        );
+        assert_eq!(c.containerd.registry_mirrors["registry.k8s.io"], [url]);
         // Other providers: nothing added.
         let mut c = NodeConfig::default();
         default_mirrors("ecs", url, &mut c);

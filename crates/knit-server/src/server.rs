@@ -52,6 +52,19 @@ impl Server {
     }
 }
 
+/// The Cluster spec stored in the datastore, read before the server
+/// starts: the embedded API is started before [`start`] opens the store,
+/// and takes its pod CIDR (node IPAM) from it. `None` on a datastore not
+/// made yet (a new SQLite file is not created here).
+pub fn stored_cluster(settings: &Settings) -> Result<Option<knit_api::Cluster>> {
+    if let knit_db::Datastore::Sqlite(path) = &settings.datastore {
+        if !path.exists() {
+            return Ok(None);
+        }
+    }
+    Store::open_datastore(&settings.datastore, knit_db::Limits::default())?.cluster()
+}
+
 /// Creates the state directory (0700) and everything in it that is missing.
 pub async fn start(
     settings: Settings,

@@ -103,6 +103,11 @@ pub struct ServerOpts {
     /// or `json` (one object a line, for a log collector).
     #[arg(long, env = "KNIT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// A drain stops waiting for a pod being deleted on a node that is not
+    /// Ready (its kubelet cannot confirm) this many seconds after the
+    /// deletion was due, as Cluster API does for unreachable nodes.
+    #[arg(long, env = "KNIT_DRAIN_SKIP_WAIT_SECONDS", default_value_t = 60)]
+    drain_skip_wait_seconds: u64,
 }
 
 /// `--log-format`.
@@ -159,6 +164,7 @@ impl ServerOpts {
             local_subnet,
             local_metadata_port,
             log_format,
+            drain_skip_wait_seconds,
         } = self;
         let mut args: Vec<std::ffi::OsString> = Vec::new();
         let mut flag = |name: &str, value: std::ffi::OsString| {
@@ -194,6 +200,10 @@ impl ServerOpts {
             ("local-bridge", local_bridge.clone()),
             ("local-subnet", local_subnet.clone()),
             ("local-metadata-port", local_metadata_port.to_string()),
+            (
+                "drain-skip-wait-seconds",
+                drain_skip_wait_seconds.to_string(),
+            ),
             (
                 "log-format",
                 match log_format {
@@ -349,6 +359,7 @@ fn settings(opts: &ServerOpts) -> Result<Settings> {
         )));
     }
     s.lease_ttl = Duration::from_secs(opts.lease_ttl);
+    s.drain_skip_wait = Duration::from_secs(opts.drain_skip_wait_seconds);
     Ok(s)
 }
 
@@ -549,6 +560,11 @@ async fn start_cluster(
     let advertise = knit_server::server::advertise_host(s, &addrs, gateway);
     let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
     cfg.advertise_address = Some(advertise);
+    // Node podCIDRs are cut from the Cluster's `spec.network.podCidr` (the
+    // stored document, read at start; the default before one is applied).
+    if let Some(stored) = knit_server::server::stored_cluster(s)? {
+        cfg.pod_cidr = stored.spec.network.pod_cidr;
+    }
     // On a shared datastore the embedded API's objects live there too, so
     // that every server serves the same nodes (SQLite: its own cluster.db).
     cfg.datastore = s.datastore.is_shared().then(|| s.datastore.clone());
@@ -854,6 +870,7 @@ mod tests {
         ("--local-subnet", "10.9.0.0/24"),
         ("--local-metadata-port", "8099"),
         ("--log-format", "json"),
+        ("--drain-skip-wait-seconds", "7"),
     ];
 
     fn up(args: &[&str]) -> ServerOpts {

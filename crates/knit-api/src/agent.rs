@@ -231,3 +231,55 @@ mod tests {
         );
     }
 }
+
+/// The slot in knit-kubelet-sim's binary that holds the Kubernetes version
+/// it reports (`--version`, the Node's `status.nodeInfo.kubeletVersion`):
+/// this marker, the version, then NUL bytes, [`KUBELET_VERSION_SLOT`]
+/// bytes in all. `knit package build --kubernetes-version X` writes X into
+/// the copy it packs, as a real kubelet's version is fixed when it is built
+/// (Go's `-ldflags -X`), so the stand-in reports the version it was built as.
+pub const KUBELET_VERSION_STAMP: &str = "knit-kubelet-version-stamp:";
+pub const KUBELET_VERSION_SLOT: usize = 64;
+
+/// The slot holding `version` (cut to fit), made at compile time.
+pub const fn kubelet_version_slot(version: &str) -> [u8; KUBELET_VERSION_SLOT] {
+    let mut out = [0u8; KUBELET_VERSION_SLOT];
+    let marker = KUBELET_VERSION_STAMP.as_bytes();
+    let version = version.as_bytes();
+    let mut i = 0;
+    while i < marker.len() {
+        out[i] = marker[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < version.len() && i < KUBELET_VERSION_SLOT {
+        out[i] = version[j];
+        i += 1;
+        j += 1;
+    }
+    out
+}
+
+/// The version in a slot: the bytes after the marker up to the first NUL,
+/// when they are a version (`MAJOR.MINOR.PATCH`).
+pub fn kubelet_version_of_slot(slot: &[u8; KUBELET_VERSION_SLOT]) -> Option<&str> {
+    let rest = &slot[KUBELET_VERSION_STAMP.len()..];
+    let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
+    let version = std::str::from_utf8(&rest[..end]).ok()?;
+    crate::validate::parse_kube_version(version).map(|_| version)
+}
+
+#[cfg(test)]
+mod version_slot_tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_holds_its_version() {
+        const SLOT: [u8; KUBELET_VERSION_SLOT] = kubelet_version_slot("1.31.4");
+        assert!(SLOT.starts_with(KUBELET_VERSION_STAMP.as_bytes()));
+        assert_eq!(kubelet_version_of_slot(&SLOT), Some("1.31.4"));
+        assert_eq!(kubelet_version_of_slot(&kubelet_version_slot("x")), None);
+        let long = "1.31.4".repeat(20);
+        assert_eq!(kubelet_version_of_slot(&kubelet_version_slot(&long)), None);
+    }
+}

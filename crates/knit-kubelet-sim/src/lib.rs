@@ -31,10 +31,30 @@ const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
 /// How long start-up retries an API server that cannot be reached.
 const CONNECT_RETRY: Duration = Duration::from_secs(15 * 60);
 
+/// The Kubernetes version this binary reports, in a slot that `knit
+/// package build --kubernetes-version X` overwrites in the copy it packs
+/// (`knit_api::agent::KUBELET_VERSION_STAMP`); built, it holds knit's
+/// default version.
+#[used]
+static VERSION_SLOT: [u8; knit_api::agent::KUBELET_VERSION_SLOT] =
+    knit_api::agent::kubelet_version_slot(knit_api::DEFAULT_KUBERNETES_VERSION);
+
+/// The Kubernetes version this stand-in was built as (read from the
+/// binary's own bytes, so a stamped copy reports its stamp).
+pub fn kubernetes_version() -> String {
+    // SAFETY: a plain read of an immutable static; volatile so that the
+    // bytes come from the binary as stamped, not from the compiler's copy
+    // of the initializer.
+    let slot = unsafe { std::ptr::read_volatile(&VERSION_SLOT) };
+    knit_api::agent::kubelet_version_of_slot(&slot)
+        .unwrap_or(knit_api::DEFAULT_KUBERNETES_VERSION)
+        .to_string()
+}
+
 pub fn version_line() -> String {
     format!(
         "Kubernetes v{} (knit-kubelet-sim {}: knit's kubelet stand-in for the local cloud; not kubelet, runs no containers)",
-        knit_api::DEFAULT_KUBERNETES_VERSION,
+        kubernetes_version(),
         env!("CARGO_PKG_VERSION")
     )
 }

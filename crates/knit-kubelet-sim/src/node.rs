@@ -148,7 +148,7 @@ impl NodeAgent {
             "osImage": os_image,
             "containerRuntimeVersion": self.runtime_version.clone().unwrap_or_default(),
             // Build metadata names the stand-in: it is not kubelet.
-            "kubeletVersion": format!("v{}+knit-kubelet-sim", knit_api::DEFAULT_KUBERNETES_VERSION),
+            "kubeletVersion": format!("v{}+knit-kubelet-sim", crate::kubernetes_version()),
             "kubeProxyVersion": "",
             "operatingSystem": "linux",
             "architecture": go_arch(),

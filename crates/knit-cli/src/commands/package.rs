@@ -1,7 +1,8 @@
 //! `knit package build`: the package mirror assembled from what this
 //! machine has (the agent, the kubelet stand-in, containerd and runc, CNI
-//! plugins), and the Debian repository nodes install their base packages
-//! and updates from (`mirror/debian/`, see [`build_debian_repository`]).
+//! plugins), the Debian repository nodes install their base packages
+//! and updates from (`mirror/debian/`, see [`build_debian_repository`]),
+//! and the system images the server serves nodes (`system-images/`).
 
 use crate::error::{io, CliError, Result};
 use clap::Subcommand;
@@ -77,7 +78,7 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
             .unwrap_or("")
             .to_string();
     }
-    let mirror_dir = Settings::new(state_dir).mirror_dir();
+    let mirror_dir = Settings::new(state_dir.clone()).mirror_dir();
     let summary = knit_server::mirror::build(&knit_server::mirror::PackageBuild {
         mirror_dir: mirror_dir.clone(),
         kubernetes_version,
@@ -111,6 +112,25 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
         summary.tarball_sha256,
         summary.agent_sha256
     );
+    // The images nodes pull, served by the server at /v2/ (it builds them
+    // itself when missing: a failure here is a warning).
+    match knit_server::registry::ensure_layout(&state_dir) {
+        Ok(layout) => {
+            for e in &layout.entries {
+                println!(
+                    "system image {} {} ({})",
+                    e.reference.full(),
+                    e.digest,
+                    if e.reference.is_pause() {
+                        "a pause process built here"
+                    } else {
+                        "a stand-in holding /pause"
+                    }
+                );
+            }
+        }
+        Err(e) => eprintln!("warning: the system images were not built: {e}"),
+    }
     let image = knit_local::image::images_dir().join(knit_local::image::NAME);
     if let Err(e) = build_debian_repository(&mirror_dir, &image, &mut |line| println!("{line}")) {
         // Nodes fall back to their image's own sources: a warning, not a failure.

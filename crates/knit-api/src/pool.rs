@@ -296,6 +296,12 @@ pub struct NodePoolSpec {
     /// A paused pool's rollout stands still (`knit rollout pause`);
     /// scaling still works.
     pub paused: bool,
+    /// When `knit rollout restart` asked for every node to be replaced
+    /// (RFC 3339, as kubectl's `restartedAt` annotation): part of the
+    /// template hash. Absent until the first restart (so no hash changes
+    /// when knit is upgraded); an apply without it keeps the stored one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restarted_at: Option<String>,
 }
 
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: i64 = 600;
@@ -500,6 +506,7 @@ impl Default for NodePoolSpec {
             kubernetes_version: None,
             update_strategy: UpdateStrategy::default(),
             paused: false,
+            restarted_at: None,
         }
     }
 }

@@ -74,6 +74,7 @@ pub const SPEC_FIELDS: &[(&str, UpdateMode)] = &[
     ("drain", UpdateMode::Immediate),
     ("updateStrategy", UpdateMode::Immediate),
     ("paused", UpdateMode::Immediate),
+    ("restartedAt", UpdateMode::Replace),
 ];
 
 /// How a change of `field` (a key of `SPEC_FIELDS`) reaches existing
@@ -131,6 +132,47 @@ pub fn template_hash(spec: &NodePoolSpec, kubernetes_version: &str) -> String {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{:010x}", hash & 0xff_ffff_ffff)
+}
+
+/// The Kubernetes version a pool's nodes run: the pool's own
+/// `spec.kubernetesVersion`, else the cluster's.
+pub fn effective_kubernetes_version<'a>(
+    spec: &'a NodePoolSpec,
+    cluster_version: &'a str,
+) -> &'a str {
+    spec.kubernetes_version
+        .as_deref()
+        .unwrap_or(cluster_version)
+}
+
+/// [`template_hash`] of a pool in a cluster whose version is
+/// `cluster_version`: the hash its new machines are made with.
+pub fn pool_template_hash(spec: &NodePoolSpec, cluster_version: &str) -> String {
+    template_hash(spec, effective_kubernetes_version(spec, cluster_version))
+}
+
+/// The fields a rollout undo takes from an earlier revision: what a
+/// machine is made from (every `Replace` and `NewMachinesOnly` field) and
+/// the labels and taints it carried then (and its `restartedAt`, so that
+/// undoing a rollout halfway keeps the nodes not yet replaced). Scaling, knit's own settings
+/// and `paused` stay as they are now.
+pub fn with_template_of(current: &NodePoolSpec, revision: &NodePoolSpec) -> NodePoolSpec {
+    let (mut now, then) = (spec_value(current), spec_value(revision));
+    for (field, mode) in SPEC_FIELDS {
+        let template = matches!(
+            mode,
+            UpdateMode::Replace | UpdateMode::NewMachinesOnly | UpdateMode::InPlace
+        );
+        if !template {
+            continue;
+        }
+        match then.get(*field) {
+            Some(v) => now.insert((*field).to_string(), v.clone()),
+            None => now.remove(*field),
+        };
+    }
+    // Both are specs: the merge of two is one.
+    serde_json::from_value(serde_json::Value::Object(now)).unwrap_or_else(|_| current.clone())
 }
 
 pub const UPDATE_STRATEGY_TYPES: &[&str] = &["RollingUpdate", "OnDelete"];
@@ -225,6 +267,7 @@ mod tests {
             zone: Some("z".into()),
             custom_node_name: Some(Default::default()),
             kubernetes_version: Some("1.31.0".into()),
+            restarted_at: Some("2026-01-01T00:00:00Z".into()),
             ..NodePoolSpec::default()
         });
         for key in fields.keys() {
@@ -267,6 +310,44 @@ mod tests {
         let mut pinned = base.clone();
         pinned.kubernetes_version = Some("1.31.0".into());
         assert_eq!(template_hash(&pinned, "1.31.0"), h);
+    }
+
+    #[test]
+    fn a_restart_changes_the_hash_and_none_leaves_it_as_before() {
+        let base = NodePoolSpec::default();
+        let h = pool_template_hash(&base, "1.31.0");
+        let value = serde_json::to_value(&base).unwrap();
+        assert!(value.get("restartedAt").is_none(), "absent until a restart");
+        let mut restarted = base.clone();
+        restarted.restarted_at = Some("2026-01-01T00:00:00Z".into());
+        assert_ne!(pool_template_hash(&restarted, "1.31.0"), h);
+        let mut pinned = base.clone();
+        pinned.kubernetes_version = Some("1.30.2".into());
+        assert_eq!(
+            pool_template_hash(&pinned, "1.31.0"),
+            template_hash(&base, "1.30.2")
+        );
+    }
+
+    #[test]
+    fn undo_takes_the_template_and_keeps_the_size_and_settings() {
+        let mut old = NodePoolSpec {
+            instance_types: vec!["small".into()],
+            replicas: 2,
+            ..NodePoolSpec::default()
+        };
+        old.labels.insert("tier".into(), "a".into());
+        let mut now = old.clone();
+        now.instance_types = vec!["big".into()];
+        now.labels.insert("tier".into(), "b".into());
+        now.replicas = 5;
+        now.join_timeout_seconds = 77;
+        now.restarted_at = Some("t".into());
+        let back = with_template_of(&now, &old);
+        assert_eq!(back.instance_types, vec!["small".to_string()]);
+        assert_eq!(back.labels.get("tier").map(String::as_str), Some("a"));
+        assert_eq!((back.replicas, back.join_timeout_seconds), (5, 77));
+        assert_eq!(back.restarted_at, None, "the revision's restart, none");
     }
 
     #[test]

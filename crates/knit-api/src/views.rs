@@ -93,6 +93,7 @@ impl PoolView {
                 name,
                 labels,
                 creation_timestamp_ms,
+                generation: 0,
             },
             spec: PoolSpecView::new(spec),
             status,
@@ -111,6 +112,13 @@ pub struct PoolMetaView {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub creation_timestamp_ms: i64,
+    /// Raised by every change of the spec (as a Kubernetes object's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A pool's spec as shown: `login` says whether a password is set
@@ -205,6 +213,75 @@ pub struct PoolStatus {
     /// The pool itself is being deleted.
     pub deleting: bool,
     pub cluster_attached: bool,
+    /// The generation the reconciler last planned (`metadata.generation`
+    /// once it caught up).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub observed_generation: i64,
+    /// Instances counting toward the pool made from its current template
+    /// (a Deployment's `updatedReplicas`): `knit get pools` UP-TO-DATE.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub updated_replicas: i64,
+    /// The hash of the pool's current template (what new machines are made
+    /// from; a node with another is out of date).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutView>,
+}
+
+/// A rollout with nothing left to replace.
+pub const ROLLOUT_COMPLETE: &str = "Complete";
+/// Replacing out-of-date nodes.
+pub const ROLLOUT_PROGRESSING: &str = "Progressing";
+/// `spec.paused`: nothing replaced until `knit rollout resume`.
+pub const ROLLOUT_PAUSED: &str = "Paused";
+/// A replacement did not come up: the old nodes are left alone.
+pub const ROLLOUT_STOPPED: &str = "Stopped";
+/// `OnDelete`: out-of-date nodes are replaced only when removed.
+pub const ROLLOUT_WAITING: &str = "Waiting";
+
+/// Where a pool's rollout stands (`knit rollout status`, the console).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RolloutView {
+    /// Complete, Progressing, Paused, Stopped or Waiting.
+    pub state: String,
+    /// Up-to-date instances, of them available (Ready and initialized),
+    /// and out-of-date ones left.
+    pub updated: i64,
+    pub updated_available: i64,
+    pub outdated: i64,
+    /// Every instance counting toward the pool, and available ones.
+    pub total: i64,
+    pub available: i64,
+    /// The pool's newest revision (`knit rollout undo --to-revision`).
+    pub revision: i64,
+    /// Why it stopped (`ProgressDeadlineExceeded`), and the whole story.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// One revision of a pool (`GET /api/v1/pools/{name}/revisions`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRevisionView {
+    pub revision: i64,
+    pub generation: i64,
+    pub template_hash: String,
+    pub created_ms: i64,
+    /// What changed from the revision before (`spec.` fields), if known.
+    #[serde(default)]
+    pub change: String,
+}
+
+/// `POST /api/v1/pools/{name}/rollout/undo`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RolloutUndoRequest {
+    /// The revision to go back to; the one before the newest when absent.
+    pub to_revision: Option<i64>,
 }
 
 /// The answer to `DELETE /api/v1/pools/{name}` (202).
@@ -250,6 +327,9 @@ pub struct InstanceView {
     /// Added to its pool by attach: knit never releases it on its own.
     #[serde(default)]
     pub added: bool,
+    /// The hash of the pool template it was made from (none: added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
 }
 
 /// One node (`GET /api/v1/nodes`, `GET /api/v1/nodes/{name}`). `timeline`
@@ -884,6 +964,7 @@ mod tests {
             deleting: false,
             cluster_attached: true,
             create_error: None,
+            ..PoolStatus::default()
         }
     }
 
@@ -962,6 +1043,7 @@ mod tests {
                 created_ms: 10,
                 updated_ms: 20,
                 added: false,
+                template_hash: None,
             }]),
             json!({"items": [{
                 "name": "workers-abcde", "pool": "workers", "providerId": null,

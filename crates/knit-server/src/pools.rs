@@ -12,6 +12,8 @@ use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{PoolStatus, PoolView};
 use knit_api::{ApiError, Cluster, FieldError, NodePool};
 
+pub mod rollout;
+
 /// Whether a pool write made the pool or replaced it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -64,11 +66,9 @@ pub fn replace_cluster(cp: &ControlPlane, cluster: &Cluster) -> Result<()> {
 /// A pool's view: its document (password hidden) and its status.
 pub fn view(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolView> {
     let status = status(cp, record)?;
-    Ok(PoolView::new(
-        record.pool.clone(),
-        record.created_ms,
-        status,
-    ))
+    let mut view = PoolView::new(record.pool.clone(), record.created_ms, status);
+    view.metadata.generation = record.generation;
+    Ok(view)
 }
 
 /// Every pool's view.
@@ -103,6 +103,7 @@ fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
         deleting: record.deleting,
         cluster_attached: cp.cluster.attached(),
         create_error: create_error(cp, &record.pool.metadata.name, count(InstanceState::Failed))?,
+        ..rollout::status(cp, record)?
     })
 }
 
@@ -276,6 +277,11 @@ fn apply_checked(
         }
         Some(old) => {
             crate::attach::check_pool_update(&old.pool, &mut pool)?;
+            // Set by `knit rollout restart` only: an apply without it keeps
+            // it (else every apply of the user's file would roll the pool).
+            if pool.spec.restarted_at.is_none() {
+                pool.spec.restarted_at.clone_from(&old.pool.spec.restarted_at);
+            }
             pool.validate_update(&old.pool)?;
             if dry_run {
                 return Ok((Applied::Updated, unstored(pool, old.created_ms, warnings)));

@@ -8,9 +8,11 @@ mod nodes;
 mod plan;
 mod planning;
 pub mod repair;
+pub mod rollout;
 mod user_data;
 
 pub use plan::{counts_toward_pool, plan, scale_in_order, NodeFacts, Plan};
+pub use planning::ROLLOUT_STOPPED_REASON;
 pub use user_data::user_data_outcome;
 
 use crate::control::ControlPlane;

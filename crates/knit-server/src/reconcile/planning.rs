@@ -8,9 +8,15 @@ use crate::store::{now_ms, InstanceHealth, InstanceRecord, NodeRecord};
 use knit_api::state::{EventType, InstanceState};
 use std::time::Instant;
 
-use super::plan::{plan, NodeFacts, Plan};
+use super::plan::{counts_toward_pool, plan, NodeFacts, Plan};
+use super::rollout::{plan_rollout, up_to_date, Mode, RolloutInput, RolloutPlan};
 use crate::cluster::pods::PodFacts;
-use std::collections::HashMap;
+use crate::store::RolloutStop;
+use std::collections::{HashMap, HashSet};
+
+/// The reason (event and pool condition) of a rollout stopped because a
+/// replacement did not come up, as a Deployment's progress deadline.
+pub const ROLLOUT_STOPPED_REASON: &str = "ProgressDeadlineExceeded";
 
 /// Pods a drain would evict (not mirror, not DaemonSet, not already
 /// being deleted), counted by node.
@@ -83,8 +89,16 @@ impl ControlPlane {
             if self.check_join_timeouts(&record.pool, &instances, &nodes, &mut health, now)? {
                 instances = self.store.instances(Some(&name))?;
             }
-            let p = plan(desired, &instances, &facts);
-            self.apply_plan(&record.pool, &p, true)?;
+            if record.deleting {
+                let p = plan(desired, &instances, &facts);
+                self.apply_plan(&record.pool, &p, true)?;
+            } else {
+                let rp =
+                    self.rollout_plan(&record.pool, &instances, &nodes, &facts, &health, now)?;
+                self.apply_rollout(&record.pool, &rp, true)?;
+                self.store
+                    .set_observed_generation(&name, record.generation)?;
+            }
             if record.deleting && instances.iter().all(|i| i.state == InstanceState::Detached) {
                 self.store.remove_pool(&name)?;
                 self.store.add_event(
@@ -257,9 +271,15 @@ impl ControlPlane {
             &format!("replicas {from} -> {replicas}"),
         )?;
         let instances = self.store.instances(Some(pool_name))?;
-        let p = plan(replicas.max(0) as usize, &instances, &facts);
-        self.apply_plan(&pool, &p, release)?;
+        let nodes = self.store.nodes()?;
+        let health = self.store.instance_health()?;
+        let rp = self.rollout_plan(&pool, &instances, &nodes, &facts, &health, now_ms())?;
+        self.apply_rollout(&pool, &rp, release)?;
         self.wake.notify_one();
+        let p = Plan {
+            create: rp.create,
+            delete: rp.scale_in.iter().chain(&rp.replace).cloned().collect(),
+        };
         Ok((from, p))
     }
 
@@ -311,6 +331,146 @@ impl ControlPlane {
                 None
             }
         }
+    }
+
+    /// The pool's plan with its rollout: the template hash new machines
+    /// get, whether a rollout may go on (strategy, `spec.paused`, a stop
+    /// by its progress deadline, recorded here when a replacement failed),
+    /// which instances are available (Ready and initialized, no repair
+    /// under way: rollouts and repair share the unavailable budget).
+    fn rollout_plan(
+        &self,
+        pool: &knit_api::NodePool,
+        instances: &[InstanceRecord],
+        nodes: &[NodeRecord],
+        facts: &HashMap<String, NodeFacts>,
+        health: &HashMap<String, InstanceHealth>,
+        now: i64,
+    ) -> Result<RolloutPlan> {
+        let name = &pool.metadata.name;
+        let spec = &pool.spec;
+        let desired = spec.replicas.max(0) as usize;
+        let version = self.cluster_doc()?.spec.kubernetes_version;
+        let current = knit_api::update::pool_template_hash(spec, &version);
+        let hashes = self.store.instance_hashes(Some(name))?;
+        let attached = self.cluster.attached();
+        let repairing: HashSet<String> = self
+            .in_flight
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let available: HashSet<String> = instances
+            .iter()
+            .filter(|i| i.state == InstanceState::Running && !repairing.contains(&i.name))
+            .filter(|i| {
+                health
+                    .get(&i.name)
+                    .is_none_or(|h| h.unhealthy_since_ms.is_none())
+            })
+            .filter(|i| {
+                nodes.iter().any(|n| {
+                    n.instance == i.name
+                        && n.initialized()
+                        && (!attached || n.status == knit_api::state::NodeStatus::Ready)
+                })
+            })
+            .map(|i| i.name.clone())
+            .collect();
+        let outdated = instances
+            .iter()
+            .filter(|i| counts_toward_pool(&i.state))
+            .any(|i| !up_to_date(i, &hashes, &current));
+        let mut stop = self.store.rollout_stop(name)?;
+        if stop.as_ref().is_some_and(|s| s.template_hash != current) {
+            // A stop of an earlier template: a new rollout begins.
+            self.store.clear_rollout_stop(name)?;
+            stop = None;
+        }
+        let on_delete = spec.update_strategy.on_delete();
+        if stop.is_none() && outdated && !on_delete && !spec.paused {
+            let failed = instances.iter().find(|i| {
+                hashes.get(&i.name).and_then(|h| h.as_deref()) == Some(current.as_str())
+                    && (i.state == InstanceState::Failed
+                        || (i.state == InstanceState::Deleting
+                            && health
+                                .get(&i.name)
+                                .is_some_and(|h| h.join_failed_ms.is_some())))
+            });
+            if let Some(f) = failed {
+                let message = format!(
+                    "replacement {} did not come up (joinTimeoutSeconds {}): {}; the rollout is stopped and the out-of-date nodes are left alone (knit rollout resume pool {name} tries again, knit rollout undo pool {name} goes back)",
+                    f.name,
+                    spec.join_timeout_seconds,
+                    f.last_error.as_deref().unwrap_or("failed")
+                );
+                let s = RolloutStop {
+                    template_hash: current.clone(),
+                    reason: ROLLOUT_STOPPED_REASON.to_string(),
+                    message: message.clone(),
+                    stopped_ms: now,
+                };
+                if self.store.stop_rollout(name, &s)? {
+                    self.store.add_event(
+                        EventType::Warning,
+                        "NodePool",
+                        name,
+                        ROLLOUT_STOPPED_REASON,
+                        &message,
+                    )?;
+                }
+                stop = Some(s);
+            }
+        }
+        let mode = if on_delete {
+            Mode::OnDelete
+        } else if spec.paused || stop.is_some() {
+            Mode::Hold
+        } else {
+            Mode::Rolling
+        };
+        Ok(plan_rollout(&RolloutInput {
+            desired,
+            limits: spec.update_strategy.limits(desired),
+            mode,
+            current_hash: &current,
+            instances,
+            hashes: &hashes,
+            facts,
+            available: &available,
+        }))
+    }
+
+    /// Writes a rollout plan: creates and scale-in as any plan, and each
+    /// replaced instance through its delete intent (drained first).
+    fn apply_rollout(
+        &self,
+        pool: &knit_api::NodePool,
+        rp: &RolloutPlan,
+        release: bool,
+    ) -> Result<()> {
+        let p = Plan {
+            create: rp.create,
+            delete: rp.scale_in.clone(),
+        };
+        self.apply_plan(pool, &p, release)?;
+        if rp.replace.is_empty() {
+            return Ok(());
+        }
+        let name = &pool.metadata.name;
+        let added = self.store.add_delete_intents(name, &rp.replace, true)?;
+        if added > 0 {
+            self.store.add_event(
+                EventType::Normal,
+                "NodePool",
+                name,
+                "RollingUpdate",
+                &format!(
+                    "replacing out-of-date instance(s) (drained, then released): {}",
+                    rp.replace.join(", ")
+                ),
+            )?;
+        }
+        Ok(())
     }
 
     fn apply_plan(&self, pool: &knit_api::NodePool, p: &Plan, release: bool) -> Result<()> {

@@ -37,14 +37,17 @@ fn intent_row(r: &Row) -> Result<IntentRecord> {
 
 impl Store {
     /// Records new instances of a pool and their create intents in one
-    /// transaction: either all exist or none.
+    /// transaction: either all exist or none. Each instance records the
+    /// template hash its pool's spec has at this moment (what it will be
+    /// made from).
     pub fn add_create_intents(&self, pool: &str, names: &[(String, String)]) -> Result<()> {
         let now = now_ms();
         self.write(|tx| {
+            let hash = super::rollouts::current_hash(tx, pool)?;
             for (name, instance_type) in names {
                 tx.execute(
-                    "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                    params![name, pool, InstanceState::Pending.as_str(), instance_type, now],
+                    "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms, template_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
+                    params![name, pool, InstanceState::Pending.as_str(), instance_type, now, &hash],
                 )?;
                 tx.execute(
                     "INSERT INTO intents (action, instance, pool, status, created_ms, updated_ms) VALUES (?4, ?1, ?2, ?5, ?3, ?3)",

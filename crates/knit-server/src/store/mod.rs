@@ -29,6 +29,7 @@ mod intents;
 mod leader;
 mod nodes;
 mod pools;
+mod rollouts;
 mod snapshots;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -42,6 +43,7 @@ pub use intents::IntentRecord;
 pub use leader::{Lease, ServerRecord};
 pub use nodes::{NodeRecord, TimelineEntry};
 pub use pools::{PoolCounts, PoolRecord};
+pub use rollouts::{PoolRevision, RolloutStop, REVISION_HISTORY_LIMIT};
 pub use snapshots::{BuildStep, SnapshotBuildRecord, SnapshotRecord};
 pub use tokens::{Enrollment, JoinTokenRecord, Redeem};
 
@@ -217,6 +219,10 @@ CREATE INDEX events_last ON events (last_ms);
     // The drain of each node being removed and its steps, so that a
     // restarted server or the next leader resumes it.
     drains::SCHEMA,
+    // Rollouts: pool generations, each instance's template hash (backfilled
+    // with its pool's current one, so an upgrade rolls nothing), pool
+    // revisions and stopped rollouts.
+    rollouts::SCHEMA,
 ];
 
 pub fn now_ms() -> i64 {
@@ -292,6 +298,9 @@ impl Store {
         db.migrate(COMPONENT, MIGRATIONS, |tx, step| {
             if MIGRATIONS[step] == attach::SCHEMA {
                 imported = attach::import_legacy_files(tx, legacy.as_deref())?;
+            }
+            if MIGRATIONS[step] == rollouts::SCHEMA {
+                rollouts::backfill(tx)?;
             }
             Ok::<_, ServerError>(())
         })?;

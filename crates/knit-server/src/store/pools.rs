@@ -15,6 +15,12 @@ pub struct PoolRecord {
     pub deleting: bool,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// Raised by every change of the spec (not of its status).
+    #[serde(default)]
+    pub generation: i64,
+    /// The generation the reconciler last planned.
+    #[serde(default)]
+    pub observed_generation: i64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,8 +38,12 @@ fn pool_row(r: &Row) -> Result<PoolRecord> {
         deleting: r.get(1)?,
         created_ms: r.get(2)?,
         updated_ms: r.get(3)?,
+        generation: r.get(4)?,
+        observed_generation: r.get(5)?,
     })
 }
+
+const POOL_COLUMNS: &str = "doc, deleting, created_ms, updated_ms, generation, observed_generation";
 
 impl Store {
     pub fn cluster(&self) -> Result<Option<Cluster>> {
@@ -61,10 +71,23 @@ impl Store {
         let now = now_ms();
         let doc = to_json(pool)?;
         let changed = self.write(|tx| {
-            Ok(tx.execute(
+            let changed = tx.execute(
                 "INSERT INTO pools (name, doc, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?3) ON CONFLICT (name) DO NOTHING",
                 params![&pool.metadata.name, &doc, now],
-            )?)
+            )?;
+            if changed > 0 {
+                // A pool made again under an old name starts afresh.
+                tx.execute(
+                    "DELETE FROM pool_revisions WHERE pool = ?1",
+                    params![&pool.metadata.name],
+                )?;
+                tx.execute(
+                    "DELETE FROM pool_rollouts WHERE pool = ?1",
+                    params![&pool.metadata.name],
+                )?;
+                super::rollouts::record_revision(tx, &pool.metadata.name, 1, &pool.spec, now)?;
+            }
+            Ok(changed)
         })?;
         if changed == 0 {
             return Err(ServerError::AlreadyExists {
@@ -75,14 +98,32 @@ impl Store {
         Ok(())
     }
 
+    /// Replaces a pool's document. A changed spec raises its generation,
+    /// and a new template (hash) becomes its newest revision, in the same
+    /// transaction.
     pub fn update_pool(&self, pool: &NodePool) -> Result<()> {
         let now = now_ms();
         let doc = to_json(pool)?;
+        let name = &pool.metadata.name;
         let changed = self.write(|tx| {
-            Ok(tx.execute(
-                "UPDATE pools SET doc = ?2, updated_ms = ?3 WHERE name = ?1 AND deleting = 0",
-                params![&pool.metadata.name, &doc, now],
-            )?)
+            let old = tx.query_opt(
+                "SELECT doc, generation FROM pools WHERE name = ?1 AND deleting = 0",
+                params![name],
+            )?;
+            let Some(old) = old else {
+                return Ok(0);
+            };
+            let before: NodePool = from_json(&old.get::<String>(0)?)?;
+            let mut generation: i64 = old.get(1)?;
+            if before.spec != pool.spec {
+                generation += 1;
+            }
+            let changed = tx.execute(
+                "UPDATE pools SET doc = ?2, updated_ms = ?3, generation = ?4 WHERE name = ?1 AND deleting = 0",
+                params![name, &doc, now, generation],
+            )?;
+            super::rollouts::record_revision(tx, name, generation, &pool.spec, now)?;
+            Ok(changed)
         })?;
         if changed == 0 {
             return Err(ServerError::NotFound {
@@ -111,7 +152,7 @@ impl Store {
     pub fn pool(&self, name: &str) -> Result<Option<PoolRecord>> {
         self.read(|tx| {
             tx.query_opt(
-                "SELECT doc, deleting, created_ms, updated_ms FROM pools WHERE name = ?1",
+                &format!("SELECT {POOL_COLUMNS} FROM pools WHERE name = ?1"),
                 params![name],
             )?
             .as_ref()
@@ -121,20 +162,41 @@ impl Store {
     }
 
     pub fn pools(&self) -> Result<Vec<PoolRecord>> {
-        let rows = self.read(|tx| {
-            Ok(tx.query(
-                "SELECT doc, deleting, created_ms, updated_ms, name FROM pools",
-                &[],
-            )?)
-        })?;
+        let rows =
+            self.read(|tx| Ok(tx.query(&format!("SELECT {POOL_COLUMNS}, name FROM pools"), &[])?))?;
         let mut named = rows
             .iter()
-            .map(|r| Ok((r.get::<String>(4)?, pool_row(r)?)))
+            .map(|r| Ok((r.get::<String>(6)?, pool_row(r)?)))
             .collect::<Result<Vec<_>>>()?;
         // By name in byte order on both backends (PostgreSQL's collation
         // may order text differently from SQLite's).
         named.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(named.into_iter().map(|(_, p)| p).collect())
+    }
+
+    /// Sets `spec.kubernetesVersion` to `version` on every pool stored
+    /// without one, in one transaction (a pool that has one keeps it);
+    /// the names of the pools filled. Run once after knit is upgraded, so
+    /// that raising the cluster's version later changes no pool by itself.
+    pub fn fill_pool_kubernetes_versions(&self, version: &str) -> Result<Vec<String>> {
+        self.write(|tx| {
+            let rows = tx.query("SELECT name, doc FROM pools", &[])?;
+            let mut filled = Vec::new();
+            for r in &rows {
+                let name: String = r.get(0)?;
+                let mut pool: NodePool = from_json(&r.get::<String>(1)?)?;
+                if pool.spec.kubernetes_version.is_some() {
+                    continue;
+                }
+                pool.spec.kubernetes_version = Some(version.to_string());
+                tx.execute(
+                    "UPDATE pools SET doc = ?2 WHERE name = ?1",
+                    params![&name, &to_json(&pool)?],
+                )?;
+                filled.push(name);
+            }
+            Ok(filled)
+        })
     }
 
     /// Marks a pool for deletion: the reconciler scales it to zero and then
@@ -159,6 +221,8 @@ impl Store {
     pub fn remove_pool(&self, name: &str) -> Result<()> {
         self.write(|tx| {
             tx.execute("DELETE FROM pools WHERE name = ?1", params![name])?;
+            tx.execute("DELETE FROM pool_revisions WHERE pool = ?1", params![name])?;
+            tx.execute("DELETE FROM pool_rollouts WHERE pool = ?1", params![name])?;
             Ok(())
         })
     }
@@ -208,6 +272,30 @@ mod tests {
                 store.insert_pool(&pool).unwrap_err().code(),
                 "AlreadyExists"
             );
+        });
+    }
+
+    #[test]
+    fn pools_without_a_kubernetes_version_are_filled_once() {
+        crate::store::testing::each_store(|store| {
+            store
+                .insert_pool(&NodePool::new("old", NodePoolSpec::default()))
+                .unwrap();
+            let own = NodePoolSpec {
+                kubernetes_version: Some("1.30.1".into()),
+                ..NodePoolSpec::default()
+            };
+            store.insert_pool(&NodePool::new("own", own)).unwrap();
+            assert_eq!(
+                store.fill_pool_kubernetes_versions("1.31.4").unwrap(),
+                ["old"]
+            );
+            let version = |name: &str| store.pool(name).unwrap().unwrap().pool.spec.kubernetes_version;
+            assert_eq!(version("old").as_deref(), Some("1.31.4"));
+            assert_eq!(version("own").as_deref(), Some("1.30.1"));
+            // Once: a later cluster version changes nothing.
+            assert!(store.fill_pool_kubernetes_versions("1.32.0").unwrap().is_empty());
+            assert_eq!(version("old").as_deref(), Some("1.31.4"));
         });
     }
 }

@@ -1,0 +1,485 @@
+//! A pool's rollout as a pure function: which instances to create (with
+//! the current template) and which to remove, with a Deployment's
+//! arithmetic. No I/O; `planning.rs` reads the store, calls [`plan_rollout`]
+//! and writes the intents (every removal through the delete intent and the
+//! drain).
+//!
+//! With `RollingUpdate`, at every moment:
+//! - at most `desired + maxSurge` instances count toward the pool
+//!   (`counts_toward_pool`: an instance being removed does not);
+//! - an out-of-date instance is removed only while at least
+//!   `desired - maxUnavailable` others are available (their node Ready and
+//!   initialized, not being repaired, not being removed).
+//!
+//! An instance is out of date when it records a template hash other than
+//! the pool's current one; one with none (added by attach) never is: knit
+//! never releases the user's machines on its own.
+
+use super::plan::{counts_toward_pool, scale_in_order, NodeFacts};
+use crate::store::InstanceRecord;
+use knit_api::state::InstanceState;
+use std::collections::{HashMap, HashSet};
+
+/// What the pool's strategy and state let a rollout do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `RollingUpdate`: replace out-of-date instances within the limits.
+    Rolling,
+    /// Paused (`spec.paused`) or stopped (its progress deadline): nothing
+    /// is replaced; the pool keeps between `desired` and
+    /// `desired + maxSurge` instances (a surge instance made before the
+    /// stop stays, a Deployment's paused surge does too).
+    Hold,
+    /// `OnDelete`: nothing is replaced; an instance removed (by hand, by
+    /// repair) is made again from the current template.
+    OnDelete,
+}
+
+/// Everything the rollout planner sees of one pool.
+#[derive(Debug, Clone)]
+pub struct RolloutInput<'a> {
+    pub desired: usize,
+    /// `(maxSurge, maxUnavailable)` as counts (`UpdateStrategy::limits`).
+    pub limits: (usize, usize),
+    pub mode: Mode,
+    pub current_hash: &'a str,
+    pub instances: &'a [InstanceRecord],
+    /// Each instance's template hash.
+    pub hashes: &'a HashMap<String, Option<String>>,
+    /// Scale-in's facts (Ready, evictable pods).
+    pub facts: &'a HashMap<String, NodeFacts>,
+    /// Instances that are available: node Ready and initialized, no repair
+    /// under way on it.
+    pub available: &'a HashSet<String>,
+}
+
+/// What the pool needs now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RolloutPlan {
+    /// Instances to create, from the current template.
+    pub create: usize,
+    /// Instances removed because the pool has more than it may (scale-in).
+    pub scale_in: Vec<String>,
+    /// Out-of-date instances removed by the rollout (replaced).
+    pub replace: Vec<String>,
+}
+
+/// Where a pool's rollout stands, counted from its instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RolloutCounts {
+    /// Instances counting toward the pool.
+    pub total: usize,
+    /// Of those, made from the current template.
+    pub updated: usize,
+    /// Of the updated ones, available.
+    pub updated_available: usize,
+    /// Instances counting toward the pool and available.
+    pub available: usize,
+    /// Out of date (to be replaced).
+    pub outdated: usize,
+}
+
+/// Whether `i` was made from `current` (an instance without a hash, added
+/// by attach, counts as up to date: it is never rolled).
+pub fn up_to_date(
+    i: &InstanceRecord,
+    hashes: &HashMap<String, Option<String>>,
+    current: &str,
+) -> bool {
+    if i.added {
+        return true;
+    }
+    match hashes.get(&i.name) {
+        Some(Some(h)) => h == current,
+        _ => true,
+    }
+}
+
+pub fn counts(input: &RolloutInput<'_>) -> RolloutCounts {
+    let mut c = RolloutCounts::default();
+    for i in input
+        .instances
+        .iter()
+        .filter(|i| counts_toward_pool(&i.state))
+    {
+        let fresh = up_to_date(i, input.hashes, input.current_hash);
+        let available = input.available.contains(&i.name);
+        c.total += 1;
+        c.available += usize::from(available);
+        if fresh {
+            c.updated += 1;
+            c.updated_available += usize::from(available);
+        } else {
+            c.outdated += 1;
+        }
+    }
+    c
+}
+
+/// The scale-in order during a rollout: instances not serving (pending,
+/// failed, not Ready) first whatever their template, then out-of-date
+/// ones before up-to-date ones, each by [`scale_in_order`].
+fn removal_order(list: &mut [&InstanceRecord], input: &RolloutInput<'_>) {
+    scale_in_order(list, input.facts);
+    let serving = |i: &InstanceRecord| {
+        i.state == InstanceState::Running && input.facts.get(&i.name).is_some_and(|f| f.ready)
+    };
+    // Stable: scale_in_order's order holds within each group.
+    list.sort_by_key(|i| {
+        (
+            i.added,
+            serving(i),
+            up_to_date(i, input.hashes, input.current_hash),
+        )
+    });
+}
+
+/// What the pool needs now: [`Mode`] says whether out-of-date instances
+/// are replaced; scaling applies in every mode (new instances always get
+/// the current template; scale-in removes out-of-date ones first).
+pub fn plan_rollout(input: &RolloutInput<'_>) -> RolloutPlan {
+    let desired = input.desired;
+    let (surge, unavailable) = input.limits;
+    let mut active: Vec<&InstanceRecord> = input
+        .instances
+        .iter()
+        .filter(|i| counts_toward_pool(&i.state))
+        .collect();
+    let fresh = |i: &InstanceRecord| up_to_date(i, input.hashes, input.current_hash);
+    let outdated = active.iter().filter(|i| !fresh(i)).count();
+    let ceiling = match input.mode {
+        _ if outdated == 0 => desired,
+        Mode::OnDelete => desired,
+        Mode::Hold | Mode::Rolling => desired + surge,
+    };
+    let mut plan = RolloutPlan::default();
+    // Scale-in: more than the pool may have now.
+    if active.len() > ceiling {
+        removal_order(&mut active, input);
+        let excess = active.len() - ceiling;
+        plan.scale_in = active.drain(..excess).map(|i| i.name.clone()).collect();
+    }
+    if active.len() < desired && (input.mode != Mode::Rolling || outdated == 0) {
+        plan.create = desired - active.len();
+        return plan;
+    }
+    if input.mode != Mode::Rolling || outdated == 0 {
+        return plan;
+    }
+    // Rolling: new instances up to the surge ceiling, as many as the
+    // current template still lacks.
+    let total = active.len();
+    let updated = active.iter().filter(|i| fresh(i)).count();
+    plan.create = (ceiling.saturating_sub(total)).min(desired.saturating_sub(updated));
+    // Old ones out while enough stay available (a Deployment's
+    // maxScaledDown: every instance, less the available minimum, less the
+    // new ones not yet available, the ones just asked for included).
+    let min_available = desired.saturating_sub(unavailable);
+    let new_unavailable = active
+        .iter()
+        .filter(|i| fresh(i) && !input.available.contains(&i.name))
+        .count()
+        + plan.create;
+    let mut budget = (total + plan.create).saturating_sub(min_available + new_unavailable);
+    let mut available = active
+        .iter()
+        .filter(|i| input.available.contains(&i.name))
+        .count();
+    let mut old: Vec<&InstanceRecord> = active.iter().copied().filter(|i| !fresh(i)).collect();
+    removal_order(&mut old, input);
+    for i in old {
+        if budget == 0 {
+            break;
+        }
+        if !input.available.contains(&i.name) {
+            // Not serving: its removal lowers no availability.
+            plan.replace.push(i.name.clone());
+            budget -= 1;
+        } else if available > min_available {
+            plan.replace.push(i.name.clone());
+            available -= 1;
+            budget -= 1;
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: &str = "old-hash";
+    const NEW: &str = "new-hash";
+
+    /// A simulated pool: instances with their hash, and which are Ready.
+    struct Sim {
+        instances: Vec<InstanceRecord>,
+        hashes: HashMap<String, Option<String>>,
+        ready: HashSet<String>,
+        next: i64,
+    }
+
+    impl Sim {
+        fn new(n: usize) -> Sim {
+            let mut sim = Sim {
+                instances: Vec::new(),
+                hashes: HashMap::new(),
+                ready: HashSet::new(),
+                next: 0,
+            };
+            for _ in 0..n {
+                let name = sim.add(OLD, InstanceState::Running);
+                sim.ready.insert(name);
+            }
+            sim
+        }
+
+        fn add(&mut self, hash: &str, state: InstanceState) -> String {
+            self.next += 1;
+            let name = format!("i{}", self.next);
+            self.instances.push(InstanceRecord {
+                name: name.clone(),
+                pool: "p".into(),
+                provider_id: None,
+                state,
+                ip: None,
+                instance_type: "t".into(),
+                report_token_hash: None,
+                last_error: None,
+                created_ms: self.next,
+                updated_ms: self.next,
+                added: false,
+            });
+            self.hashes.insert(name.clone(), Some(hash.to_string()));
+            name
+        }
+
+        fn facts(&self) -> HashMap<String, NodeFacts> {
+            self.ready
+                .iter()
+                .map(|n| {
+                    (
+                        n.clone(),
+                        NodeFacts {
+                            ready: true,
+                            evictable_pods: Some(0),
+                        },
+                    )
+                })
+                .collect()
+        }
+
+        fn plan(&self, desired: usize, limits: (usize, usize), mode: Mode) -> RolloutPlan {
+            let facts = self.facts();
+            plan_rollout(&RolloutInput {
+                desired,
+                limits,
+                mode,
+                current_hash: NEW,
+                instances: &self.instances,
+                hashes: &self.hashes,
+                facts: &facts,
+                available: &self.ready,
+            })
+        }
+
+        /// Applies a plan: new instances Pending, removed ones Deleting
+        /// (gone from the count at once; released later).
+        fn apply(&mut self, p: &RolloutPlan) -> Vec<String> {
+            let mut made = Vec::new();
+            for _ in 0..p.create {
+                made.push(self.add(NEW, InstanceState::Pending));
+            }
+            for name in p.scale_in.iter().chain(&p.replace) {
+                if let Some(i) = self.instances.iter_mut().find(|i| &i.name == name) {
+                    i.state = InstanceState::Deleting;
+                }
+                self.ready.remove(name);
+            }
+            made
+        }
+
+        fn active(&self) -> usize {
+            self.instances
+                .iter()
+                .filter(|i| counts_toward_pool(&i.state))
+                .count()
+        }
+
+        fn available(&self) -> usize {
+            self.instances
+                .iter()
+                .filter(|i| counts_toward_pool(&i.state) && self.ready.contains(&i.name))
+                .count()
+        }
+
+        fn outdated(&self) -> usize {
+            self.instances
+                .iter()
+                .filter(|i| {
+                    counts_toward_pool(&i.state) && self.hashes[&i.name].as_deref() == Some(OLD)
+                })
+                .count()
+        }
+
+        /// Every pending instance comes up (Running and Ready).
+        fn come_up(&mut self) {
+            for i in &mut self.instances {
+                if i.state == InstanceState::Pending {
+                    i.state = InstanceState::Running;
+                    self.ready.insert(i.name.clone());
+                }
+            }
+        }
+    }
+
+    /// A whole rollout, pass by pass, nodes coming up one pass after they
+    /// are asked for; the bounds are checked after every step.
+    fn roll(desired: usize, limits: (usize, usize)) -> usize {
+        let mut sim = Sim::new(desired);
+        let (surge, unavailable) = limits;
+        let mut passes = 0;
+        while sim.outdated() > 0 || sim.active() != desired || sim.available() != desired {
+            passes += 1;
+            assert!(passes < 100, "the rollout never ends");
+            let p = sim.plan(desired, limits, Mode::Rolling);
+            sim.apply(&p);
+            assert!(
+                sim.active() <= desired + surge,
+                "surge exceeded: {}",
+                sim.active()
+            );
+            assert!(
+                sim.available() + unavailable >= desired,
+                "too few available: {}",
+                sim.available()
+            );
+            sim.come_up();
+        }
+        assert_eq!(sim.outdated(), 0);
+        passes
+    }
+
+    #[test]
+    fn surge_one_unavailable_zero_replaces_one_at_a_time_within_the_bounds() {
+        let mut sim = Sim::new(3);
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!((p.create, p.replace.len()), (1, 0), "surge first");
+        sim.apply(&p);
+        // The new one not Ready yet: nothing more, nothing removed.
+        assert_eq!(sim.plan(3, (1, 0), Mode::Rolling), RolloutPlan::default());
+        sim.come_up();
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!((p.create, p.replace.len()), (0, 1), "then one old out");
+        assert_eq!(p.replace, vec!["i3".to_string()], "newest old first");
+        sim.apply(&p);
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!((p.create, p.replace.len()), (1, 0));
+        assert!(roll(3, (1, 0)) > 0);
+    }
+
+    #[test]
+    fn every_strategy_keeps_both_bounds_to_the_end() {
+        for desired in [1, 2, 3, 5, 10] {
+            for limits in [(1, 0), (2, 0), (0, 1), (1, 1), (2, 2), (3, 0), (0, 3)] {
+                roll(desired, limits);
+            }
+        }
+    }
+
+    #[test]
+    fn surge_zero_removes_first_then_makes() {
+        let mut sim = Sim::new(3);
+        let p = sim.plan(3, (0, 1), Mode::Rolling);
+        assert_eq!((p.create, p.replace.len()), (0, 1));
+        sim.apply(&p);
+        let p = sim.plan(3, (0, 1), Mode::Rolling);
+        assert_eq!((p.create, p.replace.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_node_under_repair_counts_as_unavailable() {
+        let mut sim = Sim::new(3);
+        sim.apply(&sim.plan(3, (1, 0), Mode::Rolling));
+        sim.come_up();
+        // An old node is being repaired: not available, so it may go
+        // (it serves nothing) but no Ready one may.
+        sim.ready.remove("i1");
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!(p.replace, vec!["i1".to_string()]);
+        // A new node under repair: no old one may go.
+        let mut sim = Sim::new(3);
+        sim.apply(&sim.plan(3, (1, 0), Mode::Rolling));
+        sim.come_up();
+        sim.ready.remove("i4");
+        assert_eq!(sim.plan(3, (1, 0), Mode::Rolling), RolloutPlan::default());
+    }
+
+    #[test]
+    fn paused_and_stopped_hold_and_on_delete_rolls_nothing() {
+        let mut sim = Sim::new(3);
+        sim.apply(&sim.plan(3, (1, 0), Mode::Rolling));
+        sim.come_up();
+        assert_eq!(
+            sim.plan(3, (1, 0), Mode::Hold),
+            RolloutPlan::default(),
+            "the surge stays"
+        );
+        // Scaling while held: out the out-of-date first, new ones current.
+        let p = sim.plan(2, (1, 0), Mode::Hold);
+        assert_eq!(p.scale_in, vec!["i3".to_string()]);
+        let p = sim.plan(5, (1, 0), Mode::Hold);
+        assert_eq!(p.create, 1);
+        let sim = Sim::new(3);
+        assert_eq!(sim.plan(3, (1, 0), Mode::OnDelete), RolloutPlan::default());
+        // OnDelete: one removed is made again, from the new template.
+        let mut sim = Sim::new(3);
+        sim.instances[0].state = InstanceState::Deleting;
+        assert_eq!(sim.plan(3, (1, 0), Mode::OnDelete).create, 1);
+    }
+
+    #[test]
+    fn scaling_during_a_rollout() {
+        // Scale-in mid-rollout: out-of-date nodes leave first.
+        let mut sim = Sim::new(5);
+        sim.apply(&sim.plan(5, (1, 0), Mode::Rolling));
+        sim.come_up();
+        let p = sim.plan(2, (1, 0), Mode::Rolling);
+        assert_eq!(p.scale_in.len(), 3);
+        assert!(
+            p.scale_in.iter().all(|n| n != "i6"),
+            "the new one stays: {p:?}"
+        );
+        // Scale-out mid-rollout: the new ones have the new template.
+        let mut sim = Sim::new(2);
+        let p = sim.plan(4, (1, 0), Mode::Rolling);
+        assert_eq!((p.create, p.replace.len()), (3, 0), "up to 4 + 1 instances");
+        sim.apply(&p);
+        assert!(sim.active() <= 5);
+        roll(4, (1, 0));
+    }
+
+    #[test]
+    fn a_failed_new_instance_leaves_first_and_added_ones_are_never_rolled() {
+        let mut sim = Sim::new(2);
+        let made = sim.apply(&sim.plan(2, (1, 0), Mode::Rolling));
+        sim.instances
+            .iter_mut()
+            .find(|i| i.name == made[0])
+            .unwrap()
+            .state = InstanceState::Failed;
+        // Stopped: the pool shrinks to desired + surge at most, the failed
+        // one kept (for its diagnosis), nothing old removed.
+        assert_eq!(sim.plan(2, (1, 0), Mode::Hold), RolloutPlan::default());
+        // Scaled in while stopped: the failed one leaves first.
+        assert_eq!(
+            sim.plan(1, (1, 0), Mode::Hold).scale_in,
+            vec![made[0].clone()]
+        );
+        let mut sim = Sim::new(2);
+        for i in &mut sim.instances {
+            i.added = true;
+        }
+        assert_eq!(sim.plan(2, (1, 0), Mode::Rolling), RolloutPlan::default());
+    }
+}

@@ -58,6 +58,7 @@ use tower::ServiceExt;
 pub use controllers::{KUBELET_CLIENT_SIGNER, NOT_READY_TAINT, UNREACHABLE_TAINT};
 pub use error::{ApiStatus, ClusterError};
 pub use pki::spki_pin;
+pub use resources::{served_version, set_served_version};
 pub use tokens::BootstrapToken;
 
 /// How the embedded cluster runs.

@@ -292,8 +292,36 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     )
 }
 
+/// The Kubernetes version the API reports (`/version`): the Cluster
+/// spec's `kubernetesVersion`, set by the control plane at start and
+/// whenever it changes; knit's default until then.
+static SERVED_VERSION: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Sets the version `/version` reports (a `MAJOR.MINOR.PATCH`; anything
+/// else is ignored).
+pub fn set_served_version(version: &str) {
+    if knit_api::validate::parse_kube_version(version).is_none() {
+        return;
+    }
+    if let Ok(mut served) = SERVED_VERSION.write() {
+        if served.as_deref() != Some(version) {
+            *served = Some(version.to_string());
+        }
+    }
+}
+
+/// The version `/version` reports.
+pub fn served_version() -> String {
+    SERVED_VERSION
+        .read()
+        .ok()
+        .and_then(|v| v.clone())
+        .unwrap_or_else(|| knit_api::DEFAULT_KUBERNETES_VERSION.to_string())
+}
+
 pub fn version_doc() -> Value {
-    let v = knit_api::DEFAULT_KUBERNETES_VERSION;
+    let v = served_version();
+    let v = v.as_str();
     let mut parts = v.split('.');
     let major = parts.next().unwrap_or("1");
     let minor = parts.next().unwrap_or("0");

@@ -14,6 +14,23 @@
 //!    while the budget forbids the last pod's eviction: after the timeout
 //!    the pod is deleted, then the machine released and the pool gone.
 //!
+//! `delete_node_repair_and_pool_delete_drain_first`, one pool of two nodes
+//! and its replacement, on a server whose skip-wait for nodes that cannot
+//! confirm is lowered to 5 s (`KNIT_DRAIN_SKIP_WAIT_SECONDS`; default 60):
+//!
+//! 0. The Cluster's `spec.network.podCidr` (applied, read at the next
+//!    start) is where the nodes' podCIDRs and the pods' IPs come from.
+//! 1. `knit delete node` while the budget forbids: blocked, named, nothing
+//!    released; the budget allows: the pod evicted, then the machine goes.
+//! 2. The other node's kubelet stand-in is frozen (SIGSTOP to the PID its
+//!    supervisor recorded): the Node goes Ready=Unknown and repair's
+//!    replace starts, through the drain: blocked by the budget, nothing
+//!    released. The budget allows: the evictions are accepted but no
+//!    kubelet confirms; 5 s past their due time the pods no longer block,
+//!    the node is drained, the machine released and replaced.
+//! 3. Pool delete with a pod the budget protects: blocked, the pool and its
+//!    machine kept; the budget allows: evicted, released, the pool gone.
+//!
 //! Needs root, the node image and the workspace's binaries (as local_e2e);
 //! kubectl (Debian's, at /usr/bin/kubectl). Everything is released by the
 //! `Env` guard on success, failure and panic.
@@ -131,6 +148,20 @@ fn draining(env: &Env, state: &str) -> Option<Value> {
     env.nodes_of("workers")
         .into_iter()
         .find(|n| n["drain"]["state"] == state)
+}
+
+fn events(env: &Env) -> Vec<Value> {
+    env.json(&["get", "events", "-o", "json"])["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The first event of `reason` about `object`, if any.
+fn event(env: &Env, reason: &str, object: &str) -> Option<Value> {
+    events(env)
+        .into_iter()
+        .find(|e| e["reason"] == reason && e["objectName"] == object)
 }
 
 fn event_reasons(env: &Env) -> Vec<String> {
@@ -270,4 +301,270 @@ spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}
     );
     assert!(env.provider_names().is_empty());
     assert!(k.pods().is_empty(), "the last pod deleted");
+}
+
+fn repaired_pool_yaml(replicas: u32) -> String {
+    format!(
+        "apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {{name: workers}}
+spec:
+  replicas: {replicas}
+  systemDisk: {{sizeGiB: 20}}
+  dataDisks: [{{sizeGiB: 40, interface: nvme}}]
+  preUserData: touch /var/.skip-yum
+  repair:
+    enabled: true
+    notReadyAfterSeconds: 60
+    waitAfterActionSeconds: 30
+    maxUnhealthy: \"100%\"
+    actions: [replace]
+  drain: {{timeoutSeconds: 3600, onTimeout: wait}}
+"
+    )
+}
+
+impl Kubectl {
+    /// A pod of label `app` bound to `node`, gone 1 s after its deletion.
+    fn pod(&self, name: &str, app: &str, node: &str) {
+        self.ok(
+            &["create", "--validate=false", "-f", "-"],
+            Some(&format!(
+                "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, labels: {{app: {app}}}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers: [{{name: app, image: registry.local/{app}:1}}]
+"
+            )),
+        );
+    }
+
+    fn min_available(&self, n: u32) {
+        let patch = format!(r#"{{"spec":{{"minAvailable":{n}}}}}"#);
+        self.ok(&["patch", "pdb", "web", "--type=merge", "-p", &patch], None);
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all, None)).unwrap()
+    }
+
+    /// Waits until the budget counts `healthy` pods and allows `allowed`.
+    fn budget_at(&self, env: &Env, healthy: i64, allowed: i64) {
+        until(
+            env,
+            &format!("the budget at {healthy} healthy, {allowed} allowed"),
+            60,
+            || {
+                let b = self.budget();
+                (b["status"]["currentHealthy"] == healthy
+                    && b["status"]["disruptionsAllowed"] == allowed
+                    && b["status"]["observedGeneration"] == b["metadata"]["generation"])
+                    .then_some(())
+            },
+        );
+    }
+}
+
+fn node_row(env: &Env, node: &str) -> String {
+    let table = env.knit_ok(&["get", "nodes"]);
+    table
+        .lines()
+        .find(|l| l.starts_with(node))
+        .unwrap_or_else(|| panic!("no row for {node}:\n{table}"))
+        .to_string()
+}
+
+#[test]
+fn delete_node_repair_and_pool_delete_drain_first() {
+    let mut env = Env::builder()
+        .cluster(true)
+        .parallelism(2)
+        .env("KNIT_DRAIN_SKIP_WAIT_SECONDS", "5")
+        .build();
+    env.start(true);
+
+    // 0. The pod CIDR of the Cluster document, read at the next start.
+    let cluster = env.path("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        "apiVersion: knit.dev/v1alpha1\nkind: Cluster\nmetadata: {name: knit}\nspec: {network: {podCidr: 10.244.0.0/16}}\n",
+    )
+    .unwrap();
+    env.knit_ok(&["apply", "-f", cluster.to_str().unwrap()]);
+    env.kill_server();
+    env.start_server();
+
+    env.create("pool", &repaired_pool_yaml(0));
+    let out = env.scale_wait("workers", 2);
+    assert!(out.contains("2/2 initialized and Ready"), "{out}");
+    let nodes = env.nodes_of("workers");
+    let names: Vec<String> = nodes
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect();
+    let k = Kubectl(env.path("server/cluster/admin.kubeconfig"));
+    for n in &names {
+        let cidr = k.json(&["get", "node", n])["spec"]["podCIDR"].clone();
+        assert!(
+            cidr.as_str().is_some_and(|c| c.starts_with("10.244.")),
+            "node {n}'s podCIDR {cidr} is not from the Cluster's podCidr"
+        );
+    }
+    let (first, second) = (names[0].clone(), names[1].clone());
+    k.pod("web-0", "web", &first);
+    k.pod("web-1", "web", &second);
+    k.pod("batch-1", "batch", &second);
+    k.ok(
+        &["create", "--validate=false", "-f", "-"],
+        Some(
+            "apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web}
+spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}
+",
+        ),
+    );
+    k.budget_at(&env, 2, 0);
+    let ip = until(&env, "web-0's pod IP", 60, || {
+        k.json(&["get", "pod", "web-0"])["status"]["podIP"]
+            .as_str()
+            .map(str::to_string)
+    });
+    assert!(ip.starts_with("10.244."), "pod IP {ip}");
+
+    // 1. knit delete node: blocked by the budget, then done.
+    env.knit_ok(&["delete", "node", &first]);
+    let blocked = until(&env, "the deleted node blocked by the budget", 90, || {
+        draining(&env, "Blocked")
+    });
+    assert_eq!(blocked["name"], first.as_str());
+    assert!(
+        blocked["drain"]["blockingBudget"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("default/web (minAvailable 2")),
+        "{blocked}"
+    );
+    assert!(node_row(&env, &first).contains("Draining(default/web)"));
+    assert_eq!(
+        env.provider_names().len(),
+        2,
+        "nothing released while blocked"
+    );
+    assert_eq!(env.pool()["spec"]["replicas"], 1);
+    k.min_available(1);
+    until(&env, "the deleted node's machine released", 120, || {
+        (env.provider_names().len() == 1 && env.nodes_of("workers").len() == 1).then_some(())
+    });
+    assert!(
+        !k.run(&["get", "node", &first], None).0,
+        "Node {first} deleted"
+    );
+    assert!(!k.pods().contains(&"web-0".to_string()), "web-0 evicted");
+    let drained = event(&env, "Drained", &first).expect("a Drained event");
+    assert!(
+        drained["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 pod(s) evicted"),
+        "{drained}"
+    );
+
+    // 2. The second node's kubelet frozen: repair replaces it, draining first.
+    k.budget_at(&env, 1, 0);
+    let id = env.nodes_of("workers")[0]["providerId"]
+        .as_str()
+        .expect("the node's provider id")
+        .to_string();
+    let (ok, out) = env.exec(
+        &id,
+        "pid=$(cut -d' ' -f1 /run/knit/kubelet.main.pid) && kill -STOP \"$pid\" && grep '^State' /proc/$pid/status",
+    );
+    assert!(ok && out.contains("stopped"), "freezing the kubelet: {out}");
+    let blocked = until(&env, "repair's replace blocked by the budget", 300, || {
+        draining(&env, "Blocked")
+    });
+    assert_eq!(blocked["name"], second.as_str());
+    assert!(
+        event(
+            &env,
+            "RepairReplacing",
+            blocked["instance"].as_str().unwrap()
+        )
+        .is_some(),
+        "{:?}",
+        events(&env)
+    );
+    assert_ne!(
+        k.json(&["get", "node", &second])["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .map(|c| c["status"].clone()),
+        Some(Value::from("True")),
+        "the node cannot confirm"
+    );
+    // The replacement may come up meanwhile; the old machine stays.
+    let leaving = blocked["instance"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        env.provider_names().contains(&leaving),
+        "{leaving} released while the replace's drain is blocked"
+    );
+    assert!(draining(&env, "Blocked").is_some(), "still blocked");
+    k.min_available(0);
+    let t = Instant::now();
+    let drained = until(&env, "the frozen node drained", 60, || {
+        event(&env, "Drained", &second)
+    });
+    let message = drained["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("skipped 2 terminating on a node that cannot confirm"),
+        "{message}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(45),
+        "drained after {:?}: the skip-wait is 5 s",
+        t.elapsed()
+    );
+    let replacement = until(&env, "the replacement Ready", 300, || {
+        let nodes = env.nodes_of("workers");
+        nodes
+            .iter()
+            .find(|n| n["name"] != second.as_str() && n["status"] == "Ready")
+            .and_then(|n| n["name"].as_str().map(str::to_string))
+            .filter(|_| !env.provider_names().contains(&leaving))
+    });
+    until(
+        &env,
+        "the frozen node's pods gone with its Node",
+        60,
+        || {
+            let pods = k.pods();
+            (!pods.contains(&"web-1".to_string()) && !pods.contains(&"batch-1".to_string()))
+                .then_some(())
+        },
+    );
+
+    // 3. Pool delete with a pod the budget protects.
+    k.pod("web-2", "web", &replacement);
+    k.min_available(1);
+    k.budget_at(&env, 1, 0);
+    env.knit_ok(&["delete", "pool", "workers"]);
+    let blocked = until(&env, "pool delete blocked by the budget", 90, || {
+        draining(&env, "Blocked")
+    });
+    assert_eq!(blocked["name"], replacement.as_str());
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(env.knit(&["get", "pools", "workers"]).0, "the pool stays");
+    assert_eq!(env.provider_names().len(), 1, "its machine stays");
+    k.min_available(0);
+    until(&env, "the pool deleted", 180, || {
+        (!env.knit(&["get", "pools", "workers"]).0).then_some(())
+    });
+    assert!(env.provider_names().is_empty());
+    assert!(k.pods().is_empty(), "{:?}", k.pods());
 }

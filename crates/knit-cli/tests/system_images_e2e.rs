@@ -1,8 +1,9 @@
-//! The main job's system images: a pool of the local cloud that names no
-//! registry mirror gets its nodes' system images (`images.txt`: pause,
-//! kube-proxy, flannel) from the control plane's own registry, built with
-//! no network. Each node's real containerd pulls them (nothing here can
-//! reach registry.k8s.io or docker.io); the kubelet stand-in's report shows
+//! The main job's system images: the main job's pool (`examples/pool.yaml`,
+//! 3 nodes, no registry mirror named) on a server started by `knit up`
+//! gets its nodes' system images (`images.txt`: pause, kube-proxy,
+//! flannel) from the control plane's own registry, built with no network.
+//! Each node's real containerd pulls them (nothing here can reach
+//! registry.k8s.io or docker.io); every node's kubelet stand-in reports
 //! every image present and none failed, with the digests the server
 //! serves; `knit describe node` and the console's node page show the same
 //! counts. Root (namespaces, a bridge) and the workspace's binaries.
@@ -14,14 +15,6 @@ use common::Env;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-const POOL: &str = "apiVersion: knit.dev/v1alpha1
-kind: NodePool
-metadata: {name: workers}
-spec:
-  replicas: 0
-  dataDisks: [{sizeGiB: 40, interface: nvme}]
-";
-
 const COOKIE: &str = "__Host-knit-console";
 
 #[test]
@@ -32,7 +25,7 @@ fn nodes_pull_every_system_image_from_the_control_plane() {
         .env("KNIT_CONSOLE_LISTEN", format!("127.0.0.1:{console_port}"))
         .build();
     env.build_package(true);
-    env.start_server();
+    env.up();
     let ca = std::fs::read_to_string(env.state_dir().join("pki/ca.pem")).unwrap();
     let https = browser::https_agent(&ca);
     let api = format!("https://127.0.0.1:{}", env.port);
@@ -79,69 +72,67 @@ fn nodes_pull_every_system_image_from_the_control_plane() {
     );
     assert_eq!(put.status, 405, "{}", put.body);
 
-    // A node of a pool that names no mirror.
-    env.create("pool", POOL);
-    let out = env.scale_wait("workers", 1);
-    assert!(out.contains("1/1 initialized and Ready"), "{out}");
+    // The main job's pool, as up.sh applies it: 3 nodes, no mirror named.
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/pool.yaml");
+    let yaml = std::fs::read_to_string(&example).unwrap();
+    assert!(!yaml.contains("registryMirrors"), "{yaml}");
+    env.create("pool", &yaml);
+    let out = env.scale_wait("workers", 3);
+    assert!(out.contains("3/3 initialized and Ready"), "{out}");
     let nodes = env.nodes_of("workers");
-    let node = nodes[0]["name"].as_str().unwrap().to_string();
-    let instance = nodes[0]["instance"].as_str().unwrap().to_string();
-
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let images = loop {
-        let n: Value = env.json(&["describe", "node", &node, "-o", "json"]);
-        let images = n["cache"]["images"].clone();
-        if images["hit"].as_u64().unwrap_or(0) + images["miss"].as_u64().unwrap_or(0) == 3
-            || images["failed"].as_u64().unwrap_or(0) > 0
-        {
-            break images;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no image report from {node} within 180 s: {n}\n{}",
-            env.server_log_tail()
+    assert_eq!(nodes.len(), 3);
+    let mut first = None;
+    for n in &nodes {
+        let node = n["name"].as_str().unwrap().to_string();
+        let instance = n["instance"].as_str().unwrap().to_string();
+        let images = image_report(&env, &node);
+        let report: Value =
+            serde_json::from_str(&env.node_file(&instance, "/var/lib/kubelet/knit-images.json"))
+                .unwrap();
+        assert_eq!(
+            images["failed"], 0,
+            "{node}: {images}\nreport on the node: {report}"
         );
-        std::thread::sleep(Duration::from_secs(1));
-    };
-    let report: Value = serde_json::from_str(&env.node_file(
-        &instance,
-        "/var/lib/kubelet/knit-images.json",
-    ))
-    .unwrap();
-    assert_eq!(images["failed"], 0, "{images}\nreport on the node: {report}");
-    assert_eq!(report["failed"], 0, "{report}");
-    let outcomes = report["images"].as_array().unwrap();
-    assert_eq!(outcomes.len(), 3, "{report}");
-    for o in outcomes {
-        assert!(o["error"].is_null(), "{o}");
-        assert!(o["sizeBytes"].as_u64().unwrap() > 0, "{o}");
-    }
-    // The pause image the node holds is the one the server serves.
-    let pause = outcomes
-        .iter()
-        .find(|o| o["image"] == "registry.k8s.io/pause:3.10")
-        .unwrap();
-    assert!(
-        pause["repoDigests"]
-            .as_array()
-            .unwrap()
+        assert_eq!(report["failed"], 0, "{report}");
+        let outcomes = report["images"].as_array().unwrap();
+        assert_eq!(outcomes.len(), 3, "{report}");
+        for o in outcomes {
+            assert!(o["error"].is_null(), "{o}");
+            assert!(o["sizeBytes"].as_u64().unwrap() > 0, "{o}");
+        }
+        // The pause image the node holds is the one the server serves.
+        let pause = outcomes
             .iter()
-            .any(|d| d.as_str().unwrap().ends_with(&pause_digest)),
-        "{pause} vs {pause_digest}"
-    );
-    // containerd was pointed at the control plane, verified by its CA.
-    let hosts = env.node_file(
-        &instance,
-        "/etc/containerd/certs.d/registry.k8s.io/hosts.toml",
-    );
-    assert!(
-        hosts.contains(&format!("[host.\"https://{}:{}\"]", env.gateway, env.port))
-            && hosts.contains("ca = \"/etc/containerd/knit-control-plane-ca.crt\""),
-        "{hosts}"
-    );
+            .find(|o| o["image"] == "registry.k8s.io/pause:3.10")
+            .unwrap();
+        assert!(
+            pause["repoDigests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d.as_str().unwrap().ends_with(&pause_digest)),
+            "{pause} vs {pause_digest}"
+        );
+        // containerd was pointed at the control plane, verified by its CA.
+        let hosts = env.node_file(
+            &instance,
+            "/etc/containerd/certs.d/registry.k8s.io/hosts.toml",
+        );
+        assert!(
+            hosts.contains(&format!("[host.\"https://{}:{}\"]", env.gateway, env.port))
+                && hosts.contains("ca = \"/etc/containerd/knit-control-plane-ca.crt\""),
+            "{hosts}"
+        );
+        eprintln!("{node}: {images}");
+        first.get_or_insert((node, images));
+    }
+    let (node, images) = first.unwrap();
 
     // One report, two readers: the CLI and the console say the same.
-    let (hit, miss) = (images["hit"].as_u64().unwrap(), images["miss"].as_u64().unwrap());
+    let (hit, miss) = (
+        images["hit"].as_u64().unwrap(),
+        images["miss"].as_u64().unwrap(),
+    );
     let described = env.knit_ok(&["describe", "node", &node]);
     let line = format!("Images:        cache hit {hit}, miss {miss}, failed 0,");
     assert!(described.contains(&line), "{line:?} not in\n{described}");
@@ -169,5 +160,28 @@ fn nodes_pull_every_system_image_from_the_control_plane() {
     );
     assert_eq!(page.status, 200);
     let shown = format!("<dt>System images</dt><dd>{hit} hit, {miss} miss, 0 failed;");
-    assert!(page.body.contains(&shown), "{shown:?} not in the console's node page");
+    assert!(
+        page.body.contains(&shown),
+        "{shown:?} not in the console's node page"
+    );
+}
+
+/// The node's image report as `knit describe node -o json` gives it, once
+/// every image is accounted for (or one failed): 180 s at most.
+fn image_report(env: &Env, node: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let n: Value = env.json(&["describe", "node", node, "-o", "json"]);
+        let images = n["cache"]["images"].clone();
+        let count = |k: &str| images[k].as_u64().unwrap_or(0);
+        if count("hit") + count("miss") == 3 || count("failed") > 0 {
+            return images;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no image report from {node} within 180 s: {n}\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }

@@ -2,6 +2,7 @@
 //! instance), and the seam to the cluster that supplies endpoint, CA, pin
 //! and a bootstrap token per node.
 
+use crate::cluster::node_meta::{NodeMeta, NodePatched};
 use crate::cluster::pods::{BudgetFacts, Eviction, PodFacts};
 use crate::error::Result;
 use crate::store::InstanceRecord;
@@ -13,6 +14,46 @@ use knit_api::{
 
 /// Label every node gets: the pool it came from.
 pub const POOL_LABEL: &str = "knit.dev/pool";
+/// The well-known labels a cloud controller manager sets on every Node.
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The labels knit itself puts on a node of `pool` (beside the pool's own
+/// `spec.labels`, and winning over them): the pool, the instance's type,
+/// the cluster's region and the zone (the pool's, else the provider's;
+/// left out when neither is known). Set at registration and kept by the
+/// label sync (`crate::reconcile::node_sync`).
+pub fn knit_labels(
+    cluster: &Cluster,
+    pool: &NodePool,
+    instance_type: &str,
+    zone: Option<&str>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert(POOL_LABEL.to_string(), pool.metadata.name.clone());
+    let valid = |v: &str| !v.is_empty() && knit_api::validate::check_label_value(v).is_ok();
+    if valid(instance_type) {
+        labels.insert(INSTANCE_TYPE_LABEL.to_string(), instance_type.to_string());
+    }
+    if valid(&cluster.spec.region) {
+        labels.insert(REGION_LABEL.to_string(), cluster.spec.region.clone());
+    }
+    if let Some(zone) = pool.spec.zone.as_deref().or(zone).filter(|z| valid(z)) {
+        labels.insert(ZONE_LABEL.to_string(), zone.to_string());
+    }
+    labels
+}
+
+/// The Kubernetes version a node of `pool` runs: the pool's own
+/// `spec.kubernetesVersion`, else (a pool stored before the field
+/// existed, until it is filled) the cluster's.
+pub fn node_kubernetes_version(cluster: &Cluster, pool: &NodePool) -> String {
+    pool.spec
+        .kubernetes_version
+        .clone()
+        .unwrap_or_else(|| cluster.spec.kubernetes_version.clone())
+}
 
 /// How a node joins the cluster (SPEC §4, join protocol).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +124,23 @@ pub trait ClusterJoin: Send + Sync {
     async fn budgets(&self, _namespace: &str) -> Result<Vec<BudgetFacts>> {
         Ok(Vec::new())
     }
+
+    // The label and taint sync's calls (`crate::reconcile::node_sync`).
+
+    /// Labels, annotations and taints of every registered Node (one list).
+    async fn node_metas(&self) -> Result<Vec<NodeMeta>> {
+        Ok(Vec::new())
+    }
+    /// The same of one Node; `None` when it is not registered.
+    async fn node_meta(&self, _node: &str) -> Result<Option<NodeMeta>> {
+        Ok(None)
+    }
+    /// One JSON merge patch of a Node (`metadata.labels`,
+    /// `metadata.annotations`, `spec.taints`; with `metadata.resourceVersion`
+    /// a stale read is a conflict).
+    async fn patch_node(&self, _node: &str, _patch: &serde_json::Value) -> Result<NodePatched> {
+        Ok(NodePatched::NotFound)
+    }
 }
 
 /// No cluster attached: nodes get no join material (their `join` phase
@@ -144,6 +202,8 @@ pub struct NodeConfigInput<'a> {
     pub report_url: String,
     pub report_token: String,
     pub control_plane_ca_pem: String,
+    /// The zone the provider puts an instance in when the pool names none.
+    pub default_zone: Option<String>,
 }
 
 /// Builds one instance's NodeConfig. Pure: the result is validated by the
@@ -151,7 +211,12 @@ pub struct NodeConfigInput<'a> {
 pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
     let spec = &input.pool.spec;
     let mut labels = spec.labels.clone();
-    labels.insert(POOL_LABEL.to_string(), input.pool.metadata.name.clone());
+    labels.extend(knit_labels(
+        input.cluster,
+        input.pool,
+        &input.instance.instance_type,
+        input.default_zone.as_deref(),
+    ));
     // The gate taint is not added here: the agent registers it itself from
     // `userData.schedulingGate` (adding it twice makes the Node invalid).
     let taints = spec.taints.clone();
@@ -203,7 +268,7 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
             taints,
         },
         kubernetes: KubernetesPackage {
-            version: input.cluster.spec.kubernetes_version.clone(),
+            version: node_kubernetes_version(input.cluster, input.pool),
             url: Some(input.package.url),
             sha256: input.package.sha256,
             ..KubernetesPackage::default()
@@ -240,6 +305,7 @@ mod tests {
         let mut spec = NodePoolSpec {
             user_data_scheduling_gate: true,
             join_timeout_seconds: 7200,
+            kubernetes_version: Some("1.30.2".into()),
             ..Default::default()
         };
         spec.data_disks = vec![
@@ -276,9 +342,16 @@ mod tests {
             report_url: "https://10.213.0.1:7443/report/v1/events".into(),
             report_token: "t".into(),
             control_plane_ca_pem: "pem".into(),
+            default_zone: Some("local-a".into()),
         });
         config.validate().unwrap();
         assert_eq!(config.node.labels[POOL_LABEL], "workers");
+        // The well-known labels, as a cloud controller manager sets them.
+        assert_eq!(config.node.labels[INSTANCE_TYPE_LABEL], "ecs.g7.large");
+        assert_eq!(config.node.labels[REGION_LABEL], "local");
+        assert_eq!(config.node.labels[ZONE_LABEL], "local-a");
+        // The pool's version, not the cluster's.
+        assert_eq!(config.kubernetes.version, "1.30.2");
         assert!(config.user_data.scheduling_gate);
         assert!(
             config.node.taints.is_empty(),

@@ -106,7 +106,7 @@ pub async fn bootstrap(
     cp.store
         .set_report_token_hash(&instance.name, &pki::token_hash(&report_token))?;
     let join = cp.cluster.join_material(&pool_name, &node_name).await?;
-    let version = cluster.spec.kubernetes_version.clone();
+    let version = crate::bootstrap::node_kubernetes_version(&cluster, &pool.pool);
     let tarball = format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz");
     let mut config = node_config(NodeConfigInput {
         cluster: &cluster,
@@ -120,6 +120,7 @@ pub async fn bootstrap(
         report_url: format!("{}/report/v1/events", cp.advertise_url),
         report_token,
         control_plane_ca_pem: cp.ca_pem.clone(),
+        default_zone: cp.provider.as_ref().and_then(|p| p.default_zone()),
     });
     crate::attach::adjust_config(cp, &instance, &mut config)?;
     // On the local cloud, system images come from this server's registry.

@@ -170,7 +170,12 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
     ));
     let mut files = BTreeMap::new();
     for (name, path) in &inputs {
-        let data = std::fs::read(path).map_err(io(format!("read {}", path.display())))?;
+        let mut data = std::fs::read(path).map_err(io(format!("read {}", path.display())))?;
+        if name == "bin/kubelet" {
+            // The stand-in reports the version it is packed as; a real
+            // kubelet has no slot and is packed as it is.
+            stamp_kubelet_version(&mut data, &b.kubernetes_version);
+        }
         files.insert(name.clone(), hex::encode(Sha256::digest(&data)));
         append(
             &mut builder,
@@ -235,6 +240,90 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
         agent_sha256,
         files,
     })
+}
+
+/// Writes `version` into every version slot of a knit-kubelet-sim binary
+/// (`knit_api::agent::KUBELET_VERSION_STAMP`: the marker, a version, NUL
+/// bytes to the slot's end); how many slots were written (0: not the
+/// stand-in, e.g. a real kubelet given with `--kubelet`).
+pub fn stamp_kubelet_version(binary: &mut [u8], version: &str) -> usize {
+    use knit_api::agent::{
+        kubelet_version_of_slot, kubelet_version_slot, KUBELET_VERSION_SLOT, KUBELET_VERSION_STAMP,
+    };
+    let marker = KUBELET_VERSION_STAMP.as_bytes();
+    let slot = kubelet_version_slot(version);
+    if kubelet_version_of_slot(&slot) != Some(version) {
+        return 0;
+    }
+    let mut written = 0;
+    let mut at = 0;
+    while at + KUBELET_VERSION_SLOT <= binary.len() {
+        let Some(found) = binary[at..]
+            .windows(marker.len())
+            .position(|w| w == marker)
+            .map(|p| p + at)
+        else {
+            break;
+        };
+        let Some(window) = binary.get(found..found + KUBELET_VERSION_SLOT) else {
+            break;
+        };
+        let mut current = [0u8; KUBELET_VERSION_SLOT];
+        current.copy_from_slice(window);
+        // A slot is the marker, a version, and only NULs after it.
+        let valid = kubelet_version_of_slot(&current)
+            .is_some_and(|v| current[marker.len() + v.len()..].iter().all(|b| *b == 0));
+        if valid {
+            binary[found..found + KUBELET_VERSION_SLOT].copy_from_slice(&slot);
+            written += 1;
+            at = found + KUBELET_VERSION_SLOT;
+        } else {
+            at = found + 1;
+        }
+    }
+    written
+}
+
+/// Where the mirror keeps the package of Kubernetes `version`, relative to
+/// the mirror directory (and to `/mirror/` on the wire).
+pub fn kubernetes_package(version: &str) -> String {
+    format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz")
+}
+
+/// The Kubernetes versions the mirror holds a package of: each
+/// `pkg/kubernetes/kubernetes-<v>-linux-amd64.tar.gz` with its `.sha256`
+/// beside it (what `knit package build --kubernetes-version <v>` writes),
+/// sorted by version. No `pkg/kubernetes` yet: none.
+pub fn kubernetes_versions(mirror_dir: &Path) -> Result<Vec<String>> {
+    let dir = mirror_dir.join("pkg/kubernetes");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(format!("list {}", dir.display()))(e)),
+    };
+    let mut versions = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io(format!("list {}", dir.display())))?;
+        let name = entry.file_name();
+        let Some(version) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("kubernetes-"))
+            .and_then(|n| n.strip_suffix("-linux-amd64.tar.gz"))
+        else {
+            continue;
+        };
+        let Some(parsed) = knit_api::validate::parse_kube_version(version) else {
+            continue;
+        };
+        if mirror_dir
+            .join(format!("{}.sha256", kubernetes_package(version)))
+            .is_file()
+        {
+            versions.push((parsed, version.to_string()));
+        }
+    }
+    versions.sort();
+    Ok(versions.into_iter().map(|(_, v)| v).collect())
 }
 
 /// `SHA256SUMS` over every served file (not the `.sha256` files).
@@ -418,6 +507,46 @@ pub fn remove_debian_signatures(repo: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kubelet_stand_in_is_stamped_with_the_version_it_is_packed_as() {
+        let slot = knit_api::agent::kubelet_version_slot("1.31.4");
+        let mut binary = b"ELF...".to_vec();
+        binary.extend_from_slice(&slot);
+        // The marker alone (no slot behind it) is left alone.
+        binary.extend_from_slice(knit_api::agent::KUBELET_VERSION_STAMP.as_bytes());
+        binary.extend_from_slice(b"text that is no version");
+        let before = binary.clone();
+        assert_eq!(stamp_kubelet_version(&mut binary, "1.32.0"), 1);
+        let mut stamped = [0u8; knit_api::agent::KUBELET_VERSION_SLOT];
+        stamped.copy_from_slice(&binary[6..6 + knit_api::agent::KUBELET_VERSION_SLOT]);
+        assert_eq!(
+            knit_api::agent::kubelet_version_of_slot(&stamped),
+            Some("1.32.0")
+        );
+        assert_eq!(binary.len(), before.len());
+        assert_eq!(binary[6 + 64..], before[6 + 64..]);
+        // A real kubelet has no slot: unchanged.
+        let mut real = b"a real kubelet".to_vec();
+        assert_eq!(stamp_kubelet_version(&mut real, "1.32.0"), 0);
+        assert_eq!(real, b"a real kubelet");
+
+        let dir = tempfile::tempdir().unwrap();
+        assert!(kubernetes_versions(dir.path()).unwrap().is_empty());
+        let pkg = dir.path().join("pkg/kubernetes");
+        std::fs::create_dir_all(&pkg).unwrap();
+        for v in ["1.31.4", "1.9.0", "1.32.0"] {
+            let tarball = dir.path().join(kubernetes_package(v));
+            std::fs::write(&tarball, b"t").unwrap();
+            std::fs::write(format!("{}.sha256", tarball.display()), b"x").unwrap();
+        }
+        // Without its sha256 a tarball is not (yet) a package.
+        std::fs::write(dir.path().join(kubernetes_package("1.33.0")), b"t").unwrap();
+        assert_eq!(
+            kubernetes_versions(dir.path()).unwrap(),
+            ["1.9.0", "1.31.4", "1.32.0"]
+        );
+    }
 
     #[test]
     fn builds_the_contract_layout() {

@@ -14,6 +14,8 @@ use knit_api::{ApiError, Cluster, FieldError, NodePool};
 
 pub mod rollout;
 
+pub mod versions;
+
 /// Whether a pool write made the pool or replaced it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -52,7 +54,11 @@ pub fn replace_cluster(cp: &ControlPlane, cluster: &Cluster) -> Result<()> {
     if used > cluster.spec.effective_node_quota() {
         return Err(ServerError::quota_exceeded(used, &cluster.spec));
     }
+    let old = cp.cluster_doc()?;
+    versions::check_cluster(cp, &old, cluster)?;
+    versions::before_cluster_change(cp, &old)?;
     cp.store.put_cluster(cluster)?;
+    versions::publish(cp)?;
     cp.store.add_event(
         EventType::Normal,
         "Cluster",
@@ -198,10 +204,11 @@ pub fn create_dry_run(cp: &ControlPlane, pool: NodePool, strict: bool) -> Result
 
 fn create_checked(
     cp: &ControlPlane,
-    pool: NodePool,
+    mut pool: NodePool,
     strict: bool,
     dry_run: bool,
 ) -> Result<PoolView> {
+    versions::settle_pool(cp, None, &mut pool)?;
     check_quota(cp, &pool)?;
     let warnings = crate::snapshot::check_pool(cp, &pool, strict)?;
     if dry_run {
@@ -267,6 +274,8 @@ fn apply_checked(
         }])
         .into());
     }
+    let existing = cp.store.pool(name)?.filter(|p| !p.deleting);
+    versions::settle_pool(cp, existing.as_ref().map(|p| &p.pool), &mut pool)?;
     check_quota(cp, &pool)?;
     let warnings = crate::snapshot::check_pool(cp, &pool, strict)?;
     let applied = match cp.store.pool(name)? {
@@ -280,7 +289,9 @@ fn apply_checked(
             // Set by `knit rollout restart` only: an apply without it keeps
             // it (else every apply of the user's file would roll the pool).
             if pool.spec.restarted_at.is_none() {
-                pool.spec.restarted_at.clone_from(&old.pool.spec.restarted_at);
+                pool.spec
+                    .restarted_at
+                    .clone_from(&old.pool.spec.restarted_at);
             }
             pool.validate_update(&old.pool)?;
             if dry_run {

@@ -418,6 +418,49 @@ impl ClusterJoin for ExternalJoin {
             "remove taint {key} from {node}: the Node kept changing (5 conflicts)"
         )))
     }
+
+    async fn node_metas(&self) -> Result<Vec<super::node_meta::NodeMeta>> {
+        let list = self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| external_err(format!("list nodes: {e}")))?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|n| serde_json::to_value(n).ok())
+            .filter_map(|v| super::node_meta::NodeMeta::from_node(&v))
+            .collect())
+    }
+
+    async fn node_meta(&self, node: &str) -> Result<Option<super::node_meta::NodeMeta>> {
+        let found = self
+            .nodes()
+            .get_opt(node)
+            .await
+            .map_err(|e| external_err(format!("get node {node}: {e}")))?;
+        Ok(found
+            .and_then(|n| serde_json::to_value(n).ok())
+            .and_then(|v| super::node_meta::NodeMeta::from_node(&v)))
+    }
+
+    async fn patch_node(
+        &self,
+        node: &str,
+        patch: &serde_json::Value,
+    ) -> Result<super::node_meta::NodePatched> {
+        use super::node_meta::NodePatched;
+        match self
+            .nodes()
+            .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => Ok(NodePatched::Patched),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(NodePatched::NotFound),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(NodePatched::Conflict),
+            Err(e) => Err(external_err(format!("patch node {node}: {e}"))),
+        }
+    }
 }
 
 #[cfg(test)]

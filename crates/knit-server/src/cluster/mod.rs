@@ -4,6 +4,7 @@
 //! the admin client certificate, as any Kubernetes client would.
 
 pub mod external;
+pub mod node_meta;
 pub mod pods;
 
 use crate::bootstrap::{ClusterJoin, JoinMaterial};
@@ -349,6 +350,32 @@ impl ClusterJoin for EmbeddedJoin {
                     .map(|name| (name.to_string(), node_ready_status(n)))
             })
             .collect())
+    }
+
+    async fn node_metas(&self) -> Result<Vec<node_meta::NodeMeta>> {
+        let list = self.call("GET", "/api/v1/nodes".to_string()).await?;
+        Ok(node_meta::NodeMeta::from_list(&list.unwrap_or_default()))
+    }
+
+    async fn node_meta(&self, node: &str) -> Result<Option<node_meta::NodeMeta>> {
+        let found = self.call("GET", node_path(node)?).await?;
+        Ok(found.as_ref().and_then(node_meta::NodeMeta::from_node))
+    }
+
+    async fn patch_node(&self, node: &str, patch: &Value) -> Result<node_meta::NodePatched> {
+        let path = node_path(node)?;
+        let (status, body) = self
+            .request("PATCH", path.clone(), Some(patch.clone()))
+            .await?;
+        match status {
+            200..=299 => Ok(node_meta::NodePatched::Patched),
+            404 => Ok(node_meta::NodePatched::NotFound),
+            409 => Ok(node_meta::NodePatched::Conflict),
+            _ => Err(cluster_err(format!(
+                "PATCH {path}: {status} {}",
+                status_message(&body)
+            ))),
+        }
     }
 }
 

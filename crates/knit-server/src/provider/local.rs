@@ -321,6 +321,11 @@ impl Provider for LocalProvider {
         Some(self.gateway.into())
     }
 
+    fn default_zone(&self) -> Option<String> {
+        // The local cloud's instance attributes, unless a template names one.
+        Some(knit_local::model::Attributes::default().zone_id)
+    }
+
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
         let mut tpl = local_template(template);
         // Benchmarks stand for a cloud network: every instance's link shaped

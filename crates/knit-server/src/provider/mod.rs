@@ -173,6 +173,11 @@ pub trait Provider: Send + Sync {
     fn gateway(&self) -> Option<std::net::IpAddr> {
         None
     }
+    /// The zone an instance made without a pool `zone` lands in, for the
+    /// Node's `topology.kubernetes.io/zone`; `None`: not known here.
+    fn default_zone(&self) -> Option<String> {
+        None
+    }
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance>;
     async fn get(&self, id: &str) -> Result<Option<ProviderInstance>>;
     async fn list(&self) -> Result<Vec<ProviderInstance>>;
@@ -392,6 +397,9 @@ impl Provider for BoundedProvider {
     }
     fn gateway(&self) -> Option<std::net::IpAddr> {
         self.inner.gateway()
+    }
+    fn default_zone(&self) -> Option<String> {
+        self.inner.default_zone()
     }
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
         let limit = self.limits.create;

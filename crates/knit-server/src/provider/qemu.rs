@@ -323,6 +323,11 @@ impl Provider for QemuProvider {
         Some(self.machines.gateway().into())
     }
 
+    fn default_zone(&self) -> Option<String> {
+        // The local cloud's instance attributes, unless a template names one.
+        Some(knit_local::model::Attributes::default().zone_id)
+    }
+
     async fn create(&self, template: &InstanceTemplate) -> Result<ProviderInstance> {
         let t = vm_template(template);
         self.blocking("creating a VM", CREATE_TIMEOUT, move |m| m.create(&t))

@@ -4,6 +4,7 @@
 //! parallelism, retries with backoff, and an event for every outcome.
 
 mod intents;
+pub mod node_sync;
 mod nodes;
 mod plan;
 mod planning;
@@ -35,6 +36,8 @@ impl ControlPlane {
     /// The reconcile loop: on the leader, a pass; then sleep until woken or
     /// the interval.
     pub async fn run_reconciler(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        // Every server's embedded API reports the cluster's version.
+        let _ = crate::pools::versions::publish(&self);
         if self.provider.is_none() {
             tracing::warn!("no provider configured: pools are stored but no instance is created");
             return;
@@ -43,6 +46,7 @@ impl ControlPlane {
         // (bench/ha-failover.sh times a failover up to this line).
         let mut last_epoch = None;
         loop {
+            let _ = crate::pools::versions::publish(&self);
             // Only the leader reconciles; its writes carry its lease.
             if let Some(fence) = self.leadership.fence() {
                 let epoch = fence.epoch;
@@ -74,6 +78,9 @@ impl ControlPlane {
         }
         if let Err(e) = self.sync_node_statuses().await {
             tracing::warn!(error = %e, "reading node statuses from the cluster failed");
+        }
+        if let Err(e) = self.sync_node_labels().await {
+            tracing::warn!(error = %e, "updating node labels and taints in place failed");
         }
         if let Err(e) = self.check_user_data().await {
             tracing::warn!(error = %e, "checking user-data results failed");

@@ -512,6 +512,7 @@ mod tests {
             report_url: "https://10.213.0.1:7443/report/v1/events".into(),
             report_token: "t".into(),
             control_plane_ca_pem: "pem".into(),
+            default_zone: None,
         });
         assert_eq!(config.data_disk.mount_target, mount);
         // Inside the instance the disks are vdb, vdc: the agent's rule

@@ -323,7 +323,11 @@ pub fn cache_lines(n: &NodeView) -> String {
         None => out.push_str("Package:       (not installed yet)\n"),
     }
     let Some(i): Option<&ImageCacheView> = cache.and_then(|c| c.images.as_ref()) else {
-        out.push_str("Images:        (no report from the kubelet yet)\n");
+        // The kubelet publishes its report once every image is present or
+        // has failed (each failure after its retries, up to minutes).
+        out.push_str(
+            "Images:        (no report from the kubelet yet: it reports once every system image is present or has failed)\n",
+        );
         return out;
     };
     out.push_str(&format!(

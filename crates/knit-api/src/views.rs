@@ -371,6 +371,14 @@ pub struct NodeView {
     /// The drain of a node being removed (or drained for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainView>,
+    /// The hash of the pool template its instance was made from (none:
+    /// added by attach).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    /// Whether that is its pool's current template (`knit get nodes`
+    /// UP-TO-DATE); absent when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date: Option<bool>,
 }
 
 /// A node's drain: where it stands, what blocks it, and (describing one
@@ -1072,6 +1080,8 @@ mod tests {
             timeline: None,
             cache: None,
             drain: None,
+            template_hash: None,
+            up_to_date: None,
         }
     }
 

@@ -158,6 +158,12 @@ enum Cmd {
         #[arg(long)]
         strict: bool,
     },
+    /// Follow, pause, resume, restart or undo a pool's rollout (`knit
+    /// rollout status pool NAME`).
+    Rollout {
+        #[command(subcommand)]
+        action: commands::rollout::RolloutAction,
+    },
     /// Set a pool's desired node count.
     Scale {
         kind: One,
@@ -349,6 +355,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             dry_run,
         } => apply::submit(&client()?, &file, true, strict, dry_run),
         Cmd::Diff { file, strict } => apply::diff(&client()?, &file, strict),
+        Cmd::Rollout { action } => commands::rollout::run(&client()?, action),
         Cmd::Scale {
             kind,
             name,

@@ -5,9 +5,9 @@ use crate::error::{ClientError, Result};
 use crate::{segment, Client};
 use knit_api::views::{
     AttachRequest, AttachResponse, AttachScriptRequest, AttachScriptResponse, DryRun, EventView,
-    InstanceView, Items, JoinTokenView, NodeRemoving, NodeView, PoolDeleting, PoolView,
-    PoolWriteQuery, ScaleRequest, SnapshotBuildRequest, SnapshotBuildStatus, SnapshotBuildView,
-    SnapshotDeleted, SnapshotView,
+    InstanceView, Items, JoinTokenView, NodeRemoving, NodeView, PoolDeleting, PoolRevisionView,
+    PoolView, PoolWriteQuery, RolloutUndoRequest, ScaleRequest, SnapshotBuildRequest,
+    SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted, SnapshotView,
 };
 use knit_api::Cluster;
 use serde::de::DeserializeOwned;
@@ -116,6 +116,24 @@ impl Client {
     pub fn scale_pool(&self, name: &str, request: &ScaleRequest) -> Result<PoolView> {
         let path = format!("/api/v1/pools/{}/scale", segment(name));
         self.typed("POST", &path, Some(&json_body("scale", request)?))
+    }
+
+    /// `POST /api/v1/pools/{name}/rollout/{verb}`: pause, resume or restart.
+    pub fn rollout_pool(&self, name: &str, verb: &str) -> Result<PoolView> {
+        let path = format!("/api/v1/pools/{}/rollout/{}", segment(name), segment(verb));
+        self.typed("POST", &path, Some(""))
+    }
+
+    /// `POST /api/v1/pools/{name}/rollout/undo`.
+    pub fn undo_pool(&self, name: &str, request: &RolloutUndoRequest) -> Result<PoolView> {
+        let path = format!("/api/v1/pools/{}/rollout/undo", segment(name));
+        self.typed("POST", &path, Some(&json_body("rollout undo", request)?))
+    }
+
+    /// `GET /api/v1/pools/{name}/revisions`.
+    pub fn pool_revisions(&self, name: &str) -> Result<Vec<Document<PoolRevisionView>>> {
+        let path = format!("/api/v1/pools/{}/revisions", segment(name));
+        items(self.get(&path)?, &path)
     }
 
     pub fn delete_pool(&self, name: &str) -> Result<PoolDeleting> {

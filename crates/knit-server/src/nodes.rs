@@ -40,7 +40,28 @@ fn invalid(field: &str, value: String, rule: String) -> ServerError {
 
 /// Every instance.
 pub fn instances(cp: &ControlPlane) -> Result<Vec<InstanceView>> {
-    cp.store.instances(None)?.iter().map(as_view).collect()
+    let currency = crate::pools::rollout::instance_currency(cp)?;
+    cp.store
+        .instances(None)?
+        .iter()
+        .map(|i| {
+            let mut view: InstanceView = as_view(i)?;
+            view.template_hash = currency.get(&i.name).and_then(|c| c.0.clone());
+            Ok(view)
+        })
+        .collect()
+}
+
+/// A node's template hash and whether it is its pool's current one.
+fn with_currency(
+    mut view: NodeView,
+    currency: &HashMap<String, crate::pools::rollout::Currency>,
+) -> NodeView {
+    if let Some((hash, fresh)) = currency.get(&view.instance) {
+        view.template_hash.clone_from(hash);
+        view.up_to_date = *fresh;
+    }
+    view
 }
 
 fn node_view(
@@ -93,6 +114,8 @@ fn node_view(
         timeline,
         cache: None,
         drain,
+        template_hash: None,
+        up_to_date: None,
     })
 }
 
@@ -136,6 +159,7 @@ pub fn list(cp: &ControlPlane) -> Result<Vec<NodeView>> {
         .into_iter()
         .map(|d| (d.instance.clone(), d))
         .collect();
+    let currency = crate::pools::rollout::instance_currency(cp)?;
     cp.store
         .nodes()?
         .iter()
@@ -147,6 +171,7 @@ pub fn list(cp: &ControlPlane) -> Result<Vec<NodeView>> {
                 drains.get(&n.instance),
                 false,
             )
+            .map(|v| with_currency(v, &currency))
         })
         .collect()
 }
@@ -160,7 +185,11 @@ pub async fn describe(cp: &ControlPlane, name: &str) -> Result<NodeView> {
     })?;
     let instance = cp.store.instance(&node.instance)?;
     let drain = cp.store.drain(&node.instance)?;
-    let mut view = node_view(cp, &node, instance.as_ref(), drain.as_ref(), true)?;
+    let currency = crate::pools::rollout::instance_currency(cp)?;
+    let mut view = with_currency(
+        node_view(cp, &node, instance.as_ref(), drain.as_ref(), true)?,
+        &currency,
+    );
     view.cache = Some(crate::snapshot::node_cache(cp, &node, instance.as_ref()).await);
     Ok(view)
 }

@@ -14,6 +14,7 @@ pub mod nodes;
 pub mod package;
 pub mod pools;
 pub mod registry;
+pub mod rollout;
 pub mod server;
 pub mod server_config;
 pub mod snapshot;

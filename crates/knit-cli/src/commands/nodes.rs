@@ -71,11 +71,36 @@ fn phase(n: &NodeView) -> String {
     format!("{}/{}", opt(&n.phase), opt(&n.phase_outcome))
 }
 
+/// `yes` when a node's instance was made from its pool's current
+/// template, `no` when a rollout will replace it, `-` when not known
+/// (added by attach).
+pub fn up_to_date(fresh: Option<bool>) -> String {
+    match fresh {
+        Some(true) => "yes".into(),
+        Some(false) => "no".into(),
+        None => "-".into(),
+    }
+}
+
 fn node_table(items: &[&NodeView], wide: bool) -> String {
     let now = now_ms();
-    let mut headers = vec!["NAME", "STATUS", "POOL", "PHASE", "INITIALIZED", "AGE"];
+    let mut headers = vec![
+        "NAME",
+        "STATUS",
+        "POOL",
+        "PHASE",
+        "INITIALIZED",
+        "UP-TO-DATE",
+        "AGE",
+    ];
     if wide {
-        headers.extend(["INSTANCE", "PROVIDER-ID", "INTERNAL-IP", "ERROR"]);
+        headers.extend([
+            "INSTANCE",
+            "PROVIDER-ID",
+            "INTERNAL-IP",
+            "ERROR",
+            "TEMPLATE-HASH",
+        ]);
     }
     let rows: Vec<Vec<String>> = items
         .iter()
@@ -86,6 +111,7 @@ fn node_table(items: &[&NodeView], wide: bool) -> String {
                 cell(&n.pool),
                 phase(n),
                 cell(n.initialized),
+                up_to_date(n.up_to_date),
                 age(n.created_ms, now),
             ];
             if wide {
@@ -94,6 +120,7 @@ fn node_table(items: &[&NodeView], wide: bool) -> String {
                     opt(&n.provider_id),
                     opt(&n.ip),
                     opt(&n.error_code),
+                    opt(&n.template_hash),
                 ]);
             }
             r

@@ -31,11 +31,19 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
         "RUNNING",
         "INITIALIZED",
         "READY",
+        "UP-TO-DATE",
         "DRAINING",
         "AGE",
     ];
     if wide {
-        headers.extend(["FAILED", "INSTANCE-TYPES", "IMAGE", "DELETING"]);
+        headers.extend([
+            "FAILED",
+            "INSTANCE-TYPES",
+            "IMAGE",
+            "DELETING",
+            "ROLLOUT",
+            "GENERATION",
+        ]);
     }
     // Why creates fail, when they do for a listed pool (the reconciler's
     // last error; `knit describe pool` shows it whole).
@@ -56,6 +64,7 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
                 cell(st.running),
                 cell(st.initialized),
                 cell(st.ready),
+                cell(st.updated_replicas),
                 cell(st.draining),
                 age(p.metadata.creation_timestamp_ms, now),
             ];
@@ -65,6 +74,10 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
                     spec.instance_types.join(","),
                     cell(&spec.image),
                     cell(st.deleting),
+                    st.rollout
+                        .as_ref()
+                        .map_or_else(|| "-".to_string(), |r| r.state.clone()),
+                    format!("{}/{}", st.observed_generation, p.metadata.generation),
                 ]);
             }
             if failing {

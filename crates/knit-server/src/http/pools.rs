@@ -9,7 +9,10 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use knit_api::views::{DryRun, Items, PoolDeleting, PoolView, PoolWriteQuery, ScaleRequest};
+use knit_api::views::{
+    DryRun, Items, PoolDeleting, PoolRevisionView, PoolView, PoolWriteQuery, RolloutUndoRequest,
+    ScaleRequest,
+};
 use knit_api::{ApiError, Cluster, FieldError, NodePool};
 
 pub async fn get_cluster(State(cp): State<Cp>) -> Result<Json<Cluster>> {
@@ -121,4 +124,56 @@ pub async fn scale(
     Ok(Json(
         pools::scale(&cp, &name, request.replicas, request.release).await?,
     ))
+}
+
+/// `POST /api/v1/pools/{name}/rollout/{pause|resume|restart}`.
+pub async fn rollout(
+    State(cp): State<Cp>,
+    Path((name, verb)): Path<(String, String)>,
+) -> Result<Json<PoolView>> {
+    use crate::pools::rollout;
+    let view = match verb.as_str() {
+        "pause" => rollout::set_paused(&cp, &name, true).await?,
+        "resume" => rollout::set_paused(&cp, &name, false).await?,
+        "restart" => rollout::restart(&cp, &name).await?,
+        other => {
+            return Err(ApiError::Invalid(vec![FieldError {
+                field: "verb".into(),
+                value: format!("{other:?}"),
+                rule: "must be pause, resume, restart or undo".into(),
+            }])
+            .into())
+        }
+    };
+    Ok(Json(view))
+}
+
+/// `POST /api/v1/pools/{name}/rollout/undo` (`{"toRevision": N}`, or empty).
+pub async fn rollout_undo(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<PoolView>> {
+    names::check_pool("metadata.name", &name)?;
+    let request: RolloutUndoRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        RolloutUndoRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::Parse {
+            what: "rollout undo request".into(),
+            message: e.to_string(),
+        })?
+    };
+    Ok(Json(
+        crate::pools::rollout::undo(&cp, &name, request.to_revision).await?,
+    ))
+}
+
+/// `GET /api/v1/pools/{name}/revisions`.
+pub async fn revisions(
+    State(cp): State<Cp>,
+    Path(name): Path<String>,
+) -> Result<Json<Items<PoolRevisionView>>> {
+    Ok(Json(Items::new(crate::pools::rollout::revisions(
+        &cp, &name,
+    )?)))
 }

@@ -727,6 +727,208 @@ mod tests {
         assert_eq!(cp.store.pool("p").unwrap().unwrap().pool.spec.replicas, 1);
     }
 
+    /// Makes every pending instance of `pool` created, its node
+    /// initialized (no cluster: initialized is available).
+    fn bring_up(cp: &ControlPlane, pool: &str) {
+        for intent in cp.store.pending_intents().unwrap() {
+            if intent.action == knit_api::state::IntentAction::Create {
+                cp.store
+                    .set_instance_created(
+                        &intent.instance,
+                        &format!("id-{}", intent.instance),
+                        None,
+                    )
+                    .unwrap();
+                cp.store
+                    .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)
+                    .unwrap();
+            }
+        }
+        for i in cp.store.instances(Some(pool)).unwrap() {
+            if i.state != InstanceState::Running
+                || cp.store.node(&format!("n-{}", i.name)).unwrap().is_some()
+            {
+                continue;
+            }
+            let event = knit_api::PhaseEvent {
+                node: format!("n-{}", i.name),
+                instance_id: format!("id-{}", i.name),
+                phase: knit_api::PhaseName::Hardening,
+                outcome: knit_api::PhaseOutcome::Done,
+                reason: None,
+                error_code: None,
+                at_ms: 1,
+                duration_ms: None,
+            };
+            cp.store.record_phase_event(&i, &event).unwrap();
+        }
+    }
+
+    /// Delete intents pending, by instance.
+    fn deleting(cp: &ControlPlane) -> Vec<String> {
+        pending_deletes(cp).into_iter().map(|(n, _)| n).collect()
+    }
+
+    #[tokio::test]
+    async fn a_changed_instance_type_rolls_one_node_at_a_time_through_delete_intents() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 3;
+        cp.store.insert_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        bring_up(&cp, "p");
+        let old: Vec<String> = cp
+            .store
+            .instances(Some("p"))
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(old.len(), 3);
+        let record = cp.store.pool("p").unwrap().unwrap();
+        assert_eq!(record.observed_generation, record.generation);
+        pool.spec.instance_types = vec!["bigger".into()];
+        cp.store.update_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        let record = cp.store.pool("p").unwrap().unwrap();
+        assert_eq!((record.generation, record.observed_generation), (2, 2));
+        let active = |cp: &ControlPlane| {
+            cp.store
+                .instances(Some("p"))
+                .unwrap()
+                .into_iter()
+                .filter(|i| crate::reconcile::counts_toward_pool(&i.state))
+                .count()
+        };
+        assert_eq!(active(&cp), 4, "one surge instance");
+        assert!(deleting(&cp).is_empty(), "no old one goes before it is up");
+        cp.plan_all().await.unwrap();
+        assert_eq!(active(&cp), 4, "still one surge instance");
+        bring_up(&cp, "p");
+        cp.plan_all().await.unwrap();
+        let gone = deleting(&cp);
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert!(old.contains(&gone[0]));
+        let events = cp.store.events(50).unwrap();
+        assert!(events.iter().any(|e| e.reason == "RollingUpdate"));
+        // A restarted planner (everything from the store) makes no extra.
+        let again = control_plane(dir.path());
+        again.plan_all().await.unwrap();
+        again.plan_all().await.unwrap();
+        assert_eq!(active(&again), 4);
+        let view = crate::pools::get(&again, "p").unwrap();
+        let r = view.status.rollout.unwrap();
+        assert_eq!(
+            (r.state.as_str(), r.updated, r.outdated),
+            ("Progressing", 2, 2)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replacement_that_never_comes_up_stops_the_rollout_and_leaves_the_old_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 2;
+        pool.spec.join_timeout_seconds = 60;
+        cp.store.insert_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        bring_up(&cp, "p");
+        pool.spec.image = "/srv/other".into();
+        cp.store.update_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        // The surge instance is created but its node never reports.
+        for intent in cp.store.pending_intents().unwrap() {
+            cp.store
+                .set_instance_created(&intent.instance, "id-x", None)
+                .unwrap();
+            cp.store
+                .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)
+                .unwrap();
+        }
+        let later = crate::store::now_ms() + 120_000;
+        cp.plan_all_at(later).await.unwrap();
+        cp.plan_all_at(later + 1000).await.unwrap();
+        assert!(deleting(&cp).is_empty(), "no old node removed");
+        let stop = cp.store.rollout_stop("p").unwrap().expect("stopped");
+        assert_eq!(stop.reason, super::ROLLOUT_STOPPED_REASON);
+        let events = cp.store.events(50).unwrap();
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.reason == super::ROLLOUT_STOPPED_REASON)
+                .count(),
+            1
+        );
+        let view = crate::pools::get(&cp, "p").unwrap();
+        assert_eq!(view.status.rollout.unwrap().state, "Stopped");
+        // Resume: the failed replacement is released and the stop cleared.
+        crate::pools::rollout::set_paused(&cp, "p", false)
+            .await
+            .unwrap();
+        assert_eq!(cp.store.rollout_stop("p").unwrap(), None);
+        assert_eq!(deleting(&cp).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn pause_holds_restart_replaces_and_undo_goes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("p", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 1;
+        pool.spec.labels.insert("tier".into(), "a".into());
+        cp.store.insert_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        bring_up(&cp, "p");
+        crate::pools::rollout::set_paused(&cp, "p", true)
+            .await
+            .unwrap();
+        let view = crate::pools::rollout::restart(&cp, "p").await.unwrap();
+        assert_eq!(view.status.rollout.unwrap().state, "Paused");
+        cp.plan_all().await.unwrap();
+        assert_eq!(
+            cp.store.pending_intents().unwrap().len(),
+            0,
+            "paused: nothing made"
+        );
+        let err = crate::pools::rollout::undo(&cp, "p", None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "Conflict");
+        crate::pools::rollout::set_paused(&cp, "p", false)
+            .await
+            .unwrap();
+        cp.plan_all().await.unwrap();
+        assert_eq!(cp.store.pending_intents().unwrap().len(), 1, "the surge");
+        // Undo: back to revision 1's template (no restart), labels too.
+        let mut p = cp.store.pool("p").unwrap().unwrap().pool;
+        p.spec.labels.insert("tier".into(), "b".into());
+        cp.store.update_pool(&p).unwrap();
+        let view = crate::pools::rollout::undo(&cp, "p", Some(1))
+            .await
+            .unwrap();
+        assert_eq!(view.spec.spec.restarted_at, None);
+        assert_eq!(
+            view.spec.spec.labels.get("tier").map(String::as_str),
+            Some("a")
+        );
+        let r = view.status.rollout.unwrap();
+        assert_eq!(
+            (r.updated, r.outdated),
+            (1, 1),
+            "the old node is current again, the surge is not"
+        );
+        let revisions = crate::pools::rollout::revisions(&cp, "p").unwrap();
+        assert_eq!(
+            revisions.last().unwrap().template_hash,
+            view.status.template_hash.unwrap()
+        );
+        assert!(crate::pools::rollout::undo(&cp, "p", Some(99))
+            .await
+            .is_err());
+    }
+
     #[test]
     fn scale_in_facts_count_only_pods_a_drain_would_evict() {
         use super::{evictable_by_node, node_facts};

@@ -597,6 +597,8 @@ mod tests {
             timeline: None,
             cache: None,
             drain,
+            template_hash: None,
+            up_to_date: None,
         }
     }
 

@@ -59,7 +59,7 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
             r#"<table class="pools"><caption>Node pools</caption><thead><tr>
 <th scope="col">Pool</th><th scope="col">Type</th><th scope="col">Snapshot</th>
 <th scope="col">Desired</th><th scope="col">Instances</th><th scope="col">Initialized</th>
-<th scope="col">Ready</th><th scope="col">Age</th><th scope="col">Actions</th></tr></thead><tbody>"#,
+<th scope="col">Ready</th><th scope="col">Rollout</th><th scope="col">Age</th><th scope="col">Actions</th></tr></thead><tbody>"#,
         );
         for pool in &pools {
             body.push_str(&row(pool, now));
@@ -109,6 +109,7 @@ fn row(pool: &PoolView, now: i64) -> String {
 <td>{types}</td><td>{snapshot}</td>
 <td data-col="desired">{desired}</td><td data-col="instances">{instances}</td>
 <td data-col="initialized">{initialized}</td><td data-col="ready">{ready}</td>
+<td data-col="rollout">{rollout}</td>
 <td>{age}</td>
 <td class="actions"><a href="/ui/pools/{q}/edit">Edit<span class="visually-hidden"> {n}</span></a>
 <a href="/ui/pools/{q}/delete">Delete<span class="visually-hidden"> {n}</span></a>
@@ -122,8 +123,39 @@ fn row(pool: &PoolView, now: i64) -> String {
         instances = s.instances,
         initialized = s.initialized,
         ready = s.ready,
+        rollout = rollout_of(pool),
         age = html::age(now, pool.metadata.creation_timestamp_ms),
     )
+}
+
+/// A pool's rollout as `knit rollout status` tells it: up to date of
+/// desired, its state, and why it stopped or waits (in the badge's title
+/// and below it when stopped).
+fn rollout_of(pool: &PoolView) -> String {
+    let Some(r) = &pool.status.rollout else {
+        return "—".to_string();
+    };
+    let class = match r.state.as_str() {
+        knit_api::views::ROLLOUT_COMPLETE => "ok",
+        knit_api::views::ROLLOUT_STOPPED => "bad",
+        knit_api::views::ROLLOUT_PAUSED | knit_api::views::ROLLOUT_WAITING => "warn",
+        _ => "muted",
+    };
+    let mut out = format!(
+        r#"<span data-col="up-to-date">{updated}/{desired} up to date</span> <span class="badge {class}" data-rollout="{state}" title="{message}">{state}</span>"#,
+        updated = r.updated,
+        desired = pool.status.desired,
+        state = esc(&r.state),
+        message = esc(r.message.as_deref().unwrap_or("")),
+    );
+    if r.state == knit_api::views::ROLLOUT_STOPPED {
+        out.push_str(&format!(
+            r#"<p class="rollout-reason">{}: {}</p>"#,
+            esc(r.reason.as_deref().unwrap_or("")),
+            esc(r.message.as_deref().unwrap_or(""))
+        ));
+    }
+    out
 }
 
 /// The snapshots the pool's data disks come from, or `—`.
@@ -414,5 +446,35 @@ pub async fn delete(
             html::query_value(&format!("Pool {name} is being deleted."))
         )),
         Err(e) => error_page(&session, &e),
+    }
+}
+
+#[cfg(test)]
+mod rollout_tests {
+    use super::*;
+    use knit_api::views::{PoolStatus, RolloutView};
+    use knit_api::{NodePool, NodePoolSpec};
+
+    #[test]
+    fn the_pool_row_shows_the_rollout_and_why_it_stopped() {
+        let status = PoolStatus {
+            desired: 3,
+            rollout: Some(RolloutView {
+                state: knit_api::views::ROLLOUT_STOPPED.into(),
+                updated: 1,
+                reason: Some("ProgressDeadlineExceeded".into()),
+                message: Some("replacement w-x <did not> come up".into()),
+                ..RolloutView::default()
+            }),
+            ..PoolStatus::default()
+        };
+        let pool = PoolView::new(NodePool::new("w", NodePoolSpec::default()), 0, status);
+        let html = row(&pool, 0);
+        assert!(html.contains("1/3 up to date"), "{html}");
+        assert!(html.contains(r#"data-rollout="Stopped""#), "{html}");
+        assert!(
+            html.contains("ProgressDeadlineExceeded: replacement w-x &lt;did not&gt; come up"),
+            "{html}"
+        );
     }
 }

@@ -65,6 +65,7 @@ enum One {
 #[derive(Subcommand)]
 enum ServerAction {
     /// Create the state directory, CA and admin token, and write the client config.
+    #[command(args_override_self = true)]
     Init(server::ServerOpts),
 }
 
@@ -287,13 +288,18 @@ fn main() -> ExitCode {
 fn with_config_file(cli: Cli, argv: &[std::ffi::OsString]) -> Result<Cli> {
     let Cmd::Server {
         config_file: Some(path),
+        action,
         ..
     } = &cli.cmd
     else {
         return Ok(cli);
     };
+    let words: &[&str] = match action {
+        Some(ServerAction::Init(_)) => &["server", "init"],
+        None => &["server"],
+    };
     let extra = commands::server_config::file_args(path)?;
-    match commands::server_config::insert_after_server(argv, extra) {
+    match commands::server_config::insert_after(argv, words, extra) {
         Some(argv) => Ok(Cli::parse_from(argv)),
         None => Ok(cli),
     }

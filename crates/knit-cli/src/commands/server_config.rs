@@ -80,30 +80,38 @@ pub fn args_from_yaml(text: &str) -> std::result::Result<Vec<OsString>, String> 
     Ok(args)
 }
 
-/// `argv` with `extra` put right after the `server` subcommand (skipping
-/// the global `--config VALUE` before it); `None` when `argv` runs no
-/// `server`.
-pub fn insert_after_server(argv: &[OsString], extra: Vec<OsString>) -> Option<Vec<OsString>> {
+/// `argv` with `extra` put right after the subcommand `words` name
+/// (`["server"]`, or `["server", "init"]` whose own flags they are),
+/// skipping the global `--config VALUE` before them; `None` when `argv`
+/// runs another command.
+pub fn insert_after(
+    argv: &[OsString],
+    words: &[&str],
+    extra: Vec<OsString>,
+) -> Option<Vec<OsString>> {
+    let (first, rest) = words.split_first()?;
     let mut i = 1;
-    while i < argv.len() {
-        let arg = argv[i].as_os_str();
+    loop {
+        let arg = argv.get(i)?.as_os_str();
         if arg == OsStr::new("--config") {
             i += 2;
-            continue;
-        }
-        if arg.to_string_lossy().starts_with("--config=") {
+        } else if arg.to_string_lossy().starts_with("--config=") {
             i += 1;
-            continue;
-        }
-        if arg != OsStr::new("server") {
+        } else if arg == OsStr::new(first) {
+            break;
+        } else {
             return None;
         }
-        let mut out = argv[..=i].to_vec();
-        out.extend(extra);
-        out.extend_from_slice(&argv[i + 1..]);
-        return Some(out);
     }
-    None
+    for word in rest {
+        i += 1 + argv[i + 1..]
+            .iter()
+            .position(|a| a.as_os_str() == OsStr::new(word))?;
+    }
+    let mut out = argv[..=i].to_vec();
+    out.extend(extra);
+    out.extend_from_slice(&argv[i + 1..]);
+    Some(out)
 }
 
 #[cfg(test)]
@@ -148,8 +156,9 @@ mod tests {
     fn file_flags_go_right_after_server() {
         let extra = os(&["--region", "r1"]);
         assert_eq!(
-            insert_after_server(
+            insert_after(
                 &os(&["knit", "--config", "c", "server", "--region", "r2"]),
+                &["server"],
                 extra.clone()
             ),
             Some(os(&[
@@ -157,7 +166,23 @@ mod tests {
             ]))
         );
         assert_eq!(
-            insert_after_server(&os(&["knit", "get", "server"]), extra),
+            insert_after(
+                &os(&["knit", "server", "--config-file", "f", "init"]),
+                &["server", "init"],
+                extra.clone()
+            ),
+            Some(os(&[
+                "knit",
+                "server",
+                "--config-file",
+                "f",
+                "init",
+                "--region",
+                "r1"
+            ]))
+        );
+        assert_eq!(
+            insert_after(&os(&["knit", "get", "server"]), &["server"], extra),
             None
         );
     }

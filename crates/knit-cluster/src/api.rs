@@ -18,7 +18,7 @@ use crate::error::ApiStatus;
 use crate::metrics::Metrics;
 use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
-use crate::store::{Change, EventType, SnapshotError, Store, MAX_OBJECT_BYTES};
+use crate::store::{Change, EventType, ListedBody, SnapshotError, Store, MAX_OBJECT_BYTES};
 use crate::table::{self, Include};
 use crate::{admission, paging, patch, pods, tokens, util};
 
@@ -539,14 +539,23 @@ impl Ctx<'_> {
         // Counted only when every object is served, as kube-apiserver
         // counts it only without selectors.
         let counted = selector.is_empty() && matches!(scope, Scope::All);
-        let mut items: Vec<Value> = Vec::new();
+        let table = self.wants_table();
+        // Every object served as stored: its JSON is copied, not parsed.
+        let raw = counted && !table;
+        let mut items: Vec<Listed<'_>> = Vec::new();
         let mut last_key = "";
         let mut next = None;
         for (i, (key, body)) in snap.items.iter().enumerate() {
-            let obj = body.value()?;
-            if !(visible(&scope, &obj) && selector.matches(&obj)) {
-                continue;
-            }
+            let item = match body {
+                ListedBody::Stored(json) if raw => Listed::Json(json),
+                _ => {
+                    let obj = body.value()?;
+                    if !(visible(&scope, &obj) && selector.matches(&obj)) {
+                        continue;
+                    }
+                    Listed::Object(obj)
+                }
+            };
             if opts.limit.is_some_and(|l| items.len() >= l) {
                 // One more object is served: there is a next page.
                 next = Some((
@@ -556,7 +565,7 @@ impl Ctx<'_> {
                 break;
             }
             last_key = key;
-            items.push(obj);
+            items.push(item);
         }
         let mut metadata = json!({"resourceVersion": snap.rv.to_string()});
         if let Some((token, remaining)) = next {
@@ -565,21 +574,53 @@ impl Ctx<'_> {
                 metadata["remainingItemCount"] = json!(n);
             }
         }
-        if self.wants_table() {
+        if table {
+            let objects: Vec<Value> = items
+                .into_iter()
+                .map(|i| match i {
+                    Listed::Object(o) => Ok(o),
+                    Listed::Json(j) => serde_json::from_str(j)
+                        .map_err(|e| ApiStatus::internal(format!("stored object: {e}"))),
+                })
+                .collect::<Result<_, _>>()?;
             let include = Include::parse(self.query.get("includeObject").map(String::as_str));
-            let mut t = table::table(d, &items, snap.rv, include);
+            let mut t = table::table(d, &objects, snap.rv, include);
             t["metadata"] = metadata;
             return Ok(json_response(StatusCode::OK, &t));
         }
-        Ok(json_response(
+        // The list written out around its items (no copy of them as values).
+        let head = json!({
+            "kind": format!("{}List", d.kind),
+            "apiVersion": d.api_version(),
+            "metadata": metadata,
+        })
+        .to_string();
+        let size: usize = items
+            .iter()
+            .map(|i| match i {
+                Listed::Json(j) => j.len() + 1,
+                Listed::Object(_) => 1024,
+            })
+            .sum();
+        let mut out = String::with_capacity(head.len() + size + 16);
+        out.push_str(head.strip_suffix('}').unwrap_or(&head));
+        out.push_str(",\"items\":[");
+        for (n, item) in items.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            match item {
+                Listed::Json(j) => out.push_str(j),
+                Listed::Object(o) => out.push_str(&o.to_string()),
+            }
+        }
+        out.push_str("]}");
+        Ok((
             StatusCode::OK,
-            &json!({
-                "kind": format!("{}List", d.kind),
-                "apiVersion": d.api_version(),
-                "metadata": metadata,
-                "items": items,
-            }),
-        ))
+            [(header::CONTENT_TYPE, "application/json")],
+            out,
+        )
+            .into_response())
     }
 
     fn parse_body(&self, body: &[u8]) -> Result<Value, ApiStatus> {
@@ -1109,6 +1150,12 @@ impl Ctx<'_> {
             .body(Body::from_stream(stream))
             .unwrap_or_else(|e| ApiStatus::internal(e.to_string()).into_response()))
     }
+}
+
+/// An object of a list page: its stored JSON, or parsed (it was filtered).
+enum Listed<'a> {
+    Json(&'a str),
+    Object(Value),
 }
 
 fn line(v: &Value) -> Bytes {

@@ -8,7 +8,9 @@
 //! every check with its code, message and fix, as the API answers it, a
 //! refused attach changes nothing, an automatic attach is followed on the
 //! same page until its node is Ready, and the manual command is given (and
-//! a bad token lifetime refused with the API's message); sign out and be
+//! a bad token lifetime refused with the API's message); a node whose
+//! removal a PodDisruptionBudget blocks shown draining with the budget, as
+//! `knit get nodes` shows it, and its page naming the budget; sign out and be
 //! refused. Security without a browser's help: no cookie is sent to the
 //! sign-in page, a cross-site POST (other or no Origin, wrong or no CSRF
 //! token) is refused, and a session expires.
@@ -178,6 +180,31 @@ async fn browser_sign_in(client: &Client, console: &Console) {
         !url.contains(&console.token),
         "the token is in a URL: {url}"
     );
+}
+
+/// The real `kubectl` with the embedded cluster's admin kubeconfig: its
+/// output; a failure fails the test.
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl (Debian's kubernetes-client) must be installed");
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn js(client: &Client, script: &str) -> Value {
@@ -840,6 +867,85 @@ fn the_console_in_a_real_browser() {
         assert!(syntax.status.success(), "{}", String::from_utf8_lossy(&syntax.stderr));
         let tokens = api.get("/api/v1/jointokens").unwrap().to_string();
         assert!(tokens.contains(&token_id), "{tokens}");
+
+        // A node whose removal a PodDisruptionBudget blocks: the nodes
+        // page shows it draining with the budget, as `knit get nodes`
+        // does, and its page the drain with the budget in full.
+        let leaving = api.get("/api/v1/nodes").unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["pool"] == "workers" && n["name"] != "old-web")
+            .find_map(|n| n["name"].as_str().map(str::to_string))
+            .expect("a node of workers");
+        let kubeconfig = env.path("server/cluster/admin.kubeconfig");
+        kubectl(
+            &kubeconfig,
+            &["create", "--validate=false", "-f", "-"],
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-0, labels: {{app: web}}}}\n\
+                 spec: {{nodeName: {leaving}, terminationGracePeriodSeconds: 1, containers: [{{name: app, image: registry.local/web:1}}]}}\n\
+                 ---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: web}}\n\
+                 spec: {{minAvailable: 1, selector: {{matchLabels: {{app: web}}}}}}\n"
+            ),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let b = kubectl(&kubeconfig, &["get", "pdb", "web", "-o", "json"], "");
+            let b: Value = serde_json::from_str(&b).unwrap();
+            if b["status"]["currentHealthy"] == 1 && b["status"]["disruptionsAllowed"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the budget never counted web-0: {b}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        env.knit_ok(&["delete", "node", &leaving]);
+        let row = format!(r#"tr[data-node="{leaving}"] span[data-drain="Blocked"]"#);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let badge = loop {
+            client.goto(&console.url("/ui/nodes?pool=workers")).await.unwrap();
+            if let Ok(b) = client.find(Locator::Css(&row)).await {
+                break b;
+            }
+            if Instant::now() > deadline {
+                let text = js(&client, "return document.body.innerText").await;
+                panic!("{leaving} never shown draining:\n{}\n{}", text.as_str().unwrap_or(""), env.server_log_tail());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        assert_eq!(badge.text().await.unwrap(), "Draining (default/web)");
+        let title = badge.attr("title").await.unwrap().unwrap_or_default();
+        assert!(title.contains("would violate the pod's disruption budget"), "{title}");
+        let table = env.knit_ok(&["get", "nodes"]);
+        assert!(
+            table.lines().any(|l| l.starts_with(&leaving) && l.contains("Draining(default/web)")),
+            "the CLI shows the same: {table}"
+        );
+        client.goto(&console.url(&format!("/ui/nodes/{leaving}"))).await.unwrap();
+        let blocked_by = client
+            .find(Locator::Css("[data-drain-section] [data-blocking-budget]"))
+            .await
+            .expect("the node's page names the budget")
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            blocked_by.starts_with("PodDisruptionBudget default/web (minAvailable 1"),
+            "{blocked_by}"
+        );
+        std::fs::write(
+            artifacts.join("console-drain.png"),
+            client.screenshot().await.unwrap(),
+        )
+        .unwrap();
+        // The budget goes: the removal ends on its own (waited for, so
+        // that what follows runs on a quiet pool as before).
+        kubectl(&kubeconfig, &["delete", "pdb", "web"], "");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while api.get(&format!("/api/v1/nodes/{leaving}")).is_ok() {
+            assert!(Instant::now() < deadline, "{leaving} never removed:\n{}", env.server_log_tail());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
 
         // The events page: newest first.
         client.goto(&console.url("/ui/events?kind=NodePool")).await.unwrap();

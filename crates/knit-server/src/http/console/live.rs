@@ -90,8 +90,13 @@ pub async fn stream(
             tokio::select! {
                 changed = changes.changed() => {
                     changed.ok()?;
-                    // Signed out elsewhere (another tab): stop here.
-                    console.sessions.get(&id)?;
+                    // Signed out elsewhere (another tab), or expired while
+                    // the feed moved: say so, then stop. (Ending the stream
+                    // alone left the page where it was: the browser's
+                    // reconnect meets the sign-in redirect and gives up.)
+                    if console.sessions.get(&id).is_none() {
+                        return Some((Ok(Event::default().event("signed-out").data("signed out")), None));
+                    }
                     let version = *changes.borrow_and_update();
                     Some((Ok(Event::default().event("change").data(version.to_string())), Some((changes, console))))
                 }

@@ -350,6 +350,22 @@ mod tests {
         assert_eq!(back.restarted_at, None, "the revision's restart, none");
     }
 
+    /// docs/control-plane.md ("Updating a pool") prints `SPEC_FIELDS`
+    /// between its `spec-fields` markers, row for row.
+    #[test]
+    fn the_docs_table_is_spec_fields() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/control-plane.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let start = doc.find("<!-- spec-fields -->\n").expect("start marker");
+        let end = doc.find("<!-- /spec-fields -->").expect("end marker");
+        let table = &doc[start + "<!-- spec-fields -->\n".len()..end];
+        let mut want = String::from("| field | change |\n|---|---|\n");
+        for (field, mode) in SPEC_FIELDS {
+            want.push_str(&format!("| `{field}` | {} |\n", mode.as_str()));
+        }
+        assert_eq!(table, want, "docs/control-plane.md's field table");
+    }
+
     #[test]
     fn changed_fields_name_each_change_with_its_mode() {
         let old = NodePoolSpec::default();

@@ -70,6 +70,7 @@ pub fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
         hashes: &hashes,
         facts: &facts,
         available: &available,
+        removing: 0,
     });
     let desired = spec.replicas.max(0) as usize;
     let stop = cp

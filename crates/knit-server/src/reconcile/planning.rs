@@ -437,6 +437,10 @@ impl ControlPlane {
             hashes: &hashes,
             facts,
             available: &available,
+            removing: instances
+                .iter()
+                .filter(|i| i.state == InstanceState::Deleting)
+                .count(),
         }))
     }
 
@@ -812,17 +816,33 @@ mod tests {
         assert!(old.contains(&gone[0]));
         let events = cp.store.events(50).unwrap();
         assert!(events.iter().any(|e| e.reason == "RollingUpdate"));
-        // A restarted planner (everything from the store) makes no extra.
+        // A restarted planner (everything from the store) makes no extra:
+        // the old machine, being drained, still holds the surge.
         let again = control_plane(dir.path());
         again.plan_all().await.unwrap();
         again.plan_all().await.unwrap();
-        assert_eq!(active(&again), 4);
+        assert_eq!(active(&again), 3);
+        assert_eq!(
+            again.store.pending_intents().unwrap().len(),
+            1,
+            "the delete only"
+        );
         let view = crate::pools::get(&again, "p").unwrap();
         let r = view.status.rollout.unwrap();
         assert_eq!(
             (r.state.as_str(), r.updated, r.outdated),
-            ("Progressing", 2, 2)
+            ("Progressing", 1, 2)
         );
+        // Released: the next replacement is made.
+        again.store.remove_instance(&gone[0]).unwrap();
+        for intent in again.store.pending_intents().unwrap() {
+            again
+                .store
+                .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)
+                .unwrap();
+        }
+        again.plan_all().await.unwrap();
+        assert_eq!(active(&again), 4);
     }
 
     #[tokio::test]

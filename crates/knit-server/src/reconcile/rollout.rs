@@ -6,7 +6,8 @@
 //!
 //! With `RollingUpdate`, at every moment:
 //! - at most `desired + maxSurge` instances count toward the pool
-//!   (`counts_toward_pool`: an instance being removed does not);
+//!   (`counts_toward_pool`), and no new one is made while that many
+//!   machines exist counting those still being drained and released;
 //! - an out-of-date instance is removed only while at least
 //!   `desired - maxUnavailable` others are available (their node Ready and
 //!   initialized, not being repaired, not being removed).
@@ -51,6 +52,11 @@ pub struct RolloutInput<'a> {
     /// Instances that are available: node Ready and initialized, no repair
     /// under way on it.
     pub available: &'a HashSet<String>,
+    /// Machines of the pool being removed (drained, then released): they
+    /// hold a share of the surge until they are gone, so a drain a
+    /// PodDisruptionBudget blocks holds the rollout instead of piling up
+    /// machines (surge counts against the quota).
+    pub removing: usize,
 }
 
 /// What the pool needs now.
@@ -170,7 +176,8 @@ pub fn plan_rollout(input: &RolloutInput<'_>) -> RolloutPlan {
     // current template still lacks.
     let total = active.len();
     let updated = active.iter().filter(|i| fresh(i)).count();
-    plan.create = (ceiling.saturating_sub(total)).min(desired.saturating_sub(updated));
+    plan.create =
+        (ceiling.saturating_sub(total + input.removing)).min(desired.saturating_sub(updated));
     // Old ones out while enough stay available (a Deployment's
     // maxScaledDown: every instance, less the available minimum, less the
     // new ones not yet available, the ones just asked for included).
@@ -271,6 +278,11 @@ mod tests {
 
         fn plan(&self, desired: usize, limits: (usize, usize), mode: Mode) -> RolloutPlan {
             let facts = self.facts();
+            let removing = self
+                .instances
+                .iter()
+                .filter(|i| i.state == InstanceState::Deleting)
+                .count();
             plan_rollout(&RolloutInput {
                 desired,
                 limits,
@@ -280,6 +292,7 @@ mod tests {
                 hashes: &self.hashes,
                 facts: &facts,
                 available: &self.ready,
+                removing,
             })
         }
 
@@ -322,8 +335,11 @@ mod tests {
                 .count()
         }
 
-        /// Every pending instance comes up (Running and Ready).
+        /// Every pending instance comes up (Running and Ready), every one
+        /// being removed is gone (drained and released).
         fn come_up(&mut self) {
+            self.instances
+                .retain(|i| i.state != InstanceState::Deleting);
             for i in &mut self.instances {
                 if i.state == InstanceState::Pending {
                     i.state = InstanceState::Running;
@@ -373,8 +389,14 @@ mod tests {
         assert_eq!((p.create, p.replace.len()), (0, 1), "then one old out");
         assert_eq!(p.replace, vec!["i3".to_string()], "newest old first");
         sim.apply(&p);
+        assert_eq!(
+            sim.plan(3, (1, 0), Mode::Rolling),
+            RolloutPlan::default(),
+            "the old machine, being drained, still holds the surge"
+        );
+        sim.come_up();
         let p = sim.plan(3, (1, 0), Mode::Rolling);
-        assert_eq!((p.create, p.replace.len()), (1, 0));
+        assert_eq!((p.create, p.replace.len()), (1, 0), "released: the next");
         assert!(roll(3, (1, 0)) > 0);
     }
 
@@ -388,11 +410,38 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_that_does_not_end_holds_the_rollout() {
+        let mut sim = Sim::new(3);
+        sim.apply(&sim.plan(3, (1, 0), Mode::Rolling));
+        sim.come_up();
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!(p.replace.len(), 1);
+        sim.apply(&p);
+        // The old node's drain is blocked (a PodDisruptionBudget): no new
+        // machine while it is still there.
+        for _ in 0..3 {
+            assert_eq!(sim.plan(3, (1, 0), Mode::Rolling), RolloutPlan::default());
+        }
+        sim.instances.retain(|i| i.state != InstanceState::Deleting);
+        assert_eq!(
+            sim.plan(3, (1, 0), Mode::Rolling).create,
+            1,
+            "released: go on"
+        );
+    }
+
+    #[test]
     fn surge_zero_removes_first_then_makes() {
         let mut sim = Sim::new(3);
         let p = sim.plan(3, (0, 1), Mode::Rolling);
         assert_eq!((p.create, p.replace.len()), (0, 1));
         sim.apply(&p);
+        assert_eq!(
+            sim.plan(3, (0, 1), Mode::Rolling),
+            RolloutPlan::default(),
+            "no surge: the new machine once the old one is released"
+        );
+        sim.come_up();
         let p = sim.plan(3, (0, 1), Mode::Rolling);
         assert_eq!((p.create, p.replace.len()), (1, 0));
     }

@@ -523,6 +523,83 @@ mod tests {
         }
     }
 
+    /// The seam's calls on the embedded API and, through kube, on an
+    /// "external" cluster (the embedded one again, by its admin
+    /// kubeconfig): read, a stale taint list refused (409), patched, the
+    /// hand-set label and taint kept, an absent Node not found.
+    #[test]
+    fn both_seams_read_and_patch_nodes_and_refuse_a_stale_taint_list() {
+        use crate::bootstrap::ClusterJoin;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg = knit_cluster::ClusterConfig::new(
+                dir.path().join("cluster"),
+                "127.0.0.1:0".parse().unwrap(),
+            );
+            let cluster = knit_cluster::EmbeddedCluster::start(cfg).await.unwrap();
+            let external = crate::cluster::external::ExternalJoin::from_kubeconfig(
+                cluster.admin_kubeconfig_path(),
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+            let embedded =
+                crate::cluster::EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
+            let seams: [(&dyn ClusterJoin, &str); 2] =
+                [(&embedded, "local.i-1"), (&external, "local.i-2")];
+            for (seam, name) in seams {
+                let node = json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name,
+                        "labels": {POOL_LABEL: "workers", "env": "prod", "by-hand": "x"},
+                        "annotations": {MANAGED_LABELS: "env", MANAGED_TAINTS: ""}},
+                    "spec": {"taints": [{"key": "hand", "effect": "NoSchedule"}]}});
+                embedded
+                    .call_with("POST", "/api/v1/nodes".into(), Some(node))
+                    .await
+                    .unwrap();
+                let meta = seam
+                    .node_metas()
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|m| m.name == name)
+                    .unwrap();
+                let w = wanted(
+                    &[("env", "staging")],
+                    vec![taint("dedicated", "b", "NoSchedule")],
+                );
+                let change = diff(&w, &meta).unwrap();
+                assert_eq!(
+                    seam.patch_node(name, &change.patch(Some("1")))
+                        .await
+                        .unwrap(),
+                    NodePatched::Conflict,
+                    "{name}"
+                );
+                assert_eq!(
+                    seam.patch_node(name, &change.patch(meta.resource_version.as_deref()))
+                        .await
+                        .unwrap(),
+                    NodePatched::Patched
+                );
+                let after = seam.node_meta(name).await.unwrap().unwrap();
+                assert_eq!(diff(&w, &after), None, "{after:?}");
+                assert_eq!(after.labels["env"], "staging");
+                assert_eq!(after.labels["by-hand"], "x");
+                let texts: Vec<String> = after.taints.iter().map(value_taint_text).collect();
+                assert_eq!(texts, ["hand:NoSchedule", "dedicated=b:NoSchedule"]);
+                let absent = json!({"metadata": {"labels": {"a": "b"}}});
+                assert_eq!(
+                    seam.patch_node("local.i-9", &absent).await.unwrap(),
+                    NodePatched::NotFound
+                );
+                assert!(seam.node_meta("local.i-9").await.unwrap().is_none());
+            }
+            embedded.stop();
+        });
+    }
+
     #[test]
     fn a_node_that_matches_needs_nothing() {
         let w = wanted(&[("env", "prod")], vec![taint("gpu", "yes", "NoSchedule")]);

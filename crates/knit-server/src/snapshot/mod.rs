@@ -198,7 +198,15 @@ fn uses(pool: &NodePool, snapshot: &str) -> bool {
 /// too late (`UserDataMarkerTooLate`). With `strict` a version mismatch is
 /// refused.
 pub fn check_pool(cp: &ControlPlane, pool: &NodePool, strict: bool) -> Result<Vec<String>> {
-    let cluster_version = cp.cluster_doc()?.spec.kubernetes_version;
+    // The version the pool's nodes run (its own, issue 24), which the
+    // snapshot's package cache must hold to be used.
+    let cluster = cp.cluster_doc()?;
+    let node_version = crate::bootstrap::node_kubernetes_version(&cluster, pool);
+    let runs = if node_version == cluster.spec.kubernetes_version {
+        format!("the cluster runs {node_version}")
+    } else {
+        format!("the pool's nodes run {node_version}")
+    };
     let known = cp.store.snapshots()?;
     let mut warnings = Vec::new();
     let runtime = knit_api::disk::runtime_data_disk(&pool.spec.data_disks).map(|(i, _)| i);
@@ -216,9 +224,9 @@ pub fn check_pool(cp: &ControlPlane, pool: &NodePool, strict: bool) -> Result<Ve
                 "spec.dataDisks[{i}].snapshotId: snapshot {id} was not built by knit: \
                  its content (Kubernetes version, images) is unknown"
             )),
-            Some(s) if s.kubernetes_version != cluster_version => {
+            Some(s) if s.kubernetes_version != node_version => {
                 let msg = format!(
-                    "spec.dataDisks[{i}].snapshotId: snapshot {id} holds Kubernetes {}, the cluster runs {cluster_version}: \
+                    "spec.dataDisks[{i}].snapshotId: snapshot {id} holds Kubernetes {}, {runs}: \
                      nodes will not use its package cache and will download the package; \
                      build a new snapshot (knit snapshot create --pool {})",
                     s.kubernetes_version, pool.metadata.name
@@ -473,6 +481,14 @@ mod tests {
         assert!(e.to_string().contains("strict"), "{e}");
         let w = check_pool(&cp, &pool("s-other"), true).unwrap();
         assert!(w[0].contains("not built by knit"), "{w:?}");
+        // The pool's own version decides: its nodes run 1.30.1.
+        let mut older = pool("s-old");
+        older.spec.kubernetes_version = Some("1.30.1".into());
+        assert!(check_pool(&cp, &older, true).unwrap().is_empty());
+        let mut older = pool("s-fresh");
+        older.spec.kubernetes_version = Some("1.30.1".into());
+        let w = check_pool(&cp, &older, false).unwrap();
+        assert!(w[0].contains("the pool's nodes run 1.30.1"), "{w:?}");
         assert!(uses(&pool("s-old"), "s-old") && !uses(&pool("s-old"), "s-fresh"));
     }
 

@@ -17,7 +17,7 @@
 //! only for a Node that differs, [`PARALLEL_PATCHES`] at a time, each
 //! bounded in time, so one misbehaving node never holds up the others.
 
-use crate::bootstrap::{knit_labels, POOL_LABEL};
+use crate::bootstrap::{knit_labels, POOL_LABEL, ZONE_LABEL};
 use crate::cluster::node_meta::{NodeMeta, NodePatched};
 use crate::control::ControlPlane;
 use crate::error::Result;
@@ -393,17 +393,23 @@ impl ControlPlane {
                 continue;
             };
             let spec = &pool.pool.spec;
+            let mut own = knit_labels(
+                &cluster,
+                &pool.pool,
+                instance_types
+                    .get(&node.instance)
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+                zone.as_deref(),
+            );
+            // The zone is where the machine is: a pool's new `zone` is a
+            // new machine's (by replacement), never a relabel of this one.
+            if meta.labels.contains_key(ZONE_LABEL) {
+                own.remove(ZONE_LABEL);
+            }
             let wanted = Wanted {
                 pool_labels: spec.labels.clone(),
-                knit_labels: knit_labels(
-                    &cluster,
-                    &pool.pool,
-                    instance_types
-                        .get(&node.instance)
-                        .map(String::as_str)
-                        .unwrap_or_default(),
-                    zone.as_deref(),
-                ),
+                knit_labels: own,
                 taints: spec.taints.clone(),
             };
             if diff(&wanted, meta).is_some() {

@@ -518,34 +518,38 @@ impl Ctx<'_> {
         let scope = self.authorize(Verb::List, selector.pinned_name())?;
         let opts = paging::ListOptions::parse(self.query)?;
         let d = self.t.def;
-        let snap =
-            match self
-                .st
-                .store
-                .list_snapshot(d.plural, self.t.ns.as_deref(), opts.at, &opts.start)
-            {
-                Ok(s) => s,
-                Err(SnapshotError::Compacted) => {
-                    return Ok(json_response(StatusCode::GONE, &paging::expired(&opts)))
-                }
-                Err(SnapshotError::Future { current }) => {
-                    return Err(paging::too_large(opts.at.unwrap_or(current), current))
-                }
-                Err(SnapshotError::Api(e)) => return Err(e),
-            };
+        // Counted only when every object is served, as kube-apiserver
+        // counts it only without selectors; then only a page (and one
+        // more object) is read.
+        let counted = selector.is_empty() && matches!(scope, Scope::All);
+        let want = opts.limit.filter(|_| counted);
+        let snap = match self.st.store.list_snapshot(
+            d.plural,
+            self.t.ns.as_deref(),
+            d.namespaced,
+            opts.at,
+            &opts.start,
+            want,
+        ) {
+            Ok(s) => s,
+            Err(SnapshotError::Compacted) => {
+                return Ok(json_response(StatusCode::GONE, &paging::expired(&opts)))
+            }
+            Err(SnapshotError::Future { current }) => {
+                return Err(paging::too_large(opts.at.unwrap_or(current), current))
+            }
+            Err(SnapshotError::Api(e)) => return Err(e),
+        };
         if let Some(min) = opts.not_older_than.filter(|min| *min > snap.rv) {
             return Err(paging::too_large(min, snap.rv));
         }
-        // Counted only when every object is served, as kube-apiserver
-        // counts it only without selectors.
-        let counted = selector.is_empty() && matches!(scope, Scope::All);
         let table = self.wants_table();
         // Every object served as stored: its JSON is copied, not parsed.
         let raw = counted && !table;
         let mut items: Vec<Listed<'_>> = Vec::new();
         let mut last_key = "";
         let mut next = None;
-        for (i, (key, body)) in snap.items.iter().enumerate() {
+        for (key, body) in &snap.items {
             let item = match body {
                 ListedBody::Stored(json) if raw => Listed::Json(json),
                 _ => {
@@ -560,7 +564,7 @@ impl Ctx<'_> {
                 // One more object is served: there is a next page.
                 next = Some((
                     paging::encode(snap.rv as i64, last_key),
-                    counted.then_some(snap.items.len() - i),
+                    counted.then_some(snap.total.saturating_sub(items.len())),
                 ));
                 break;
             }

@@ -15,7 +15,7 @@
 //!   and feed, in resourceVersion order, each once. Preconditions (a
 //!   client's resourceVersion) are checked inside the write transaction.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -147,6 +147,8 @@ pub struct WatchStart {
 pub struct Snapshot {
     pub rv: u64,
     pub items: Vec<(String, ListedBody)>,
+    /// Objects at `rv` from the start key on, read or not.
+    pub total: usize,
 }
 
 /// An object of a [`Snapshot`]: as stored (parsed only if it is served), or
@@ -401,8 +403,11 @@ impl Store {
     /// The objects of a resource (in one namespace, or all when `ns` is
     /// None) whose list key is `from` or after, sorted by key, as they were
     /// at resourceVersion `at` (the newest when None). A list key is the
-    /// object's name, or `namespace/name` in a list across namespaces
-    /// (etcd's key under the list's prefix, as kube-apiserver pages it).
+    /// object's name, or `namespace/name` in a list across the namespaces
+    /// of a `namespaced` resource (etcd's key under the list's prefix, as
+    /// kube-apiserver pages it). With `want`, at least `want` objects (all
+    /// when fewer remain) are read, not necessarily all: the datastore is
+    /// read in key order, page by page.
     ///
     /// An earlier version is the stored objects with the changes after it
     /// undone, from the history: one older than the history is
@@ -411,106 +416,174 @@ impl Store {
         &self,
         resource: &str,
         ns: Option<&str>,
+        namespaced: bool,
         at: Option<u64>,
         from: &str,
+        want: Option<usize>,
     ) -> Result<Snapshot, SnapshotError> {
+        let across = ns.is_none() && namespaced;
         let key_of = |namespace: &str, name: &str| -> String {
-            if ns.is_none() && !namespace.is_empty() {
+            if across {
                 format!("{namespace}/{name}")
             } else {
                 name.to_string()
             }
         };
-        let (rows, listed) = self
-            .core
-            .db
-            .read(|tx| -> Result<_, ClusterError> {
-                let rows = match ns {
-                    Some(ns) => tx.query(
-                        "SELECT namespace, name, body FROM kube_objects WHERE resource = ?1 AND namespace = ?2",
-                        params![resource, ns],
-                    )?,
-                    None => tx.query(
-                        "SELECT namespace, name, body FROM kube_objects WHERE resource = ?1",
-                        params![resource],
-                    )?,
-                };
-                let mut out = Vec::with_capacity(rows.len());
-                for r in rows {
-                    let key = key_of(&r.get::<String>(0)?, &r.get::<String>(1)?);
-                    if key.as_str() >= from {
+        let api = |e: ClusterError| SnapshotError::Api(e.into());
+        // Bytewise key order and comparison, as etcd's (PostgreSQL's
+        // default collation may not be).
+        let postgres = self.core.db.backend() == Backend::Postgres;
+        let key_sql = match (across, postgres) {
+            (false, false) => "name",
+            (false, true) => "name COLLATE \"C\"",
+            (true, false) => "(namespace || '/' || name)",
+            (true, true) => "(namespace || '/' || name) COLLATE \"C\"",
+        };
+        let scope_sql = match ns {
+            Some(_) => "namespace = ?2",
+            None if namespaced => "namespace >= ?2",
+            None => "namespace = ?2",
+        };
+        // Keys hold no NUL (PostgreSQL's text cannot): a start key with one
+        // ("<last key>\0", as tokens have it) is every key after the part
+        // before it.
+        let (from_sql, cmp) = match from.split_once('\0') {
+            Some((before, _)) => (before, ">"),
+            None => (from, ">="),
+        };
+        let where_sql = format!("resource = ?1 AND {scope_sql} AND {key_sql} {cmp} ?3");
+        let rows_sql =
+            format!("SELECT namespace, name, body FROM kube_objects WHERE {where_sql} ORDER BY {key_sql} LIMIT ?4");
+        let count_sql = format!("SELECT COUNT(*) FROM kube_objects WHERE {where_sql}");
+        let mut at = at;
+        // Rows read per round: the objects wanted, one more (is there a
+        // next page?) and some for objects changed since `at`.
+        let mut fetch = want.map(|w| w.saturating_add(33));
+        loop {
+            let limit = fetch.map_or(i64::MAX, |f| i64::try_from(f).unwrap_or(i64::MAX));
+            let (rows, count, listed) = self
+                .core
+                .db
+                .read(|tx| -> Result<_, ClusterError> {
+                    let p = params![resource, ns.unwrap_or(""), from_sql, limit];
+                    let rows = tx.query(&rows_sql, p)?;
+                    let mut out = Vec::with_capacity(rows.len());
+                    for r in rows {
+                        let key = key_of(&r.get::<String>(0)?, &r.get::<String>(1)?);
                         out.push((key, r.get::<String>(2)?));
                     }
+                    let count: u64 = tx.query_one(&count_sql, &p[..3])?.get(0)?;
+                    Ok((out, count, meta_rv(tx)?))
+                })
+                .map_err(api)?;
+            let truncated = fetch.is_some_and(|f| rows.len() >= f);
+            let last_read = rows.last().map(|(k, _)| k.clone());
+            let mut items: Vec<(String, ListedBody)> = rows
+                .into_iter()
+                .filter(|(k, _)| k.as_str() >= from)
+                .map(|(k, b)| (k, ListedBody::Stored(b)))
+                .collect();
+            let mut total = i64::try_from(count).unwrap_or(i64::MAX);
+            match at {
+                None => {}
+                Some(at) if at == listed => {}
+                Some(at) if at > listed => return Err(SnapshotError::Future { current: listed }),
+                Some(at) => {
+                    let changes = self.changes_since(resource, ns, at, listed)?;
+                    // Each key changed since `at` as it was then: before its
+                    // first change since (absent if that change created it),
+                    // and whether it is there now (after its last change).
+                    let mut then: BTreeMap<String, (Option<Arc<Value>>, bool)> = BTreeMap::new();
+                    for c in &changes {
+                        let key = key_of(&c.namespace, &c.name);
+                        if key.as_str() < from {
+                            continue;
+                        }
+                        let now = c.kind != EventType::Deleted;
+                        then.entry(key)
+                            .and_modify(|(_, there)| *there = now)
+                            .or_insert_with(|| {
+                                let before = match c.kind {
+                                    EventType::Added => None,
+                                    // A deletion logged before deletions kept
+                                    // the object before: the deleted object is
+                                    // the nearest there is.
+                                    _ => {
+                                        Some(c.previous.clone().unwrap_or_else(|| c.object.clone()))
+                                    }
+                                };
+                                (before, now)
+                            });
+                    }
+                    for (before, now) in then.values() {
+                        total += i64::from(before.is_some()) - i64::from(*now);
+                    }
+                    items.retain(|(k, _)| !then.contains_key(k));
+                    items.extend(
+                        then.into_iter().filter_map(|(k, (before, _))| {
+                            before.map(|v| (k, ListedBody::Kept(v)))
+                        }),
+                    );
                 }
-                Ok((out, meta_rv(tx)?))
-            })
-            .map_err(|e| SnapshotError::Api(e.into()))?;
-        let mut items: Vec<(String, ListedBody)> = rows
-            .into_iter()
-            .map(|(k, b)| (k, ListedBody::Stored(b)))
-            .collect();
-        match at {
-            None => {}
-            Some(at) if at == listed => {}
-            Some(at) if at > listed => return Err(SnapshotError::Future { current: listed }),
-            Some(at) => {
-                let core = &*self.core;
-                let changes: Vec<Arc<Change>> = {
-                    let mut state = core.lock();
-                    if core.shared && state.rv < listed {
-                        core.pull(&mut state, Some(listed))
-                            .map_err(|e| SnapshotError::Api(e.into()))?;
-                    }
-                    if at < state.history_floor {
-                        return Err(SnapshotError::Compacted);
-                    }
-                    if state.rv < listed {
-                        return Err(SnapshotError::Api(ApiStatus::new(
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                            "ServiceUnavailable",
-                            format!("this server has not read the changes up to resourceVersion {listed} yet; try again"),
-                        )));
-                    }
-                    state
-                        .history
-                        .iter()
-                        .filter(|c| {
-                            c.rv > at
-                                && c.rv <= listed
-                                && c.resource == resource
-                                && ns.is_none_or(|n| n == c.namespace)
-                        })
-                        .cloned()
-                        .collect()
-                };
-                // Each key changed since `at` as it was then: before its
-                // first change since (absent if that change created it).
-                let mut then: std::collections::BTreeMap<String, Option<Arc<Value>>> =
-                    std::collections::BTreeMap::new();
-                for c in &changes {
-                    let key = key_of(&c.namespace, &c.name);
-                    if key.as_str() < from {
-                        continue;
-                    }
-                    then.entry(key).or_insert_with(|| match c.kind {
-                        EventType::Added => None,
-                        // A deletion logged before deletions kept the object
-                        // before: the deleted object is the nearest there is.
-                        _ => Some(c.previous.clone().unwrap_or_else(|| c.object.clone())),
-                    });
-                }
-                items.retain(|(k, _)| !then.contains_key(k));
-                items.extend(
-                    then.into_iter()
-                        .filter_map(|(k, v)| v.map(|v| (k, ListedBody::Kept(v)))),
-                );
             }
+            items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            if truncated {
+                // Past the last key read, objects are not known yet.
+                if let Some(last) = &last_read {
+                    items.retain(|(k, _)| k <= last);
+                }
+                if want.is_some_and(|w| items.len() <= w) {
+                    // Too many objects changed since `at`: read more, at
+                    // the same version.
+                    at = Some(at.unwrap_or(listed));
+                    fetch = fetch.map(|f| f.saturating_mul(4));
+                    continue;
+                }
+            }
+            return Ok(Snapshot {
+                rv: at.unwrap_or(listed),
+                items,
+                total: usize::try_from(total.max(0)).unwrap_or(usize::MAX),
+            });
         }
-        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Ok(Snapshot {
-            rv: at.unwrap_or(listed),
-            items,
-        })
+    }
+
+    /// This resource's changes after `at` up to `listed` (a version this
+    /// server's datastore read showed), from the history.
+    fn changes_since(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        at: u64,
+        listed: u64,
+    ) -> Result<Vec<Arc<Change>>, SnapshotError> {
+        let core = &*self.core;
+        let mut state = core.lock();
+        if core.shared && state.rv < listed {
+            core.pull(&mut state, Some(listed))
+                .map_err(|e| SnapshotError::Api(e.into()))?;
+        }
+        if at < state.history_floor {
+            return Err(SnapshotError::Compacted);
+        }
+        if state.rv < listed {
+            return Err(SnapshotError::Api(ApiStatus::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                format!("this server has not read the changes up to resourceVersion {listed} yet; try again"),
+            )));
+        }
+        Ok(state
+            .history
+            .iter()
+            .filter(|c| {
+                c.rv > at
+                    && c.rv <= listed
+                    && c.resource == resource
+                    && ns.is_none_or(|n| n == c.namespace)
+            })
+            .cloned()
+            .collect())
     }
 
     pub fn create(&self, resource: &str, ns: &str, mut obj: Value) -> Result<Value, ApiStatus> {
@@ -1333,7 +1406,9 @@ mod tests {
                     .map(|(k, b)| (k.clone(), b.value().unwrap()))
                     .collect()
             };
-            let snap = s.list_snapshot("nodes", None, Some(then), "").unwrap();
+            let snap = s
+                .list_snapshot("nodes", None, false, Some(then), "", None)
+                .unwrap();
             assert_eq!(snap.rv, then);
             let items = names(&snap);
             let keys: Vec<_> = items.iter().map(|(k, _)| k.as_str()).collect();
@@ -1341,23 +1416,27 @@ mod tests {
             assert!(items[1].1.get("spec").is_none(), "b as it was");
             assert!(items.iter().all(|(_, o)| util::rv_of(o).unwrap() <= then));
             let from_b = s
-                .list_snapshot("nodes", None, Some(then), "b\u{0}")
+                .list_snapshot("nodes", None, false, Some(then), "b\u{0}", None)
                 .unwrap();
             let keys: Vec<_> = from_b.items.iter().map(|(k, _)| k.clone()).collect();
             assert_eq!(keys, ["c", "d"]);
-            let now = s.list_snapshot("nodes", None, None, "").unwrap();
+            let now = s
+                .list_snapshot("nodes", None, false, None, "", None)
+                .unwrap();
             let keys: Vec<_> = now.items.iter().map(|(k, _)| k.clone()).collect();
             assert_eq!(keys, ["a", "b", "bb", "d"]);
             assert_eq!(now.rv, s.current_rv());
             // Namespaced: keys are namespace/name across namespaces.
-            let pods = s.list_snapshot("pods", None, Some(then), "").unwrap();
+            let pods = s
+                .list_snapshot("pods", None, true, Some(then), "", None)
+                .unwrap();
             assert_eq!(pods.items[0].0, "ns1/p");
             let pods = s
-                .list_snapshot("pods", Some("ns1"), Some(then), "")
+                .list_snapshot("pods", Some("ns1"), true, Some(then), "", None)
                 .unwrap();
             assert_eq!(pods.items[0].0, "p");
             assert!(matches!(
-                s.list_snapshot("nodes", None, Some(s.current_rv() + 5), ""),
+                s.list_snapshot("nodes", None, false, Some(s.current_rv() + 5), "", None),
                 Err(SnapshotError::Future { .. })
             ));
             // Past the history window (8 changes): compacted.
@@ -1365,9 +1444,68 @@ mod tests {
                 s.create("leases", "x", node(&format!("l{i}"))).unwrap();
             }
             assert!(matches!(
-                s.list_snapshot("nodes", None, Some(then), ""),
+                s.list_snapshot("nodes", None, false, Some(then), "", None),
                 Err(SnapshotError::Compacted)
             ));
+        });
+    }
+
+    /// A page (`want`) reads the datastore only so far, yet is the list at
+    /// its version when more objects changed since than a read's margin;
+    /// `total` counts the objects from the start key at that version.
+    #[test]
+    fn a_page_is_right_however_many_objects_changed_since() {
+        on_both(|f| {
+            let s = f.open();
+            for i in 0..60 {
+                s.create("nodes", "", node(&format!("m-{i:02}"))).unwrap();
+            }
+            let then = s.current_rv();
+            // The first 45 deleted, 45 created before them: a first read of
+            // 38 rows (5 wanted + 33) is all new objects.
+            for i in 0..45 {
+                s.delete("nodes", "", &format!("m-{i:02}")).unwrap();
+                s.create("nodes", "", node(&format!("a-{i:02}"))).unwrap();
+            }
+            let keys = |snap: &Snapshot| -> Vec<String> {
+                snap.items.iter().map(|(k, _)| k.clone()).collect()
+            };
+            let page = s
+                .list_snapshot("nodes", None, false, Some(then), "", Some(5))
+                .unwrap();
+            assert!(page.items.len() > 5);
+            let want: Vec<String> = (0..page.items.len()).map(|i| format!("m-{i:02}")).collect();
+            assert_eq!(keys(&page), want);
+            assert_eq!(page.total, 60);
+            let page = s
+                .list_snapshot("nodes", None, false, Some(then), "m-50", Some(3))
+                .unwrap();
+            assert_eq!(keys(&page)[..4], ["m-50", "m-51", "m-52", "m-53"]);
+            assert_eq!(page.total, 10);
+            let now = s
+                .list_snapshot("nodes", None, false, None, "", Some(5))
+                .unwrap();
+            assert_eq!(
+                keys(&now)[..6],
+                ["a-00", "a-01", "a-02", "a-03", "a-04", "a-05"]
+            );
+            assert_eq!(now.total, 60);
+            // Across namespaces the key is namespace/name, bytewise: "a-b/x"
+            // before "a/x" ('-' < '/').
+            for (ns, name) in [("a", "x"), ("a-b", "x"), ("a", "y")] {
+                s.create("pods", ns, node(name)).unwrap();
+            }
+            let pods = s
+                .list_snapshot("pods", None, true, None, "", Some(1))
+                .unwrap();
+            assert_eq!(keys(&pods), ["a-b/x", "a/x", "a/y"]);
+            let pods = s
+                .list_snapshot("pods", None, true, None, "a-b/x\u{0}", Some(1))
+                .unwrap();
+            assert_eq!(
+                (keys(&pods), pods.total),
+                (vec!["a/x".to_string(), "a/y".to_string()], 2)
+            );
         });
     }
 

@@ -568,3 +568,166 @@ spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}
     assert!(env.provider_names().is_empty());
     assert!(k.pods().is_empty(), "{:?}", k.pods());
 }
+
+/// The local package set's system images and one business image, in the
+/// test's registry (as snapshot_e2e seeds them).
+const SYSTEM_IMAGES: &[&str] = &[
+    "registry.k8s.io/pause:3.10",
+    "registry.k8s.io/kube-proxy:v1.31.4",
+    "docker.io/flannel/flannel:v0.26.1",
+];
+const APP_IMAGE: &str = "docker.io/knit/app:1";
+
+fn builder_pool_yaml(mirror: &str) -> String {
+    format!(
+        "apiVersion: knit.dev/v1alpha1
+kind: NodePool
+metadata: {{name: workers}}
+spec:
+  replicas: 0
+  systemDisk: {{sizeGiB: 20}}
+  dataDisks: [{{sizeGiB: 40, interface: nvme}}]
+  containerd:
+    registryMirrors:
+      registry.k8s.io: [\"http://{mirror}\"]
+      docker.io: [\"http://{mirror}\"]
+    insecureRegistries: [\"{mirror}\"]
+  preUserData: |
+    touch /var/.skip-yum
+    mkdir -p /etc/cni/net.d
+    echo '{{\"cniVersion\":\"1.0.0\",\"name\":\"knit\",\"plugins\":[{{\"type\":\"loopback\"}}]}}' > /etc/cni/net.d/10-knit.conflist
+"
+    )
+}
+
+/// The snapshot builder's node, with a pod a budget protects, is drained
+/// before its kubelet stops: the build waits at `detach` with the drain
+/// blocked by the budget; once the budget allows, the pod is evicted and
+/// ended by the (still running) kubelet stand-in, then the kubelet stops
+/// and the build goes on to the snapshot.
+#[test]
+fn the_snapshot_builder_drains_its_node_before_the_kubelet_stops() {
+    for bin in ["containerd", "runc", "docker-registry"] {
+        assert!(
+            common::on_path(bin),
+            "{bin} is not installed (scripts/setup.sh)"
+        );
+    }
+    let mut env = Env::builder()
+        .cluster(true)
+        .parallelism(2)
+        .registry(true)
+        .build();
+    let state = env.path("server");
+    env.knit_ok(&["package", "build", "--state-dir", state.to_str().unwrap()]);
+    env.start_server();
+    let push = env.registry_push_url();
+    for r in SYSTEM_IMAGES {
+        knit_registry::seed(&push, &env.path("work"), r, 1, 256 << 10).unwrap();
+    }
+    knit_registry::seed(&push, &env.path("work"), APP_IMAGE, 1, 1 << 20).unwrap();
+    env.create("workers", &builder_pool_yaml(&env.registry_mirror()));
+    let k = Kubectl(env.path("server/cluster/admin.kubeconfig"));
+    k.ok(
+        &["create", "--validate=false", "-f", "-"],
+        Some(
+            "apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: pinned}
+spec: {minAvailable: 1, selector: {matchLabels: {app: pinned}}}
+",
+        ),
+    );
+
+    let out = env.knit_ok(&[
+        "snapshot",
+        "create",
+        "--pool",
+        "workers",
+        "--images",
+        APP_IMAGE,
+        "--no-wait",
+    ]);
+    let id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("build-"))
+        .unwrap_or_else(|| panic!("no build id in {out:?}"))
+        .to_string();
+    let build = || env.json(&["snapshot", "builds", &id, "-o", "json"]);
+    let builder_pool = build()["builderPool"].as_str().unwrap().to_string();
+    // The builder registers and is drained within a second of it: the pod
+    // is bound to its node before that, as soon as the machine exists
+    // (node name `<region>.<instance id>`, region `local`; a pod bound to
+    // a node that does not exist is kept 40 s). Pending or Running, the
+    // budget allows no disruption of its one pod.
+    let cloud = env.cloud();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let node = loop {
+        if let Some(i) = cloud.list().ok().and_then(|l| l.into_iter().next()) {
+            break format!("local.{}", i.record.id).to_lowercase();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no builder instance\n{}",
+            env.server_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    k.pod("pinned-0", "pinned", &node);
+    assert!(
+        !k.run(&["get", "node", &node], None).0,
+        "{node} registered before its pod was made: the test lost the race"
+    );
+    let blocked = until(
+        &env,
+        "the builder's drain blocked by the budget",
+        300,
+        || {
+            env.nodes_of(&builder_pool)
+                .into_iter()
+                .find(|n| n["drain"]["state"] == "Blocked")
+        },
+    );
+    assert!(
+        blocked["drain"]["blockingBudget"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("default/pinned (minAvailable 1")),
+        "{blocked}"
+    );
+    let b = build();
+    assert_eq!(b["step"], "detach", "{b}");
+    let steps = b["steps"].to_string();
+    assert!(steps.contains("draining node"), "{steps}");
+    assert!(!steps.contains("stopping the kubelet"), "{steps}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(build()["step"], "detach", "the build waits for the drain");
+
+    // The budget allows: evicted, ended by the kubelet, then it stops.
+    k.ok(&["delete", "pdb", "pinned"], None);
+    let done = until(&env, "the build done", 900, || {
+        let b = build();
+        (b["done"] == true).then_some(b)
+    });
+    assert_eq!(done["status"], "Succeeded", "{done}");
+    let messages: Vec<String> = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["message"].as_str().unwrap_or("").to_string())
+        .collect();
+    let drained_at = messages.iter().position(|m| m.contains("draining node"));
+    let stopped_at = messages
+        .iter()
+        .position(|m| m.contains("stopping the kubelet"));
+    assert!(
+        drained_at.is_some() && stopped_at.is_some() && drained_at < stopped_at,
+        "{messages:?}"
+    );
+    let drained = event(&env, "Drained", &node).expect("a Drained event for the builder");
+    let message = drained["message"].as_str().unwrap();
+    assert!(
+        message.contains("1 pod(s) evicted") && !message.contains("cannot confirm"),
+        "confirmed by the running kubelet: {message}"
+    );
+    assert!(k.pods().is_empty(), "{:?}", k.pods());
+}

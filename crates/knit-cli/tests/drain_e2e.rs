@@ -31,6 +31,11 @@
 //! 3. Pool delete with a pod the budget protects: blocked, the pool and its
 //!    machine kept; the budget allows: evicted, released, the pool gone.
 //!
+//! `the_snapshot_builder_drains_its_node_before_the_kubelet_stops`: a pod
+//! a budget protects on the builder's node holds the build at `detach`
+//! until the budget goes; the running kubelet ends the evicted pod, then
+//! the kubelet stops (needs containerd, runc and docker-registry too).
+//!
 //! Needs root, the node image and the workspace's binaries (as local_e2e);
 //! kubectl (Debian's, at /usr/bin/kubectl). Everything is released by the
 //! `Env` guard on success, failure and panic.

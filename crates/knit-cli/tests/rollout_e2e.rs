@@ -9,7 +9,9 @@
 //!    nodes` UP-TO-DATE yes) and of the new type.
 //! 2. `knit rollout restart`, paused once the first replacement is made:
 //!    nothing more is replaced while paused; resumed, it finishes.
-//! 3. `knit rollout undo`: back to the previous template (and its labels).
+//! 3. Another change, the server killed with SIGKILL midway and started
+//!    again: the rollout finishes with no extra or lost machine. Then
+//!    `knit rollout undo`: back to the previous template (and its labels).
 //! 4. A pod on each node under a PodDisruptionBudget that allows no
 //!    eviction, then `rollout restart`: the rollout holds at the drain of
 //!    the first old node (shown Blocked, `rollout status` not done); the
@@ -73,6 +75,7 @@ struct Sample {
 /// Reads the pool through `knit get pool -o json` every ~200 ms on its own
 /// thread (the same command as `env.cmd()`, rebuilt there).
 struct Sampler {
+    started: Instant,
     stop: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<Sample>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -129,6 +132,7 @@ impl Sampler {
             }
         });
         Sampler {
+            started,
             stop,
             samples,
             thread: Some(thread),
@@ -164,6 +168,10 @@ fn rollout_status_ok(env: &Env) {
         env.server_log_tail()
     );
     assert!(out.contains("successfully rolled out"), "{out}");
+    // The last old node is released after the rollout counts as done.
+    until(env, "the old nodes gone", 120, || {
+        (env.nodes_of("workers").len() == 3 && env.provider_names().len() == 3).then_some(())
+    });
 }
 
 /// Instance names of pool `workers` counting toward it, and their types.
@@ -247,7 +255,14 @@ fn a_rolling_update_holds_its_bounds_pauses_undoes_and_waits_for_a_budget() {
     let table = env.knit_ok(&["get", "nodes"]);
     assert!(table.contains("UP-TO-DATE"), "{table}");
     for node in env.nodes_of("workers") {
-        assert_eq!(node["upToDate"], true, "{node}");
+        assert_eq!(
+            node["upToDate"],
+            true,
+            "{node}\npool status: {}\ninstances: {:?}\nevents: {}",
+            env.pool()["status"],
+            env.store_instances(),
+            env.knit_ok(&["get", "events"])
+        );
     }
     let pools = env.knit_ok(&["get", "pools"]);
     assert!(pools.contains("UP-TO-DATE"), "{pools}");
@@ -282,8 +297,21 @@ fn a_rolling_update_holds_its_bounds_pauses_undoes_and_waits_for_a_budget() {
     env.knit_ok(&["rollout", "resume", "pool", "workers"]);
     rollout_status_ok(&env);
 
-    // 3. Undo: the template (and labels) of the previous revision.
+    // 3. Undo: the template (and labels) of the previous revision. The
+    // rollout to it survives the server killed with SIGKILL midway.
     apply(&env, &pool_yaml(3, "ecs.g7.2xlarge", "b"));
+    until(&env, "the first replacement made", 120, || {
+        (rollout(&env)["updated"].as_i64().unwrap_or(0) >= 1).then_some(())
+    });
+    let killed_ms = sampler.started.elapsed().as_millis();
+    env.kill_server();
+    let machines = env.provider_names();
+    assert!(machines.len() <= 4, "{machines:?}");
+    env.start_server();
+    // The embedded cluster restarts with the server: its nodes report
+    // Ready again within a few heartbeats. Ready samples of that window
+    // say nothing about the rollout and are not held to the bound.
+    let restarted_ms = sampler.started.elapsed().as_millis() + 20_000;
     rollout_status_ok(&env);
     assert!(instance_types(&env)
         .iter()
@@ -409,8 +437,9 @@ spec: {minAvailable: 3, selector: {matchLabels: {app: web}}}
             "more than desired + maxSurge {} ms in: {s:?}",
             s.at_ms
         );
+        let restarting = (killed_ms..restarted_ms).contains(&s.at_ms);
         assert!(
-            s.ready >= 3,
+            s.ready >= 3 || restarting,
             "fewer than desired - maxUnavailable Ready {} ms in: {s:?}",
             s.at_ms
         );

@@ -295,9 +295,23 @@ impl ControlPlane {
         Ok(active > replicas.max(0) as usize)
     }
 
-    /// Whether some pool has more instances than it wants (or is deleted).
+    /// Whether some pool has more instances than it wants (or is deleted),
+    /// or has out-of-date ones (a rollout picks which goes as scale-in does).
     fn scale_in_pending(&self) -> Result<bool> {
+        let version = self.cluster_doc()?.spec.kubernetes_version;
         for record in self.store.pools()? {
+            let current = knit_api::update::pool_template_hash(&record.pool.spec, &version);
+            let hashes = self
+                .store
+                .instance_hashes(Some(&record.pool.metadata.name))?;
+            let rolling = self
+                .store
+                .instances(Some(&record.pool.metadata.name))?
+                .iter()
+                .any(|i| counts_toward_pool(&i.state) && !up_to_date(i, &hashes, &current));
+            if rolling {
+                return Ok(true);
+            }
             let desired = if record.deleting {
                 0
             } else {

@@ -13,9 +13,15 @@ cd "$(dirname "$0")/.."
 N=${1:-10}
 SURGE=${2:-2}
 
-cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
-
-BIN=$PWD/target/release
+# KNIT_BENCH_PROFILE=debug uses the workspace's debug binaries (no
+# release build; the control plane's share of the time is small).
+if [ "${KNIT_BENCH_PROFILE:-release}" = debug ]; then
+    cargo build -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
+    BIN=$PWD/target/debug
+else
+    cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
+    BIN=$PWD/target/release
+fi
 WORK=$(mktemp -d)
 STATE=$WORK/server
 BRIDGE=kbro$$
@@ -38,6 +44,7 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 pool() { # $1 = replicas, $2 = instance type
     cat <<POOL

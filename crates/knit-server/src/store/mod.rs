@@ -417,6 +417,51 @@ mod tests {
         });
     }
 
+    /// Instances an older server made have no template hash: the rollout
+    /// step gives each its pool's current one (and the pool its first
+    /// revision), so that upgrading knit rolls nothing.
+    #[test]
+    fn the_rollout_step_backfills_hashes_so_an_upgrade_rolls_nothing() {
+        on_both_backends(|backend| {
+            let pool = NodePool::new("p", NodePoolSpec::default());
+            let step = MIGRATIONS
+                .iter()
+                .position(|m| *m == rollouts::SCHEMA)
+                .unwrap();
+            {
+                let db = Db::open(&backend.datastore, Limits::default()).unwrap();
+                db.migrate(COMPONENT, &MIGRATIONS[..step], |_, _| Ok::<_, DbError>(()))
+                    .unwrap();
+                let doc = to_json(&pool).unwrap();
+                db.write(|tx| {
+                    tx.execute(
+                        "INSERT INTO pools (name, doc, created_ms, updated_ms) VALUES ('p', ?1, 0, 0)",
+                        knit_db::params![&doc],
+                    )?;
+                    tx.execute(
+                        "INSERT INTO instances (name, pool, state, instance_type, created_ms, updated_ms) VALUES ('p-old', 'p', 'Running', 't', 0, 0)",
+                        &[],
+                    )
+                })
+                .unwrap();
+            }
+            let store = backend.open();
+            let want = knit_api::update::pool_template_hash(
+                &pool.spec,
+                &knit_api::Cluster::default().spec.kubernetes_version,
+            );
+            assert_eq!(
+                store.instance_hashes(Some("p")).unwrap()["p-old"],
+                Some(want.clone())
+            );
+            let revisions = store.pool_revisions("p").unwrap();
+            assert_eq!(revisions.len(), 1);
+            assert_eq!(revisions[0].template_hash, want);
+            let record = store.pool("p").unwrap().unwrap();
+            assert_eq!(record.generation, 1);
+        });
+    }
+
     /// SQLite only: the version is the file's `user_version`.
     #[test]
     fn refuses_a_newer_schema() {

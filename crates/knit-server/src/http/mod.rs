@@ -67,7 +67,10 @@ pub fn router(cp: Cp) -> Router {
             get(pools::get).put(pools::apply).delete(pools::delete),
         )
         .route("/api/v1/pools/:name/scale", post(pools::scale))
-        .route("/api/v1/pools/:name/rollout/undo", post(pools::rollout_undo))
+        .route(
+            "/api/v1/pools/:name/rollout/undo",
+            post(pools::rollout_undo),
+        )
         .route("/api/v1/pools/:name/rollout/:verb", post(pools::rollout))
         .route("/api/v1/pools/:name/revisions", get(pools::revisions))
         .route("/api/v1/pools/:name/attach", post(attach::attach))

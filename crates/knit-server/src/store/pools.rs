@@ -290,11 +290,22 @@ mod tests {
                 store.fill_pool_kubernetes_versions("1.31.4").unwrap(),
                 ["old"]
             );
-            let version = |name: &str| store.pool(name).unwrap().unwrap().pool.spec.kubernetes_version;
+            let version = |name: &str| {
+                store
+                    .pool(name)
+                    .unwrap()
+                    .unwrap()
+                    .pool
+                    .spec
+                    .kubernetes_version
+            };
             assert_eq!(version("old").as_deref(), Some("1.31.4"));
             assert_eq!(version("own").as_deref(), Some("1.30.1"));
             // Once: a later cluster version changes nothing.
-            assert!(store.fill_pool_kubernetes_versions("1.32.0").unwrap().is_empty());
+            assert!(store
+                .fill_pool_kubernetes_versions("1.32.0")
+                .unwrap()
+                .is_empty());
             assert_eq!(version("old").as_deref(), Some("1.31.4"));
         });
     }

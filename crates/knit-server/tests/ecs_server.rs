@@ -57,20 +57,22 @@ fn pool_replicas_become_ecs_instances() {
         assert!(!i.user_data.is_empty(), "knit's user data reached ECS");
         assert_eq!(i.image, fake.config().images[0]);
     }
-    let recorded = srv.client().get("/api/v1/instances").unwrap();
-    let ids: Vec<String> = recorded["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["providerId"].as_str().map(str::to_string))
-        .collect();
-    for i in mine(&fake) {
-        assert!(
-            ids.contains(&i.id),
-            "{} recorded by the server: {ids:?}",
-            i.id
-        );
-    }
+    // The fake shows an instance Running as soon as RunInstances answers;
+    // the server records its id once that answer reaches the reconciler, so
+    // wait for the record rather than read it at once.
+    let recorded_ids = || -> Vec<String> {
+        let recorded = srv.client().get("/api/v1/instances").unwrap();
+        recorded["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i["providerId"].as_str().map(str::to_string))
+            .collect()
+    };
+    wait_for("the server to record both instances' ids", || {
+        let ids = recorded_ids();
+        mine(&fake).iter().all(|i| ids.contains(&i.id))
+    });
 
     srv.client()
         .call(

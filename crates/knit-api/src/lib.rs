@@ -9,6 +9,7 @@ pub mod config;
 pub mod disk;
 pub mod error;
 pub mod events;
+pub mod instance_types;
 pub mod phase;
 pub mod pool;
 pub mod state;

@@ -19,6 +19,17 @@ pub enum UpdateMode {
     /// Written onto the existing Node objects within seconds, no new
     /// machine (labels and taints).
     InPlace,
+    /// A kubelet setting its pods do not notice: the agent on each node
+    /// re-renders the kubelet's configuration and restarts the kubelet,
+    /// one node at a time, the node kept and not drained (its pods keep
+    /// running through a kubelet restart).
+    RestartKubelet,
+    /// A kubelet setting the pods running on the node are checked against:
+    /// a restarted kubelet admits the pods it runs again against the new
+    /// value (allocatable, the pod count, sysctls, feature gates, its
+    /// flags), so the node is cordoned and drained around the restart,
+    /// then uncordoned.
+    RestartKubeletDrained,
     /// Needs a new machine: a rollout replaces every node made from the
     /// old template (drained first).
     Replace,
@@ -35,16 +46,28 @@ impl UpdateMode {
             UpdateMode::Immediate => "immediate",
             UpdateMode::Scaling => "scaling",
             UpdateMode::InPlace => "in-place",
+            UpdateMode::RestartKubelet => "restart-kubelet",
+            UpdateMode::RestartKubeletDrained => "restart-kubelet-drained",
             UpdateMode::Replace => "replace",
             UpdateMode::NewMachinesOnly => "new-machines-only",
             UpdateMode::Fixed => "fixed",
         }
     }
+
+    /// Whether the field is part of the template hash: a node made or
+    /// updated with another value is out of date.
+    pub fn hashed(self) -> bool {
+        matches!(
+            self,
+            UpdateMode::Replace | UpdateMode::RestartKubelet | UpdateMode::RestartKubeletDrained
+        )
+    }
 }
 
-/// Every field of a pool's `spec` (its name in the document) and how a
-/// change of it reaches existing nodes. docs/control-plane.md ("Updating a
-/// pool") prints this table; a test checks that it lists every field.
+/// Every field of a pool's `spec` (its name in the document; `kubelet`'s
+/// fields one by one, as `kubelet.NAME`) and how a change of it reaches
+/// existing nodes. docs/control-plane.md ("Updating a pool") prints this
+/// table; a test checks that it lists every field.
 pub const SPEC_FIELDS: &[(&str, UpdateMode)] = &[
     ("type", UpdateMode::Fixed),
     ("hardening", UpdateMode::Fixed),
@@ -59,7 +82,56 @@ pub const SPEC_FIELDS: &[(&str, UpdateMode)] = &[
     ("systemDisk", UpdateMode::Replace),
     ("dataDisks", UpdateMode::Replace),
     ("customNodeName", UpdateMode::Replace),
-    ("kubelet", UpdateMode::Replace),
+    // Read by the kubelet at start, noticed by no running pod.
+    ("kubelet.eventRecordQPS", UpdateMode::RestartKubelet),
+    ("kubelet.eventBurst", UpdateMode::RestartKubelet),
+    ("kubelet.kubeAPIQPS", UpdateMode::RestartKubelet),
+    ("kubelet.kubeAPIBurst", UpdateMode::RestartKubelet),
+    ("kubelet.registryPullQPS", UpdateMode::RestartKubelet),
+    ("kubelet.registryBurst", UpdateMode::RestartKubelet),
+    (
+        "kubelet.imageGCHighThresholdPercent",
+        UpdateMode::RestartKubelet,
+    ),
+    (
+        "kubelet.imageGCLowThresholdPercent",
+        UpdateMode::RestartKubelet,
+    ),
+    ("kubelet.containerLogMaxFiles", UpdateMode::RestartKubelet),
+    ("kubelet.containerLogMaxSize", UpdateMode::RestartKubelet),
+    ("kubelet.serializeImagePulls", UpdateMode::RestartKubelet),
+    ("kubelet.readOnlyPort", UpdateMode::RestartKubelet),
+    ("kubelet.address", UpdateMode::RestartKubelet),
+    ("kubelet.port", UpdateMode::RestartKubelet),
+    // Applied to a pod's cgroup when the pod starts: running pods keep theirs.
+    ("kubelet.podPidsLimit", UpdateMode::RestartKubelet),
+    ("kubelet.cpuCFSQuota", UpdateMode::RestartKubelet),
+    ("kubelet.cpuCFSQuotaPeriod", UpdateMode::RestartKubelet),
+    // Decide later evictions only (no part of allocatable).
+    ("kubelet.evictionSoft", UpdateMode::RestartKubelet),
+    (
+        "kubelet.evictionSoftGracePeriod",
+        UpdateMode::RestartKubelet,
+    ),
+    // The kubelet admits its running pods again at start against these:
+    // drained around the restart.
+    ("kubelet.evictionHard", UpdateMode::RestartKubeletDrained),
+    ("kubelet.kubeReserved", UpdateMode::RestartKubeletDrained),
+    ("kubelet.systemReserved", UpdateMode::RestartKubeletDrained),
+    ("kubelet.maxPods", UpdateMode::RestartKubeletDrained),
+    (
+        "kubelet.allowedUnsafeSysctls",
+        UpdateMode::RestartKubeletDrained,
+    ),
+    ("kubelet.featureGates", UpdateMode::RestartKubeletDrained),
+    ("kubelet.customizedArgs", UpdateMode::RestartKubeletDrained),
+    // A resource manager's state on the node belongs to its policy
+    // (Kubernetes asks for a drain and the state file removed): a new
+    // machine.
+    ("kubelet.cpuManagerPolicy", UpdateMode::Replace),
+    ("kubelet.memoryManagerPolicy", UpdateMode::Replace),
+    ("kubelet.topologyManagerPolicy", UpdateMode::Replace),
+    ("kubelet.reservedMemory", UpdateMode::Replace),
     ("containerd", UpdateMode::Replace),
     ("os", UpdateMode::Replace),
     ("components", UpdateMode::Replace),
@@ -87,6 +159,34 @@ pub fn mode_of(field: &str) -> UpdateMode {
         .unwrap_or(UpdateMode::Replace)
 }
 
+/// The top-level key of a table field (`kubelet.maxPods` → `kubelet`).
+fn top_level(field: &str) -> &str {
+    field.split_once('.').map_or(field, |(top, _)| top)
+}
+
+/// Whether the top-level `key` of a spec is in the template hash: it is,
+/// or one of its fields is, hashed.
+fn top_level_hashed(key: &str) -> bool {
+    let listed: Vec<UpdateMode> = SPEC_FIELDS
+        .iter()
+        .filter(|(f, _)| top_level(f) == key)
+        .map(|(_, m)| *m)
+        .collect();
+    // Unknown: counts as needing a new machine.
+    listed.is_empty() || listed.iter().any(|m| m.hashed())
+}
+
+/// The value of a table field in a spec's document.
+fn field_value<'a>(
+    map: &'a serde_json::Map<String, serde_json::Value>,
+    field: &str,
+) -> Option<&'a serde_json::Value> {
+    match field.split_once('.') {
+        Some((top, rest)) => map.get(top)?.get(rest),
+        None => map.get(field),
+    }
+}
+
 /// One changed field of a pool's spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldChange {
@@ -107,20 +207,80 @@ pub fn changed_fields(old: &NodePoolSpec, new: &NodePoolSpec) -> Vec<FieldChange
     let (a, b) = (spec_value(old), spec_value(new));
     SPEC_FIELDS
         .iter()
-        .filter(|(field, _)| a.get(*field) != b.get(*field))
+        .filter(|(field, _)| field_value(&a, field) != field_value(&b, field))
         .map(|&(field, mode)| FieldChange { field, mode })
         .collect()
 }
 
+/// How a node made from one template reaches another without a new
+/// machine, when it can ([`in_place_update`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InPlaceUpdate {
+    /// Cordon and drain around the restart (uncordoned after).
+    pub drain: bool,
+    /// The kubelet's settings change (re-rendered, restarted).
+    pub kubelet: bool,
+    /// The Kubernetes version the node goes to, when it changes (the
+    /// kubelet package swapped on the same machine).
+    pub kubernetes_version: Option<String>,
+    /// The changed fields, in table order (`kubernetesVersion` included).
+    pub fields: Vec<&'static str>,
+}
+
+/// Whether a node made from `old` (running `old_version`) reaches `new`
+/// (running `new_version`) in place: every hashed field that changed is a
+/// kubelet restart's, and a changed Kubernetes version only when `new`'s
+/// `updateStrategy.inPlace` is set. `None`: a new machine is needed (or
+/// nothing hashed changed). Pure.
+pub fn in_place_update(
+    old: &NodePoolSpec,
+    old_version: &str,
+    new: &NodePoolSpec,
+    new_version: &str,
+) -> Option<InPlaceUpdate> {
+    let mut update = InPlaceUpdate {
+        drain: false,
+        kubelet: false,
+        kubernetes_version: None,
+        fields: Vec::new(),
+    };
+    for change in changed_fields(old, new) {
+        match change.mode {
+            // The versions are compared below (the effective ones).
+            _ if change.field == "kubernetesVersion" => {}
+            UpdateMode::RestartKubelet => update.kubelet = true,
+            UpdateMode::RestartKubeletDrained => {
+                update.kubelet = true;
+                update.drain = true;
+            }
+            mode if mode.hashed() => return None,
+            _ => continue,
+        }
+        if change.field != "kubernetesVersion" {
+            update.fields.push(change.field);
+        }
+    }
+    if old_version != new_version {
+        if !new.update_strategy.in_place {
+            return None;
+        }
+        update.kubernetes_version = Some(new_version.to_string());
+        update.drain = true;
+        update.fields.push("kubernetesVersion");
+    }
+    (!update.fields.is_empty()).then_some(update)
+}
+
 /// The hash of what a machine of the pool is made from: every `Replace`
-/// field, with the Kubernetes version the pool's nodes run (the pool's, or
+/// field and every kubelet setting (`kubelet` whole, as before its fields
+/// were told apart, so that no hash changed), with the Kubernetes version the pool's nodes run (the pool's, or
 /// the cluster's when the pool names none). A node whose hash is not its
 /// pool's current one is out of date. FNV-1a over the fields' canonical
 /// JSON (sorted keys), as Kubernetes' `pod-template-hash` is FNV-based;
 /// ten hex digits.
 pub fn template_hash(spec: &NodePoolSpec, kubernetes_version: &str) -> String {
     let mut fields = spec_value(spec);
-    fields.retain(|k, _| mode_of(k) == UpdateMode::Replace);
+    fields.retain(|k, _| top_level_hashed(k));
     fields.insert(
         "kubernetesVersion".to_string(),
         serde_json::Value::String(kubernetes_version.to_string()),
@@ -159,16 +319,16 @@ pub fn pool_template_hash(spec: &NodePoolSpec, cluster_version: &str) -> String 
 pub fn with_template_of(current: &NodePoolSpec, revision: &NodePoolSpec) -> NodePoolSpec {
     let (mut now, then) = (spec_value(current), spec_value(revision));
     for (field, mode) in SPEC_FIELDS {
-        let template = matches!(
-            mode,
-            UpdateMode::Replace | UpdateMode::NewMachinesOnly | UpdateMode::InPlace
-        );
+        let template =
+            mode.hashed() || matches!(mode, UpdateMode::NewMachinesOnly | UpdateMode::InPlace);
         if !template {
             continue;
         }
-        match then.get(*field) {
-            Some(v) => now.insert((*field).to_string(), v.clone()),
-            None => now.remove(*field),
+        // A kubelet field: the revision's kubelet settings, whole.
+        let key = top_level(field);
+        match then.get(key) {
+            Some(v) => now.insert(key.to_string(), v.clone()),
+            None => now.remove(key),
         };
     }
     // Both are specs: the merge of two is one.
@@ -227,6 +387,13 @@ impl UpdateStrategy {
                 "may not be 0 when maxSurge is 0 too (nothing could be replaced)",
             );
         }
+        if self.in_place && unavailable == Ok(0) {
+            e.add(
+                format!("{at}.inPlace"),
+                true,
+                "needs maxUnavailable of at least 1 (an in-place upgrade drains the node it upgrades: it is unavailable meanwhile)",
+            );
+        }
     }
 
     pub fn on_delete(&self) -> bool {
@@ -272,12 +439,28 @@ mod tests {
         });
         for key in fields.keys() {
             assert!(
-                SPEC_FIELDS.iter().any(|(f, _)| f == key),
+                SPEC_FIELDS.iter().any(|(f, _)| top_level(f) == key),
                 "spec.{key} is missing from SPEC_FIELDS"
             );
         }
+        // The kubelet's fields one by one, every one of them.
+        let kubelet = fields["kubelet"].as_object().expect("an object");
+        for key in kubelet.keys() {
+            let name = format!("kubelet.{key}");
+            assert!(
+                SPEC_FIELDS.iter().any(|(f, _)| *f == name),
+                "spec.{name} is missing from SPEC_FIELDS"
+            );
+        }
+        assert!(
+            SPEC_FIELDS.iter().all(|(f, _)| *f != "kubelet"),
+            "kubelet is listed field by field"
+        );
         for (i, (f, _)) in SPEC_FIELDS.iter().enumerate() {
-            assert!(fields.contains_key(*f), "SPEC_FIELDS names no field {f}");
+            assert!(
+                field_value(&fields, f).is_some(),
+                "SPEC_FIELDS names no field {f}"
+            );
             assert!(
                 SPEC_FIELDS[..i].iter().all(|(g, _)| g != f),
                 "{f} is listed twice"
@@ -364,6 +547,97 @@ mod tests {
             want.push_str(&format!("| `{field}` | {} |\n", mode.as_str()));
         }
         assert_eq!(table, want, "docs/control-plane.md's field table");
+    }
+
+    #[test]
+    fn kubelet_fields_are_told_apart_and_kubelet_stays_in_the_hash() {
+        let base = NodePoolSpec::default();
+        let h = pool_template_hash(&base, "1.31.0");
+        let mut qps = base.clone();
+        qps.kubelet.event_record_qps = 50;
+        // In the hash (a node is out of date until restarted) ...
+        assert_ne!(pool_template_hash(&qps, "1.31.0"), h);
+        assert_eq!(
+            changed_fields(&base, &qps),
+            vec![FieldChange {
+                field: "kubelet.eventRecordQPS",
+                mode: UpdateMode::RestartKubelet
+            }]
+        );
+        // ... and reached by a restart, not drained.
+        let u = in_place_update(&base, "1.31.0", &qps, "1.31.0").expect("in place");
+        assert_eq!(
+            (u.drain, u.kubelet, u.kubernetes_version.as_deref()),
+            (false, true, None)
+        );
+        assert_eq!(u.fields, vec!["kubelet.eventRecordQPS"]);
+        // maxPods: the running pods are admitted again: drained.
+        let mut pods = qps.clone();
+        pods.kubelet.max_pods = 50;
+        let u = in_place_update(&base, "1.31.0", &pods, "1.31.0").expect("in place");
+        assert!(u.drain && u.kubelet, "{u:?}");
+        assert_eq!(u.fields, vec!["kubelet.eventRecordQPS", "kubelet.maxPods"]);
+        // A resource manager's policy, or any field a machine is made
+        // from, with it: a new machine.
+        let mut cpu = qps.clone();
+        cpu.kubelet.cpu_manager_policy = "static".into();
+        assert_eq!(in_place_update(&base, "1.31.0", &cpu, "1.31.0"), None);
+        let mut bigger = qps.clone();
+        bigger.instance_types = vec!["big".into()];
+        assert_eq!(in_place_update(&base, "1.31.0", &bigger, "1.31.0"), None);
+        // Labels alone are no kubelet restart (the label sync's).
+        let mut labelled = base.clone();
+        labelled.labels.insert("a".into(), "b".into());
+        assert_eq!(in_place_update(&base, "1.31.0", &labelled, "1.31.0"), None);
+        // Labels beside a kubelet change do not stop it.
+        labelled.kubelet.event_burst = 99;
+        assert!(in_place_update(&base, "1.31.0", &labelled, "1.31.0").is_some());
+    }
+
+    #[test]
+    fn a_version_goes_in_place_only_with_in_place_set() {
+        let mut old = NodePoolSpec::default();
+        old.kubernetes_version = Some("1.31.4".into());
+        let mut new = old.clone();
+        new.kubernetes_version = Some("1.32.0".into());
+        assert_eq!(
+            in_place_update(&old, "1.31.4", &new, "1.32.0"),
+            None,
+            "by replacement unless inPlace"
+        );
+        new.update_strategy.in_place = true;
+        new.update_strategy.max_unavailable = IntOrPercent::Count(1);
+        let u = in_place_update(&old, "1.31.4", &new, "1.32.0").expect("in place");
+        assert_eq!(u.kubernetes_version.as_deref(), Some("1.32.0"));
+        assert!(u.drain && !u.kubelet, "{u:?}");
+        assert_eq!(u.fields, vec!["kubernetesVersion"]);
+        // With a kubelet setting beside it: both, drained.
+        new.kubelet.kube_api_qps = 20;
+        let u = in_place_update(&old, "1.31.4", &new, "1.32.0").expect("in place");
+        assert!(u.drain && u.kubelet, "{u:?}");
+        // A restart asked for (knit rollout restart) replaces every node.
+        new.restarted_at = Some("t".into());
+        assert_eq!(in_place_update(&old, "1.31.4", &new, "1.32.0"), None);
+        // inPlace with nothing unavailable is refused, naming the field.
+        let mut e = Errors::default();
+        UpdateStrategy {
+            in_place: true,
+            ..UpdateStrategy::default()
+        }
+        .validate("spec.updateStrategy", &mut e);
+        let msg = format!("{:?}", e.into_result());
+        assert!(msg.contains("spec.updateStrategy.inPlace"), "{msg}");
+        assert!(msg.contains("maxUnavailable of at least 1"), "{msg}");
+    }
+
+    #[test]
+    fn undo_takes_the_revisions_kubelet_settings() {
+        let old = NodePoolSpec::default();
+        let mut now = old.clone();
+        now.kubelet.event_record_qps = 77;
+        now.kubelet.max_pods = 30;
+        let back = with_template_of(&now, &old);
+        assert_eq!(back.kubelet, old.kubelet);
     }
 
     #[test]

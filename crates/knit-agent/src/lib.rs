@@ -18,5 +18,6 @@ pub mod services;
 pub mod supervise;
 pub mod tls;
 pub mod undo;
+pub mod update;
 
 pub use error::{AgentError, Result};

@@ -104,6 +104,18 @@ enum ControlPlaneCommand {
     /// run by the control plane's snapshot build).
     #[command(subcommand)]
     SnapshotPrepare(PrepareStep),
+    /// Apply a pool's change in place (JSON; run by the control plane's
+    /// rollout): the kubelet's settings and/or the Kubernetes package in
+    /// `--update` (base64 of a NodeUpdate's JSON) are written into the
+    /// NodeConfig, then init runs again: the kubelet's configuration is
+    /// re-rendered (the new version's binaries installed) and the kubelet
+    /// restarted.
+    Update {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, value_name = "BASE64")]
+        update: String,
+    },
     /// Leave the pool: undo what `init` changed (as `reset --undo`), then
     /// remove the bootstrap files and this agent (JSON; for the control
     /// plane).
@@ -260,6 +272,15 @@ fn run_for_control_plane(root: &std::path::Path, command: ControlPlaneCommand) -
                 )),
                 PrepareStep::Clean { mount } => answer(prepare::clean(&host, &mount)),
             }
+        }
+        ControlPlaneCommand::Update { config, update } => {
+            let host = Host::new(root);
+            let result = knit_agent::update::decode(&update)
+                .and_then(|u| knit_agent::update::run(&host, &config.to_string_lossy(), &u));
+            if let Err(e) = &result {
+                host.log.line("update", &e.to_string());
+            }
+            answer(result)
         }
         ControlPlaneCommand::Leave => {
             let result = prepare::leave(&Host::without_log(root));

@@ -165,6 +165,33 @@ pub struct LeaveReport {
     pub failed: Vec<String>,
 }
 
+/// A pool's change applied to a node in place (`knit-agent update
+/// --update <base64 of this JSON>`, run by the control plane's rollout):
+/// written into the node's NodeConfig, then `init` runs again and
+/// re-renders, reinstalls and restarts only what changed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeUpdate {
+    /// The kubelet's settings, whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<crate::config::KubeletConfig>,
+    /// The Kubernetes package to run: version, mirror URL, sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<crate::config::KubernetesPackage>,
+}
+
+/// `knit-agent update`'s answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeUpdated {
+    pub node: String,
+    /// The Kubernetes version installed now.
+    pub kubernetes_version: String,
+    /// Whether the kubelet runs as another process than before (it was
+    /// restarted).
+    pub kubelet_restarted: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

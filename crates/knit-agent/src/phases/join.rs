@@ -241,7 +241,13 @@ fn desired_services(ctx: &Ctx) -> Result<(ServiceSpec, ServiceSpec)> {
     let kubelet = with_config_digest(
         host,
         render::kubelet_service(host, exec),
-        &[render::KUBELET_CONFIG, render::CLUSTER_CA],
+        // The installed version's stamp too: a kubelet binary swapped by
+        // an in-place upgrade restarts it (`knit-agent update`).
+        &[
+            render::KUBELET_CONFIG,
+            render::CLUSTER_CA,
+            crate::phases::components::STAMP_FILE,
+        ],
     );
     Ok((containerd, kubelet))
 }

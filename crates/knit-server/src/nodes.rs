@@ -195,7 +195,10 @@ pub async fn describe(cp: &ControlPlane, name: &str) -> Result<NodeView> {
 }
 
 /// Removes one node (by node or instance name) from its pool; the pool's
-/// desired count drops by one so it is not replaced. `release` absent:
+/// desired count drops by one so it is not replaced, unless the pool's
+/// `updateStrategy` is `OnDelete` and the node is out of date: then
+/// removing it is how it is rolled, and its replacement is made from the
+/// current template. `release` absent:
 /// release an instance knit created, keep one added by attach (released
 /// only when the caller says so).
 pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Result<NodeRemoving> {
@@ -225,12 +228,16 @@ pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Res
         )));
     }
     let release = release.unwrap_or(!instance.added);
+    let mut replaced = false;
     {
         let _guard = cp.plan_lock.lock().await;
         if let Some(record) = cp.store.pool(&instance.pool)? {
             let mut pool = record.pool;
-            pool.spec.replicas = (pool.spec.replicas - 1).max(0);
-            cp.store.update_pool(&pool)?;
+            replaced = replaced_on_delete(cp, &pool, &instance)?;
+            if !replaced {
+                pool.spec.replicas = (pool.spec.replicas - 1).max(0);
+                cp.store.update_pool(&pool)?;
+            }
         }
         cp.store.add_delete_intents(
             &instance.pool,
@@ -244,7 +251,7 @@ pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Res
         name,
         "Removing",
         &format!(
-            "removing {} from pool {} ({})",
+            "removing {} from pool {} ({}){}",
             instance.name,
             instance.pool,
             match (release, instance.added) {
@@ -253,6 +260,11 @@ pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Res
                 (false, true) =>
                     "keep instance: added by attach, knit does not release it unless asked",
                 (false, false) => "keep instance",
+            },
+            if replaced {
+                "; out of date under updateStrategy OnDelete: replaced from the pool's current template"
+            } else {
+                ""
             }
         ),
     )?;
@@ -262,6 +274,25 @@ pub async fn remove(cp: &ControlPlane, name: &str, release: Option<bool>) -> Res
         release,
         added: instance.added,
     })
+}
+
+/// Whether removing `instance` is how its pool rolls it: `updateStrategy:
+/// OnDelete` and the instance out of date (made from another template).
+/// Then the pool keeps its size and the planner makes the replacement
+/// from the current template; otherwise a removed node is not replaced.
+fn replaced_on_delete(
+    cp: &ControlPlane,
+    pool: &knit_api::NodePool,
+    instance: &InstanceRecord,
+) -> Result<bool> {
+    if !pool.spec.update_strategy.on_delete() || instance.added {
+        return Ok(false);
+    }
+    let current = crate::pools::rollout::current_hash(cp, &pool.spec)?;
+    let hashes = cp.store.instance_hashes(Some(&pool.metadata.name))?;
+    Ok(!crate::reconcile::rollout::up_to_date(
+        instance, &hashes, &current,
+    ))
 }
 
 /// One of a node's log files (by node or instance name; `file` one of

@@ -146,6 +146,17 @@ fn installed_version(s: &Sandbox, name: &str) -> String {
     ))
 }
 
+/// A package of nothing but its control file, built inside the machine;
+/// the .deb's bytes.
+fn empty_package(s: &Sandbox, name: &str, version: &str) -> Vec<u8> {
+    s.sh_bytes(&format!(
+        "set -e; d=/tmp/empty/{name}-{version}; rm -rf $d; mkdir -p $d/DEBIAN
+         printf 'Package: {name}\\nVersion: {version}\\nArchitecture: all\\nMaintainer: knit tests <tests@knit.invalid>\\nDescription: an empty package of the kernel family\\n' > $d/DEBIAN/control
+         dpkg-deb --root-owner-group --build $d /tmp/empty/{name}-{version}.deb >/dev/null
+         cat /tmp/empty/{name}-{version}.deb"
+    ))
+}
+
 /// The repository the control plane's mirror serves, made the same way
 /// (`knit package build`): pool/, Packages by dpkg-scanpackages, Release
 /// with the index's sha256.
@@ -196,12 +207,19 @@ fn pigz_and_updates_come_from_the_knit_repository() {
     let update = format!("{ping}+knit1");
     let repo = s.dir.path().join("mirror/debian");
     let codename = s.sh(". /etc/os-release && echo $VERSION_CODENAME");
+    // A kernel package installed at 1 with 2 in the repository: the
+    // security upgrade leaves it at 1 (the seed's `--exclude kernel*`) and
+    // does not leave it held.
+    let kernel = "linux-image-knit-test";
+    empty_package(&s, kernel, "1");
+    s.sh(&format!("dpkg -i /tmp/empty/{kernel}-1.deb >/dev/null"));
     write_repository(
         &repo,
         codename.trim(),
         &[
             ("pigz", repack(&s, "pigz", &pigz)),
             ("iputils-ping", repack(&s, "iputils-ping", &update)),
+            (kernel, empty_package(&s, kernel, "2")),
         ],
     );
     let (port, seen) = serve(s.dir.path().join("mirror"));
@@ -234,6 +252,15 @@ fn pigz_and_updates_come_from_the_knit_repository() {
         installed_version(&s, "iputils-ping"),
         format!("install ok installed {update}")
     );
+    let held = reason
+        .split_once("kernel packages held, not upgraded [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list.split(", ").collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(held.contains(&kernel), "{reason}");
+    assert_eq!(installed_version(&s, kernel), "install ok installed 1");
+    let holds = s.sh("apt-mark showhold");
+    assert!(!holds.contains(kernel), "knit's hold was released: {holds}");
     let source = s.sh("cat /etc/apt/sources.list.d/knit.sources");
     assert!(
         source.contains(&format!("URIs: {url}\nSuites: ./\nTrusted: yes\n")),

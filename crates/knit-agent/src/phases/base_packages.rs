@@ -12,6 +12,7 @@
 use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::markers;
+use crate::phases::kernel_hold;
 use knit_api::{ErrorCode, PhaseName};
 use std::time::Duration;
 
@@ -269,8 +270,19 @@ impl Phase for BasePackagesPhase {
                             "Dir::Etc::SourceParts=/etc/knit/apt-security",
                         ];
                         apt(ctx, &only, &["update", "-q"])?;
-                        apt(ctx, &only, &["upgrade", "-y", "-q"])?;
+                        let ((), held) = kernel_hold::with_kernel_held(ctx, || {
+                            apt(ctx, &only, &["upgrade", "-y", "-q"])
+                        })?;
                         summary.push_str("; security fixes applied");
+                        summary.push_str(&held_note(&held));
+                    }
+                    if let Some(old) = old_systemd(ctx) {
+                        apt(
+                            ctx,
+                            &[],
+                            &["install", "--only-upgrade", "-y", "-q", "systemd"],
+                        )?;
+                        summary.push_str(&systemd_note(old));
                     }
                 }
                 PackageManager::Dnf | PackageManager::Yum => {
@@ -281,6 +293,15 @@ impl Phase for BasePackagesPhase {
                         long,
                     )?;
                     summary.push_str("; security fixes applied");
+                    if let Some(old) = old_systemd(ctx) {
+                        ctx.host.run(
+                            code,
+                            rpm_tool(manager),
+                            &["update", "-y", "systemd"],
+                            long,
+                        )?;
+                        summary.push_str(&systemd_note(old));
+                    }
                 }
             }
         } else if markers::present(ctx.host, markers::SKIP_SECURITY_FIX) {
@@ -290,6 +311,52 @@ impl Phase for BasePackagesPhase {
             ));
         }
         Ok(summary)
+    }
+}
+
+/// The oldest systemd left as it is. Older ones — RHEL/CentOS 7's 219
+/// above all, whose early builds leak cgroups under the kubelet — are
+/// upgraded to the newest build the node's repositories have, with the
+/// security fixes (the seed: "systemd may be upgraded for stability").
+pub const MIN_SYSTEMD: u32 = 239;
+
+/// The major version in `systemctl --version`'s first line
+/// (`systemd 252 (252.30-1~deb12u2)`).
+pub fn systemd_major(version_text: &str) -> Option<u32> {
+    version_text
+        .lines()
+        .next()?
+        .strip_prefix("systemd ")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The node's systemd version when it is older than [`MIN_SYSTEMD`].
+fn old_systemd(ctx: &Ctx) -> Option<u32> {
+    let out = ctx
+        .host
+        .run(
+            ErrorCode::FailBasePackages,
+            "systemctl",
+            &["--version"],
+            Duration::from_secs(30),
+        )
+        .ok()?;
+    systemd_major(&out.stdout).filter(|v| *v < MIN_SYSTEMD)
+}
+
+fn systemd_note(old: u32) -> String {
+    format!("; systemd {old} is older than {MIN_SYSTEMD}: upgraded to the newest build available")
+}
+
+/// What the summary says of the kernel packages held for the upgrade.
+fn held_note(held: &[String]) -> String {
+    if held.is_empty() {
+        String::new()
+    } else {
+        format!("; kernel packages held, not upgraded [{}]", held.join(", "))
     }
 }
 
@@ -686,16 +753,30 @@ fn install_from_knit_repository(
         )
     };
     if security_fixes_wanted(ctx) {
-        let planned = knit_apt(ctx, &only, &["-s", "upgrade"])?;
-        let updates = simulated_installs(&planned);
+        let (updates, held) = kernel_hold::with_kernel_held(ctx, || {
+            let planned = knit_apt(ctx, &only, &["-s", "upgrade"])?;
+            let updates = simulated_installs(&planned);
+            if !updates.is_empty() {
+                knit_apt(ctx, &only, &["upgrade", "-y", "-q"])?;
+            }
+            Ok(updates)
+        })?;
         if updates.is_empty() {
             summary.push_str("; no updates available in it");
         } else {
-            knit_apt(ctx, &only, &["upgrade", "-y", "-q"])?;
             summary.push_str(&format!(
                 "; updates applied from it [{}]",
                 updates.join(", ")
             ));
+        }
+        summary.push_str(&held_note(&held));
+        if let Some(old) = old_systemd(ctx) {
+            knit_apt(
+                ctx,
+                &only,
+                &["install", "--only-upgrade", "-y", "-q", "systemd"],
+            )?;
+            summary.push_str(&systemd_note(old));
         }
     } else if markers::present(ctx.host, markers::SKIP_SECURITY_FIX) {
         summary.push_str(&format!(
@@ -725,6 +806,18 @@ fn knit_apt(ctx: &Ctx, extra: &[&str], args: &[&str]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn systemd_major_is_read_from_the_first_line() {
+        assert_eq!(
+            systemd_major("systemd 252 (252.30-1~deb12u2)\n+PAM +AUDIT\n"),
+            Some(252)
+        );
+        assert_eq!(systemd_major("systemd 219\n+PAM"), Some(219));
+        assert_eq!(systemd_major("not systemd"), None);
+        assert_eq!(systemd_major(""), None);
+        assert!(systemd_major("systemd 219").is_some_and(|v| v < MIN_SYSTEMD));
+    }
 
     #[test]
     fn detects_families() {

@@ -5,6 +5,7 @@ pub mod components;
 pub mod data_disk;
 pub mod hardening;
 pub mod join;
+pub mod kernel_hold;
 pub mod node_identity;
 pub mod optional;
 pub mod os_config;

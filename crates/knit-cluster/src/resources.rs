@@ -20,7 +20,6 @@ pub struct ResourceDef {
 const ALL: &[&str] = &[
     "create", "delete", "get", "list", "patch", "update", "watch",
 ];
-const READ: &[&str] = &["get", "list", "watch"];
 const STATUS: &[&str] = &["get", "patch", "update"];
 const CREATE: &[&str] = &["create"];
 
@@ -90,7 +89,9 @@ pub static RESOURCES: &[ResourceDef] = &[
         singular: "event",
         kind: "Event",
         namespaced: true,
-        verbs: READ,
+        // Written by the control plane (knit's node events, as a kubelet's
+        // event recorder writes them) and read by `kubectl get events`.
+        verbs: ALL,
         short_names: &["ev"],
         subresources: &[],
     },

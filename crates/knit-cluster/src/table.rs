@@ -178,6 +178,20 @@ fn columns(kind: &str) -> Vec<Value> {
             col("Nominated Node", "string", 1, "nominatedNodeName is set only when this pod preempts other pods on the node."),
             col("Readiness Gates", "string", 1, "If specified, all readiness gates will be evaluated for pod readiness."),
         ],
+        // kube-apiserver's Event columns: the wide ones (priority 1) shown
+        // by `kubectl get events -o wide`.
+        "Event" => vec![
+            col("Last Seen", "string", 0, "The time at which the most recent occurrence of this event was recorded."),
+            col("Type", "string", 0, "Type of this event (Normal, Warning), new types could be added in the future."),
+            col("Reason", "string", 0, "This should be a short, machine understandable string that gives the reason for the transition into the object's current status."),
+            col("Object", "string", 0, "The object that this event is about."),
+            col("Subobject", "string", 1, "If referring to a piece of an object instead of an entire object, this string should contain a valid JSON/Go field access statement."),
+            col("Source", "string", 1, "The component reporting this event. Should be a short machine understandable string."),
+            col("Message", "string", 0, "A human-readable description of the status of this operation."),
+            col("First Seen", "string", 1, "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)"),
+            col("Count", "integer", 1, "The number of times this event has occurred."),
+            col("Name", "string", 1, "Name must be unique within a namespace."),
+        ],
         "PodDisruptionBudget" => vec![
             name,
             col("Min Available", "string", 0, "The minimum number of pods that must be available simultaneously."),
@@ -288,6 +302,43 @@ fn cells(kind: &str, o: &Value) -> Vec<Value> {
                 json!(none(&o["spec"]["nodeName"])),
                 json!(none(&o["status"]["nominatedNodeName"])),
                 json!("<none>"),
+            ]
+        }
+        "Event" => {
+            let at = |k: &str| o[k].as_str().and_then(parse_time);
+            let count = o["count"].as_i64().unwrap_or(1);
+            let first = at("firstTimestamp").or_else(|| at("eventTime"));
+            let last = at("lastTimestamp").or(first);
+            let last_seen = if count > 1 {
+                format!("{} (x{count} over {})", human_age(last), human_age(first))
+            } else {
+                human_age(last)
+            };
+            let involved = &o["involvedObject"];
+            let kind = involved["kind"].as_str().unwrap_or("").to_lowercase();
+            let object = match involved["name"].as_str().filter(|n| !n.is_empty()) {
+                Some(n) => format!("{kind}/{n}"),
+                None => kind,
+            };
+            let source = &o["source"];
+            let source = match (
+                source["component"].as_str().unwrap_or(""),
+                source["host"].as_str().filter(|h| !h.is_empty()),
+            ) {
+                (c, Some(h)) => format!("{c}, {h}"),
+                (c, None) => c.to_string(),
+            };
+            vec![
+                json!(last_seen),
+                json!(o["type"].as_str().unwrap_or("")),
+                json!(o["reason"].as_str().unwrap_or("")),
+                json!(object),
+                json!(involved["fieldPath"].as_str().unwrap_or("")),
+                json!(source),
+                json!(o["message"].as_str().unwrap_or("").trim()),
+                json!(human_age(first)),
+                json!(count),
+                name,
             ]
         }
         "PodDisruptionBudget" => vec![

@@ -141,6 +141,12 @@ pub trait ClusterJoin: Send + Sync {
     async fn patch_node(&self, _node: &str, _patch: &serde_json::Value) -> Result<NodePatched> {
         Ok(NodePatched::NotFound)
     }
+
+    /// Writes one core/v1 Event (`crate::kube_events::event_object`):
+    /// created, or its count and last time updated when it exists.
+    async fn publish_event(&self, _event: &serde_json::Value) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// No cluster attached: nodes get no join material (their `join` phase

@@ -215,6 +215,7 @@ pub fn record_report(
             )));
         }
     }
+    let initialized_before = cp.store.node(&event.node)?.is_some_and(|n| n.initialized());
     cp.store.record_phase_event(instance, event)?;
     if let Some(ms) = event.duration_ms {
         if event.outcome != PhaseOutcome::Started {
@@ -238,6 +239,16 @@ pub fn record_report(
             ),
         )?,
         PhaseOutcome::Done | PhaseOutcome::Skipped if event.phase == PhaseName::Hardening => {
+            // The first time only: a re-run after a reboot is no start-up.
+            if !initialized_before && !instance.added {
+                cp.metrics.node_startup(
+                    crate::metrics::StartupStage::Initialized,
+                    &instance.pool,
+                    cp.provider.as_ref().map_or("none", |p| p.name()),
+                    instance.created_ms,
+                    crate::store::now_ms(),
+                );
+            }
             cp.store.add_event(
                 EventType::Normal,
                 "Node",

@@ -14,6 +14,7 @@ pub mod error;
 pub mod ha;
 pub mod http;
 pub mod join;
+pub mod kube_events;
 pub mod metrics;
 pub mod mirror;
 pub mod names;

@@ -18,6 +18,50 @@ fn duration_histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
+/// Bucket upper bounds in seconds of a node's start-up: seconds on the
+/// local cloud, minutes on a real cloud or a VM booted under TCG.
+pub const STARTUP_BUCKETS: [f64; 16] = [
+    1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+];
+
+fn startup_histogram() -> Histogram {
+    Histogram::new(STARTUP_BUCKETS)
+}
+
+/// The stages of a node's start-up, each timed from its instance's record
+/// (written by the planner at the scale request's first reconcile pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartupStage {
+    /// The provider answered the create with the machine (running).
+    Running,
+    /// The Node was first Ready in the cluster.
+    Ready,
+    /// The agent finished its last phase (fully initialized).
+    Initialized,
+}
+
+impl StartupStage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartupStage::Running => "running",
+            StartupStage::Ready => "ready",
+            StartupStage::Initialized => "initialized",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartupLabels {
+    pool: String,
+    provider: String,
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
@@ -38,6 +82,11 @@ pub struct Metrics {
     phase_durations: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     reconcile: Histogram,
     bootstrap_refused: Counter,
+    startup: Family<StartupLabels, Histogram, fn() -> Histogram>,
+    kube_events: Family<OutcomeLabels, Counter>,
+    /// The metrics reader token (`crate::http::metrics`): reads `/metrics`
+    /// and nothing else.
+    reader_token: std::sync::OnceLock<String>,
 }
 
 impl Default for Metrics {
@@ -49,6 +98,9 @@ impl Default for Metrics {
             phase_durations: Family::new_with_constructor(duration_histogram),
             reconcile: duration_histogram(),
             bootstrap_refused: Counter::default(),
+            startup: Family::new_with_constructor(startup_histogram),
+            kube_events: Family::default(),
+            reader_token: std::sync::OnceLock::new(),
         }
     }
 }
@@ -95,6 +147,46 @@ impl Metrics {
 
     pub fn bootstrap_refused(&self) {
         self.bootstrap_refused.inc();
+    }
+
+    /// Sets the metrics reader token (once; `false` when one is set).
+    pub fn set_reader_token(&self, token: String) -> bool {
+        self.reader_token.set(token).is_ok()
+    }
+
+    /// The metrics reader token, once the server set it.
+    pub fn reader_token(&self) -> Option<&str> {
+        self.reader_token.get().map(String::as_str)
+    }
+
+    /// One node reached `stage` of its start-up `since_ms` after its
+    /// instance was recorded at `created_ms` (a clock step back counts 0).
+    pub fn node_startup(
+        &self,
+        stage: StartupStage,
+        pool: &str,
+        provider: &str,
+        created_ms: i64,
+        now_ms: i64,
+    ) {
+        self.startup
+            .get_or_create(&StartupLabels {
+                pool: pool.to_string(),
+                provider: provider.to_string(),
+                stage: stage.as_str().to_string(),
+            })
+            .observe((now_ms - created_ms).max(0) as f64 / 1000.0);
+    }
+
+    /// One of knit's events about a node, written to the cluster as a
+    /// Kubernetes Event (`published`), not written (`failed`, `dropped` from
+    /// a full queue) or not for the cluster (`skipped`).
+    pub fn kube_event(&self, outcome: &str) {
+        self.kube_events
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// The text of one scrape: the pool gauges of `pools`, then the kept
@@ -157,6 +249,16 @@ impl Metrics {
             "Time of one reconcile pass (planning and intent writes)",
             self.reconcile.clone(),
         );
+        registry.register(
+            "knit_node_startup_seconds",
+            "Time from an instance's record (the scale request) to each stage of its node's start-up: running (the provider made the machine), ready (the Node first Ready), initialized (every agent phase finished)",
+            self.startup.clone(),
+        );
+        registry.register(
+            "knit_kube_events",
+            "knit's node events written to the cluster as Kubernetes Events, by outcome (published, failed, dropped, skipped)",
+            self.kube_events.clone(),
+        );
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &registry);
@@ -200,6 +302,23 @@ mod tests {
             ready: 1,
         }]);
         assert!(text.contains("knit_bootstrap_refused_total 1\n"), "{text}");
+        m.node_startup(StartupStage::Ready, "a", "local", 1_000, 5_500);
+        m.kube_event("published");
+        let startup = m.render(&[]);
+        let series =
+            "knit_node_startup_seconds_bucket{pool=\"a\",provider=\"local\",stage=\"ready\",le=";
+        assert!(startup.contains(&format!("{series}\"3.0\"}} 0")), "{startup}");
+        assert!(startup.contains(&format!("{series}\"5.0\"}} 1")), "{startup}");
+        assert!(
+            startup.contains(
+                "knit_node_startup_seconds_sum{pool=\"a\",provider=\"local\",stage=\"ready\"} 4.5"
+            ),
+            "{startup}"
+        );
+        assert!(
+            startup.contains("knit_kube_events_total{outcome=\"published\"} 1"),
+            "{startup}"
+        );
         // Names, types and help texts as before the move to prometheus-client
         // (a family with no series yet is left out of the text).
         for pair in [

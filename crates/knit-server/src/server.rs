@@ -163,6 +163,7 @@ pub async fn start(
         admin_token,
         advertise_url,
     ));
+    crate::http::metrics::load_reader_token(&control)?;
     let (shutdown, rx) = watch::channel(false);
     let app = router(control.clone());
     // One cap for all listeners: it guards the process's descriptors.
@@ -194,6 +195,8 @@ pub async fn start(
         tasks.push(feed);
         tracing::info!(address = ?console_addr, "knit web console listening under /ui/");
     }
+    // knit's node events also go to the cluster as Kubernetes Events.
+    tasks.push(crate::kube_events::start(&control, rx.clone()));
     // The lease first: the reconciler runs only on the leader. Taking the
     // lead also recovers snapshot builds cut off by a server's end.
     tasks.push(tokio::spawn(control.clone().run_leadership(rx.clone())));

@@ -461,6 +461,34 @@ impl ClusterJoin for ExternalJoin {
             Err(e) => Err(external_err(format!("patch node {node}: {e}"))),
         }
     }
+
+    async fn publish_event(&self, event: &serde_json::Value) -> Result<()> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), crate::kube_events::NAMESPACE);
+        crate::kube_events::upsert(event, |method, path, body| {
+            let events = events.clone();
+            async move {
+                let name = path.rsplit('/').next().unwrap_or_default().to_string();
+                let answer = if method == "POST" {
+                    let object = serde_json::from_value(body)
+                        .map_err(|e| external_err(format!("event {name}: {e}")))?;
+                    events.create(&PostParams::default(), &object).await
+                } else {
+                    events
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                        .await
+                };
+                match answer {
+                    Ok(_) => Ok((200, serde_json::Value::Null)),
+                    Err(kube::Error::Api(s)) => {
+                        Ok((s.code, serde_json::json!({"message": s.message})))
+                    }
+                    Err(e) => Err(external_err(format!("{method} {path}: {e}"))),
+                }
+            }
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

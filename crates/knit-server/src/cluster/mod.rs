@@ -362,6 +362,13 @@ impl ClusterJoin for EmbeddedJoin {
         Ok(found.as_ref().and_then(node_meta::NodeMeta::from_node))
     }
 
+    async fn publish_event(&self, event: &Value) -> Result<()> {
+        crate::kube_events::upsert(event, |method, path, body| {
+            self.request(method, path, Some(body))
+        })
+        .await
+    }
+
     async fn patch_node(&self, node: &str, patch: &Value) -> Result<node_meta::NodePatched> {
         let path = node_path(node)?;
         let (status, body) = self

@@ -1,4 +1,5 @@
-//! The REST API. `/api/v1/*` and `/metrics` need the admin token; the
+//! The REST API. `/api/v1/*` needs the admin token, `/metrics` the admin
+//! token or the metrics reader token (`metrics.rs`); the
 //! bootstrap and report endpoints take their own per-instance tokens; the
 //! package mirror, the system images' registry (`/v2/`), `/healthz` and
 //! `/openapi.json` are public (they hold no secret: the mirror serves the
@@ -55,8 +56,13 @@ impl IntoResponse for ServerError {
 }
 
 pub fn router(cp: Cp) -> Router {
-    let admin = Router::new()
+    let reader = Router::new()
         .route("/metrics", get(metrics::metrics))
+        .route_layer(middleware::from_fn_with_state(
+            cp.clone(),
+            metrics::require_reader,
+        ));
+    let admin = Router::new()
         .route(
             "/api/v1/cluster",
             get(pools::get_cluster).put(pools::put_cluster),
@@ -96,6 +102,7 @@ pub fn router(cp: Cp) -> Router {
         .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
     Router::new()
         .merge(admin)
+        .merge(reader)
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/openapi.json",

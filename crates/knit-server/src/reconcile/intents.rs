@@ -274,6 +274,15 @@ impl ControlPlane {
             .set_instance_created(&instance.name, &found.id, found.ip.as_deref())?;
         self.store
             .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)?;
+        if !instance.added {
+            self.metrics.node_startup(
+                crate::metrics::StartupStage::Running,
+                &instance.pool,
+                self.provider.as_ref().map_or("none", |p| p.name()),
+                instance.created_ms,
+                crate::store::now_ms(),
+            );
+        }
         self.store.add_event(
             EventType::Normal,
             "Instance",

@@ -239,6 +239,15 @@ impl ControlPlane {
                 ..InstanceHealth::default()
             });
             let mut after = observe(&before, joined, ready, attached, now);
+            if attached && !i.added && before.joined_ms.is_none() && after.joined_ms.is_some() {
+                self.metrics.node_startup(
+                    crate::metrics::StartupStage::Ready,
+                    &i.pool,
+                    self.provider.as_ref().map_or("none", |p| p.name()),
+                    i.created_ms,
+                    now,
+                );
+            }
             if before.repair_step > 0 && after.repair_step == 0 {
                 self.store.add_event(
                     EventType::Normal,

@@ -32,6 +32,11 @@ fn one() -> i64 {
     1
 }
 
+/// Where recorded events also go, called after the write with the event's
+/// row as it now is (its count and last time included). It must not block:
+/// it runs on the writer's thread (`crate::kube_events` queues and drops).
+pub type EventSink = Box<dyn Fn(&EventRecord) + Send + Sync>;
+
 /// An event repeated within this time is counted on the earlier one.
 pub const EVENT_AGGREGATION_WINDOW_MS: i64 = 10 * 60 * 1000;
 
@@ -68,7 +73,7 @@ impl Store {
         message: &str,
     ) -> Result<()> {
         let now = now_ms();
-        self.write(|tx| {
+        let written: Option<(i64, i64, i64, i64)> = self.write(|tx| {
             let counted = tx.execute(
                 "UPDATE events SET count = count + 1, last_ms = ?1 WHERE id = (
                    SELECT id FROM events WHERE object_name = ?4 AND reason = ?5 AND type = ?2
@@ -90,8 +95,30 @@ impl Store {
                     params![now, event_type.as_str(), kind, name, reason, message],
                 )?;
             }
-            Ok(())
+            if self.event_sink.get().is_none() {
+                return Ok(None);
+            }
+            // The row just counted or made (the newest of its kind).
+            let row = tx.query_one(
+                "SELECT id, at_ms, count, last_ms FROM events WHERE object_name = ?3 AND reason = ?4
+                   AND type = ?1 AND object_kind = ?2 AND message = ?5 ORDER BY id DESC LIMIT 1",
+                params![event_type.as_str(), kind, name, reason, message],
+            )?;
+            Ok(Some((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
         })?;
+        if let (Some(sink), Some((id, at_ms, count, last_ms))) = (self.event_sink.get(), written) {
+            sink(&EventRecord {
+                id,
+                at_ms,
+                count,
+                last_ms,
+                event_type,
+                object_kind: kind.to_string(),
+                object_name: name.to_string(),
+                reason: reason.to_string(),
+                message: message.to_string(),
+            });
+        }
         // After the write (which may run more than once on PostgreSQL):
         // the count of writes and the pruning are this process's own.
         let written = self
@@ -101,6 +128,12 @@ impl Store {
             self.prune_events(now)?;
         }
         Ok(())
+    }
+
+    /// Sends every event recorded from now on to `sink` as well (once per
+    /// store; `false` when one is set already).
+    pub fn set_event_sink(&self, sink: EventSink) -> bool {
+        self.event_sink.set(sink).is_ok()
     }
 
     pub fn set_event_retention(&self, retention: EventRetention) {

@@ -37,7 +37,7 @@ mod tokens;
 
 // The record types at `crate::store::…`, where every caller finds them.
 pub use drains::{DrainRecord, DrainStep};
-pub use events::{EventRecord, EventRetention, EVENT_AGGREGATION_WINDOW_MS};
+pub use events::{EventRecord, EventRetention, EventSink, EVENT_AGGREGATION_WINDOW_MS};
 pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
 pub use leader::{Lease, ServerRecord};
@@ -239,6 +239,9 @@ pub struct Store {
     db: Db,
     event_retention: Mutex<EventRetention>,
     events_written: std::sync::atomic::AtomicU64,
+    /// Where each recorded event also goes once written (knit's node
+    /// events published as Kubernetes Events: `crate::kube_events`).
+    event_sink: std::sync::OnceLock<events::EventSink>,
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<String> {
@@ -312,6 +315,7 @@ impl Store {
             db,
             event_retention: Mutex::new(EventRetention::default()),
             events_written: std::sync::atomic::AtomicU64::new(0),
+            event_sink: std::sync::OnceLock::new(),
         })
     }
 

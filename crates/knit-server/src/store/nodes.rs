@@ -154,6 +154,19 @@ impl Store {
         })
     }
 
+    /// The name of an instance's node, once it reported.
+    pub fn node_of_instance(&self, instance: &str) -> Result<Option<String>> {
+        self.read(|tx| {
+            tx.query_opt(
+                "SELECT name FROM nodes WHERE instance = ?1 ORDER BY created_ms DESC LIMIT 1",
+                params![instance],
+            )?
+            .map(|r| r.get(0))
+            .transpose()
+            .map_err(Into::into)
+        })
+    }
+
     pub fn timeline(&self, node: &str) -> Result<Vec<TimelineEntry>> {
         self.read(|tx| {
             tx.query(

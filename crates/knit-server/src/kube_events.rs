@@ -1,0 +1,230 @@
+//! knit's node events published as Kubernetes Events (core/v1), so that
+//! `kubectl get events` and `kubectl describe node` show them beside the
+//! kubelet's: on the embedded API, or on an external cluster through the
+//! same [`ClusterJoin`] seam the drain uses.
+//!
+//! The store records every event and counts repeats on one row
+//! (`store::events`); each write of an event about a node (kind `Node`, or
+//! `Instance` once the instance has a node) is handed to a bounded queue and
+//! written by one task, never by the writer: a full queue drops the event
+//! (counted in `/metrics`), a failed write is logged, neither blocks nor
+//! fails the reconciler. One stored row is one Kubernetes Event named from
+//! the row (`<node>.<first ms in hex><id in hex>`), so its repeats update
+//! its `count` and `lastTimestamp` as kube's event recorder does.
+
+use crate::control::ControlPlane;
+use crate::store::{EventRecord, EventSink};
+use serde_json::{json, Value};
+use std::sync::{Arc, Weak};
+use tokio::sync::{mpsc, watch};
+
+/// Events waiting to be written at most; more are dropped (and counted).
+pub const QUEUE: usize = 1024;
+/// The namespace of node events (where the kubelet writes them too).
+pub const NAMESPACE: &str = "default";
+/// `source.component` and `reportingComponent` of knit's events.
+pub const COMPONENT: &str = "knit";
+
+/// Whether an event of this kind is about a node.
+fn about_a_node(kind: &str) -> bool {
+    kind == "Node" || kind == "Instance"
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` of milliseconds since the epoch (metav1.Time).
+pub fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// The Event object of one stored event about `node`; `None` when its name
+/// would not be a valid object name.
+pub fn event_object(node: &str, e: &EventRecord) -> Option<Value> {
+    let name = format!("{node}.{:x}{:x}", e.at_ms.max(0), e.id.max(0));
+    if name.len() > 253 || crate::names::check_node("node", node).is_err() {
+        return None;
+    }
+    let last = e.last_ms.max(e.at_ms);
+    Some(json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        // As the kubelet names its Node: the uid is the node's name
+        // (kubectl describe node looks for both).
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "reason": e.reason,
+        "message": e.message,
+        "type": e.event_type.as_str(),
+        "count": e.count.max(1),
+        "firstTimestamp": rfc3339(e.at_ms),
+        "lastTimestamp": rfc3339(last),
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": "",
+    }))
+}
+
+/// Starts the publisher: the store's events about nodes go to a queue of
+/// [`QUEUE`] and one task writes them into the cluster until `shutdown`.
+pub fn start(
+    cp: &Arc<ControlPlane>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let weak: Weak<ControlPlane> = Arc::downgrade(cp);
+    let sink: EventSink = Box::new(move |e: &EventRecord| {
+        if !about_a_node(&e.object_kind) {
+            return;
+        }
+        if tx.try_send(e.clone()).is_err() {
+            if let Some(cp) = weak.upgrade() {
+                cp.metrics.kube_event("dropped");
+            }
+        }
+    });
+    if !cp.store.set_event_sink(sink) {
+        tracing::warn!("the store's events already go elsewhere: not published to the cluster");
+    }
+    tokio::spawn(run(cp.clone(), rx, shutdown))
+}
+
+async fn run(
+    cp: Arc<ControlPlane>,
+    mut rx: mpsc::Receiver<EventRecord>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let e = tokio::select! {
+            e = rx.recv() => match e {
+                Some(e) => e,
+                None => return,
+            },
+            _ = shutdown.changed() => return,
+        };
+        let outcome = publish(&cp, &e).await;
+        cp.metrics.kube_event(outcome);
+    }
+}
+
+/// Writes one event; the outcome's word for `/metrics`.
+async fn publish(cp: &ControlPlane, e: &EventRecord) -> &'static str {
+    if !cp.cluster.attached() {
+        return "skipped";
+    }
+    let node = if e.object_kind == "Node" {
+        Some(e.object_name.clone())
+    } else {
+        match cp.store.node_of_instance(&e.object_name) {
+            Ok(n) => n,
+            Err(err) => {
+                tracing::warn!(instance = %e.object_name, error = %err, "publishing an event: its node could not be read");
+                return "failed";
+            }
+        }
+    };
+    let Some(object) = node.as_deref().and_then(|n| event_object(n, e)) else {
+        return "skipped";
+    };
+    match cp.cluster.publish_event(&object).await {
+        Ok(()) => "published",
+        Err(err) => {
+            tracing::warn!(reason = %e.reason, node = ?node, error = %err, "publishing an event to the cluster failed");
+            "failed"
+        }
+    }
+}
+
+/// How [`crate::bootstrap::ClusterJoin::publish_event`] writes an Event through plain API
+/// calls: a first occurrence is created, a repeat merge-patched (count,
+/// lastTimestamp, message); a create that finds the object patches it, a
+/// patch that does not creates it.
+pub async fn upsert<F, Fut>(object: &Value, mut call: F) -> crate::error::Result<()>
+where
+    F: FnMut(&'static str, String, Value) -> Fut,
+    Fut: std::future::Future<Output = crate::error::Result<(u16, Value)>>,
+{
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let collection = format!("/api/v1/namespaces/{NAMESPACE}/events");
+    let one = format!("{collection}/{name}");
+    let patch = json!({
+        "count": object["count"],
+        "lastTimestamp": object["lastTimestamp"],
+        "message": object["message"],
+    });
+    let first = object["count"].as_i64().unwrap_or(1) <= 1;
+    let (status, body) = if first {
+        match call("POST", collection.clone(), object.clone()).await? {
+            (409, _) => call("PATCH", one.clone(), patch.clone()).await?,
+            answer => answer,
+        }
+    } else {
+        match call("PATCH", one.clone(), patch.clone()).await? {
+            (404, _) => call("POST", collection.clone(), object.clone()).await?,
+            answer => answer,
+        }
+    };
+    match status {
+        200..=299 => Ok(()),
+        _ => Err(crate::error::ServerError::Internal(format!(
+            "writing event {name}: {status} {}",
+            body["message"].as_str().unwrap_or("")
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knit_api::state::EventType;
+
+    fn record(kind: &str, count: i64) -> EventRecord {
+        EventRecord {
+            id: 42,
+            at_ms: 1_764_693_924_123,
+            count,
+            last_ms: 1_764_693_984_000,
+            event_type: EventType::Warning,
+            object_kind: kind.into(),
+            object_name: "local.i-1".into(),
+            reason: "PhaseFailed".into(),
+            message: "join failed".into(),
+        }
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_seconds() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_764_693_924_999), "2025-12-02T16:45:24Z");
+    }
+
+    #[test]
+    fn an_event_is_about_the_node_with_its_count() {
+        let o = event_object("local.i-1", &record("Node", 3)).unwrap();
+        assert_eq!(o["metadata"]["name"], "local.i-1.19adff4591b2a");
+        assert_eq!(o["involvedObject"]["kind"], "Node");
+        assert_eq!(o["involvedObject"]["uid"], "local.i-1");
+        assert_eq!(o["type"], "Warning");
+        assert_eq!(o["count"], 3);
+        assert_eq!(o["firstTimestamp"], "2025-12-02T16:45:24Z");
+        assert_eq!(o["lastTimestamp"], "2025-12-02T16:46:24Z");
+        assert_eq!(o["source"]["component"], "knit");
+        assert!(event_object("x/../y", &record("Node", 1)).is_none());
+        assert!(about_a_node("Instance") && !about_a_node("NodePool"));
+    }
+}

@@ -71,6 +71,8 @@ pub fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
         facts: &facts,
         available: &available,
         removing: 0,
+        in_place: &HashMap::new(),
+        updating: &HashSet::new(),
     });
     let desired = spec.replicas.max(0) as usize;
     let stop = cp

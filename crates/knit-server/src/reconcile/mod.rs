@@ -3,6 +3,7 @@
 //! the store first and only then calls the provider, with bounded
 //! parallelism, retries with backoff, and an event for every outcome.
 
+pub mod in_place;
 mod intents;
 pub mod node_sync;
 mod nodes;
@@ -13,7 +14,7 @@ pub mod rollout;
 mod user_data;
 
 pub use plan::{counts_toward_pool, plan, scale_in_order, NodeFacts, Plan};
-pub use planning::ROLLOUT_STOPPED_REASON;
+pub use planning::{ROLLOUT_COMPLETE_REASON, ROLLOUT_STOPPED_REASON};
 pub use user_data::user_data_outcome;
 
 use crate::control::ControlPlane;
@@ -69,6 +70,8 @@ impl ControlPlane {
         if let Err(e) = self.plan_all().await {
             tracing::error!(error = %e, "planning failed");
         }
+        // In-place updates the rollout chose run in their own tasks.
+        self.start_in_place_updates();
         // Repair actions run in their own tasks: not waited for here.
         if let Err(e) = self.repair_all_at(now_ms()).await {
             tracing::error!(error = %e, "node repair failed");

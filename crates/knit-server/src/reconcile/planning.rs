@@ -17,6 +17,13 @@ use std::collections::{HashMap, HashSet};
 /// The reason (event and pool condition) of a rollout stopped because a
 /// replacement did not come up, as a Deployment's progress deadline.
 pub const ROLLOUT_STOPPED_REASON: &str = "ProgressDeadlineExceeded";
+/// The reason of the event a completed rollout gives.
+pub const ROLLOUT_COMPLETE_REASON: &str = "RolloutComplete";
+
+/// Pools whose rollout this process saw under way (to the template hash),
+/// until it completes.
+static ROLLING: std::sync::LazyLock<std::sync::Mutex<HashMap<String, String>>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// Pods a drain would evict (not mirror, not DaemonSet, not already
 /// being deleted), counted by node.
@@ -96,6 +103,7 @@ impl ControlPlane {
                 let rp =
                     self.rollout_plan(&record.pool, &instances, &nodes, &facts, &health, now)?;
                 self.apply_rollout(&record.pool, &rp, true)?;
+                self.note_rollout_progress(&record)?;
                 self.store
                     .set_observed_generation(&name, record.generation)?;
             }
@@ -275,6 +283,7 @@ impl ControlPlane {
         let health = self.store.instance_health()?;
         let rp = self.rollout_plan(&pool, &instances, &nodes, &facts, &health, now_ms())?;
         self.apply_rollout(&pool, &rp, release)?;
+        // In-place updates wait for the reconciler's pass (it starts them).
         self.wake.notify_one();
         let p = Plan {
             create: rp.create,
@@ -442,7 +451,15 @@ impl ControlPlane {
         } else {
             Mode::Rolling
         };
-        Ok(plan_rollout(&RolloutInput {
+        let updates = if mode == Mode::Rolling && outdated {
+            self.in_place_candidates(pool, instances, &hashes, &current, &version)?
+        } else {
+            HashMap::new()
+        };
+        let in_place: HashMap<String, bool> =
+            updates.iter().map(|(k, u)| (k.clone(), u.drain)).collect();
+        let updating = super::in_place::updating();
+        let plan = plan_rollout(&RolloutInput {
             desired,
             limits: spec.update_strategy.limits(desired),
             mode,
@@ -455,7 +472,55 @@ impl ControlPlane {
                 .iter()
                 .filter(|i| i.state == InstanceState::Deleting)
                 .count(),
-        }))
+            in_place: &in_place,
+            updating: &updating,
+        });
+        if !plan.update_in_place.is_empty() {
+            self.queue_in_place(
+                pool,
+                &plan.update_in_place,
+                &updates,
+                instances,
+                nodes,
+                &hashes,
+                &current,
+            )?;
+        }
+        Ok(plan)
+    }
+
+    /// Says when a pool's rollout is complete: an event (`RolloutComplete`)
+    /// once every node is made from (or updated to) the current template
+    /// and available, after a pass that saw the rollout under way. What
+    /// is under way is this process's own: a rollout that completes while
+    /// no server runs is not announced (its state, `knit rollout status`,
+    /// says so all the same).
+    fn note_rollout_progress(&self, record: &crate::store::PoolRecord) -> Result<()> {
+        let name = &record.pool.metadata.name;
+        let status = crate::pools::rollout::status(self, record)?;
+        let (Some(rollout), Some(current)) = (status.rollout, status.template_hash) else {
+            return Ok(());
+        };
+        let mut rolling = ROLLING.lock().unwrap_or_else(|p| p.into_inner());
+        if rollout.state != knit_api::views::ROLLOUT_COMPLETE {
+            if rollout.outdated > 0 {
+                rolling.insert(name.clone(), current);
+            }
+            return Ok(());
+        }
+        if rolling.remove(name).is_some() {
+            self.store.add_event(
+                EventType::Normal,
+                "NodePool",
+                name,
+                ROLLOUT_COMPLETE_REASON,
+                &format!(
+                    "rollout complete: {} node(s) made from or updated to template {current}, all available",
+                    rollout.updated
+                ),
+            )?;
+        }
+        Ok(())
     }
 
     /// Writes a rollout plan: creates and scale-in as any plan, and each

@@ -57,6 +57,12 @@ pub struct RolloutInput<'a> {
     /// PodDisruptionBudget blocks holds the rollout instead of piling up
     /// machines (surge counts against the quota).
     pub removing: usize,
+    /// Out-of-date instances that reach the current template in place
+    /// (`knit_api::update::in_place_update`), each with whether its node
+    /// is drained around the update.
+    pub in_place: &'a HashMap<String, bool>,
+    /// Instances of the pool whose in-place update runs now.
+    pub updating: &'a HashSet<String>,
 }
 
 /// What the pool needs now.
@@ -68,6 +74,9 @@ pub struct RolloutPlan {
     pub scale_in: Vec<String>,
     /// Out-of-date instances removed by the rollout (replaced).
     pub replace: Vec<String>,
+    /// Out-of-date instances updated on the same machine now (the agent
+    /// re-renders, reinstalls, restarts the kubelet).
+    pub update_in_place: Vec<String>,
 }
 
 /// Where a pool's rollout stands, counted from its instances.
@@ -172,12 +181,23 @@ pub fn plan_rollout(input: &RolloutInput<'_>) -> RolloutPlan {
     if input.mode != Mode::Rolling || outdated == 0 {
         return plan;
     }
+    // In place: a kubelet restart needs no surge; one drained around its
+    // update is unavailable meanwhile, so only with maxUnavailable >= 1
+    // (else it is replaced: a surge node first keeps every node available).
+    let in_place = |i: &InstanceRecord| {
+        !fresh(i)
+            && input
+                .in_place
+                .get(&i.name)
+                .is_some_and(|&drain| !drain || unavailable >= 1)
+    };
+    let in_place_count = active.iter().filter(|i| in_place(i)).count();
     // Rolling: new instances up to the surge ceiling, as many as the
-    // current template still lacks.
+    // current template still lacks (nodes updated in place lack none).
     let total = active.len();
     let updated = active.iter().filter(|i| fresh(i)).count();
-    plan.create =
-        (ceiling.saturating_sub(total + input.removing)).min(desired.saturating_sub(updated));
+    plan.create = (ceiling.saturating_sub(total + input.removing))
+        .min(desired.saturating_sub(updated + in_place_count));
     // Old ones out while enough stay available (a Deployment's
     // maxScaledDown: every instance, less the available minimum, less the
     // new ones not yet available, the ones just asked for included).
@@ -192,7 +212,11 @@ pub fn plan_rollout(input: &RolloutInput<'_>) -> RolloutPlan {
         .iter()
         .filter(|i| input.available.contains(&i.name))
         .count();
-    let mut old: Vec<&InstanceRecord> = active.iter().copied().filter(|i| !fresh(i)).collect();
+    let mut old: Vec<&InstanceRecord> = active
+        .iter()
+        .copied()
+        .filter(|i| !fresh(i) && !in_place(i))
+        .collect();
     removal_order(&mut old, input);
     for i in old {
         if budget == 0 {
@@ -207,6 +231,41 @@ pub fn plan_rollout(input: &RolloutInput<'_>) -> RolloutPlan {
             available -= 1;
             budget -= 1;
         }
+    }
+    // In place, one node at a time (maxUnavailable at a time when more),
+    // sharing the unavailable budget with the replacements: a drained one
+    // only while another's absence leaves at least `desired -
+    // maxUnavailable` available, a restart only while the pool is not
+    // below that already.
+    let updating = active
+        .iter()
+        .filter(|i| input.updating.contains(&i.name))
+        .count();
+    let mut slots = unavailable.max(1).saturating_sub(updating);
+    let mut candidates: Vec<&InstanceRecord> = active
+        .iter()
+        .copied()
+        .filter(|i| in_place(i) && !input.updating.contains(&i.name))
+        .collect();
+    removal_order(&mut candidates, input);
+    for i in candidates {
+        if slots == 0 {
+            break;
+        }
+        let drain = input.in_place.get(&i.name).copied().unwrap_or(true);
+        let serving = input.available.contains(&i.name);
+        if !serving {
+            // Serves nothing now: updating it lowers no availability.
+        } else if drain {
+            if available <= min_available {
+                continue;
+            }
+            available -= 1;
+        } else if available < min_available {
+            continue;
+        }
+        plan.update_in_place.push(i.name.clone());
+        slots -= 1;
     }
     plan
 }
@@ -224,6 +283,10 @@ mod tests {
         hashes: HashMap<String, Option<String>>,
         ready: HashSet<String>,
         next: i64,
+        /// Out of date instances that update in place (drained or not).
+        in_place: HashMap<String, bool>,
+        /// In-place updates under way.
+        updating: HashSet<String>,
     }
 
     impl Sim {
@@ -233,6 +296,8 @@ mod tests {
                 hashes: HashMap::new(),
                 ready: HashSet::new(),
                 next: 0,
+                in_place: HashMap::new(),
+                updating: HashSet::new(),
             };
             for _ in 0..n {
                 let name = sim.add(OLD, InstanceState::Running);
@@ -293,6 +358,8 @@ mod tests {
                 facts: &facts,
                 available: &self.ready,
                 removing,
+                in_place: &self.in_place,
+                updating: &self.updating,
             })
         }
 
@@ -335,6 +402,32 @@ mod tests {
                 .count()
         }
 
+        /// Every old instance updates in place (`drain`: around it).
+        fn in_place_all(&mut self, drain: bool) {
+            for i in &self.instances {
+                if self.hashes[&i.name].as_deref() == Some(OLD) {
+                    self.in_place.insert(i.name.clone(), drain);
+                }
+            }
+        }
+
+        /// Applies a plan's in-place updates: under way, not available.
+        fn start_updates(&mut self, p: &RolloutPlan) {
+            for name in &p.update_in_place {
+                assert!(self.updating.insert(name.clone()), "{name} twice");
+                self.ready.remove(name);
+            }
+        }
+
+        /// Every update under way ends: the node Ready, its hash current.
+        fn finish_updates(&mut self) {
+            for name in std::mem::take(&mut self.updating) {
+                self.hashes.insert(name.clone(), Some(NEW.to_string()));
+                self.in_place.remove(&name);
+                self.ready.insert(name);
+            }
+        }
+
         /// Every pending instance comes up (Running and Ready), every one
         /// being removed is gone (drained and released).
         fn come_up(&mut self) {
@@ -374,6 +467,96 @@ mod tests {
         }
         assert_eq!(sim.outdated(), 0);
         passes
+    }
+
+    /// A whole in-place rollout: no machine made or removed, at most
+    /// max(1, maxUnavailable) updates at a time, and with a drain never
+    /// fewer than `desired - maxUnavailable` available.
+    fn roll_in_place(desired: usize, limits: (usize, usize), drain: bool) -> usize {
+        let mut sim = Sim::new(desired);
+        sim.in_place_all(drain);
+        let (_, unavailable) = limits;
+        let mut passes = 0;
+        while sim.outdated() > 0 || !sim.updating.is_empty() {
+            passes += 1;
+            assert!(passes < 100, "the rollout never ends");
+            let p = sim.plan(desired, limits, Mode::Rolling);
+            assert_eq!((p.create, p.replace.len()), (0, 0), "{p:?}");
+            sim.start_updates(&p);
+            assert!(sim.updating.len() <= unavailable.max(1), "{p:?}");
+            if drain {
+                assert!(
+                    sim.available() + unavailable >= desired,
+                    "too few available: {}",
+                    sim.available()
+                );
+            }
+            sim.finish_updates();
+        }
+        assert_eq!(sim.active(), desired);
+        passes
+    }
+
+    #[test]
+    fn in_place_updates_go_one_at_a_time_within_max_unavailable() {
+        // A kubelet restart: one node at a time even with maxUnavailable 0.
+        assert_eq!(roll_in_place(3, (1, 0), false), 3);
+        // maxUnavailable 2: two at a time.
+        assert_eq!(roll_in_place(4, (0, 2), false), 2);
+        for desired in [1, 2, 3, 5] {
+            for limits in [(1, 1), (0, 1), (2, 2), (0, 3)] {
+                roll_in_place(desired, limits, true);
+                roll_in_place(desired, limits, false);
+            }
+        }
+        // One under way holds the next while maxUnavailable is 1.
+        let mut sim = Sim::new(3);
+        sim.in_place_all(true);
+        let p = sim.plan(3, (0, 1), Mode::Rolling);
+        assert_eq!(p.update_in_place.len(), 1);
+        sim.start_updates(&p);
+        assert_eq!(sim.plan(3, (0, 1), Mode::Rolling), RolloutPlan::default());
+        // Paused or stopped: nothing updated.
+        let mut sim = Sim::new(3);
+        sim.in_place_all(false);
+        assert_eq!(sim.plan(3, (1, 0), Mode::Hold), RolloutPlan::default());
+        assert_eq!(sim.plan(3, (1, 0), Mode::OnDelete), RolloutPlan::default());
+    }
+
+    #[test]
+    fn a_drained_update_with_nothing_unavailable_is_a_replacement() {
+        let mut sim = Sim::new(3);
+        sim.in_place_all(true);
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!(
+            (p.create, p.update_in_place.len()),
+            (1, 0),
+            "maxUnavailable 0: a surge node instead"
+        );
+        // A node already unavailable is updated in place first (it serves
+        // nothing), and the others wait for it.
+        let mut sim = Sim::new(3);
+        sim.in_place_all(false);
+        sim.ready.remove("i2");
+        let p = sim.plan(3, (1, 0), Mode::Rolling);
+        assert_eq!(p.update_in_place, vec!["i2".to_string()]);
+    }
+
+    #[test]
+    fn in_place_and_replacement_share_the_unavailable_budget() {
+        // i1 needs a new machine, i2 and i3 update in place, drained.
+        let mut sim = Sim::new(3);
+        sim.in_place.insert("i2".into(), true);
+        sim.in_place.insert("i3".into(), true);
+        let p = sim.plan(3, (0, 1), Mode::Rolling);
+        assert_eq!(p.replace.len() + p.update_in_place.len(), 1, "{p:?}");
+        assert_eq!(p.create, 0, "no surge");
+        let mut sim = Sim::new(3);
+        sim.in_place.insert("i2".into(), true);
+        sim.in_place.insert("i3".into(), true);
+        let p = sim.plan(3, (1, 1), Mode::Rolling);
+        assert_eq!(p.create, 1, "a surge for the one replaced only: {p:?}");
+        assert_eq!(p.replace.len() + p.update_in_place.len(), 1, "{p:?}");
     }
 
     #[test]

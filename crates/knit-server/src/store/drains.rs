@@ -162,6 +162,25 @@ impl Store {
         })
     }
 
+    /// Forgets the drain of `instance` for `intent_id` and its steps (an
+    /// in-place update's drain, ended by the node's uncordon): a later
+    /// removal starts its own.
+    pub fn forget_drain(&self, instance: &str, intent_id: i64) -> Result<()> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "DELETE FROM drains WHERE instance = ?1 AND intent_id = ?2",
+                params![instance, intent_id],
+            )?;
+            if n > 0 {
+                tx.execute(
+                    "DELETE FROM drain_steps WHERE instance = ?1",
+                    params![instance],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
     /// The drain of one instance's node, if one was started.
     pub fn drain(&self, instance: &str) -> Result<Option<DrainRecord>> {
         let sql = format!("SELECT {COLUMNS} FROM drains WHERE instance = ?1");

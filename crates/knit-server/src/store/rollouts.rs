@@ -161,6 +161,19 @@ impl Store {
         })
     }
 
+    /// Records that `instance` now runs the template `hash` (updated in
+    /// place, on the same machine); `false` when it records another than
+    /// `from` (a rollout since changed it) or is gone.
+    pub fn set_instance_hash(&self, instance: &str, from: &str, hash: &str) -> Result<bool> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "UPDATE instances SET template_hash = ?3 WHERE name = ?1 AND template_hash = ?2",
+                params![instance, from, hash],
+            )?;
+            Ok(n > 0)
+        })
+    }
+
     /// Says the reconciler planned the pool at `generation`.
     pub fn set_observed_generation(&self, pool: &str, generation: i64) -> Result<()> {
         self.write(|tx| {

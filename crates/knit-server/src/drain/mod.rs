@@ -522,6 +522,9 @@ impl ControlPlane {
             self.store
                 .add_event(e.kind, "Node", node, e.reason, &e.message)?;
         }
+        if record.timed_out_ms.is_none() && next.record.timed_out_ms.is_some() && !spec.forces() {
+            self.stop_rollout_at_drain_timeout(&next.record, spec.timeout_seconds, now)?;
+        }
         if next.record.state == DrainState::Drained {
             tracing::info!(node, instance, "node drained");
             Ok(Progress::Done)
@@ -529,6 +532,59 @@ impl ControlPlane {
             tracing::info!(node, instance, state = %next.record.state, reason = next.record.reason.as_deref().unwrap_or(""), "node draining");
             Ok(Progress::Wait(next.delay_ms))
         }
+    }
+
+    /// The drain of an out-of-date node (one a rollout replaces) that
+    /// passed its timeout with `onTimeout: wait`: the rollout cannot go on,
+    /// as a Deployment past its progress deadline. It is stopped
+    /// (`ProgressDeadlineExceeded`, the node and what holds it named), so
+    /// no other node is replaced; this drain goes on waiting, the node
+    /// cordoned. Once, when the timeout passes: a resumed rollout is not
+    /// stopped again by the same drain.
+    fn stop_rollout_at_drain_timeout(
+        &self,
+        drain: &DrainRecord,
+        timeout_seconds: i64,
+        now: i64,
+    ) -> Result<()> {
+        let (Some(record), Some(instance)) = (
+            self.store.pool(&drain.pool)?,
+            self.store.instance(&drain.instance)?,
+        ) else {
+            return Ok(());
+        };
+        let spec = &record.pool.spec;
+        if spec.update_strategy.on_delete() {
+            return Ok(());
+        }
+        let current = crate::pools::rollout::current_hash(self, spec)?;
+        let hashes = self.store.instance_hashes(Some(&drain.pool))?;
+        if crate::reconcile::rollout::up_to_date(&instance, &hashes, &current) {
+            return Ok(());
+        }
+        let pool = &drain.pool;
+        let message = format!(
+            "out-of-date node {} (instance {}) was not drained within spec.drain.timeoutSeconds ({timeout_seconds} s): {}; the rollout is stopped and no other node is replaced, this node stays cordoned while its drain goes on (knit rollout resume pool {pool} goes on, knit rollout undo pool {pool} goes back)",
+            drain.node,
+            drain.instance,
+            drain.reason.as_deref().unwrap_or("pods left")
+        );
+        let stop = crate::store::RolloutStop {
+            template_hash: current,
+            reason: crate::reconcile::ROLLOUT_STOPPED_REASON.to_string(),
+            message: message.clone(),
+            stopped_ms: now,
+        };
+        if self.store.stop_rollout(pool, &stop)? {
+            self.store.add_event(
+                EventType::Warning,
+                "NodePool",
+                pool,
+                crate::reconcile::ROLLOUT_STOPPED_REASON,
+                &message,
+            )?;
+        }
+        Ok(())
     }
 
     /// Drains `node` to the end, pass after pass, for a caller that has no

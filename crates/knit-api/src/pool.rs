@@ -751,9 +751,24 @@ impl NodePoolSpec {
                 format!("must hold at most {MAX_DATA_DISKS} disks"),
             );
         }
-        let mut targets = BTreeSet::new();
+        let runtime = crate::disk::runtime_data_disk(&self.data_disks).map(|(i, _)| i);
         for (i, d) in self.data_disks.iter().enumerate() {
             let f = |name: &str| format!("{at}.dataDisks[{i}].{name}");
+            // The agent mounts only the runtime's disk: a target on another
+            // would be silently ignored, so it is refused instead.
+            if let (Some(t), Some(r)) = (&d.mount_target, runtime) {
+                if i != r {
+                    e.add(
+                        f("mountTarget"),
+                        quoted(t),
+                        format!(
+                            "is honoured only on the container runtime's data disk \
+                             ({at}.dataDisks[{r}]: the last NVMe disk, else the last): knit \
+                             does not mount the others; mount them from user data"
+                        ),
+                    );
+                }
+            }
             e.one_of(&f("category"), &d.category, DISK_CATEGORIES);
             if d.snapshot_id.is_none() {
                 e.range(&f("sizeGiB"), d.size_gib, 40, 32768);
@@ -781,8 +796,6 @@ impl NodePoolSpec {
                         quoted(t),
                         "must be an absolute path other than / without '..'",
                     );
-                } else if !targets.insert(t.clone()) {
-                    e.add(f("mountTarget"), quoted(t), "is used by another data disk");
                 }
             }
         }
@@ -1236,6 +1249,36 @@ mod tests {
         assert!(
             !password.value.contains("short"),
             "password echoed: {password:?}"
+        );
+    }
+
+    /// Only the runtime's disk is mounted by knit: a mountTarget on
+    /// another is refused naming both disks, not silently ignored.
+    #[test]
+    fn a_mount_target_off_the_runtime_disk_is_refused() {
+        let mut pool = NodePool::new("p", NodePoolSpec::default());
+        pool.spec.data_disks = vec![
+            PoolDataDisk {
+                mount_target: Some("/mnt/logs".into()),
+                ..Default::default()
+            },
+            PoolDataDisk {
+                mount_target: Some("/var/lib/container".into()),
+                ..Default::default()
+            },
+        ];
+        let errors = errors_of(&pool);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "spec.dataDisks[0].mountTarget");
+        assert!(errors[0].rule.contains("spec.dataDisks[1]"), "{errors:?}");
+        pool.spec.data_disks[0].mount_target = None;
+        assert!(pool.validate().is_ok());
+        // An NVMe disk is the runtime's wherever it stands.
+        pool.spec.data_disks[0].interface = "nvme".into();
+        let errors = errors_of(&pool);
+        assert_eq!(
+            errors[0].field, "spec.dataDisks[1].mountTarget",
+            "{errors:?}"
         );
     }
 

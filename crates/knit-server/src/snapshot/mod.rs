@@ -498,7 +498,7 @@ mod tests {
     #[test]
     fn the_builder_snapshots_the_disk_the_agent_mounts() {
         let pool = NodePool::from_yaml(
-            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  dataDisks:\n  - {mountTarget: /mnt/logs}\n  - {mountTarget: /var/lib/container}\n",
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  dataDisks:\n  - {sizeGiB: 50}\n  - {mountTarget: /var/lib/container}\n",
         )
         .unwrap();
         let (index, mount) = runtime_disk(&pool).unwrap();

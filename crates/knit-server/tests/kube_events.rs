@@ -120,7 +120,10 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         String::new(),
     ));
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let publisher = rt.block_on(async { knit_server::kube_events::start(&cp, rx) });
+    let publisher = {
+        let _runtime = rt.enter();
+        knit_server::kube_events::start(&cp, rx)
+    };
 
     // The node, as its kubelet registers it.
     let node_file = dir.path().join("node.json");
@@ -129,7 +132,12 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cn-local.i-7"}}"#,
     )
     .unwrap();
-    kubectl.ok(&["create", "--validate=false", "-f", node_file.to_str().unwrap()]);
+    kubectl.ok(&[
+        "create",
+        "--validate=false",
+        "-f",
+        node_file.to_str().unwrap(),
+    ]);
 
     // Three failures of one phase, then the node initialized; a pool event
     // is not about a node and stays in knit.

@@ -235,11 +235,14 @@ fn cache_text(cache: Option<&NodeCacheView>) -> String {
             format!("package: miss, {}", html::bytes(p.bytes_downloaded))
         });
     }
+    // The failed count as `knit get nodes` and the node's page show it: a
+    // node whose system images could not be pulled says so in the list.
     if let Some(i) = &cache.images {
         parts.push(format!(
-            "images: {} hit / {} miss, {}",
+            "images: {} hit / {} miss / {} failed, {}",
             i.hit,
             i.miss,
+            i.failed,
             html::bytes(i.bytes_pulled)
         ));
     }
@@ -646,6 +649,27 @@ mod tests {
         let quiet = node_with(None);
         assert!(!row(&quiet, None, 3_000).contains("data-drain"));
         assert!(drain_section(&quiet).is_empty());
+    }
+
+    /// The list's cache cell counts failed image pulls (issue 28: the
+    /// list said nothing of them while the node's page did).
+    #[test]
+    fn the_list_counts_failed_image_pulls() {
+        let cache = NodeCacheView {
+            package: None,
+            images: Some(knit_api::views::ImageCacheView {
+                hit: 1,
+                miss: 0,
+                failed: 2,
+                ..Default::default()
+            }),
+        };
+        let cell = cache_text(Some(&cache));
+        assert!(
+            cell.starts_with("images: 1 hit / 0 miss / 2 failed, "),
+            "{cell}"
+        );
+        assert_eq!(cache_text(None), "—");
     }
 
     #[test]

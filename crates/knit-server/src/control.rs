@@ -49,6 +49,8 @@ pub struct Settings {
     /// Ready this long after the deletion was due (Cluster API's skip-wait
     /// for unreachable nodes; default 60 s, `--drain-skip-wait-seconds`).
     pub drain_skip_wait: Duration,
+    /// cluster-autoscaler's externalgrpc service (mutual TLS); `None`: off.
+    pub autoscaler: Option<crate::autoscaler::AutoscalerSettings>,
 }
 
 /// Where the web console listens and how long a sign-in lasts.
@@ -120,6 +122,7 @@ impl Settings {
             console: None,
             lease_ttl: Duration::from_secs(8),
             drain_skip_wait: crate::drain::DEFAULT_SKIP_WAIT,
+            autoscaler: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! reports, and serves the package mirror.
 
 pub mod attach;
+pub mod autoscaler;
 pub mod bootstrap;
 pub mod cluster;
 pub mod control;

@@ -156,6 +156,70 @@ impl Pki {
     /// A serving certificate for `hosts` (IP addresses or DNS names), signed
     /// by the CA. Made afresh at each start so that new addresses are covered.
     pub fn server_config(&self, hosts: &[String]) -> Result<Arc<rustls::ServerConfig>> {
+        let (chain, key_der) = self.serving_certificate(hosts)?;
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(pki_err)?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(pki_err)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// A serving configuration for `hosts` that requires a client
+    /// certificate this CA issued (the autoscaler service: gRPC, so h2
+    /// only).
+    pub fn mutual_tls_config(&self, hosts: &[String]) -> Result<Arc<rustls::ServerConfig>> {
+        let (chain, key_der) = self.serving_certificate(hosts)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut self.ca_pem.as_bytes()) {
+            roots.add(cert.map_err(pki_err)?).map_err(pki_err)?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(pki_err)?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(pki_err)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key_der)
+            .map_err(pki_err)?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// A client certificate (and its new key) for `common_name`, signed by
+    /// the CA, good for client authentication only: PEM certificate, PEM
+    /// PKCS#8 key.
+    pub fn client_certificate(&self, common_name: &str) -> Result<(String, String)> {
+        let issuer = ca_params()?.self_signed(&self.ca_key).map_err(pki_err)?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "knit");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().map_err(pki_err)?;
+        let cert = params
+            .signed_by(&key, &issuer, &self.ca_key)
+            .map_err(pki_err)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    fn serving_certificate(
+        &self,
+        hosts: &[String],
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
         // The issuer object is rebuilt from the same key and name; a
         // certificate it signs verifies against the stored CA certificate.
         let issuer = ca_params()?.self_signed(&self.ca_key).map_err(pki_err)?;
@@ -180,16 +244,7 @@ impl Pki {
             .map_err(pki_err)?;
         let chain = vec![CertificateDer::from(cert.der().to_vec())];
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(pki_err)?
-        .with_no_client_auth()
-        .with_single_cert(chain, key_der)
-        .map_err(pki_err)?;
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+        Ok((chain, key_der))
     }
 }
 

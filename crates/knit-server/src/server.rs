@@ -30,6 +30,8 @@ pub struct Server {
     pub local_url: String,
     /// Where the web console listens, when it does.
     pub console_addr: Option<SocketAddr>,
+    /// Where cluster-autoscaler's externalgrpc service listens, when it does.
+    pub autoscaler_addr: Option<SocketAddr>,
     pub control: Arc<ControlPlane>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -144,6 +146,8 @@ pub async fn start(
         sans.push(g.to_string());
     }
     let tls = tokio_rustls::TlsAcceptor::from(pki.server_config(&sans)?);
+    let autoscaler = crate::autoscaler::bind(settings.autoscaler.as_ref(), &pki, &sans).await?;
+    let autoscaler_addr = autoscaler.as_ref().map(|a| a.addr);
     let host_port = |h: &str| {
         if h.contains(':') {
             format!("[{h}]:{}", addr.port())
@@ -195,6 +199,14 @@ pub async fn start(
         tasks.push(feed);
         tracing::info!(address = ?console_addr, "knit web console listening under /ui/");
     }
+    if let Some(bound) = autoscaler {
+        tracing::info!(address = %bound.addr, "cluster-autoscaler externalgrpc service listening (mutual TLS)");
+        tasks.push(tokio::spawn(crate::autoscaler::serve(
+            bound,
+            control.clone(),
+            rx.clone(),
+        )));
+    }
     // knit's node events also go to the cluster as Kubernetes Events.
     tasks.push(crate::kube_events::start(&control, rx.clone()));
     // The lease first: the reconciler runs only on the leader. Taking the
@@ -207,6 +219,7 @@ pub async fn start(
         addrs,
         local_url,
         console_addr,
+        autoscaler_addr,
         control,
         shutdown,
         tasks,

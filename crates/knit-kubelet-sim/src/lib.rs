@@ -14,6 +14,7 @@ pub mod files;
 pub mod flags;
 pub mod images;
 pub mod kubeconfig;
+pub mod machine;
 pub mod node;
 pub mod pods;
 

@@ -155,19 +155,12 @@ impl NodeAgent {
         })
     }
 
+    /// What the machine has, as cAdvisor reads it: the host's CPUs and
+    /// memory bounded by the node's cgroup (a local cloud machine's is its
+    /// instance type's size).
     fn capacity(&self) -> Value {
-        let cpu = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let mem_kib = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemTotal:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            })
-            .unwrap_or(0);
-        json!({"cpu": cpu.to_string(), "memory": format!("{mem_kib}Ki"), "pods": "110"})
+        let size = crate::machine::size();
+        json!({"cpu": size.cpu_quantity(), "memory": size.memory_quantity(), "pods": "110"})
     }
 
     /// Create the Node (NotReady until the first status check); an existing

@@ -193,16 +193,23 @@ fn setup(spec: &BootSpec) -> Result<()> {
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid,
         None,
     )?;
-    // A bind inherits the read-only flag of its source: remount it writable.
-    let psn = ps.join("net");
-    mnt(&psn.to_string_lossy(), &psn, None, MsFlags::MS_BIND, None)?;
-    mnt(
-        "none",
-        &psn,
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | nosuid,
-        None,
-    )?;
+    // A bind inherits the read-only flag of its source: remount writable
+    // the sysctls that belong to the machine's own namespaces (network,
+    // IPC, UTS).
+    for rel in NAMESPACED_SYSCTLS {
+        let p = ps.join(rel);
+        if !p.exists() {
+            continue;
+        }
+        mnt(&p.to_string_lossy(), &p, None, MsFlags::MS_BIND, None)?;
+        mnt(
+            "none",
+            &p,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | nosuid,
+            None,
+        )?;
+    }
 
     let sys_dir = root.join("sys");
     mkdirs(&sys_dir)?;
@@ -229,10 +236,13 @@ fn setup(spec: &BootSpec) -> Result<()> {
         }
     }
 
+    mount_cgroups(&sys_dir.join("fs/cgroup"));
+
     make_dev(&root.join("dev"))?;
     for d in &spec.disks {
         add_disk(&root, d)?;
     }
+    mask_paths(&root)?;
 
     let run = root.join("run");
     mkdirs(&run)?;
@@ -327,6 +337,161 @@ fn setup(spec: &BootSpec) -> Result<()> {
     std::env::set_var("PATH", userdata::PATH_ENV);
     std::env::set_var("HOME", "/root");
     Ok(())
+}
+
+/// Sysctls of the machine's own namespaces, under /proc/sys: writable
+/// inside; every other one is host-wide and read-only.
+const NAMESPACED_SYSCTLS: [&str; 12] = [
+    "net",
+    "kernel/hostname",
+    "kernel/domainname",
+    "kernel/shmmax",
+    "kernel/shmall",
+    "kernel/shmmni",
+    "kernel/shm_rmid_forced",
+    "kernel/msgmax",
+    "kernel/msgmnb",
+    "kernel/msgmni",
+    "kernel/sem",
+    "fs/mqueue",
+];
+
+/// Docker's masked paths: files covered by /dev/null, directories by an
+/// empty read-only tmpfs (a kernel's memory, the kernel keyring, timers,
+/// the magic SysRq trigger, firmware and power interfaces).
+const MASKED: [&str; 12] = [
+    "proc/kcore",
+    "proc/keys",
+    "proc/latency_stats",
+    "proc/timer_list",
+    "proc/timer_stats",
+    "proc/sched_debug",
+    "proc/sysrq-trigger",
+    "proc/acpi",
+    "proc/asound",
+    "proc/scsi",
+    "sys/firmware",
+    "sys/devices/virtual/powercap",
+];
+
+/// Docker's read-only paths under /proc (/proc/sys is handled above).
+const READ_ONLY: [&str; 3] = ["proc/bus", "proc/fs", "proc/irq"];
+
+fn mask_paths(root: &Path) -> Result<()> {
+    let null = root.join("dev/null");
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    for rel in MASKED {
+        let p = root.join(rel);
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            mnt(
+                "tmpfs",
+                &p,
+                Some("tmpfs"),
+                nosuid | MsFlags::MS_RDONLY,
+                Some("size=0,mode=555"),
+            )?;
+        } else {
+            mnt(&null.to_string_lossy(), &p, None, MsFlags::MS_BIND, None)?;
+        }
+    }
+    for rel in READ_ONLY {
+        let p = root.join(rel);
+        if !p.is_dir() {
+            continue;
+        }
+        mnt(
+            &p.to_string_lossy(),
+            &p,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )?;
+        mnt(
+            "none",
+            &p,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+/// The machine's own cgroups, read-only at /sys/fs/cgroup (its cgroup
+/// namespace makes its cgroup their root), where the kubelet stand-in reads
+/// its size as cAdvisor would. Best effort: a hierarchy the kernel will not
+/// mount is reported on the console and left out.
+fn mount_cgroups(at: &Path) {
+    let Ok(text) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return;
+    };
+    let lines: Vec<(String, bool)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, c) = (it.next()?, it.next()?);
+            Some((c.to_string(), c.is_empty()))
+        })
+        .collect();
+    if lines.is_empty() || !at.is_dir() {
+        return;
+    }
+    let ro = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
+    let pure_v2 = lines.iter().all(|(_, v2)| *v2);
+    if pure_v2 {
+        if let Err(e) = mnt("cgroup2", at, Some("cgroup2"), ro, None) {
+            eprintln!("knit-init: cgroup2 not mounted: {e}");
+        }
+        return;
+    }
+    if let Err(e) = mnt(
+        "tmpfs",
+        at,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    ) {
+        eprintln!("knit-init: /sys/fs/cgroup not mounted: {e}");
+        return;
+    }
+    for (ctrls, v2) in &lines {
+        let (name, fstype, data) = if *v2 {
+            ("unified".to_string(), "cgroup2", None)
+        } else if let Some(n) = ctrls.strip_prefix("name=") {
+            (n.to_string(), "cgroup", Some(format!("none,name={n}")))
+        } else {
+            (ctrls.clone(), "cgroup", Some(ctrls.clone()))
+        };
+        let dir = at.join(&name);
+        if std::fs::create_dir_all(&dir).is_err() {
+            continue;
+        }
+        if let Err(e) = mnt("cgroup", &dir, Some(fstype), ro, data.as_deref()) {
+            eprintln!("knit-init: cgroup {name} not mounted: {e}");
+            let _ = std::fs::remove_dir(&dir);
+            continue;
+        }
+        // `cpu` and `cpuacct` name a `cpu,cpuacct` hierarchy, as systemd does.
+        if name.contains(',') {
+            for c in name.split(',') {
+                let _ = std::os::unix::fs::symlink(&name, at.join(c));
+            }
+        }
+    }
+    let _ = mount(
+        None::<&str>,
+        at,
+        None::<&str>,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    );
 }
 
 fn write_file(p: &Path, text: &str) -> Result<()> {
@@ -490,6 +655,8 @@ fn init_loop(spec: &BootSpec) -> i32 {
         Ok(ForkResult::Child) => {
             let _ = SigSet::all().thread_unblock();
             let _ = nix::unistd::setsid();
+            // PID 1 is never the out-of-memory victim; what it starts may be.
+            let _ = std::fs::write("/proc/self/oom_score_adj", "0");
             let code = match spec.runner {
                 UserDataRunner::Knit => userdata::run_knit(&spec.id, &data),
                 UserDataRunner::CloudInit => {

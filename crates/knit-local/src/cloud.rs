@@ -341,6 +341,7 @@ impl Cloud {
                 boots: 0,
                 last_boot_ms: None,
                 password_set_at: None,
+                cgroups: Vec::new(),
                 id,
             };
             self.state.put_instance(&rec)?;
@@ -542,18 +543,38 @@ impl Cloud {
     // ---- boot / halt -------------------------------------------------------
 
     fn boot(&self, rec: &mut InstanceRecord) -> Result<()> {
+        let size = crate::bounds::Size::of(&rec.template.instance_type)?;
         let n = {
             let _lock = self.state.lock()?;
             self.ensure_network()?
         };
         let system_disk = loopdev::attach(&self.state.system_disk_file(&rec.id))?;
         let mut disks: Vec<BootDisk> = Vec::new();
+        let mut devs = vec![crate::bounds::Dev {
+            major: system_disk.major,
+            minor: system_disk.minor,
+        }];
         for id in &rec.disks {
             let d = self.state.disk(id)?;
             let dev = loopdev::attach(&self.state.disk_file(id))?;
+            devs.push(crate::bounds::Dev {
+                major: dev.major,
+                minor: dev.minor,
+            });
             disks.push(BootDisk::new(&dev, &d));
         }
         Self::checkpoint("loops");
+        // Its cgroups: recorded, then made (size, device allow-list).
+        rec.cgroups = crate::bounds::plan(&rec.id)?;
+        {
+            let _lock = self.state.lock()?;
+            // Not written back when deleted meanwhile (see the end of boot).
+            self.state.instance(&rec.id)?;
+            self.state.put_instance(rec)?;
+        }
+        crate::bounds::create(&rec.cgroups, &size, &devs)?;
+        let entry = crate::bounds::Entry::new(&rec.cgroups)?;
+        Self::checkpoint("cgroups");
         net::netns_add(&rec.netns)?;
         let ip = rec.private_ip.parse().map_err(|_| LocalError::State {
             path: self.state.instance_dir(&rec.id),
@@ -607,17 +628,35 @@ impl Cloud {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(console_file);
+        // PID 1 and its shim are never the out-of-memory victim (the user-data
+        // runner sets its own score back to 0).
+        let oom_adj = c"/proc/self/oom_score_adj";
         // SAFETY: only raw syscalls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setsid() < 0
-                    || libc::setns(netns_fd, libc::CLONE_NEWNET) != 0
-                    || libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::CLONE_NEWPID)
-                        != 0
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Its cgroups first: the new cgroup namespace is rooted there.
+                entry.join()?;
+                if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0
+                    || libc::unshare(
+                        libc::CLONE_NEWUTS
+                            | libc::CLONE_NEWIPC
+                            | libc::CLONE_NEWPID
+                            | libc::CLONE_NEWCGROUP,
+                    ) != 0
                 {
                     return Err(std::io::Error::last_os_error());
                 }
-                Ok(())
+                let fd = libc::open(oom_adj.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    libc::write(fd, b"-1000".as_ptr().cast(), 5);
+                    libc::close(fd);
+                }
+                // Last: the bounding set and the seccomp filter bind the
+                // machine's first process from its exec on.
+                entry.confine()
             });
         }
         let started = Instant::now();
@@ -725,6 +764,21 @@ impl Cloud {
                 killed.insert(p.pid);
             }
         }
+        // A process that left the network namespace is still in the cgroup.
+        for _ in 0..100 {
+            let pids = crate::bounds::pids(&rec.cgroups);
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                    killed.insert(pid);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        crate::bounds::remove(&rec.cgroups)?;
+        rec.cgroups.clear();
         net::delete_veth(&rec.veth)?;
         net::netns_del(&rec.netns)?;
         loopdev::detach_file(&self.state.system_disk_file(&rec.id))?;
@@ -917,7 +971,17 @@ impl Cloud {
     pub fn exec_command(&self, id: &str, argv: &[String]) -> Result<Command> {
         let rec = self.running(id, "exec")?;
         let pid = rec.init.map(|i| i.pid).unwrap_or(0).to_string();
+        let entry = crate::bounds::Entry::new(&rec.cgroups)?;
         let mut cmd = Command::new("nsenter");
+        // The command is bound as the machine's own processes are: its
+        // cgroups (and cgroup namespace), bounding set and seccomp filter.
+        // SAFETY: only raw syscalls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                entry.join()?;
+                entry.confine()
+            });
+        }
         cmd.args([
             "-t",
             &pid,
@@ -926,6 +990,7 @@ impl Cloud {
             "-i",
             "-n",
             "-p",
+            "-C",
             "-r",
             "-w",
             "--",
@@ -1242,6 +1307,14 @@ impl Cloud {
         self.state.put_instance(&rec)?;
         if let Some(init) = rec.init.filter(|i| i.alive()) {
             let loop_dev = loopdev::attach(&self.state.disk_file(disk_id))?;
+            crate::bounds::set_disk(
+                &rec.cgroups,
+                crate::bounds::Dev {
+                    major: loop_dev.major,
+                    minor: loop_dev.minor,
+                },
+                true,
+            )?;
             crate::boot::add_disk(
                 Path::new(&format!("/proc/{}/root", init.pid)),
                 &BootDisk::new(&loop_dev, &d),
@@ -1281,6 +1354,14 @@ impl Cloud {
                 crate::boot::remove_disk(
                     Path::new(&format!("/proc/{}/root", init.pid)),
                     &BootDisk::new(&ld, &d),
+                )?;
+                crate::bounds::set_disk(
+                    &rec.cgroups,
+                    crate::bounds::Dev {
+                        major: ld.major,
+                        minor: ld.minor,
+                    },
+                    false,
                 )?;
             }
             loopdev::detach_file(&file)?;

@@ -8,6 +8,7 @@
 
 pub mod blockstore;
 pub mod boot;
+pub mod bounds;
 pub mod cloud;
 pub mod error;
 pub mod image;

@@ -250,6 +250,7 @@ mod tests {
                 boots: 1,
                 last_boot_ms: None,
                 password_set_at: None,
+                cgroups: Vec::new(),
             },
             data_disks: vec![DiskRecord {
                 id: "d-aaaaaaaaaaaa".into(),

@@ -317,8 +317,12 @@ impl Template {
                 }
             }
         }
-        if self.instance_type.is_empty() {
-            e.add("instanceType", "\"\"", "must not be empty");
+        if crate::bounds::type_size(&self.instance_type).is_none() {
+            e.add(
+                "instanceType",
+                format!("{:?}", self.instance_type),
+                crate::bounds::unknown_type_rule(),
+            );
         }
         if let Some(t) = &self.client_token {
             if t.is_empty() || t.len() > 64 || !t.is_ascii() {
@@ -539,6 +543,10 @@ pub struct InstanceRecord {
     /// itself is never recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_set_at: Option<u64>,
+    /// The machine's cgroups (`…/knit-local-<id>`, one per hierarchy) while
+    /// it runs: recorded before they are made, removed when it halts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -82,6 +82,7 @@ const fn gpu(
 
 const A10: &str = "NVIDIA A10";
 const T4: &str = "NVIDIA T4";
+const A100: &str = "NVIDIA A100 80GB";
 
 /// Every instance type knit knows, by family and size.
 pub static CATALOG: &[InstanceType] = &[
@@ -159,6 +160,11 @@ pub static CATALOG: &[InstanceType] = &[
     cpu("ecs.t6-c1m4.large", 2, 8),
     cpu("ecs.t6-c1m4.xlarge", 4, 16),
     cpu("ecs.t6-c1m4.2xlarge", 8, 32),
+    // t1: the first shared generation (knit refuses its family for nodes;
+    // attach tests make one to see the refusal).
+    cpu("ecs.t1.small", 1, 1),
+    // ebmgn7e: bare metal, NVIDIA A100 80 GB (MIG-capable).
+    gpu("ecs.ebmgn7e.32xlarge", 128, 1024, 8, A100),
     // gn7i: NVIDIA A10 (24 GiB each).
     gpu("ecs.gn7i-c8g1.2xlarge", 8, 30, 1, A10),
     gpu("ecs.gn7i-c16g1.4xlarge", 16, 60, 1, A10),

@@ -38,7 +38,7 @@ spec:
   systemDisk: {sizeGiB: 20}
   # An added instance's type must be one of the pool's: the local cloud's
   # default and those the preflight cases use.
-  instanceTypes: [local.small, ecs.g7.large, ecs.t5.small, ecs.ebmgn7e.32xlarge]
+  instanceTypes: [local.small, ecs.g7.large, ecs.t1.small, ecs.ebmgn7e.32xlarge]
   preUserData: |
     touch /var/.skip-yum
     mkdir -p /etc/cni/net.d
@@ -603,7 +603,7 @@ fn each_preflight_check_fails_alone_on_a_real_instance() {
         ("attributes: {tags: {ack.aliyun.com: c-123}}", "error", "PreflightInOtherCluster"),
         ("attributes: {tags: {scaling-group: asg-1}}", "error", "PreflightInScalingGroup"),
         ("attributes: {swap: true}", "error", "PreflightSwapOn"),
-        ("instanceType: ecs.t5.small", "error", "PreflightInstanceTypeUnsupported"),
+        ("instanceType: ecs.t1.small", "error", "PreflightInstanceTypeUnsupported"),
         ("instanceType: ecs.ebmgn7e.32xlarge", "warning", "PreflightMigReset"),
         ("instanceType: ecs.c7.xlarge", "error", "PreflightInstanceTypeNotInPool"),
         (

@@ -289,7 +289,7 @@ fn snapshot_like_disk_is_mounted_not_wiped() {
 }
 
 #[test]
-fn partitioned_disk_is_refused_unless_forced() {
+fn a_partitioned_disk_is_left_alone_refused_when_named_and_formatted_when_forced() {
     let mut node = Node::new();
     let dev = node.add_disk("vdb", 64);
     let mut sfdisk = Command::new("sfdisk")
@@ -306,13 +306,29 @@ fn partitioned_disk_is_refused_unless_forced() {
         .unwrap();
     assert!(sfdisk.wait().unwrap().success());
 
-    let out = init(&node, &disk_config(""));
+    // Named by the config: refused, the whole initialization stops.
+    let out = init(&node, &disk_config("  device: /dev/vdb\n"));
     assert!(!out.status.success());
     let code = fs::read_to_string(node.path("/var/log/ack-deploy-error-code.log")).unwrap();
     assert_eq!(code.trim(), "FailDataDiskRefused");
     let msg = fs::read_to_string(node.path("/var/log/knit-deploy-error-msg.log")).unwrap();
     assert!(msg.contains("/dev/vdb holds GPT partition table"), "{msg}");
     assert!(msg.contains("format: force"), "{msg}");
+    assert_eq!(mkfs_runs(&node), 0);
+    assert!(node.mounts().is_empty());
+
+    // Found by the selection rule (the last disk of an added instance):
+    // left alone with the reason and the ways out; initialization goes on.
+    let out = init(&node, &disk_config(""));
+    assert!(out.status.success(), "{}\n{}", stderr(&out), node.log());
+    let phase = &node.journal()["phases"]["data-disk"];
+    assert_eq!(phase["outcome"], "skipped", "{phase}");
+    let reason = phase["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("left alone: /dev/vdb holds GPT partition table")
+            && reason.contains("format: force"),
+        "{reason}"
+    );
     assert_eq!(mkfs_runs(&node), 0);
     assert!(node.mounts().is_empty());
 
@@ -330,8 +346,10 @@ fn partitioned_disk_is_refused_unless_forced() {
     );
 }
 
+/// Unknown data on the disk the rule picks is never formatted: the plan
+/// and the run leave it alone, its bytes unchanged.
 #[test]
-fn unknown_data_is_refused() {
+fn unknown_data_is_left_alone() {
     let mut node = Node::new();
     let dev = node.add_disk("vdb", 64);
     let mut f = fs::OpenOptions::new().write(true).open(&dev).unwrap();
@@ -339,12 +357,19 @@ fn unknown_data_is_refused() {
     f.seek(SeekFrom::Start(70_000)).unwrap();
     f.write_all(b"precious user bytes").unwrap();
     f.sync_all().unwrap();
-    let plan = plan(&node, &disk_config(""));
-    assert_eq!(plan["dataDisk"]["action"], "refuse");
-    assert!(plan["dataDisk"]["reason"]
+    let found = plan(&node, &disk_config(""));
+    assert_eq!(found["dataDisk"]["action"], "skip");
+    assert!(found["dataDisk"]["reason"]
         .as_str()
         .unwrap()
         .contains("no recognised signature"));
+    let named = plan(&node, &disk_config("  device: /dev/vdb\n"));
+    assert_eq!(named["dataDisk"]["action"], "refuse");
+    let out = init(&node, &disk_config(""));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(mkfs_runs(&node), 0);
+    let bytes = fs::read(&dev).unwrap();
+    assert_eq!(&bytes[70_000..70_019], b"precious user bytes");
 }
 
 #[test]

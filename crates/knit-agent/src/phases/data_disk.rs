@@ -3,8 +3,9 @@
 //! `/var/lib/containerd` and `/var/lib/kubelet` from it, persist in fstab.
 //!
 //! Safety rules: a disk holding a supported filesystem is mounted as is and
-//! never wiped; a partition table or unknown data is refused unless
-//! `format: force`; a format is only ever resumed on the disk the journal
+//! never wiped; a partition table or unknown data is never formatted unless
+//! `format: force` (left alone when the selection rule found the disk,
+//! refused when the config names it); a format is only ever resumed on the disk the journal
 //! says this agent started formatting.
 
 use crate::disk::discover::{choose, discover, BlockDisk};
@@ -120,6 +121,7 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
         });
     }
     let disks = discover(ctx.host)?;
+    let named = config.device.is_some() || config.serial.is_some();
     // An explicit device or serial overrides the selection rule.
     let explicit = match (&config.device, &config.serial) {
         (Some(device), _) => Some((
@@ -196,6 +198,17 @@ fn decide(ctx: &Ctx) -> Result<(Choice, Vec<BlockDisk>, Option<Signature>)> {
             disk.clone(),
             format!("{} holds {} and dataDisk.format is force", disk.path, other.describe()),
         ),
+        // A disk the selection rule found (not one the config names) that
+        // holds a partition table or unknown data is someone's: the seed
+        // formats the last disk only when it is uninitialized, so it is
+        // left alone and the runtime stays on the system disk; the whole
+        // initialization does not fail over it.
+        other if !named => Choice::Skip(format!(
+            "left alone: {} holds {}, and only a blank disk is formatted; the container runtime stays on the system disk (set dataDisk.format: force to wipe it, dataDisk.device to name another disk, or create {} to manage disks yourself)",
+            disk.path,
+            other.describe(),
+            markers::SKIP_AUTO_FDISK
+        )),
         other => Choice::Refuse(
             Some(disk.clone()),
             ErrorCode::FailDataDiskRefused,

@@ -148,6 +148,12 @@ pub async fn start(
     let tls = tokio_rustls::TlsAcceptor::from(pki.server_config(&sans)?);
     let autoscaler = crate::autoscaler::bind(settings.autoscaler.as_ref(), &pki, &sans).await?;
     let autoscaler_addr = autoscaler.as_ref().map(|a| a.addr);
+    let mut settings = settings;
+    // The address bound (port 0: the one the kernel chose), for the
+    // cloud-config `knit autoscaler cloud-config` prints.
+    if let (Some(s), Some(a)) = (settings.autoscaler.as_mut(), autoscaler_addr) {
+        s.listen = a;
+    }
     let host_port = |h: &str| {
         if h.contains(':') {
             format!("[{h}]:{}", addr.port())

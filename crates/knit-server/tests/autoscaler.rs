@@ -208,10 +208,18 @@ fn an_auto_scaling_pool_driven_through_every_call() {
     let addr = ts.server().autoscaler_addr.expect("the service listens");
     let ca = ts.server().ca_pem().to_string();
     let region = ts.server().control.cluster_doc().unwrap().spec.region;
-    let pki = knit_server::pki::Pki::load_or_create(&ts.settings.pki_dir(), &[]).unwrap();
-    let identity = pki
-        .client_certificate(knit_server::autoscaler::CLIENT_CN)
+    // What `knit autoscaler cloud-config` asks for: a certificate from
+    // knit's CA, the CA, and the service's address.
+    let issued = ts
+        .client()
+        .call("POST", "/api/v1/autoscaler/client-certificate", Some("{}"))
         .unwrap();
+    assert_eq!(issued["address"].as_str(), Some(addr.to_string().as_str()));
+    assert_eq!(issued["ca"].as_str(), Some(ca.as_str()));
+    let identity = (
+        issued["certificate"].as_str().unwrap().to_string(),
+        issued["key"].as_str().unwrap().to_string(),
+    );
     ts.client()
         .call("POST", "/api/v1/pools", Some(AUTO))
         .unwrap();

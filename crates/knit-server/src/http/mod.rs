@@ -6,6 +6,7 @@
 //! same binaries and images to every node).
 
 pub mod attach;
+pub mod autoscaler;
 pub mod console;
 pub mod events;
 pub mod exec;
@@ -99,6 +100,10 @@ pub fn router(cp: Cp) -> Router {
         .route("/api/v1/jointokens", get(tokens::list))
         .route("/api/v1/exec", post(exec::exec))
         .route("/api/v1/servers", get(servers::list))
+        .route(
+            "/api/v1/autoscaler/client-certificate",
+            post(autoscaler::client_certificate),
+        )
         .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
     Router::new()
         .merge(admin)

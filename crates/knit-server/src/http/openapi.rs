@@ -81,6 +81,12 @@ pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         "The attach command reports that its join failed and the machine was rolled back (body: the reason, text); the add is undone; answers the diagnosis",
         "reportToken",
     ),
+    (
+        "/api/v1/autoscaler/client-certificate",
+        "post",
+        "A new client certificate and key from knit's CA for cluster-autoscaler's externalgrpc client, the CA and the service's address (knit autoscaler cloud-config)",
+        "admin",
+    ),
     ("/api/v1/instances", "get", "List instances", "admin"),
     ("/api/v1/nodes", "get", "List nodes", "admin"),
     (

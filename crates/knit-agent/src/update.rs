@@ -17,6 +17,9 @@ use base64::Engine as _;
 use knit_api::agent::{NodeUpdate, NodeUpdated};
 use knit_api::{ErrorCode, NodeConfig};
 
+/// How long after `init` the kubelet's new process may take to show.
+const RESTART_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The update sent as `--update`: base64 (standard) of its JSON.
 pub fn decode(arg: &str) -> Result<NodeUpdate> {
     let bytes = base64::engine::general_purpose::STANDARD
@@ -99,11 +102,22 @@ pub fn run(host: &Host, config_path: &str, update: &NodeUpdate) -> Result<NodeUp
             stop_after: None,
         },
     )?;
-    let after = services::main_pid(host, "kubelet");
+    // The supervisor writes the new kubelet's pid once it started it.
+    let deadline = std::time::Instant::now() + RESTART_SEEN_WITHIN;
+    let restarted = loop {
+        let after = services::main_pid(host, "kubelet");
+        if after.is_some() && after != before {
+            break true;
+        }
+        if std::time::Instant::now() >= deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     Ok(NodeUpdated {
         node: journal.node_name.unwrap_or_default(),
         kubernetes_version: next.kubernetes.version,
-        kubelet_restarted: after.is_some() && after != before,
+        kubelet_restarted: restarted,
     })
 }
 

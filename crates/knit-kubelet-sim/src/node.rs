@@ -245,10 +245,16 @@ impl NodeAgent {
                 want["lastTransitionTime"] = t.clone();
             }
         }
-        let mut status = json!({"conditions": [want], "addresses": self.addresses()});
-        if let Some(v) = &self.runtime_version {
-            status["nodeInfo"] = json!({"containerRuntimeVersion": v});
+        // nodeInfo with every status update, as a kubelet's does: a kubelet
+        // restarted as another version (an in-place upgrade) reports it
+        // on a Node registered before.
+        let mut info = self.node_info();
+        if self.runtime_version.is_none() {
+            if let Some(o) = info.as_object_mut() {
+                o.remove("containerRuntimeVersion");
+            }
         }
+        let status = json!({"conditions": [want], "addresses": self.addresses(), "nodeInfo": info});
         let p = client.patch(
             &format!("/api/v1/nodes/{}/status", self.name),
             &json!({"status": status}),

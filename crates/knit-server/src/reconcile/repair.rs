@@ -71,6 +71,21 @@ pub fn decide(
     views: &[HealthView<'_>],
     now: i64,
 ) -> Vec<RepairStep> {
+    decide_with(policy, pool_size, views, 0, now)
+}
+
+/// [`decide`] while a rollout takes `taken_out` of the pool's nodes out of
+/// service (old ones being drained and released, ones drained for an
+/// in-place update): they count against `maxUnhealthy` as the unhealthy
+/// ones do, so that repair and rollout together never take more of the
+/// pool than it allows. Pure.
+pub fn decide_with(
+    policy: &RepairSpec,
+    pool_size: usize,
+    views: &[HealthView<'_>],
+    taken_out: usize,
+    now: i64,
+) -> Vec<RepairStep> {
     if !policy.enabled {
         return Vec::new();
     }
@@ -83,12 +98,20 @@ pub fn decide(
     }
     // A malformed value is refused by validation; here it allows nothing.
     let limit = policy.max_unhealthy.resolve(pool_size).unwrap_or(0);
-    if sick.len() > limit {
-        let why = format!(
-            "{} of the pool's {pool_size} nodes are unhealthy, more than maxUnhealthy {} ({limit}): no node is repaired until at most {limit} are (an outage of the control plane or the network must never repair a whole pool)",
-            sick.len(),
-            policy.max_unhealthy
-        );
+    if sick.len() + taken_out > limit {
+        let why = if taken_out == 0 {
+            format!(
+                "{} of the pool's {pool_size} nodes are unhealthy, more than maxUnhealthy {} ({limit}): no node is repaired until at most {limit} are (an outage of the control plane or the network must never repair a whole pool)",
+                sick.len(),
+                policy.max_unhealthy
+            )
+        } else {
+            format!(
+                "{} of the pool's {pool_size} nodes are unhealthy and a rollout takes {taken_out} out (replaced or drained for an in-place update), more than maxUnhealthy {} ({limit}) together: no node is repaired until the rollout's share and the unhealthy ones are at most {limit}",
+                sick.len(),
+                policy.max_unhealthy
+            )
+        };
         return sick
             .iter()
             .map(|v| RepairStep::Hold {
@@ -321,7 +344,21 @@ impl ControlPlane {
             .collect();
         let mut jobs = Vec::new();
         let mut paused_noted = false;
-        for step in decide(policy, pool_size, &views, now) {
+        // The nodes a rollout takes out now: out-of-date ones being
+        // removed, and ones updated in place.
+        let current = crate::pools::rollout::current_hash(self, &pool.spec)?;
+        let hashes = self.store.instance_hashes(Some(&pool.metadata.name))?;
+        let updating = crate::reconcile::in_place::updating();
+        let taken_out = instances
+            .iter()
+            .filter(|i| {
+                (i.state == InstanceState::Deleting
+                    && !crate::reconcile::rollout::up_to_date(i, &hashes, &current))
+                    || (crate::reconcile::counts_toward_pool(&i.state)
+                        && updating.contains(&i.name))
+            })
+            .count();
+        for step in decide_with(policy, pool_size, &views, taken_out, now) {
             match step {
                 RepairStep::Hold {
                     instance,
@@ -687,6 +724,41 @@ mod tests {
             ..policy()
         };
         assert_eq!(decide(&off, 1, &[view("a", &sick)], 999 * MIN), vec![]);
+    }
+
+    #[test]
+    fn a_rollout_s_removals_count_against_max_unhealthy() {
+        let p = policy(); // 50%
+        let sick = health(Some(0), 0, None);
+        let ok = health(None, 0, None);
+        let one_of_four = [
+            view("a", &sick),
+            view("b", &ok),
+            view("c", &ok),
+            view("d", &ok),
+        ];
+        // Alone, one of four is repaired.
+        assert_eq!(
+            reasons(&decide_with(&p, 4, &one_of_four, 0, 60 * MIN)),
+            vec!["Act"]
+        );
+        // A rollout taking one out: two of four, within 50%.
+        assert_eq!(
+            reasons(&decide_with(&p, 4, &one_of_four, 1, 60 * MIN)),
+            vec!["Act"]
+        );
+        // Taking two out: three of four together, more than 50%: paused,
+        // the message says why.
+        let steps = decide_with(&p, 4, &one_of_four, 2, 60 * MIN);
+        assert_eq!(reasons(&steps), vec!["RepairPaused"]);
+        match &steps[0] {
+            RepairStep::Hold { why, .. } => {
+                assert!(why.contains("a rollout takes 2 out"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing sick: nothing to hold, whatever the rollout does.
+        assert_eq!(decide_with(&p, 4, &[view("b", &ok)], 4, 60 * MIN), vec![]);
     }
 
     #[test]

@@ -434,6 +434,24 @@ impl ControlPlane {
     }
 }
 
+/// Tests: the queued jobs of `pool` taken and finished as if each update
+/// succeeded (the hash set, the event given, the marks cleared); their
+/// instances.
+#[cfg(test)]
+pub(crate) fn finish_queued(cp: &ControlPlane, pool: &str) -> Vec<InPlaceJob> {
+    let mut queue = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+    let (mine, others): (Vec<InPlaceJob>, Vec<InPlaceJob>) =
+        queue.drain(..).partition(|j| j.pool == pool);
+    *queue = others;
+    drop(queue);
+    for job in &mine {
+        cp.in_place_done(job, "updated in place (test)").unwrap();
+        cp.in_flight.lock().unwrap().remove(&job.instance);
+        UPDATING.lock().unwrap().remove(&job.instance);
+    }
+    mine
+}
+
 /// `--update`'s value: base64 of the update's JSON (the agent's
 /// `knit_agent::update::decode` reads it).
 pub fn knit_update_arg(update: &NodeUpdate) -> String {

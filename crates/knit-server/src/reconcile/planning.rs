@@ -853,6 +853,84 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_kubelet_setting_updates_one_node_at_a_time_in_place_then_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("kq", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 3;
+        cp.store.insert_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        bring_up(&cp, "kq");
+        cp.plan_all().await.unwrap();
+        let before: Vec<String> = cp
+            .store
+            .instances(Some("kq"))
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        pool.spec.kubelet.event_record_qps = 8;
+        cp.store.update_pool(&pool).unwrap();
+        let mut updated = Vec::new();
+        for _ in 0..3 {
+            cp.plan_all().await.unwrap();
+            let jobs = super::super::in_place::finish_queued(&cp, "kq");
+            assert_eq!(jobs.len(), 1, "one node at a time: {jobs:?}");
+            assert!(!jobs[0].update.drain, "a restart-kubelet field");
+            assert_eq!(
+                jobs[0]
+                    .node_update
+                    .kubelet
+                    .as_ref()
+                    .map(|k| k.event_record_qps),
+                Some(8)
+            );
+            updated.push(jobs[0].instance.clone());
+            assert!(deleting(&cp).is_empty(), "nothing removed");
+            assert_eq!(
+                cp.store.instances(Some("kq")).unwrap().len(),
+                3,
+                "no surge machine"
+            );
+        }
+        updated.sort();
+        let mut want = before.clone();
+        want.sort();
+        assert_eq!(updated, want, "each node once");
+        cp.plan_all().await.unwrap();
+        assert!(super::super::in_place::finish_queued(&cp, "kq").is_empty());
+        let view = crate::pools::get(&cp, "kq").unwrap();
+        let r = view.status.rollout.unwrap();
+        assert_eq!(
+            (r.state.as_str(), r.updated, r.outdated),
+            ("Complete", 3, 0)
+        );
+        let events = cp.store.events(100).unwrap();
+        let complete: Vec<_> = events
+            .iter()
+            .filter(|e| e.reason == super::ROLLOUT_COMPLETE_REASON && e.object_name == "kq")
+            .collect();
+        assert_eq!(complete.len(), 1, "one RolloutComplete: {complete:?}");
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.reason == "UpdatedInPlace")
+                .count(),
+            3
+        );
+        // Another pass announces nothing more.
+        cp.plan_all().await.unwrap();
+        let again = cp.store.events(100).unwrap();
+        assert_eq!(
+            again
+                .iter()
+                .filter(|e| e.reason == super::ROLLOUT_COMPLETE_REASON && e.object_name == "kq")
+                .count(),
+            1
+        );
+    }
+
+    #[tokio::test]
     async fn a_changed_instance_type_rolls_one_node_at_a_time_through_delete_intents() {
         let dir = tempfile::tempdir().unwrap();
         let cp = control_plane(dir.path());

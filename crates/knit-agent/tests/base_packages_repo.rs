@@ -305,3 +305,68 @@ fn an_offline_node_is_told_so_without_waiting() {
         phase["durationMs"]
     );
 }
+
+/// Marker precedence 3 and 4 (docs/agent.md), on a live machine:
+/// `/var/.skip-yum` skips all of base-packages whatever
+/// `/var/.skip-security-fix` says (pigz stays missing); with only
+/// `/var/.skip-security-fix` the tools are installed and the update in the
+/// repository is not applied.
+#[test]
+fn skip_yum_wins_and_skip_security_fix_skips_only_the_fixes() {
+    let s = Sandbox::new("packages", "kb", 4099, 2);
+    let version = |name: &str| {
+        let v = installed_version(&s, name);
+        v.strip_prefix("install ok installed ")
+            .unwrap_or_else(|| panic!("{name} is not in the machine's image: {v}"))
+            .to_string()
+    };
+    let (pigz, ping) = (version("pigz"), version("iputils-ping"));
+    let update = format!("{ping}+knit1");
+    let repo = s.dir.path().join("mirror/debian");
+    let codename = s.sh(". /etc/os-release && echo $VERSION_CODENAME");
+    write_repository(
+        &repo,
+        codename.trim(),
+        &[
+            ("pigz", repack(&s, "pigz", &pigz)),
+            ("iputils-ping", repack(&s, "iputils-ping", &update)),
+        ],
+    );
+    let (port, _) = serve(s.dir.path().join("mirror"));
+    s.sh(
+        "dpkg -r pigz >/dev/null && rm -f /etc/apt/sources.list.d/* \
+          && echo 'deb http://192.0.2.1/debian bookworm-security main' > /etc/apt/sources.list \
+          && touch /var/.skip-yum /var/.skip-security-fix",
+    );
+    let url = format!("http://{}:{port}/debian/", s.gateway());
+    s.prepare(&format!("{{repository: \"{url}\"}}"));
+
+    let phase = s.init_base_packages();
+    assert_eq!(phase["outcome"], "skipped", "{phase}");
+    assert!(
+        phase["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("marker /var/.skip-yum present"),
+        "{phase}"
+    );
+    assert!(!installed_version(&s, "pigz").contains("install ok installed"));
+
+    s.sh("rm /var/.skip-yum");
+    let phase = s.init_base_packages();
+    assert_eq!(phase["outcome"], "done", "{phase}");
+    let reason = phase["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("installed [pigz]")
+            && reason.contains("updates skipped (marker /var/.skip-security-fix)"),
+        "{reason}"
+    );
+    assert_eq!(
+        installed_version(&s, "pigz"),
+        format!("install ok installed {pigz}")
+    );
+    assert_eq!(
+        installed_version(&s, "iputils-ping"),
+        format!("install ok installed {ping}")
+    );
+}

@@ -246,7 +246,7 @@ fn xfs_when_asked() {
 }
 
 #[test]
-fn snapshot_like_disk_is_mounted_not_wiped() {
+fn snapshot_like_disk_is_mounted_not_wiped_and_keep_container_data_is_ignored() {
     let mut node = Node::new();
     let dev = node.add_disk("vdb", 128);
     // Build the "snapshot": a filesystem holding a cache.
@@ -274,6 +274,13 @@ fn snapshot_like_disk_is_mounted_not_wiped() {
     .unwrap();
     nix::mount::umount(staging.path()).unwrap();
 
+    // Marker precedence 2 (docs/agent.md): keep-container-data applies only
+    // to a disk formatted in this run; on a disk that holds data (a
+    // snapshot) it is ignored, and the disk's content wins over the node's.
+    fs::create_dir_all(node.path("/var/lib/containerd")).unwrap();
+    fs::write(node.path("/var/lib/containerd/node-only"), b"local").unwrap();
+    fs::write(node.path("/var/.keep-container-data"), b"").unwrap();
+
     let plan = plan(&node, &disk_config(""));
     assert_eq!(plan["dataDisk"]["action"], "mount", "{plan}");
     let out = init(&node, &disk_config(""));
@@ -286,6 +293,15 @@ fn snapshot_like_disk_is_mounted_not_wiped() {
     assert!(node
         .path("/var/lib/containerd/io.containerd.content.v1.content")
         .is_dir());
+    assert!(
+        !node.path("/var/lib/container/containerd/node-only").exists(),
+        "the node's container data was not copied over the snapshot's"
+    );
+    let log = node.log();
+    assert!(
+        log.contains("marker /var/.keep-container-data ignored: the disk already holds data"),
+        "{log}"
+    );
 }
 
 #[test]

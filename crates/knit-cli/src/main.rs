@@ -159,6 +159,12 @@ enum Cmd {
         #[arg(long)]
         strict: bool,
     },
+    /// cluster-autoscaler against knit: `knit autoscaler cloud-config`
+    /// writes a client certificate and prints its --cloud-config.
+    Autoscaler {
+        #[command(subcommand)]
+        action: commands::autoscaler::AutoscalerAction,
+    },
     /// Follow, pause, resume, restart or undo a pool's rollout (`knit
     /// rollout status pool NAME`).
     Rollout {
@@ -362,6 +368,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => apply::submit(&client()?, &file, true, strict, dry_run),
         Cmd::Diff { file, strict } => apply::diff(&client()?, &file, strict),
         Cmd::Rollout { action } => commands::rollout::run(&client()?, action),
+        Cmd::Autoscaler { action } => commands::autoscaler::run(&client()?, action),
         Cmd::Scale {
             kind,
             name,

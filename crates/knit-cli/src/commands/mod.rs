@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod attach;
+pub mod autoscaler;
 pub mod clouds;
 pub mod cluster;
 pub mod events;

@@ -27,6 +27,8 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
         "NAME",
         "TYPE",
         "DESIRED",
+        "MIN",
+        "MAX",
         "INSTANCES",
         "RUNNING",
         "INITIALIZED",
@@ -60,6 +62,14 @@ fn pool_table(items: &[&PoolView], wide: bool) -> String {
                 cell(&p.metadata.name),
                 cell(&spec.pool_type),
                 cell(st.desired),
+                // An auto-scaling pool's bounds (cluster-autoscaler keeps
+                // DESIRED within them).
+                spec.scaling
+                    .as_ref()
+                    .map_or_else(|| "-".to_string(), |b| b.min.to_string()),
+                spec.scaling
+                    .as_ref()
+                    .map_or_else(|| "-".to_string(), |b| b.max.to_string()),
                 cell(st.instances),
                 cell(st.running),
                 cell(st.initialized),

@@ -87,6 +87,11 @@ pub struct ServerOpts {
     /// How long a console sign-in lasts, in seconds.
     #[arg(long, env = "KNIT_CONSOLE_SESSION_TTL", default_value_t = 8 * 3600)]
     console_session_ttl: u64,
+    /// cluster-autoscaler's externalgrpc cloud provider service (gRPC,
+    /// mutual TLS; docs/autoscaling.md): ADDRESS:PORT, or `off`. Default
+    /// 127.0.0.1:7445, skipped with a warning when another server holds it.
+    #[arg(long, env = "KNIT_AUTOSCALER_LISTEN")]
+    autoscaler_listen: Option<String>,
     #[arg(
         long,
         env = "KNIT_LOCAL_STATE_DIR",
@@ -159,6 +164,7 @@ impl ServerOpts {
             cluster_port,
             console_listen,
             console_session_ttl,
+            autoscaler_listen,
             local_state_dir,
             local_bridge,
             local_subnet,
@@ -181,6 +187,7 @@ impl ServerOpts {
             ("ecs-vswitch", ecs_vswitch),
             ("ecs-image", ecs_image),
             ("console-listen", console_listen),
+            ("autoscaler-listen", autoscaler_listen),
         ] {
             if let Some(v) = value {
                 flag(name, v.into());
@@ -350,6 +357,7 @@ fn settings(opts: &ServerOpts) -> Result<Settings> {
     s.parallelism = opts.parallelism.max(1);
     s.join_token_ttl = Duration::from_secs(opts.join_token_ttl);
     s.console = console_settings(opts)?;
+    s.autoscaler = autoscaler_settings(opts)?;
     s.datastore = knit_db::Datastore::parse(&opts.datastore, &s.db_path())
         .map_err(|e| CliError::Usage(format!("--datastore: {e}")))?;
     if opts.lease_ttl < 3 {
@@ -386,6 +394,29 @@ fn console_settings(opts: &ServerOpts) -> Result<Option<knit_server::control::Co
     console.session_ttl = Duration::from_secs(opts.console_session_ttl.max(1));
     console.required = required;
     Ok(Some(console))
+}
+
+/// `--autoscaler-listen`: an address, `off`, or (absent) the default port
+/// on loopback, which another server may already hold.
+fn autoscaler_settings(
+    opts: &ServerOpts,
+) -> Result<Option<knit_server::autoscaler::AutoscalerSettings>> {
+    use knit_server::autoscaler::{AutoscalerSettings, DEFAULT_PORT};
+    match opts.autoscaler_listen.as_deref().map(str::trim) {
+        Some("off") => Ok(None),
+        Some(text) => Ok(Some(AutoscalerSettings {
+            listen: text.parse().map_err(|_| {
+                CliError::Usage(format!(
+                    "--autoscaler-listen {text:?}: must be ADDRESS:PORT or off"
+                ))
+            })?,
+            required: true,
+        })),
+        None => Ok(Some(AutoscalerSettings {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
+            required: false,
+        })),
+    }
 }
 
 /// The URL a CLI on this machine uses for the server's listen addresses.
@@ -865,6 +896,7 @@ mod tests {
         ("--cluster-port", "16999"),
         ("--console-listen", "127.0.0.1:17999"),
         ("--console-session-ttl", "999"),
+        ("--autoscaler-listen", "127.0.0.1:17998"),
         ("--local-state-dir", "/srv/knit-test/local"),
         ("--local-bridge", "kntest0"),
         ("--local-subnet", "10.9.0.0/24"),

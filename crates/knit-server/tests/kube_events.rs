@@ -235,6 +235,72 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
     // event was never queued.
     wait_metric(&cp, "knit_kube_events_total{outcome=\"published\"} 4\n");
 
+    // An instance's event is about its node once the node reported; before
+    // that it has no node to name and stays in knit.
+    let pool = knit_api::NodePool::new(
+        "workers",
+        knit_api::NodePoolSpec {
+            replicas: 2,
+            ..knit_api::NodePoolSpec::default()
+        },
+    );
+    cp.store.insert_pool(&pool).unwrap();
+    cp.store
+        .add_create_intents(
+            "workers",
+            &[
+                ("workers-a".to_string(), "t".to_string()),
+                ("workers-b".to_string(), "t".to_string()),
+            ],
+        )
+        .unwrap();
+    cp.store
+        .set_instance_created("workers-a", "i-7", None)
+        .unwrap();
+    let instance = cp.store.instance("workers-a").unwrap().unwrap();
+    cp.store
+        .record_phase_event(
+            &instance,
+            &knit_api::PhaseEvent {
+                node: "cn-local.i-7".into(),
+                instance_id: "i-7".into(),
+                phase: knit_api::PhaseName::Hardening,
+                outcome: knit_api::PhaseOutcome::Done,
+                reason: None,
+                error_code: None,
+                at_ms: 0,
+                duration_ms: Some(1),
+            },
+        )
+        .unwrap();
+    cp.store
+        .add_event(
+            EventType::Warning,
+            "Instance",
+            "workers-b",
+            "CreateRetry",
+            "quota",
+        )
+        .unwrap();
+    cp.store
+        .add_event(
+            EventType::Warning,
+            "Instance",
+            "workers-a",
+            "Repairing",
+            "node not Ready for 300 s: repair action 1/3: restart-services",
+        )
+        .unwrap();
+    let events = kubectl.wait_events("the instance's event on its node", |e| {
+        find(e, "Repairing").is_some()
+    });
+    assert_eq!(
+        find(&events, "Repairing").unwrap()["involvedObject"]["name"],
+        "cn-local.i-7"
+    );
+    assert!(find(&events, "CreateRetry").is_none(), "{events:#?}");
+    wait_metric(&cp, "knit_kube_events_total{outcome=\"skipped\"} 1\n");
+
     // The cluster gone: knit's event is stored all the same, the failed
     // write only counted (and logged).
     join.stop();

@@ -21,7 +21,7 @@
 //!
 //! "Killed": a server's runtime is dropped with its tasks mid-work, its
 //! embedded API stopped, without the clean stop's hand-over: its lease is
-//! left to lapse (3 s here), as after `kill -9`, and the other server takes
+//! left to lapse (5 s here), as after `kill -9`, and the other server takes
 //! it over by the lease's rules.
 //!
 //! The tests:
@@ -586,7 +586,7 @@ impl World {
         settings.listen = "127.0.0.1:0".parse().unwrap();
         settings.console = None;
         settings.datastore = datastore;
-        settings.lease_ttl = Duration::from_secs(3);
+        settings.lease_ttl = Duration::from_secs(5);
         settings.reconcile_interval = Duration::from_millis(300);
         // The stub's download is checked against this (no agent runs here).
         let bin = settings.mirror_dir().join("bin");

@@ -25,7 +25,8 @@
 //! it over by the lease's rules.
 //!
 //! The tests:
-//! - [`a_new_leader_resumes_a_drain_a_budget_blocks`] (issue 23)
+//! - [`a_new_leader_resumes_a_drain_a_budget_blocks`] and
+//!   [`a_fenced_out_leader_leaves_the_drain_to_the_new_one`] (issue 23)
 //! - [`a_new_leader_carries_on_a_rollout_without_a_second_surge`] (issue 24)
 //! - [`on_delete_replaces_only_a_removed_node_from_the_new_template`] (issue 24)
 //! - [`a_replacement_that_never_joins_stops_the_rollout`] (issue 24)
@@ -84,6 +85,8 @@ struct Cloud {
     created: Mutex<Vec<Machine>>,
     /// Ids of the machines released, in order.
     released: Mutex<Vec<String>>,
+    /// The leader lease each release ran under (`ha::current_fence`).
+    released_under: Mutex<HashMap<String, Option<knit_server::ha::Fence>>>,
     /// Per pool: the most machines alive at once.
     peak: Mutex<HashMap<String, usize>>,
     /// The node of each joined machine (by id), as the kubelet named it.
@@ -220,6 +223,7 @@ impl Provider for Cloud {
         }
         if lock(&self.machines).remove(id).is_some() {
             lock(&self.released).push(id.to_string());
+            lock(&self.released_under).insert(id.to_string(), knit_server::ha::current_fence());
         }
         Ok(())
     }
@@ -742,6 +746,16 @@ async fn unschedulable(kube: &kube::Client, node: &str) -> Option<bool> {
     Some(n.spec.and_then(|s| s.unschedulable) == Some(true))
 }
 
+/// How the leader of the drain test loses the lead.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// Killed: gone, its lease left to lapse.
+    Kill,
+    /// Fenced out: still running, the lease taken over under it with a
+    /// new epoch (as after it was paused past its lease).
+    Fence,
+}
+
 /// Issue 23, "an HA leader change mid-drain": two servers on one
 /// PostgreSQL; a pool of two nodes, a pod on each and a
 /// PodDisruptionBudget (`minAvailable: 2`) over both. Scale-in to 1
@@ -750,11 +764,24 @@ async fn unschedulable(kube: &kube::Client, node: &str) -> Option<bool> {
 /// resumes the same drain (same start, same intent; its own passes
 /// recorded), the node stays cordoned and its machine is not released
 /// while the protected pod runs. The budget relaxed (`minAvailable: 1`),
-/// the new leader evicts the pod, releases the machine (no pod left on it
-/// at that moment) and the Node is deleted; the other node and its pod
-/// are untouched.
+/// the new leader evicts the pod, releases the machine (under its own
+/// lease; no pod left on the node at that moment) and the Node is
+/// deleted; the other node and its pod are untouched.
 #[test]
 fn a_new_leader_resumes_a_drain_a_budget_blocks() {
+    drain_through_a_leader_change(Loss::Kill);
+}
+
+/// [`a_new_leader_resumes_a_drain_a_budget_blocks`] with the leader fenced
+/// out instead of killed: it keeps running, sees another server holding the
+/// lease and leads no more; the new leader resumes and ends the drain, and
+/// the release runs under the new leader's lease, never the old one's.
+#[test]
+fn a_fenced_out_leader_leaves_the_drain_to_the_new_one() {
+    drain_through_a_leader_change(Loss::Fence);
+}
+
+fn drain_through_a_leader_change(loss: Loss) {
     let mut w = World::new();
     let a = w.start_server();
     wait_for("server A to lead", 60, || {
@@ -834,22 +861,40 @@ fn a_new_leader_resumes_a_drain_a_budget_blocks() {
     let (blocked_pod, kept_pod) = (pod_on(&node), pod_on(&kept_node));
     assert_eq!(w.kube_do(unschedulable(&kube, &node)), Some(true));
 
-    // The leader dies mid-drain; B takes the lease.
+    // The leader is lost mid-drain; B takes the lease.
     assert!(w.servers[a].leads(), "A led the drain");
     let before = cp.store.lease().unwrap().unwrap();
-    assert_eq!(before.holder, w.servers[a].cp().leadership.id);
-    w.servers[a].kill();
+    let (a_id, b_id) = (
+        w.servers[a].cp().leadership.id.clone(),
+        w.servers[b].cp().leadership.id.clone(),
+    );
+    assert_eq!(before.holder, a_id);
+    match loss {
+        Loss::Kill => w.servers[a].kill(),
+        // B's store takes the lease whoever holds it, a new epoch.
+        Loss::Fence => {
+            let now = knit_server::store::now_ms();
+            let taken = cp.store.try_lead(&b_id, now, 5_000, true).unwrap();
+            assert!(taken.is_some_and(|l| l.holder == b_id));
+        }
+    }
     wait_for("server B to take the lead", 60, || {
         w.servers[b].leads().then_some(())
     });
     let taken = cp.store.lease().unwrap().unwrap();
-    assert_eq!(taken.holder, w.servers[b].cp().leadership.id);
-    // Taken over once A's lease lapsed: A did not hand it over.
+    assert_eq!(taken.holder, b_id);
     assert!(taken.epoch > before.epoch, "{before:?} {taken:?}");
-    assert!(
-        taken.acquired_ms >= before.expires_ms,
-        "{before:?} {taken:?}"
-    );
+    if loss == Loss::Kill {
+        // Taken over once A's lease lapsed: A did not hand it over.
+        assert!(
+            taken.acquired_ms >= before.expires_ms,
+            "{before:?} {taken:?}"
+        );
+    } else {
+        wait_for("A to see that it leads no more", 60, || {
+            (!w.servers[a].leads()).then_some(())
+        });
+    }
     // A pass of B on the drain: the blocked passes go on from where A left them.
     let at_takeover = cp.store.drain(&blocked.instance).unwrap().unwrap();
     let resumed = wait_for("B's pass over the blocked drain", 120, || {
@@ -892,6 +937,18 @@ fn a_new_leader_resumes_a_drain_a_budget_blocks() {
     });
     w.check_sim();
     assert_eq!(w.cloud.released(), vec![machine.clone()]);
+    let under = lock(&w.cloud.released_under)
+        .get(&machine)
+        .cloned()
+        .flatten();
+    assert_eq!(
+        under.map(|f| (f.holder, f.epoch)),
+        Some((b_id.clone(), taken.epoch)),
+        "released under the new leader's lease"
+    );
+    if loss == Loss::Fence {
+        assert!(!w.servers[a].leads(), "A does not lead again");
+    }
     assert!(w.kube_do(pods.get_opt(blocked_pod)).unwrap().is_none());
     let kept = w.kube_do(pods.get(kept_pod)).unwrap();
     assert!(kept.metadata.deletion_timestamp.is_none());
@@ -904,9 +961,9 @@ fn a_new_leader_resumes_a_drain_a_budget_blocks() {
     );
     let events = cp.store.events(500).unwrap();
     assert!(
-        events.iter().any(
-            |e| e.reason == "LeaderElected" && e.object_name == w.servers[b].cp().leadership.id
-        ),
+        events
+            .iter()
+            .any(|e| e.reason == "LeaderElected" && e.object_name == b_id),
         "B's election is recorded"
     );
     wait_for("the pool at one instance", 60, || {

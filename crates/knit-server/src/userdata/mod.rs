@@ -70,22 +70,78 @@ fn shell_quote(value: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Part {
     filename: &'static str,
-    content_type: &'static str,
+    /// The whole Content-Type value: a nested multipart keeps its boundary.
+    content_type: String,
     body: String,
 }
 
-/// A script as cloud-init will run it: `#cloud-config` stays a config part,
-/// a `#!` script stays as is, anything else gets `#!/bin/bash`.
+/// The first-line prefixes cloud-init's user-data processor recognises
+/// (`INCLUSION_TYPES_MAP` in cloudinit/handlers), longest first where one
+/// is a prefix of another. Anything else with no `#!` is a bare script.
+const STARTS_WITH: &[(&str, &str)] = &[
+    ("#cloud-config-archive", "text/cloud-config-archive"),
+    ("#cloud-config-jsonp", "text/cloud-config-jsonp"),
+    ("#cloud-config", "text/cloud-config"),
+    ("#cloud-boothook", "text/cloud-boothook"),
+    ("#include-once", "text/x-include-once-url"),
+    ("#include", "text/x-include-url"),
+    ("#part-handler", "text/part-handler"),
+    ("#upstart-job", "text/upstart-job"),
+    ("## template: jinja", "text/jinja2"),
+    ("#!", "text/x-shellscript"),
+];
+
+/// User data that is itself MIME multipart (a header block whose
+/// Content-Type is `multipart/*` with a boundary): its Content-Type value
+/// and the body after its headers.
+fn mime_multipart(text: &str) -> Option<(String, String)> {
+    let mut content_type: Option<String> = None;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        offset += line.len();
+        let bare = line.trim_end_matches(['\r', '\n']);
+        if bare.is_empty() {
+            let ct = content_type?;
+            let lower = ct.to_ascii_lowercase();
+            return (lower.starts_with("multipart/") && lower.contains("boundary="))
+                .then(|| (ct, text[offset..].to_string()));
+        }
+        if bare.starts_with([' ', '\t']) {
+            // A folded header line continues the previous one.
+            if let Some(ct) = content_type.as_mut() {
+                ct.push(' ');
+                ct.push_str(bare.trim());
+            }
+            continue;
+        }
+        let (name, value) = bare.split_once(':')?;
+        if name.trim().eq_ignore_ascii_case("content-type") {
+            content_type = Some(value.trim().to_string());
+        } else if name.contains(' ') {
+            return None;
+        }
+    }
+    None
+}
+
+/// A script as cloud-init will run it: each form cloud-init recognises by
+/// its first line keeps its type (`#cloud-config`, `#cloud-boothook`,
+/// `#include`, a `#!` script, …), MIME multipart user data is nested whole
+/// (cloud-init and knit's runner walk into it, its parts in their order),
+/// and anything else gets `#!/bin/bash`.
 fn part(filename: &'static str, script: &str) -> Option<Part> {
     if script.trim().is_empty() {
         return None;
     }
-    let (content_type, body) = if script.starts_with("#cloud-config") {
-        ("text/cloud-config", script.to_string())
-    } else if script.starts_with("#!") {
-        ("text/x-shellscript", script.to_string())
+    let (content_type, body) = if let Some((ct, body)) = mime_multipart(script) {
+        (ct, body)
+    } else if let Some((_, ct)) = STARTS_WITH.iter().find(|(p, _)| script.starts_with(p)) {
+        (ct.to_string(), script.to_string())
     } else {
-        ("text/x-shellscript", format!("#!/bin/bash\n{script}"))
+        (
+            "text/x-shellscript".to_string(),
+            format!("#!/bin/bash\n{script}"),
+        )
     };
     let body = if body.ends_with('\n') {
         body
@@ -133,7 +189,19 @@ pub fn compose(pre_user_data: &str, stub: &str, user_data: &str) -> Result<Strin
         // The line break before a boundary belongs to the delimiter (RFC
         // 2046), so one more keeps each script's own final newline.
         out.push_str(&format!("\n--{boundary}\n"));
-        if p.body.is_ascii() {
+        if p.content_type
+            .to_ascii_lowercase()
+            .starts_with("multipart/")
+        {
+            // A multipart is never base64-encoded (RFC 2046 5.1): its own
+            // parts carry their encodings.
+            let encoding = if p.body.is_ascii() { "7bit" } else { "8bit" };
+            out.push_str(&format!("Content-Type: {}\n", p.content_type));
+            out.push_str(&format!(
+                "MIME-Version: 1.0\nContent-Transfer-Encoding: {encoding}\n\n"
+            ));
+            out.push_str(&p.body);
+        } else if p.body.is_ascii() {
             out.push_str(&format!(
                 "Content-Type: {}; charset=\"us-ascii\"\n",
                 p.content_type
@@ -419,16 +487,12 @@ esac
         );
     }
 
-    /// Parses the composed document with Python's `email` package exactly as
-    /// cloud-init's user-data processor walks it, and compares every part.
-    #[test]
-    fn python_email_parses_it_like_cloud_init() {
-        let pre = "touch /var/.skip-yum";
-        let user = "echo 'héllo' > /tmp/user-data-ran";
-        let out = compose(pre, &stub(), user).unwrap();
+    /// The parts of `user_data` as cloud-init's processor walks them with
+    /// Python's `email` package: (type, filename, payload).
+    fn python_parts(user_data: &str) -> Vec<serde_json::Value> {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("user-data");
-        std::fs::write(&file, &out).unwrap();
+        std::fs::write(&file, user_data).unwrap();
         let script = r#"
 import email, json, sys
 raw = open(sys.argv[1], 'rb').read()
@@ -453,7 +517,54 @@ print(json.dumps(parts))
             "python3 failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let parts: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// Issue 27 (4): a boothook, an `#include` and user data that is
+    /// itself MIME multipart keep their types (before, each was wrapped in
+    /// `#!/bin/bash` and broke); the nested document's parts come in its
+    /// order, after knit's, as cloud-init walks them.
+    #[test]
+    fn every_form_cloud_init_takes_keeps_its_type() {
+        let pre = "#cloud-boothook\necho early > /run/boothook-ran";
+        let user = "MIME-Version: 1.0\nContent-Type: multipart/mixed;\n boundary=\"user-b\"\n\n\
+                    --user-b\nContent-Type: text/x-shellscript\n\n#!/bin/sh\necho one\n\
+                    --user-b\nContent-Type: text/x-include-url\n\n#include\nhttp://192.0.2.1/more\n\
+                    --user-b--\n";
+        let out = compose(pre, &stub(), user).unwrap();
+        let parts = python_parts(&out);
+        let types: Vec<&str> = parts.iter().map(|p| p["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            types,
+            [
+                "text/cloud-boothook",
+                "text/x-shellscript",
+                "text/x-shellscript",
+                "text/x-include-url"
+            ],
+            "{out}"
+        );
+        assert_eq!(parts[0]["payload"], format!("{pre}\n"));
+        assert_eq!(parts[2]["payload"], "#!/bin/sh\necho one");
+        assert_eq!(parts[3]["payload"], "#include\nhttp://192.0.2.1/more");
+        for (first_line, want) in [
+            ("#include\nhttp://x/y", "text/x-include-url"),
+            ("#include-once\nhttp://x/y", "text/x-include-once-url"),
+            ("#cloud-config-archive\n- {}", "text/cloud-config-archive"),
+            ("## template: jinja\n#!/bin/sh", "text/jinja2"),
+        ] {
+            assert_eq!(part("p", first_line).unwrap().content_type, want);
+        }
+    }
+
+    /// Parses the composed document with Python's `email` package exactly as
+    /// cloud-init's user-data processor walks it, and compares every part.
+    #[test]
+    fn python_email_parses_it_like_cloud_init() {
+        let pre = "touch /var/.skip-yum";
+        let user = "echo 'héllo' > /tmp/user-data-ran";
+        let out = compose(pre, &stub(), user).unwrap();
+        let parts = python_parts(&out);
         assert_eq!(parts.len(), 3);
         let expect = [
             ("01-pre-user-data", format!("#!/bin/bash\n{pre}\n")),

@@ -307,8 +307,8 @@ mod tests {
         let startup = m.render(&[]);
         let series =
             "knit_node_startup_seconds_bucket{pool=\"a\",provider=\"local\",stage=\"ready\",le=";
-        assert!(startup.contains(&format!("{series}\"3.0\"}} 0")), "{startup}");
-        assert!(startup.contains(&format!("{series}\"5.0\"}} 1")), "{startup}");
+        assert!(startup.contains(&format!("{series}\"3\"}} 0")), "{startup}");
+        assert!(startup.contains(&format!("{series}\"5\"}} 1")), "{startup}");
         assert!(
             startup.contains(
                 "knit_node_startup_seconds_sum{pool=\"a\",provider=\"local\",stage=\"ready\"} 4.5"

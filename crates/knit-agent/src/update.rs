@@ -128,8 +128,10 @@ mod tests {
 
     #[test]
     fn an_update_round_trips_and_is_applied_validated() {
-        let mut kubelet = knit_api::config::KubeletConfig::default();
-        kubelet.event_record_qps = 8;
+        let kubelet = knit_api::config::KubeletConfig {
+            event_record_qps: 8,
+            ..knit_api::config::KubeletConfig::default()
+        };
         let update = NodeUpdate {
             kubelet: Some(kubelet),
             kubernetes: Some(KubernetesPackage {

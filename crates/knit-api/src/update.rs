@@ -596,8 +596,10 @@ mod tests {
 
     #[test]
     fn a_version_goes_in_place_only_with_in_place_set() {
-        let mut old = NodePoolSpec::default();
-        old.kubernetes_version = Some("1.31.4".into());
+        let old = NodePoolSpec {
+            kubernetes_version: Some("1.31.4".into()),
+            ..NodePoolSpec::default()
+        };
         let mut new = old.clone();
         new.kubernetes_version = Some("1.32.0".into());
         assert_eq!(

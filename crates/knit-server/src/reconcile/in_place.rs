@@ -219,6 +219,10 @@ impl ControlPlane {
     /// for by the pass); the handles let a caller wait.
     pub fn start_in_place_updates(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         let jobs = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
+        self.start_jobs(jobs)
+    }
+
+    fn start_jobs(self: &Arc<Self>, jobs: Vec<InPlaceJob>) -> Vec<tokio::task::JoinHandle<()>> {
         jobs.into_iter()
             .map(|job| {
                 let cp = Arc::clone(self);
@@ -452,6 +456,18 @@ pub(crate) fn finish_queued(cp: &ControlPlane, pool: &str) -> Vec<InPlaceJob> {
     mine
 }
 
+/// Tests: the queued jobs of `pool` started (and only those: tests share
+/// the process's queue).
+#[cfg(test)]
+pub(crate) fn start_queued(cp: &Arc<ControlPlane>, pool: &str) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut queue = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+    let (mine, others): (Vec<InPlaceJob>, Vec<InPlaceJob>) =
+        queue.drain(..).partition(|j| j.pool == pool);
+    *queue = others;
+    drop(queue);
+    cp.start_jobs(mine)
+}
+
 /// `--update`'s value: base64 of the update's JSON (the agent's
 /// `knit_agent::update::decode` reads it).
 pub fn knit_update_arg(update: &NodeUpdate) -> String {
@@ -465,8 +481,10 @@ mod tests {
 
     #[test]
     fn a_node_s_version_is_the_one_that_gives_its_hash() {
-        let mut spec = knit_api::NodePoolSpec::default();
-        spec.kubernetes_version = Some("1.31.4".into());
+        let mut spec = knit_api::NodePoolSpec {
+            kubernetes_version: Some("1.31.4".into()),
+            ..knit_api::NodePoolSpec::default()
+        };
         let h = template_hash(&spec, "1.31.4");
         assert_eq!(version_of(&spec, &h, "1.32.0").as_deref(), Some("1.31.4"));
         // A pool without its own version: the cluster's, when it gives

@@ -931,6 +931,58 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_failed_in_place_update_stops_the_rollout_naming_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        // No provider: the agent cannot be asked, the update fails.
+        let cp = control_plane(dir.path());
+        let mut pool = knit_api::NodePool::new("kf", knit_api::NodePoolSpec::default());
+        pool.spec.replicas = 2;
+        cp.store.insert_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        bring_up(&cp, "kf");
+        cp.plan_all().await.unwrap();
+        pool.spec.kubelet.max_pods = 50;
+        pool.spec.update_strategy.max_unavailable = knit_api::IntOrPercent::Count(1);
+        cp.store.update_pool(&pool).unwrap();
+        cp.plan_all().await.unwrap();
+        let handles = super::super::in_place::start_queued(&cp, "kf");
+        assert_eq!(handles.len(), 1);
+        for h in handles {
+            h.await.unwrap();
+        }
+        let node = cp
+            .store
+            .events(100)
+            .unwrap()
+            .into_iter()
+            .find(|e| e.reason == "UpdatingInPlace")
+            .map(|e| e.object_name)
+            .expect("an UpdatingInPlace event");
+        let view = crate::pools::get(&cp, "kf").unwrap();
+        let r = view.status.rollout.unwrap();
+        assert_eq!(r.state, "Stopped", "{r:?}");
+        assert_eq!(
+            r.reason.as_deref(),
+            Some(super::super::in_place::IN_PLACE_FAILED_REASON)
+        );
+        let message = r.message.unwrap_or_default();
+        assert!(message.contains(&node), "{message}");
+        assert!(
+            message.contains("left cordoned"),
+            "kubelet.maxPods drains: {message}"
+        );
+        let events = cp.store.events(100).unwrap();
+        assert!(events.iter().any(|e| e.reason == "InPlaceUpdateFailed"
+            && e.object_name == "kf"
+            && e.message.contains(&node)));
+        // Stopped: nothing more is updated nor replaced.
+        cp.plan_all().await.unwrap();
+        assert!(super::super::in_place::start_queued(&cp, "kf").is_empty());
+        assert!(deleting(&cp).is_empty());
+        assert_eq!(cp.store.instances(Some("kf")).unwrap().len(), 2);
+    }
+
+    #[tokio::test]
     async fn a_changed_instance_type_rolls_one_node_at_a_time_through_delete_intents() {
         let dir = tempfile::tempdir().unwrap();
         let cp = control_plane(dir.path());

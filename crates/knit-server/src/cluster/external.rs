@@ -671,6 +671,67 @@ mod tests {
         });
     }
 
+    /// knit's node events reach an external cluster through kube as they
+    /// reach the embedded one: created, then a repeat updates the same
+    /// Event's count and last time (a merge patch), a patch of an Event
+    /// the cluster lost creates it again.
+    #[test]
+    fn node_events_are_written_to_an_external_cluster() {
+        use crate::store::EventRecord;
+        use k8s_openapi::api::core::v1::Event;
+        use knit_api::state::EventType;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg =
+                ClusterConfig::new(dir.path().join("cluster"), "127.0.0.1:0".parse().unwrap());
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let join = ExternalJoin::from_kubeconfig(
+                cluster.admin_kubeconfig_path(),
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+            let mut record = EventRecord {
+                id: 9,
+                at_ms: 1_764_693_924_000,
+                count: 1,
+                last_ms: 1_764_693_924_000,
+                event_type: EventType::Normal,
+                object_kind: "Node".into(),
+                object_name: "local.i-1".into(),
+                reason: "Drained".into(),
+                message: "drained".into(),
+            };
+            let object = crate::kube_events::event_object("local.i-1", &record).unwrap();
+            let name = object["metadata"]["name"].as_str().unwrap().to_string();
+            join.publish_event(&object).await.unwrap();
+            record.count = 4;
+            record.last_ms += 60_000;
+            let again = crate::kube_events::event_object("local.i-1", &record).unwrap();
+            join.publish_event(&again).await.unwrap();
+            let events: Api<Event> =
+                Api::namespaced(join.client.clone(), crate::kube_events::NAMESPACE);
+            let e = events.get(&name).await.unwrap();
+            assert_eq!(e.count, Some(4));
+            assert_eq!(e.reason.as_deref(), Some("Drained"));
+            assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+            assert_eq!(e.source.and_then(|s| s.component).as_deref(), Some("knit"));
+            let listed = events.list(&ListParams::default()).await.unwrap();
+            assert_eq!(listed.items.len(), 1);
+            // Lost by the cluster: the next repeat makes it again.
+            events
+                .delete(&name, &DeleteParams::default())
+                .await
+                .unwrap();
+            record.count = 5;
+            let lost = crate::kube_events::event_object("local.i-1", &record).unwrap();
+            join.publish_event(&lost).await.unwrap();
+            assert_eq!(events.get(&name).await.unwrap().count, Some(5));
+            cluster.shutdown_handle().shutdown();
+        });
+    }
+
     #[test]
     fn external_join_through_kube_against_the_embedded_api() {
         let rt = tokio::runtime::Runtime::new().unwrap();

@@ -279,19 +279,46 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
             Err(e) => errors.push(format!("cannot parse user data: {e}")),
             Ok(parts) => {
                 let dir = format!("/var/lib/cloud/instances/{id}/scripts");
-                for p in parts {
+                let mut by_part: Vec<Option<PartResult>> = parts.iter().map(|_| None).collect();
+                let mut runcmds: Vec<(usize, std::path::PathBuf, Instant)> = Vec::new();
+                for i in in_cloud_init_order(&parts) {
+                    let p = &parts[i];
                     let r = match p.content_type.as_str() {
-                        "text/x-shellscript" => run_part(&dir, &p, log.as_ref()),
-                        "text/cloud-config" => run_cloud_config(&dir, &p, log.as_ref()),
+                        "text/x-shellscript" => run_part(&dir, p, log.as_ref(), &[]),
+                        "text/cloud-boothook" => run_part(
+                            &dir,
+                            &boothook_script(p),
+                            log.as_ref(),
+                            &[("INSTANCE_ID", id)],
+                        ),
+                        "text/cloud-config" => {
+                            let (r, runcmd) = run_cloud_config(&dir, p, log.as_ref());
+                            if let Some(script) = runcmd {
+                                // After every script, as scripts_user runs it.
+                                runcmds.push((i, script, Instant::now()));
+                                by_part[i] = Some(r);
+                                continue;
+                            }
+                            r
+                        }
                         other => PartResult::not_run(
-                            &p,
+                            p,
                             format!(
                                 "knit's user-data runner does not handle {other} (it runs \
-                                 text/x-shellscript and text/cloud-config; userDataRunner: \
-                                 cloud-init handles every type)"
+                                 text/x-shellscript, text/cloud-boothook and text/cloud-config; \
+                                 userDataRunner: cloud-init handles every type)"
                             ),
                         ),
                     };
+                    by_part[i] = Some(r);
+                }
+                for (i, script, clock) in runcmds {
+                    if let Some(r) = by_part[i].take() {
+                        by_part[i] = Some(run_runcmd(r, &script, log.as_ref(), clock));
+                    }
+                }
+                for (p, r) in parts.iter().zip(by_part) {
+                    let Some(r) = r else { continue };
                     if r.status != status::SUCCEEDED {
                         let why = r.error.clone().unwrap_or_else(|| {
                             format!("exited with {}", r.exit_code.unwrap_or(-1))
@@ -410,7 +437,44 @@ fn script_command(program: &str, log: Option<&std::fs::File>) -> Command {
     cmd
 }
 
-fn run_part(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartResult {
+/// The order cloud-init gives the parts (stable within a kind): boothooks
+/// in its init stage, then the cloud-config modules (bootcmd, write_files,
+/// packages: init, config and the final stage before `scripts_user`), then
+/// the scripts, then — in [`run_knit`] — each `runcmd` script, which
+/// `scripts_user` runs after the part scripts. So a `runcmd` in
+/// pre-user-data runs after knit's initialization on every runner; work that
+/// must come first belongs in `bootcmd`.
+pub fn in_cloud_init_order(parts: &[Part]) -> Vec<usize> {
+    let stage = |p: &Part| match p.content_type.as_str() {
+        "text/cloud-boothook" => 0,
+        "text/cloud-config" => 1,
+        _ => 2,
+    };
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&i| stage(&parts[i]));
+    order
+}
+
+/// A boothook as cloud-init's handler writes it: without its
+/// `#cloud-boothook` line, so the rest must be an executable (a `#!`
+/// script), run with `INSTANCE_ID` set.
+fn boothook_script(p: &Part) -> Part {
+    let prefix = b"#cloud-boothook";
+    let body = match p.body.strip_prefix(prefix) {
+        Some(rest) => rest
+            .strip_prefix(b"\r\n")
+            .or_else(|| rest.strip_prefix(b"\n"))
+            .unwrap_or(rest),
+        None => &p.body,
+    };
+    Part {
+        body: body.to_vec(),
+        ..p.clone()
+    }
+}
+
+/// A script part run with `env` added, as cloud-init's handlers do.
+fn run_part(dir: &str, p: &Part, log: Option<&std::fs::File>, env: &[(&str, &str)]) -> PartResult {
     let clock = Instant::now();
     let path = format!("{dir}/{}", p.filename);
     let mut r = PartResult::new(p);
@@ -421,7 +485,7 @@ fn run_part(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartResult {
     if let Some(mut l) = log {
         let _ = writeln!(l, "knit-local: running {path}");
     }
-    let (code, error) = run_logged(&path, &[], log);
+    let (code, error) = run_logged_env(&path, &[], log, env);
     r.exit_code = code;
     r.error = error;
     r.finish(clock)
@@ -444,7 +508,18 @@ fn run_logged(
     args: &[&str],
     log: Option<&std::fs::File>,
 ) -> (Option<i32>, Option<String>) {
-    match script_command(program, log).args(args).status() {
+    run_logged_env(program, args, log, &[])
+}
+
+fn run_logged_env(
+    program: &str,
+    args: &[&str],
+    log: Option<&std::fs::File>,
+    env: &[(&str, &str)],
+) -> (Option<i32>, Option<String>) {
+    let mut cmd = script_command(program, log);
+    cmd.envs(env.iter().copied());
+    match cmd.args(args).status() {
         Ok(s) => {
             (
                 Some(s.code().unwrap_or(
@@ -517,14 +592,22 @@ pub fn cloud_config_plan(keys: &[String]) -> Result<Vec<&'static str>, Vec<Strin
 /// is checked with `cloud-init schema`, then each needed module runs with
 /// `cloud-init --file <part> single --name <module> --frequency always`
 /// (no datasource needed), and the script `runcmd` generated is run.
-fn run_cloud_config(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartResult {
+///
+/// Returns the `runcmd` script the part wrote, kept under the part's name
+/// for [`run_runcmd`] to run after every script (the result is finished
+/// there).
+fn run_cloud_config(
+    dir: &str,
+    p: &Part,
+    log: Option<&std::fs::File>,
+) -> (PartResult, Option<std::path::PathBuf>) {
     let clock = Instant::now();
     let mut r = PartResult::new(p);
     let keys = match cloud_config_keys(&p.body) {
         Ok(keys) => keys,
         Err(e) => {
             r.error = Some(e);
-            return r.finish(clock);
+            return (r.finish(clock), None);
         }
     };
     let modules = match cloud_config_plan(&keys) {
@@ -541,27 +624,33 @@ fn run_cloud_config(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartRes
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
-            return PartResult::not_run(
-                p,
-                format!(
-                    "cloud-config keys {} are not applied by knit's user-data runner (it applies {}); \
-                     nothing of this part was applied (userDataRunner: cloud-init applies every module)",
-                    unknown.join(", "),
-                    known.join(", ")
+            return (
+                PartResult::not_run(
+                    p,
+                    format!(
+                        "cloud-config keys {} are not applied by knit's user-data runner (it applies {}); \
+                         nothing of this part was applied (userDataRunner: cloud-init applies every module)",
+                        unknown.join(", "),
+                        known.join(", ")
+                    ),
                 ),
+                None,
             );
         }
     };
     if !Path::new(CLOUD_INIT).exists() {
-        return PartResult::not_run(
-            p,
-            format!("{CLOUD_INIT} is not installed in this image (package cloud-init)"),
+        return (
+            PartResult::not_run(
+                p,
+                format!("{CLOUD_INIT} is not installed in this image (package cloud-init)"),
+            ),
+            None,
         );
     }
     let path = format!("{dir}/{}.cloud-config", p.filename);
     if let Err(e) = write_private(dir, &path, &p.body, 0o600) {
         r.error = Some(format!("cannot write {path}: {e}"));
-        return r.finish(clock);
+        return (r.finish(clock), None);
     }
     if let Some(mut l) = log {
         let _ = writeln!(
@@ -577,7 +666,7 @@ fn run_cloud_config(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartRes
         r.error = Some(error.unwrap_or_else(|| {
             format!("invalid cloud-config (cloud-init schema; see {OUTPUT_LOG})")
         }));
-        return r.finish(clock);
+        return (r.finish(clock), None);
     }
     // runcmd writes its script under the (datasource-less) instance's
     // scripts directory; an old one must not be mistaken for this part's.
@@ -609,25 +698,43 @@ fn run_cloud_config(dir: &str, p: &Part, log: Option<&std::fs::File>) -> PartRes
                     code.unwrap_or(-1)
                 )
             }));
-            return r.finish(clock);
+            return (r.finish(clock), None);
         }
     }
     if modules.contains(&"runcmd") {
         let Some(script) = runcmd_scripts().into_iter().next() else {
             r.error = Some("cloud-init's runcmd module wrote no script".to_string());
-            return r.finish(clock);
+            return (r.finish(clock), None);
         };
-        if let Some(mut l) = log {
-            let _ = writeln!(l, "knit-local: running {}", script.display());
+        // The next part's runcmd module writes the same path: keep this one.
+        let kept = std::path::PathBuf::from(format!("{dir}/{}.runcmd", p.filename));
+        if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::rename(&script, &kept))
+        {
+            r.error = Some(format!("cannot keep {}: {e}", script.display()));
+            return (r.finish(clock), None);
         }
-        let (code, error) = run_logged(&script.to_string_lossy(), &[], log);
-        r.exit_code = code;
-        r.error = error.or_else(|| {
-            (code != Some(0)).then(|| format!("runcmd exited with {}", code.unwrap_or(-1)))
-        });
-        return r.finish(clock);
+        return (r, Some(kept));
     }
     r.exit_code = Some(0);
+    (r.finish(clock), None)
+}
+
+/// Runs a cloud-config part's `runcmd` script after every script part, and
+/// finishes that part's result with it.
+fn run_runcmd(
+    mut r: PartResult,
+    script: &Path,
+    log: Option<&std::fs::File>,
+    clock: Instant,
+) -> PartResult {
+    if let Some(mut l) = log {
+        let _ = writeln!(l, "knit-local: running {}", script.display());
+    }
+    let (code, error) = run_logged(&script.to_string_lossy(), &[], log);
+    r.exit_code = code;
+    r.error = error.or_else(|| {
+        (code != Some(0)).then(|| format!("runcmd exited with {}", code.unwrap_or(-1)))
+    });
     r.finish(clock)
 }
 
@@ -712,6 +819,30 @@ fn write_atomic(path: &str, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Boothooks, then cloud-config modules, then scripts, each kind in
+    /// its parts' order (the runcmd scripts come after all of them).
+    #[test]
+    fn parts_run_in_cloud_init_stage_order() {
+        let p = |ct: &str| Part {
+            filename: String::new(),
+            content_type: ct.into(),
+            body: Vec::new(),
+        };
+        let parts = [
+            p("text/x-shellscript"),
+            p("text/cloud-config"),
+            p("text/cloud-boothook"),
+            p("text/x-shellscript"),
+            p("text/cloud-config"),
+        ];
+        assert_eq!(in_cloud_init_order(&parts), [2, 1, 4, 0, 3]);
+        let hook = Part {
+            body: b"#cloud-boothook\n#!/bin/sh\necho hi\n".to_vec(),
+            ..p("text/cloud-boothook")
+        };
+        assert_eq!(boothook_script(&hook).body, b"#!/bin/sh\necho hi\n");
+    }
 
     #[test]
     fn single_script() {

@@ -1,6 +1,8 @@
 //! The user-data runner on a real sandbox instance: `#cloud-config` applied
-//! by the real cloud-init (installed by scripts/setup.sh), parts it does not
-//! run reported as not run, and cloud-init's final status line. Run as root.
+//! by the real cloud-init (installed by scripts/setup.sh), in cloud-init's
+//! stage order (boothooks, cloud-config modules, scripts, then runcmd),
+//! parts it does not run reported as not run, and cloud-init's final status
+//! line. Run as root.
 
 mod common;
 
@@ -26,6 +28,7 @@ const USER_DATA: &str = r#"userData: |
   runcmd:
   - echo "runcmd saw $(cat /etc/knit-test/written.conf)" > /root/runcmd-out
   - [sh, -c, "echo second >> /root/runcmd-out"]
+  - [sh, -c, "test -e /root/after && echo after-the-scripts >> /root/runcmd-out"]
   --==B==
   Content-Type: text/x-include-url
 
@@ -43,6 +46,13 @@ const USER_DATA: &str = r#"userData: |
 
   #!/bin/sh
   echo after > /root/after
+  --==B==
+  Content-Type: text/cloud-boothook
+
+  #cloud-boothook
+  #!/bin/sh
+  if test -e /etc/knit-test/written.conf; then when=late; else when=first; fi
+  echo "$INSTANCE_ID $when" > /root/boothook
   --==B==--
 "#;
 
@@ -73,7 +83,8 @@ fn cloud_config_is_applied_and_unhandled_parts_are_reported_not_run() {
             ("part-001", "succeeded"),
             ("part-002", "not-run"),
             ("part-003", "not-run"),
-            ("part-004", "succeeded")
+            ("part-004", "succeeded"),
+            ("part-005", "succeeded")
         ],
         "{result}"
     );
@@ -92,8 +103,12 @@ fn cloud_config_is_applied_and_unhandled_parts_are_reported_not_run() {
     assert_eq!(t.sh(&id, "stat -c %a /etc/knit-test/written.conf"), "640\n");
     assert_eq!(
         t.sh(&id, "cat /root/runcmd-out"),
-        "runcmd saw from write_files\nsecond\n"
+        "runcmd saw from write_files\nsecond\nafter-the-scripts\n"
     );
+    // As under cloud-init: the boothook ran before any cloud-config module
+    // (it is the last part), with the instance's id; runcmd ran after the
+    // script that follows its part (scripts_user runs it last).
+    assert_eq!(t.sh(&id, "cat /root/boothook"), format!("{id} first\n"));
     // Not run, and said so: never counted as success.
     assert!(parts[1]["exitCode"].is_null());
     assert!(parts[1]["error"]
@@ -116,7 +131,7 @@ fn cloud_config_is_applied_and_unhandled_parts_are_reported_not_run() {
         last.starts_with("knit-local user-data runner v. ")
             && last.contains(" finished at ")
             && last.contains(". Datasource DataSourceKnitLocal.  Up ")
-            && last.ends_with("Parts: 2 succeeded, 0 failed, 2 not run"),
+            && last.ends_with("Parts: 3 succeeded, 0 failed, 2 not run"),
         "{log}"
     );
 }

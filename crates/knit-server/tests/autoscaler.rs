@@ -40,6 +40,10 @@ type Result<T> = std::result::Result<T, ServerError>;
 struct MakingCloud {
     next: AtomicUsize,
     no_stock: AtomicBool,
+    /// Types out of stock even while `no_stock` is not set.
+    no_stock_types: Mutex<std::collections::BTreeSet<String>>,
+    /// (instance name, type) of each instance made.
+    made: Mutex<Vec<(String, String)>>,
     instances: Mutex<BTreeMap<String, ProviderInstance>>,
     deleted: Mutex<Vec<String>>,
 }
@@ -57,7 +61,13 @@ impl Provider for MakingCloud {
         "making"
     }
     async fn create(&self, t: &InstanceTemplate) -> Result<ProviderInstance> {
-        if self.no_stock.load(Ordering::SeqCst) {
+        if self.no_stock.load(Ordering::SeqCst)
+            || self
+                .no_stock_types
+                .lock()
+                .unwrap()
+                .contains(&t.instance_type)
+        {
             return Err(fail(&format!(
                 "RunInstances: OperationDenied.NoStock: the resource {} is out of stock in this zone",
                 t.instance_type
@@ -75,6 +85,10 @@ impl Provider for MakingCloud {
             .lock()
             .unwrap()
             .insert(i.id.clone(), i.clone());
+        self.made
+            .lock()
+            .unwrap()
+            .push((t.name.clone(), t.instance_type.clone()));
         Ok(i)
     }
     async fn get(&self, id: &str) -> Result<Option<ProviderInstance>> {
@@ -546,4 +560,58 @@ fn an_auto_scaling_pool_driven_through_every_call() {
     assert!(e.contains("[0, 2]"), "{e}");
     drop(c);
     drop(rt);
+}
+
+const MULTI: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: multi\nspec:\n  replicas: 1\n  instanceTypes: [ecs.g7.large, ecs.c7.xlarge, ecs.r7.large]\n";
+
+/// The pool's types in order: the first has no stock, so the instance is
+/// made with the second, an event says which and why, and the instance's
+/// record (its Node's instance-type label) says the type it got.
+#[test]
+fn a_type_without_stock_falls_back_to_the_next_in_order() {
+    let cloud = Arc::new(MakingCloud::default());
+    cloud
+        .no_stock_types
+        .lock()
+        .unwrap()
+        .insert("ecs.g7.large".to_string());
+    let mut ts = TestServer::new();
+    ts.start(Some(cloud.clone()));
+    ts.write_agent_checksum();
+    ts.client()
+        .call("POST", "/api/v1/pools", Some(MULTI))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let instance = loop {
+        let instances = ts.server().control.store.instances(Some("multi")).unwrap();
+        if let Some(i) = instances.iter().find(|i| i.provider_id.is_some()) {
+            break i.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{instances:?} {}",
+            ts.client().get("/api/v1/events?limit=50").unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(instance.instance_type, "ecs.c7.xlarge");
+    assert_eq!(
+        cloud.made.lock().unwrap().clone(),
+        vec![(instance.name.clone(), "ecs.c7.xlarge".to_string())]
+    );
+    let events = ts.client().get("/api/v1/events?limit=200").unwrap();
+    let fallback: Vec<String> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "InstanceTypeFallback")
+        .map(|e| e["message"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(fallback.len(), 1, "{events}");
+    assert!(
+        fallback[0].starts_with("ecs.g7.large has no capacity")
+            && fallback[0].contains("NoStock")
+            && fallback[0].ends_with("trying ecs.c7.xlarge"),
+        "{fallback:?}"
+    );
 }

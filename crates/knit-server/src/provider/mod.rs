@@ -2,6 +2,7 @@
 //! local cloud (knit-local) is the implementation that exists today.
 
 pub mod ecs;
+pub mod fallback;
 pub mod local;
 pub mod qemu;
 

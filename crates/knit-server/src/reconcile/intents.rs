@@ -7,8 +7,7 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki;
 use crate::provider::{
-    within, DiskTemplate, InstanceTemplate, ProviderInstance, CALL_TIMEOUT, CREATE_TIMEOUT,
-    TAG_NAME, TAG_POOL,
+    within, DiskTemplate, InstanceTemplate, ProviderInstance, CALL_TIMEOUT, TAG_NAME, TAG_POOL,
 };
 use crate::store::{now_ms, InstanceRecord, IntentRecord};
 use crate::userdata;
@@ -168,15 +167,19 @@ impl ControlPlane {
             )?;
         }
         let outcome = match self.instance_template(&pool.pool, &instance).await {
-            Ok(template) => {
-                within(
-                    provider.name(),
-                    "creating the instance",
-                    CREATE_TIMEOUT,
-                    provider.create(&template),
-                )
-                .await
-            }
+            // The pool's instance types in order: the next on a capacity
+            // error (`provider::fallback`).
+            Ok(template) => crate::provider::fallback::create(
+                provider.as_ref(),
+                &self.store,
+                &template,
+                &crate::provider::fallback::order(
+                    &template.instance_type,
+                    &pool.pool.spec.instance_types,
+                ),
+            )
+            .await
+            .map(|(created, _)| created),
             Err(e) => Err(e),
         };
         match outcome {

@@ -110,6 +110,19 @@ impl Store {
         })
     }
 
+    /// The type an instance was made with, when a fallback chose another
+    /// than the one planned (`crate::provider::fallback`).
+    pub fn set_instance_type(&self, name: &str, instance_type: &str) -> Result<()> {
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE instances SET instance_type = ?2, updated_ms = ?3 WHERE name = ?1",
+                params![name, instance_type, now],
+            )?;
+            Ok(())
+        })
+    }
+
     pub fn set_instance_created(
         &self,
         name: &str,

@@ -983,6 +983,29 @@ pub fn userdata_marker_warnings(user_data: &str) -> Vec<Warning> {
         .collect()
 }
 
+/// A warning for a `#cloud-config` pre-user-data with `runcmd`: on every
+/// runner that key runs after knit's initialization (cloud-init's
+/// `scripts_user` runs its script after every script part, knit's runner
+/// keeps that order), so it cannot prepare the node; `bootcmd` runs first.
+pub fn pre_user_data_runcmd_warnings(pre_user_data: &str) -> Vec<Warning> {
+    let cloud_config = pre_user_data
+        .lines()
+        .any(|l| l.trim_end() == "#cloud-config");
+    let runcmd = pre_user_data.lines().any(|l| l.starts_with("runcmd:"));
+    if !(cloud_config && runcmd) {
+        return Vec::new();
+    }
+    vec![Warning {
+        code: "PreUserDataRuncmdLate".to_string(),
+        field: "spec.preUserData".to_string(),
+        message: "preUserData's #cloud-config runcmd runs after knit's initialization, not \
+                  before it: cloud-init runs runcmd's script after every script part (knit's \
+                  runner keeps that order). Put what must come before initialization in \
+                  bootcmd, or in a shell script part"
+            .to_string(),
+    }]
+}
+
 /// `path` occurs in `line` as a whole path (not a prefix of a longer name).
 fn mentions_path(line: &str, path: &str) -> bool {
     line.match_indices(path).any(|(at, _)| {
@@ -996,6 +1019,16 @@ fn mentions_path(line: &str, path: &str) -> bool {
 #[cfg(test)]
 mod marker_warning_tests {
     use super::*;
+
+    #[test]
+    fn a_runcmd_in_cloud_config_pre_user_data_warns_and_bootcmd_does_not() {
+        let w = pre_user_data_runcmd_warnings("#cloud-config\nruncmd:\n- touch /var/.skip-yum\n");
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].field, "spec.preUserData");
+        assert!(w[0].message.contains("bootcmd"), "{w:?}");
+        assert!(pre_user_data_runcmd_warnings("#cloud-config\nbootcmd:\n- touch /x\n").is_empty());
+        assert!(pre_user_data_runcmd_warnings("#!/bin/sh\necho runcmd:\n").is_empty());
+    }
 
     #[test]
     fn touching_a_marker_in_user_data_names_pre_user_data() {

@@ -59,6 +59,24 @@ fn user_data_touching_an_init_marker_warns_at_create_and_update() {
         .call("POST", "/api/v1/pools", Some(&early))
         .unwrap();
     assert!(warnings(&created).is_empty(), "{created}");
+    // A #cloud-config runcmd in preUserData runs after initialization on
+    // every runner: it warns, naming bootcmd.
+    let runcmd = pool(
+        "runcmd",
+        "  replicas: 0\n  preUserData: |\n    #cloud-config\n    runcmd:\n    - touch /var/.skip-yum\n",
+    );
+    let created = srv
+        .client()
+        .call("POST", "/api/v1/pools", Some(&runcmd))
+        .unwrap();
+    let w = warnings(&created);
+    assert!(
+        w.len() == 1
+            && w[0].starts_with("spec.preUserData: ")
+            && w[0].contains("bootcmd")
+            && w[0].contains("PreUserDataRuncmdLate"),
+        "{w:?}"
+    );
 }
 
 /// A snapshot named on a data disk the agent does not mount (with two

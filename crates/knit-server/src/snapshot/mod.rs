@@ -241,7 +241,13 @@ pub fn check_pool(cp: &ControlPlane, pool: &NodePool, strict: bool) -> Result<Ve
             Some(_) => {}
         }
     }
-    for w in knit_api::validate::userdata_marker_warnings(&pool.spec.user_data) {
+    let spec = &pool.spec;
+    for w in knit_api::validate::userdata_marker_warnings(&spec.user_data)
+        .into_iter()
+        .chain(knit_api::validate::pre_user_data_runcmd_warnings(
+            &spec.pre_user_data,
+        ))
+    {
         warnings.push(format!("{}: {} ({})", w.field, w.message, w.code));
     }
     Ok(warnings)

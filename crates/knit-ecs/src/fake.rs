@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -204,6 +204,9 @@ struct State {
     runs: HashMap<String, Arc<Mutex<Run>>>,
     /// RunCommand's Timeout of every command, in order.
     command_timeouts: Vec<u64>,
+    /// Instance types sold out: RunInstances of one answers
+    /// `OperationDenied.NoStock`.
+    sold_out: BTreeSet<String>,
     next: u64,
     scratch: std::path::PathBuf,
 }
@@ -270,6 +273,7 @@ impl FakeEcs {
             calls: Vec::new(),
             runs: HashMap::new(),
             command_timeouts: Vec::new(),
+            sold_out: BTreeSet::new(),
             next: 0,
             scratch: scratch.clone(),
         }));
@@ -337,6 +341,17 @@ impl FakeEcs {
         let mut s = self.lock();
         let list = s.faults.entry(action.to_string()).or_default();
         list.extend(std::iter::repeat_n(fault, times));
+    }
+
+    /// Makes `instance_type` sold out (`true`) or available again: while it
+    /// is, RunInstances of it answers ECS's `OperationDenied.NoStock`.
+    pub fn set_sold_out(&self, instance_type: &str, sold_out: bool) {
+        let mut s = self.lock();
+        if sold_out {
+            s.sold_out.insert(instance_type.to_string());
+        } else {
+            s.sold_out.remove(instance_type);
+        }
     }
 
     pub fn set_instance_quota(&self, quota: usize) {
@@ -1012,6 +1027,13 @@ impl State {
                 404,
                 "InvalidInstanceType.NotFound",
                 "The specified InstanceType does not exist.",
+            ));
+        }
+        if self.sold_out.contains(&itype) {
+            return Err(fail(
+                400,
+                "OperationDenied.NoStock",
+                "The requested resource is sold out in the specified zone; try other types of resources or other regions and zones.",
             ));
         }
         let vsw = param(p, "VSwitchId")?.to_string();

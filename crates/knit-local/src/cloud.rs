@@ -11,6 +11,9 @@ use crate::state::{self, new_id, now, proc_ref, StateDir};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::collections::BTreeSet;
+
+/// Per-type capacities in the state directory (`Cloud::set_capacity`).
+const CAPACITY_FILE: &str = "capacity.json";
 use std::io::BufRead;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -316,6 +319,7 @@ impl Cloud {
                 tracing::info!(id = %existing.id, "create repeated with the same client token: the instance it made");
                 return self.view(existing);
             }
+            self.check_capacity(&tpl.instance_type)?;
             self.ensure_network()?;
             let id = new_id("i-")?;
             let ip = self.pick_ip(tpl.private_ip.as_deref())?;
@@ -934,6 +938,47 @@ impl Cloud {
         state::remove_dir_all(&self.state.instance_dir(id))?;
         tracing::info!(id, killed, "instance deleted");
         Ok(killed)
+    }
+
+    /// How many instances of each type this cloud may hold at once (`knit
+    /// local capacity`); a type not listed has no limit.
+    pub fn capacity(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        Ok(state::read_opt(&self.state.root().join(CAPACITY_FILE))?.unwrap_or_default())
+    }
+
+    /// Sets the capacity of `instance_type` (`None`: no limit). Instances
+    /// already made stay; a create past the capacity is refused with
+    /// [`LocalError::OutOfCapacity`].
+    pub fn set_capacity(&self, instance_type: &str, capacity: Option<u64>) -> Result<()> {
+        let _lock = self.state.lock()?;
+        let mut all = self.capacity()?;
+        match capacity {
+            Some(n) => all.insert(instance_type.to_string(), n),
+            None => all.remove(instance_type),
+        };
+        state::write_json(&self.state.root().join(CAPACITY_FILE), &all)
+    }
+
+    /// Refuses a create of `instance_type` when its capacity is used up
+    /// (called under the state lock).
+    fn check_capacity(&self, instance_type: &str) -> Result<()> {
+        let Some(capacity) = self.capacity()?.get(instance_type).copied() else {
+            return Ok(());
+        };
+        let used = self
+            .state
+            .instances()?
+            .iter()
+            .filter(|r| r.template.instance_type == instance_type)
+            .count() as u64;
+        if used >= capacity {
+            return Err(LocalError::OutOfCapacity {
+                instance_type: instance_type.to_string(),
+                used,
+                capacity,
+            });
+        }
+        Ok(())
     }
 
     /// Every instance; one being deleted meanwhile (its disks already gone) is left out.

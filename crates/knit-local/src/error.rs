@@ -27,6 +27,14 @@ pub enum LocalError {
     },
     #[error("{what} is busy: {message}")]
     Busy { what: String, message: String },
+    /// The per-type capacity (`knit local capacity`) is used up, as a
+    /// cloud's zone runs out of a type (ECS: OperationDenied.NoStock).
+    #[error("OutOfCapacity: instance type {instance_type} has no capacity left on this local cloud ({used} of {capacity} made; `knit local capacity` sets it)")]
+    OutOfCapacity {
+        instance_type: String,
+        used: u64,
+        capacity: u64,
+    },
     #[error("command `{command}` failed ({status}): {stderr}")]
     Command {
         command: String,
@@ -62,6 +70,7 @@ impl LocalError {
             LocalError::NotFound { .. } => "LocalNotFound",
             LocalError::WrongState { .. } => "LocalWrongState",
             LocalError::Busy { .. } => "LocalBusy",
+            LocalError::OutOfCapacity { .. } => "LocalOutOfCapacity",
             LocalError::Command { .. } => "LocalCommand",
             LocalError::Io { .. } => "LocalIo",
             LocalError::State { .. } => "LocalState",

@@ -90,6 +90,15 @@ enum Cmd {
     Describe {
         id: String,
     },
+    /// How many instances of a type this cloud may hold at once, as a
+    /// cloud's zone runs out of a type: `capacity TYPE N` sets it, `capacity
+    /// TYPE none` lifts it, `capacity` prints them. A create past it is
+    /// refused (LocalOutOfCapacity), and knit tries a pool's next type.
+    Capacity {
+        instance_type: Option<String>,
+        /// A count, or `none` for no limit.
+        count: Option<String>,
+    },
     /// Run a command inside a running instance.
     Exec {
         id: String,
@@ -280,6 +289,26 @@ fn run(cli: Cli) -> Result<(), LocalError> {
             print(&cloud.set_password(&id, password)?)
         }
         Cmd::Delete { id } => cloud.delete(&id),
+        Cmd::Capacity {
+            instance_type,
+            count,
+        } => match (instance_type, count) {
+            (Some(t), Some(n)) => {
+                let capacity = match n.as_str() {
+                    "none" => None,
+                    n => Some(n.parse::<u64>().map_err(|_| LocalError::Parse {
+                        what: "capacity".to_string(),
+                        message: format!("{n:?} is not a count or none"),
+                    })?),
+                };
+                cloud.set_capacity(&t, capacity)
+            }
+            (None, None) => print(&cloud.capacity()?),
+            _ => Err(LocalError::Parse {
+                what: "capacity".to_string(),
+                message: "give TYPE and a count (or none), or nothing to print them".to_string(),
+            }),
+        },
         Cmd::List => {
             for i in cloud.list()? {
                 let r = &i.record;

@@ -102,5 +102,12 @@ mod tests {
         assert!(is_capacity_error("Zone.NotOnSale: not on sale in cn-x-a"));
         assert!(!is_capacity_error("InvalidParameter: bad image"));
         assert!(!is_capacity_error("connection refused"));
+        // The local cloud's per-type capacity, as the provider passes it on.
+        let local = knit_local::LocalError::OutOfCapacity {
+            instance_type: "ecs.g7.large".into(),
+            used: 1,
+            capacity: 1,
+        };
+        assert!(is_capacity_error(&local.to_string()));
     }
 }

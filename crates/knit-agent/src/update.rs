@@ -114,10 +114,21 @@ pub fn run(host: &Host, config_path: &str, update: &NodeUpdate) -> Result<NodeUp
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
+    let kubelet = host.host_path(&format!("{}/kubelet", crate::package::BIN_DIR));
+    let kubelet_version = host
+        .run(
+            ErrorCode::FailCommand,
+            &kubelet,
+            &["--version"],
+            std::time::Duration::from_secs(10),
+        )
+        .map(|out| out.stdout.trim().to_string())
+        .unwrap_or_default();
     Ok(NodeUpdated {
         node: journal.node_name.unwrap_or_default(),
         kubernetes_version: next.kubernetes.version,
         kubelet_restarted: restarted,
+        kubelet_version,
     })
 }
 

@@ -190,6 +190,10 @@ pub struct NodeUpdated {
     /// Whether the kubelet runs as another process than before (it was
     /// restarted).
     pub kubelet_restarted: bool,
+    /// What the installed kubelet says of itself (`kubelet --version`,
+    /// e.g. `Kubernetes v1.32.0`); empty when it could not be asked.
+    #[serde(default)]
+    pub kubelet_version: String,
 }
 
 #[cfg(test)]

@@ -339,10 +339,12 @@ impl ControlPlane {
             Err(e) => return Err(format!("knit-agent update could not run: {e}")),
         };
         if let Some(want) = &job.update.kubernetes_version {
-            if &updated.kubernetes_version != want {
+            if &updated.kubernetes_version != want
+                || !reports_version(&updated.kubelet_version, want)
+            {
                 return Err(format!(
-                    "the agent installed Kubernetes {}, not {want}",
-                    updated.kubernetes_version
+                    "the agent installed Kubernetes {}, and the kubelet reports {:?}, not v{want}",
+                    updated.kubernetes_version, updated.kubelet_version
                 ));
             }
         }
@@ -468,6 +470,13 @@ pub(crate) fn start_queued(cp: &Arc<ControlPlane>, pool: &str) -> Vec<tokio::tas
     cp.start_jobs(mine)
 }
 
+/// Whether `kubelet --version`'s line names `version` (`Kubernetes
+/// v1.32.0`, a stand-in's with more after it).
+fn reports_version(line: &str, version: &str) -> bool {
+    line.split_whitespace()
+        .any(|w| w.strip_prefix('v') == Some(version))
+}
+
 /// `--update`'s value: base64 of the update's JSON (the agent's
 /// `knit_agent::update::decode` reads it).
 pub fn knit_update_arg(update: &NodeUpdate) -> String {
@@ -493,6 +502,18 @@ mod tests {
         let h = template_hash(&spec, "1.31.4");
         assert_eq!(version_of(&spec, &h, "1.31.4").as_deref(), Some("1.31.4"));
         assert_eq!(version_of(&spec, &h, "1.32.0"), None);
+    }
+
+    #[test]
+    fn the_kubelet_s_version_line_is_read_exactly() {
+        assert!(reports_version("Kubernetes v1.32.0", "1.32.0"));
+        assert!(reports_version(
+            "Kubernetes v1.32.0 (knit-kubelet-sim 0.1.0: knit's kubelet stand-in)",
+            "1.32.0"
+        ));
+        assert!(!reports_version("Kubernetes v1.32.10", "1.32.1"));
+        assert!(!reports_version("Kubernetes v1.31.4", "1.32.0"));
+        assert!(!reports_version("", "1.32.0"));
     }
 
     #[test]

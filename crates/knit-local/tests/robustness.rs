@@ -123,7 +123,16 @@ fn without_root_a_clear_error() {
 #[test]
 fn killed_mid_create_then_down_leaves_nothing() {
     // "store-loop": the block store's loop device attached, not yet mounted.
-    for step in ["record", "store-loop", "disks", "loops", "network", "spawn"] {
+    // "cgroups": the machine's cgroups made (issue 29), no network yet.
+    for step in [
+        "record",
+        "store-loop",
+        "disks",
+        "loops",
+        "cgroups",
+        "network",
+        "spawn",
+    ] {
         let tmp = tempfile::Builder::new()
             .prefix("knit-local-crash-")
             .tempdir()
@@ -160,6 +169,21 @@ fn killed_mid_create_then_down_leaves_nothing() {
         let links = vec![bridge.clone(), rec["veth"].as_str().unwrap().to_string()];
         let netns = vec![rec["netns"].as_str().unwrap().to_string()];
         let before = leftovers(&dir, &links, &netns);
+        let cgroups: Vec<std::path::PathBuf> = rec["cgroups"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c.as_str())
+                    .map(Into::into)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if matches!(step, "cgroups" | "network" | "spawn") {
+            assert!(
+                !cgroups.is_empty() && cgroups.iter().all(|c| c.is_dir()),
+                "{step}: the machine's cgroups should be recorded and made: {cgroups:?}"
+            );
+        }
         if step != "record" {
             assert!(
                 !before.loop_devices.is_empty(),
@@ -203,5 +227,8 @@ fn killed_mid_create_then_down_leaves_nothing() {
             common::Leftovers::default(),
             "{step}: down left {after:?}"
         );
+        for c in &cgroups {
+            assert!(!c.exists(), "{step}: down left the cgroup {}", c.display());
+        }
     }
 }

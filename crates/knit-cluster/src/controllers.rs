@@ -11,7 +11,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
-use crate::error::ClusterError;
+use crate::error::{ApiStatus, ClusterError};
 use crate::pki::Ca;
 use crate::store::{Change, EventType, Store};
 use crate::{auth, ipam, pod_controllers, tokens, util};
@@ -112,7 +112,14 @@ impl Controllers {
                         tokio::task::block_in_place(|| match (c.resource.as_str(), c.kind) {
                         (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
                         ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
-                        ("nodes", EventType::Added | EventType::Modified)
+                        ("nodes", EventType::Added) => self.retire_tokens_of(&c.name).and_then(|()| {
+                            if ipam::has_pod_cidr(&c.object) {
+                                Ok(())
+                            } else {
+                                ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
+                            }
+                        }),
+                        ("nodes", EventType::Modified)
                             if !ipam::has_pod_cidr(&c.object) =>
                         {
                             ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
@@ -298,11 +305,25 @@ impl Controllers {
             if let Err(why) = tokens::check_usable(&secret, "usage-bootstrap-authentication") {
                 return Decision::Deny(format!("bootstrap token {token_id}: {why}"));
             }
-            return match tokens::bound_node(&secret) {
-                Some(bound) if bound != node => Decision::Deny(format!(
+            // An unbound token (a manual attach's) is bound to the first
+            // node name it is approved for, in one write: whichever CSR
+            // binds it first, every other name is refused afterwards.
+            let bound = match tokens::bound_node(&secret) {
+                Some(b) => b.to_string(),
+                None => match self.bind_token(token_id, node) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "binding bootstrap token {token_id} to node {node:?}");
+                        return Decision::Pending;
+                    }
+                },
+            };
+            return if bound != node {
+                Decision::Deny(format!(
                     "bootstrap token {token_id} was issued for node {bound:?}, not {node:?}"
-                )),
-                _ => Decision::Approve(format!("knit approved: kubelet client certificate for node {node:?} requested with bootstrap token {token_id}")),
+                ))
+            } else {
+                Decision::Approve(format!("knit approved: kubelet client certificate for node {node:?} requested with bootstrap token {token_id}"))
             };
         }
         if user == cn && groups.contains(&auth::NODES) && subject_problem.is_none() {
@@ -344,6 +365,43 @@ impl Controllers {
         Ok(())
     }
 
+    /// Binds the token `token_id` to `node` unless it is bound already;
+    /// the node name it is bound to after the write.
+    fn bind_token(&self, token_id: &str, node: &str) -> Result<String, ApiStatus> {
+        let secret = self.store.update(
+            "secrets",
+            "kube-system",
+            &tokens::secret_name(token_id),
+            None,
+            |cur| {
+                if tokens::bound_node(cur).is_some() {
+                    return Ok(cur.clone());
+                }
+                let mut next = cur.clone();
+                let meta = util::field_mut(&mut next, "metadata");
+                let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+                if let Some(a) = annotations.as_object_mut() {
+                    a.insert(tokens::NODE_ANNOTATION.into(), json!(node));
+                } else {
+                    *annotations = json!({ tokens::NODE_ANNOTATION: node });
+                }
+                Ok(next)
+            },
+        )?;
+        tokens::bound_node(&secret)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                ApiStatus::conflict(format!("bootstrap token {token_id} stayed unbound"))
+            })
+    }
+
+    /// Deletes the bootstrap tokens bound to `node`: its Node registered
+    /// (the kubelet holds its own certificate) and the token has no more
+    /// use; kept, it would let a removed node get a fresh certificate.
+    fn retire_tokens_of(&self, node: &str) -> Result<(), ClusterError> {
+        crate::delete_tokens_bound_to(&self.store, node).map(|_| ())
+    }
+
     // ---- bootstrap signer and token cleaner ----
 
     pub fn sync_cluster_info(&self) -> Result<(), ClusterError> {
@@ -359,10 +417,22 @@ impl Controllers {
             let expired = tokens::data_field(&s, "expiration")
                 .and_then(|e| util::parse_time(&e))
                 .is_some_and(|t| t <= util::now());
-            if expired {
+            // A token whose node has registered is spent (a missed change,
+            // or a Node registered through another server).
+            let joined = match tokens::bound_node(&s) {
+                Some(node) => self.store.get("nodes", "", node)?.is_some(),
+                None => false,
+            };
+            if expired || joined {
                 let name = util::name_of(&s);
                 match self.store.delete("secrets", "kube-system", name) {
-                    Ok(_) => tracing::info!(secret = name, "deleted expired bootstrap token"),
+                    Ok(_) if expired => {
+                        tracing::info!(secret = name, "deleted expired bootstrap token")
+                    }
+                    Ok(_) => tracing::info!(
+                        secret = name,
+                        "deleted the bootstrap token of a joined node"
+                    ),
                     Err(e) if e.code == 404 => {}
                     Err(e) => return Err(ClusterError::Api(e)),
                 }

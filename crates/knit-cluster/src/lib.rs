@@ -410,6 +410,12 @@ impl EmbeddedCluster {
         }
     }
 
+    /// Revokes every bootstrap token bound to `node` (its instance is
+    /// gone, or it has joined); the number deleted.
+    pub fn delete_bootstrap_tokens_of(&self, node: &str) -> Result<usize, ClusterError> {
+        delete_tokens_bound_to(&self.store, node)
+    }
+
     /// API request and watch metrics, Prometheus text format (also served
     /// at `/metrics` to admins).
     pub fn metrics_text(&self) -> String {
@@ -543,4 +549,28 @@ async fn serve(
             }
         });
     }
+}
+
+/// Deletes the bootstrap token Secrets bound to `node`; the number deleted.
+pub(crate) fn delete_tokens_bound_to(
+    store: &store::Store,
+    node: &str,
+) -> Result<usize, ClusterError> {
+    let (secrets, _) = store.list("secrets", Some("kube-system"))?;
+    let mut deleted = 0;
+    for s in secrets {
+        if s["type"].as_str() != Some(tokens::SECRET_TYPE) || tokens::bound_node(&s) != Some(node) {
+            continue;
+        }
+        let name = util::name_of(&s);
+        match store.delete("secrets", "kube-system", name) {
+            Ok(_) => {
+                deleted += 1;
+                tracing::info!(secret = name, node, "deleted the bootstrap token of node");
+            }
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(deleted)
 }

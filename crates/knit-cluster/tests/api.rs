@@ -204,6 +204,109 @@ async fn tls_bootstrap_node_authorization_and_errors() {
     cluster.shutdown().await;
 }
 
+/// Join credentials with an end (issue 30): an unbound token is bound to
+/// the first node name it is approved for and refused for any other; a
+/// token is deleted once its node has registered, and then refused; the
+/// tokens of a node whose instance is gone are revoked on request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_tokens_are_bound_once_and_end_when_their_node_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = common::start(dir.path(), Duration::from_secs(40)).await;
+    let unbound = cluster
+        .create_bootstrap_token(None, Duration::from_secs(600), &[])
+        .unwrap();
+    let gone = cluster
+        .create_bootstrap_token(Some("m9"), Duration::from_secs(600), &[])
+        .unwrap();
+    let (ep, ca) = (cluster.endpoint().to_string(), cluster.ca_pem().to_string());
+    let admin = Client::admin(&cluster);
+    // The instance of m9 is gone before it joined: its token is revoked.
+    assert_eq!(cluster.delete_bootstrap_tokens_of("m9").unwrap(), 1);
+    assert_eq!(cluster.delete_bootstrap_tokens_of("m9").unwrap(), 0);
+
+    blocking(move || {
+        let secret =
+            |id: &str| format!("/api/v1/namespaces/kube-system/secrets/bootstrap-token-{id}");
+        assert_eq!(admin.get(&secret(&gone.id)).0, 404);
+        let (code, st) = Client::new(&ep, &ca, Who::Token(&gone.token()))
+            .get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
+        assert_eq!(code, 401, "a revoked token: {st}");
+
+        // The unbound token's first certificate binds it to m1.
+        let boot = Client::new(&ep, &ca, Who::Token(&unbound.token()));
+        const CSRS: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+        let (pem, key) = csr("system:node:m1", &["system:nodes"]);
+        let (code, created) = boot.post(CSRS, &csr_object(&pem, KUBELET));
+        assert_eq!(code, 201, "{created}");
+        let name = created["metadata"]["name"].as_str().unwrap().to_string();
+        let done = wait_for("certificate", Duration::from_secs(20), || {
+            issued_cert(&admin, &name)
+        });
+        assert_eq!(
+            done["status"]["conditions"][0]["type"], "Approved",
+            "{done}"
+        );
+        let (_, s) = admin.get(&secret(&unbound.id));
+        assert_eq!(
+            s["metadata"]["annotations"]["knit.dev/node-name"], "m1",
+            "{s}"
+        );
+
+        // A second node name with the same token is refused.
+        let (pem2, _) = csr("system:node:m2", &["system:nodes"]);
+        let (code, other) = boot.post(CSRS, &csr_object(&pem2, KUBELET));
+        assert_eq!(code, 201, "{other}");
+        let other = other["metadata"]["name"].as_str().unwrap().to_string();
+        let denied = wait_for("denial", Duration::from_secs(20), || {
+            issued_cert(&admin, &other)
+        });
+        assert_eq!(
+            denied["status"]["conditions"][0]["type"], "Denied",
+            "{denied}"
+        );
+        assert!(
+            denied["status"]["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("\"m1\""),
+            "{denied}"
+        );
+        assert!(denied["status"]["certificate"].is_null());
+
+        // m1 registers its Node: the token is deleted and refused after.
+        assert_eq!(admin.get(&secret(&unbound.id)).0, 200);
+        let cert = String::from_utf8(
+            STANDARD
+                .decode(done["status"]["certificate"].as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        let node = Client::new(
+            &ep,
+            &ca,
+            Who::Cert {
+                cert_pem: &cert,
+                key_pem: &key,
+            },
+        );
+        assert_eq!(node.post("/api/v1/nodes", &node_obj("m1")).0, 201);
+        wait_for(
+            "the joined node's token deleted",
+            Duration::from_secs(20),
+            || (admin.get(&secret(&unbound.id)).0 == 404).then_some(()),
+        );
+        let (pem3, _) = csr("system:node:m1", &["system:nodes"]);
+        let (code, st) = boot.post(CSRS, &csr_object(&pem3, KUBELET));
+        assert_eq!(code, 401, "a joined node's bootstrap token: {st}");
+        assert!(
+            st["message"].as_str().unwrap().contains("unknown token id"),
+            "{st}"
+        );
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_resumes_from_resource_version_with_bookmarks_and_survives_restart() {
     let dir = tempfile::tempdir().unwrap();

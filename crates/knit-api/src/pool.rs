@@ -511,11 +511,64 @@ impl Default for NodePoolSpec {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// An auto-scaling pool's bounds, and the cluster-autoscaler options of
+/// this pool alone (its `NodeGroupGetOptions`, docs/autoscaling.md): each
+/// one unset is the autoscaler's own flag.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ScalingSpec {
     pub min: i64,
     pub max: i64,
+    /// A node below this utilization (requests / allocatable, 0 to 1) may
+    /// be removed (`--scale-down-utilization-threshold`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_down_utilization_threshold: Option<f64>,
+    /// The same for a node with a GPU, by GPU utilization.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_down_gpu_utilization_threshold: Option<f64>,
+    /// How long a node must be unneeded before it is removed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_down_unneeded_seconds: Option<i64>,
+    /// How long an unready node must be unneeded before it is removed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_down_unready_seconds: Option<i64>,
+    /// How long the autoscaler waits for a new node to register.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_node_provision_seconds: Option<i64>,
+    /// Scale to max or to zero all at once, never one node at a time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zero_or_max_node_scaling: Option<bool>,
+    /// Leave DaemonSet pods out of a node's utilization.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ignore_daemon_sets_utilization: Option<bool>,
+}
+
+impl ScalingSpec {
+    fn validate_options(&self, at: &str, e: &mut Errors) {
+        for (name, value) in [
+            (
+                "scaleDownUtilizationThreshold",
+                self.scale_down_utilization_threshold,
+            ),
+            (
+                "scaleDownGpuUtilizationThreshold",
+                self.scale_down_gpu_utilization_threshold,
+            ),
+        ] {
+            if let Some(v) = value.filter(|v| !(0.0..=1.0).contains(v)) {
+                e.add(format!("{at}.{name}"), v, "must be from 0 to 1");
+            }
+        }
+        for (name, value) in [
+            ("scaleDownUnneededSeconds", self.scale_down_unneeded_seconds),
+            ("scaleDownUnreadySeconds", self.scale_down_unready_seconds),
+            ("maxNodeProvisionSeconds", self.max_node_provision_seconds),
+        ] {
+            if let Some(v) = value {
+                e.range(&format!("{at}.{name}"), v, 0, 7 * 86_400);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -599,6 +652,7 @@ impl NodePoolSpec {
         }
         match (&self.scaling, self.pool_type.as_str()) {
             (Some(s), "auto-scaling") => {
+                s.validate_options(&f("scaling"), e);
                 if s.min < 0 || s.max > PRO_NODE_QUOTA {
                     e.add(
                         f("scaling"),
@@ -1297,12 +1351,21 @@ mod tests {
         assert!(e.list.is_empty(), "{:?}", e.list);
 
         spec.pool_type = "auto-scaling".to_string();
-        spec.scaling = Some(ScalingSpec { min: 2, max: 1 });
+        spec.scaling = Some(ScalingSpec {
+            min: 2,
+            max: 1,
+            scale_down_utilization_threshold: Some(1.5),
+            ..Default::default()
+        });
         let mut e = Errors::default();
         spec.validate("spec", &mut e);
         let fields: Vec<&str> = e.list.iter().map(|e| e.field.as_str()).collect();
         assert!(fields.contains(&"spec.scaling.min"), "{fields:?}");
         assert!(fields.contains(&"spec.replicas"), "{fields:?}");
+        assert!(
+            fields.contains(&"spec.scaling.scaleDownUtilizationThreshold"),
+            "{fields:?}"
+        );
     }
 
     #[test]

@@ -206,7 +206,7 @@ fn node(provider_id: &str) -> pb::ExternalGrpcNode {
     }
 }
 
-const AUTO: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: auto\nspec:\n  type: auto-scaling\n  replicas: 0\n  scaling: {min: 0, max: 2}\n  instanceTypes: [ecs.g7.large, ecs.c7.xlarge]\n  labels: {tier: web}\n  taints: [{key: dedicated, value: web, effect: NoSchedule}]\n  kubelet: {maxPods: 64, kubeReserved: {cpu: 100m, memory: 512Mi}}\n";
+const AUTO: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: auto\nspec:\n  type: auto-scaling\n  replicas: 0\n  scaling: {min: 0, max: 2, scaleDownUnneededSeconds: 300, scaleDownUtilizationThreshold: 0.6}\n  instanceTypes: [ecs.g7.large, ecs.c7.xlarge]\n  labels: {tier: web}\n  taints: [{key: dedicated, value: web, effect: NoSchedule}]\n  kubelet: {maxPods: 64, kubeReserved: {cpu: 100m, memory: 512Mi}}\n";
 const FIXED: &str = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: fixed\nspec:\n  replicas: 1\n";
 
 #[test]
@@ -524,6 +524,11 @@ fn an_auto_scaling_pool_driven_through_every_call() {
     );
     let defaults = pb::NodeGroupAutoscalingOptions {
         scale_down_utilization_threshold: 0.5,
+        scale_down_gpu_utilization_threshold: 0.5,
+        max_node_provision_duration: Some(prost_types::Duration {
+            seconds: 900,
+            nanos: 0,
+        }),
         ..Default::default()
     };
     let options = rt
@@ -536,7 +541,16 @@ fn an_auto_scaling_pool_driven_through_every_call() {
         .unwrap()
         .into_inner()
         .node_group_autoscaling_options;
-    assert_eq!(options, Some(defaults));
+    // The pool's own options over the autoscaler's defaults.
+    let want = pb::NodeGroupAutoscalingOptions {
+        scale_down_utilization_threshold: 0.6,
+        scale_down_unneeded_duration: Some(prost_types::Duration {
+            seconds: 300,
+            nanos: 0,
+        }),
+        ..defaults
+    };
+    assert_eq!(options, Some(want));
     rt.block_on(c.refresh(pb::RefreshRequest {})).unwrap();
     rt.block_on(c.cleanup(pb::CleanupRequest {})).unwrap();
     let price = rt

@@ -525,10 +525,13 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
         request: Request<pb::NodeGroupAutoscalingOptionsRequest>,
     ) -> Answer<pb::NodeGroupAutoscalingOptionsResponse> {
         let request = request.into_inner();
-        self.group(&request.id)?;
-        // The pool has no options of its own: the autoscaler's defaults.
+        let record = self.group(&request.id)?;
+        let scaling = record.pool.spec.scaling.unwrap_or_default();
         Ok(Response::new(pb::NodeGroupAutoscalingOptionsResponse {
-            node_group_autoscaling_options: request.defaults,
+            node_group_autoscaling_options: Some(options(
+                &scaling,
+                request.defaults.unwrap_or_default(),
+            )),
         }))
     }
 }
@@ -545,6 +548,41 @@ impl Autoscaler {
             tracing::warn!(pool, reason, error = %e, "event not recorded");
         }
     }
+}
+
+/// The pool's own options (`spec.scaling`) over the autoscaler's
+/// `defaults`: each one the pool leaves unset is the default.
+pub fn options(
+    scaling: &knit_api::ScalingSpec,
+    defaults: pb::NodeGroupAutoscalingOptions,
+) -> pb::NodeGroupAutoscalingOptions {
+    let seconds = |s: i64| prost_types::Duration {
+        seconds: s,
+        nanos: 0,
+    };
+    let mut o = defaults;
+    if let Some(v) = scaling.scale_down_utilization_threshold {
+        o.scale_down_utilization_threshold = v;
+    }
+    if let Some(v) = scaling.scale_down_gpu_utilization_threshold {
+        o.scale_down_gpu_utilization_threshold = v;
+    }
+    if let Some(v) = scaling.scale_down_unneeded_seconds {
+        o.scale_down_unneeded_duration = Some(seconds(v));
+    }
+    if let Some(v) = scaling.scale_down_unready_seconds {
+        o.scale_down_unready_duration = Some(seconds(v));
+    }
+    if let Some(v) = scaling.max_node_provision_seconds {
+        o.max_node_provision_duration = Some(seconds(v));
+    }
+    if let Some(v) = scaling.zero_or_max_node_scaling {
+        o.zero_or_max_node_scaling = v;
+    }
+    if let Some(v) = scaling.ignore_daemon_sets_utilization {
+        o.ignore_daemon_sets_utilization = v;
+    }
+    o
 }
 
 /// The distinct GPU label values of the catalog (for tests and docs).

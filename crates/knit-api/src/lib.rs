@@ -12,6 +12,7 @@ pub mod events;
 pub mod instance_types;
 pub mod phase;
 pub mod pool;
+pub mod reference;
 pub mod state;
 pub mod update;
 pub mod validate;

@@ -258,6 +258,13 @@ enum Cmd {
     },
     /// Print a shell completion script: `source <(knit completion bash)`.
     Completion { shell: clap_complete::Shell },
+    /// A field of the API objects: its type, default and description, and
+    /// the fields under it (`knit explain nodepool.spec.drain`; the kinds:
+    /// nodepool, cluster; docs/reference.md holds them all).
+    Explain {
+        /// KIND[.FIELD.PATH], e.g. `nodepool`, `nodepool.spec.repair`, `np.drain`.
+        field: String,
+    },
     /// The embedded cluster's admin kubeconfig: its path (`export
     /// KUBECONFIG=$(knit kubeconfig)`), or with --raw its contents.
     Kubeconfig {
@@ -445,6 +452,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 _ => Ok(ExitCode::SUCCESS),
             }
         }
+        Cmd::Explain { field } => match knit_api::reference::explain(&field) {
+            Ok(text) => {
+                print!("{text}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(why) => Err(CliError::Usage(why)),
+        },
         Cmd::Kubeconfig { raw, state_dir } => {
             cluster::kubeconfig(&cli.config, state_dir.as_deref(), raw)
         }

@@ -107,7 +107,7 @@ fn row(pool: &PoolView, now: i64) -> String {
     format!(
         r#"<tr id="pool-{id}" data-pool="{n}"><th scope="row"><a href="/ui/nodes?pool={q}">{n}</a>{state}</th>
 <td>{types}</td><td>{snapshot}</td>
-<td data-col="desired">{desired}</td><td data-col="instances">{instances}</td>
+<td data-col="desired">{desired}{bounds}</td><td data-col="instances">{instances}</td>
 <td data-col="initialized">{initialized}</td><td data-col="ready">{ready}</td>
 <td data-col="rollout">{rollout}</td>
 <td>{age}</td>
@@ -120,6 +120,7 @@ fn row(pool: &PoolView, now: i64) -> String {
         types = esc(&types),
         snapshot = esc(&snapshot),
         desired = s.desired,
+        bounds = bounds_of(pool),
         instances = s.instances,
         initialized = s.initialized,
         ready = s.ready,
@@ -446,6 +447,56 @@ pub async fn delete(
             html::query_value(&format!("Pool {name} is being deleted."))
         )),
         Err(e) => error_page(&session, &e),
+    }
+}
+
+/// An auto-scaling pool's bounds beside its desired count (what
+/// cluster-autoscaler keeps it within); nothing for a regular pool.
+fn bounds_of(pool: &PoolView) -> String {
+    match &pool.spec.spec.scaling {
+        Some(b) => format!(
+            r#" <span data-col="bounds" title="auto-scaling: min {min}, max {max}">(min {min}, max {max})</span>"#,
+            min = b.min,
+            max = b.max
+        ),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+    use knit_api::views::PoolStatus;
+    use knit_api::{NodePool, NodePoolSpec, ScalingSpec};
+
+    #[test]
+    fn an_auto_scaling_pool_row_shows_min_and_max() {
+        let spec = NodePoolSpec {
+            pool_type: "auto-scaling".into(),
+            replicas: 1,
+            scaling: Some(ScalingSpec {
+                min: 0,
+                max: 4,
+                ..ScalingSpec::default()
+            }),
+            ..NodePoolSpec::default()
+        };
+        let status = PoolStatus {
+            desired: 1,
+            ..PoolStatus::default()
+        };
+        let html = row(&PoolView::new(NodePool::new("a", spec), 0, status), 0);
+        assert!(
+            html.contains(r#"<td data-col="desired">1 <span data-col="bounds""#)
+                && html.contains("(min 0, max 4)"),
+            "{html}"
+        );
+        let regular = PoolView::new(
+            NodePool::new("r", NodePoolSpec::default()),
+            0,
+            PoolStatus::default(),
+        );
+        assert!(!row(&regular, 0).contains("data-col=\"bounds\""));
     }
 }
 

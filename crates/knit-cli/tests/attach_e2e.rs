@@ -855,7 +855,9 @@ fn automatic_attach_renames_the_instance_and_sets_the_new_password() {
         !ok && format!("{out}{err}").contains("PreflightPasswordRequired"),
         "{out}{err}"
     );
-    env.knit_ok(&[
+    // The password on the command line is refused (issue 30): it comes
+    // from a file only its owner reads.
+    let (ok, out, err) = env.knit(&[
         "attach",
         "--pool",
         "workers",
@@ -863,6 +865,21 @@ fn automatic_attach_renames_the_instance_and_sets_the_new_password() {
         &id,
         "--password",
         &password,
+    ]);
+    assert!(
+        !ok && err.contains("--password-file PATH") && !format!("{out}{err}").contains(&password),
+        "{out}{err}"
+    );
+    let password_file = env.path("new-password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    env.knit_ok(&[
+        "attach",
+        "--pool",
+        "workers",
+        "--instances",
+        &id,
+        "--password-file",
+        password_file.to_str().unwrap(),
         "--wait",
         "--timeout",
         "300",

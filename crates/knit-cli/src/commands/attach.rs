@@ -5,6 +5,7 @@ use crate::error::{CliError, Result};
 use clap::Args;
 use knit_api::views::{preflight_table, AttachOutcome, AttachRequest, AttachScriptRequest};
 use knit_client::Client;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -22,11 +23,16 @@ pub struct AttachArgs {
     /// Node name = the instance's name (otherwise the pool's naming rule).
     #[arg(long)]
     keep_instance_name: bool,
-    /// New login password (required for pools that log in by password).
-    /// Visible to other users in the process list: prefer --password-stdin.
-    #[arg(long, conflicts_with = "password_stdin")]
+    /// Refused: a password on the command line is visible to other users
+    /// (the process list, /proc/PID/cmdline) and kept in shell history.
+    /// Kept only to say what to use instead (never echoed).
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "")]
     password: Option<String>,
-    /// Read the new login password from the first line of standard input.
+    /// New login password (required for pools that log in by password):
+    /// the first line of the file PATH, or of standard input with `-`.
+    #[arg(long, value_name = "PATH", conflicts_with = "password_stdin")]
+    password_file: Option<PathBuf>,
+    /// The same as `--password-file -`.
     #[arg(long)]
     password_stdin: bool,
     /// Run every preflight check and print the results; change nothing.
@@ -77,30 +83,57 @@ pub fn parse_duration(s: &str) -> Option<i64> {
 }
 
 /// The first line of `input`, without its line ending; empty is an error.
-fn password_from(mut input: impl std::io::BufRead) -> Result<String> {
+/// `what` names where it came from, for the errors.
+fn password_from(mut input: impl std::io::BufRead, what: &str) -> Result<String> {
     let mut line = String::new();
     input.read_line(&mut line).map_err(|source| CliError::Io {
-        what: "--password-stdin: cannot read standard input".into(),
+        what: format!("{what}: cannot read it"),
         source,
     })?;
     let password = line.trim_end_matches(['\r', '\n']).to_string();
     if password.is_empty() {
-        return Err(CliError::Usage(
-            "--password-stdin: standard input held no password (the first line is empty)".into(),
-        ));
+        return Err(CliError::Usage(format!(
+            "{what} held no password (its first line is empty)"
+        )));
     }
     Ok(password)
 }
 
-pub fn attach(c: &Client, mut a: AttachArgs) -> Result<ExitCode> {
-    if a.password_stdin {
-        a.password = Some(password_from(std::io::stdin().lock())?);
+/// What `--password` is refused with: the secret is never echoed.
+pub const PASSWORD_FLAG_REFUSED: &str = "--password is not accepted: a password on the command line is visible to other users (the process list, /proc/PID/cmdline) and kept in shell history. Put it in a file only you can read and pass --password-file PATH, or pipe it in with --password-file - (standard input)";
+
+/// The new login password the attach sets, from `--password-file PATH`
+/// (`-`: `stdin`) or `--password-stdin`; never from the command line.
+fn attach_password(a: &AttachArgs, stdin: impl std::io::BufRead) -> Result<Option<String>> {
+    if a.password.is_some() {
+        return Err(CliError::Usage(PASSWORD_FLAG_REFUSED.into()));
     }
+    match a.password_file.as_deref() {
+        Some(p) if p == Path::new("-") => {
+            password_from(stdin, "--password-file -: standard input").map(Some)
+        }
+        Some(p) => {
+            let what = format!("--password-file {}", p.display());
+            let file = std::fs::File::open(p).map_err(|source| CliError::Io {
+                what: format!("{what}: cannot open it"),
+                source,
+            })?;
+            password_from(std::io::BufReader::new(file), &what).map(Some)
+        }
+        None if a.password_stdin => {
+            password_from(stdin, "--password-stdin: standard input").map(Some)
+        }
+        None => Ok(None),
+    }
+}
+
+pub fn attach(c: &Client, a: AttachArgs) -> Result<ExitCode> {
+    let password = attach_password(&a, std::io::stdin().lock())?;
     let request = AttachRequest {
         instances: a.instances.clone(),
         format_data_disk: a.format_data_disk,
         keep_instance_name: a.keep_instance_name,
-        password: a.password.clone(),
+        password,
         dry_run: a.dry_run,
     };
     let answer = c.attach(&a.pool, &request)?;
@@ -191,17 +224,79 @@ pub fn script(c: &Client, a: ScriptArgs) -> Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_duration, password_from};
+    use super::{attach_password, parse_duration, password_from, AttachArgs};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        attach: AttachArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<AttachArgs, clap::Error> {
+        let argv = ["attach", "--pool", "p", "--instances", "i-1"];
+        Cli::try_parse_from(argv.iter().chain(args)).map(|c| c.attach)
+    }
 
     #[test]
     fn password_from_stdin_takes_the_first_line_only() {
-        let read = |s: &str| password_from(s.as_bytes()).map_err(|e| e.to_string());
+        let read = |s: &str| password_from(s.as_bytes(), "stdin").map_err(|e| e.to_string());
         assert_eq!(read("S3cret!pass\nrest\n").as_deref(), Ok("S3cret!pass"));
         assert_eq!(read("S3cret!pass\r\n").as_deref(), Ok("S3cret!pass"));
         assert_eq!(read("no newline").as_deref(), Ok("no newline"));
         let empty = read("\nS3cret!pass\n").unwrap_err();
-        assert!(empty.contains("--password-stdin"), "{empty}");
+        assert!(empty.contains("stdin held no password"), "{empty}");
         assert!(read("").is_err());
+    }
+
+    /// The password never comes from argv: `--password VALUE` (and a bare
+    /// `--password`) parses only to be refused, naming what to use and
+    /// never echoing the value.
+    #[test]
+    fn the_password_flag_is_refused_without_echoing_it() {
+        for args in [&["--password", "N3w-pass!x"][..], &["--password"]] {
+            let a = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let err = attach_password(&a, "unused\n".as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--password-file PATH"), "{err}");
+            assert!(err.contains("--password-file -"), "{err}");
+            assert!(!err.contains("N3w-pass!x"), "echoed: {err}");
+        }
+        // Nothing given: no password, nothing read.
+        let a = parse(&[]).unwrap();
+        assert_eq!(attach_password(&a, "x\n".as_bytes()).unwrap(), None);
+    }
+
+    #[test]
+    fn the_password_comes_from_a_file_or_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "N3w-pass!file\nignored\n").unwrap();
+        let a = parse(&["--password-file", path.to_str().unwrap()]).unwrap();
+        let got = attach_password(&a, "from-stdin\n".as_bytes()).unwrap();
+        assert_eq!(got.as_deref(), Some("N3w-pass!file"));
+
+        let a = parse(&["--password-file", "-"]).unwrap();
+        let got = attach_password(&a, "N3w-pass!stdin\n".as_bytes()).unwrap();
+        assert_eq!(got.as_deref(), Some("N3w-pass!stdin"));
+        let a = parse(&["--password-stdin"]).unwrap();
+        let got = attach_password(&a, "N3w-pass!stdin\n".as_bytes()).unwrap();
+        assert_eq!(got.as_deref(), Some("N3w-pass!stdin"));
+
+        let missing = dir.path().join("absent");
+        let a = parse(&["--password-file", missing.to_str().unwrap()]).unwrap();
+        let err = attach_password(&a, "x\n".as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--password-file") && err.contains("absent"),
+            "{err}"
+        );
+        std::fs::write(&path, "\n").unwrap();
+        let a = parse(&["--password-file", path.to_str().unwrap()]).unwrap();
+        assert!(attach_password(&a, "x\n".as_bytes()).is_err());
+        assert!(parse(&["--password-file", "-", "--password-stdin"]).is_err());
     }
 
     #[test]

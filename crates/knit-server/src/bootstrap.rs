@@ -74,6 +74,12 @@ pub trait ClusterJoin: Send + Sync {
     /// Deletes the Node object (absent is not an error). Callers drain the
     /// node first (`crate::drain`), so that its pods were evicted.
     async fn remove_node(&self, node: &str) -> Result<()>;
+    /// Revokes the bootstrap tokens bound to `node` (its instance is gone:
+    /// a token left would let the machine get a fresh certificate within
+    /// its life); none is not an error.
+    async fn revoke_join(&self, _node: &str) -> Result<()> {
+        Ok(())
+    }
     /// NotReady | Ready | Unknown, when the cluster knows the node.
     async fn node_status(&self, node: &str) -> Result<Option<String>>;
     /// Every registered node with its status.

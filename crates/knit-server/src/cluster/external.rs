@@ -246,6 +246,32 @@ impl ClusterJoin for ExternalJoin {
         }))
     }
 
+    async fn revoke_join(&self, node: &str) -> Result<()> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "kube-system");
+        let tokens = ListParams::default().fields("type=bootstrap.kubernetes.io/token");
+        let list = secrets
+            .list(&tokens)
+            .await
+            .map_err(|e| external_err(format!("list bootstrap token Secrets: {e}")))?;
+        for s in list.items {
+            let bound = s
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(NODE_ANNOTATION));
+            let (Some(name), Some(true)) = (s.metadata.name.as_deref(), bound.map(|b| b == node))
+            else {
+                continue;
+            };
+            match secrets.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(external_err(format!("delete Secret {name}: {e}"))),
+            }
+        }
+        Ok(())
+    }
+
     async fn remove_node(&self, node: &str) -> Result<()> {
         // The drain ran before (crate::drain): only the Node goes here.
         match self.nodes().delete(node, &DeleteParams::default()).await {

@@ -220,6 +220,14 @@ impl ClusterJoin for EmbeddedJoin {
         self.call("DELETE", node_path(node)?).await.map(|_| ())
     }
 
+    async fn revoke_join(&self, node: &str) -> Result<()> {
+        // One list and a few deletes in the store, as join_material's create.
+        self.cluster
+            .delete_bootstrap_tokens_of(node)
+            .map(|_| ())
+            .map_err(cluster_err)
+    }
+
     async fn cordon(&self, node: &str) -> Result<bool> {
         let cordon = serde_json::json!({"spec": {"unschedulable": true}});
         Ok(self
@@ -422,6 +430,19 @@ mod tests {
             assert!(knit_api::validate::is_bootstrap_token(&m.bootstrap_token));
             assert!(knit_api::validate::is_ca_pin(&m.ca_pin));
             assert!(m.ca_pem.contains("BEGIN CERTIFICATE"));
+            // Its instance gone before it joined: the token bound to its
+            // node is revoked (issue 30), another node's is kept.
+            let other = join.join_material("p", "local.i-9").await.unwrap().unwrap();
+            let secret = |token: &str| {
+                let id = token.split_once('.').map(|(id, _)| id).unwrap_or_default();
+                format!("/api/v1/namespaces/kube-system/secrets/bootstrap-token-{id}")
+            };
+            let get = |path: String| join.call_with("GET", path, None);
+            assert!(get(secret(&m.bootstrap_token)).await.unwrap().is_some());
+            join.revoke_join("local.i-1").await.unwrap();
+            assert!(get(secret(&m.bootstrap_token)).await.unwrap().is_none());
+            assert!(get(secret(&other.bootstrap_token)).await.unwrap().is_some());
+            join.revoke_join("local.i-1").await.unwrap();
             // Through the real API: no such node yet; removal of an absent
             // node is not an error.
             assert_eq!(join.node_status("local.i-1").await.unwrap(), None);

@@ -516,6 +516,35 @@ impl ControlPlane {
             )
             .await?;
         }
+        // The instance is gone from the pool: the bootstrap tokens of its
+        // node (the one it registered, or the one it was to be, if it never
+        // did) are revoked, so the machine cannot get a certificate again.
+        let mut named = nodes.clone();
+        if let Some(i) = instance.as_ref() {
+            // The name join.rs binds its token to: the kept instance name
+            // of an added instance, else the pool's rule.
+            let kept = crate::attach::node_name(self, i)?;
+            let by_rule = match (&kept, self.store.pool(&intent.pool)?) {
+                (None, Some(pool)) => crate::bootstrap::expected_node_name(
+                    &self.cluster_doc()?.spec.region,
+                    i,
+                    &pool.pool,
+                ),
+                _ => None,
+            };
+            named.extend(kept.into_iter().chain(by_rule));
+        }
+        named.sort();
+        named.dedup();
+        for node in &named {
+            within(
+                "cluster",
+                "revoking the node's bootstrap tokens",
+                CLUSTER_CALL_TIMEOUT,
+                self.cluster.revoke_join(node),
+            )
+            .await?;
+        }
         if intent.release {
             self.store.remove_instance(&intent.instance)?;
             self.store.add_event(

@@ -106,6 +106,9 @@ impl Store {
                 "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
                 params![name, state.as_str(), error, now],
             )?;
+            if state == InstanceState::Detached {
+                forget_join_credentials(tx, name)?;
+            }
             Ok(())
         })
     }
@@ -151,9 +154,13 @@ impl Store {
     }
 
     pub fn instance_by_report_token(&self, hash: &str) -> Result<Option<InstanceRecord>> {
-        let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE report_token_hash = ?1");
+        // An instance that left the pool reports nothing more (its token
+        // is cleared as it leaves; the state is checked as well).
+        let sql = format!(
+            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE report_token_hash = ?1 AND state != ?2"
+        );
         self.read(|tx| {
-            tx.query_opt(&sql, params![hash])?
+            tx.query_opt(&sql, params![hash, InstanceState::Detached.as_str()])?
                 .as_ref()
                 .map(instance_row)
                 .transpose()
@@ -167,6 +174,7 @@ impl Store {
             tx.execute("DELETE FROM nodes WHERE instance = ?1", params![name])?;
             tx.execute("DELETE FROM drains WHERE instance = ?1", params![name])?;
             tx.execute("DELETE FROM drain_steps WHERE instance = ?1", params![name])?;
+            forget_join_credentials(tx, name)?;
             tx.execute("DELETE FROM instances WHERE name = ?1", params![name])?;
             Ok(())
         })
@@ -233,4 +241,14 @@ impl Store {
         })?;
         Ok(removed as usize)
     }
+}
+/// An instance that left (released or detached): its join tokens go and
+/// its report token is cleared, so neither is accepted again.
+pub(super) fn forget_join_credentials(tx: &mut knit_db::Tx<'_>, name: &str) -> Result<()> {
+    tx.execute("DELETE FROM join_tokens WHERE instance = ?1", params![name])?;
+    tx.execute(
+        "UPDATE instances SET report_token_hash = NULL WHERE name = ?1",
+        params![name],
+    )?;
+    Ok(())
 }

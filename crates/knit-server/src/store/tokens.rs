@@ -218,6 +218,7 @@ impl Store {
                 "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
                 params![name, InstanceState::Detached.as_str(), reason, now],
             )?;
+            super::instances::forget_join_credentials(tx, name)?;
             let doc: Option<String> = tx
                 .query_opt("SELECT doc FROM pools WHERE name = ?1", params![&pool])?
                 .map(|r| r.get(0))
@@ -287,6 +288,56 @@ mod tests {
                 store.redeem_join_token("nope", now).unwrap(),
                 Redeem::Unknown
             );
+        });
+    }
+
+    /// Join credentials end with their instance (issue 30): a detached
+    /// instance's unused join token and its report token are refused, and
+    /// a released instance's join tokens are deleted with it.
+    #[test]
+    fn an_instance_that_left_keeps_no_join_or_report_token() {
+        crate::store::testing::each_store(|store| {
+            store
+                .add_create_intents(
+                    "p",
+                    &[("p-a".into(), "t".into()), ("p-b".into(), "t".into())],
+                )
+                .unwrap();
+            for (i, name) in ["p-a", "p-b"].iter().enumerate() {
+                store
+                    .add_join_token(&format!("h{i}"), &format!("id{i}"), name, "p", 60_000)
+                    .unwrap();
+                store
+                    .set_report_token_hash(name, &format!("report-{name}"))
+                    .unwrap();
+                assert!(store
+                    .instance_by_report_token(&format!("report-{name}"))
+                    .unwrap()
+                    .is_some());
+            }
+            let now = now_ms();
+            assert!(store.live_join_token("h0", now).unwrap().is_some());
+
+            store
+                .set_instance_state("p-a", InstanceState::Detached, None)
+                .unwrap();
+            assert_eq!(store.redeem_join_token("h0", now).unwrap(), Redeem::Unknown);
+            assert!(store
+                .instance_by_report_token("report-p-a")
+                .unwrap()
+                .is_none());
+            assert_eq!(
+                store.instance("p-a").unwrap().unwrap().report_token_hash,
+                None
+            );
+
+            store.remove_instance("p-b").unwrap();
+            assert_eq!(store.redeem_join_token("h1", now).unwrap(), Redeem::Unknown);
+            assert!(store
+                .instance_by_report_token("report-p-b")
+                .unwrap()
+                .is_none());
+            assert!(store.join_tokens().unwrap().is_empty());
         });
     }
 

@@ -298,6 +298,18 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
             for n in &names {
                 assert!(listed.contains(&format!("node/{n}")), "{n} not in {listed}");
             }
+            // Each Node is the size of its instance type (the pool's
+            // default, ecs.g7.large: 2 vCPUs capped at the host's, 8 GiB),
+            // as its machine's cgroup says (issue 29).
+            let out = kubectl(&["get", "nodes", "-o", "json"]).unwrap();
+            let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let cpus = std::thread::available_parallelism().unwrap().get().min(2);
+            for n in listed["items"].as_array().unwrap() {
+                let cap = &n["status"]["capacity"];
+                assert_eq!(cap["cpu"], cpus.to_string(), "{n}");
+                assert_eq!(cap["memory"], "8388608Ki", "{n}");
+                assert_eq!(n["status"]["allocatable"]["memory"], "8388608Ki", "{n}");
+            }
         }
         Err(_) => {
             eprintln!("kubectl is not installed: the cluster's view is checked through knit only")

@@ -169,14 +169,16 @@ fn record_created(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
     )
 }
 
-/// A pool's `spec.image`, when it names a cloud image (not knit's own
-/// `debian-12`, `host` or a path, which are resolved at create as before),
-/// asked of the provider that will make its instances: an ECS image id is
-/// valid on ECS and refused on the local cloud and QEMU, the field named.
-/// Without a provider nothing is made and nothing is asked.
+/// A pool's `spec.image`, when it names a cloud image or `host` (not
+/// knit's own `debian-12` or a path, which are resolved at create as
+/// before), asked of the provider that will make its instances: an ECS image
+/// id is valid on ECS and refused on the local cloud and QEMU, `host` is
+/// refused by the local cloud unless the server runs with its unsafe
+/// switch, the field named. Without a provider nothing is made and nothing
+/// is asked.
 pub async fn check_image(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
     let image = &pool.spec.image;
-    let knit_name = image == knit_api::DEFAULT_IMAGE || image == "host" || image.starts_with('/');
+    let knit_name = image == knit_api::DEFAULT_IMAGE || image.starts_with('/');
     let Some(provider) = cp.provider.as_ref().filter(|_| !knit_name) else {
         return Ok(());
     };

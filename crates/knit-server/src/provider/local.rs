@@ -120,6 +120,29 @@ fn base_root(image: &str) -> std::path::PathBuf {
     }
 }
 
+/// The environment variable that lets pools use `image: host` (set to
+/// `yes` in the server's environment): every node then reads the host's
+/// whole root filesystem — the server's keys and tokens included.
+pub const UNSAFE_HOST_IMAGE_ENV: &str = "KNIT_UNSAFE_HOST_IMAGE";
+
+fn host_image_allowed() -> bool {
+    std::env::var(UNSAFE_HOST_IMAGE_ENV).is_ok_and(|v| v == "yes")
+}
+
+/// `image: host` is refused unless the server was started saying it is
+/// unsafe (issue 29).
+fn check_host_image(image: &str, allowed: bool) -> Result<()> {
+    if image == "host" && !allowed {
+        return Err(ServerError::Provider {
+            provider: "local".into(),
+            message: format!(
+                "image \"host\" makes the host's root filesystem (the server's keys and tokens included) every node's read-only lower layer: unsafe, refused unless the server runs with {UNSAFE_HOST_IMAGE_ENV}=yes"
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn view(i: &Instance) -> ProviderInstance {
     let r = &i.record;
     let mut state = r.state.to_string();
@@ -392,6 +415,7 @@ impl Provider for LocalProvider {
     }
 
     async fn check_image(&self, image: &str) -> Result<()> {
+        check_host_image(image, host_image_allowed())?;
         knit_local::check_base_root(&base_root(image)).map_err(|rule| ServerError::Provider {
             provider: "local".into(),
             message: format!("image {image:?} {rule}"),
@@ -585,6 +609,16 @@ pub fn local_facts(i: &knit_local::Instance) -> preflight::InstanceFacts {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_host_image_needs_the_unsafe_switch() {
+        let e = check_host_image("host", false).expect_err("refused");
+        assert!(e.to_string().contains(UNSAFE_HOST_IMAGE_ENV), "{e}");
+        assert!(check_host_image("host", true).is_ok());
+        assert!(check_host_image(knit_api::DEFAULT_IMAGE, false).is_ok());
+        assert!(check_host_image("/var/lib/images/x", false).is_ok());
+    }
+
     use super::*;
     use crate::provider::DiskTemplate;
 

@@ -488,6 +488,9 @@ pub const DENIED_SYSCALLS_ARCH: [(&str, libc::c_long); 3] = [
 #[cfg(not(target_arch = "x86_64"))]
 pub const DENIED_SYSCALLS_ARCH: [(&str, libc::c_long); 0] = [];
 
+/// The x32 ABI's system call numbers are x86-64's with this bit set.
+const X32_SYSCALL_BIT: libc::c_long = 0x4000_0000;
+
 /// A compiled seccomp filter, installed between fork and exec.
 pub struct Filter(Vec<libc::sock_filter>);
 
@@ -508,7 +511,13 @@ pub fn filter() -> Result<Filter> {
     let mut rules: std::collections::BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS
         .iter()
         .chain(DENIED_SYSCALLS_ARCH.iter())
-        .map(|(_, nr)| (*nr, Vec::new()))
+        .flat_map(|(_, nr)| {
+            // x86-64's x32 ABI passes the same architecture check with
+            // the number | __X32_SYSCALL_BIT: deny those too.
+            let x32 = cfg!(target_arch = "x86_64").then_some(*nr | X32_SYSCALL_BIT);
+            std::iter::once(*nr).chain(x32)
+        })
+        .map(|nr| (nr, Vec::new()))
         .collect();
     let force = SeccompCondition::new(
         1,
@@ -652,6 +661,6 @@ mod tests {
     #[test]
     fn the_filter_compiles() {
         let f = filter().expect("compiles");
-        assert!(f.0.len() > DENIED_SYSCALLS.len());
+        assert!(f.0.len() > 2 * DENIED_SYSCALLS.len());
     }
 }

@@ -26,7 +26,7 @@ pub struct AttachArgs {
     /// Refused: a password on the command line is visible to other users
     /// (the process list, /proc/PID/cmdline) and kept in shell history.
     /// Kept only to say what to use instead (never echoed).
-    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "")]
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = RefusePassword)]
     password: Option<String>,
     /// New login password (required for pools that log in by password):
     /// the first line of the file PATH, or of standard input with `-`.
@@ -101,6 +101,29 @@ fn password_from(mut input: impl std::io::BufRead, what: &str) -> Result<String>
 
 /// What `--password` is refused with: the secret is never echoed.
 pub const PASSWORD_FLAG_REFUSED: &str = "--password is not accepted: a password on the command line is visible to other users (the process list, /proc/PID/cmdline) and kept in shell history. Put it in a file only you can read and pass --password-file PATH, or pipe it in with --password-file - (standard input)";
+
+/// `--password`'s parser: refuses every value at parse time (before the
+/// client config is read or the server asked), with a message of its own
+/// that does not repeat the value as clap's would.
+#[derive(Clone)]
+struct RefusePassword;
+
+impl clap::builder::TypedValueParser for RefusePassword {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        _value: &std::ffi::OsStr,
+    ) -> std::result::Result<String, clap::Error> {
+        Err(clap::Error::raw(
+            clap::error::ErrorKind::ValueValidation,
+            format!("{PASSWORD_FLAG_REFUSED}\n"),
+        )
+        .with_cmd(cmd))
+    }
+}
 
 /// The new login password the attach sets, from `--password-file PATH`
 /// (`-`: `stdin`) or `--password-stdin`; never from the command line.
@@ -250,19 +273,33 @@ mod tests {
     }
 
     /// The password never comes from argv: `--password VALUE` (and a bare
-    /// `--password`) parses only to be refused, naming what to use and
-    /// never echoing the value.
+    /// `--password`) is refused when the command line is parsed, naming
+    /// what to use and never echoing the value.
     #[test]
     fn the_password_flag_is_refused_without_echoing_it() {
-        for args in [&["--password", "N3w-pass!x"][..], &["--password"]] {
-            let a = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
-            let err = attach_password(&a, "unused\n".as_bytes())
-                .unwrap_err()
-                .to_string();
+        for args in [
+            &["--password", "N3w-pass!x"][..],
+            &["--password"],
+            &["--password=N3w-pass!x"],
+        ] {
+            let Err(e) = parse(args) else {
+                panic!("{args:?} parsed")
+            };
+            let err = e.to_string();
             assert!(err.contains("--password-file PATH"), "{err}");
             assert!(err.contains("--password-file -"), "{err}");
             assert!(!err.contains("N3w-pass!x"), "echoed: {err}");
         }
+        // Had a value got through, the attach would refuse it still.
+        let mut a = parse(&[]).unwrap();
+        a.password = Some("N3w-pass!x".into());
+        let err = attach_password(&a, "x\n".as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--password-file PATH") && !err.contains("N3w-pass!x"),
+            "{err}"
+        );
         // Nothing given: no password, nothing read.
         let a = parse(&[]).unwrap();
         assert_eq!(attach_password(&a, "x\n".as_bytes()).unwrap(), None);

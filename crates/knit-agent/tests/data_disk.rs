@@ -294,7 +294,9 @@ fn snapshot_like_disk_is_mounted_not_wiped_and_keep_container_data_is_ignored() 
         .path("/var/lib/containerd/io.containerd.content.v1.content")
         .is_dir());
     assert!(
-        !node.path("/var/lib/container/containerd/node-only").exists(),
+        !node
+            .path("/var/lib/container/containerd/node-only")
+            .exists(),
         "the node's container data was not copied over the snapshot's"
     );
     let log = node.log();

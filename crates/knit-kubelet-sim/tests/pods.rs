@@ -134,7 +134,12 @@ fn in_cidr(ip: &str, cidr: &str) -> bool {
 async fn pods_run_and_finish_on_the_stand_in() {
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(&dir.path().join("cluster")).await;
+    // An unbound token is bound to the first node it joins (issue 30):
+    // one each.
     let token = c
+        .create_bootstrap_token(None, Duration::from_secs(600), &[])
+        .unwrap();
+    let token2 = c
         .create_bootstrap_token(None, Duration::from_secs(600), &[])
         .unwrap();
     let (ep, ca) = (c.endpoint().to_string(), c.ca_pem().to_string());
@@ -142,7 +147,7 @@ async fn pods_run_and_finish_on_the_stand_in() {
     let root = dir.path().to_path_buf();
     blocking(move || {
         let mut sim1 = stand_in(&root, (&ep, &ca), &token.token(), "pods-1");
-        let mut sim2 = stand_in(&root, (&ep, &ca), &token.token(), "pods-2");
+        let mut sim2 = stand_in(&root, (&ep, &ca), &token2.token(), "pods-2");
         let n1 = ready_node(&admin, "pods-1", &sim1);
         let n2 = ready_node(&admin, "pods-2", &sim2);
         let (cidr1, cidr2) = (

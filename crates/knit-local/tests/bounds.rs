@@ -134,10 +134,7 @@ fn no_module_no_reboot_no_host_sysctl() {
     };
     let eperm = format!("-1 {}", libc::EPERM);
     for (name, call) in [
-        (
-            "init_module",
-            format!("{}, 0, 0, 0", libc::SYS_init_module),
-        ),
+        ("init_module", format!("{}, 0, 0, 0", libc::SYS_init_module)),
         (
             "finit_module",
             format!("{}, -1, 0, 0", libc::SYS_finit_module),

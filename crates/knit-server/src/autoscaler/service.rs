@@ -307,14 +307,8 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
                 ),
             ));
         }
-        crate::pools::scale(&self.cp, &request.id, target, true)
-            .await
-            .map_err(status)?;
-        self.event(
-            &request.id,
-            "ScaledUp",
-            &format!("cluster-autoscaler: target {from} -> {target}"),
-        );
+        self.set_target(&request.id, from, target, "ScaledUp", "")
+            .await?;
         Ok(Response::new(pb::NodeGroupIncreaseSizeResponse {}))
     }
 
@@ -436,14 +430,14 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
                 ),
             ));
         }
-        crate::pools::scale(&self.cp, &request.id, target, true)
-            .await
-            .map_err(status)?;
-        self.event(
+        self.set_target(
             &request.id,
+            from,
+            target,
             "TargetDecreased",
-            &format!("cluster-autoscaler: target {from} -> {target} (instances not yet made)"),
-        );
+            " (instances not yet made)",
+        )
+        .await?;
         Ok(Response::new(pb::NodeGroupDecreaseTargetSizeResponse {}))
     }
 
@@ -539,6 +533,27 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
 impl Autoscaler {
     /// An event on the pool; one that cannot be written is logged (the
     /// change it tells of is made).
+    /// Scales the pool to `target` (the bounds already checked) and says so
+    /// in an event with `reason`, `note` appended to its message.
+    async fn set_target(
+        &self,
+        pool: &str,
+        from: i64,
+        target: i64,
+        reason: &str,
+        note: &str,
+    ) -> Result<(), Status> {
+        crate::pools::scale(&self.cp, pool, target, true)
+            .await
+            .map_err(status)?;
+        self.event(
+            pool,
+            reason,
+            &format!("cluster-autoscaler: target {from} -> {target}{note}"),
+        );
+        Ok(())
+    }
+
     fn event(&self, pool: &str, reason: &str, message: &str) {
         if let Err(e) =
             self.cp

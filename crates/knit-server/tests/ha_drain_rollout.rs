@@ -1045,6 +1045,13 @@ fn a_new_leader_carries_on_a_rollout_without_a_second_surge() {
             .then_some(())
     });
     w.check_sim();
+    // The cloud releases a machine before the next pass forgets its record:
+    // wait for knit's records to settle before comparing them.
+    wait_for("knit's records of the pool all Running", 60, || {
+        let records = cp.store.instances(Some("web")).unwrap();
+        (records.len() == 3 && records.iter().all(|i| i.state == InstanceState::Running))
+            .then_some(())
+    });
     let left = w.cloud.machines("web");
     assert!(left.iter().all(|m| m.instance_type == NEW_TYPE), "{left:?}");
     assert_eq!(

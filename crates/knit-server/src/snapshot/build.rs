@@ -299,6 +299,34 @@ async fn pull_images(
     )))
 }
 
+/// The taint every builder node registers with: no workload is meant to
+/// run there (what runs is removed before the snapshot, but nothing should
+/// be placed there to begin with). A scheduler keeps pods without the
+/// toleration away; the drain at `detach` evicts any pod bound by hand.
+pub const BUILDER_TAINT_KEY: &str = "knit.dev/snapshot-builder";
+
+/// The builder pool: the source's configuration, one node, fresh disks,
+/// and the builder taint (registered with the Node, so that it is there
+/// before any pod could be placed).
+pub fn builder_pool_of(source: &NodePool, name: &str) -> NodePool {
+    let mut pool = source.clone();
+    pool.metadata.name = name.to_string();
+    pool.spec.replicas = 1;
+    pool.spec.scaling = None;
+    for d in &mut pool.spec.data_disks {
+        d.snapshot_id = None;
+        d.auto_format = true;
+        d.size_gib = d.size_gib.max(40);
+    }
+    pool.spec.taints.retain(|t| t.key != BUILDER_TAINT_KEY);
+    pool.spec.taints.push(knit_api::Taint {
+        key: BUILDER_TAINT_KEY.to_string(),
+        value: "true".to_string(),
+        effect: "NoSchedule".to_string(),
+    });
+    pool
+}
+
 async fn run(cp: &Cp, id: &str, req: &SnapshotBuildRequest) -> Result<SnapshotRecord> {
     let build = cp
         .store
@@ -315,16 +343,7 @@ async fn run(cp: &Cp, id: &str, req: &SnapshotBuildRequest) -> Result<SnapshotRe
         .pool;
     let cluster_version = cp.cluster_doc()?.spec.kubernetes_version;
 
-    // Builder pool: the source's configuration, one node, fresh disks.
-    let mut pool = source.clone();
-    pool.metadata.name = builder_pool.clone();
-    pool.spec.replicas = 1;
-    pool.spec.scaling = None;
-    for d in &mut pool.spec.data_disks {
-        d.snapshot_id = None;
-        d.auto_format = true;
-        d.size_gib = d.size_gib.max(40);
-    }
+    let pool = builder_pool_of(&source, &builder_pool);
     pool.validate()?;
     cp.store.insert_pool(&pool)?;
     cp.store.add_event(
@@ -693,4 +712,65 @@ async fn build_on(
     let what = release_builder(cp, &kept).await?;
     progress(cp, id, "release", what).await?;
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The builder pool carries the builder taint (once, even when the
+    /// source already names it), and the node's configuration registers
+    /// the Node with it, beside the source's own taints.
+    #[test]
+    fn the_builder_registers_tainted() {
+        let source = NodePool::from_yaml(
+            "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: p}\nspec:\n  replicas: 5\n  taints: [{key: dedicated, value: web, effect: NoExecute}, {key: knit.dev/snapshot-builder, value: 'no', effect: NoSchedule}]\n  dataDisks: [{sizeGiB: 20, snapshotId: s-1}]\n",
+        )
+        .unwrap();
+        let pool = builder_pool_of(&source, "p-snap-abc");
+        pool.validate().unwrap();
+        assert_eq!(pool.spec.replicas, 1);
+        assert_eq!(pool.spec.data_disks[0].snapshot_id, None);
+        let taints: Vec<String> = pool
+            .spec
+            .taints
+            .iter()
+            .map(|t| format!("{}={}:{}", t.key, t.value, t.effect))
+            .collect();
+        assert_eq!(
+            taints,
+            [
+                "dedicated=web:NoExecute",
+                "knit.dev/snapshot-builder=true:NoSchedule"
+            ]
+        );
+        let instance = crate::store::InstanceRecord {
+            name: "p-snap-abc-x1".into(),
+            pool: "p-snap-abc".into(),
+            provider_id: Some("i-1".into()),
+            state: InstanceState::Running,
+            ip: None,
+            instance_type: "ecs.g7.large".into(),
+            report_token_hash: None,
+            last_error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            added: false,
+        };
+        let config = crate::bootstrap::node_config(crate::bootstrap::NodeConfigInput {
+            cluster: &knit_api::Cluster::default(),
+            pool: &pool,
+            instance: &instance,
+            join: None,
+            package: crate::bootstrap::PackageRef {
+                url: "https://10.213.0.1:7443/mirror/pkg/kubernetes/".into(),
+                sha256: None,
+            },
+            report_url: "https://10.213.0.1:7443/report/v1/events".into(),
+            report_token: "t".into(),
+            control_plane_ca_pem: "pem".into(),
+            default_zone: None,
+        });
+        assert_eq!(config.node.taints, pool.spec.taints);
+    }
 }

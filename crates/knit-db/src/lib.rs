@@ -9,7 +9,9 @@
 
 mod dialect;
 mod error;
+pub mod passfile;
 mod postgres;
+pub mod roles;
 mod sqlite;
 pub mod testing;
 mod tls;
@@ -36,7 +38,8 @@ pub enum Datastore {
     Sqlite(PathBuf),
     /// SQLite in memory: tests only.
     SqliteMemory,
-    /// A PostgreSQL connection URL (`postgres://user:password@host:port/db`).
+    /// A PostgreSQL connection URL (`postgres://user:password@host:port/db`,
+    /// or the password from a file: `postgres://user@host/db?passfile=PATH`).
     Postgres(String),
 }
 
@@ -65,10 +68,18 @@ impl Datastore {
             return Ok(Datastore::Sqlite(PathBuf::from(path)));
         }
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            let tls = tls::settings(text, |rule| bad(&rule))?;
-            tls.driver_url
+            let (without, passfile) = passfile::take(text).map_err(|r| bad(&r))?;
+            let tls = tls::settings(&without, |rule| bad(&rule))?;
+            let config = tls
+                .driver_url
                 .parse::<tokio_postgres::Config>()
                 .map_err(|e| bad(&format!("not a PostgreSQL connection URL: {e}")))?;
+            if let Some(path) = passfile {
+                if config.get_password().is_some() || config.get_user().is_none() {
+                    // The same rules as at connect time, said now.
+                    passfile::password_for(&path, &config).map_err(|r| bad(&r))?;
+                }
+            }
             return Ok(Datastore::Postgres(text.to_string()));
         }
         Err(bad("must be `sqlite`, `sqlite:PATH` or a postgres:// URL"))

@@ -72,12 +72,17 @@ impl Postgres {
             value: crate::redact_url(url),
             rule,
         };
-        let tls_settings = crate::tls::settings(url, bad)?;
+        let (without, passfile) = crate::passfile::take(url).map_err(bad)?;
+        let tls_settings = crate::tls::settings(&without, bad)?;
         let tls = crate::tls::connector(&tls_settings, bad)?;
         let mut config: Config = tls_settings
             .driver_url
             .parse()
             .map_err(|e| bad(format!("not a PostgreSQL connection URL: {e}")))?;
+        if let Some(path) = passfile {
+            let password = crate::passfile::password_for(&path, &config).map_err(bad)?;
+            config.password(password);
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(limits.connect_timeout);
         }

@@ -109,17 +109,24 @@ fn spawn_server(
 impl TestPostgres {
     /// Starts a server; `Err` says what is missing (install `postgresql`).
     pub fn start() -> Result<TestPostgres, String> {
-        TestPostgres::start_with(None)
+        TestPostgres::start_with(None, false)
     }
 
     /// Starts a server that also offers TLS with this certificate chain
     /// and key (PEM), as `ssl = on` in postgresql.conf does; plain
     /// connections are still accepted, as with a stock server.
     pub fn start_tls(cert_pem: &str, key_pem: &str) -> Result<TestPostgres, String> {
-        TestPostgres::start_with(Some((cert_pem, key_pem)))
+        TestPostgres::start_with(Some((cert_pem, key_pem)), false)
     }
 
-    fn start_with(tls: Option<(&str, &str)>) -> Result<TestPostgres, String> {
+    /// Starts a server where every role but the superuser `knit` must
+    /// give its password over TCP (scram-sha-256), as a production
+    /// server asks: for tests of passwords and of knit's own role.
+    pub fn start_with_password_auth() -> Result<TestPostgres, String> {
+        TestPostgres::start_with(None, true)
+    }
+
+    fn start_with(tls: Option<(&str, &str)>, passwords: bool) -> Result<TestPostgres, String> {
         let bin = bindir().ok_or(
             "PostgreSQL server binaries not found under /usr/lib/postgresql (install the `postgresql` package, or set KNIT_PG_BINDIR)",
         )?;
@@ -157,6 +164,17 @@ impl TestPostgres {
                 "initdb failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             ));
+        }
+        if passwords {
+            let hba = data.join("pg_hba.conf");
+            std::fs::write(
+                &hba,
+                "local all all trust\nhost all knit 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
+            )
+            .map_err(|e| format!("write {}: {e}", hba.display()))?;
+            if let Some((uid, gid)) = server_user() {
+                chown_tree(&hba, uid, gid).map_err(|e| format!("chown {}: {e}", hba.display()))?;
+            }
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

@@ -837,6 +837,17 @@ impl Client {
         Ok(a.instance_types.instance_type)
     }
 
+    /// The types of one family (`ecs.g7`), as many as one page holds.
+    pub fn describe_instance_types_of_family(
+        &self,
+        family: &str,
+    ) -> Result<Vec<InstanceType>, EcsError> {
+        let mut p = Params::new();
+        put(&mut p, "InstanceTypeFamily", family);
+        let a: DescribeInstanceTypesAnswer = self.typed("DescribeInstanceTypes", p)?;
+        Ok(a.instance_types.instance_type)
+    }
+
     pub fn describe_security_group_attribute(
         &self,
         id: &str,

@@ -118,6 +118,15 @@ impl Default for FakeConfig {
             instance_types: [
                 ("ecs.g7.large".to_string(), (3, 6)),
                 ("ecs.g7.xlarge".to_string(), (4, 15)),
+                // The others knit's tests name (fallback lists, the attach
+                // preflight's cases), so that pool writes asking
+                // DescribeInstanceTypes accept them.
+                ("ecs.g7.2xlarge".to_string(), (4, 15)),
+                ("ecs.c7.large".to_string(), (3, 6)),
+                ("ecs.c7.xlarge".to_string(), (4, 15)),
+                ("ecs.r7.large".to_string(), (3, 6)),
+                ("ecs.t1.small".to_string(), (1, 1)),
+                ("ecs.ebmgn7e.32xlarge".to_string(), (32, 15)),
             ]
             .into_iter()
             .collect(),
@@ -1886,11 +1895,16 @@ impl State {
             .into_iter()
             .map(|(_, v)| v)
             .collect();
+        // ECS's family is the name without its size: `ecs.g7`.
+        let family = p.get("InstanceTypeFamily");
         let list: Vec<Value> = self
             .config
             .instance_types
             .iter()
             .filter(|(k, _)| wanted.is_empty() || wanted.contains(k))
+            .filter(|(k, _)| {
+                family.is_none_or(|f| k.rsplit_once('.').is_some_and(|(fam, _)| fam == f))
+            })
             .map(|(k, (enis, ips))| {
                 json!({"InstanceTypeId": k, "CpuCoreCount": 2,
                 "MemorySize": 8.0, "EniQuantity": enis, "EniPrivateIpAddressQuantity": ips,

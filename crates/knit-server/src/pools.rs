@@ -192,6 +192,85 @@ pub async fn check_image(cp: &ControlPlane, pool: &NodePool) -> Result<()> {
     })
 }
 
+/// How long a pool write waits for the provider's answer about its
+/// instance types: a user is waiting, and a cloud API that is down must
+/// not hold every pool write.
+pub const INSTANCE_TYPE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A pool's `spec.instanceTypes` (its fallback list, every entry) asked of
+/// the provider that will make its instances: a type it does not know is
+/// refused, naming the entry, the value and a few types it knows. On an
+/// update only the types the stored pool does not already list are asked,
+/// so that a pool whose type a cloud retired can still be scaled down or
+/// deleted. When the provider cannot answer (an error, or no answer within
+/// [`INSTANCE_TYPE_CHECK_TIMEOUT`]) the write is accepted with a warning:
+/// a cloud API outage must not block pool writes, and a create of an
+/// unknown type still fails then, with the cloud's own error, in the
+/// pool's events. Returns the warnings.
+pub async fn check_instance_types(cp: &ControlPlane, pool: &NodePool) -> Result<Vec<String>> {
+    let Some(provider) = cp.provider.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let stored = cp
+        .store
+        .pool(&pool.metadata.name)?
+        .filter(|p| !p.deleting)
+        .map(|p| p.pool.spec.instance_types)
+        .unwrap_or_default();
+    let asked: Vec<String> = pool
+        .spec
+        .instance_types
+        .iter()
+        .filter(|t| !stored.contains(t))
+        .cloned()
+        .collect();
+    if asked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let answer = crate::provider::within(
+        provider.name(),
+        "asking about the pool's instance types",
+        INSTANCE_TYPE_CHECK_TIMEOUT,
+        provider.check_instance_types(&asked),
+    )
+    .await;
+    let check = match answer {
+        Ok(Some(check)) => check,
+        Ok(None) => return Ok(Vec::new()),
+        Err(e) => {
+            tracing::warn!(pool = %pool.metadata.name, error = %e, "instance types not checked");
+            return Ok(vec![format!(
+                "spec.instanceTypes {asked:?} not checked: provider {} did not answer ({e}); an unknown type fails at create",
+                provider.name()
+            )]);
+        }
+    };
+    let errors: Vec<FieldError> = pool
+        .spec
+        .instance_types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| check.unknown.contains(t))
+        .map(|(i, t)| FieldError {
+            field: format!("spec.instanceTypes[{i}]"),
+            value: format!("{t:?}"),
+            rule: format!(
+                "not an instance type of provider {}{}",
+                provider.name(),
+                match check.examples.as_slice() {
+                    [] => String::new(),
+                    known => format!(" (it knows {}, …)", known.join(", ")),
+                }
+            ),
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(Vec::new())
+    } else {
+        Err(ApiError::Invalid(errors).into())
+    }
+}
+
 /// Creates a pool. `strict`: refuse one whose snapshot is stale (else a
 /// warning in the view).
 pub fn create(cp: &ControlPlane, pool: NodePool, strict: bool) -> Result<PoolView> {

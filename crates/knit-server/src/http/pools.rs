@@ -46,11 +46,20 @@ pub async fn create(
         return Err(password_unknown().into());
     }
     pools::check_image(&cp, &pool).await?;
-    let view = match q.dry_run {
+    let type_warnings = pools::check_instance_types(&cp, &pool).await?;
+    let mut view = match q.dry_run {
         Some(DryRun::All) => pools::create_dry_run(&cp, pool, q.strict)?,
         None => pools::create(&cp, pool, q.strict)?,
     };
+    with_warnings(&mut view, type_warnings);
     Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// Adds the checks' warnings made before the write to the view's.
+fn with_warnings(view: &mut PoolView, warnings: Vec<String>) {
+    if !warnings.is_empty() {
+        view.warnings.get_or_insert_with(Vec::new).extend(warnings);
+    }
 }
 
 /// `spec.login.passwordSet: true` without a password on a new pool: the
@@ -86,7 +95,8 @@ pub async fn apply(
         }
     }
     pools::check_image(&cp, &pool).await?;
-    let (applied, view) = match q.dry_run {
+    let type_warnings = pools::check_instance_types(&cp, &pool).await?;
+    let (applied, mut view) = match q.dry_run {
         Some(DryRun::All) => pools::apply_dry_run(&cp, &name, pool, q.strict)?,
         None => pools::apply(&cp, &name, pool, q.strict)?,
     };
@@ -94,6 +104,7 @@ pub async fn apply(
         Applied::Created => StatusCode::CREATED,
         Applied::Updated => StatusCode::OK,
     };
+    with_warnings(&mut view, type_warnings);
     Ok((status, Json(view)))
 }
 

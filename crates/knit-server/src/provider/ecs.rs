@@ -10,7 +10,8 @@ use crate::error::{Result, ServerError};
 use crate::preflight::{DiskFacts, InstanceFacts, RuleFacts, SecurityGroupFacts};
 use crate::provider::{
     timed_out, ExecOutput, InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot,
-    EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
+    TypeCheck, EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT,
+    TAG_NAME, TYPE_EXAMPLES,
 };
 use async_trait::async_trait;
 use base64::Engine;
@@ -742,6 +743,49 @@ impl Provider for EcsProvider {
 
     async fn check_image(&self, image: &str) -> Result<()> {
         self.image_id(image).map(|_| ())
+    }
+
+    /// DescribeInstanceTypes for the asked types (at most 10, as a pool
+    /// lists): those ECS does not answer are unknown. The examples, only
+    /// when one is unknown: the types of its family ECS has (one more call),
+    /// else those knit's catalog names that ECS confirms (one more).
+    async fn check_instance_types(&self, types: &[String]) -> Result<Option<TypeCheck>> {
+        let asked = types.to_vec();
+        let known = self.ecs(move |c| c.describe_instance_types(&asked)).await?;
+        let unknown: Vec<String> = types
+            .iter()
+            .filter(|t| !known.iter().any(|k| &k.instance_type_id == *t))
+            .cloned()
+            .collect();
+        let Some(first) = unknown.first() else {
+            return Ok(Some(TypeCheck::default()));
+        };
+        let mut examples = Vec::new();
+        if let Some((family, _)) = first.rsplit_once('.') {
+            let family = family.to_string();
+            let of_family = self
+                .ecs(move |c| c.describe_instance_types_of_family(&family))
+                .await?;
+            examples.extend(of_family.into_iter().map(|t| t.instance_type_id));
+        }
+        if examples.is_empty() {
+            let mut families = Vec::new();
+            let mut catalog = Vec::new();
+            for t in knit_api::instance_types::all() {
+                if catalog.len() < 10 && !families.contains(&t.family()) {
+                    families.push(t.family());
+                    catalog.push(t.name.to_string());
+                }
+            }
+            let confirmed = self
+                .ecs(move |c| c.describe_instance_types(&catalog))
+                .await?;
+            examples.extend(confirmed.into_iter().map(|t| t.instance_type_id));
+        }
+        examples.sort();
+        examples.dedup();
+        examples.truncate(TYPE_EXAMPLES);
+        Ok(Some(TypeCheck { unknown, examples }))
     }
 
     /// ModifyInstanceAttribute InstanceName + HostName. ECS gives a new

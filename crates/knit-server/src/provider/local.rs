@@ -5,8 +5,9 @@
 use crate::error::{Result, ServerError};
 use crate::preflight;
 use crate::provider::{
-    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, EXEC_OUTPUT_MAX_BYTES,
-    EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
+    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, TypeCheck,
+    EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
+    TYPE_EXAMPLES,
 };
 use async_trait::async_trait;
 use knit_local::{Cloud, DiskInterface, DiskSpec, Instance, LocalError, Quantity, Template};
@@ -141,6 +142,30 @@ fn check_host_image(image: &str, allowed: bool) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The local cloud's answer from what it can size: the catalog
+/// (`knit_api::instance_types`) and its own `local.*` types; the examples
+/// are its default type and the first type of a few catalog families.
+fn local_type_check(types: &[String]) -> TypeCheck {
+    let unknown = types
+        .iter()
+        .filter(|t| knit_local::bounds::type_size(t).is_none())
+        .cloned()
+        .collect();
+    let mut examples = vec!["local.small".to_string()];
+    for t in knit_api::instance_types::all() {
+        if examples.len() >= TYPE_EXAMPLES {
+            break;
+        }
+        if !examples
+            .iter()
+            .any(|e| e.contains(&format!(".{}.", t.family())))
+        {
+            examples.push(t.name.to_string());
+        }
+    }
+    TypeCheck { unknown, examples }
 }
 
 fn view(i: &Instance) -> ProviderInstance {
@@ -422,6 +447,10 @@ impl Provider for LocalProvider {
         })
     }
 
+    async fn check_instance_types(&self, types: &[String]) -> Result<Option<TypeCheck>> {
+        Ok(Some(local_type_check(types)))
+    }
+
     async fn rename(&self, id: &str, name: &str) -> Result<()> {
         let (id, name) = (id.to_string(), name.to_string());
         self.blocking(move |c| c.rename(&id, &name))
@@ -609,6 +638,24 @@ pub fn local_facts(i: &knit_local::Instance) -> preflight::InstanceFacts {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_local_cloud_knows_the_catalog_and_its_own_types() {
+        let asked = [
+            "local.small",
+            "ecs.g7.large",
+            "ecs.nope.large",
+            "ecs.t1.small",
+        ];
+        let asked: Vec<String> = asked.iter().map(|t| t.to_string()).collect();
+        let check = local_type_check(&asked);
+        assert_eq!(check.unknown, vec!["ecs.nope.large".to_string()]);
+        assert_eq!(check.examples.len(), TYPE_EXAMPLES, "{check:?}");
+        assert_eq!(check.examples[..2], ["local.small", "ecs.g7.large"]);
+        for e in &check.examples {
+            assert!(knit_local::bounds::type_size(e).is_some(), "{e}");
+        }
+    }
 
     #[test]
     fn the_host_image_needs_the_unsafe_switch() {

@@ -164,6 +164,19 @@ pub struct ProviderSnapshot {
     pub size_bytes: u64,
 }
 
+/// A provider's answer about a pool's instance types
+/// ([`Provider::check_instance_types`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TypeCheck {
+    /// The asked types the provider cannot make, in the order asked.
+    pub unknown: Vec<String>,
+    /// A few types it can make (at most [`TYPE_EXAMPLES`]), for the message.
+    pub examples: Vec<String>,
+}
+
+/// How many known types a refusal lists.
+pub const TYPE_EXAMPLES: usize = 5;
+
 #[async_trait]
 pub trait Provider: Send + Sync {
     /// Short name for messages and events (`local`).
@@ -191,6 +204,14 @@ pub trait Provider: Send + Sync {
     /// Refuses an image (a pool's `image`) the provider cannot use, naming
     /// it and the rule; changes nothing.
     async fn check_image(&self, image: &str) -> Result<()>;
+    /// Which of `types` (a pool's `spec.instanceTypes`) the provider cannot
+    /// make, with a few it can for the message: asked at pool write.
+    /// `None` (the default): the provider keeps no list of types and every
+    /// name is accepted (its create says the rest).
+    async fn check_instance_types(&self, types: &[String]) -> Result<Option<TypeCheck>> {
+        let _ = types;
+        Ok(None)
+    }
     /// Renames an instance (its name and hostname), running or stopped.
     async fn rename(&self, id: &str, name: &str) -> Result<()>;
     /// Sets root's login password inside a running instance. The password
@@ -332,7 +353,8 @@ pub fn timed_out(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallLimits {
     /// get, list, start, stop, reboot, delete, rename, set_password,
-    /// check_image, facts, snapshot_delete, snapshots_named, find_by_name.
+    /// check_image, check_instance_types, facts, snapshot_delete,
+    /// snapshots_named, find_by_name.
     pub call: Duration,
     /// create, reimage, snapshot_create: they copy disks.
     pub create: Duration,
@@ -430,6 +452,11 @@ impl Provider for BoundedProvider {
     async fn check_image(&self, image: &str) -> Result<()> {
         let call = self.inner.check_image(image);
         self.bound("check_image", image, self.limits.call, call)
+            .await
+    }
+    async fn check_instance_types(&self, types: &[String]) -> Result<Option<TypeCheck>> {
+        let call = self.inner.check_instance_types(types);
+        self.bound("check_instance_types", "(types)", self.limits.call, call)
             .await
     }
     async fn rename(&self, id: &str, name: &str) -> Result<()> {

@@ -311,9 +311,14 @@ pub async fn create(
     Extension(session): Extension<Session>,
     Form(form): Form<YamlForm>,
 ) -> Response {
-    let created = NodePool::from_yaml(&form.yaml)
-        .map_err(ServerError::from)
-        .and_then(|pool| crate::pools::create(&console.cp, pool, false));
+    let created = match NodePool::from_yaml(&form.yaml).map_err(ServerError::from) {
+        // The console shows no warnings after a write: only a refusal counts.
+        Ok(pool) => match crate::pools::check_instance_types(&console.cp, &pool).await {
+            Ok(_) => crate::pools::create(&console.cp, pool, false),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
     match created {
         Ok(view) => see_other(&format!(
             "/ui/pools?done={}",
@@ -366,9 +371,15 @@ pub async fn apply(
     Path(name): Path<String>,
     Form(form): Form<YamlForm>,
 ) -> Response {
-    let applied = names::check_pool("metadata.name", &name)
-        .and_then(|_| NodePool::from_yaml(&form.yaml).map_err(ServerError::from))
-        .and_then(|pool| crate::pools::apply(&console.cp, &name, pool, false));
+    let parsed = names::check_pool("metadata.name", &name)
+        .and_then(|_| NodePool::from_yaml(&form.yaml).map_err(ServerError::from));
+    let applied = match parsed {
+        Ok(pool) => match crate::pools::check_instance_types(&console.cp, &pool).await {
+            Ok(_) => crate::pools::apply(&console.cp, &name, pool, false),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
     match applied {
         Ok((_, view)) => see_other(&format!(
             "/ui/pools?done={}",

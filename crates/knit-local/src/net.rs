@@ -247,21 +247,7 @@ pub fn guard_table(host_veth: &str) -> String {
 /// table or the bridge's forwarding table, or send IPv6 (instances have no
 /// IPv6 address). Replaces a table left by an earlier boot, atomically.
 pub fn guard_add(host_veth: &str, mac: &str, ip: Ipv4Addr) -> Result<()> {
-    let table = guard_table(host_veth);
-    let rules = [
-        format!("table netdev {table}"),
-        format!("delete table netdev {table}"),
-        format!("table netdev {table} {{"),
-        "  counter spoofed {}".into(),
-        "  chain instance_egress {".into(),
-        format!("    type filter hook ingress device \"{host_veth}\" priority -500; policy drop;"),
-        format!("    ether saddr {mac} ip saddr {ip} accept"),
-        format!("    ether saddr {mac} arp htype 1 arp ptype ip arp saddr ether {mac} arp saddr ip {ip} accept"),
-        "    counter name spoofed drop".into(),
-        "  }".into(),
-        "}".into(),
-    ]
-    .join("\n");
+    let rules = guard_rules(host_veth, mac, ip);
     match crate::run::run_input("nft", &["-f", "-"], &rules) {
         Err(LocalError::Command { status, .. }) if status == "not started" => {
             Err(LocalError::Command {
@@ -274,6 +260,27 @@ pub fn guard_add(host_veth: &str, mac: &str, ip: Ipv4Addr) -> Result<()> {
         }
         other => other.map(|_| ()),
     }
+}
+
+/// The `nft -f` script [`guard_add`] applies: also the guard of a QEMU
+/// VM's tap (knit-qemu), so sandboxes and VMs on one bridge are held to
+/// the same rules.
+pub fn guard_rules(host_veth: &str, mac: &str, ip: Ipv4Addr) -> String {
+    let table = guard_table(host_veth);
+    [
+        format!("table netdev {table}"),
+        format!("delete table netdev {table}"),
+        format!("table netdev {table} {{"),
+        "  counter spoofed {}".into(),
+        "  chain instance_egress {".into(),
+        format!("    type filter hook ingress device \"{host_veth}\" priority -500; policy drop;"),
+        format!("    ether saddr {mac} ip saddr {ip} accept"),
+        format!("    ether saddr {mac} arp htype 1 arp ptype ip arp saddr ether {mac} arp saddr ip {ip} accept"),
+        "    counter name spoofed drop".into(),
+        "  }".into(),
+        "}".into(),
+    ]
+    .join("\n")
 }
 
 /// Removes the guard of `host_veth`, if any (the kernel keeps the table

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod base;
+pub mod confine;
 pub mod error;
 pub mod run;
 pub mod state;

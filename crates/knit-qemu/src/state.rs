@@ -8,7 +8,8 @@
 //!                  system.qcow2      overlay on the base image's disk
 //!                  disk-<disk>.qcow2 data disks
 //!                  seed.img          cloud-init NoCloud seed (vfat, CIDATA)
-//!                  qmp.sock qga.sock console.log qemu.pid
+//!                  console.log       the serial console (QEMU's)
+//!                  run/              QEMU's own (its uid): qmp.sock qga.sock
 //! <state>/snapshots/<id>/snapshot.json  snapshot.qcow2
 //! ```
 
@@ -122,6 +123,10 @@ pub struct VmRecord {
     /// The create's idempotency key (absent in records of older versions).
     #[serde(default)]
     pub client_token: Option<String>,
+    /// The uid and gid its QEMU runs as ([`crate::confine`]); records of
+    /// older versions get one at their next start.
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,8 +159,12 @@ impl State {
             std::fs::create_dir_all(root.join(d)).ctx("cannot create", root.join(d))?;
         }
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
-            .ctx("cannot set the mode of", root)?;
+        // Searchable, not listable: a VM's QEMU (its own uid) reaches a
+        // snapshot it is an overlay on by `../../snapshots/<id>/`.
+        for d in [root.to_path_buf(), root.join("vms"), root.join("snapshots")] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
+                .ctx("cannot set the mode of", &d)?;
+        }
         Ok(State {
             root: root.to_path_buf(),
         })

@@ -11,6 +11,7 @@ use knit_local::net::Subnet;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,9 +19,13 @@ use std::time::{Duration, Instant};
 const CMD_TIMEOUT: Duration = Duration::from_secs(60);
 /// `qemu-img convert` of a whole data disk (snapshots).
 const COPY_TIMEOUT: Duration = Duration::from_secs(1800);
-/// QEMU's parent process returns once the VM is set up (`-daemonize`).
+/// How long QEMU may take until its monitor answers (every device made).
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
+/// One try of QEMU's monitor while it starts.
+const QMP_READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// QEMU's own directory in a VM's (its uid's): its sockets.
+const RUN_DIR: &str = "run";
 /// Most data disks a VM takes (PCI slots 5 … 20).
 const MAX_DISKS: usize = 16;
 const MAX_DISK_BYTES: u64 = 16 << 40;
@@ -266,6 +271,7 @@ impl Machines {
             }
             let hex = random_hex(6)?;
             let ip = self.pick_ip(t.ip)?;
+            let uid = self.pick_uid()?;
             let mut disks = Vec::new();
             for d in &t.disks {
                 let size_bytes = match (&d.snapshot, d.size_bytes) {
@@ -306,6 +312,7 @@ impl Machines {
                 created_at: now(),
                 password_set_at: None,
                 client_token: t.client_token.clone(),
+                uid: Some(uid),
             };
             // Written before any file, tap or process it names.
             self.state.put_vm(&rec)?;
@@ -321,7 +328,7 @@ impl Machines {
                 let f = file.display().to_string();
                 match &d.snapshot {
                     Some(s) => {
-                        let backing = self.snapshot_file(s).display().to_string();
+                        let backing = snapshot_backing(s);
                         run(
                             "qemu-img",
                             &[
@@ -541,16 +548,47 @@ impl Machines {
         result
     }
 
-    /// Starts QEMU for a recorded VM (tap first), records its process.
+    /// A uid no other VM of this state directory has.
+    fn pick_uid(&self) -> Result<u32> {
+        let used = self.state.vms()?.iter().filter_map(|v| v.uid).collect();
+        crate::confine::pick_uid(&used)
+    }
+
+    /// Starts QEMU for a recorded VM (tap and its guard first), records its
+    /// process. QEMU runs as the VM's own uid under its seccomp filter
+    /// ([`crate::confine`]).
     fn spawn(&self, rec: &mut VmRecord) -> Result<()> {
         let dir = self.state.vm_dir(&rec.id);
         if !live_pids(rec, &dir).is_empty() {
             return Ok(());
         }
         self.require_bridge()?;
-        for f in ["qmp.sock", "qga.sock", "qemu.pid"] {
-            let _ = std::fs::remove_file(dir.join(f));
+        let uid = match rec.uid {
+            Some(uid) if crate::confine::is_vm_uid(uid) => uid,
+            _ => {
+                let _lock = self.state.lock()?;
+                let uid = self.pick_uid()?;
+                rec.uid = Some(uid);
+                self.state.put_vm(rec)?;
+                uid
+            }
+        };
+        let gid = uid;
+        let accel = self.cfg.accel.resolve();
+        let groups: Vec<u32> = match accel {
+            "kvm" => crate::confine::kvm_gid().into_iter().collect(),
+            _ => Vec::new(),
+        };
+        let mut gids = groups.clone();
+        gids.push(gid);
+        for (field, file) in [
+            ("image", &rec.boot.disk),
+            ("image", &rec.boot.kernel),
+            ("image", &rec.boot.initrd),
+        ] {
+            crate::confine::check_reachable(field, file, uid, &gids)?;
         }
+        self.hand_over_files(rec, &dir, uid, gid)?;
         if !link_exists(&rec.tap) {
             run(
                 "ip",
@@ -558,6 +596,8 @@ impl Machines {
                 CMD_TIMEOUT,
             )?;
         }
+        // Guarded before the link joins the bridge: no frame passes unfiltered.
+        self.guard_add(rec, &dir)?;
         run(
             "ip",
             &["link", "set", "dev", &rec.tap, "master", &rec.bridge],
@@ -565,74 +605,87 @@ impl Machines {
         )?;
         run("ip", &["link", "set", "dev", &rec.tap, "up"], CMD_TIMEOUT)?;
         pause("tap");
-        let accel = self.cfg.accel.resolve();
-        let args = qemu_args(rec, &dir, accel);
+        let tap = crate::confine::open_tap(&rec.tap)?;
+        let args = qemu_args(rec, accel, tap.as_raw_fd());
         let log = dir.join("qemu.log");
         let log_file = std::fs::File::options()
             .create(true)
             .append(true)
             .open(&log)
             .ctx("cannot open", &log)?;
-        let mut child = std::process::Command::new(&self.cfg.qemu)
-            .args(&args)
+        let mut cmd = std::process::Command::new(&self.cfg.qemu);
+        cmd.args(&args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .map_err(|e| QemuError::Command {
-                command: self.cfg.qemu.clone(),
-                status: "not started".into(),
-                stderr: if e.kind() == std::io::ErrorKind::NotFound {
-                    format!(
-                        "{} is not installed (qemu-system-x86; `scripts/setup.sh --qemu` installs it)",
-                        self.cfg.qemu
-                    )
-                } else {
-                    e.to_string()
-                },
-            })?;
-        // With -daemonize the parent exits once the VM is set up (or failed).
+            .stderr(log_file);
+        crate::confine::Demote::new(&dir, uid, gid, groups, tap.as_raw_fd())?.install(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| QemuError::Command {
+            command: self.cfg.qemu.clone(),
+            status: "not started".into(),
+            stderr: if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "{} is not installed (qemu-system-x86; `scripts/setup.sh --qemu` installs it)",
+                    self.cfg.qemu
+                )
+            } else {
+                e.to_string()
+            },
+        })?;
+        // QEMU holds its own descriptor now; the tap lives as long as it does.
+        drop(tap);
+        let pid = child.id() as i32;
+        // No -daemonize (its fork is what `spawn=deny` refuses): QEMU is set
+        // up once its monitor answers, which happens only after every device
+        // was made; exiting before that is a failed start.
         let deadline = Instant::now() + SPAWN_TIMEOUT;
-        let status = loop {
+        loop {
             match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
+                Ok(Some(status)) => {
+                    let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail: Vec<&str> = tail.lines().rev().take(10).collect();
                     return Err(QemuError::Boot {
                         id: rec.id.clone(),
                         message: format!(
-                            "QEMU did not set up within {} s",
-                            SPAWN_TIMEOUT.as_secs()
+                            "{} exited with {status}: {}",
+                            self.cfg.qemu,
+                            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
                         ),
                     });
                 }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(QemuError::Boot {
+                        id: rec.id.clone(),
+                        message: format!("waiting for QEMU (pid {pid}): {e}"),
+                    })
+                }
             }
-        };
-        if !status.success() {
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-            return Err(QemuError::Boot {
-                id: rec.id.clone(),
-                message: format!(
-                    "{} exited with {status}: {}",
-                    self.cfg.qemu,
-                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-                ),
-            });
+            if agent::qmp(&qmp_socket(&dir), "query-status", None, QMP_READY_TIMEOUT).is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(QemuError::Boot {
+                    id: rec.id.clone(),
+                    message: format!(
+                        "QEMU's monitor did not answer within {} s",
+                        SPAWN_TIMEOUT.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        let pid_file = dir.join("qemu.pid");
-        let pid: i32 = std::fs::read_to_string(&pid_file)
-            .ctx("cannot read", &pid_file)?
-            .trim()
-            .parse()
-            .map_err(|_| QemuError::Boot {
-                id: rec.id.clone(),
-                message: format!("{} holds no PID", pid_file.display()),
-            })?;
+        // QEMU outlives this call (and this process, as a daemon would);
+        // while this process lives, a thread reaps it when it ends.
+        let reaper = std::thread::Builder::new()
+            .name(format!("qemu-{pid}"))
+            .spawn(move || {
+                let _ = child.wait();
+            });
+        if let Err(e) = reaper {
+            tracing::warn!(id = %rec.id, pid, error = %e, "no thread to reap QEMU: it stays a zombie once it ends, until this process ends");
+        }
         let process = owned_process(pid, &dir).ok_or_else(|| QemuError::Boot {
             id: rec.id.clone(),
             message: format!(
@@ -644,8 +697,88 @@ impl Machines {
         rec.state = VmState::Running;
         rec.accel = Some(accel.to_string());
         self.state.put_vm(rec)?;
-        tracing::info!(id = %rec.id, pid, accel, ip = %rec.ip, "VM started");
+        tracing::info!(id = %rec.id, pid, uid, accel, ip = %rec.ip, "VM started");
         Ok(())
+    }
+
+    /// What QEMU opens, made the VM's: its directory searchable by its group
+    /// only, its disks and seed its own (mode 0600), a fresh `run/` for its
+    /// sockets, the console file; a snapshot it is an overlay on readable.
+    /// Everything else in the directory (the record) stays root's.
+    fn hand_over_files(&self, rec: &VmRecord, dir: &Path, uid: u32, gid: u32) -> Result<()> {
+        use crate::confine::{give, set_dir};
+        // Left by earlier versions (root's QEMU wrote them here).
+        for f in ["qmp.sock", "qga.sock", "qemu.pid"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+        set_dir(dir, 0, gid, 0o710)?;
+        let run_dir = dir.join(RUN_DIR);
+        match std::fs::remove_dir_all(&run_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).ctx("cannot remove", &run_dir)
+            }
+            _ => {}
+        }
+        std::fs::create_dir(&run_dir).ctx("cannot create", &run_dir)?;
+        set_dir(&run_dir, uid, gid, 0o700)?;
+        let console = dir.join("console.log");
+        let _ = std::fs::remove_file(&console);
+        write_private(&console, b"")?;
+        give(&console, uid, gid, 0o600)?;
+        give(&dir.join("system.qcow2"), uid, gid, 0o600)?;
+        give(&dir.join("seed.img"), uid, gid, 0o600)?;
+        for d in &rec.disks {
+            give(&disk_file(dir, &d.id), uid, gid, 0o600)?;
+            if let Some(s) = &d.snapshot {
+                let snap = self.snapshot_file(s);
+                give(&snap, 0, 0, 0o644)?;
+                set_dir(&self.state.snapshot_dir(s), 0, 0, 0o711)?;
+                // Disks of earlier versions name it by its absolute path,
+                // which QEMU may not be able to reach.
+                let (backing, f) = (snapshot_backing(s), disk_file(dir, &d.id));
+                run(
+                    "qemu-img",
+                    &[
+                        "rebase",
+                        "-u",
+                        "-F",
+                        "qcow2",
+                        "-b",
+                        &backing,
+                        &f.display().to_string(),
+                    ],
+                    CMD_TIMEOUT,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The anti-spoofing guard of the local cloud's instances
+    /// (`knit_local::net::guard_rules`) on the VM's tap: only IPv4 from its
+    /// address and ARP for it, from its MAC, leave the VM.
+    fn guard_add(&self, rec: &VmRecord, dir: &Path) -> Result<()> {
+        let ip: Ipv4Addr = rec.ip.parse().map_err(|_| QemuError::State {
+            path: dir.join("vm.json").display().to_string(),
+            message: format!("ip {:?} is not an IPv4 address", rec.ip),
+        })?;
+        let rules = knit_local::net::guard_rules(&rec.tap, &rec.mac, ip);
+        let file = dir.join("guard.nft");
+        write_private(&file, rules.as_bytes())?;
+        let applied = run("nft", &["-f", &file.display().to_string()], CMD_TIMEOUT);
+        let _ = std::fs::remove_file(&file);
+        match applied {
+            Err(QemuError::Command { status, .. }) if status == "not started" => {
+                Err(QemuError::Command {
+                    command: "nft".into(),
+                    status: "not installed".into(),
+                    stderr: "nft (Debian package nftables) guards every VM's tap against address \
+                             spoofing; install it (scripts/setup.sh)"
+                        .into(),
+                })
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     pub fn start(&self, id: &str) -> Result<Vm> {
@@ -676,7 +809,7 @@ impl Machines {
             let asked = self
                 .exec(id, &detached_systemctl("poweroff"), Duration::from_secs(20))
                 .is_ok_and(|out| out.code == 0)
-                || agent::qmp(&dir.join("qmp.sock"), "system_powerdown", None, QMP_TIMEOUT).is_ok();
+                || agent::qmp(&qmp_socket(&dir), "system_powerdown", None, QMP_TIMEOUT).is_ok();
             let gone = asked && wait_gone(&rec, &dir, self.cfg.stop_timeout);
             if !gone {
                 tracing::warn!(id, "the guest did not power off in time: quitting QEMU");
@@ -694,7 +827,7 @@ impl Machines {
 
     /// QMP quit, then SIGKILL to what is still ours.
     fn end_process(&self, rec: &VmRecord, dir: &Path) {
-        let _ = agent::qmp(&dir.join("qmp.sock"), "quit", None, QMP_TIMEOUT);
+        let _ = agent::qmp(&qmp_socket(dir), "quit", None, QMP_TIMEOUT);
         if !wait_gone(rec, dir, Duration::from_secs(10)) {
             for pid in live_pids(rec, dir) {
                 // Checked just now to be this VM's QEMU (cmdline names its dir).
@@ -705,11 +838,13 @@ impl Machines {
         }
     }
 
+    /// The tap and its guard (the kernel keeps an nftables table when its
+    /// link goes).
     fn release_tap(&self, rec: &VmRecord) -> Result<()> {
         if link_exists(&rec.tap) {
             run("ip", &["link", "delete", "dev", &rec.tap], CMD_TIMEOUT)?;
         }
-        Ok(())
+        guard_del(&rec.tap)
     }
 
     /// Restarts the guest: a clean reboot through the guest agent, or a
@@ -735,12 +870,12 @@ impl Machines {
             tracing::warn!(id, "the guest could not be asked to reboot: resetting it");
         }
         if !requested {
-            agent::qmp(&vm.dir.join("qmp.sock"), "system_reset", None, QMP_TIMEOUT).map_err(
-                |e| QemuError::Qmp {
+            agent::qmp(&qmp_socket(&vm.dir), "system_reset", None, QMP_TIMEOUT).map_err(|e| {
+                QemuError::Qmp {
                     id: id.to_string(),
                     message: e.0,
-                },
-            )?;
+                }
+            })?;
         }
         let deadline = Instant::now() + timeout;
         loop {
@@ -769,7 +904,7 @@ impl Machines {
     /// enough to run commands).
     pub fn wait_agent(&self, id: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        let socket = self.state.vm_dir(id).join("qga.sock");
+        let socket = qga_socket(&self.state.vm_dir(id));
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match Guest::connect(&socket, left.min(Duration::from_secs(5)))
@@ -795,7 +930,7 @@ impl Machines {
                 message: "is not running".into(),
             });
         }
-        Guest::connect(&vm.dir.join("qga.sock"), timeout).map_err(|e| QemuError::Agent {
+        Guest::connect(&qga_socket(&vm.dir), timeout).map_err(|e| QemuError::Agent {
             id: id.to_string(),
             message: e.0,
         })
@@ -1108,7 +1243,40 @@ fn detached_systemctl(verb: &str) -> Vec<String> {
 }
 
 fn disk_file(dir: &Path, disk_id: &str) -> PathBuf {
-    dir.join(format!("disk-{disk_id}.qcow2"))
+    dir.join(disk_name(disk_id))
+}
+
+fn disk_name(disk_id: &str) -> String {
+    format!("disk-{disk_id}.qcow2")
+}
+
+fn qmp_socket(dir: &Path) -> PathBuf {
+    dir.join(RUN_DIR).join("qmp.sock")
+}
+
+fn qga_socket(dir: &Path) -> PathBuf {
+    dir.join(RUN_DIR).join("qga.sock")
+}
+
+/// A snapshot as the backing file of a data disk, relative to the disk's
+/// directory (`<state>/vms/<id>/`): QEMU reaches it without searching the
+/// state directory's parents.
+fn snapshot_backing(snapshot: &str) -> String {
+    format!("../../snapshots/{snapshot}/snapshot.qcow2")
+}
+
+/// Removes the guard of `tap`, if any.
+fn guard_del(tap: &str) -> Result<()> {
+    let table = knit_local::net::guard_table(tap);
+    match run("nft", &["delete", "table", "netdev", &table], CMD_TIMEOUT) {
+        Ok(_) => Ok(()),
+        Err(QemuError::Command { stderr, .. }) if stderr.contains("No such file or directory") => {
+            Ok(())
+        }
+        // Without nft no guard can have been made.
+        Err(QemuError::Command { status, .. }) if status == "not started" => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn colon_hex(hex: &str) -> String {
@@ -1156,12 +1324,13 @@ fn network_config(rec: &VmRecord) -> String {
     )
 }
 
-/// QEMU's command line. `init=` names systemd: the image need not carry
+/// QEMU's command line, run in the VM's directory (files by relative
+/// paths), with the tap open as descriptor `tap_fd` and the seccomp filter
+/// on. `init=` names systemd: the image need not carry
 /// systemd-sysv's /sbin/init. PCI slots are fixed so device names are stable:
 /// the system disk is `vda`; virtio data disks `vdb`, `vdc` … and NVMe ones
 /// `nvme0n1` … in template order; the seed (last slot) comes after them.
-pub(crate) fn qemu_args(rec: &VmRecord, dir: &Path, accel: &str) -> Vec<String> {
-    let p = |f: &str| dir.join(f).display().to_string();
+pub(crate) fn qemu_args(rec: &VmRecord, accel: &str, tap_fd: RawFd) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
     push(&["-name", &format!("{},process=knit-{}", rec.id, rec.id)]);
@@ -1183,7 +1352,8 @@ pub(crate) fn qemu_args(rec: &VmRecord, dir: &Path, accel: &str) -> Vec<String> 
         &rec.cpus.to_string(),
     ]);
     push(&["-nodefaults", "-no-user-config", "-display", "none"]);
-    push(&["-serial", &format!("file:{}", p("console.log"))]);
+    push(&["-sandbox", crate::confine::SANDBOX]);
+    push(&["-serial", "file:console.log"]);
     push(&["-kernel", &rec.boot.kernel.display().to_string()]);
     push(&["-initrd", &rec.boot.initrd.display().to_string()]);
     push(&[
@@ -1192,10 +1362,7 @@ pub(crate) fn qemu_args(rec: &VmRecord, dir: &Path, accel: &str) -> Vec<String> 
     ]);
     push(&[
         "-drive",
-        &format!(
-            "file={},if=none,id=sys,format=qcow2,discard=unmap",
-            p("system.qcow2")
-        ),
+        "file=system.qcow2,if=none,id=sys,format=qcow2,discard=unmap",
         "-device",
         "virtio-blk-pci,drive=sys,addr=0x4,serial=system",
     ]);
@@ -1204,7 +1371,7 @@ pub(crate) fn qemu_args(rec: &VmRecord, dir: &Path, accel: &str) -> Vec<String> 
             "-drive",
             &format!(
                 "file={},if=none,id=d{i},format=qcow2,discard=unmap",
-                disk_file(dir, &d.id).display()
+                disk_name(&d.id)
             ),
         ]);
         let device = match d.interface {
@@ -1218,35 +1385,31 @@ pub(crate) fn qemu_args(rec: &VmRecord, dir: &Path, accel: &str) -> Vec<String> 
     }
     push(&[
         "-drive",
-        &format!(
-            "file={},if=none,id=seed,format=raw,readonly=on",
-            p("seed.img")
-        ),
+        "file=seed.img,if=none,id=seed,format=raw,readonly=on",
         "-device",
         "virtio-blk-pci,drive=seed,addr=0x1e,serial=cidata",
     ]);
     push(&[
         "-netdev",
-        &format!("tap,id=net0,ifname={},script=no,downscript=no", rec.tap),
+        &format!("tap,id=net0,fd={tap_fd}"),
         "-device",
         &format!("virtio-net-pci,netdev=net0,mac={},addr=0x3", rec.mac),
     ]);
     push(&["-device", "virtio-rng-pci,addr=0x1c"]);
     push(&[
         "-chardev",
-        &format!("socket,id=qmp,path={},server=on,wait=off", p("qmp.sock")),
+        &format!("socket,id=qmp,path={RUN_DIR}/qmp.sock,server=on,wait=off"),
         "-mon",
         "chardev=qmp,mode=control",
     ]);
     push(&[
         "-chardev",
-        &format!("socket,id=qga0,path={},server=on,wait=off", p("qga.sock")),
+        &format!("socket,id=qga0,path={RUN_DIR}/qga.sock,server=on,wait=off"),
         "-device",
         "virtio-serial-pci,addr=0x1d",
         "-device",
         "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
     ]);
-    push(&["-pidfile", &p("qemu.pid"), "-daemonize"]);
     a
 }
 
@@ -1300,22 +1463,29 @@ fn proc_stat(pid: i32) -> Option<(u64, char)> {
     Some((fields.get(19)?.parse().ok()?, state))
 }
 
-/// Processes whose command line names this VM's QMP socket: the only
-/// QEMU processes we ever signal (a PID alone could have been reused).
+/// This VM's QEMU processes: those whose working directory is the VM's
+/// and whose command line names the QMP socket there (or, started by an
+/// earlier version, names it by its absolute path): the only QEMU
+/// processes we ever signal (a PID alone could have been reused).
 fn pids_naming(dir: &Path) -> Vec<i32> {
-    let needle = format!("path={},", dir.join("qmp.sock").display());
+    let legacy = format!("path={},", dir.join("qmp.sock").display());
+    let ours = format!("path={RUN_DIR}/qmp.sock,");
+    let has = |args: &[u8], needle: &str| {
+        args.split(|b| *b == 0)
+            .any(|arg| arg.windows(needle.len()).any(|w| w == needle.as_bytes()))
+    };
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| {
-                    c.split(|b| *b == 0)
-                        .any(|arg| arg.windows(needle.len()).any(|w| w == needle.as_bytes()))
-                })
-                .unwrap_or(false)
+            let Ok(args) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            has(&args, &legacy)
+                || (has(&args, &ours)
+                    && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == dir))
         })
         .filter(|pid| proc_stat(*pid).is_some_and(|(_, s)| s != 'Z'))
         .collect()
@@ -1399,12 +1569,13 @@ mod tests {
             created_at: 0,
             password_set_at: None,
             client_token: None,
+            uid: None,
         }
     }
 
     #[test]
     fn command_line_puts_disks_on_their_interfaces_in_order() {
-        let a = qemu_args(&record(), Path::new("/s/vms/vm-0123456789ab"), "tcg").join(" ");
+        let a = qemu_args(&record(), "tcg", 7).join(" ");
         assert!(
             a.contains("-device nvme,drive=d0,serial=d-0000000001,addr=0x5"),
             "{a}"
@@ -1413,9 +1584,25 @@ mod tests {
             a.contains("-device virtio-blk-pci,drive=d1,serial=d-0000000002,addr=0x6"),
             "{a}"
         );
-        assert!(a.contains("ifname=kq0123456789ab,script=no"), "{a}");
+        assert!(a.contains("-netdev tap,id=net0,fd=7 "), "{a}");
         assert!(a.contains("-accel tcg,tb-size=256"), "{a}");
         assert!(!a.contains("-cpu host"));
+        // Under its seccomp filter, not daemonised (that forks), every file
+        // relative to the VM's directory (QEMU's working directory).
+        assert!(
+            a.contains(
+                "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+            ),
+            "{a}"
+        );
+        assert!(!a.contains("-daemonize") && !a.contains("-runas"), "{a}");
+        assert!(a.contains("file=system.qcow2,"), "{a}");
+        assert!(a.contains("file=disk-d-0000000001.qcow2,"), "{a}");
+        assert!(
+            a.contains("path=run/qmp.sock,") && a.contains("path=run/qga.sock,"),
+            "{a}"
+        );
+        assert!(!a.contains(" /s/") && !a.contains("=/s/"), "{a}");
         // The system disk's slot comes before every data disk's; the seed's after.
         assert!(a.find("addr=0x4").unwrap() < a.find("addr=0x5").unwrap());
         assert!(a.contains("virtio-blk-pci,drive=seed,addr=0x1e"));

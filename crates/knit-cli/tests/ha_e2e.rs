@@ -137,6 +137,88 @@ fn one_leader_of(env: &Env, n: usize, not: Option<u64>) -> Vec<Value> {
     }
 }
 
+/// What `knit up --ha` keeps in PostgreSQL and how the servers reach it
+/// (docs/security.md): every row of every table of knit's database, read
+/// as text, holds no private key and no admin token; `knit` is not a
+/// superuser and owns the database; the servers' command lines and
+/// environments hold neither password but name the secrets key file.
+fn secrets_sealed_and_knit_role_plain(state: &Path) {
+    let ha = state.join("ha");
+    let read = |f: &str| {
+        std::fs::read_to_string(ha.join(f))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let recorded: Value = serde_json::from_str(&read("ha.json")).unwrap();
+    let port = recorded["postgresPort"].as_u64().unwrap();
+    let admin = knit_db::Db::open(
+        &knit_db::Datastore::Postgres(format!(
+            "postgres://knit_admin:{}@127.0.0.1:{port}/knit?sslmode=disable",
+            read("postgres-admin.password")
+        )),
+        knit_db::Limits::default(),
+    )
+    .unwrap_or_else(|e| panic!("connect as knit_admin: {e}"));
+    let (rows, superuser, owner) = admin
+        .read(|tx| {
+            let tables: Vec<String> = tx
+                .query("SELECT tablename::TEXT FROM pg_tables WHERE schemaname = 'public'", &[])?
+                .iter()
+                .map(|r| r.get(0))
+                .collect::<Result<_, _>>()?;
+            let mut rows = Vec::new();
+            for t in &tables {
+                for r in tx.query(&format!("SELECT CAST(t AS TEXT) FROM public.\"{t}\" t"), &[])? {
+                    rows.push(format!("{t}: {}", r.get::<String>(0)?));
+                }
+            }
+            let r = tx.query_one(
+                "SELECT rolsuper, (SELECT pg_get_userbyid(datdba)::TEXT FROM pg_database WHERE datname = 'knit') FROM pg_roles WHERE rolname = 'knit'",
+                &[],
+            )?;
+            Ok::<_, knit_db::DbError>((rows, r.get::<bool>(0)?, r.get::<String>(1)?))
+        })
+        .unwrap();
+    assert!(!superuser, "the knit role is a superuser");
+    assert_eq!(owner, "knit", "knit's database is owned by {owner}");
+    let token = read("server-1/admin-token");
+    assert!(rows
+        .iter()
+        .any(|r| r.starts_with("shared_secrets: ") && r.contains("knit-sealed:v1:")));
+    for row in &rows {
+        assert!(
+            !row.contains("PRIVATE KEY"),
+            "a private key in clear: {}",
+            &row[..row.len().min(80)]
+        );
+        assert!(
+            !row.contains(&token),
+            "the admin token in clear in a row of {}",
+            row.split(':').next().unwrap_or("")
+        );
+    }
+    let passwords = [read("postgres.password"), read("postgres-admin.password")];
+    for (name, pid) in recorded_pids(state) {
+        if !name.starts_with("server-") {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let (cmdline, environ) = (
+            String::from_utf8_lossy(&cmdline),
+            String::from_utf8_lossy(&environ),
+        );
+        assert!(cmdline.contains("--secrets-key-file"), "{name}: {cmdline}");
+        for p in &passwords {
+            assert!(
+                !cmdline.contains(p.as_str()) && !environ.contains(p.as_str()),
+                "{name}: a database password in its argv or environment"
+            );
+        }
+    }
+}
+
 /// A file of PEM data from a kubeconfig's base64 field.
 fn pem_file(dir: &Path, name: &str, b64: &str) -> PathBuf {
     let path = dir.join(name);
@@ -322,6 +404,8 @@ fn two_servers_behind_haproxy_survive_the_loss_of_one() {
         "server 2 with server 1's CA and token: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    secrets_sealed_and_knit_role_plain(&state);
 
     // A node joins through HAProxy (the advertised address is its own).
     env.create("pool", POOL);

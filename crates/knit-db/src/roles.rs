@@ -29,6 +29,13 @@ fn check(what: &str, name: &str) -> Result<(), DbError> {
     }
 }
 
+/// A SCRAM-SHA-256 verifier of `password`, which `PASSWORD '…'` takes in
+/// place of the clear password. It is base64 and `$`, `:`, `=` only: no
+/// quote to escape.
+pub fn scram_verifier(password: &str) -> String {
+    postgres_protocol::password::scram_sha_256(password.as_bytes())
+}
+
 /// Makes `role` (or brings an existing one to) a login role with
 /// `password` and no administrative attribute, and the owner of
 /// `database` (created when missing), which other roles may not connect
@@ -37,8 +44,7 @@ fn check(what: &str, name: &str) -> Result<(), DbError> {
 pub fn ensure_owner(admin: &Db, role: &str, password: &str, database: &str) -> Result<(), DbError> {
     check("role", role)?;
     check("database", database)?;
-    let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
-    // The verifier is base64 and `$`/`:`/`=` only: no quote to escape.
+    let verifier = scram_verifier(password);
     let attributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT";
     let exists = admin
         .read(|tx| {

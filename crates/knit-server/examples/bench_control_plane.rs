@@ -158,6 +158,11 @@ fn main() {
     let mut settings = Settings::new(dir.path().join("state-pg"));
     settings.listen = "127.0.0.1:0".parse().expect("addr");
     settings.datastore = Datastore::Postgres(url);
+    let key = dir.path().join("secrets.key");
+    std::fs::write(&key, knit_server::sealed::new_key_text().expect("key")).expect("key file");
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("key file mode");
+    settings.secrets_key_file = Some(key);
     let server = rt
         .block_on(knit_server::start(settings, None, Arc::new(NoCluster)))
         .expect("server on PostgreSQL");

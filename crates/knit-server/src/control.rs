@@ -51,6 +51,10 @@ pub struct Settings {
     pub drain_skip_wait: Duration,
     /// cluster-autoscaler's externalgrpc service (mutual TLS); `None`: off.
     pub autoscaler: Option<crate::autoscaler::AutoscalerSettings>,
+    /// The key file that seals the secrets servers share in a shared
+    /// datastore (`--secrets-key-file`, see `sealed`); needed on PostgreSQL,
+    /// unused on SQLite.
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 /// Where the web console listens and how long a sign-in lasts.
@@ -123,6 +127,7 @@ impl Settings {
             lease_ttl: Duration::from_secs(8),
             drain_skip_wait: crate::drain::DEFAULT_SKIP_WAIT,
             autoscaler: None,
+            secrets_key_file: None,
         }
     }
 

@@ -56,6 +56,10 @@ pub enum ServerError {
     },
     #[error("certificates: {0}")]
     Pki(String),
+    /// The key that seals the secrets servers share in the datastore:
+    /// missing, wrong, or its file refused.
+    #[error("{0}")]
+    Sealed(#[from] crate::sealed::SealError),
     #[error("provider {provider}: {message}")]
     Provider { provider: String, message: String },
     /// A provider call that outlived its limit (see `provider::CallLimits`).
@@ -94,6 +98,7 @@ impl ServerError {
             ServerError::Fenced { .. } => "NotLeader",
             ServerError::Io { .. } => "IoError",
             ServerError::Pki(_) => "PkiError",
+            ServerError::Sealed(e) => e.code(),
             ServerError::Provider { .. } => "ProviderError",
             ServerError::ProviderTimeout { .. } => "ProviderTimeout",
             ServerError::Package(_) => "PackageError",

@@ -236,51 +236,132 @@ impl ControlPlane {
     }
 }
 
-/// The files every server must share, by their name in the datastore.
+/// The files every server must share, by their name in the datastore:
+/// (name, path, mode, secret). Secrets are stored sealed; the CA
+/// certificate is public and stays readable.
 fn shared_files(
     settings: &crate::control::Settings,
-) -> [(&'static str, std::path::PathBuf, u32); 3] {
+) -> [(&'static str, std::path::PathBuf, u32, bool); 3] {
     [
-        ("ca.pem", settings.pki_dir().join("ca.pem"), 0o644),
-        ("ca.key", settings.pki_dir().join("ca.key"), 0o600),
-        ("admin-token", settings.admin_token_path(), 0o600),
+        ("ca.pem", settings.pki_dir().join("ca.pem"), 0o644, false),
+        ("ca.key", settings.pki_dir().join("ca.key"), 0o600, true),
+        ("admin-token", settings.admin_token_path(), 0o600, true),
     ]
+}
+
+/// The key that seals the shared secrets: on a shared datastore a server
+/// without one refuses to start (it could neither read the secrets the
+/// others sealed nor store its own but in clear).
+fn sealing_key(
+    store: &crate::store::Store,
+    settings: &crate::control::Settings,
+) -> Result<crate::sealed::SecretsKey> {
+    use crate::sealed::{SealError, SecretsKey};
+    match &settings.secrets_key_file {
+        Some(path) => Ok(SecretsKey::load(path)?),
+        None => {
+            let stored: Vec<&str> = shared_files(settings)
+                .iter()
+                .filter(|(_, _, _, secret)| *secret)
+                .map(|(name, ..)| *name)
+                .collect();
+            let mut names = Vec::new();
+            for name in stored {
+                if store.stored_secret(name)?.is_some() {
+                    names.push(name);
+                }
+            }
+            let names = if names.is_empty() {
+                "none yet".to_string()
+            } else {
+                names.join(", ")
+            };
+            Err(SealError::KeyMissing { names }.into())
+        }
+    }
 }
 
 /// Before the CA and admin token are loaded: the ones other servers of
 /// this datastore already use replace any local copy. Only on a shared
-/// datastore (SQLite's state is this directory's own).
+/// datastore (SQLite's state is this directory's own), where the secrets
+/// are sealed with the key of `--secrets-key-file`: a server without the
+/// key, or with another, refuses to start here, before it writes anything
+/// (locally or to the datastore). Rows stored in clear by a release
+/// before sealing are sealed now. Returns the key for [`publish_secrets`].
 pub fn adopt_shared_secrets(
     store: &crate::store::Store,
     settings: &crate::control::Settings,
-) -> Result<()> {
+) -> Result<Option<crate::sealed::SecretsKey>> {
     if !settings.datastore.is_shared() {
-        return Ok(());
+        return Ok(None);
     }
-    for (name, path, mode) in shared_files(settings) {
-        if let Some(value) = store.stored_secret(name)? {
-            write_if_different(&path, &value, mode)?;
+    let key = sealing_key(store, settings)?;
+    // Every value opened first: a wrong key changes nothing.
+    let mut found = Vec::new();
+    for (name, path, mode, secret) in shared_files(settings) {
+        if let Some(stored) = store.stored_secret(name)? {
+            let opened = if secret {
+                key.open(name, &stored)?
+            } else {
+                crate::sealed::Opened {
+                    value: stored.clone(),
+                    was_clear: false,
+                }
+            };
+            found.push((name, path, mode, stored, opened));
         }
     }
-    Ok(())
+    for (name, path, mode, stored, opened) in found {
+        write_if_different(&path, &opened.value, mode)?;
+        if opened.was_clear {
+            let sealed = key.seal(name, &opened.value)?;
+            if store.replace_secret(name, &stored, &sealed)? {
+                tracing::info!(
+                    secret = name,
+                    key = key.id(),
+                    "shared secret stored in clear: sealed"
+                );
+            }
+        }
+    }
+    Ok(Some(key))
 }
 
-/// After they are loaded (or made): offers this server's to the datastore;
-/// `true` when another server's were there first and were written here
-/// instead (the caller loads them again).
+/// After they are loaded (or made): offers this server's to the datastore
+/// (sealed with `key`); `true` when another server's were there first and
+/// were written here instead (the caller loads them again).
 pub fn publish_secrets(
     store: &crate::store::Store,
     settings: &crate::control::Settings,
+    key: Option<&crate::sealed::SecretsKey>,
 ) -> Result<bool> {
     if !settings.datastore.is_shared() {
         return Ok(false);
     }
+    let owned;
+    let key = match key {
+        Some(k) => k,
+        None => {
+            owned = sealing_key(store, settings)?;
+            &owned
+        }
+    };
     let mut replaced = false;
-    for (name, path, mode) in shared_files(settings) {
+    for (name, path, mode, secret) in shared_files(settings) {
         let local = std::fs::read_to_string(&path)
             .map_err(|e| crate::error::ServerError::io(format!("read {}", path.display()), e))?;
-        let stored = store.shared_secret(name, &local)?;
-        replaced |= write_if_different(&path, &stored, mode)?;
+        let offer = if secret {
+            key.seal(name, &local)?
+        } else {
+            local
+        };
+        let stored = store.shared_secret(name, &offer)?;
+        let value = if secret {
+            key.open(name, &stored)?.value
+        } else {
+            stored
+        };
+        replaced |= write_if_different(&path, &value, mode)?;
     }
     Ok(replaced)
 }

@@ -27,6 +27,7 @@ pub mod preflight;
 pub mod provider;
 pub mod reconcile;
 pub mod registry;
+pub mod sealed;
 pub mod server;
 pub mod snapshot;
 pub mod store;

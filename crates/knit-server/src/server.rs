@@ -84,7 +84,7 @@ pub async fn start(
     let store = Store::open_datastore(&settings.datastore, knit_db::Limits::default())?;
     tracing::info!(datastore = %settings.datastore.redacted(), "datastore open");
     // Several servers on one datastore share one CA and admin token.
-    crate::ha::adopt_shared_secrets(&store, &settings)?;
+    let sealing = crate::ha::adopt_shared_secrets(&store, &settings)?;
     // The CA is made at the first start only: when the admin token (made
     // with it) exists, or instances that fetched their NodeConfig (whose
     // nodes trust it), a missing CA is refused, never made again.
@@ -98,7 +98,7 @@ pub async fn start(
     }
     let mut pki = Pki::load_or_create(&settings.pki_dir(), &state)?;
     let mut admin_token = load_or_create_token(&settings.admin_token_path())?;
-    if crate::ha::publish_secrets(&store, &settings)? {
+    if crate::ha::publish_secrets(&store, &settings, sealing.as_ref())? {
         // Another server made them first: use its.
         pki = Pki::load_or_create(&settings.pki_dir(), &state)?;
         admin_token = load_or_create_token(&settings.admin_token_path())?;

@@ -555,6 +555,18 @@ impl World {
         }
     }
 
+    /// The deployment's key that seals the shared secrets (one for all
+    /// servers, as `knit up --ha` makes it).
+    fn secrets_key(&self) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.path().join("secrets.key");
+        if !path.exists() {
+            std::fs::write(&path, knit_server::sealed::new_key_text().unwrap()).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        path
+    }
+
     /// Starts one more server on the database; the first one's cluster CA
     /// is copied to the others (as `knit up --ha` does).
     fn start_server(&mut self) -> usize {
@@ -590,6 +602,7 @@ impl World {
         settings.listen = "127.0.0.1:0".parse().unwrap();
         settings.console = None;
         settings.datastore = datastore;
+        settings.secrets_key_file = Some(self.secrets_key());
         settings.lease_ttl = Duration::from_secs(5);
         settings.reconcile_interval = Duration::from_millis(300);
         // The stub's download is checked against this (no agent runs here).

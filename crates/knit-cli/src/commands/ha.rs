@@ -6,7 +6,14 @@
 //! Everything lives under `<state>/ha`:
 //! - `postgres/` (the postgres user's when root): `data/`, `run/` (its
 //!   socket directory), `postgres.log`;
-//! - `postgres.password`: the `knit` role's password (0600, root's);
+//! - `postgres-admin.password`: the password of `knit_admin`, the
+//!   superuser `up` sets PostgreSQL up with (0600, root's);
+//! - `postgres.password`: the `knit` role's password (0600, root's), and
+//!   `knit.pgpass`, the same in libpq's password-file format, which the
+//!   servers' datastore URL names (`?passfile=`);
+//! - `secrets.key`: the key that seals the secrets the servers share in
+//!   PostgreSQL (0600, root's; made once per deployment, unless `up` is
+//!   given `--secrets-key-file`);
 //! - `ha.json`: PostgreSQL's port and the number of servers, kept across runs;
 //! - `server-<i>/`: server i's state directory, `server.log` in it; its
 //!   `mirror` is a link to `<state>/mirror`, built once, so every server
@@ -39,6 +46,9 @@ use std::time::{Duration, Instant};
 pub const MAX_SERVERS: u32 = 9;
 /// How long a server, PostgreSQL or HAProxy may take to answer after start.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// PostgreSQL's superuser, for setting PostgreSQL up only; the servers
+/// connect as `knit`, which is not one.
+const ADMIN_ROLE: &str = "knit_admin";
 /// How long each may take to stop after its signal.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -216,6 +226,15 @@ impl Layout {
     }
     fn password_file(&self) -> PathBuf {
         self.root.join("postgres.password")
+    }
+    fn admin_password_file(&self) -> PathBuf {
+        self.root.join("postgres-admin.password")
+    }
+    fn pgpass_file(&self) -> PathBuf {
+        self.root.join("knit.pgpass")
+    }
+    fn secrets_key_file(&self) -> PathBuf {
+        self.root.join("secrets.key")
     }
     fn recorded_file(&self) -> PathBuf {
         self.root.join("ha.json")
@@ -459,8 +478,9 @@ fn bring_up(path: &Path, opts: &ServerOpts, plan: &Plan, layout: &Layout) -> Res
             })?;
     }
     let datastore = postgres_up(layout, n)?;
+    let key = secrets_key(opts, layout)?;
     for i in 1..=n {
-        server_up(layout, opts, plan, i, &datastore)?;
+        server_up(layout, opts, plan, i, &datastore, &key)?;
     }
     proxy_up(layout, plan)?;
     // The client config: HAProxy's address, the servers' shared CA and token.
@@ -503,6 +523,28 @@ fn bring_up(path: &Path, opts: &ServerOpts, plan: &Plan, layout: &Layout) -> Res
     println!("logs: {}/server-*/server.log, {}/haproxy.log, {}/postgres.log; `knit get servers` lists them; `knit down` stops them",
         layout.root.display(), layout.root.display(), layout.postgres_dir().display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The key that seals the secrets the servers share: `--secrets-key-file`
+/// when `up` was given one, else the deployment's own, made at the first
+/// `up` (0600) and kept.
+fn secrets_key(opts: &ServerOpts, layout: &Layout) -> Result<PathBuf> {
+    if let Some(path) = &opts.secrets_key_file {
+        return Ok(path.clone());
+    }
+    let path = layout.secrets_key_file();
+    if !path.exists() {
+        let text =
+            knit_server::sealed::new_key_text().map_err(|e| CliError::Failed(e.to_string()))?;
+        knit_server::durable::write(&path, text.as_bytes(), 0o600)?;
+        println!(
+            "secrets key made: {} (0600; every server gets it)",
+            path.display()
+        );
+    }
+    // Checked here (mode, size) so a bad file stops `up` before any server.
+    knit_server::sealed::SecretsKey::load(&path).map_err(|e| CliError::Failed(e.to_string()))?;
+    Ok(path)
 }
 
 fn read_trimmed(path: &Path) -> Result<String> {
@@ -619,11 +661,12 @@ fn free_loopback_port() -> Result<u16> {
         .port())
 }
 
-/// PostgreSQL for the HA set: initdb once (role `knit`, a password kept
-/// in a root-only file, password authentication), then started on its
-/// own loopback port, as the postgres user when root; reused when it
-/// already runs. Returns the datastore URL (with the password: it goes
-/// to the servers through their environment, never a command line).
+/// PostgreSQL for the HA set: initdb once (the superuser `knit_admin`, a
+/// password kept in a root-only file, password authentication), then
+/// started on its own loopback port, as the postgres user when root;
+/// reused when it already runs. The servers' role `knit` owns database
+/// `knit` and nothing more (no SUPERUSER, CREATEDB, CREATEROLE). Returns
+/// the datastore URL, which names the password file (`passfile=`).
 fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
     let bin = postgres_bindir()?;
     let user = postgres_user()?;
@@ -655,6 +698,7 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
         }
     }
     let password = knit_server::pki::load_or_create_token(&layout.password_file())?;
+    let admin_password = knit_server::pki::load_or_create_token(&layout.admin_password_file())?;
     let mut recorded: Option<Recorded> = std::fs::read(layout.recorded_file())
         .ok()
         .and_then(|raw| serde_json::from_slice(&raw).ok());
@@ -665,7 +709,7 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
             std::fs::remove_dir_all(&data).map_err(io(format!("remove {}", data.display())))?;
         }
         let pwfile = dir.join("initdb.pw");
-        std::fs::write(&pwfile, format!("{password}\n"))
+        std::fs::write(&pwfile, format!("{admin_password}\n"))
             .and_then(|_| std::fs::set_permissions(&pwfile, std::fs::Permissions::from_mode(0o600)))
             .map_err(io(format!("write {}", pwfile.display())))?;
         if let Some((uid, gid)) = user {
@@ -678,7 +722,7 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
             .arg(&data)
             .args([
                 "-U",
-                "knit",
+                ADMIN_ROLE,
                 "--auth-host=scram-sha-256",
                 "--auth-local=scram-sha-256",
                 "-E",
@@ -718,7 +762,9 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
         }
     };
     let _ = recorded;
-    let url = |db: &str| format!("postgres://knit:{password}@127.0.0.1:{port}/{db}");
+    let url = |db: &str| format!("postgres://{ADMIN_ROLE}:{admin_password}@127.0.0.1:{port}/{db}");
+    // A data directory an older `up` made: its superuser is `knit`.
+    let legacy_url = format!("postgres://knit:{password}@127.0.0.1:{port}/postgres");
     let log_path = dir.join("postgres.log");
     if let Some(pid) = layout.running_one("postgres") {
         println!("PostgreSQL already running (pid {pid}) on 127.0.0.1:{port}");
@@ -751,7 +797,7 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
                     log_path.display()
                 )));
             }
-            if open_db(&url("postgres")).is_ok() {
+            if open_db(&url("postgres")).is_ok() || open_db(&legacy_url).is_ok() {
                 break;
             }
             if Instant::now() > deadline {
@@ -764,19 +810,86 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    // The database knit keeps its state in, made once.
-    let admin = open_db(&url("postgres")).map_err(|e| pg(format!("connect: {e}")))?;
-    let exists = admin
-        .read(|tx| tx.query_opt("SELECT 1 FROM pg_database WHERE datname = 'knit'", &[]))
-        .map_err(|e: knit_db::DbError| pg(format!("list databases: {e}")))?
-        .is_some();
-    if !exists {
-        admin
-            .autocommit("CREATE DATABASE knit")
-            .map_err(|e| pg(format!("create database knit: {e}")))?;
-        println!("PostgreSQL: database knit created");
+    let admin = admin_connection(&url("postgres"), &legacy_url, &admin_password)?;
+    // A `knit` that is a superuser (made by an older `up` as initdb's own
+    // role, which cannot lose SUPERUSER): renamed out of the way, its
+    // login taken away, and a plain `knit` made in its place.
+    let knit_is_superuser = admin
+        .read(|tx| tx.query_opt("SELECT rolsuper FROM pg_roles WHERE rolname = 'knit'", &[]))
+        .map_err(|e: knit_db::DbError| pg(format!("read roles: {e}")))?
+        .map(|r| r.get::<bool>(0))
+        .transpose()
+        .map_err(|e| pg(format!("read roles: {e}")))?
+        .unwrap_or(false);
+    if knit_is_superuser {
+        for sql in [
+            "ALTER ROLE knit RENAME TO knit_bootstrap",
+            "ALTER ROLE knit_bootstrap NOLOGIN",
+        ] {
+            admin
+                .autocommit(sql)
+                .map_err(|e| pg(format!("{sql}: {e}")))?;
+        }
+        println!("PostgreSQL: the superuser role knit of an older `up` renamed knit_bootstrap (no login); knit is made again without SUPERUSER");
     }
-    Ok(url("knit"))
+    knit_db::roles::ensure_owner(&admin, "knit", &password, "knit")
+        .map_err(|e| pg(format!("knit's role and database: {e}")))?;
+    let admin_on_knit = open_db(&url("knit")).map_err(|e| pg(format!("connect: {e}")))?;
+    knit_db::roles::give_objects(&admin_on_knit, "knit")
+        .map_err(|e| pg(format!("give knit's tables to its role: {e}")))?;
+    // The servers read the password from this file (libpq's format), so
+    // it is in no URL, command line or environment.
+    let pgpass = layout.pgpass_file();
+    knit_server::durable::write(
+        &pgpass,
+        format!("127.0.0.1:{port}:knit:knit:{password}\n").as_bytes(),
+        0o600,
+    )?;
+    Ok(format!(
+        "postgres://knit@127.0.0.1:{port}/knit?sslmode=disable&passfile={}",
+        url_encoded(&pgpass)
+    ))
+}
+
+/// A path as a URL query value: bytes other than letters, digits and
+/// `/._-` percent-encoded.
+fn url_encoded(path: &Path) -> String {
+    path.as_os_str()
+        .as_bytes()
+        .iter()
+        .map(|&b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'/' | b'.' | b'_' | b'-' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The administrative connection: as `knit_admin`, or, on a data directory
+/// an older `up` made (whose superuser is `knit`), as `knit` once to make
+/// `knit_admin`.
+fn admin_connection(
+    admin_url: &str,
+    legacy_url: &str,
+    admin_password: &str,
+) -> Result<knit_db::Db> {
+    let pg = |m: String| CliError::from(HaError::Postgres(m));
+    let first = match open_db(admin_url) {
+        Ok(db) => return Ok(db),
+        Err(e) => e,
+    };
+    let Ok(legacy) = open_db(legacy_url) else {
+        return Err(pg(format!("connect as {ADMIN_ROLE}: {first}")));
+    };
+    let verifier = knit_db::roles::scram_verifier(admin_password);
+    legacy
+        .autocommit(&format!(
+            "CREATE ROLE {ADMIN_ROLE} WITH LOGIN SUPERUSER PASSWORD '{verifier}'"
+        ))
+        .map_err(|e| pg(format!("create role {ADMIN_ROLE}: {e}")))?;
+    println!("PostgreSQL: administrative role {ADMIN_ROLE} made");
+    open_db(admin_url).map_err(|e| pg(format!("connect as {ADMIN_ROLE}: {e}")))
 }
 
 fn open_db(url: &str) -> std::result::Result<knit_db::Db, knit_db::DbError> {
@@ -840,6 +953,7 @@ fn server_up(
     plan: &Plan,
     i: u32,
     datastore: &str,
+    secrets_key: &Path,
 ) -> Result<()> {
     let srv = |message: String| CliError::from(HaError::Server { index: i, message });
     let dir = layout.server_dir(i);
@@ -884,6 +998,8 @@ fn server_up(
             .args(["--cluster-port", &opts.cluster_port.to_string()])
             .args(["--parallelism", &opts.parallelism.to_string()])
             .args(["--lease-ttl", &opts.lease_ttl.to_string()])
+            .arg("--secrets-key-file")
+            .arg(secrets_key)
             .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])
             .arg("--local-state-dir")
             .arg(&opts.local_state_dir)
@@ -904,8 +1020,9 @@ fn server_up(
                 "--console-session-ttl",
                 &opts.console_session_ttl.to_string(),
             ])
-            // The URL holds the database password: the environment (root's
-            // to read) rather than the command line (everyone's).
+            // The URL names the password file (never the password), and
+            // goes where an operator's URL with a password would go: the
+            // environment (root's to read), not the command line.
             .env("KNIT_DATASTORE", datastore)
             .stdout(log.try_clone().map_err(io("dup log"))?)
             .stderr(log);

@@ -61,10 +61,18 @@ pub struct ServerOpts {
     ecs_image: Option<String>,
     /// Where the state lives: `sqlite` (knit.db in the state directory),
     /// `sqlite:PATH`, or a PostgreSQL URL (postgres://user@host:port/db)
-    /// shared by several servers, of which one leads (docs/ha.md). Put a
-    /// password in PGPASSWORD or ~/.pgpass rather than in the URL.
+    /// shared by several servers, of which one leads (docs/ha.md). Give
+    /// the password in a file rather than in the URL: `?passfile=PATH`
+    /// (libpq's format, mode 0600).
     #[arg(long, env = "KNIT_DATASTORE", default_value = "sqlite")]
     datastore: String,
+    /// The key file that seals the secrets servers share in a PostgreSQL
+    /// datastore (the API's CA key, the admin token): 32 random bytes in
+    /// base64 (`openssl rand -base64 32`), mode 0600, the same file for
+    /// every server of the datastore; needed with a postgres:// datastore,
+    /// unused with SQLite (docs/security.md).
+    #[arg(long, env = "KNIT_SECRETS_KEY_FILE")]
+    secrets_key_file: Option<PathBuf>,
     /// Seconds the leader lease lasts without renewal (several servers).
     #[arg(long, default_value_t = 8)]
     lease_ttl: u64,
@@ -157,6 +165,7 @@ impl ServerOpts {
             ecs_security_group,
             ecs_image,
             datastore,
+            secrets_key_file,
             lease_ttl,
             parallelism,
             join_token_ttl,
@@ -179,6 +188,9 @@ impl ServerOpts {
         };
         flag("state-dir", state_dir.into());
         flag("local-state-dir", local_state_dir.into());
+        if let Some(key) = secrets_key_file {
+            flag("secrets-key-file", key.into());
+        }
         for (name, value) in [
             ("listen", listen),
             ("advertise-address", advertise_address),
@@ -360,6 +372,7 @@ fn settings(opts: &ServerOpts) -> Result<Settings> {
     s.autoscaler = autoscaler_settings(opts)?;
     s.datastore = knit_db::Datastore::parse(&opts.datastore, &s.db_path())
         .map_err(|e| CliError::Usage(format!("--datastore: {e}")))?;
+    s.secrets_key_file = opts.secrets_key_file.clone();
     if opts.lease_ttl < 3 {
         return Err(CliError::Usage(format!(
             "--lease-ttl {}: must be at least 3 seconds (the lease is renewed every third of it)",
@@ -889,6 +902,7 @@ mod tests {
         ("--ecs-security-group", "sg-test0001,sg-test0002"),
         ("--ecs-image", "m-test0001"),
         ("--datastore", "postgres://knit@127.0.0.1:15999/knit"),
+        ("--secrets-key-file", "/srv/knit-test/secrets.key"),
         ("--lease-ttl", "11"),
         ("--parallelism", "7"),
         ("--join-token-ttl", "901"),

@@ -215,6 +215,18 @@ impl Store {
         })
     }
 
+    /// Replaces `name`'s stored value when it is still `old` (sealing a row
+    /// stored in clear: of two servers doing it at once, one wins and the
+    /// other's equal secret is left unwritten); whether it was replaced.
+    pub fn replace_secret(&self, name: &str, old: &str, new: &str) -> Result<bool> {
+        self.write_unfenced(|tx| {
+            Ok(tx.execute(
+                "UPDATE shared_secrets SET value = ?3 WHERE name = ?1 AND value = ?2",
+                params![name, old, new],
+            )? == 1)
+        })
+    }
+
     /// The stored secret `name`, if any.
     pub fn stored_secret(&self, name: &str) -> Result<Option<String>> {
         self.read(|tx| {

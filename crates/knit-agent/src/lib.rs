@@ -14,6 +14,7 @@ pub mod phases;
 pub mod prepare;
 pub mod render;
 pub mod report;
+pub mod scrub;
 pub mod services;
 pub mod supervise;
 pub mod tls;

@@ -141,8 +141,10 @@ enum PrepareStep {
         #[arg(long, value_delimiter = ',', required = true)]
         images: Vec<String>,
     },
-    /// Remove the node's credentials and image report, sync, count the
-    /// disk's used bytes.
+    /// Scrub the data disk down to what a snapshot keeps (the image store
+    /// and the package cache: `scrub::KEEP`; containerd's containers
+    /// deleted and containerd stopped first), sync, trim, count the disk's
+    /// used bytes.
     Clean {
         #[arg(long, value_name = "DIR")]
         mount: String,

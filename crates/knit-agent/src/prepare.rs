@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 /// The system images the node pulls, one reference a line.
 const SYSTEM_IMAGES_FILE: &str = "/etc/kubernetes/images.txt";
-/// Per-node state that must not travel in a snapshot: the kubelet's
-/// credentials and the image report of this node.
-const PER_NODE_FILES: [&str; 2] = ["/var/lib/kubelet/pki", "/var/lib/kubelet/knit-images.json"];
+/// How many removed paths the answer names (it says how many in all).
+const REMOVED_SHOWN: usize = 50;
 /// After the pulls' deadline, how long they get to end before SIGKILL.
 const PULL_KILL_GRACE: Duration = Duration::from_secs(10);
 /// The longest log line kept for messages.
@@ -183,9 +182,10 @@ fn last_line(text: &str) -> String {
         .collect()
 }
 
-/// `knit-agent snapshot-prepare clean --mount <dir>`: the builder's
-/// identity removed (it must not travel in the snapshot), the disk synced,
-/// its used bytes counted; containerd's version read for the record.
+/// `knit-agent snapshot-prepare clean --mount <dir>`: the data disk
+/// scrubbed down to [`crate::scrub::KEEP`] (containerd's containers deleted
+/// and containerd stopped first), synced and trimmed, its used bytes
+/// counted; containerd's version read for the record.
 pub fn clean(host: &Host, mount_target: &str) -> Result<BuilderCleaned> {
     let containerd_version = host
         .run(
@@ -202,23 +202,7 @@ pub fn clean(host: &Host, mount_target: &str) -> Result<BuilderCleaned> {
                 .to_string()
         })
         .unwrap_or_default();
-    for abs in PER_NODE_FILES {
-        let path = host.path(abs);
-        let removed = if path.is_dir() {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        match removed {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(AgentError::new(
-                    ErrorCode::FailCommand,
-                    format!("remove {abs}: {e}"),
-                ))
-            }
-            _ => {}
-        }
-    }
+    let scrubbed = crate::scrub::scrub(host, mount_target)?;
     nix::unistd::sync();
     let stat = nix::sys::statvfs::statvfs(&host.path(mount_target))
         .context(ErrorCode::FailCommand, || format!("statvfs {mount_target}"))?;
@@ -228,6 +212,11 @@ pub fn clean(host: &Host, mount_target: &str) -> Result<BuilderCleaned> {
     Ok(BuilderCleaned {
         used_bytes,
         containerd_version,
+        kept: scrubbed.kept,
+        removed_count: scrubbed.removed.len() as u64,
+        removed: scrubbed.removed.into_iter().take(REMOVED_SHOWN).collect(),
+        runtime_deleted: scrubbed.runtime_deleted.len() as u64,
+        trimmed: scrubbed.trimmed,
     })
 }
 
@@ -365,20 +354,27 @@ esac
         assert!(started.elapsed() < Duration::from_secs(15));
     }
 
+    /// On a plain tree (no containerd metadata, no discard): only the
+    /// kept paths stay on the disk; the rest of the machine is untouched.
     #[test]
-    fn clean_removes_the_per_node_files() {
+    fn clean_keeps_only_the_keep_list() {
         let (_dir, host) = tree();
-        write(&host, "/var/lib/kubelet/pki/kubelet.crt", "x");
-        write(&host, "/var/lib/kubelet/knit-images.json", "{}");
-        write(&host, "/var/lib/kubelet/config.yaml", "kept");
-        std::fs::create_dir_all(host.path("/mnt/data")).unwrap();
+        write(&host, "/mnt/data/kubelet/pki/kubelet.crt", "x");
+        write(&host, "/mnt/data/kubelet/knit-images.json", "{}");
+        write(&host, "/mnt/data/ack/kubernetes/bin/kubelet", "kept");
+        write(&host, "/mnt/data/ack/kubernetes.staging/x", "gone");
+        write(&host, "/var/lib/kubelet/config.yaml", "not on the disk");
         let cleaned = clean(&host, "/mnt/data").unwrap();
         assert!(cleaned.used_bytes > 0);
-        assert!(!host.path("/var/lib/kubelet/pki").exists());
-        assert!(!host.path("/var/lib/kubelet/knit-images.json").exists());
+        assert_eq!(cleaned.kept, ["ack/kubernetes"]);
+        assert_eq!(cleaned.removed, ["ack/kubernetes.staging", "kubelet"]);
+        assert_eq!(cleaned.removed_count, 2);
+        assert!(host.path("/mnt/data/ack/kubernetes/bin/kubelet").exists());
+        assert!(!host.path("/mnt/data/kubelet").exists());
         assert!(host.path("/var/lib/kubelet/config.yaml").exists());
         // Again: nothing left to remove is no error.
-        clean(&host, "/mnt/data").unwrap();
+        let again = clean(&host, "/mnt/data").unwrap();
+        assert_eq!(again.removed_count, 0);
     }
 
     /// Leave on a machine the agent never changed: the bootstrap files go,

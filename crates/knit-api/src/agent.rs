@@ -144,8 +144,9 @@ pub struct ImageOutcome {
     pub error: Option<String>,
 }
 
-/// `knit-agent snapshot-prepare clean --mount <dir>`: per-node credentials
-/// and reports removed, the disk synced.
+/// `knit-agent snapshot-prepare clean --mount <dir>`: everything on the
+/// data disk but the image store and the package cache removed (the
+/// agent's `scrub::KEEP`), the disk synced and trimmed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BuilderCleaned {
@@ -153,6 +154,21 @@ pub struct BuilderCleaned {
     pub used_bytes: u64,
     /// containerd's version (`containerd --version`); empty when unknown.
     pub containerd_version: String,
+    /// The kept paths found on the disk (relative to `<dir>`).
+    #[serde(default)]
+    pub kept: Vec<String>,
+    /// How many paths were removed (top-most only), and the first of them.
+    #[serde(default)]
+    pub removed_count: u64,
+    #[serde(default)]
+    pub removed: Vec<String>,
+    /// How many tasks, containers, leases and active snapshots containerd
+    /// deleted.
+    #[serde(default)]
+    pub runtime_deleted: u64,
+    /// The freed blocks were discarded (`fstrim`).
+    #[serde(default)]
+    pub trimmed: bool,
 }
 
 /// `knit-agent leave`: the machine put back as it was before `init` (the

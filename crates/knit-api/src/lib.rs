@@ -13,6 +13,7 @@ pub mod instance_types;
 pub mod phase;
 pub mod pool;
 pub mod reference;
+pub mod schema;
 pub mod state;
 pub mod update;
 pub mod validate;

@@ -46,15 +46,7 @@ pub fn ensure_owner(admin: &Db, role: &str, password: &str, database: &str) -> R
     check("database", database)?;
     let verifier = scram_verifier(password);
     let attributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT";
-    let exists = admin
-        .read(|tx| {
-            tx.query_opt(
-                "SELECT 1 FROM pg_roles WHERE rolname = ?1",
-                crate::params![role],
-            )
-        })?
-        .is_some();
-    if exists {
+    if role_exists(admin, role)? {
         admin.autocommit(&format!(
             "ALTER ROLE {role} WITH {attributes} PASSWORD '{verifier}'"
         ))?;
@@ -78,6 +70,56 @@ pub fn ensure_owner(admin: &Db, role: &str, password: &str, database: &str) -> R
     }
     admin.autocommit(&format!("REVOKE ALL ON DATABASE {database} FROM PUBLIC"))?;
     Ok(())
+}
+
+/// Makes `role` a superuser that logs in with `password` (the
+/// administrative role that sets knit's up), unless it exists. `by` is a
+/// superuser's connection.
+pub fn ensure_admin(by: &Db, role: &str, password: &str) -> Result<bool, DbError> {
+    check("role", role)?;
+    if role_exists(by, role)? {
+        return Ok(false);
+    }
+    let verifier = scram_verifier(password);
+    by.autocommit(&format!(
+        "CREATE ROLE {role} WITH LOGIN SUPERUSER PASSWORD '{verifier}'"
+    ))?;
+    Ok(true)
+}
+
+/// When `role` is a superuser (an older knit ran as initdb's own role,
+/// which can never lose SUPERUSER): renamed `to` and its login taken away,
+/// so a plain `role` can be made in its place. Whether it was.
+pub fn retire_superuser(admin: &Db, role: &str, to: &str) -> Result<bool, DbError> {
+    check("role", role)?;
+    check("role", to)?;
+    let superuser = admin
+        .read(|tx| {
+            tx.query_opt(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = ?1",
+                crate::params![role],
+            )
+        })?
+        .map(|r| r.get::<bool>(0))
+        .transpose()?
+        .unwrap_or(false);
+    if !superuser {
+        return Ok(false);
+    }
+    admin.autocommit(&format!("ALTER ROLE {role} RENAME TO {to}"))?;
+    admin.autocommit(&format!("ALTER ROLE {to} NOLOGIN"))?;
+    Ok(true)
+}
+
+fn role_exists(db: &Db, role: &str) -> Result<bool, DbError> {
+    Ok(db
+        .read(|tx| {
+            tx.query_opt(
+                "SELECT 1 FROM pg_roles WHERE rolname = ?1",
+                crate::params![role],
+            )
+        })?
+        .is_some())
 }
 
 /// In `database` (which `admin_on_db` is connected to): every table,

@@ -145,3 +145,69 @@ fn a_passfile_beside_a_url_password_or_readable_by_others_is_refused_at_parse() 
     );
     assert!(!text.contains("secret-word"), "{text}");
 }
+
+#[test]
+fn a_superuser_knit_of_an_older_release_is_retired_and_made_again_plain() {
+    // TestPostgres's own superuser is `knit`, made by initdb: exactly what
+    // an older `knit up --ha` left (its tables owned by that superuser).
+    let pg = TestPostgres::start_with_password_auth()
+        .unwrap_or_else(|e| panic!("PostgreSQL for the test: {e}"));
+    let port = pg.port();
+    let dir = tempfile::tempdir().unwrap();
+    let legacy = open(&pg.url("postgres")).unwrap();
+    legacy.autocommit("CREATE DATABASE knit").unwrap();
+    open(&pg.url("knit"))
+        .unwrap()
+        .write(|tx| tx.batch("CREATE TABLE shared_secrets (name TEXT PRIMARY KEY, value TEXT)"))
+        .unwrap();
+    assert!(roles::ensure_admin(&legacy, "knit_admin", "admin-password").unwrap());
+    assert!(!roles::ensure_admin(&legacy, "knit_admin", "admin-password").unwrap());
+    drop(legacy);
+
+    let admin_pass = passfile(dir.path(), "admin", "*:*:*:knit_admin:admin-password");
+    let admin_url = |db: &str| {
+        format!("postgres://knit_admin@127.0.0.1:{port}/{db}?sslmode=disable&passfile={admin_pass}")
+    };
+    let admin = open(&admin_url("postgres"))
+        .unwrap_or_else(|e| panic!("the administrative role by its password: {e}"));
+    assert!(roles::retire_superuser(&admin, "knit", "knit_bootstrap").unwrap());
+    assert!(!roles::retire_superuser(&admin, "knit", "knit_bootstrap").unwrap());
+    roles::ensure_owner(&admin, "knit", "knit-password", "knit").unwrap();
+    roles::give_objects(&open(&admin_url("knit")).unwrap(), "knit").unwrap();
+
+    let knit_pass = passfile(dir.path(), "knit", "*:*:knit:knit:knit-password");
+    let knit = open(&format!(
+        "postgres://knit@127.0.0.1:{port}/knit?sslmode=disable&passfile={knit_pass}"
+    ))
+    .unwrap_or_else(|e| panic!("the new knit role: {e}"));
+    let (sup, owner): (bool, String) = knit
+        .read(|tx| {
+            let r = tx.query_one(
+                "SELECT rolsuper, (SELECT pg_get_userbyid(datdba)::TEXT FROM pg_database WHERE datname = 'knit') \
+                 FROM pg_roles WHERE rolname = current_user",
+                &[],
+            )?;
+            Ok::<_, DbError>((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(!sup, "knit is still a superuser");
+    assert_eq!(owner, "knit");
+    knit.write(|tx| {
+        tx.execute(
+            "INSERT INTO shared_secrets (name, value) VALUES (?1, ?2)",
+            params!["a", "b"],
+        )
+    })
+    .unwrap_or_else(|e| panic!("knit on the table the superuser made: {e}"));
+    // The retired superuser cannot log in any more.
+    let can_login: bool = admin
+        .read(|tx| {
+            tx.query_one(
+                "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'knit_bootstrap'",
+                &[],
+            )?
+            .get(0)
+        })
+        .unwrap();
+    assert!(!can_login, "the retired superuser can still log in");
+}

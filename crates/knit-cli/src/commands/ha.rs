@@ -812,24 +812,10 @@ fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
     }
     let admin = admin_connection(&url("postgres"), &legacy_url, &admin_password)?;
     // A `knit` that is a superuser (made by an older `up` as initdb's own
-    // role, which cannot lose SUPERUSER): renamed out of the way, its
-    // login taken away, and a plain `knit` made in its place.
-    let knit_is_superuser = admin
-        .read(|tx| tx.query_opt("SELECT rolsuper FROM pg_roles WHERE rolname = 'knit'", &[]))
-        .map_err(|e: knit_db::DbError| pg(format!("read roles: {e}")))?
-        .map(|r| r.get::<bool>(0))
-        .transpose()
-        .map_err(|e| pg(format!("read roles: {e}")))?
-        .unwrap_or(false);
-    if knit_is_superuser {
-        for sql in [
-            "ALTER ROLE knit RENAME TO knit_bootstrap",
-            "ALTER ROLE knit_bootstrap NOLOGIN",
-        ] {
-            admin
-                .autocommit(sql)
-                .map_err(|e| pg(format!("{sql}: {e}")))?;
-        }
+    // role): renamed out of the way, and a plain `knit` made in its place.
+    if knit_db::roles::retire_superuser(&admin, "knit", "knit_bootstrap")
+        .map_err(|e| pg(format!("retire the superuser knit: {e}")))?
+    {
         println!("PostgreSQL: the superuser role knit of an older `up` renamed knit_bootstrap (no login); knit is made again without SUPERUSER");
     }
     knit_db::roles::ensure_owner(&admin, "knit", &password, "knit")
@@ -882,11 +868,7 @@ fn admin_connection(
     let Ok(legacy) = open_db(legacy_url) else {
         return Err(pg(format!("connect as {ADMIN_ROLE}: {first}")));
     };
-    let verifier = knit_db::roles::scram_verifier(admin_password);
-    legacy
-        .autocommit(&format!(
-            "CREATE ROLE {ADMIN_ROLE} WITH LOGIN SUPERUSER PASSWORD '{verifier}'"
-        ))
+    knit_db::roles::ensure_admin(&legacy, ADMIN_ROLE, admin_password)
         .map_err(|e| pg(format!("create role {ADMIN_ROLE}: {e}")))?;
     println!("PostgreSQL: administrative role {ADMIN_ROLE} made");
     open_db(admin_url).map_err(|e| pg(format!("connect as {ADMIN_ROLE}: {e}")))

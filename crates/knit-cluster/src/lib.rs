@@ -23,6 +23,7 @@
 mod admission;
 mod api;
 mod auth;
+pub mod conn;
 mod controllers;
 mod disruption;
 mod error;
@@ -48,7 +49,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -80,9 +81,14 @@ pub struct ClusterConfig {
     pub node_grace_period: Duration,
     /// Interval of BOOKMARK events on watches that allow them.
     pub bookmark_interval: Duration,
-    /// A connection that sends no complete request head within this long
-    /// (at its start or between requests) is closed.
-    pub header_timeout: Duration,
+    /// Connections open at once on the API, in all and from one client
+    /// address; over either a new connection is closed at once.
+    pub connections: conn::ListenerLimits,
+    /// TLS handshake and request head timeouts, HTTP/2 streams and pings.
+    pub http: conn::HttpLimits,
+    /// Where the connection counters go (`knit_connections_*`); the API's
+    /// own `/metrics` has them too.
+    pub connection_metrics: conn::ConnectionMetrics,
     /// Where the objects live: `None` is `cluster.db` (SQLite) in
     /// `data_dir`; a PostgreSQL datastore is shared with the other servers
     /// on it, whose changes this server's watches follow. (An SQLite file
@@ -113,7 +119,15 @@ impl ClusterConfig {
             cert_ttl: Duration::from_secs(365 * 24 * 3600),
             node_grace_period: Duration::from_secs(40),
             bookmark_interval: Duration::from_secs(60),
-            header_timeout: Duration::from_secs(30),
+            connections: conn::ListenerLimits {
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                max_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            },
+            http: conn::HttpLimits {
+                header_timeout: Duration::from_secs(30),
+                ..conn::HttpLimits::default()
+            },
+            connection_metrics: conn::ConnectionMetrics::default(),
             datastore: None,
             pod_cidr: knit_api::pool::ClusterNetwork::default().pod_cidr,
             node_cidr_mask_size: 24,
@@ -136,8 +150,13 @@ impl ShutdownHandle {
 const API_WORKERS: usize = 2;
 /// Threads for store work (SQLite, patches) at most; more requests wait.
 const API_BLOCKING_THREADS: usize = 64;
-/// Open API connections at most (each kubelet keeps one or two).
-const MAX_CONNECTIONS: usize = 4096;
+/// Open API connections at most by default (each kubelet keeps one or
+/// two).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Open API connections from one client address at most by default (a
+/// node's kubelet and kube-proxy keep a few; HAProxy in front of several
+/// servers is one address for all: `--max-connections-per-address`).
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 
 pub struct EmbeddedCluster {
     endpoint: String,
@@ -309,6 +328,16 @@ impl EmbeddedCluster {
         };
         controllers.sync_cluster_info()?;
         let metrics = Arc::new(metrics::Metrics::default());
+        metrics.add_connections(&cfg.connection_metrics);
+        let mut connections = cfg.connections;
+        // The descriptors they may take must exist (the knit server checks
+        // the sum of every listener's; this is for the API alone).
+        match conn::fit_descriptors(&mut [("kube-api", &mut connections.max_connections)]) {
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "the open-file limit could not be read"),
+        }
+        connections.max_per_address = connections.max_per_address.min(connections.max_connections);
+        let gate = conn::Gate::new("kube-api", connections, cfg.connection_metrics.clone());
         let state = Arc::new(api::AppState {
             store: store.clone(),
             metrics: metrics.clone(),
@@ -323,7 +352,8 @@ impl EmbeddedCluster {
                 listener,
                 tokio_rustls::TlsAcceptor::from(tls),
                 app,
-                cfg.header_timeout,
+                gate,
+                cfg.http,
                 rx,
             )),
         ];
@@ -464,11 +494,10 @@ async fn serve(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     app: axum::Router,
-    header_timeout: Duration,
+    gate: Arc<conn::Gate>,
+    http: conn::HttpLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut last_refusal: Option<std::time::Instant> = None;
     loop {
         let (tcp, peer) = tokio::select! {
             _ = shutdown.changed() => return,
@@ -482,15 +511,11 @@ async fn serve(
                 }
             },
         };
-        // Bounded: idle or slow clients cannot take every descriptor of the
-        // process (the knit server shares it).
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            if last_refusal
-                .is_none_or(|t: std::time::Instant| t.elapsed() > Duration::from_secs(10))
-            {
-                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many open API connections: refusing new ones");
-                last_refusal = Some(std::time::Instant::now());
-            }
+        // Bounded in all and per client address: idle or slow clients
+        // cannot take every descriptor of the process (the knit server
+        // shares it). Over a limit the connection is closed now, not left
+        // in the backlog (the gate counts and logs it).
+        let Ok(admission) = gate.admit(peer.ip()) else {
             drop(tcp);
             continue;
         };
@@ -498,16 +523,16 @@ async fn serve(
         let app = app.clone();
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
+            let _admission = admission;
+            let tls = match tokio::time::timeout(http.handshake_timeout, acceptor.accept(tcp)).await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
             let ident = api::PeerIdentity(
                 tls.get_ref()
                     .1
@@ -521,27 +546,12 @@ async fn serve(
                     app.clone().oneshot(req.map(axum::body::Body::new))
                 },
             );
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            // The protocol ALPN chose, without sniffing the first bytes (a
-            // sniff waits for them with no timeout).
-            builder = if h2 {
-                builder.http2_only()
-            } else {
-                builder.http1_only()
-            };
-            // A client that sends no complete request head in time is
-            // dropped; HTTP/2 peers that vanished (a deleted instance) are
-            // found by pings instead of holding the connection forever.
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .keep_alive_interval(Some(Duration::from_secs(30)))
-                .keep_alive_timeout(Duration::from_secs(20));
+            // The protocol ALPN chose; a client that sends no complete
+            // request head in time is dropped; HTTP/2 streams are capped
+            // and peers that vanished (a deleted instance) found by pings
+            // instead of holding the connection forever.
+            let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+            let builder = http.builder(alpn.as_deref().or(Some(b"http/1.1")));
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
             tokio::select! {
                 r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },

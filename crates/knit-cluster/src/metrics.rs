@@ -42,6 +42,8 @@ pub struct Metrics {
     latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
     watches: Gauge,
     resource_version: Gauge,
+    /// The listener's connection counters (`add_connections`).
+    connections: std::sync::Mutex<Option<crate::conn::ConnectionMetrics>>,
 }
 
 impl Default for Metrics {
@@ -86,6 +88,7 @@ impl Default for Metrics {
             latency,
             watches,
             resource_version,
+            connections: std::sync::Mutex::new(None),
         }
     }
 }
@@ -122,12 +125,26 @@ impl Metrics {
         WatchGuard(self.clone())
     }
 
+    /// Serves the connection counters of the API's listener with the rest.
+    pub fn add_connections(&self, connections: &crate::conn::ConnectionMetrics) {
+        let mut extra = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        *extra = Some(connections.clone());
+    }
+
     pub fn text(&self, resource_version: u64) -> String {
         self.resource_version
             .set(i64::try_from(resource_version).unwrap_or(i64::MAX));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
+        let extra = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = extra.as_ref() {
+            let mut registry = Registry::default();
+            c.register(&mut registry);
+            let mut more = String::new();
+            let _ = prometheus_text::encode(&mut more, &registry);
+            out.push_str(&more);
+        }
         out
     }
 }

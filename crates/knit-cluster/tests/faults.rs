@@ -550,7 +550,7 @@ async fn a_stalled_request_head_is_closed_after_the_header_timeout() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = knit_cluster::ClusterConfig::new(dir.path(), "127.0.0.1:0".parse().unwrap());
-    cfg.header_timeout = Duration::from_secs(1);
+    cfg.http.header_timeout = Duration::from_secs(1);
     let cluster = EmbeddedCluster::start(cfg).await.unwrap();
     let (addr, ca) = (cluster.local_addr(), cluster.ca_pem().to_string());
     blocking(move || {

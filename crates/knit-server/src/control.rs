@@ -79,33 +79,87 @@ impl ConsoleSettings {
     }
 }
 
-/// What one client may hold of the HTTPS listener: the server shares its
-/// process (and its file descriptors) with the embedded Kubernetes API, so
-/// idle or slow sockets must never pile up.
+/// What one client may hold of the server's listeners (the API, the web
+/// console, the autoscaler service): the server shares its process (and
+/// its file descriptors) with the embedded Kubernetes API, so idle or slow
+/// sockets must never pile up. A connection over a limit is closed at once
+/// (`knit_connections_refused_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
-    /// Connections open at once; beyond it new ones wait in the kernel's
-    /// backlog until one closes.
+    /// Connections open at once on the API's listeners together
+    /// (`--max-connections`).
     pub max_connections: usize,
+    /// Connections open at once from one client address, on each listener
+    /// (`--max-connections-per-address`).
+    pub max_per_address: usize,
+    /// Connections open at once on the web console (`--console-max-connections`).
+    pub console_max_connections: usize,
+    /// Connections open at once on the autoscaler service
+    /// (`--autoscaler-max-connections`).
+    pub autoscaler_max_connections: usize,
     /// A TLS handshake not finished in this time closes the connection.
     pub handshake_timeout: Duration,
-    /// Request headers not complete in this time close the connection.
+    /// HTTP/1.1 request headers not complete in this time (from the
+    /// connection's start or the end of the last request) close the
+    /// connection (`--header-timeout`).
     pub header_timeout: Duration,
-    /// A connection with no request in flight and no byte moving for this
-    /// long is closed (idle keep-alive sockets).
+    /// A connection with no request in flight (a response still being
+    /// sent counts as in flight) for this long is closed; HTTP/2 pings do
+    /// not keep it open.
     pub idle_timeout: Duration,
     /// The largest request body; larger ones are answered 413.
     pub max_body_bytes: usize,
+    /// HTTP/2 streams open at once on one connection (`--http2-max-streams`).
+    pub http2_max_streams: u32,
+    /// HTTP/2 keep-alive: a PING after this long without a frame, the
+    /// connection closed when its answer does not come in
+    /// `http2_keepalive_timeout`.
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
+    /// Node reports: each node (report token) may send `report_burst`
+    /// reports at once, then one per `report_refill` (token bucket).
+    pub report_burst: u32,
+    pub report_refill: Duration,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
-            max_connections: 512,
+            max_connections: 1024,
+            max_per_address: 128,
+            console_max_connections: 256,
+            autoscaler_max_connections: 64,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_body_bytes: 2 * 1024 * 1024,
+            http2_max_streams: knit_cluster::conn::DEFAULT_HTTP2_MAX_STREAMS,
+            http2_keepalive_interval: Duration::from_secs(30),
+            http2_keepalive_timeout: Duration::from_secs(20),
+            // An agent sends two reports a phase, about twenty phases.
+            report_burst: 60,
+            report_refill: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ConnectionLimits {
+    /// The limits of one listener, `max_connections` in all.
+    pub fn listener(&self, max_connections: usize) -> knit_cluster::conn::ListenerLimits {
+        knit_cluster::conn::ListenerLimits {
+            max_connections,
+            max_per_address: self.max_per_address,
+        }
+    }
+
+    /// The HTTP limits of an admitted connection.
+    pub fn http(&self) -> knit_cluster::conn::HttpLimits {
+        knit_cluster::conn::HttpLimits {
+            handshake_timeout: self.handshake_timeout,
+            header_timeout: self.header_timeout,
+            http2_max_streams: self.http2_max_streams,
+            http2_keepalive_interval: self.http2_keepalive_interval,
+            http2_keepalive_timeout: self.http2_keepalive_timeout,
         }
     }
 }
@@ -162,6 +216,8 @@ pub struct ControlPlane {
     pub(crate) parallelism: Arc<tokio::sync::Semaphore>,
     /// This server among others on the datastore, and its leader lease.
     pub leadership: crate::ha::Leadership,
+    /// Each node's report allowance (`crate::join::ReportLimiter`).
+    pub(crate) report_limiter: crate::join::ReportLimiter,
 }
 
 impl ControlPlane {
@@ -193,6 +249,7 @@ impl ControlPlane {
             in_flight: std::sync::Mutex::new(HashSet::new()),
             parallelism,
             leadership: crate::ha::Leadership::new(),
+            report_limiter: crate::join::ReportLimiter::default(),
         }
     }
 

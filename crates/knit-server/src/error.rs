@@ -39,6 +39,10 @@ pub enum ServerError {
     PayloadTooLarge { size: u64, limit: usize },
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// Over a rate: `what` names the allowance; retry after the time given
+    /// (also sent as `Retry-After`).
+    #[error("too many requests: {what}; retry in {retry_after_secs} s")]
+    RateLimited { what: String, retry_after_secs: u64 },
     #[error("forbidden: {0}")]
     Forbidden(String),
     /// The datastore (SQLite or PostgreSQL) failed or could not be reached.
@@ -92,6 +96,7 @@ impl ServerError {
             ServerError::QuotaExceeded { .. } => "QuotaExceeded",
             ServerError::PayloadTooLarge { .. } => "PayloadTooLarge",
             ServerError::BadRequest(_) => "BadRequest",
+            ServerError::RateLimited { .. } => "RateLimited",
             ServerError::Forbidden(_) => "Forbidden",
             ServerError::Db(e) if e.is_unavailable() => "StoreUnavailable",
             ServerError::Db(_) => "StoreError",
@@ -114,6 +119,7 @@ impl ServerError {
             ServerError::NotFound { .. } => 404,
             ServerError::PayloadTooLarge { .. } => 413,
             ServerError::BadRequest(_) => 400,
+            ServerError::RateLimited { .. } => 429,
             ServerError::Forbidden(_) => 403,
             ServerError::AlreadyExists { .. } | ServerError::Conflict(_) => 409,
             ServerError::Unauthorized(_) | ServerError::TokenRefused(_) => 401,

@@ -187,14 +187,119 @@ pub fn reporter(cp: &ControlPlane, token: Option<&str>) -> Result<InstanceRecord
         .ok_or_else(|| ServerError::Unauthorized("unknown report token".into()))
 }
 
+/// The longest reason of a report kept: a longer one is cut there, with
+/// [`cut_reason`]'s marker saying how long it was.
+pub const MAX_REPORT_REASON_BYTES: usize = 4096;
+
+/// `reason` cut to [`MAX_REPORT_REASON_BYTES`] (on a character boundary),
+/// with a marker naming its full length; a shorter one as it is.
+pub fn cut_reason(reason: &str) -> std::borrow::Cow<'_, str> {
+    if reason.len() <= MAX_REPORT_REASON_BYTES {
+        return std::borrow::Cow::Borrowed(reason);
+    }
+    let mut end = MAX_REPORT_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… [cut: {} bytes in all]",
+        &reason[..end],
+        reason.len()
+    ))
+}
+
+/// Each node's report allowance: a token bucket per report token (so per
+/// node), `burst` reports at once then one per `refill`. Kept in memory:
+/// each server of several counts its own share.
+#[derive(Default)]
+pub struct ReportLimiter {
+    buckets: std::sync::Mutex<std::collections::HashMap<String, Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+/// Buckets kept before full ones (nodes that went quiet or left) are
+/// dropped.
+const MAX_BUCKETS: usize = 8192;
+
+impl ReportLimiter {
+    /// Takes one report from `key`'s bucket; `Err(wait)` when it is empty:
+    /// the time until the next one is allowed.
+    pub fn take(
+        &self,
+        key: &str,
+        burst: u32,
+        refill: std::time::Duration,
+    ) -> std::result::Result<(), std::time::Duration> {
+        let now = std::time::Instant::now();
+        let burst = f64::from(burst.max(1));
+        let per_sec = 1.0 / refill.as_secs_f64().max(1e-3);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
+            buckets
+                .retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec < burst);
+        }
+        let b = buckets.entry(key.to_string()).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec).min(burst);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(std::time::Duration::from_secs_f64(
+                (1.0 - b.tokens) / per_sec,
+            ))
+        }
+    }
+}
+
+/// Takes one report from the allowance of the node holding `token`;
+/// refused (429, with when to retry) when it is spent. The agent keeps a
+/// refused event and sends it again with its next one.
+pub fn allow_report(cp: &ControlPlane, token: &str) -> Result<()> {
+    let limits = &cp.settings.limits;
+    let key = pki::token_hash(token);
+    cp.report_limiter
+        .take(&key, limits.report_burst, limits.report_refill)
+        .map_err(|wait| {
+            cp.metrics.report_refused("rate");
+            ServerError::RateLimited {
+                what: format!(
+                    "node reports of this node: {} at once, then one every {:.1} s",
+                    limits.report_burst,
+                    limits.report_refill.as_secs_f64()
+                ),
+                retry_after_secs: wait.as_secs().max(1),
+            }
+        })
+}
+
 /// Records one phase event of `instance` (the holder of `token`, see
 /// [`reporter`]): only about the node and instance the token is bound to.
+/// A reason over [`MAX_REPORT_REASON_BYTES`] is cut ([`cut_reason`]).
 pub fn record_report(
     cp: &ControlPlane,
     instance: &InstanceRecord,
     token: &str,
     event: &PhaseEvent,
 ) -> Result<()> {
+    let cut;
+    let event = match event.reason.as_deref().map(cut_reason) {
+        Some(std::borrow::Cow::Owned(reason)) => {
+            cut = PhaseEvent {
+                reason: Some(reason),
+                ..event.clone()
+            };
+            &cut
+        }
+        _ => event,
+    };
     let Some(bound) = report_token_node(token) else {
         return Err(ServerError::Forbidden(format!(
             "this report token of instance {} names no node (issued before reports were bound to nodes): re-bootstrap the instance",
@@ -265,6 +370,44 @@ pub fn record_report(
 #[cfg(test)]
 mod tests {
     use super::report_token_node;
+
+    #[test]
+    fn long_reasons_are_cut_with_a_marker_on_a_character_boundary() {
+        use super::{cut_reason, MAX_REPORT_REASON_BYTES};
+        assert_eq!(cut_reason("short"), "short");
+        let exact = "x".repeat(MAX_REPORT_REASON_BYTES);
+        assert_eq!(cut_reason(&exact), exact);
+        // Multi-byte characters across the limit: cut before the one that
+        // does not fit.
+        let long = "é".repeat(MAX_REPORT_REASON_BYTES);
+        let cut = cut_reason(&long);
+        assert!(
+            cut.ends_with(&format!("… [cut: {} bytes in all]", long.len())),
+            "{cut}"
+        );
+        let kept = cut.split('…').next().unwrap();
+        assert_eq!(kept.len(), MAX_REPORT_REASON_BYTES);
+        assert!(kept.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn a_report_bucket_allows_its_burst_then_its_rate() {
+        use super::ReportLimiter;
+        use std::time::Duration;
+        let l = ReportLimiter::default();
+        for _ in 0..3 {
+            l.take("a", 3, Duration::from_secs(3600)).unwrap();
+        }
+        let wait = l.take("a", 3, Duration::from_secs(3600)).unwrap_err();
+        assert!(wait > Duration::from_secs(3000), "{wait:?}");
+        // Another node has its own bucket.
+        l.take("b", 3, Duration::from_secs(3600)).unwrap();
+        // A fast refill gives the bucket back.
+        let l = ReportLimiter::default();
+        l.take("c", 1, Duration::from_millis(1)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        l.take("c", 1, Duration::from_millis(1)).unwrap();
+    }
 
     #[test]
     fn a_report_token_names_its_node_after_the_first_dot() {

@@ -87,6 +87,15 @@ pub struct Metrics {
     /// The metrics reader token (`crate::http::metrics`): reads `/metrics`
     /// and nothing else.
     reader_token: std::sync::OnceLock<String>,
+    /// The listeners' connection counters (`crate::server`).
+    pub connections: knit_cluster::conn::ConnectionMetrics,
+    /// Node reports refused: over the per-node rate, or too large.
+    reports_refused: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 impl Default for Metrics {
@@ -101,6 +110,8 @@ impl Default for Metrics {
             startup: Family::new_with_constructor(startup_histogram),
             kube_events: Family::default(),
             reader_token: std::sync::OnceLock::new(),
+            connections: knit_cluster::conn::ConnectionMetrics::default(),
+            reports_refused: Family::default(),
         }
     }
 }
@@ -181,6 +192,13 @@ impl Metrics {
     /// One of knit's events about a node, written to the cluster as a
     /// Kubernetes Event (`published`), not written (`failed`, `dropped` from
     /// a full queue) or not for the cluster (`skipped`).
+    /// A node report refused for `reason` (`rate`, `size`).
+    pub fn report_refused(&self, reason: &'static str) {
+        self.reports_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
     pub fn kube_event(&self, outcome: &str) {
         self.kube_events
             .get_or_create(&OutcomeLabels {
@@ -259,6 +277,12 @@ impl Metrics {
             "knit's node events written to the cluster as Kubernetes Events, by outcome (published, failed, dropped, skipped)",
             self.kube_events.clone(),
         );
+        registry.register(
+            "knit_reports_refused",
+            "Node reports refused, by reason (rate: over the node's allowance; size: body too large)",
+            self.reports_refused.clone(),
+        );
+        self.connections.register(&mut registry);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &registry);

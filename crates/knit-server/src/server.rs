@@ -8,16 +8,16 @@ use crate::http::{router, Peer};
 use crate::pki::{load_or_create_token, Pki};
 use crate::provider::Provider;
 use crate::store::Store;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
+use knit_cluster::conn::Gate;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tower::ServiceExt;
 
 /// A running server; dropping it does not stop it, call [`Server::shutdown`].
@@ -69,11 +69,12 @@ pub fn stored_cluster(settings: &Settings) -> Result<Option<knit_api::Cluster>> 
 
 /// Creates the state directory (0700) and everything in it that is missing.
 pub async fn start(
-    settings: Settings,
+    mut settings: Settings,
     provider: Option<Arc<dyn Provider>>,
     cluster: Arc<dyn ClusterJoin>,
 ) -> Result<Server> {
     use std::os::unix::fs::PermissionsExt;
+    fit_descriptors(&mut settings);
     let dir = &settings.state_dir;
     std::fs::create_dir_all(dir)
         .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
@@ -176,30 +177,40 @@ pub async fn start(
     crate::http::metrics::load_reader_token(&control)?;
     let (shutdown, rx) = watch::channel(false);
     let app = router(control.clone());
-    // One cap for all listeners: it guards the process's descriptors.
-    let slots = Arc::new(Semaphore::new(
-        control.settings.limits.max_connections.max(1),
-    ));
+    let limits = control.settings.limits;
+    let http = limits.http();
+    // One gate for the API's sockets, one for the console: a flood of one
+    // does not shut the other.
+    let api_gate = Gate::new(
+        "api",
+        limits.listener(limits.max_connections),
+        control.metrics.connections.clone(),
+    );
     let mut tasks = Vec::new();
     for listener in listeners {
         tasks.push(tokio::spawn(accept_loop(
             listener,
             tls.clone(),
             app.clone(),
-            control.settings.limits,
-            slots.clone(),
+            api_gate.clone(),
+            limits,
             rx.clone(),
         )));
     }
     if let (Some(listener), Some(console)) = (console_listener, &control.settings.console) {
         let (app, feed) =
             crate::http::console::router(control.clone(), console.session_ttl, rx.clone());
+        let gate = Gate::new(
+            "console",
+            limits.listener(limits.console_max_connections),
+            control.metrics.connections.clone(),
+        );
         tasks.push(tokio::spawn(accept_loop(
             listener,
             tls.clone(),
             app,
-            control.settings.limits,
-            slots.clone(),
+            gate,
+            limits,
             rx.clone(),
         )));
         tasks.push(feed);
@@ -207,9 +218,16 @@ pub async fn start(
     }
     if let Some(bound) = autoscaler {
         tracing::info!(address = %bound.addr, "cluster-autoscaler externalgrpc service listening (mutual TLS)");
+        let gate = Gate::new(
+            "autoscaler",
+            limits.listener(limits.autoscaler_max_connections),
+            control.metrics.connections.clone(),
+        );
         tasks.push(tokio::spawn(crate::autoscaler::serve(
             bound,
             control.clone(),
+            gate,
+            http,
             rx.clone(),
         )));
     }
@@ -307,24 +325,31 @@ pub fn advertise_host(
         .unwrap_or_else(|| "127.0.0.1".to_string())
 }
 
+/// Raises the open-file limit and lowers the listeners' connection limits
+/// when they (with headroom) do not fit under it, saying so.
+fn fit_descriptors(settings: &mut Settings) {
+    let limits = &mut settings.limits;
+    let mut fit: Vec<(&str, &mut usize)> = vec![("api", &mut limits.max_connections)];
+    if settings.console.is_some() {
+        fit.push(("console", &mut limits.console_max_connections));
+    }
+    if settings.autoscaler.is_some() {
+        fit.push(("autoscaler", &mut limits.autoscaler_max_connections));
+    }
+    if let Err(e) = knit_cluster::conn::fit_descriptors(&mut fit) {
+        tracing::warn!(error = %e, "the open-file limit (RLIMIT_NOFILE) could not be read");
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: tokio_rustls::TlsAcceptor,
     app: axum::Router,
+    gate: Arc<Gate>,
     limits: ConnectionLimits,
-    slots: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
-        // A slot first: at the cap, new connections wait in the backlog
-        // (no descriptor is taken) until a connection ends.
-        let slot = tokio::select! {
-            _ = shutdown.changed() => return,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(s) => s,
-                Err(_) => return,
-            },
-        };
         let (tcp, peer) = tokio::select! {
             _ = shutdown.changed() => return,
             accepted = listener.accept() => match accepted {
@@ -337,17 +362,23 @@ async fn accept_loop(
                 }
             },
         };
+        // Over a limit the connection is closed now (counted and logged by
+        // the gate): a client waiting in the backlog could wait forever.
+        let Ok(admission) = gate.admit(peer.ip()) else {
+            drop(tcp);
+            continue;
+        };
         let tls = tls.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _admission = admission;
             serve_connection(tcp, peer, tls, app, limits).await;
         });
     }
 }
 
-/// What a connection's watchdog reads: when a byte last moved and how many
-/// requests are being answered.
+/// What a connection's watchdog reads: when the last request started or
+/// ended, and how many are being answered.
 #[derive(Default)]
 struct Activity {
     last_ms: AtomicU64,
@@ -361,12 +392,49 @@ impl Activity {
     }
 }
 
-/// Counts a request in flight for as long as its handler runs.
-struct InFlight(Arc<Activity>);
+/// Counts a request in flight until its response's body is sent (or
+/// dropped): a long response (a watch, logs followed) is not idle.
+struct InFlight {
+    activity: Arc<Activity>,
+    epoch: Instant,
+}
+
+impl InFlight {
+    fn new(activity: Arc<Activity>, epoch: Instant) -> InFlight {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        activity.touch(epoch);
+        InFlight { activity, epoch }
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.activity.touch(self.epoch);
+        self.activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A response body that holds its request's [`InFlight`] until it ends.
+struct Tracked {
+    inner: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -390,34 +458,27 @@ async fn serve_connection(
     };
     let epoch = Instant::now();
     let activity = Arc::new(Activity::default());
-    let io = Watched {
-        inner: stream,
-        activity: activity.clone(),
-        epoch,
-    };
     let requests = activity.clone();
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(Peer(peer));
-            requests.in_flight.fetch_add(1, Ordering::Relaxed);
-            let guard = InFlight(requests.clone());
+            let guard = InFlight::new(requests.clone(), epoch);
             let app = app.clone();
             async move {
                 let response = app.oneshot(request.map(axum::body::Body::new)).await;
-                drop(guard);
-                response
+                response.map(|r| {
+                    r.map(|inner| Tracked {
+                        inner,
+                        _in_flight: guard,
+                    })
+                })
             }
         });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(None);
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    // The protocol ALPN chose (no sniffing, which waits with no timeout);
+    // a client without ALPN speaks HTTP/1.1.
+    let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let builder = limits.http().builder(alpn.as_deref().or(Some(b"http/1.1")));
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let tick = (limits.idle_timeout / 4).max(Duration::from_millis(100));
     loop {
@@ -434,51 +495,13 @@ async fn serve_connection(
                 ));
                 if activity.in_flight.load(Ordering::Relaxed) == 0 && idle >= limits.idle_timeout {
                     tracing::debug!(%peer, idle_s = idle.as_secs(), "closing an idle connection");
+                    // HTTP/2: GOAWAY first, so the client opens a new
+                    // connection instead of failing a request; bounded.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(5), conn.as_mut()).await;
                     return;
                 }
             }
         }
-    }
-}
-
-/// A connection's stream that records when bytes move.
-struct Watched<S> {
-    inner: S,
-    activity: Arc<Activity>,
-    epoch: Instant,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.activity.touch(self.epoch);
-        }
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch(self.epoch);
-        }
-        polled
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

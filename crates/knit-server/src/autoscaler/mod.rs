@@ -15,6 +15,7 @@ pub mod template;
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki::Pki;
+use knit_cluster::conn::{Admission, Gate, HttpLimits};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -70,10 +71,6 @@ pub const DEFAULT_PORT: u16 = 7445;
 /// The Common Name of the client certificates `knit autoscaler
 /// cloud-config` gets.
 pub const CLIENT_CN: &str = "knit autoscaler client";
-/// A TLS handshake not finished in this time closes the connection.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections handshaking at once; more wait in the kernel's backlog.
-const MAX_HANDSHAKES: usize = 64;
 
 /// Where the service listens (`knit server --autoscaler-listen`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,10 +129,12 @@ pub async fn bind(
     }))
 }
 
-/// One accepted, handshaken connection: what tonic serves.
+/// One accepted, handshaken connection: what tonic serves. Its place in
+/// the listener's gate is given back when tonic drops it.
 struct Conn {
     stream: tokio_rustls::server::TlsStream<TcpStream>,
     peer: SocketAddr,
+    _admission: Admission,
 }
 
 impl tonic::transport::server::Connected for Conn {
@@ -173,14 +172,21 @@ impl AsyncWrite for Conn {
 
 /// Serves the `CloudProvider` service on `bound` until `shutdown` says so.
 /// A client that does not present a certificate of knit's CA fails the
-/// handshake and is never served.
-pub async fn serve(bound: Bound, control: Arc<ControlPlane>, mut shutdown: watch::Receiver<bool>) {
+/// handshake and is never served. Connections are admitted by `gate` (over
+/// its limits one is closed at once) and served with `http`'s handshake
+/// timeout, HTTP/2 stream limit and keep-alive.
+pub async fn serve(
+    bound: Bound,
+    control: Arc<ControlPlane>,
+    gate: Arc<Gate>,
+    http: HttpLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Conn>>(16);
     let acceptor = tokio_rustls::TlsAcceptor::from(bound.tls);
     let listener = bound.listener;
     let mut stop = shutdown.clone();
     let accepting = tokio::spawn(async move {
-        let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -194,16 +200,23 @@ pub async fn serve(bound: Bound, control: Arc<ControlPlane>, mut shutdown: watch
                     continue;
                 }
             };
-            let Ok(permit) = handshakes.clone().acquire_owned().await else {
-                return;
+            // Over a limit: closed now, counted and logged by the gate.
+            let Ok(admission) = gate.admit(peer.ip()) else {
+                drop(tcp);
+                continue;
             };
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(http.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(Conn { stream, peer })).await;
+                        let _ = tx
+                            .send(Ok(Conn {
+                                stream,
+                                peer,
+                                _admission: admission,
+                            }))
+                            .await;
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(%peer, error = %e, "autoscaler service: TLS handshake refused (a client needs a certificate from `knit autoscaler cloud-config`)");
@@ -225,6 +238,9 @@ pub async fn serve(bound: Bound, control: Arc<ControlPlane>, mut shutdown: watch
         let _ = shutdown.changed().await;
     };
     if let Err(e) = tonic::transport::Server::builder()
+        .max_concurrent_streams(http.http2_max_streams.max(1))
+        .http2_keepalive_interval(Some(http.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(http.http2_keepalive_timeout))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, stopped)
         .await

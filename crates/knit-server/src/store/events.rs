@@ -1,5 +1,6 @@
 //! Events: what happened to which object, repeated ones counted on one
-//! row, old ones pruned.
+//! row, old ones pruned; the audit trail (`knit exec`) by its own count and
+//! age.
 
 use super::{now_ms, word, Store};
 use crate::error::Result;
@@ -43,11 +44,19 @@ pub const EVENT_AGGREGATION_WINDOW_MS: i64 = 10 * 60 * 1000;
 /// Events are pruned once every this many writes.
 const EVENT_PRUNE_EVERY: u64 = 100;
 
-/// How many events are kept, and how long.
+/// The reasons of the audit trail (`knit exec`: `crate::nodes::exec`), as
+/// an SQL list: kept under a count and age of their own, so that other
+/// events (a node's reports, however many) cannot push them out.
+const AUDIT_SQL: &str = "('Exec', 'ExecFailed')";
+
+/// How many events are kept, and how long: the audit trail (`knit exec`)
+/// and the others each by their own numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventRetention {
     pub max_count: i64,
     pub max_age_ms: i64,
+    pub audit_max_count: i64,
+    pub audit_max_age_ms: i64,
 }
 
 impl Default for EventRetention {
@@ -55,6 +64,8 @@ impl Default for EventRetention {
         EventRetention {
             max_count: 10_000,
             max_age_ms: 7 * 24 * 3600 * 1000,
+            audit_max_count: 10_000,
+            audit_max_age_ms: 90 * 24 * 3600 * 1000,
         }
     }
 }
@@ -144,24 +155,42 @@ impl Store {
     }
 
     /// Removes events last seen longer ago than the retention's age, then
-    /// all but the newest `max_count`. Returns how many went.
+    /// all but the newest `max_count`: the audit trail and the other events
+    /// each against their own numbers. Returns how many went.
     pub fn prune_events(&self, now: i64) -> Result<usize> {
         let retention = *self
             .event_retention
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let cutoff = now - retention.max_age_ms;
-        let keep = retention.max_count.max(0);
-        let removed = self.write(|tx| {
-            let old = tx.execute("DELETE FROM events WHERE last_ms < ?1", params![cutoff])?;
-            // All but the newest `keep` (written without `LIMIT -1 OFFSET`,
-            // which PostgreSQL does not take).
-            let over = tx.execute(
-                "DELETE FROM events WHERE id NOT IN (SELECT id FROM events ORDER BY last_ms DESC, id DESC LIMIT ?1)",
-                params![keep],
-            )?;
-            Ok(old + over)
-        })?;
+        let mut removed = 0;
+        for (set, max_age, max_count) in [
+            (
+                format!("reason NOT IN {AUDIT_SQL}"),
+                retention.max_age_ms,
+                retention.max_count,
+            ),
+            (
+                format!("reason IN {AUDIT_SQL}"),
+                retention.audit_max_age_ms,
+                retention.audit_max_count,
+            ),
+        ] {
+            let cutoff = now - max_age;
+            let keep = max_count.max(0);
+            removed += self.write(|tx| {
+                let old = tx.execute(
+                    &format!("DELETE FROM events WHERE {set} AND last_ms < ?1"),
+                    params![cutoff],
+                )?;
+                // All but the newest `keep` (written without `LIMIT -1
+                // OFFSET`, which PostgreSQL does not take).
+                let over = tx.execute(
+                    &format!("DELETE FROM events WHERE {set} AND id NOT IN (SELECT id FROM events WHERE {set} ORDER BY last_ms DESC, id DESC LIMIT ?1)"),
+                    params![keep],
+                )?;
+                Ok(old + over)
+            })?;
+        }
         Ok(removed as usize)
     }
 

@@ -41,7 +41,7 @@ pub use events::{EventRecord, EventRetention, EventSink, EVENT_AGGREGATION_WINDO
 pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
 pub use leader::{Lease, ServerRecord};
-pub use nodes::{NodeRecord, TimelineEntry};
+pub use nodes::{NodeRecord, TimelineEntry, MAX_TIMELINE_PER_NODE};
 pub use pools::{PoolCounts, PoolRecord};
 pub use rollouts::{PoolRevision, RolloutStop, REVISION_HISTORY_LIMIT};
 pub use snapshots::{BuildStep, SnapshotBuildRecord, SnapshotRecord};

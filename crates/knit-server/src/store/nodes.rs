@@ -45,6 +45,10 @@ pub struct TimelineEntry {
     pub duration_ms: Option<i64>,
 }
 
+/// Timeline rows kept per node (about 20 phases, two rows each, a few
+/// dozen runs); older ones are dropped as new ones come.
+pub const MAX_TIMELINE_PER_NODE: i64 = 1000;
+
 const NODE_COLUMNS: &str =
     "name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms, user_data";
 
@@ -85,6 +89,13 @@ impl Store {
                     event.at_ms as i64,
                     event.duration_ms.map(|d| d as i64)
                 ],
+            )?;
+            // Bounded per node: the oldest rows beyond the newest
+            // MAX_TIMELINE_PER_NODE go (a node reporting in a loop).
+            tx.execute(
+                "DELETE FROM timeline WHERE node = ?1 AND id <= (
+                   SELECT id FROM timeline WHERE node = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+                params![&event.node, MAX_TIMELINE_PER_NODE],
             )?;
             tx.execute(
                 "INSERT INTO nodes (name, instance, pool, status, phase, phase_outcome, error_code, error, created_ms, updated_ms)

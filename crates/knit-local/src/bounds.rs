@@ -263,6 +263,7 @@ pub fn create(dirs: &[PathBuf], size: &Size, disks: &[Dev]) -> Result<()> {
             }
             if v2 {
                 enable_controllers(dir)?;
+                device_program(dir, disks)?;
             }
             let m = leaf(dir);
             std::fs::create_dir(&m)
@@ -284,6 +285,33 @@ pub fn create(dirs: &[PathBuf], size: &Size, disks: &[Dev]) -> Result<()> {
         }
     }
     made
+}
+
+/// The device list as a program on a v2 cgroup ([`crate::devprog`]). On a
+/// hybrid host the v1 device cgroup holds the same list; if the kernel
+/// refuses the program there, that list still does, and a warning says so.
+fn device_program(dir: &Path, disks: &[Dev]) -> Result<()> {
+    let rules: Vec<crate::devprog::Rule> = ALLOWED_DEVICES
+        .iter()
+        .map(|s| s.to_string())
+        .chain(disks.iter().map(Dev::rule))
+        .filter_map(|l| crate::devprog::Rule::parse(&l))
+        .collect();
+    match crate::devprog::apply(dir, &rules) {
+        Err(e) if v1_devices() => {
+            tracing::warn!(cgroup = %dir.display(), error = %e, "no device program on the v2 hierarchy: the v1 device cgroup alone holds the list");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Whether this process is in a v1 device cgroup (a hybrid or v1 host).
+fn v1_devices() -> bool {
+    hierarchies().is_ok_and(|hs| {
+        hs.iter()
+            .any(|h| !h.v2 && h.mount.join(&h.own).join("devices.allow").exists())
+    })
 }
 
 /// Hands cpu, memory and pids (those the cgroup has) to its children (v2).
@@ -357,9 +385,15 @@ pub fn join_files(dirs: &[PathBuf]) -> Result<Vec<std::fs::File>> {
         .collect()
 }
 
-/// Allows (hot attach) or denies (detach) one more disk.
-pub fn set_disk(dirs: &[PathBuf], dev: Dev, allow: bool) -> Result<()> {
+/// Allows (hot attach) or denies (detach) one more disk; `disks` are the
+/// machine's disks after the change (a v2 device program is made anew from
+/// them).
+pub fn set_disk(dirs: &[PathBuf], dev: Dev, allow: bool, disks: &[Dev]) -> Result<()> {
     for dir in dirs {
+        if dir.join("cgroup.controllers").exists() {
+            device_program(dir, disks)?;
+            continue;
+        }
         if !dir.join("devices.allow").exists() {
             continue;
         }

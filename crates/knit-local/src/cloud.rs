@@ -1359,6 +1359,7 @@ impl Cloud {
                     minor: loop_dev.minor,
                 },
                 true,
+                &self.machine_devs(&rec, None)?,
             )?;
             crate::boot::add_disk(
                 Path::new(&format!("/proc/{}/root", init.pid)),
@@ -1366,6 +1367,33 @@ impl Cloud {
             )?;
         }
         Ok(d)
+    }
+
+    /// The loop devices of a running machine's system disk and data disks,
+    /// `except`'s left out (the device list of a v2 cgroup is made whole).
+    fn machine_devs(
+        &self,
+        rec: &InstanceRecord,
+        except: Option<&str>,
+    ) -> Result<Vec<crate::bounds::Dev>> {
+        let mut files = vec![self.state.system_disk_file(&rec.id)];
+        files.extend(
+            rec.disks
+                .iter()
+                .filter(|d| Some(d.as_str()) != except)
+                .map(|d| self.state.disk_file(d)),
+        );
+        let mut out = Vec::new();
+        for f in files {
+            for (dev, _) in loopdev::backed_under(&f) {
+                let ld = loopdev::LoopDev::of(&dev)?;
+                out.push(crate::bounds::Dev {
+                    major: ld.major,
+                    minor: ld.minor,
+                });
+            }
+        }
+        Ok(out)
     }
 
     pub fn disk_detach(&self, disk_id: &str) -> Result<DiskRecord> {
@@ -1407,6 +1435,7 @@ impl Cloud {
                         minor: ld.minor,
                     },
                     false,
+                    &self.machine_devs(&rec, Some(disk_id))?,
                 )?;
             }
             loopdev::detach_file(&file)?;

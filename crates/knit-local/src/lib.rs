@@ -10,6 +10,7 @@ pub mod blockstore;
 pub mod boot;
 pub mod bounds;
 pub mod cloud;
+pub mod devprog;
 pub mod error;
 pub mod image;
 pub mod loopdev;

@@ -67,6 +67,14 @@ fn devices_of_the_host_and_of_other_machines_cannot_be_opened() {
     let tpl = "instanceType: ecs.t6-c1m1.large\nsystemDiskSize: 256Mi\ndisks:\n- {name: data, size: 16Mi}\n";
     let a = c.create(tpl);
     let b = c.create(tpl);
+    // Where the host has a v2 hierarchy (pure, or hybrid as here), the list
+    // is also a device program on the machine's v2 cgroup: exactly one.
+    for dir in a.record.cgroups.iter().chain(&b.record.cgroups) {
+        if dir.join("cgroup.controllers").exists() {
+            let progs = knit_local::devprog::attached(dir).expect("query");
+            assert_eq!(progs.len(), 1, "{}: {progs:?}", dir.display());
+        }
+    }
     let (a, b) = (&a.record.id, &b.record.id);
 
     // Its own disk: read and written.

@@ -1,6 +1,7 @@
 //! What a snapshot's data disk keeps: the container runtime's image store
-//! and knit's package cache, nothing else (issue 30 item 5). [`KEEP`] is
-//! the one list; docs/snapshots.md repeats it. It is a keep-list, not a
+//! and knit's package cache, nothing else (issue 30 item 5). [`KEEP`]
+//! (`knit_api::agent::SNAPSHOT_KEEP`, where the tests read it too) is the
+//! one list; docs/snapshots.md repeats it. It is a keep-list, not a
 //! delete-list: whatever a kubelet, a runtime or a workload left on the
 //! disk that nobody thought of goes too.
 //!
@@ -21,44 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-/// One path kept on the data disk, relative to its mount target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Kept {
-    pub path: &'static str,
-    /// Kept with what is under it; `false`: the directory stays, empty.
-    pub with_content: bool,
-    pub what: &'static str,
-}
-
-/// Everything a snapshot's data disk keeps. Parents of these paths stay as
-/// directories (nothing else in them); every other path goes.
-pub const KEEP: &[Kept] = &[
-    Kept {
-        path: "ack/kubernetes",
-        with_content: true,
-        what: "knit's package cache: the Kubernetes package and knit-cache.json",
-    },
-    Kept {
-        path: "containerd/io.containerd.content.v1.content/blobs",
-        with_content: true,
-        what: "containerd's content store: image indexes, manifests, configs, layers",
-    },
-    Kept {
-        path: "containerd/io.containerd.snapshotter.v1.overlayfs",
-        with_content: true,
-        what: "the images' unpacked layers (committed snapshots; containers' snapshots are deleted through containerd first)",
-    },
-    Kept {
-        path: "containerd/io.containerd.metadata.v1.bolt/meta.db",
-        with_content: true,
-        what: "containerd's metadata: images, content, snapshots (containers, tasks and leases deleted through containerd first)",
-    },
-    Kept {
-        path: "lost+found",
-        with_content: false,
-        what: "the filesystem's own directory (ext4), left empty",
-    },
-];
+pub use knit_api::agent::{Kept, SNAPSHOT_KEEP as KEEP};
 
 /// containerd's metadata on the disk, relative to its mount target: when
 /// present, containerd must answer so that its containers can be deleted.

@@ -19,7 +19,6 @@ mod components_support;
 
 use components_support::*;
 use knit_agent::render::{self, RuntimeOptions};
-use knit_agent::scrub::KEEP;
 use knit_agent::services;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -254,14 +253,6 @@ fn listing(dir: &Path, rel: &str, out: &mut Vec<String>) {
     }
 }
 
-fn allowed(rel: &str) -> bool {
-    KEEP.iter().any(|k| {
-        rel == k.path
-            || (k.with_content && rel.starts_with(&format!("{}/", k.path)))
-            || k.path.starts_with(&format!("{rel}/"))
-    })
-}
-
 #[test]
 fn a_scrubbed_data_disk_keeps_only_the_image_store_and_the_package_cache() {
     for bin in ["containerd", "ctr", "mkfs.ext4", "fstrim"] {
@@ -397,7 +388,10 @@ fn a_scrubbed_data_disk_keeps_only_the_image_store_and_the_package_cache() {
     listing(&view, "", &mut paths);
     let app = paths.iter().find(|p| p.ends_with("written-by-app"));
     assert!(app.is_none(), "the container's file is kept: {app:?}");
-    let stray: Vec<&String> = paths.iter().filter(|p| !allowed(p)).collect();
+    let stray: Vec<&String> = paths
+        .iter()
+        .filter(|p| !knit_api::agent::snapshot_keeps(p))
+        .collect();
     assert!(stray.is_empty(), "not in the keep-list: {stray:?}");
     for kept in [
         "ack/kubernetes/bin/kubelet",

@@ -144,9 +144,60 @@ pub struct ImageOutcome {
     pub error: Option<String>,
 }
 
+/// One path a snapshot's data disk keeps, relative to its mount target
+/// (the agent's `snapshot-prepare clean` removes every other path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    pub path: &'static str,
+    /// Kept with what is under it; `false`: the directory stays, empty.
+    pub with_content: bool,
+    pub what: &'static str,
+}
+
+/// Everything a snapshot's data disk keeps. Parents of these paths stay as
+/// directories (nothing else in them); every other path goes.
+pub const SNAPSHOT_KEEP: &[Kept] = &[
+    Kept {
+        path: "ack/kubernetes",
+        with_content: true,
+        what: "knit's package cache: the Kubernetes package and knit-cache.json",
+    },
+    Kept {
+        path: "containerd/io.containerd.content.v1.content/blobs",
+        with_content: true,
+        what: "containerd's content store: image indexes, manifests, configs, layers",
+    },
+    Kept {
+        path: "containerd/io.containerd.snapshotter.v1.overlayfs",
+        with_content: true,
+        what: "the images' unpacked layers (committed snapshots; containers' snapshots are deleted through containerd first)",
+    },
+    Kept {
+        path: "containerd/io.containerd.metadata.v1.bolt/meta.db",
+        with_content: true,
+        what: "containerd's metadata: images, content, snapshots (containers, tasks and leases deleted through containerd first)",
+    },
+    Kept {
+        path: "lost+found",
+        with_content: false,
+        what: "the filesystem's own directory (ext4), left empty",
+    },
+];
+
+/// Whether `rel` (relative to the disk's mount target) may be on a
+/// snapshot's data disk: a kept path, under one kept with its content, or
+/// a parent directory of one.
+pub fn snapshot_keeps(rel: &str) -> bool {
+    SNAPSHOT_KEEP.iter().any(|k| {
+        rel == k.path
+            || (k.with_content && rel.starts_with(k.path) && rel[k.path.len()..].starts_with('/'))
+            || (k.path.starts_with(rel) && k.path[rel.len()..].starts_with('/'))
+    })
+}
+
 /// `knit-agent snapshot-prepare clean --mount <dir>`: everything on the
 /// data disk but the image store and the package cache removed (the
-/// agent's `scrub::KEEP`), the disk synced and trimmed.
+/// [`SNAPSHOT_KEEP`]), the disk synced and trimmed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BuilderCleaned {

@@ -5,7 +5,9 @@
 //! `docker-registry` seeded with images built here (none from the internet),
 //! reached by containerd through the pool's registry mirrors over HTTP.
 //!
-//! 1. `knit snapshot create` from a pool: recorded with versions and digests.
+//! 1. `knit snapshot create` from a pool: recorded with versions and digests;
+//!    the snapshot's filesystem, mounted read-only, holds only the agent's
+//!    keep-list (`knit_api::agent::SNAPSHOT_KEEP`).
 //! 2. A pool from the snapshot reaches Ready with zero package downloads and
 //!    zero image pulls: no `check cached kubernetes failed`, no
 //!    `pulled image` in the kubelet log, no blob GET in the registry's
@@ -193,6 +195,34 @@ fn snapshot_build_use_stale_and_delete() {
     let cloud = env.cloud();
     assert!(cloud.list().unwrap().is_empty(), "builder not released");
     assert_eq!(cloud.snapshots().unwrap().len(), 1);
+    // 1a. The snapshot holds the keep-list and nothing else: no kubelet
+    // directory (credentials, pods), no containers, no runtime state.
+    let clean: Vec<&str> = build["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["step"] == "clean")
+        .map(|s| s["message"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        clean
+            .iter()
+            .any(|m| m.contains("scrubbed to the keep-list") && m.contains("kubelet")),
+        "{clean:?}"
+    );
+    let paths = snapshot_paths(&env, &sid);
+    let stray: Vec<&String> = paths
+        .iter()
+        .filter(|p| !knit_api::agent::snapshot_keeps(p))
+        .collect();
+    assert!(stray.is_empty(), "off the keep-list in {sid}: {stray:?}");
+    for kept in [
+        "ack/kubernetes/knit-cache.json",
+        "containerd/io.containerd.metadata.v1.bolt/meta.db",
+        "containerd/io.containerd.content.v1.content/blobs/sha256",
+    ] {
+        assert!(paths.iter().any(|p| p == kept), "{kept}: {paths:?}");
+    }
 
     // 1b. An unreachable registry (a closed port) fails the build at
     // `images` with the registry's error and the fix, instead of waiting
@@ -429,6 +459,41 @@ fn snapshot_build_use_stale_and_delete() {
 
 /// The steps of `knit snapshot create`'s progress lines (`[  1.0s] step …`),
 /// each once, in order.
+/// Every path on snapshot `sid`'s filesystem (relative), read from its
+/// file in the local cloud's block store mounted read-only on a loop device
+/// in a mount namespace of its own (both go when `unshare` ends).
+fn snapshot_paths(env: &Env, sid: &str) -> Vec<String> {
+    let file = env.path(&format!("local/snapshots/{sid}/snapshot.img"));
+    let view = env.path("work/snapshot-view");
+    std::fs::create_dir_all(&view).unwrap();
+    let out = std::process::Command::new("timeout")
+        .args([
+            "120",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+        ])
+        .arg("mount -o ro,loop,noload \"$1\" \"$2\" && find \"$2\" -mindepth 1 -printf '%P\\n'")
+        .arg("sh")
+        .arg(&file)
+        .arg(&view)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "list {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 fn step_order(out: &str) -> Vec<String> {
     let mut steps: Vec<String> = out
         .lines()

@@ -299,6 +299,37 @@ async fn pull_images(
     )))
 }
 
+/// The `clean` step's message: what the disk kept and what went.
+fn clean_message(c: &BuilderCleaned, used: i64) -> String {
+    let mut removed = c.removed.join(", ");
+    if c.removed_count > c.removed.len() as u64 {
+        removed.push_str(&format!(
+            " and {} more",
+            c.removed_count - c.removed.len() as u64
+        ));
+    }
+    format!(
+        "data disk scrubbed to the keep-list: kept {}; removed {} path(s){}; {} containerd object(s) deleted (tasks, containers, leases, active snapshots); containerd stopped; freed blocks {}; disk synced ({used} bytes used)",
+        if c.kept.is_empty() {
+            "nothing".to_string()
+        } else {
+            c.kept.join(", ")
+        },
+        c.removed_count,
+        if removed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({removed})")
+        },
+        c.runtime_deleted,
+        if c.trimmed {
+            "discarded"
+        } else {
+            "not discarded (no discard on this disk)"
+        },
+    )
+}
+
 /// The taint every builder node registers with: no workload is meant to
 /// run there (what runs is removed before the snapshot, but nothing should
 /// be placed there to begin with). A scheduler keeps pods without the
@@ -628,23 +659,18 @@ async fn build_on(
         )
         .await?;
     }
-    // The builder's identity must not travel: kubelet credentials and the
-    // kubelet's report are per node.
+    // Only the image store and the package cache travel: the agent
+    // removes everything else from the disk (its keep-list), containers
+    // and credentials included.
     let cleaned = prepare::<BuilderCleaned>(
         cp,
         &provider_id,
         &["snapshot-prepare", "clean", "--mount", &mount],
     )
     .await?;
-    let containerd_version = cleaned.containerd_version;
+    let containerd_version = cleaned.containerd_version.clone();
     let used = i64::try_from(cleaned.used_bytes).unwrap_or(i64::MAX);
-    progress(
-        cp,
-        id,
-        "clean",
-        format!("builder credentials removed, disk synced ({used} bytes used)"),
-    )
-    .await?;
+    progress(cp, id, "clean", clean_message(&cleaned, used)).await?;
 
     // Stopped: the disk is quiet for the snapshot.
     cp.provider()?.stop(&provider_id).await?;

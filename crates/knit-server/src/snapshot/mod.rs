@@ -4,7 +4,7 @@
 //! in its order, as one managed operation:
 //!
 //! 1. `builder`: a builder pool (copy of the source pool: 1 node, fresh
-//!    data disks);
+//!    data disks, tainted `knit.dev/snapshot-builder=true:NoSchedule`);
 //! 2. `ready`: its node initialized by the agent and Ready (the agent caches
 //!    the Kubernetes package on the data disk, the kubelet stand-in pulls
 //!    the system images into containerd, whose root is on that disk);
@@ -15,7 +15,9 @@
 //!    file against its manifest's sha256;
 //! 5. `images`: the system and business images pulled through CRI
 //!    (the kubelet's `--ensure-images`);
-//! 6. `clean`: per-node credentials removed from the disk, `sync`;
+//! 6. `clean`: the disk scrubbed down to the agent's keep-list (the image
+//!    store and the package cache; containers deleted through containerd,
+//!    containerd stopped), `sync`, `fstrim`;
 //! 7. `stop`: the instance stopped;
 //! 8. `snapshot`: its runtime disk ([`knit_api::disk`]: the disk the agent
 //!    mounted) snapshotted and recorded (Kubernetes

@@ -182,13 +182,23 @@ pub fn check_reachable(field: &str, file: &Path, uid: u32, gids: &[u32]) -> Resu
     Ok(())
 }
 
-/// The group of `/dev/kvm`, which QEMU joins under KVM (none when it is
-/// root's or missing: KVM then fails to open, named in QEMU's log).
+/// What a non-root QEMU may do with a `/dev/kvm` of this mode and group:
+/// the group to join for it (when that group, not root's, may read and
+/// write it), and whether it can open it at all.
+fn kvm_access(mode: u32, gid: u32) -> (Option<u32>, bool) {
+    let group = (gid != 0 && mode & 0o060 == 0o060).then_some(gid);
+    (group, group.is_some() || mode & 0o006 == 0o006)
+}
+
+/// The group of `/dev/kvm` QEMU joins under KVM ([`kvm_access`]).
 pub fn kvm_gid() -> Option<u32> {
-    std::fs::metadata("/dev/kvm")
-        .ok()
-        .map(|m| m.gid())
-        .filter(|g| *g != 0)
+    let m = std::fs::metadata("/dev/kvm").ok()?;
+    kvm_access(m.mode(), m.gid()).0
+}
+
+/// Whether QEMU, once it is no longer root, can open `/dev/kvm`.
+pub fn kvm_usable() -> bool {
+    std::fs::metadata("/dev/kvm").is_ok_and(|m| kvm_access(m.mode(), m.gid()).1)
 }
 
 /// How the child becomes the VM's QEMU, between fork and exec: into the
@@ -248,5 +258,32 @@ impl Demote {
                 Ok(())
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kvm_is_usable_through_its_group_or_by_anyone() {
+        // Debian's udev rule: root:kvm 0660.
+        assert_eq!(kvm_access(0o20660, 993), (Some(993), true));
+        // Root's alone (this build host): TCG.
+        assert_eq!(kvm_access(0o20600, 0), (None, false));
+        assert_eq!(kvm_access(0o20660, 0), (None, false));
+        assert_eq!(kvm_access(0o20640, 993), (None, false));
+        assert_eq!(kvm_access(0o20666, 0), (None, true));
+    }
+
+    #[test]
+    fn vm_uids_are_in_their_range_and_unique() {
+        let mut used = std::collections::BTreeSet::new();
+        for _ in 0..32 {
+            let uid = pick_uid(&used).unwrap();
+            assert!(is_vm_uid(uid) && uid >= UID_BASE, "{uid}");
+            assert!(used.insert(uid), "{uid} twice");
+        }
+        assert!(!is_vm_uid(0) && !is_vm_uid(65534) && !is_vm_uid(UID_BASE + UID_SPAN));
     }
 }

@@ -574,7 +574,19 @@ impl Machines {
             }
         };
         let gid = uid;
-        let accel = self.cfg.accel.resolve();
+        let mut accel = self.cfg.accel.resolve();
+        if accel == "kvm" && !crate::confine::kvm_usable() {
+            // Root may open it; the VM's uid could not.
+            if self.cfg.accel == Accel::Kvm {
+                return Err(QemuError::invalid(
+                    "accel",
+                    "kvm",
+                    "needs /dev/kvm readable and writable by its group (as udev's kvm group makes it) or by anyone: QEMU runs as the VM's own uid, not root",
+                ));
+            }
+            tracing::warn!(id = %rec.id, "/dev/kvm is root's alone: the VM runs under TCG (its QEMU is not root)");
+            accel = "tcg";
+        }
         let groups: Vec<u32> = match accel {
             "kvm" => crate::confine::kvm_gid().into_iter().collect(),
             _ => Vec::new(),

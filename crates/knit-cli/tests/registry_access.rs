@@ -170,6 +170,21 @@ fn registry_up_off_loopback_is_pull_only_and_seeds_through_loopback() {
             "{method} {path}"
         );
     }
+    // The writer asks for its credential (issue 30): without it a push is
+    // 401; the status names the credential's file, never the token.
+    for (method, path) in [
+        ("POST", "/v2/knit/evil/blobs/uploads/"),
+        ("PUT", "/v2/knit/app/manifests/2"),
+    ] {
+        assert_eq!(
+            status(method, &format!("{push}{path}")),
+            "401",
+            "{method} {path} at the writer without its credential"
+        );
+    }
+    let token_file = st["pushCredential"].as_str().unwrap().to_string();
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(!st.to_string().contains(token.trim()), "{st}");
     // A second `up` seeds through the recorded writer, starting nothing.
     let again = knit(&[
         "registry",

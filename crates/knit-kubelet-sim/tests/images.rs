@@ -125,7 +125,8 @@ async fn images_are_pulled_once_then_found_in_the_runtime() {
         .unwrap();
         let mut transfer = 0;
         for (r, size) in IMAGES {
-            let img = knit_registry::seed(&reg.url(), &root.join("work"), r, 1, *size).unwrap();
+            let img =
+                knit_registry::seed(&reg.push_url(), &root.join("work"), r, 1, *size).unwrap();
             transfer += img.transfer_bytes();
         }
         let blob_gets_before = reg.blob_gets();
@@ -184,7 +185,7 @@ async fn images_are_pulled_once_then_found_in_the_runtime() {
         // --ensure-images (the snapshot builder's business images): pulls
         // what is missing, prints the report, fails on an unknown image.
         knit_registry::seed(
-            &reg.url(),
+            &reg.push_url(),
             &root.join("work"),
             "docker.io/knit/app:1",
             2,

@@ -4,9 +4,11 @@
 //! - [`Registry`] runs Debian's `docker-registry` (distribution 2.x) with its
 //!   own storage directory and address; its log (with the HTTP access log)
 //!   goes to a file the caller reads. Killed by PID when dropped. Writes
-//!   only from the host ([`access_for`]): on any address but loopback it is
-//!   pull-only (the registry's read-only mode), with a loopback writer over
-//!   the same storage for pushes.
+//!   only from the host, with a credential: the address it is started on
+//!   is pull-only (the registry's read-only mode, no credential asked),
+//!   and a writer on loopback over the same storage takes pushes from
+//!   whoever shows the writer credential ([`writer_token`], HTTP basic
+//!   auth; [`Registry::push_url`] carries it). A push without it is 401.
 //! - [`build_image`] makes a Docker v2 image: layers of random
 //!   (incompressible) bytes in a tar.gz each, an image config, a manifest.
 //! - [`push`] uploads blobs (monolithic `POST` + `PUT ?digest=`) and the
@@ -87,6 +89,110 @@ pub fn access_for(addr: &str) -> Access {
     }
 }
 
+/// The user name of the loopback writer's credential.
+pub const WRITER_USER: &str = "knit-writer";
+/// `<dir>/writer-token`: the writer's password (mode 0600), made once.
+pub const WRITER_TOKEN_FILE: &str = "writer-token";
+/// `<dir>/writer.htpasswd`: its bcrypt hash, as docker-registry reads it.
+const WRITER_HTPASSWD: &str = "writer.htpasswd";
+
+/// The writer credential of the registry under `dir`: read from
+/// `<dir>/writer-token`, or made (32 random bytes, hex) and written there
+/// with mode 0600.
+pub fn writer_token(dir: &Path) -> Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(WRITER_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(path.display())(e)),
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(io("/dev/urandom"))?;
+    let token = hex::encode(bytes);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io(path.display()))?;
+    f.write_all(format!("{token}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io(path.display()))?;
+    Ok(token)
+}
+
+/// `base` (`http://IP:PORT`) with the writer credential in it
+/// (`http://knit-writer:TOKEN@IP:PORT`): HTTP clients send it as basic
+/// auth.
+pub fn credential_url(base: &str, token: &str) -> String {
+    match base.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{WRITER_USER}:{token}@{rest}"),
+        None => format!("http://{WRITER_USER}:{token}@{base}"),
+    }
+}
+
+#[link(name = "crypt")]
+extern "C" {
+    // libxcrypt (Debian's libcrypt1): both allocate what they return.
+    fn crypt_gensalt_ra(
+        prefix: *const libc::c_char,
+        count: libc::c_ulong,
+        rbytes: *const libc::c_char,
+        nrbytes: libc::c_int,
+    ) -> *mut libc::c_char;
+    fn crypt_ra(
+        phrase: *const libc::c_char,
+        setting: *const libc::c_char,
+        data: *mut *mut libc::c_void,
+        size: *mut libc::c_int,
+    ) -> *mut libc::c_char;
+}
+
+/// The bcrypt hash of `password` (docker-registry's htpasswd takes bcrypt
+/// only), by the system's libcrypt with a random salt.
+fn bcrypt(password: &str) -> Result<String> {
+    let fail =
+        |what: &str| RegistryError::Start(format!("bcrypt of the writer credential: {what}"));
+    let prefix = std::ffi::CString::new("$2b$").map_err(|_| fail("prefix"))?;
+    let phrase = std::ffi::CString::new(password).map_err(|_| fail("a NUL in the password"))?;
+    // SAFETY: a NUL-terminated prefix; NULL random bytes ask libcrypt to
+    // get them itself. The result is malloc'd (freed below) or NULL.
+    let salt = unsafe { crypt_gensalt_ra(prefix.as_ptr(), 10, std::ptr::null(), 0) };
+    if salt.is_null() {
+        return Err(fail(&std::io::Error::last_os_error().to_string()));
+    }
+    let mut data: *mut libc::c_void = std::ptr::null_mut();
+    let mut size: libc::c_int = 0;
+    // SAFETY: both strings NUL-terminated; crypt_ra allocates `data` (freed
+    // below) and returns a pointer into it, or NULL.
+    let hash = unsafe { crypt_ra(phrase.as_ptr(), salt, &mut data, &mut size) };
+    let out = if hash.is_null() {
+        None
+    } else {
+        // SAFETY: a NUL-terminated string inside `data`, copied before the free.
+        Some(
+            unsafe { std::ffi::CStr::from_ptr(hash) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    };
+    // SAFETY: both were allocated by libcrypt with malloc.
+    unsafe {
+        libc::free(salt.cast());
+        libc::free(data);
+    }
+    match out {
+        Some(h) if h.starts_with("$2b$") => Ok(h),
+        _ => Err(fail("libcrypt gave no bcrypt hash")),
+    }
+}
+
 /// A free `127.0.0.1:PORT` (the kernel's pick), for the loopback writer.
 pub fn free_loopback_addr() -> Result<String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("bind 127.0.0.1:0"))?;
@@ -117,6 +223,27 @@ pub fn prepare(dir: &Path, addr: &str, access: Access) -> Result<(PathBuf, PathB
         })?;
     let storage = dir.join("storage");
     std::fs::create_dir_all(&storage).map_err(io(storage.display()))?;
+    // The writer asks for its credential (basic auth against a bcrypt
+    // htpasswd): loopback is the host's, but not every process on it is.
+    let mut auth = String::new();
+    if access == Access::ReadWrite {
+        use std::os::unix::fs::OpenOptionsExt;
+        let token = writer_token(dir)?;
+        let path = dir.join(WRITER_HTPASSWD);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io(path.display()))?;
+        f.write_all(format!("{WRITER_USER}:{}\n", bcrypt(&token)?).as_bytes())
+            .map_err(io(path.display()))?;
+        auth = format!(
+            "auth:\n  htpasswd:\n    realm: knit-registry-writer\n    path: {}\n",
+            path.display()
+        );
+    }
     let (config, storage_mode) = match access {
         Access::ReadWrite => (dir.join("config.yml"), "  delete:\n    enabled: true\n"),
         // No upload purging either: uploads in progress are the writer's.
@@ -130,7 +257,7 @@ pub fn prepare(dir: &Path, addr: &str, access: Access) -> Result<(PathBuf, PathB
         &config,
         format!(
             "version: 0.1\nlog:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: false\n\
-             storage:\n  filesystem:\n    rootdirectory: {}\n{storage_mode}\
+             storage:\n  filesystem:\n    rootdirectory: {}\n{storage_mode}{auth}\
              http:\n  addr: {addr}\n",
             storage.display()
         ),
@@ -162,21 +289,23 @@ fn wait_answers(url: &str, child: &mut Child, log: &Path) -> Result<()> {
     }
 }
 
-/// A running `docker-registry` (two when its address is not loopback: a
-/// pull-only one there and a writer on loopback, one storage), stopped (by
-/// PID) when dropped.
+/// A running `docker-registry`: a pull-only one on its address and a
+/// writer on loopback that asks for the writer credential, one storage;
+/// both stopped (by PID) when dropped.
 pub struct Registry {
     children: Vec<Child>,
     addr: String,
     push_addr: String,
+    token: String,
     log: PathBuf,
 }
 
 impl Registry {
     /// Starts the registry on `addr` (`IP:PORT`) with storage and log under
-    /// `dir`, and waits until `/v2/` answers. On a loopback address it takes
-    /// pushes; on any other it serves pulls only, and [`Registry::push_url`]
-    /// is a second listener on loopback.
+    /// `dir`, and waits until `/v2/` answers. It serves pulls only there (no
+    /// credential asked, loopback included); [`Registry::push_url`] is a
+    /// second listener on loopback that takes pushes with the writer
+    /// credential.
     pub fn start(dir: &Path, addr: &str) -> Result<Registry> {
         let log = dir.join("registry.log");
         std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
@@ -191,14 +320,14 @@ impl Registry {
         let mut reg = Registry {
             children: Vec::new(),
             addr: addr.to_string(),
-            push_addr: addr.to_string(),
+            push_addr: free_loopback_addr()?,
+            token: writer_token(dir)?,
             log,
         };
-        let mut listeners = vec![(addr.to_string(), access_for(addr))];
-        if access_for(addr) == Access::PullOnly {
-            reg.push_addr = free_loopback_addr()?;
-            listeners.push((reg.push_addr.clone(), Access::ReadWrite));
-        }
+        let listeners = [
+            (addr.to_string(), Access::PullOnly),
+            (reg.push_addr.clone(), Access::ReadWrite),
+        ];
         for (at, access) in listeners {
             let (bin, config) = prepare(dir, &at, access)?;
             let out = std::fs::OpenOptions::new()
@@ -232,8 +361,14 @@ impl Registry {
         format!("http://{}", self.addr)
     }
 
-    /// Where the host pushes: loopback.
+    /// Where the host pushes: loopback, with the writer credential in the
+    /// URL (`http://knit-writer:TOKEN@127.0.0.1:PORT`).
     pub fn push_url(&self) -> String {
+        credential_url(&format!("http://{}", self.push_addr), &self.token)
+    }
+
+    /// The writer without its credential (a push there is 401).
+    pub fn push_url_without_credential(&self) -> String {
         format!("http://{}", self.push_addr)
     }
 
@@ -537,10 +672,14 @@ fn push_blob(a: &ureq::Agent, base: &str, repo: &str, blob: &Blob) -> Result<()>
         .header("Location")
         .ok_or_else(|| RegistryError::Http(format!("{what}: no Location header")))?
         .to_string();
-    let url = if location.starts_with("http") {
-        location
-    } else {
-        format!("{base}{location}")
+    // The upload's URL on the same registry, with the same credential (an
+    // absolute Location names the host without it).
+    let url = match location.split_once("://") {
+        Some((_, rest)) => {
+            let path = rest.find('/').map_or("", |i| &rest[i..]);
+            format!("{base}{path}")
+        }
+        None => format!("{base}{location}"),
     };
     let sep = if url.contains('?') { '&' } else { '?' };
     let file = std::fs::File::open(&blob.path).map_err(io(blob.path.display()))?;
@@ -580,12 +719,17 @@ pub fn manifest_digest(base: &str, reference: &str) -> Result<String> {
         .ok_or_else(|| RegistryError::Http(format!("{reference}: no Docker-Content-Digest")))
 }
 
-/// Whether a registry answers `GET /v2/` at `base` (`http://IP:PORT`).
+/// Whether a registry answers `GET /v2/` at `base` (`http://IP:PORT`): 200,
+/// or 401 from a writer asked without its credential.
 pub fn answers(base: &str) -> bool {
-    ureq::get(&format!("{base}/v2/"))
+    match ureq::get(&format!("{base}/v2/"))
         .timeout(Duration::from_secs(2))
         .call()
-        .is_ok()
+    {
+        Ok(_) => true,
+        Err(ureq::Error::Status(401, _)) => true,
+        Err(_) => false,
+    }
 }
 
 /// The repositories the registry at `base` holds (`GET /v2/_catalog`).

@@ -1,7 +1,9 @@
 //! `knit-registry serve --dir D --addr IP:PORT`: runs docker-registry in the
 //! foreground (this process becomes it), log on stdout/stderr. It takes
-//! pushes on a loopback address only; on any other it serves pulls only
-//! (run a second `serve` of the same `--dir` on 127.0.0.1 to push).
+//! pushes on a loopback address only, with the writer credential (basic
+//! auth as `knit-writer`, the token in `D/writer-token`); on any other it
+//! serves pulls only (run a second `serve` of the same `--dir` on 127.0.0.1
+//! to push, `seed --registry http://knit-writer:TOKEN@127.0.0.1:PORT`).
 //! `knit-registry seed --registry http://IP:PORT [--work D] REF=SIZE[xLAYERS]…`:
 //! builds each image from random bytes and pushes it; prints one JSON line
 //! per image (reference, digest, bytes).
@@ -40,7 +42,14 @@ fn run(mut args: Vec<String>) -> Result<()> {
                      to push, serve the same --dir on 127.0.0.1 too"
                 );
             }
-            let (bin, config) = knit_registry::prepare(&PathBuf::from(dir), &addr, access)?;
+            let (bin, config) = knit_registry::prepare(&PathBuf::from(&dir), &addr, access)?;
+            if access == knit_registry::Access::ReadWrite {
+                eprintln!(
+                    "knit-registry: pushes on {addr} need the writer credential: user {}, token in {dir}/{}",
+                    knit_registry::WRITER_USER,
+                    knit_registry::WRITER_TOKEN_FILE
+                );
+            }
             // exec: the caller's PID is the registry's, so it can be killed by PID.
             let e = std::process::Command::new(bin)
                 .arg("serve")

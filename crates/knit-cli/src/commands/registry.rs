@@ -3,10 +3,12 @@
 //! Debian's `docker-registry` (through the knit-registry library), started
 //! in the background on the local cloud's bridge address, with its storage,
 //! config, log and a record (`registry.json`, its PID) under
-//! `<state-dir>/registry`. Instances may only pull: on the bridge (or every
-//! address) it runs in docker-registry's read-only mode (push and delete
-//! answer 405), and a second docker-registry over the same storage takes
-//! pushes on a loopback port, from the host only. `up --seed` pushes the
+//! `<state-dir>/registry`. Instances may only pull: on its address (the
+//! bridge, every address, or loopback) it runs in docker-registry's
+//! read-only mode (push and delete answer 405), and a second
+//! docker-registry over the same storage takes pushes on a loopback port,
+//! from the host only and with the writer credential (`registry/writer-token`,
+//! 0600; HTTP basic auth as `knit-writer`): a push without it is 401. `up --seed` pushes the
 //! local package set's system images there (built here from random bytes,
 //! no image from the internet); `up` prints the containerd mirror
 //! configuration a pool needs. `down` (and `knit down`) stops both by their
@@ -93,11 +95,15 @@ struct Record {
 }
 
 impl Record {
-    /// Where the host pushes.
-    fn push_url(&self) -> String {
+    /// Where the host pushes, with the writer credential.
+    fn push_url(&self, place: &Place) -> Result<String> {
         match &self.push_listen {
-            Some(l) => format!("http://{l}"),
-            None => local_url(&self.listen),
+            Some(l) => Ok(knit_registry::credential_url(
+                &format!("http://{l}"),
+                &knit_registry::writer_token(&dir(place))?,
+            )),
+            // Recorded by an older knit: one listener, on loopback.
+            None => Ok(local_url(&self.listen)),
         }
     }
 }
@@ -220,7 +226,7 @@ fn up(
         }
         None => start(place, port, address, gw)?,
     };
-    let push = record.push_url();
+    let push = record.push_url(place)?;
     if !pushes.is_empty() {
         let work = dir(place).join("seed");
         for (reference, layers, bytes) in &pushes {
@@ -259,7 +265,6 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
     };
     let dir = dir(place);
     let log_path = dir.join("registry.log");
-    let access = knit_registry::access_for(&listen);
     // Killed (by the handle of the child just started) if anything below
     // fails: nothing may run without a record to stop it.
     let end = |children: &mut Vec<std::process::Child>| {
@@ -268,10 +273,17 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
             let _ = c.wait();
         }
     };
-    let mut children = vec![spawn(&dir, &listen, access, &log_path)?];
+    // Pulls on `listen` (no credential), pushes on a loopback writer that
+    // asks for one.
+    let mut children = vec![spawn(
+        &dir,
+        &listen,
+        knit_registry::Access::PullOnly,
+        &log_path,
+    )?];
     let mut push_listen = None;
     let mut waited = wait_answers(&mut children[0], &listen, &log_path);
-    if waited.is_ok() && access == knit_registry::Access::PullOnly {
+    if waited.is_ok() {
         waited = knit_registry::free_loopback_addr()
             .map_err(CliError::from)
             .and_then(|at| {
@@ -437,7 +449,12 @@ fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
             "pid": record.as_ref().map(|r| r.pid),
             "listen": record.as_ref().map(|r| r.listen.clone()),
             "mirror": record.as_ref().map(|r| r.mirror.clone()),
-            "push": record.as_ref().map(Record::push_url),
+            // The writer's address, never its credential.
+            "push": record.as_ref().map(|r| match &r.push_listen {
+                Some(l) => format!("http://{l}"),
+                None => local_url(&r.listen),
+            }),
+            "pushCredential": dir(place).join(knit_registry::WRITER_TOKEN_FILE),
             "pushPid": record.as_ref().and_then(|r| r.push_pid),
             "repositories": repositories,
             "dir": dir(place),
@@ -460,8 +477,9 @@ fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
             println!("Mirror:        {} (for instances)", r.mirror);
             match &r.push_listen {
                 Some(p) => println!(
-                    "Access:        pull only on {}; pushes on {p} (this host only)",
-                    r.listen
+                    "Access:        pull only on {}; pushes on {p} (this host only, with the credential in {})",
+                    r.listen,
+                    dir(place).join(knit_registry::WRITER_TOKEN_FILE).display()
                 ),
                 None => println!("Access:        pull and push on {}", r.listen),
             }

@@ -121,6 +121,32 @@ pub struct ServerOpts {
     /// deletion was due, as Cluster API does for unreachable nodes.
     #[arg(long, env = "KNIT_DRAIN_SKIP_WAIT_SECONDS", default_value_t = 60)]
     drain_skip_wait_seconds: u64,
+    /// Connections open at once on the API (all its listen addresses
+    /// together); one more is closed at once (docs/security.md).
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Connections open at once from one client address, on each listener
+    /// (API, console, embedded Kubernetes API, autoscaler service). Behind
+    /// a proxy every client is the proxy's address: raise it there.
+    #[arg(long, default_value_t = 128)]
+    max_connections_per_address: usize,
+    /// Connections open at once on the web console.
+    #[arg(long, default_value_t = 256)]
+    console_max_connections: usize,
+    /// Connections open at once on the embedded Kubernetes API (each node
+    /// keeps one or two).
+    #[arg(long, default_value_t = 4096)]
+    cluster_max_connections: usize,
+    /// Connections open at once on the autoscaler service.
+    #[arg(long, default_value_t = 64)]
+    autoscaler_max_connections: usize,
+    /// Seconds an HTTP/1.1 request head may take (from a connection's start
+    /// or its last request's end) before the connection is closed.
+    #[arg(long, default_value_t = 10)]
+    header_timeout: u64,
+    /// HTTP/2 streams (requests) open at once on one connection.
+    #[arg(long, default_value_t = 250)]
+    http2_max_streams: u32,
 }
 
 /// `--log-format`.
@@ -180,6 +206,13 @@ impl ServerOpts {
             local_metadata_port,
             log_format,
             drain_skip_wait_seconds,
+            max_connections,
+            max_connections_per_address,
+            console_max_connections,
+            cluster_max_connections,
+            autoscaler_max_connections,
+            header_timeout,
+            http2_max_streams,
         } = self;
         let mut args: Vec<std::ffi::OsString> = Vec::new();
         let mut flag = |name: &str, value: std::ffi::OsString| {
@@ -223,6 +256,25 @@ impl ServerOpts {
                 "drain-skip-wait-seconds",
                 drain_skip_wait_seconds.to_string(),
             ),
+            ("max-connections", max_connections.to_string()),
+            (
+                "max-connections-per-address",
+                max_connections_per_address.to_string(),
+            ),
+            (
+                "console-max-connections",
+                console_max_connections.to_string(),
+            ),
+            (
+                "cluster-max-connections",
+                cluster_max_connections.to_string(),
+            ),
+            (
+                "autoscaler-max-connections",
+                autoscaler_max_connections.to_string(),
+            ),
+            ("header-timeout", header_timeout.to_string()),
+            ("http2-max-streams", http2_max_streams.to_string()),
             (
                 "log-format",
                 match log_format {
@@ -381,6 +433,31 @@ fn settings(opts: &ServerOpts) -> Result<Settings> {
     }
     s.lease_ttl = Duration::from_secs(opts.lease_ttl);
     s.drain_skip_wait = Duration::from_secs(opts.drain_skip_wait_seconds);
+    for (flag, value) in [
+        ("--max-connections", opts.max_connections),
+        (
+            "--max-connections-per-address",
+            opts.max_connections_per_address,
+        ),
+        ("--console-max-connections", opts.console_max_connections),
+        ("--cluster-max-connections", opts.cluster_max_connections),
+        (
+            "--autoscaler-max-connections",
+            opts.autoscaler_max_connections,
+        ),
+        ("--header-timeout", opts.header_timeout as usize),
+        ("--http2-max-streams", opts.http2_max_streams as usize),
+    ] {
+        if value == 0 {
+            return Err(CliError::Usage(format!("{flag} 0: must be at least 1")));
+        }
+    }
+    s.limits.max_connections = opts.max_connections;
+    s.limits.max_per_address = opts.max_connections_per_address;
+    s.limits.console_max_connections = opts.console_max_connections;
+    s.limits.autoscaler_max_connections = opts.autoscaler_max_connections;
+    s.limits.header_timeout = Duration::from_secs(opts.header_timeout);
+    s.limits.http2_max_streams = opts.http2_max_streams;
     Ok(s)
 }
 
@@ -493,7 +570,25 @@ pub fn serve(
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
     }
-    let s = settings(&opts)?;
+    let mut s = settings(&opts)?;
+    // Every listener's connections must fit under the open-file limit
+    // (raised to the hard limit here), the embedded API's with the rest.
+    let mut cluster_max = opts.cluster_max_connections;
+    {
+        let limits = &mut s.limits;
+        let mut fit: Vec<(&str, &mut usize)> = vec![("api", &mut limits.max_connections)];
+        if s.console.is_some() {
+            fit.push(("console", &mut limits.console_max_connections));
+        }
+        if s.autoscaler.is_some() {
+            fit.push(("autoscaler", &mut limits.autoscaler_max_connections));
+        }
+        if opts.cluster == "embedded" {
+            fit.push(("kube-api", &mut cluster_max));
+        }
+        knit_cluster::conn::fit_descriptors(&mut fit)
+            .map_err(io("read the open-file limit (RLIMIT_NOFILE)"))?;
+    }
     // Listening on the gateway needs the bridge that holds it: made now,
     // as the first instance would (`knit down` removes it).
     if let Some(g) = gateway(&opts)? {
@@ -522,7 +617,7 @@ pub fn serve(
     let runtime = tokio::runtime::Runtime::new().map_err(io("start the async runtime"))?;
     runtime.block_on(async move {
         let embedded = match opts.cluster.as_str() {
-            "embedded" => Some(Arc::new(start_cluster(&s, &opts).await?)),
+            "embedded" => Some(Arc::new(start_cluster(&s, &opts, cluster_max).await?)),
             _ => None,
         };
         let join: Arc<dyn knit_server::bootstrap::ClusterJoin> = match &embedded {
@@ -597,6 +692,7 @@ fn cluster_listen(
 async fn start_cluster(
     s: &Settings,
     opts: &ServerOpts,
+    max_connections: usize,
 ) -> Result<knit_server::cluster::EmbeddedJoin> {
     let gateway = gateway(opts)?;
     let listen = cluster_listen(s, gateway, opts.cluster_port);
@@ -604,6 +700,11 @@ async fn start_cluster(
     let advertise = knit_server::server::advertise_host(s, &addrs, gateway);
     let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
     cfg.advertise_address = Some(advertise);
+    cfg.connections = knit_cluster::conn::ListenerLimits {
+        max_connections,
+        max_per_address: s.limits.max_per_address,
+    };
+    cfg.http = s.limits.http();
     // Node podCIDRs are cut from the Cluster's `spec.network.podCidr` (the
     // stored document, read at start; the default before one is applied).
     if let Some(stored) = knit_server::server::stored_cluster(s)? {
@@ -917,6 +1018,13 @@ mod tests {
         ("--local-metadata-port", "8099"),
         ("--log-format", "json"),
         ("--drain-skip-wait-seconds", "7"),
+        ("--max-connections", "2000"),
+        ("--max-connections-per-address", "300"),
+        ("--console-max-connections", "64"),
+        ("--cluster-max-connections", "9000"),
+        ("--autoscaler-max-connections", "8"),
+        ("--header-timeout", "20"),
+        ("--http2-max-streams", "100"),
     ];
 
     fn up(args: &[&str]) -> ServerOpts {

@@ -25,7 +25,7 @@ const MAX_KEY_FILE: u64 = 1024;
 pub enum SealError {
     #[error("--secrets-key-file {path}: {reason}")]
     KeyFile { path: PathBuf, reason: String },
-    #[error("the datastore is shared by several servers, which keep the secrets they share sealed in it (stored now: {names}), and this server has no key: start it with --secrets-key-file PATH, the deployment's key file, the same for every server (docs/security.md)")]
+    #[error("the datastore is shared by several servers, which keep the secrets they share sealed in it (stored now: {names}), and this server has no key: start it with --secrets-key-file PATH, the deployment's key file, the same for every server (the first time, make one: umask 077; openssl rand -base64 32 > PATH; docs/security.md)")]
     KeyMissing { names: String },
     #[error("shared secret {name:?} in the datastore was sealed with key {sealed_with}, not with this server's key {key_id} (--secrets-key-file {path}): give this server the key the other servers use; nothing was overwritten")]
     WrongKey {

@@ -3,6 +3,10 @@
 
 use serde_json::{json, Value};
 
+/// NodePool and Cluster schemas from the wire types, and the bodies of the
+/// routes that carry them.
+pub mod schemas;
+
 /// Every path and method of the API, as (path, method, summary, auth).
 pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
     ("/healthz", "get", "Liveness", "none"),
@@ -190,7 +194,7 @@ pub fn document() -> Value {
             "responses": responses,
         });
     }
-    json!({
+    let mut doc = json!({
         "openapi": "3.0.3",
         "info": { "title": "knit control plane", "version": env!("CARGO_PKG_VERSION") },
         "paths": paths,
@@ -221,5 +225,7 @@ pub fn document() -> Value {
                 }
             }
         }
-    })
+    });
+    schemas::add(&mut doc);
+    doc
 }

@@ -150,16 +150,7 @@ fn secrets_sealed_and_knit_role_plain(state: &Path) {
             .trim()
             .to_string()
     };
-    let recorded: Value = serde_json::from_str(&read("ha.json")).unwrap();
-    let port = recorded["postgresPort"].as_u64().unwrap();
-    let admin = knit_db::Db::open(
-        &knit_db::Datastore::Postgres(format!(
-            "postgres://knit_admin:{}@127.0.0.1:{port}/knit?sslmode=disable",
-            read("postgres-admin.password")
-        )),
-        knit_db::Limits::default(),
-    )
-    .unwrap_or_else(|e| panic!("connect as knit_admin: {e}"));
+    let admin = admin_db(state);
     let (rows, superuser, owner) = admin
         .read(|tx| {
             let tables: Vec<String> = tx
@@ -217,6 +208,120 @@ fn secrets_sealed_and_knit_role_plain(state: &Path) {
             );
         }
     }
+}
+
+/// A connection to knit's database as `knit_admin`, the superuser `knit
+/// up --ha` sets PostgreSQL up with.
+fn admin_db(state: &Path) -> knit_db::Db {
+    let ha = state.join("ha");
+    let read = |f: &str| {
+        std::fs::read_to_string(ha.join(f))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let recorded: Value = serde_json::from_str(&read("ha.json")).unwrap();
+    let port = recorded["postgresPort"].as_u64().unwrap();
+    knit_db::Db::open(
+        &knit_db::Datastore::Postgres(format!(
+            "postgres://knit_admin:{}@127.0.0.1:{port}/knit?sslmode=disable",
+            read("postgres-admin.password")
+        )),
+        knit_db::Limits::default(),
+    )
+    .unwrap_or_else(|e| panic!("connect as knit_admin: {e}"))
+}
+
+/// What an older `knit up --ha` left before any server ran: PostgreSQL's
+/// data directory made by initdb with `knit` as its superuser, the
+/// password in `postgres.password`.
+fn older_postgres(state: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let ha = state.join("ha");
+    let dir = ha.join("postgres");
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = std::ffi::CString::new("postgres").unwrap();
+    // SAFETY: getpwnam reads a static entry, copied out at once.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(!pw.is_null(), "no postgres user");
+    // SAFETY: non-null entry from getpwnam.
+    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    for d in [state, &ha] {
+        let mode = std::fs::metadata(d).unwrap().permissions().mode();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o011)).unwrap();
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+    let password = format!("older-{}", std::process::id());
+    let password_file = ha.join("postgres.password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    std::fs::set_permissions(&password_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let pwfile = dir.join("initdb.pw");
+    std::fs::write(&pwfile, format!("{password}\n")).unwrap();
+    std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid)).unwrap();
+    let bin = knit_db::testing::bindir().expect("PostgreSQL's binaries");
+    let out = Command::new(bin.join("initdb"))
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args([
+            "-U",
+            "knit",
+            "--auth-host=scram-sha-256",
+            "--auth-local=scram-sha-256",
+        ])
+        .args(["-E", "UTF8", "--locale=C", "--no-instructions", "--no-sync"])
+        .arg(format!("--pwfile={}", pwfile.display()))
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "initdb: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(&pwfile).unwrap();
+}
+
+/// `knit up --ha 2` on PostgreSQL data an older `up` made (its superuser
+/// `knit`): the old `knit` is retired (renamed `knit_bootstrap`, no
+/// login), `knit_admin` and a plain `knit` are made, and the servers run
+/// as that `knit`, their shared secrets sealed.
+#[test]
+fn an_older_ha_database_gets_a_plain_knit_role() {
+    let mut env = ha_env();
+    let state = env.state_dir();
+    std::fs::create_dir_all(&state).unwrap();
+    older_postgres(&state);
+    let (ok, out, err) = up_ha(&env);
+    adopt_all(&mut env);
+    assert!(
+        ok,
+        "knit up --ha 2 on older data:\n{out}\n{err}\n{}",
+        logs(&state)
+    );
+    assert!(out.contains("renamed knit_bootstrap"), "{out}");
+    secrets_sealed_and_knit_role_plain(&state);
+    let (superuser, login): (bool, bool) = admin_db(&state)
+        .read(|tx| {
+            let r = tx.query_one(
+                "SELECT rolsuper, rolcanlogin FROM pg_roles WHERE rolname = 'knit_bootstrap'",
+                &[],
+            )?;
+            Ok::<_, knit_db::DbError>((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(
+        superuser && !login,
+        "knit_bootstrap: superuser {superuser}, login {login}"
+    );
+    // Run again: nothing left to convert, the same roles.
+    let (ok, out, err) = up_ha(&env);
+    assert!(ok, "knit up --ha 2 again:\n{out}\n{err}");
+    assert!(!out.contains("renamed knit_bootstrap"), "{out}");
+    let out = env.knit_ok(&["down"]);
+    eprintln!("knit down:\n{out}");
 }
 
 /// A file of PEM data from a kubeconfig's base64 field.

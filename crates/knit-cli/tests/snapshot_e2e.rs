@@ -205,9 +205,9 @@ fn snapshot_build_use_stale_and_delete() {
         .map(|s| s["message"].as_str().unwrap_or(""))
         .collect();
     assert!(
-        clean
-            .iter()
-            .any(|m| m.contains("scrubbed to the keep-list") && m.contains("kubelet")),
+        clean.iter().any(|m| m.contains("scrubbed to the keep-list")
+            && m.contains("kubelet")
+            && m.contains("freed blocks discarded")),
         "{clean:?}"
     );
     let paths = snapshot_paths(&env, &sid);

@@ -5,7 +5,9 @@
 //!
 //! The store records every event and counts repeats on one row
 //! (`store::events`); each write of an event about a node (kind `Node`, or
-//! `Instance` once the instance has a node) is handed to a bounded queue and
+//! `Instance` once the instance has a node), an instance before its node
+//! exists, or a pool (as knit's own kinds `Instance` and `NodePool` of
+//! `knit.dev/v1alpha1`, cluster-scoped) is handed to a bounded queue and
 //! written by one task, never by the writer: a full queue drops the event
 //! (counted in `/metrics`), a failed write is logged, neither blocks nor
 //! fails the reconciler. One stored row is one Kubernetes Event named from
@@ -25,9 +27,23 @@ pub const NAMESPACE: &str = "default";
 /// `source.component` and `reportingComponent` of knit's events.
 pub const COMPONENT: &str = "knit";
 
-/// Whether an event of this kind is about a node.
-fn about_a_node(kind: &str) -> bool {
-    kind == "Node" || kind == "Instance"
+/// Whether an event of this kind is published: about a node, an instance
+/// (its node's once it has one, else the instance's own) or a pool.
+fn published(kind: &str) -> bool {
+    matches!(kind, "Node" | "Instance" | "NodePool")
+}
+
+/// The `involvedObject` of an event about `kind` `name`: a Node as the
+/// kubelet names it; a pool, or an instance that has no node yet, as
+/// knit's own cluster-scoped kinds (`knit.dev/v1alpha1`), which kubectl
+/// shows as `nodepool/NAME` and `instance/NAME`.
+pub fn involved_object(kind: &str, name: &str) -> Value {
+    match kind {
+        // As the kubelet names its Node: the uid is the node's name
+        // (kubectl describe node looks for both).
+        "Node" => json!({"apiVersion": "v1", "kind": "Node", "name": name, "uid": name}),
+        other => json!({"apiVersion": knit_api::API_VERSION, "kind": other, "name": name}),
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of milliseconds since the epoch (metav1.Time).
@@ -55,8 +71,15 @@ pub fn rfc3339(ms: i64) -> String {
 /// The Event object of one stored event about `node`; `None` when its name
 /// would not be a valid object name.
 pub fn event_object(node: &str, e: &EventRecord) -> Option<Value> {
-    let name = format!("{node}.{:x}{:x}", e.at_ms.max(0), e.id.max(0));
-    if name.len() > 253 || crate::names::check_node("node", node).is_err() {
+    event_object_about("Node", node, e)
+}
+
+/// The Event object of one stored event about `kind` `object` (a Node,
+/// an Instance without a node, a NodePool); `None` when its name would not
+/// be a valid object name.
+pub fn event_object_about(kind: &str, object: &str, e: &EventRecord) -> Option<Value> {
+    let name = format!("{object}.{:x}{:x}", e.at_ms.max(0), e.id.max(0));
+    if name.len() > 253 || crate::names::check_node("object", object).is_err() {
         return None;
     }
     let last = e.last_ms.max(e.at_ms);
@@ -64,9 +87,7 @@ pub fn event_object(node: &str, e: &EventRecord) -> Option<Value> {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        // As the kubelet names its Node: the uid is the node's name
-        // (kubectl describe node looks for both).
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "involvedObject": involved_object(kind, object),
         "reason": e.reason,
         "message": e.message,
         "type": e.event_type.as_str(),
@@ -88,7 +109,7 @@ pub fn start(
     let (tx, rx) = mpsc::channel(QUEUE);
     let weak: Weak<ControlPlane> = Arc::downgrade(cp);
     let sink: EventSink = Box::new(move |e: &EventRecord| {
-        if !about_a_node(&e.object_kind) {
+        if !published(&e.object_kind) {
             return;
         }
         if tx.try_send(e.clone()).is_err() {
@@ -126,9 +147,9 @@ async fn publish(cp: &ControlPlane, e: &EventRecord) -> &'static str {
     if !cp.cluster.attached() {
         return "skipped";
     }
-    let node = if e.object_kind == "Node" {
-        Some(e.object_name.clone())
-    } else {
+    // An instance's event is its node's once it has one (kubectl describe
+    // node shows it); before, the instance's own (created, failed, retried).
+    let node = if e.object_kind == "Instance" {
         match cp.store.node_of_instance(&e.object_name) {
             Ok(n) => n,
             Err(err) => {
@@ -136,14 +157,20 @@ async fn publish(cp: &ControlPlane, e: &EventRecord) -> &'static str {
                 return "failed";
             }
         }
+    } else {
+        None
     };
-    let Some(object) = node.as_deref().and_then(|n| event_object(n, e)) else {
+    let (kind, name) = match &node {
+        Some(n) => ("Node", n.as_str()),
+        None => (e.object_kind.as_str(), e.object_name.as_str()),
+    };
+    let Some(object) = event_object_about(kind, name, e) else {
         return "skipped";
     };
     match cp.cluster.publish_event(&object).await {
         Ok(()) => "published",
         Err(err) => {
-            tracing::warn!(reason = %e.reason, node = ?node, error = %err, "publishing an event to the cluster failed");
+            tracing::warn!(reason = %e.reason, kind, name, error = %err, "publishing an event to the cluster failed");
             "failed"
         }
     }
@@ -225,6 +252,20 @@ mod tests {
         assert_eq!(o["lastTimestamp"], "2025-12-02T16:46:24Z");
         assert_eq!(o["source"]["component"], "knit");
         assert!(event_object("x/../y", &record("Node", 1)).is_none());
-        assert!(about_a_node("Instance") && !about_a_node("NodePool"));
+        assert!(published("Instance") && published("NodePool") && !published("Cluster"));
+    }
+
+    #[test]
+    fn a_pool_or_a_nodeless_instance_is_knits_own_kind() {
+        let o = event_object_about("NodePool", "workers", &record("NodePool", 1)).unwrap();
+        assert_eq!(o["metadata"]["name"], "workers.19adff4591b2a");
+        assert_eq!(
+            o["involvedObject"],
+            json!({"apiVersion": "knit.dev/v1alpha1", "kind": "NodePool", "name": "workers"})
+        );
+        let o = event_object_about("Instance", "workers-b", &record("Instance", 1)).unwrap();
+        assert_eq!(o["involvedObject"]["kind"], "Instance");
+        assert_eq!(o["involvedObject"]["name"], "workers-b");
+        assert!(event_object_about("NodePool", "a/../b", &record("NodePool", 1)).is_none());
     }
 }

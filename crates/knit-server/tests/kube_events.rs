@@ -1,6 +1,7 @@
 //! knit's node events in the embedded Kubernetes API, read by the real
 //! kubectl: `kubectl get events` lists them (Warning and Normal, the node
-//! as `node/NAME`, repeats counted on one Event as kube's event recorder
+//! as `node/NAME`, a pool as `nodepool/NAME`, an instance without a node as
+//! `instance/NAME`, repeats counted on one Event as kube's event recorder
 //! does), `kubectl describe node` shows them from `knit`, and a cluster that
 //! cannot be written to costs a logged, counted failure, never the event in
 //! knit's own store. Skips (saying so) when kubectl is not installed.
@@ -139,8 +140,8 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         node_file.to_str().unwrap(),
     ]);
 
-    // Three failures of one phase, then the node initialized; a pool event
-    // is not about a node and stays in knit.
+    // Three failures of one phase, then the node initialized; a pool's
+    // event is about the pool, as knit's own kind.
     for _ in 0..3 {
         cp.store
             .add_event(
@@ -171,9 +172,14 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         )
         .unwrap();
 
-    let events = kubectl.wait_events("the failure counted 3 times and the initialization", |e| {
-        find(e, "PhaseFailed").is_some_and(|f| f["count"] == 3) && find(e, "Initialized").is_some()
-    });
+    let events = kubectl.wait_events(
+        "the failure counted 3 times, the initialization, the pool's",
+        |e| {
+            find(e, "PhaseFailed").is_some_and(|f| f["count"] == 3)
+                && find(e, "Initialized").is_some()
+                && find(e, "Scaled").is_some()
+        },
+    );
     let failed = find(&events, "PhaseFailed").unwrap();
     assert_eq!(failed["type"], "Warning");
     assert_eq!(failed["involvedObject"]["kind"], "Node");
@@ -191,7 +197,10 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         1,
         "{events:#?}"
     );
-    assert!(find(&events, "Scaled").is_none(), "{events:#?}");
+    assert_eq!(
+        find(&events, "Scaled").unwrap()["involvedObject"],
+        serde_json::json!({"apiVersion": "knit.dev/v1alpha1", "kind": "NodePool", "name": "workers"})
+    );
 
     // kubectl's own table, and the wide columns.
     let table = kubectl.ok(&["get", "events"]);
@@ -212,6 +221,12 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         row.contains("(x3 over") && row.contains("Warning") && row.contains("node/cn-local.i-7"),
         "{row}"
     );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("Scaled") && l.contains("nodepool/workers")),
+        "{table}"
+    );
     let wide = kubectl.ok(&["get", "events", "-o", "wide"]);
     assert!(
         wide.lines().next().unwrap().contains("SOURCE") && wide.contains("knit"),
@@ -231,12 +246,11 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             && events_part.contains("knit"),
         "{described}"
     );
-    // Four writes (a create, two count updates, a create); the pool's
-    // event was never queued.
-    wait_metric(&cp, "knit_kube_events_total{outcome=\"published\"} 4\n");
+    // Five writes (a create, two count updates, a create, the pool's).
+    wait_metric(&cp, "knit_kube_events_total{outcome=\"published\"} 5\n");
 
     // An instance's event is about its node once the node reported; before
-    // that it has no node to name and stays in knit.
+    // that (created, failed, retried) about the instance, as knit's kind.
     let pool = knit_api::NodePool::new(
         "workers",
         knit_api::NodePoolSpec {
@@ -291,15 +305,24 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             "node not Ready for 300 s: repair action 1/3: restart-services",
         )
         .unwrap();
-    let events = kubectl.wait_events("the instance's event on its node", |e| {
-        find(e, "Repairing").is_some()
+    let events = kubectl.wait_events("the instances' events", |e| {
+        find(e, "Repairing").is_some() && find(e, "CreateRetry").is_some()
     });
     assert_eq!(
         find(&events, "Repairing").unwrap()["involvedObject"]["name"],
         "cn-local.i-7"
     );
-    assert!(find(&events, "CreateRetry").is_none(), "{events:#?}");
-    wait_metric(&cp, "knit_kube_events_total{outcome=\"skipped\"} 1\n");
+    assert_eq!(
+        find(&events, "CreateRetry").unwrap()["involvedObject"],
+        serde_json::json!({"apiVersion": "knit.dev/v1alpha1", "kind": "Instance", "name": "workers-b"})
+    );
+    let table = kubectl.ok(&["get", "events"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("CreateRetry") && l.contains("instance/workers-b")),
+        "{table}"
+    );
 
     // The cluster gone: knit's event is stored all the same, the failed
     // write only counted (and logged).

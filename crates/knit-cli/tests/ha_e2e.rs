@@ -7,6 +7,8 @@
 //! `knit down` leaves no process of ours. A second test carries one
 //! scale-out after another through a leader killed -9, a leader frozen
 //! (SIGSTOP) past its lease and the database stopped and started again.
+//! A third brings up the set on PostgreSQL data an older `up` made, whose
+//! superuser was knit's own role.
 
 mod common;
 

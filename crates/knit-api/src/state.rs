@@ -186,6 +186,23 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// What an API token may do (`knit token create --role`): each role
+    /// may do everything the one before it may. The order is the
+    /// declaration order (viewer < operator < admin).
+    TokenRole, field = "role" {
+        /// Reads everything: the API's lists and documents, `/metrics`,
+        /// the console.
+        Viewer = "viewer",
+        /// Also changes pools and the cluster: scale, attach, snapshots,
+        /// rollouts, node removal.
+        Operator = "operator",
+        /// Also runs `knit exec`, reads node logs, manages tokens and
+        /// issues client certificates.
+        Admin = "admin",
+    }
+}
+
 impl PhaseOutcome {
     /// Every outcome, in the order a phase goes through them.
     pub const ALL: &'static [PhaseOutcome] = &[

@@ -571,6 +571,57 @@ pub struct JoinTokenView {
     pub used_ms: Option<i64>,
 }
 
+// ---- API tokens
+
+/// One API token (`GET /api/v1/tokens`): never the secret, nor its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiTokenView {
+    /// `tok-` and 12 hex digits: what `knit token revoke` takes.
+    pub id: String,
+    pub role: crate::state::TokenRole,
+    #[serde(default)]
+    pub description: String,
+    pub created_ms: i64,
+    /// When it stops working; absent: never (until revoked).
+    #[serde(default)]
+    pub expires_ms: Option<i64>,
+    /// Last request made with it, to within a minute; absent: never used.
+    #[serde(default)]
+    pub last_used_ms: Option<i64>,
+    /// The request carrying it is this token (`knit token list` marks it).
+    #[serde(default)]
+    pub current: bool,
+}
+
+/// `POST /api/v1/tokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenCreateRequest {
+    pub role: crate::state::TokenRole,
+    /// Lifetime in seconds; absent: until revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// The answer to `POST /api/v1/tokens`: the only time the secret is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenCreated {
+    pub token: ApiTokenView,
+    pub secret: String,
+}
+
+/// The answer to `DELETE /api/v1/tokens/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRevoked {
+    pub id: String,
+    pub revoked_ms: i64,
+}
+
 // ---- exec
 
 /// `knit exec`'s default time limit for the command.
@@ -1252,6 +1303,37 @@ mod tests {
             json!({"tokenId": "abc123", "instance": "workers-abcde", "pool": "workers",
                    "createdMs": 1, "expiresMs": 2, "usedMs": null}),
         );
+    }
+
+    #[test]
+    fn api_token_views() {
+        use crate::state::TokenRole;
+        pinned(
+            &ApiTokenView {
+                id: "tok-0123456789ab".into(),
+                role: TokenRole::Operator,
+                description: "ci".into(),
+                created_ms: 1,
+                expires_ms: Some(2),
+                last_used_ms: None,
+                current: false,
+            },
+            json!({"id": "tok-0123456789ab", "role": "operator", "description": "ci",
+                   "createdMs": 1, "expiresMs": 2, "lastUsedMs": null, "current": false}),
+        );
+        pinned(
+            &TokenCreateRequest {
+                role: TokenRole::Viewer,
+                ttl_seconds: Some(86400),
+                description: String::new(),
+            },
+            json!({"role": "viewer", "ttlSeconds": 86400, "description": ""}),
+        );
+        // A role that is not one is refused naming the words allowed.
+        let err = serde_json::from_value::<TokenCreateRequest>(json!({"role": "root"}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("viewer") && err.contains("admin"), "{err}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::time::Duration;
     about = "knit: node pools for Kubernetes, on the local cloud or your own"
 )]
 struct Cli {
-    /// Client config (server URL, admin token, CA); default $KNIT_CONFIG or ~/.knit/config.
+    /// Client config (server URL, API token, CA); default $KNIT_CONFIG or ~/.knit/config.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -235,6 +235,12 @@ enum Cmd {
         #[command(subcommand)]
         action: snapshot::SnapshotAction,
     },
+    /// API tokens with a role (viewer, operator, admin): create (the
+    /// secret printed once), list, revoke. Needs an admin token.
+    Token {
+        #[command(subcommand)]
+        action: commands::token::TokenAction,
+    },
     /// The local OCI registry pools pull from (docker-registry on the
     /// local cloud's bridge): up [--seed], down, status.
     Registry {
@@ -434,6 +440,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Duration::from_secs(timeout),
         ),
         Cmd::Snapshot { action } => snapshot::run(&client()?, action),
+        Cmd::Token { action } => commands::token::run(&client()?, action),
         Cmd::Registry { action } => registry::run(action),
         Cmd::Attach(args) => attach::attach(&client()?, args),
         Cmd::AttachScript(args) => attach::script(&client()?, args),

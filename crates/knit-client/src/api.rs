@@ -4,10 +4,11 @@
 use crate::error::{ClientError, Result};
 use crate::{segment, Client};
 use knit_api::views::{
-    AttachRequest, AttachResponse, AttachScriptRequest, AttachScriptResponse, DryRun, EventView,
-    InstanceView, Items, JoinTokenView, NodeRemoving, NodeView, PoolDeleting, PoolRevisionView,
-    PoolView, PoolWriteQuery, RolloutUndoRequest, ScaleRequest, SnapshotBuildRequest,
-    SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted, SnapshotView,
+    ApiTokenView, AttachRequest, AttachResponse, AttachScriptRequest, AttachScriptResponse, DryRun,
+    EventView, InstanceView, Items, JoinTokenView, NodeRemoving, NodeView, PoolDeleting,
+    PoolRevisionView, PoolView, PoolWriteQuery, RolloutUndoRequest, ScaleRequest,
+    SnapshotBuildRequest, SnapshotBuildStatus, SnapshotBuildView, SnapshotDeleted, SnapshotView,
+    TokenCreateRequest, TokenCreated, TokenRevoked,
 };
 use knit_api::Cluster;
 use serde::de::DeserializeOwned;
@@ -232,6 +233,23 @@ impl Client {
         let path = format!("/api/v1/pools/{}/attach-script", segment(pool));
         let body = json_body("attach-script", request)?;
         Document::read(self.call("POST", &path, Some(&body))?, &path)
+    }
+
+    /// `GET /api/v1/tokens`: the API tokens (never their secrets).
+    pub fn list_tokens(&self) -> Result<Vec<Document<ApiTokenView>>> {
+        items(self.get("/api/v1/tokens")?, "/api/v1/tokens")
+    }
+
+    /// `POST /api/v1/tokens`: a new token; the answer holds its secret,
+    /// which the server never shows again.
+    pub fn create_token(&self, request: &TokenCreateRequest) -> Result<TokenCreated> {
+        let body = json_body("token", request)?;
+        self.typed("POST", "/api/v1/tokens", Some(&body))
+    }
+
+    /// `DELETE /api/v1/tokens/{id}`.
+    pub fn revoke_token(&self, id: &str) -> Result<TokenRevoked> {
+        self.typed("DELETE", &format!("/api/v1/tokens/{}", segment(id)), None)
     }
 
     /// Whether the server answers `GET /healthz` with 200.

@@ -216,6 +216,9 @@ pub struct ControlPlane {
     pub(crate) parallelism: Arc<tokio::sync::Semaphore>,
     /// This server among others on the datastore, and its leader lease.
     pub leadership: crate::ha::Leadership,
+    /// When this server last wrote each API token's last use (by id), so
+    /// a busy client costs one write a minute (`http::auth`).
+    pub(crate) token_uses: std::sync::Mutex<std::collections::HashMap<String, i64>>,
     /// Each node's report allowance (`crate::join::ReportLimiter`).
     pub(crate) report_limiter: crate::join::ReportLimiter,
 }
@@ -249,6 +252,7 @@ impl ControlPlane {
             in_flight: std::sync::Mutex::new(HashSet::new()),
             parallelism,
             leadership: crate::ha::Leadership::new(),
+            token_uses: std::sync::Mutex::new(std::collections::HashMap::new()),
             report_limiter: crate::join::ReportLimiter::default(),
         }
     }

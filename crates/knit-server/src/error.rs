@@ -45,6 +45,18 @@ pub enum ServerError {
     RateLimited { what: String, retry_after_secs: u64 },
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// An API token whose role may not do this (`knit token create --role`).
+    #[error("forbidden: {what} needs a token of role {needs} or higher; this token ({id}) has role {role}")]
+    InsufficientRole {
+        what: String,
+        id: String,
+        role: knit_api::state::TokenRole,
+        needs: knit_api::state::TokenRole,
+    },
+    /// Revoking the last live admin token would leave nobody able to make
+    /// or manage tokens.
+    #[error("token {id} is the last admin token: create another admin token (knit token create --role admin) before revoking it")]
+    LastAdminToken { id: String },
     /// The datastore (SQLite or PostgreSQL) failed or could not be reached.
     #[error("store: {0}")]
     Db(#[from] knit_db::DbError),
@@ -98,6 +110,8 @@ impl ServerError {
             ServerError::BadRequest(_) => "BadRequest",
             ServerError::RateLimited { .. } => "RateLimited",
             ServerError::Forbidden(_) => "Forbidden",
+            ServerError::InsufficientRole { .. } => "InsufficientRole",
+            ServerError::LastAdminToken { .. } => "LastAdminToken",
             ServerError::Db(e) if e.is_unavailable() => "StoreUnavailable",
             ServerError::Db(_) => "StoreError",
             ServerError::Fenced { .. } => "NotLeader",
@@ -119,8 +133,9 @@ impl ServerError {
             ServerError::NotFound { .. } => 404,
             ServerError::PayloadTooLarge { .. } => 413,
             ServerError::BadRequest(_) => 400,
+            ServerError::Forbidden(_) | ServerError::InsufficientRole { .. } => 403,
+            ServerError::LastAdminToken { .. } => 409,
             ServerError::RateLimited { .. } => 429,
-            ServerError::Forbidden(_) => 403,
             ServerError::AlreadyExists { .. } | ServerError::Conflict(_) => 409,
             ServerError::Unauthorized(_) | ServerError::TokenRefused(_) => 401,
             ServerError::ProviderTimeout { .. } => 504,

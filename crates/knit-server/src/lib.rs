@@ -4,6 +4,7 @@
 //! exchanges one-time tokens for NodeConfigs, receives the agents' phase
 //! reports, and serves the package mirror.
 
+pub mod api_tokens;
 pub mod attach;
 pub mod autoscaler;
 pub mod bootstrap;

@@ -175,6 +175,8 @@ pub async fn start(
         advertise_url,
     ));
     crate::http::metrics::load_reader_token(&control)?;
+    // The admin token file is the first API token (an admin), once.
+    crate::api_tokens::seed_first_admin(&control)?;
     let (shutdown, rx) = watch::channel(false);
     let app = router(control.clone());
     let limits = control.settings.limits;

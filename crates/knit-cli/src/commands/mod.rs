@@ -19,6 +19,7 @@ pub mod rollout;
 pub mod server;
 pub mod server_config;
 pub mod snapshot;
+pub mod token;
 pub mod wait;
 
 use crate::error::Result;

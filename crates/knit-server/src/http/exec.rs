@@ -9,7 +9,7 @@ use axum::Json;
 use knit_api::views::{ExecRequest, ExecResponse};
 
 /// Runs a command on one machine through its provider (`knit exec`).
-/// Admin only (under `require_admin`).
+/// Admin only (its route declares `Role(Admin)` in `http::routes`).
 pub async fn exec(State(cp): State<Cp>, body: Bytes) -> Result<Json<ExecResponse>> {
     let req: ExecRequest = serde_json::from_slice(&body)
         .map_err(|e| ServerError::BadRequest(format!("exec request (JSON): {e}")))?;

@@ -1,11 +1,14 @@
-//! The REST API. `/api/v1/*` needs the admin token, `/metrics` the admin
-//! token or the metrics reader token (`metrics.rs`); the
-//! bootstrap and report endpoints take their own per-instance tokens; the
-//! package mirror, the system images' registry (`/v2/`), `/healthz` and
-//! `/openapi.json` are public (they hold no secret: the mirror serves the
-//! same binaries and images to every node).
+//! The REST API. Every route declares what it needs (`routes`, checked by
+//! `auth::authorize`): `/api/v1/*` an API token of a role (viewer,
+//! operator, admin), `/metrics` any API token or the metrics reader token
+//! (`metrics.rs`); the bootstrap and report endpoints take their own
+//! per-instance tokens; the package mirror, the system images' registry
+//! (`/v2/`), `/healthz` and `/openapi.json` are public (they hold no
+//! secret: the mirror serves the same binaries and images to every node).
 
+pub mod api_tokens;
 pub mod attach;
+pub mod auth;
 pub mod autoscaler;
 pub mod console;
 pub mod events;
@@ -23,13 +26,11 @@ pub mod tokens;
 
 use crate::control::ControlPlane;
 use crate::error::ServerError;
-use crate::pki;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use knit_api::views::ErrorView;
 use std::net::SocketAddr;
@@ -56,71 +57,109 @@ impl IntoResponse for ServerError {
     }
 }
 
-pub fn router(cp: Cp) -> Router {
-    let reader = Router::new()
-        .route("/metrics", get(metrics::metrics))
-        .route_layer(middleware::from_fn_with_state(
-            cp.clone(),
-            metrics::require_reader,
-        ));
-    let admin = Router::new()
-        .route(
-            "/api/v1/cluster",
-            get(pools::get_cluster).put(pools::put_cluster),
-        )
-        .route("/api/v1/pools", get(pools::list).post(pools::create))
-        .route(
-            "/api/v1/pools/:name",
-            get(pools::get).put(pools::apply).delete(pools::delete),
-        )
-        .route("/api/v1/pools/:name/scale", post(pools::scale))
-        .route(
-            "/api/v1/pools/:name/rollout/undo",
-            post(pools::rollout_undo),
-        )
-        .route("/api/v1/pools/:name/rollout/:verb", post(pools::rollout))
-        .route("/api/v1/pools/:name/revisions", get(pools::revisions))
-        .route("/api/v1/pools/:name/attach", post(attach::attach))
-        .route("/api/v1/pools/:name/attach-script", post(attach::script))
-        .route("/api/v1/instances", get(nodes::list_instances))
-        .route("/api/v1/nodes", get(nodes::list))
-        .route("/api/v1/nodes/:name", get(nodes::get).delete(nodes::delete))
-        .route("/api/v1/nodes/:name/logs", get(nodes::logs))
-        .route("/api/v1/events", get(events::list))
-        .route(
-            "/api/v1/snapshots",
-            get(snapshots::list).post(snapshots::create),
-        )
-        .route(
-            "/api/v1/snapshots/:id",
-            axum::routing::delete(snapshots::delete),
-        )
-        .route("/api/v1/snapshot-builds", get(snapshots::builds))
-        .route("/api/v1/snapshot-builds/:id", get(snapshots::build_status))
-        .route("/api/v1/jointokens", get(tokens::list))
-        .route("/api/v1/exec", post(exec::exec))
-        .route("/api/v1/servers", get(servers::list))
-        .route(
-            "/api/v1/autoscaler/client-certificate",
-            post(autoscaler::client_certificate),
-        )
-        .route_layer(middleware::from_fn_with_state(cp.clone(), require_admin));
-    Router::new()
-        .merge(admin)
-        .merge(reader)
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/openapi.json",
-            get(|| async { Json(crate::http::openapi::document()) }),
-        )
-        .route("/mirror/*path", get(mirror::mirror_file))
+/// Every route with its access ([`auth::Access`]): roles as in
+/// docs/security.md (viewer reads, operator also changes, admin also runs
+/// commands on machines, reads their logs and manages credentials).
+pub(crate) fn routes() -> auth::Routes<Cp> {
+    use auth::Access::{Metrics, NodeToken, Public, Role};
+    use knit_api::state::TokenRole::{Admin, Operator, Viewer};
+    auth::Routes::default()
+        .get("/healthz", Public, || async { "ok\n" })
+        .get("/openapi.json", Public, || async {
+            Json(crate::http::openapi::document())
+        })
+        .get("/mirror/*path", Public, mirror::mirror_file)
         // The system images nodes pull (read-only; HEAD too, through get).
-        .route("/v2/", get(registry::base))
-        .route("/v2/*path", get(registry::serve))
-        .route("/bootstrap/v1/config", post(node_api::bootstrap))
-        .route("/attach/v1/manual", post(attach::manual))
-        .route("/attach/v1/failed", post(attach::manual_failed))
-        .route("/report/v1/events", post(node_api::report))
+        .get("/v2/", Public, registry::base)
+        .get("/v2/*path", Public, registry::serve)
+        .post(
+            "/bootstrap/v1/config",
+            NodeToken("joinToken"),
+            node_api::bootstrap,
+        )
+        .post(
+            "/attach/v1/manual",
+            NodeToken("attachToken"),
+            attach::manual,
+        )
+        .post(
+            "/attach/v1/failed",
+            NodeToken("reportToken"),
+            attach::manual_failed,
+        )
+        .post(
+            "/report/v1/events",
+            NodeToken("reportToken"),
+            node_api::report,
+        )
+        .get("/metrics", Metrics, metrics::metrics)
+        .get("/api/v1/cluster", Role(Viewer), pools::get_cluster)
+        .put("/api/v1/cluster", Role(Operator), pools::put_cluster)
+        .get("/api/v1/pools", Role(Viewer), pools::list)
+        .post("/api/v1/pools", Role(Operator), pools::create)
+        .get("/api/v1/pools/:name", Role(Viewer), pools::get)
+        .put("/api/v1/pools/:name", Role(Operator), pools::apply)
+        .delete("/api/v1/pools/:name", Role(Operator), pools::delete)
+        .post("/api/v1/pools/:name/scale", Role(Operator), pools::scale)
+        .post(
+            "/api/v1/pools/:name/rollout/undo",
+            Role(Operator),
+            pools::rollout_undo,
+        )
+        .post(
+            "/api/v1/pools/:name/rollout/:verb",
+            Role(Operator),
+            pools::rollout,
+        )
+        .get(
+            "/api/v1/pools/:name/revisions",
+            Role(Viewer),
+            pools::revisions,
+        )
+        .post("/api/v1/pools/:name/attach", Role(Operator), attach::attach)
+        .post(
+            "/api/v1/pools/:name/attach-script",
+            Role(Operator),
+            attach::script,
+        )
+        .get("/api/v1/instances", Role(Viewer), nodes::list_instances)
+        .get("/api/v1/nodes", Role(Viewer), nodes::list)
+        .get("/api/v1/nodes/:name", Role(Viewer), nodes::get)
+        .delete("/api/v1/nodes/:name", Role(Operator), nodes::delete)
+        // A node's logs may hold what its scripts printed (secrets too).
+        .get("/api/v1/nodes/:name/logs", Role(Admin), nodes::logs)
+        .get("/api/v1/events", Role(Viewer), events::list)
+        .get("/api/v1/snapshots", Role(Viewer), snapshots::list)
+        .post("/api/v1/snapshots", Role(Operator), snapshots::create)
+        .delete("/api/v1/snapshots/:id", Role(Operator), snapshots::delete)
+        .get("/api/v1/snapshot-builds", Role(Viewer), snapshots::builds)
+        .get(
+            "/api/v1/snapshot-builds/:id",
+            Role(Viewer),
+            snapshots::build_status,
+        )
+        .get("/api/v1/jointokens", Role(Viewer), tokens::list)
+        .get("/api/v1/servers", Role(Viewer), servers::list)
+        .post("/api/v1/exec", Role(Admin), exec::exec)
+        // A client certificate from knit's CA is a credential.
+        .post(
+            "/api/v1/autoscaler/client-certificate",
+            Role(Admin),
+            autoscaler::client_certificate,
+        )
+        .get("/api/v1/tokens", Role(Admin), api_tokens::list)
+        .post("/api/v1/tokens", Role(Admin), api_tokens::create)
+        .delete("/api/v1/tokens/:id", Role(Admin), api_tokens::revoke)
+}
+
+pub fn router(cp: Cp) -> Router {
+    let (routes, table) = routes().finish();
+    routes
+        // Every matched route passes the gate; unknown paths do not need it.
+        .route_layer(middleware::from_fn_with_state(
+            (cp.clone(), auth::Table::new(&table)),
+            auth::authorize,
+        ))
         .fallback(no_route)
         // The body limit is ours (413 with the limit, body drained), not the
         // extractors' (which drop the connection mid-upload).
@@ -206,18 +245,4 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
-}
-
-async fn require_admin(State(cp): State<Cp>, request: Request, next: Next) -> Response {
-    let why = match bearer(request.headers()) {
-        Some(token) if pki::secrets_equal(token, &cp.admin_token) => {
-            return next.run(request).await
-        }
-        Some(_) => "the bearer token is not this server's admin token",
-        None => "send the admin token as `Authorization: Bearer <token>`",
-    };
-    // Read (and drop) a small body so the connection stays usable for the
-    // client's next request; a large one just closes it.
-    let _ = axum::body::to_bytes(request.into_body(), 64 * 1024).await;
-    ServerError::Unauthorized(why.into()).into_response()
 }

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Mutex;
 
+mod api_tokens;
 pub mod attach;
 mod drains;
 mod events;
@@ -36,6 +37,7 @@ pub(crate) mod testing;
 mod tokens;
 
 // The record types at `crate::store::…`, where every caller finds them.
+pub use api_tokens::{ApiTokenRecord, TokenCheck, LAST_USED_GRANULARITY_MS};
 pub use drains::{DrainRecord, DrainStep};
 pub use events::{EventRecord, EventRetention, EventSink, EVENT_AGGREGATION_WINDOW_MS};
 pub use instances::{InstanceHealth, InstanceRecord};
@@ -223,6 +225,9 @@ CREATE INDEX events_last ON events (last_ms);
     // with its pool's current one, so an upgrade rolls nothing), pool
     // revisions and stopped rollouts.
     rollouts::SCHEMA,
+    // API tokens with roles; the admin token file is stored as the first
+    // admin token at the next start (`Store::seed_first_admin_token`).
+    api_tokens::SCHEMA,
 ];
 
 pub fn now_ms() -> i64 {

@@ -70,6 +70,14 @@ impl TestServer {
         self.server = Some(server);
     }
 
+    /// Shuts the server down (the state stays, for a `start` again).
+    pub fn stop(&mut self) {
+        self.client = None;
+        if let Some(server) = self.server.take() {
+            self.rt.block_on(server.shutdown());
+        }
+    }
+
     pub fn server(&self) -> &Server {
         self.server.as_ref().expect("the server runs")
     }

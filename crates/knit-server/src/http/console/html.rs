@@ -76,6 +76,10 @@ pub fn page(
     if let Some(s) = session {
         nav.push_str(r#"<nav aria-label="Console"><ul>"#);
         for (sec, href, label) in NAV {
+            // Adding instances is an operator's: not offered to a viewer.
+            if *sec == Section::Attach && !s.may(knit_api::state::TokenRole::Operator) {
+                continue;
+            }
             let current = if *sec == section {
                 r#" aria-current="page""#
             } else {

@@ -3,10 +3,12 @@
 //! the REST API (`crate::pools`, `crate::nodes`, …), so the console can do
 //! nothing the API would refuse, with the same validation and messages.
 //!
-//! Security: sign-in with the admin token (in a POST body, never a URL)
-//! makes a session ([`session`]); every other page needs one (else a 303 to
-//! the sign-in page), and every POST must come from the console's own
-//! origin and carry the session's CSRF token. Answers forbid framing,
+//! Security: sign-in with any API token (in a POST body, never a URL)
+//! makes a session ([`session`]) with the token's role; every other page
+//! needs one (else a 303 to the sign-in page) and declares the role it
+//! needs (`signed_in_routes`; pages hide what the role may not do, and the
+//! server refuses it anyway), and every POST must come from the console's
+//! own origin and carry the session's CSRF token. Answers forbid framing,
 //! inline scripts and caching.
 
 mod attach;
@@ -18,16 +20,17 @@ mod pools;
 pub mod session;
 mod snapshots;
 
+use super::auth;
 use crate::control::ControlPlane;
-use crate::pki;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Extension, Form, Router};
 use html::{page, see_other, Section};
+use knit_api::state::TokenRole;
 use serde::Deserialize;
 use session::{Session, Sessions, CSRF_FIELD, CSRF_HEADER};
 use std::sync::Arc;
@@ -89,32 +92,11 @@ pub fn router(
         sessions: Sessions::new(session_ttl),
         live,
     });
-    let signed_in = Router::new()
-        .route("/ui/pools", get(pools::list))
-        .route("/ui/pools/new", get(pools::new_form).post(pools::create))
-        .route("/ui/pools/:name/scale", post(pools::scale))
-        .route(
-            "/ui/pools/:name/edit",
-            get(pools::edit_form).post(pools::apply),
-        )
-        .route(
-            "/ui/pools/:name/delete",
-            get(pools::delete_form).post(pools::delete),
-        )
-        .route("/ui/nodes", get(nodes::list))
-        .route("/ui/nodes/:name", get(nodes::node))
-        .route("/ui/events", get(events::list))
-        .route("/ui/snapshots", get(snapshots::list))
-        .route("/ui/snapshot-builds/:id", get(snapshots::build))
-        .route("/ui/attach", get(attach::show).post(attach::attach))
-        // GET too: a page answered to the POST refreshes itself live.
-        .route("/ui/attach/manual", get(attach::show).post(attach::manual))
-        .route("/ui/live", get(live::stream))
-        .route("/ui/sign-out", post(sign_out))
-        .route_layer(middleware::from_fn_with_state(
-            console.clone(),
-            require_session,
-        ));
+    let (signed_in, table) = signed_in_routes().finish();
+    let signed_in = signed_in.route_layer(middleware::from_fn_with_state(
+        (console.clone(), auth::Table::new(&table)),
+        require_session,
+    ));
     let app = Router::new()
         .merge(signed_in)
         .route("/", get(|| async { see_other("/ui/pools") }))
@@ -126,6 +108,35 @@ pub fn router(
         .layer(middleware::from_fn(guard_headers))
         .with_state(console);
     (app, feed)
+}
+
+/// The pages behind sign-in, each with the role it needs (the same as the
+/// API route it stands for; reading pages: viewer).
+pub(crate) fn signed_in_routes() -> auth::Routes<Cs> {
+    use auth::Access::Role;
+    use knit_api::state::TokenRole::{Operator, Viewer};
+    auth::Routes::default()
+        .get("/ui/pools", Role(Viewer), pools::list)
+        .get("/ui/pools/new", Role(Operator), pools::new_form)
+        .post("/ui/pools/new", Role(Operator), pools::create)
+        .post("/ui/pools/:name/scale", Role(Operator), pools::scale)
+        .get("/ui/pools/:name/edit", Role(Operator), pools::edit_form)
+        .post("/ui/pools/:name/edit", Role(Operator), pools::apply)
+        .get("/ui/pools/:name/delete", Role(Operator), pools::delete_form)
+        .post("/ui/pools/:name/delete", Role(Operator), pools::delete)
+        // Its logs only for an admin (the page leaves them out otherwise).
+        .get("/ui/nodes", Role(Viewer), nodes::list)
+        .get("/ui/nodes/:name", Role(Viewer), nodes::node)
+        .get("/ui/events", Role(Viewer), events::list)
+        .get("/ui/snapshots", Role(Viewer), snapshots::list)
+        .get("/ui/snapshot-builds/:id", Role(Viewer), snapshots::build)
+        .get("/ui/attach", Role(Operator), attach::show)
+        .post("/ui/attach", Role(Operator), attach::attach)
+        // GET too: a page answered to the POST refreshes itself live.
+        .get("/ui/attach/manual", Role(Operator), attach::show)
+        .post("/ui/attach/manual", Role(Operator), attach::manual)
+        .get("/ui/live", Role(Viewer), live::stream)
+        .post("/ui/sign-out", Role(Viewer), sign_out)
 }
 
 /// Headers on every console answer: no framing, scripts and styles from
@@ -168,12 +179,47 @@ fn refused(why: &str) -> Response {
 /// come from the console's own origin and carry the session's CSRF token
 /// (form field `csrf` or header `X-CSRF-Token`). The session is handed to
 /// the handler as an extension.
-async fn require_session(State(console): State<Cs>, request: Request, next: Next) -> Response {
+///
+/// The session's token must still be live (else the session ends), and its
+/// role must reach the role the page declares (else a 403 page).
+async fn require_session(
+    State((console, table)): State<(Cs, auth::Table)>,
+    request: Request,
+    next: Next,
+) -> Response {
     let session = session::cookie_id(request.headers()).and_then(|id| console.sessions.get(&id));
+    let session = match session.map(|s| {
+        let live = crate::api_tokens::live_by_id(&console.cp, &s.token_id);
+        (s, live)
+    }) {
+        Some((s, Ok(Some(_)))) => Some(s),
+        Some((s, Ok(None))) => {
+            // Revoked or expired: the session goes with it.
+            console.sessions.remove(&s.id);
+            None
+        }
+        Some((_, Err(e))) => {
+            let _ = axum::body::to_bytes(request.into_body(), MAX_FORM_BYTES).await;
+            return refused(&format!("the session's token could not be checked: {e}"));
+        }
+        None => None,
+    };
     let Some(session) = session else {
         let _ = axum::body::to_bytes(request.into_body(), MAX_FORM_BYTES).await;
         return see_other("/ui/sign-in");
     };
+    let needs = match table.access_of(&request) {
+        Some(auth::Access::Role(r)) => r,
+        // Every signed-in page declares a role; anything else is refused.
+        _ => TokenRole::Admin,
+    };
+    if !session.may(needs) {
+        let _ = axum::body::to_bytes(request.into_body(), MAX_FORM_BYTES).await;
+        return refused(&format!(
+            "this page needs a token of role {needs} or higher; you signed in with token {} (role {})",
+            session.token_id, session.role
+        ));
+    }
     if request.method() == Method::GET || request.method() == Method::HEAD {
         let mut request = request;
         request.extensions_mut().insert(session);
@@ -234,9 +280,9 @@ fn sign_in_page(status: StatusCode, message: Option<&str>) -> Response {
         None,
         &format!(
             r#"{message}<form method="post" action="/ui/sign-in" class="sign-in">
-<label for="token">Admin token</label>
+<label for="token">API token</label>
 <input id="token" name="token" type="password" autocomplete="off" required autofocus aria-describedby="token-help">
-<p id="token-help" class="help">The server's admin token (the file <code>admin-token</code> in its state directory, or <code>token:</code> in your client config).</p>
+<p id="token-help" class="help">An API token (<code>knit token create</code>; the first admin token is the file <code>admin-token</code> in the server's state directory, or <code>token:</code> in your client config). The console offers what its role may do.</p>
 <button type="submit">Sign in</button>
 </form>"#
         ),
@@ -268,13 +314,20 @@ async fn sign_in(
     if !session::same_origin(&headers, &uri) {
         return refused("this sign-in did not come from the console's own page");
     }
-    if !pki::secrets_equal(form.token.trim(), &console.cp.admin_token) {
-        return sign_in_page(
-            StatusCode::UNAUTHORIZED,
-            Some("That is not this server's admin token."),
-        );
-    }
-    let session = match console.sessions.create() {
+    let token = match crate::api_tokens::authenticate(&console.cp, Some(form.token.trim())) {
+        Ok(t) => t,
+        Err(crate::error::ServerError::Unauthorized(why)) => {
+            return sign_in_page(
+                StatusCode::UNAUTHORIZED,
+                Some(&format!("That token is refused: {why}.")),
+            )
+        }
+        Err(e) => return sign_in_page(StatusCode::SERVICE_UNAVAILABLE, Some(&e.to_string())),
+    };
+    let left = token
+        .expires_ms
+        .map(|e| Duration::from_millis(e.saturating_sub(crate::store::now_ms()).max(0) as u64));
+    let session = match console.sessions.create(&token.id, token.role, left) {
         Ok(s) => s,
         Err(e) => return sign_in_page(StatusCode::INTERNAL_SERVER_ERROR, Some(&e.to_string())),
     };
@@ -317,5 +370,157 @@ mod policy_tests {
             csp_hash(""),
             "sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
         );
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::*;
+    use axum::http::Request as HttpRequest;
+    use tower::ServiceExt;
+
+    const HOST: &str = "console.test:7444";
+
+    async fn send(
+        app: &Router,
+        method: Method,
+        path: &str,
+        cookie: Option<&str>,
+        form: Option<String>,
+    ) -> (StatusCode, Option<String>, String) {
+        let mut request = HttpRequest::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, HOST)
+            .header(header::ORIGIN, format!("https://{HOST}"));
+        if let Some(c) = cookie {
+            request = request.header(header::COOKIE, c);
+        }
+        let body = match form {
+            Some(f) => {
+                request = request.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+                Body::from(f)
+            }
+            None => Body::empty(),
+        };
+        let response = app
+            .clone()
+            .oneshot(request.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let cookie = response
+            .headers()
+            .get(header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(str::to_string);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, cookie, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn form(pairs: &[(&str, &str)]) -> String {
+        serde_urlencoded::to_string(pairs).unwrap()
+    }
+
+    /// Any token signs in; a viewer's pages offer no change and the server
+    /// refuses one anyway; a revoked token ends its session; an admin's
+    /// pages offer everything.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_console_offers_and_allows_what_the_role_may() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(ControlPlane::new(
+            crate::store::Store::open_in_memory().unwrap(),
+            None,
+            Arc::new(crate::bootstrap::NoCluster),
+            crate::control::Settings::new(dir.path().join("state")),
+            String::new(),
+            "first-admin-secret".into(),
+            String::new(),
+        ));
+        cp.store.put_cluster(&knit_api::Cluster::default()).unwrap();
+        crate::api_tokens::seed_first_admin(&cp).unwrap();
+        let viewer = crate::api_tokens::create(
+            &cp,
+            &knit_api::views::TokenCreateRequest {
+                role: TokenRole::Viewer,
+                ttl_seconds: None,
+                description: "console viewer".into(),
+            },
+        )
+        .unwrap();
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let (app, _feed) = router(cp.clone(), Duration::from_secs(600), shutdown);
+
+        let (status, _, body) = send(
+            &app,
+            Method::POST,
+            "/ui/sign-in",
+            None,
+            Some(form(&[("token", "not-a-token")])),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+
+        let (status, cookie, _) = send(
+            &app,
+            Method::POST,
+            "/ui/sign-in",
+            None,
+            Some(form(&[("token", &viewer.secret)])),
+        )
+        .await;
+        assert_eq!(status, StatusCode::SEE_OTHER);
+        let cookie = cookie.expect("a session cookie");
+        let (status, _, page) = send(&app, Method::GET, "/ui/pools", Some(&cookie), None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            !page.contains("/ui/pools/new"),
+            "a viewer is offered a pool: {page}"
+        );
+        assert!(!page.contains(r#"href="/ui/attach""#), "{page}");
+        let csrf = page
+            .split(r#"name="csrf" value=""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("the sign-out form's CSRF token")
+            .to_string();
+        let (status, _, _) = send(&app, Method::GET, "/ui/pools/new", Some(&cookie), None).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let yaml = "apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: v\nspec:\n  replicas: 0\n";
+        let (status, _, page) = send(
+            &app,
+            Method::POST,
+            "/ui/pools/new",
+            Some(&cookie),
+            Some(form(&[("csrf", &csrf), ("yaml", yaml)])),
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+        assert!(page.contains("role operator"), "{page}");
+        assert!(cp.store.pools().unwrap().is_empty(), "nothing was made");
+
+        crate::api_tokens::revoke(&cp, &viewer.token.id).unwrap();
+        let (status, _, _) = send(&app, Method::GET, "/ui/pools", Some(&cookie), None).await;
+        assert_eq!(
+            status,
+            StatusCode::SEE_OTHER,
+            "the revoked token's session ended"
+        );
+
+        let (_, admin, _) = send(
+            &app,
+            Method::POST,
+            "/ui/sign-in",
+            None,
+            Some(form(&[("token", "first-admin-secret")])),
+        )
+        .await;
+        let admin = admin.expect("a session cookie");
+        let (status, _, page) = send(&app, Method::GET, "/ui/pools", Some(&admin), None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(page.contains("/ui/pools/new") && page.contains(r#"href="/ui/attach""#));
     }
 }

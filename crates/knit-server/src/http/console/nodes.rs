@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
 use knit_api::state::DrainState;
+use knit_api::state::TokenRole;
 use knit_api::views::{NodeCacheView, NodeView, TimelineEntryView};
 use knit_api::{PhaseName, PhaseOutcome};
 use serde::Deserialize;
@@ -305,8 +306,19 @@ pub async fn node(
         }
         Err(e) => html::error_block("events-error", &e),
     };
-    let init_log = log(&console, &node.name, "init").await;
-    let user_data_log = log(&console, &node.name, "user-data").await;
+    // Node logs are an admin's (as `GET /api/v1/nodes/{name}/logs`).
+    let (init_log, user_data_log) = if session.may(TokenRole::Admin) {
+        (
+            log(&console, &node.name, "init").await,
+            log(&console, &node.name, "user-data").await,
+        )
+    } else {
+        let note = format!(
+            r#"<p class="help">Node logs need an admin token; you signed in with a {} token.</p>"#,
+            session.role
+        );
+        (note.clone(), note)
+    };
     let summary = format!(
         r#"<dl class="facts">
 <dt>Status</dt><dd>{status}</dd><dt>Pool</dt><dd><a href="/ui/nodes?pool={pq}">{pool}</a></dd>

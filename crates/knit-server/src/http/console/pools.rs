@@ -11,6 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::{Extension, Form};
+use knit_api::state::TokenRole;
 use knit_api::views::PoolView;
 use knit_api::{ApiError, FieldError, NodePool};
 use serde::Deserialize;
@@ -48,10 +49,14 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
             esc(done)
         ));
     }
-    body.push_str(
-        r#"<p><a class="button" href="/ui/pools/new">Create a pool from YAML</a></p>
-<div id="pools-live" data-live-region>"#,
-    );
+    // A viewer's page offers no change (the server refuses one anyway).
+    let may_change = session.may(TokenRole::Operator);
+    if may_change {
+        body.push_str(
+            r#"<p><a class="button" href="/ui/pools/new">Create a pool from YAML</a></p>"#,
+        );
+    }
+    body.push_str(r#"<div id="pools-live" data-live-region>"#);
     if pools.is_empty() {
         body.push_str("<p>No pools yet.</p>");
     } else {
@@ -62,14 +67,14 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
 <th scope="col">Ready</th><th scope="col">Rollout</th><th scope="col">Age</th><th scope="col">Actions</th></tr></thead><tbody>"#,
         );
         for pool in &pools {
-            body.push_str(&row(pool, now));
+            body.push_str(&row(pool, now, may_change));
         }
         body.push_str("</tbody></table>");
     }
     body.push_str("</div>");
     // The forms stay out of the live region: a refresh never eats what is
     // being typed.
-    if !pools.is_empty() {
+    if !pools.is_empty() && may_change {
         body.push_str(r#"<h2>Scale</h2><div class="scale-forms">"#);
         for pool in &pools {
             body.push_str(&scale_form(session, pool, failed.as_ref()));
@@ -83,7 +88,7 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
     page(status, Section::Pools, "Pools", Some(session), &body)
 }
 
-fn row(pool: &PoolView, now: i64) -> String {
+fn row(pool: &PoolView, now: i64, may_change: bool) -> String {
     let name = &pool.metadata.name;
     let s = &pool.status;
     let mut state = if s.deleting {
@@ -111,9 +116,18 @@ fn row(pool: &PoolView, now: i64) -> String {
 <td data-col="initialized">{initialized}</td><td data-col="ready">{ready}</td>
 <td data-col="rollout">{rollout}</td>
 <td>{age}</td>
-<td class="actions"><a href="/ui/pools/{q}/edit">Edit<span class="visually-hidden"> {n}</span></a>
+<td class="actions">{actions}</td></tr>"#,
+        actions = if may_change {
+            format!(
+                r#"<a href="/ui/pools/{q}/edit">Edit<span class="visually-hidden"> {n}</span></a>
 <a href="/ui/pools/{q}/delete">Delete<span class="visually-hidden"> {n}</span></a>
-<a href="/ui/attach?pool={q}">Add instances<span class="visually-hidden"> to {n}</span></a></td></tr>"#,
+<a href="/ui/attach?pool={q}">Add instances<span class="visually-hidden"> to {n}</span></a>"#,
+                q = html::query_value(name),
+                n = esc(name),
+            )
+        } else {
+            "—".to_string()
+        },
         id = esc(name),
         n = esc(name),
         q = html::query_value(name),
@@ -496,7 +510,7 @@ mod bounds_tests {
             desired: 1,
             ..PoolStatus::default()
         };
-        let html = row(&PoolView::new(NodePool::new("a", spec), 0, status), 0);
+        let html = row(&PoolView::new(NodePool::new("a", spec), 0, status), 0, true);
         assert!(
             html.contains(r#"<td data-col="desired">1 <span data-col="bounds""#)
                 && html.contains("(min 0, max 4)"),
@@ -507,7 +521,7 @@ mod bounds_tests {
             0,
             PoolStatus::default(),
         );
-        assert!(!row(&regular, 0).contains("data-col=\"bounds\""));
+        assert!(!row(&regular, 0, true).contains("data-col=\"bounds\""));
     }
 }
 
@@ -531,8 +545,15 @@ mod rollout_tests {
             ..PoolStatus::default()
         };
         let pool = PoolView::new(NodePool::new("w", NodePoolSpec::default()), 0, status);
-        let html = row(&pool, 0);
+        let html = row(&pool, 0, true);
         assert!(html.contains("1/3 up to date"), "{html}");
+        // A viewer's row offers no change.
+        assert!(html.contains("/ui/pools/w/edit"), "{html}");
+        let viewer = row(&pool, 0, false);
+        assert!(
+            !viewer.contains("/edit") && !viewer.contains("/delete"),
+            "{viewer}"
+        );
         assert!(html.contains(r#"data-rollout="Stopped""#), "{html}");
         assert!(
             html.contains("ProgressDeadlineExceeded: replacement w-x &lt;did not&gt; come up"),

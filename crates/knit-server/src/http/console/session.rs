@@ -1,11 +1,14 @@
 //! Console sessions: a random id held in memory (a server restart signs
 //! everyone out), each with an absolute expiry and its own CSRF token.
 //! The id travels only in an HttpOnly, Secure, SameSite=Strict cookie; the
-//! admin token is checked once at sign-in and never stored in the browser.
+//! API token is checked at sign-in and never stored in the browser. A
+//! session keeps its token's id and role: every request checks that the
+//! token is still live (a revoked or expired token ends the session).
 
 use crate::error::Result;
 use crate::pki;
 use axum::http::{header, HeaderMap, Uri};
+use knit_api::state::TokenRole;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,9 +28,17 @@ pub struct Session {
     /// Sent back with every state-changing request (hidden field or header).
     pub csrf: String,
     pub expires: Instant,
+    /// The API token signed in with, and its role.
+    pub token_id: String,
+    pub role: TokenRole,
 }
 
 impl Session {
+    /// Whether this session's role may do what needs `role`.
+    pub fn may(&self, role: TokenRole) -> bool {
+        self.role >= role
+    }
+
     /// Whether `token` is this session's CSRF token (constant time).
     pub fn csrf_matches(&self, token: &str) -> bool {
         pki::secrets_equal(token, &self.csrf)
@@ -52,13 +63,22 @@ impl Sessions {
         self.ttl
     }
 
-    /// A new session (expired ones are dropped on the way).
-    pub fn create(&self) -> Result<Session> {
+    /// A new session for a token (expired ones are dropped on the way);
+    /// it ends with the session TTL or `token_left`, whichever is first.
+    pub fn create(
+        &self,
+        token_id: &str,
+        role: TokenRole,
+        token_left: Option<Duration>,
+    ) -> Result<Session> {
         let now = Instant::now();
+        let ttl = token_left.map_or(self.ttl, |left| left.min(self.ttl));
         let session = Session {
             id: pki::random_hex(32)?,
             csrf: pki::random_hex(32)?,
-            expires: now + self.ttl,
+            expires: now + ttl,
+            token_id: token_id.to_string(),
+            role,
         };
         let mut live = self.lock();
         live.retain(|_, s| s.expires > now);
@@ -142,10 +162,23 @@ mod tests {
     #[test]
     fn a_session_expires_and_is_then_gone() {
         let sessions = Sessions::new(Duration::from_millis(30));
-        let s = sessions.create().unwrap();
+        let s = sessions.create("tok-a", TokenRole::Viewer, None).unwrap();
         assert!(sessions.get(&s.id).is_some());
         std::thread::sleep(Duration::from_millis(50));
         assert!(sessions.get(&s.id).is_none());
+    }
+
+    /// A session never outlives its token.
+    #[test]
+    fn a_session_ends_with_its_token() {
+        let sessions = Sessions::new(Duration::from_secs(3600));
+        let s = sessions
+            .create("tok-b", TokenRole::Admin, Some(Duration::from_secs(5)))
+            .unwrap();
+        assert!(s.expires <= Instant::now() + Duration::from_secs(5));
+        assert!(s.may(TokenRole::Operator) && s.may(TokenRole::Admin));
+        let v = sessions.create("tok-c", TokenRole::Viewer, None).unwrap();
+        assert!(v.may(TokenRole::Viewer) && !v.may(TokenRole::Operator));
     }
 
     #[test]
@@ -160,6 +193,8 @@ mod tests {
             id: "abc".into(),
             csrf: "x".into(),
             expires: Instant::now(),
+            token_id: "tok-a".into(),
+            role: TokenRole::Viewer,
         };
         let set = set_cookie(&s, Duration::from_secs(60));
         for part in [

@@ -1,0 +1,250 @@
+//! Who may call which route. Every route of the API (and of the console)
+//! is added through [`Routes`], which takes the route's [`Access`] with
+//! its handler: there is no way to add a route without declaring it, and
+//! [`route_table`] lists them all (a test walks it). The [`authorize`]
+//! middleware reads the declaration of the route a request matched and
+//! refuses a route it does not find (deny by default).
+
+use super::Cp;
+use crate::api_tokens;
+use crate::error::ServerError;
+use crate::pki;
+use axum::extract::{MatchedPath, Request, State};
+use axum::handler::Handler;
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter};
+use axum::Router;
+use knit_api::state::TokenRole;
+use std::sync::Arc;
+
+/// What a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing: it holds no secret (health, the OpenAPI document, the
+    /// package mirror and the system images every node gets).
+    Public,
+    /// The handler checks its own per-instance token (`what` names it:
+    /// join, report or attach token).
+    NodeToken(&'static str),
+    /// An API token of any role, or the metrics reader token.
+    Metrics,
+    /// An API token of this role or higher.
+    Role(TokenRole),
+}
+
+impl Access {
+    /// The word the OpenAPI document uses for it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Access::Public => "none",
+            Access::NodeToken(what) => what,
+            Access::Metrics => "metrics",
+            Access::Role(r) => r.as_str(),
+        }
+    }
+}
+
+/// One declared route: method, path as the router matches it (`:name`,
+/// `*path`), and what it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+}
+
+/// A router under construction whose every route carries its access.
+pub struct Routes<S> {
+    paths: Vec<(&'static str, MethodRouter<S>)>,
+    specs: Vec<RouteSpec>,
+}
+
+impl<S: Clone + Send + Sync + 'static> Default for Routes<S> {
+    fn default() -> Self {
+        Routes {
+            paths: Vec::new(),
+            specs: Vec::new(),
+        }
+    }
+}
+
+impl<S: Clone + Send + Sync + 'static> Routes<S> {
+    /// `handler` for `method` on `path`, needing `access`.
+    pub fn add<H, T>(
+        mut self,
+        method: Method,
+        path: &'static str,
+        access: Access,
+        handler: H,
+    ) -> Self
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        // Only the methods below are ever passed (a constant per route).
+        let filter = match method.as_str() {
+            "POST" => MethodFilter::POST,
+            "PUT" => MethodFilter::PUT,
+            "DELETE" => MethodFilter::DELETE,
+            // GET answers HEAD too (axum's `get`).
+            _ => MethodFilter::GET,
+        };
+        let at = match self.paths.iter().position(|(p, _)| *p == path) {
+            Some(at) => at,
+            None => {
+                self.paths.push((path, MethodRouter::new()));
+                self.paths.len() - 1
+            }
+        };
+        let routed = std::mem::take(&mut self.paths[at].1);
+        self.paths[at].1 = routed.on(filter, handler);
+        self.specs.push(RouteSpec {
+            method,
+            path,
+            access,
+        });
+        self
+    }
+
+    pub fn get<H: Handler<T, S>, T: 'static>(
+        self,
+        path: &'static str,
+        access: Access,
+        h: H,
+    ) -> Self {
+        self.add(Method::GET, path, access, h)
+    }
+    pub fn post<H: Handler<T, S>, T: 'static>(
+        self,
+        path: &'static str,
+        access: Access,
+        h: H,
+    ) -> Self {
+        self.add(Method::POST, path, access, h)
+    }
+    pub fn put<H: Handler<T, S>, T: 'static>(
+        self,
+        path: &'static str,
+        access: Access,
+        h: H,
+    ) -> Self {
+        self.add(Method::PUT, path, access, h)
+    }
+    pub fn delete<H: Handler<T, S>, T: 'static>(
+        self,
+        path: &'static str,
+        access: Access,
+        h: H,
+    ) -> Self {
+        self.add(Method::DELETE, path, access, h)
+    }
+
+    /// The router and the declarations of its routes.
+    pub fn finish(self) -> (Router<S>, Vec<RouteSpec>) {
+        let mut router = Router::new();
+        for (path, routed) in self.paths {
+            router = router.route(path, routed);
+        }
+        (router, self.specs)
+    }
+}
+
+/// The declarations a request's (method, matched path) is looked up in.
+#[derive(Clone)]
+pub struct Table(Arc<Vec<RouteSpec>>);
+
+impl Table {
+    pub fn new(specs: &[RouteSpec]) -> Table {
+        Table(Arc::new(specs.to_vec()))
+    }
+
+    /// The access of the route `request` matched; `None`: undeclared.
+    pub fn access_of(&self, request: &Request) -> Option<Access> {
+        let path = request.extensions().get::<MatchedPath>()?.as_str();
+        let method = match *request.method() {
+            Method::HEAD => Method::GET,
+            ref m => m.clone(),
+        };
+        self.0
+            .iter()
+            .find(|s| s.method == method && s.path == path)
+            .map(|s| s.access)
+    }
+}
+
+/// Who made a request (an API token), for the handlers that want it.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub token_id: String,
+    pub role: TokenRole,
+}
+
+/// The API's gate: the route's declared access decides, a route without
+/// one is refused.
+pub async fn authorize(
+    State((cp, table)): State<(Cp, Table)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let what = format!(
+        "{} {}",
+        request.method(),
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("?", |p| p.as_str())
+    );
+    let refusal = match table.access_of(&request) {
+        None => ServerError::Forbidden(format!(
+            "{what} declares no access (a route added without a role is never served)"
+        )),
+        Some(Access::Public) | Some(Access::NodeToken(_)) => return next.run(request).await,
+        Some(Access::Metrics) => {
+            let token = super::bearer(request.headers());
+            let reader = cp.metrics.reader_token();
+            if let (Some(t), Some(r)) = (token, reader) {
+                if pki::secrets_equal(t, r) {
+                    return next.run(request).await;
+                }
+            }
+            match api_tokens::authenticate(&cp, token) {
+                Ok(t) => {
+                    request.extensions_mut().insert(Caller {
+                        token_id: t.id,
+                        role: t.role,
+                    });
+                    return next.run(request).await;
+                }
+                Err(ServerError::Unauthorized(why)) => ServerError::Unauthorized(format!(
+                    "{why} (or the metrics reader token, the state directory's metrics-token)"
+                )),
+                Err(e) => e,
+            }
+        }
+        Some(Access::Role(needs)) => {
+            match api_tokens::authenticate(&cp, super::bearer(request.headers()))
+                .and_then(|t| api_tokens::require(&t, needs, &what).map(|()| t))
+            {
+                Ok(t) => {
+                    request.extensions_mut().insert(Caller {
+                        token_id: t.id,
+                        role: t.role,
+                    });
+                    return next.run(request).await;
+                }
+                Err(e) => e,
+            }
+        }
+    };
+    // Read (and drop) a small body so the connection stays usable for the
+    // client's next request; a large one just closes it.
+    let _ = axum::body::to_bytes(request.into_body(), 64 * 1024).await;
+    refusal.into_response()
+}
+
+/// Every route of the API with its access (what the router serves).
+pub fn route_table() -> Vec<RouteSpec> {
+    super::routes().finish().1
+}

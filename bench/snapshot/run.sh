@@ -62,19 +62,22 @@ SERVER=$!
 for _ in $(seq 300); do [ -f "$KNIT_CONFIG" ] && knit get clusters >/dev/null 2>&1 && break; sleep 0.1; done
 
 # Pull-only where instances reach it; pushes go to a loopback writer over
-# the same storage.
+# the same storage, with the writer credential (knit-writer, the token in
+# writer-token; /v2/ answers it 401 without).
 "$BIN/knit-registry" serve --dir "$WORK/registry" --addr "0.0.0.0:$RPORT" >"$WORK/registry.log" 2>&1 &
 REG=$!
 "$BIN/knit-registry" serve --dir "$WORK/registry" --addr "127.0.0.1:$WPORT" >"$WORK/registry-push.log" 2>&1 &
 REG="$REG $!"
 for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$RPORT/v2/" >/dev/null && curl -sf "http://127.0.0.1:$WPORT/v2/" >/dev/null && break
+    curl -sf "http://127.0.0.1:$RPORT/v2/" >/dev/null && [ -s "$WORK/registry/writer-token" ] &&
+        printf 'user = "knit-writer:%s"\n' "$(cat "$WORK/registry/writer-token")" |
+        curl -sf -K - "http://127.0.0.1:$WPORT/v2/" >/dev/null && break
     sleep 0.1
 done
 APP=docker.io/knit/bench-app:1
 IMAGES=(registry.k8s.io/pause:3.10 registry.k8s.io/kube-proxy:v1.31.4 docker.io/flannel/flannel:v0.26.1 "$APP")
 t=$(ms)
-"$BIN/knit-registry" seed --registry "http://127.0.0.1:$WPORT" --work "$WORK/seed" \
+"$BIN/knit-registry" seed --registry "http://127.0.0.1:$WPORT" --credential-file "$WORK/registry/writer-token" --work "$WORK/seed" \
     registry.k8s.io/pause:3.10=512K registry.k8s.io/kube-proxy:v1.31.4=28M \
     docker.io/flannel/flannel:v0.26.1=30M "$APP=${BIG}x${BIG_LAYERS}" >"$WORK/seed.json"
 seed_ms=$(($(ms) - t))

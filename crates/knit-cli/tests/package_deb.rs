@@ -146,7 +146,10 @@ fn the_debian_package_holds_the_binaries_a_unit_and_a_working_config_file() {
         .filter_map(|l| l.strip_prefix("# ").or(Some(l)))
         .filter_map(|l| {
             let (k, _) = l.split_once(": ")?;
-            (!k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')).then_some(k)
+            (!k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+            .then_some(k)
         })
         .collect();
     let help = run(Command::new(root.join("usr/bin/knit")).args(["server", "--help"]));

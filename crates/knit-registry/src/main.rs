@@ -3,8 +3,8 @@
 //! pushes on a loopback address only, with the writer credential (basic
 //! auth as `knit-writer`, the token in `D/writer-token`); on any other it
 //! serves pulls only (run a second `serve` of the same `--dir` on 127.0.0.1
-//! to push, `seed --registry http://knit-writer:TOKEN@127.0.0.1:PORT`).
-//! `knit-registry seed --registry http://IP:PORT [--work D] REF=SIZE[xLAYERS]…`:
+//! to push, with `seed --credential-file D/writer-token`).
+//! `knit-registry seed --registry http://IP:PORT [--credential-file F] [--work D] REF=SIZE[xLAYERS]…`:
 //! builds each image from random bytes and pushes it; prints one JSON line
 //! per image (reference, digest, bytes).
 
@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use knit_registry::{RegistryError, Result};
 
-const USAGE: &str = "usage: knit-registry serve --dir D --addr IP:PORT\n       knit-registry seed --registry http://IP:PORT [--work D] REF=SIZE[xLAYERS]...";
+const USAGE: &str = "usage: knit-registry serve --dir D --addr IP:PORT\n       knit-registry seed --registry http://IP:PORT [--credential-file D/writer-token] [--work D] REF=SIZE[xLAYERS]...";
 
 fn flag(args: &mut Vec<String>, name: &str) -> Option<String> {
     let i = args.iter().position(|a| a == name)?;
@@ -58,7 +58,14 @@ fn run(mut args: Vec<String>) -> Result<()> {
             Err(RegistryError::Start(format!("exec docker-registry: {e}")))
         }
         "seed" => {
-            let base = flag(&mut args, "--registry").ok_or_else(usage)?;
+            let mut base = flag(&mut args, "--registry").ok_or_else(usage)?;
+            // The writer's credential from its file, never from argv.
+            if let Some(file) = flag(&mut args, "--credential-file") {
+                let token = std::fs::read_to_string(&file).map_err(|e| {
+                    RegistryError::Invalid(format!("--credential-file {file}: {e}"))
+                })?;
+                base = knit_registry::credential_url(&base, token.trim());
+            }
             let work = flag(&mut args, "--work")
                 .map(PathBuf::from)
                 .unwrap_or_else(std::env::temp_dir);

@@ -160,18 +160,41 @@ impl Table {
         Table(Arc::new(specs.to_vec()))
     }
 
-    /// The access of the route `request` matched; `None`: undeclared.
-    pub fn access_of(&self, request: &Request) -> Option<Access> {
-        let path = request.extensions().get::<MatchedPath>()?.as_str();
+    /// The access of the route `request` matched.
+    pub fn access_of(&self, request: &Request) -> Declared {
+        let Some(path) = request.extensions().get::<MatchedPath>() else {
+            return Declared::Nothing;
+        };
+        let path = path.as_str();
         let method = match *request.method() {
             Method::HEAD => Method::GET,
             ref m => m.clone(),
         };
-        self.0
-            .iter()
-            .find(|s| s.method == method && s.path == path)
-            .map(|s| s.access)
+        let mut path_known = false;
+        for spec in self.0.iter().filter(|s| s.path == path) {
+            if spec.method == method {
+                return Declared::Access(spec.access);
+            }
+            path_known = true;
+        }
+        if path_known {
+            Declared::OtherMethods
+        } else {
+            Declared::Nothing
+        }
     }
+}
+
+/// What the route table says of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    /// The route and method are declared with this access.
+    Access(Access),
+    /// The path is declared for other methods only: the builder registered
+    /// no handler for this one, so the router answers 405 itself.
+    OtherMethods,
+    /// Neither: a route added past the builder, never served.
+    Nothing,
 }
 
 /// Who made a request (an API token), for the handlers that want it.
@@ -196,12 +219,19 @@ pub async fn authorize(
             .get::<MatchedPath>()
             .map_or("?", |p| p.as_str())
     );
-    let refusal = match table.access_of(&request) {
-        None => ServerError::Forbidden(format!(
-            "{what} declares no access (a route added without a role is never served)"
-        )),
-        Some(Access::Public) | Some(Access::NodeToken(_)) => return next.run(request).await,
-        Some(Access::Metrics) => {
+    let access = match table.access_of(&request) {
+        Declared::Access(access) => access,
+        Declared::OtherMethods => return next.run(request).await,
+        Declared::Nothing => {
+            return ServerError::Forbidden(format!(
+                "{what} declares no access (a route added without a role is never served)"
+            ))
+            .into_response()
+        }
+    };
+    let refusal = match access {
+        Access::Public | Access::NodeToken(_) => return next.run(request).await,
+        Access::Metrics => {
             let token = super::bearer(request.headers());
             let reader = cp.metrics.reader_token();
             if let (Some(t), Some(r)) = (token, reader) {
@@ -223,7 +253,7 @@ pub async fn authorize(
                 Err(e) => e,
             }
         }
-        Some(Access::Role(needs)) => {
+        Access::Role(needs) => {
             match api_tokens::authenticate(&cp, super::bearer(request.headers()))
                 .and_then(|t| api_tokens::require(&t, needs, &what).map(|()| t))
             {

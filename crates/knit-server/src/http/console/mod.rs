@@ -209,7 +209,7 @@ async fn require_session(
         return see_other("/ui/sign-in");
     };
     let needs = match table.access_of(&request) {
-        Some(auth::Access::Role(r)) => r,
+        auth::Declared::Access(auth::Access::Role(r)) => r,
         // Every signed-in page declares a role; anything else is refused.
         _ => TokenRole::Admin,
     };

@@ -273,10 +273,19 @@ impl ControlPlane {
         reason: &str,
         what: &str,
     ) -> Result<()> {
-        self.store
-            .set_instance_created(&instance.name, &found.id, found.ip.as_deref())?;
-        self.store
-            .finish_intent(intent.id, knit_api::state::IntentStatus::Done, None)?;
+        self.store.record_instance_created(
+            &instance.name,
+            &found.id,
+            found.ip.as_deref(),
+            intent.id,
+            reason,
+            &format!(
+                "{what}: {} ({}) at provider {}",
+                found.id,
+                found.ip.as_deref().unwrap_or("no IP yet"),
+                self.provider.as_ref().map(|p| p.name()).unwrap_or("none")
+            ),
+        )?;
         if !instance.added {
             self.metrics.node_startup(
                 crate::metrics::StartupStage::Running,
@@ -286,18 +295,6 @@ impl ControlPlane {
                 crate::store::now_ms(),
             );
         }
-        self.store.add_event(
-            EventType::Normal,
-            "Instance",
-            &instance.name,
-            reason,
-            &format!(
-                "{what}: {} ({}) at provider {}",
-                found.id,
-                found.ip.as_deref().unwrap_or("no IP yet"),
-                self.provider.as_ref().map(|p| p.name()).unwrap_or("none")
-            ),
-        )?;
         Ok(())
     }
 

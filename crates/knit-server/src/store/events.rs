@@ -5,7 +5,7 @@
 use super::{now_ms, word, Store};
 use crate::error::Result;
 use knit_api::state::EventType;
-use knit_db::params;
+use knit_db::{params, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,39 +84,71 @@ impl Store {
         message: &str,
     ) -> Result<()> {
         let now = now_ms();
-        let written: Option<(i64, i64, i64, i64)> = self.write(|tx| {
-            let counted = tx.execute(
-                "UPDATE events SET count = count + 1, last_ms = ?1 WHERE id = (
-                   SELECT id FROM events WHERE object_name = ?4 AND reason = ?5 AND type = ?2
-                     AND object_kind = ?3 AND message = ?6 AND last_ms >= ?7
-                   ORDER BY id DESC LIMIT 1)",
-                params![
-                    now,
-                    event_type.as_str(),
-                    kind,
-                    name,
-                    reason,
-                    message,
-                    now - EVENT_AGGREGATION_WINDOW_MS
-                ],
+        let written =
+            self.write(|tx| self.event_in(tx, now, event_type, kind, name, reason, message))?;
+        self.event_written(now, written, event_type, kind, name, reason, message)
+    }
+
+    /// Writes an event inside `tx` (counted on an identical recent one);
+    /// the row when a sink wants it. [`Store::event_written`] finishes it
+    /// after the transaction commits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn event_in(
+        &self,
+        tx: &mut Tx<'_>,
+        now: i64,
+        event_type: EventType,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<Option<(i64, i64, i64, i64)>> {
+        let counted = tx.execute(
+            "UPDATE events SET count = count + 1, last_ms = ?1 WHERE id = (
+               SELECT id FROM events WHERE object_name = ?4 AND reason = ?5 AND type = ?2
+                 AND object_kind = ?3 AND message = ?6 AND last_ms >= ?7
+               ORDER BY id DESC LIMIT 1)",
+            params![
+                now,
+                event_type.as_str(),
+                kind,
+                name,
+                reason,
+                message,
+                now - EVENT_AGGREGATION_WINDOW_MS
+            ],
+        )?;
+        if counted == 0 {
+            tx.execute(
+                "INSERT INTO events (at_ms, last_ms, count, type, object_kind, object_name, reason, message) VALUES (?1, ?1, 1, ?2, ?3, ?4, ?5, ?6)",
+                params![now, event_type.as_str(), kind, name, reason, message],
             )?;
-            if counted == 0 {
-                tx.execute(
-                    "INSERT INTO events (at_ms, last_ms, count, type, object_kind, object_name, reason, message) VALUES (?1, ?1, 1, ?2, ?3, ?4, ?5, ?6)",
-                    params![now, event_type.as_str(), kind, name, reason, message],
-                )?;
-            }
-            if self.event_sink.get().is_none() {
-                return Ok(None);
-            }
-            // The row just counted or made (the newest of its kind).
-            let row = tx.query_one(
-                "SELECT id, at_ms, count, last_ms FROM events WHERE object_name = ?3 AND reason = ?4
-                   AND type = ?1 AND object_kind = ?2 AND message = ?5 ORDER BY id DESC LIMIT 1",
-                params![event_type.as_str(), kind, name, reason, message],
-            )?;
-            Ok(Some((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
-        })?;
+        }
+        if self.event_sink.get().is_none() {
+            return Ok(None);
+        }
+        // The row just counted or made (the newest of its kind).
+        let row = tx.query_one(
+            "SELECT id, at_ms, count, last_ms FROM events WHERE object_name = ?3 AND reason = ?4
+               AND type = ?1 AND object_kind = ?2 AND message = ?5 ORDER BY id DESC LIMIT 1",
+            params![event_type.as_str(), kind, name, reason, message],
+        )?;
+        Ok(Some((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
+    }
+
+    /// After an event's transaction committed: the sink, the count of
+    /// writes and now and then the pruning.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn event_written(
+        &self,
+        now: i64,
+        written: Option<(i64, i64, i64, i64)>,
+        event_type: EventType,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
         if let (Some(sink), Some((id, at_ms, count, last_ms))) = (self.event_sink.get(), written) {
             sink(&EventRecord {
                 id,

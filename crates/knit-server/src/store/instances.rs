@@ -3,7 +3,7 @@
 
 use super::{now_ms, opt_word, word, Store};
 use crate::error::Result;
-use knit_api::state::{InstanceState, RepairAction};
+use knit_api::state::{EventType, InstanceState, IntentStatus, RepairAction};
 use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
 
@@ -140,6 +140,42 @@ impl Store {
             )?;
             Ok(())
         })
+    }
+
+    /// The instance made (or found) at the provider, its create intent done
+    /// and the event saying so, in one transaction: a server killed between
+    /// them leaves all or none, so the next leader neither loses the event
+    /// nor makes the instance again.
+    pub fn record_instance_created(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ip: Option<&str>,
+        intent_id: i64,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
+        let now = now_ms();
+        let written = self.write(|tx| {
+            tx.execute(
+                "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
+                params![name, provider_id, ip, InstanceState::Running.as_str(), now],
+            )?;
+            tx.execute(
+                "UPDATE intents SET status = ?2, last_error = NULL, updated_ms = ?3 WHERE id = ?1",
+                params![intent_id, IntentStatus::Done.as_str(), now],
+            )?;
+            self.event_in(tx, now, EventType::Normal, "Instance", name, reason, message)
+        })?;
+        self.event_written(
+            now,
+            written,
+            EventType::Normal,
+            "Instance",
+            name,
+            reason,
+            message,
+        )
     }
 
     pub fn set_report_token_hash(&self, name: &str, hash: &str) -> Result<()> {

@@ -235,4 +235,35 @@ mod tests {
             assert!(store.node("local.i-1").unwrap().is_none());
         });
     }
+
+    #[test]
+    fn a_create_is_recorded_with_its_intent_and_event_together() {
+        crate::store::testing::each_store(|store| {
+            store
+                .add_create_intents("p", &[("p-a".into(), "t".into())])
+                .unwrap();
+            let intent = store.pending_intents().unwrap().remove(0);
+            store
+                .record_instance_created(
+                    "p-a",
+                    "i-9",
+                    Some("10.0.0.9"),
+                    intent.id,
+                    "Created",
+                    "made",
+                )
+                .unwrap();
+            let instance = store.instance("p-a").unwrap().unwrap();
+            assert_eq!(instance.provider_id.as_deref(), Some("i-9"));
+            assert_eq!(instance.state, knit_api::state::InstanceState::Running);
+            assert!(store.pending_intents().unwrap().is_empty());
+            let events = store.events(10).unwrap();
+            assert!(
+                events.iter().any(|e| e.object_name == "p-a"
+                    && e.reason == "Created"
+                    && e.message == "made"),
+                "{events:?}"
+            );
+        });
+    }
 }

@@ -43,12 +43,23 @@ free_port() {
 PORT=$(free_port)
 CLUSTER_PORT=$(free_port)
 
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# The server `knit up` started is recorded (bench_track_up) and ended by its
+# PID should `knit down` not stop it; the run fails if anything of it is
+# left running.
 cleanup() {
+    local rc=$?
+    trap - EXIT
     "$BIN/knit" down --timeout 120 >/dev/null 2>&1 || true
+    bench_end_all 10
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    bench_left "$WORK" || rc=1
     rm -rf "$WORK"
+    exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 echo "load: $(uptime)"
 "$BIN/knit" image build >/dev/null
@@ -56,6 +67,7 @@ echo "load: $(uptime)"
 "$BIN/knit" up --state-dir "$STATE" --listen "127.0.0.1:$PORT,$GATEWAY:$PORT" \
     --cluster-port "$CLUSTER_PORT" --console-listen off \
     --local-state-dir "$WORK/local" --local-bridge "$BRIDGE" --local-subnet "$SUBNET" >/dev/null
+bench_track_up "$KNIT_CONFIG"
 REPO=$STATE/mirror/debian
 if [ -f "$REPO/InRelease" ]; then signed=yes; else signed=no; fi
 echo "repository: $(grep -c '^Package:' "$REPO/Packages") packages, signed: $signed"

@@ -12,8 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p knit-kubelet-sim
 cargo build --release -q -p knit-cluster --example heartbeat_bench
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# In a session of its own: its stand-ins (and PostgreSQL's processes) must
+# be gone when it returns, or the bench fails.
 run() {
-    KNIT_BENCH_DATASTORE=$1 ./target/release/examples/heartbeat_bench \
+    KNIT_BENCH_DATASTORE=$1 bench_session ./target/release/examples/heartbeat_bench \
         "$PWD/target/release/knit-kubelet-sim" "${N}" "${WINDOW}"
 }
 N=${1:-1000}

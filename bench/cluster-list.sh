@@ -8,5 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p knit-cluster --example list_bench
 echo "load before: $(uptime)"
-./target/release/examples/list_bench "${1:-1000}" "${2:-30}"
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# In a session of its own: nothing of it may be left when it returns.
+bench_session ./target/release/examples/list_bench "${1:-1000}" "${2:-30}"
 echo "load after: $(uptime)"

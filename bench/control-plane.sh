@@ -19,7 +19,12 @@ cd "$(dirname "$0")/.."
 
 cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
 echo "== in-process: planning, API latency (SQLite, then PostgreSQL), RSS"
-cargo run --release -q -p knit-server --example bench_control_plane
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# In a session of its own: whatever it starts (PostgreSQL's processes
+# included) must be gone when it returns.
+cargo build --release -q -p knit-server --example bench_control_plane
+bench_session target/release/examples/bench_control_plane
 
 BIN=target/release
 WORK=$(mktemp -d)
@@ -30,12 +35,20 @@ GATEWAY=${SUBNET%.0/24}.1
 export KNIT_CONFIG=$WORK/config
 LOCAL=(--local-state-dir "$WORK/local" --local-bridge "$BRIDGE" --local-subnet "$SUBNET")
 
+# The servers `knit up` started are recorded and ended by their PIDs should
+# `knit down` not stop them; the run fails if anything of it is left running.
 cleanup() {
+    local rc=$?
+    trap - EXIT
     "$BIN/knit" down --timeout 120 >/dev/null 2>&1 || true
+    bench_end_all 10
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    bench_left "$WORK" || rc=1
     rm -rf "$WORK"
+    exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -84,6 +97,7 @@ run_pass() {
     "$BIN/knit" package build --state-dir "$WORK/server" "${pkg[@]}" >/dev/null
     "$BIN/knit" up --state-dir "$WORK/server" --listen "0.0.0.0:$(free_port)" --advertise-address "$GATEWAY" \
         --cluster "$cluster" --cluster-port "$(free_port)" "${LOCAL[@]}" >/dev/null
+    bench_track_up "$KNIT_CONFIG"
     "$BIN/knit" apply -f "$WORK/pool.yaml" >/dev/null
     echo "== local cloud, cluster: $cluster; scale request -> every node done"
     for n in 1 3 10; do

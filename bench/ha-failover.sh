@@ -57,16 +57,27 @@ ours() {
     [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -qF "$STATE"
 }
 
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# The run fails if any process naming its work directory (servers,
+# HAProxy, PostgreSQL, the local cloud's) is left running.
 cleanup() {
+    local rc=$?
+    trap - EXIT
     "$BIN/knit" down --timeout 120 >/dev/null 2>&1 || true
     for name in server-1 server-2 haproxy postgres; do
         pid=$(recorded "$name")
         if [ -n "$pid" ] && ours "$pid"; then kill -9 "$pid" 2>/dev/null || true; fi
     done
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    # PostgreSQL's children outlive a killed postmaster for a moment.
+    for _ in $(seq 50); do bench_left "$WORK" 2>/dev/null && break; sleep 0.2; done
+    bench_left "$WORK" || rc=1
     rm -rf "$WORK"
+    exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 cat > "$WORK/pool.yaml" <<'POOL'
 apiVersion: knit.dev/v1alpha1

@@ -13,7 +13,20 @@ cargo build --release -q -p knit-local
 BIN=$PWD/target/release/knit-local
 WORK=$(mktemp -d -t knit-local-bench-XXXXXX)
 export KNIT_LOCAL_STATE_DIR=$WORK/state KNIT_LOCAL_BRIDGE=kbench$$ KNIT_LOCAL_SUBNET=10.254.$(($$ % 200)).0/24
-trap '"$BIN" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# Every process of the run (PID 1s, shims, the metadata server) names
+# $WORK in its command line; the run fails if one is left after `down`.
+cleanup() {
+    local rc=$?
+    trap - EXIT
+    "$BIN" down >/dev/null 2>&1 || true
+    bench_left "$WORK" || rc=1
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 ms() { date +%s%3N; }
 

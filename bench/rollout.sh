@@ -36,12 +36,22 @@ free_port() {
 PORT=$(free_port)
 CLUSTER_PORT=$(free_port)
 SAMPLER=
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
+# The sampler and the server `knit up` started are recorded and ended by
+# their PIDs (the server by `knit down` first); the run fails if anything
+# of it is left running.
 cleanup() {
-    if [ -n "$SAMPLER" ]; then kill "$SAMPLER" 2>/dev/null || true; fi
+    local rc=$?
+    trap - EXIT
+    if [ -n "$SAMPLER" ] && bench_ours "$SAMPLER"; then kill "$SAMPLER" 2>/dev/null || true; fi
     "$BIN/knit" down --timeout 180 >/dev/null 2>&1 || true
+    bench_end_all 10
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    bench_left "$WORK" || rc=1
     rm -rf "$WORK"
+    exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
@@ -69,13 +79,15 @@ echo "load: $(uptime)"
     --advertise-address "$GATEWAY" --cluster embedded --cluster-port "$CLUSTER_PORT" \
     --console-listen off --parallelism 2 \
     --local-state-dir "$WORK/local" --local-bridge "$BRIDGE" --local-subnet "$SUBNET" >/dev/null
+bench_track_up "$KNIT_CONFIG"
 pool 0 ecs.g7.large > "$WORK/pool.yaml"
 "$BIN/knit" create -f "$WORK/pool.yaml" >/dev/null
 "$BIN/knit" scale pool bench --replicas "$N" --wait --timeout 1800 >/dev/null
 
-# The sampler: "<instances> <ready>" a line every ~200 ms.
+# The sampler: "<instances> <ready>" a line every ~200 ms, until its stop
+# file exists (so it never dies in the middle of writing a line).
 (
-    while true; do
+    while [ ! -e "$WORK/stop-sampler" ]; do
         "$BIN/knit" get pool bench -o json 2>/dev/null | python3 -c '
 import json, sys
 s = json.load(sys.stdin)["status"]
@@ -84,13 +96,14 @@ print(s["instances"], s["ready"])' 2>/dev/null || true
     done
 ) > "$WORK/samples" &
 SAMPLER=$!
+bench_track "$SAMPLER" rollout.sh
 
 pool "$N" ecs.g7.xlarge > "$WORK/pool.yaml"
 t0=$(date +%s%3N)
 "$BIN/knit" apply -f "$WORK/pool.yaml" >/dev/null
 "$BIN/knit" rollout status pool bench --timeout 60m >/dev/null
 t1=$(date +%s%3N)
-kill "$SAMPLER" 2>/dev/null || true
+touch "$WORK/stop-sampler"
 wait "$SAMPLER" 2>/dev/null || true
 SAMPLER=
 

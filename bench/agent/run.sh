@@ -20,7 +20,18 @@ cleanup() {
     losetup -a | grep "$work/" | cut -d: -f1 | xargs -r -n1 losetup -d 2>/dev/null || true
     rm -rf "$work"
 }
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# The agent runs in the foreground; whatever it started (services under
+# --root) names $work, and the run fails if any is left.
+finish() {
+    local rc=$?
+    trap - EXIT
+    bench_left "$work" || rc=1
+    cleanup
+    exit "$rc"
+}
+trap finish EXIT
 
 # The package: the layout of kubernetes-<v>-linux-amd64.tar.gz.
 version=1.31.4

@@ -37,14 +37,18 @@ RPORT=$((PORT + 2))
 WPORT=$((PORT + 3))
 export KNIT_CONFIG=$WORK/config
 export KNIT_LOCAL_BANDWIDTH_MBIT=$MBIT
-SERVER='' REG=''
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+# Every process started here is recorded (bench_track) and ended by its PID;
+# the run fails if anything of it is still running at the end.
 cleanup() {
+    local rc=$?
     trap - EXIT INT TERM
-    if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
-    # shellcheck disable=SC2086 # two PIDs
-    if [ -n "$REG" ]; then kill $REG 2>/dev/null || true; wait $REG 2>/dev/null || true; fi
+    bench_end_all 10
     "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subnet "$SUBNET" down >/dev/null 2>&1 || true
+    bench_left "$WORK" || rc=1
     rm -rf "$WORK"
+    exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -55,19 +59,21 @@ local_() { "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subn
 jq_() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 knit package build --state-dir "$WORK/server" >/dev/null
-knit server --write-config --state-dir "$WORK/server" --cluster embedded --cluster-port "$CPORT" \
+# The binary itself, not the knit() function: `func &` forks a subshell,
+# and $! would be that subshell, not the server.
+"$BIN/knit" server --write-config --state-dir "$WORK/server" --cluster embedded --cluster-port "$CPORT" \
     --listen "0.0.0.0:$PORT" --advertise-address "$GW" --local-state-dir "$WORK/local" \
     --local-bridge "$BRIDGE" --local-subnet "$SUBNET" --parallelism "$NODES" >"$WORK/server.log" 2>&1 &
-SERVER=$!
+bench_track $! "$WORK/server"
 for _ in $(seq 300); do [ -f "$KNIT_CONFIG" ] && knit get clusters >/dev/null 2>&1 && break; sleep 0.1; done
 
 # Pull-only where instances reach it; pushes go to a loopback writer over
 # the same storage, with the writer credential (knit-writer, the token in
 # writer-token; /v2/ answers it 401 without).
 "$BIN/knit-registry" serve --dir "$WORK/registry" --addr "0.0.0.0:$RPORT" >"$WORK/registry.log" 2>&1 &
-REG=$!
+bench_track $! "$WORK/registry"
 "$BIN/knit-registry" serve --dir "$WORK/registry" --addr "127.0.0.1:$WPORT" >"$WORK/registry-push.log" 2>&1 &
-REG="$REG $!"
+bench_track $! "$WORK/registry"
 for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$RPORT/v2/" >/dev/null && [ -s "$WORK/registry/writer-token" ] &&
         printf 'user = "knit-writer:%s"\n' "$(cat "$WORK/registry/writer-token")" |

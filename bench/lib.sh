@@ -33,7 +33,7 @@ bench_stat_field() {
 }
 
 bench_cmdline() {
-    tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null
+    tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline"
 }
 
 bench_track() {

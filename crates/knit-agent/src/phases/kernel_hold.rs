@@ -1,4 +1,4 @@
-//! The kernel is not part of a security upgrade (SPEC §1: `yum update-minimal
+//! The kernel is not part of a security upgrade (docs/spec.md §1.3.5: `yum update-minimal
 //! --security --exclude kernel*`). yum and dnf take the exclusion as a flag;
 //! apt has none, so the installed kernel packages are held (`apt-mark
 //! hold`) for the upgrade and released after. Only the holds knit added are

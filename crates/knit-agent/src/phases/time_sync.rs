@@ -1,4 +1,4 @@
-//! `time-sync`: keep the node clock on NTP with chronyd (SPEC §1 3.1).
+//! `time-sync`: keep the node clock on NTP with chronyd (docs/spec.md §1.3.1).
 //!
 //! chronyd steers the clock only when this node owns it: it may set it
 //! (CAP_SYS_TIME) and runs in the initial PID namespace. The clock is not

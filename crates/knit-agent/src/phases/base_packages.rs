@@ -1,5 +1,5 @@
-//! `base-packages`: the tools storage and network features need (SPEC §1
-//! 3.5) and minimal security fixes, honouring `/var/.skip-yum` and
+//! `base-packages`: the tools storage and network features need
+//! (docs/spec.md §1.3.5) and minimal security fixes, honouring `/var/.skip-yum` and
 //! `/var/.skip-security-fix`.
 //!
 //! With `basePackages.repository` (the control plane's flat Debian

@@ -1,4 +1,4 @@
-//! `hardening`: the pool's hardening profile (SPEC §1 3.7). Every rule is
+//! `hardening`: the pool's hardening profile (docs/spec.md §1.3.7). Every rule is
 //! concrete, checked before it is applied, and listed in docs/agent.md. The
 //! profile is fixed at the node's first run: a different one later is refused.
 

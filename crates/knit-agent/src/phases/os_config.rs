@@ -1,7 +1,7 @@
 //! `os-config-initial` and `os-config`: the pool's kernel parameters and
 //! transparent huge pages. Applied once before the kubelet starts (forwarding
-//! and bridge settings matter to it, SPEC §1 3.1) and again after every
-//! package is installed so that they hold (3.6). The file is written always;
+//! and bridge settings matter to it, docs/spec.md §1.3.1) and again after every
+//! package is installed so that they hold (§1.3.6). The file is written always;
 //! values are applied where this node may: under `--root`, or where a
 //! parameter is host-wide and read-only in a sandbox, it is left to the next
 //! boot and the log says so.

@@ -1,4 +1,4 @@
-//! Who this node is: its name, IP, instance id and provider id (SPEC §1 3.1).
+//! Who this node is: its name, IP, instance id and provider id (docs/spec.md §1.3.1).
 
 use crate::error::{AgentError, Result};
 use crate::host::Host;

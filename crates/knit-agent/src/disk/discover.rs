@@ -260,7 +260,7 @@ pub fn discover(host: &Host) -> Result<Vec<BlockDisk>> {
     Ok(disks)
 }
 
-/// SPEC §1 3.1: the runtime disk, by the rule the server also uses
+/// docs/spec.md §1.3.1: the runtime disk, by the rule the server also uses
 /// ([`knit_api::disk::runtime_device`]): NVMe preferred; among the
 /// preferred kind, the last by byte-wise order of the device name.
 pub fn choose(disks: &[BlockDisk]) -> Option<&BlockDisk> {

@@ -1,4 +1,4 @@
-//! Marker files that pre-user-data drops to steer initialization (SPEC §1).
+//! Marker files that pre-user-data drops to steer initialization (docs/spec.md §1.3).
 //!
 //! Precedence (documented in docs/agent.md):
 //! 1. `/var/.skip-auto-fdisk` wins over everything about the data disk: no

@@ -1,5 +1,5 @@
 //! knit-agent: takes a machine from a bare OS to a joined, configured node
-//! as a journal of idempotent phases (SPEC §1).
+//! as a journal of idempotent phases (docs/spec.md §1.3, §5.1).
 
 pub mod disk;
 pub mod engine;

@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-/// The cache directory inside the data disk (SPEC §3, ACK's layout).
+/// The cache directory inside the data disk (docs/spec.md §1.3.2, ACK's layout).
 pub const CACHE_SUBDIR: &str = "ack/kubernetes";
 pub const CACHE_MANIFEST: &str = "knit-cache.json";
 pub const PACKAGE_MANIFEST: &str = "knit-package.json";

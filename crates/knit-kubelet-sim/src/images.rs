@@ -4,7 +4,7 @@
 //! `PullImage` only when the runtime does not have it. Log lines follow
 //! kubelet's events: `Successfully pulled image "<ref>" …` only after a
 //! real pull, `Container image "<ref>" already present on machine` for a
-//! cached one — so `grep "pulled image"` counts real pulls (SPEC §3).
+//! cached one — so `grep "pulled image"` counts real pulls (docs/spec.md §3.3).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -189,7 +189,7 @@ async fn ensure_one(socket: &Path, image: &str) -> ImageOutcome {
                 out.bytes_pulled = size;
                 out.pull_millis = millis;
                 out.repo_digests = found.map(|f| f.repo_digests).unwrap_or_default();
-                // kubelet's event wording; the one line SPEC §3's check greps.
+                // kubelet's event wording; the one line docs/spec.md §3.3's check greps.
                 tracing::info!(
                     image,
                     image_ref,

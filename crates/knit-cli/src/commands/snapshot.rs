@@ -1,4 +1,4 @@
-//! `knit snapshot create|list|delete|builds`: data-disk snapshots (SPEC §3).
+//! `knit snapshot create|list|delete|builds`: data-disk snapshots (docs/spec.md §3).
 
 use super::get::{show, GetOpts, Listing};
 use super::now_ms;

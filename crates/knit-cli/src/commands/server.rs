@@ -904,7 +904,7 @@ pub fn down(
             )));
         }
     }
-    // Instances added by attach that the pools' deletion kept (SPEC §2).
+    // Instances added by attach that the pools' deletion kept (docs/spec.md §2.4).
     let mut added_kept: Vec<String> = Vec::new();
     if !keep_instances {
         let c = Client::new(&config)?;

@@ -1,5 +1,5 @@
 //! `knit attach` (automatic mode) and `knit attach-script` (manual mode):
-//! adding existing instances to a pool (SPEC §2, docs/add-existing.md).
+//! adding existing instances to a pool (docs/spec.md §2, docs/add-existing.md).
 
 use crate::error::{CliError, Result};
 use clap::Args;

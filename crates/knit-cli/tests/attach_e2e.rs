@@ -1,4 +1,4 @@
-//! Adding existing instances to a pool (SPEC §2), end to end: the `knit`
+//! Adding existing instances to a pool (docs/spec.md §2), end to end: the `knit`
 //! binary, a server process, the real local cloud, the real agent and the
 //! embedded cluster.
 //!
@@ -516,7 +516,7 @@ fn an_instance_that_cannot_reach_the_api_server_fails_with_a_diagnosis() {
         std::thread::sleep(Duration::from_secs(2));
     };
     let message = failed["lastError"].as_str().unwrap_or_default();
-    // The API server's real address and port, not the SPEC's 6443.
+    // The API server's real address and port, not docs/spec.md §2.3's 6443.
     let api_address = format!("{}:{api_port}", env.gateway);
     for needle in [
         "not initialized 60 s",

@@ -144,7 +144,7 @@ fn snapshot_build_use_stale_and_delete() {
         "--timeout",
         "900",
     ]);
-    // SPEC §3's order: the node leaves the cluster (instance kept) before
+    // docs/spec.md §3.2's order: the node leaves the cluster (instance kept) before
     // the package and the images; the instance stops before the snapshot.
     let order = [
         "builder", "ready", "detach", "package", "images", "clean", "stop", "snapshot", "release",

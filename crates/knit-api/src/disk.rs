@@ -1,5 +1,5 @@
 //! The runtime disk: which data disk holds containerd's root, the kubelet's
-//! directory and the Kubernetes package cache (SPEC §1 3.1).
+//! directory and the Kubernetes package cache (docs/spec.md §1.3.1).
 //!
 //! One rule, used by everyone who needs to know: the server (which disk's
 //! settings go into the node's configuration, which disk a snapshot is
@@ -7,13 +7,13 @@
 //!
 //! **The runtime disk is the last NVMe data disk device when the instance
 //! has one, otherwise the last data disk device, in byte-wise
-//! lexicographic order of the device name** (SPEC §1 3.1). Clouds attach
+//! lexicographic order of the device name** (docs/spec.md §1.3.1). Clouds attach
 //! a pool's disks in `spec.dataDisks` order and name each the next free
 //! name of its interface (`vdb`, `vdc`, … and `nvme0n1`, `nvme1n1`, …), so
 //! the server finds the same disk by its index: [`runtime_disk_index`]
 //! names the disks that way and applies the device rule. With two data
 //! disks of one interface it is the second; byte-wise, `nvme10n1` sorts
-//! before `nvme9n1` (SPEC's order, kept).
+//! before `nvme9n1` (the spec's order, kept).
 
 /// Whether a data disk interface (`spec.dataDisks[].interface`) or a
 /// device name is NVMe.
@@ -105,7 +105,7 @@ mod tests {
             ["vdb", "nvme0n1", "vdc"]
         );
         assert_eq!(runtime_disk_index(&["nvme", "nvme", "virtio"]), Some(1));
-        // Byte-wise (SPEC): of twelve NVMe disks, nvme9n1 (the tenth).
+        // Byte-wise (docs/spec.md §1.3.1): of twelve NVMe disks, nvme9n1 (the tenth).
         let many = vec!["nvme"; 12];
         assert_eq!(runtime_device(&attach_names(&many)), Some("nvme9n1"));
         assert_eq!(runtime_disk_index(&many), Some(9));

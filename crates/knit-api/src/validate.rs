@@ -1,4 +1,4 @@
-//! Validation of SPEC §4's rules. Every check appends to one list so that a
+//! Validation of docs/spec.md §4's rules. Every check appends to one list so that a
 //! user sees all their mistakes at once.
 
 use crate::config::*;
@@ -201,7 +201,7 @@ pub fn is_dns_subdomain(s: &str) -> bool {
 }
 
 impl CustomNodeName {
-    /// Rules of SPEC §1 3.1. The total length is checked with the longest IPv4
+    /// Rules of docs/spec.md §1.3.1. The total length is checked with the longest IPv4
     /// address (15 chars) and the shortest (7), so a rule valid here is valid
     /// for every node of the pool.
     pub fn validate(&self, at: &str, e: &mut Errors) {
@@ -296,7 +296,7 @@ fn check_name_part(part: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Label and taint keys: `[prefix/]name` (SPEC §4).
+/// Label and taint keys: `[prefix/]name` (docs/spec.md §4.4).
 pub fn check_label_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
@@ -928,7 +928,7 @@ impl DataDiskConfig {
     }
 }
 
-/// Marker files that steer initialization (SPEC §1), with the agent phase
+/// Marker files that steer initialization (docs/spec.md §1.3), with the agent phase
 /// that reads them. Only pre-user-data runs before that phase.
 pub const INIT_MARKERS: &[(&str, &str)] = &[
     ("/var/.skip-auto-fdisk", "data-disk"),
@@ -954,7 +954,7 @@ impl Display for Warning {
 }
 
 /// Warnings for a pool's `userData` that touches an initialization marker:
-/// user data runs after the node is initialized (SPEC §1 step 4), when the
+/// user data runs after the node is initialized (docs/spec.md §1.4), when the
 /// phase reading the marker has already run, so the marker has no effect.
 /// The place for it is `preUserData`, which runs before initialization.
 /// Comment lines are ignored; one warning per marker. Pure: callers (pool

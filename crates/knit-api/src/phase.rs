@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// The agent's phases, in the order they run (SPEC §1 steps 3.1–3.7; the OS
-/// configuration is applied in 3.1 and again in 3.6).
+/// The agent's phases, in the order they run (docs/spec.md §1.3.1–§1.3.7; the
+/// OS configuration is applied in §1.3.1 and again in §1.3.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PhaseName {

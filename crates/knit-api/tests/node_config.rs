@@ -1,4 +1,4 @@
-//! NodeConfig parsing and SPEC §4 validation: every error named with its
+//! NodeConfig parsing and docs/spec.md §4 validation: every error named with its
 //! field, value and rule, all at once.
 
 use knit_api::{ApiError, FieldError, NodeConfig};
@@ -200,7 +200,7 @@ fn labels_taints_and_custom_names() {
     assert!(has(&doubled, "node.customName.prefix", "consecutive"));
     let missing = errors(&doc("node:\n  customName: {suffix: test}\n"));
     assert!(has(&missing, "node.customName.prefix", "required"));
-    // SPEC's example.
+    // docs/spec.md §1.3.1's example.
     let ok = NodeConfig::from_yaml(&doc(
         "node:\n  customName: {prefix: aliyun.com, suffix: test}\n",
     ))

@@ -1,4 +1,4 @@
-//! User-data composition (SPEC §1 step 1): a cloud-init compatible MIME
+//! User-data composition (docs/spec.md §1.1): a cloud-init compatible MIME
 //! multipart of (1) the pool's pre-user-data, (2) knit's stub that fetches
 //! and runs the agent, (3) the pool's user-data. Pure functions: same input,
 //! same bytes.

@@ -1,4 +1,4 @@
-//! Preflight for adding existing instances to a pool (SPEC §2): one named
+//! Preflight for adding existing instances to a pool (docs/spec.md §2.3): one named
 //! check each, with a stable code, a message and the fix. A pure function of
 //! (cluster, pool, instance facts, context): every check is evaluated and
 //! every result returned, so a user sees all problems at once.

@@ -1,6 +1,6 @@
-//! Data-disk snapshots that make scale-out fast (SPEC §3).
+//! Data-disk snapshots that make scale-out fast (docs/spec.md §3).
 //!
-//! `POST /api/v1/snapshots` starts a build that runs SPEC §3's procedure,
+//! `POST /api/v1/snapshots` starts a build that runs docs/spec.md §3.2's procedure,
 //! in its order, as one managed operation:
 //!
 //! 1. `builder`: a builder pool (copy of the source pool: 1 node, fresh

@@ -55,7 +55,7 @@ pub fn node_kubernetes_version(cluster: &Cluster, pool: &NodePool) -> String {
         .unwrap_or_else(|| cluster.spec.kubernetes_version.clone())
 }
 
-/// How a node joins the cluster (SPEC §4, join protocol).
+/// How a node joins the cluster (docs/spec.md §4.6, join protocol).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinMaterial {
     pub endpoint: String,
@@ -232,7 +232,7 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
     // The gate taint is not added here: the agent registers it itself from
     // `userData.schedulingGate` (adding it twice makes the Node invalid).
     let taints = spec.taints.clone();
-    // SPEC §1 3.1: the runtime disk (knit_api::disk: the last NVMe data
+    // docs/spec.md §1.3.1: the runtime disk (knit_api::disk: the last NVMe data
     // disk, else the last one, as the agent picks it); its settings decide
     // the filesystem and the mount target.
     let data_disk = match knit_api::disk::runtime_data_disk(&spec.data_disks) {

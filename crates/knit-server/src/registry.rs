@@ -5,7 +5,7 @@
 //! layout, and served read-only at `/v2/` on the server's own address
 //! (`http::registry`).
 //!
-//! The rule for pools (SPEC §4 containerd, docs/images.md): on the local
+//! The rule for pools (docs/spec.md §4.2 containerd, docs/images.md): on the local
 //! cloud, every registry host knit serves images of (`registry.k8s.io`,
 //! `docker.io`) is mirrored to the control plane
 //! (`https://<advertise>/`) unless the pool's

@@ -1,4 +1,4 @@
-//! Adding existing instances to a pool (SPEC §2).
+//! Adding existing instances to a pool (docs/spec.md §2).
 //!
 //! Automatic mode ([`automatic`], `POST /api/v1/pools/{pool}/attach`):
 //! preflight every instance, then per instance stop it, re-image it with the

@@ -186,7 +186,7 @@ pub fn user_data_outcome(result: &Value, pool: &knit_api::NodePoolSpec) -> UserD
 
 impl ControlPlane {
     /// Records each node's user-data outcome once its runner has finished,
-    /// and lifts the pool's scheduling gate when it succeeded (SPEC §5). At
+    /// and lifts the pool's scheduling gate when it succeeded (docs/spec.md §5.4). At
     /// most 20 nodes are looked at per pass: each look reads a file inside
     /// the instance through the provider, all at once, each bounded in time
     /// and size, so one instance (a FIFO, /dev/zero, a hung disk) holds up

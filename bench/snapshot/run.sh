@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-disk snapshot benchmark (SPEC §3), one run side by side:
+# Data-disk snapshot benchmark (docs/spec.md §3), one run side by side:
 # a pool of NODES nodes scaled 0 → NODES without a snapshot, then a snapshot
 # built from that pool, then a pool from the snapshot scaled the same way.
 # Every instance's link is shaped to MBIT Mbit/s (tc, both veth ends).

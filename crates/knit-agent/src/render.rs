@@ -182,7 +182,7 @@ pub fn kubelet_config(host: &Host, config: &NodeConfig, options: RuntimeOptions)
         set("registerWithTaints", Value::Array(taints));
     }
     // Serializing a JSON value to YAML cannot fail.
-    serde_yaml::to_string(&Value::Object(doc)).unwrap_or_default()
+    serde_yaml_ng::to_string(&Value::Object(doc)).unwrap_or_default()
 }
 
 /// The kubeconfig the kubelet uses for TLS bootstrap.
@@ -203,7 +203,7 @@ pub fn bootstrap_kubeconfig(endpoint: &str, ca_pem: &str, token: &str) -> String
         }}],
         "current-context": "kubelet-bootstrap",
     });
-    serde_yaml::to_string(&doc).unwrap_or_default()
+    serde_yaml_ng::to_string(&doc).unwrap_or_default()
 }
 
 /// The user's extra kubelet flags, `--k=v` each, in key order.

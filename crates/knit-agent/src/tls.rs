@@ -305,7 +305,7 @@ pub fn discover_ca(endpoint: &str, pin: &str, token: &str, timeout: Duration) ->
              refusing to trust its kubeconfig"
         ))
     })?;
-    let kubeconfig: serde_yaml::Value = serde_yaml::from_str(kubeconfig)
+    let kubeconfig: serde_yaml_ng::Value = serde_yaml_ng::from_str(kubeconfig)
         .map_err(|e| join_error(format!("{url}: data.kubeconfig is not a kubeconfig: {e}")))?;
     let ca_data = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]
         .as_str()

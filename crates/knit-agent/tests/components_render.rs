@@ -76,7 +76,7 @@ fn rendered_node() -> (Node, knit_api::NodeConfig) {
 fn kubelet_configuration_holds_the_pool_values() {
     let (node, _) = rendered_node();
     let text = std::fs::read_to_string(node.path(render::KUBELET_CONFIG)).unwrap();
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     let root = node.root().display().to_string();
     assert_eq!(doc["apiVersion"], "kubelet.config.k8s.io/v1beta1");
     assert_eq!(doc["kind"], "KubeletConfiguration");

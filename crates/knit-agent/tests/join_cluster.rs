@@ -118,7 +118,7 @@ fn unreachable_api_server_fails_the_join_and_a_rerun_resumes() {
     .to_vec();
     // The stand-in is a script: the kernel runs it as `/bin/sh <script> …`.
     assert_eq!(cmdline(kubelet)[1..], expected[..]);
-    let bootstrap: serde_yaml::Value = serde_yaml::from_str(
+    let bootstrap: serde_yaml_ng::Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(node.path("/etc/kubernetes/bootstrap-kubelet.conf")).unwrap(),
     )
     .unwrap();

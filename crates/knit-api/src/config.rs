@@ -73,7 +73,7 @@ impl Default for NodeConfig {
 impl NodeConfig {
     /// Parse YAML or JSON (JSON is YAML) and validate. All errors at once.
     pub fn from_yaml(text: &str) -> Result<NodeConfig, ApiError> {
-        let config: NodeConfig = serde_yaml::from_str(text).map_err(|e| ApiError::Parse {
+        let config: NodeConfig = serde_yaml_ng::from_str(text).map_err(|e| ApiError::Parse {
             what: "NodeConfig".to_string(),
             message: e.to_string(),
         })?;
@@ -83,7 +83,7 @@ impl NodeConfig {
 
     pub fn to_yaml(&self) -> String {
         // Serializing plain data structures cannot fail.
-        serde_yaml::to_string(self).unwrap_or_default()
+        serde_yaml_ng::to_string(self).unwrap_or_default()
     }
 }
 

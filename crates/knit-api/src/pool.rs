@@ -94,18 +94,18 @@ impl NodePool {
     /// unknown field is still an error. Also returns what the view said
     /// that the pool cannot hold: whether a password was set.
     pub fn from_input(text: &str) -> Result<(NodePool, InputFacts), ApiError> {
-        let parse = |e: serde_yaml::Error| ApiError::Parse {
+        let parse = |e: serde_yaml_ng::Error| ApiError::Parse {
             what: "NodePool".to_string(),
             message: e.to_string(),
         };
-        let mut doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(parse)?;
+        let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(parse)?;
         let (stripped, facts) = strip_server_fields(&mut doc);
         // Parsed from the text when nothing was taken out, so that an
         // error keeps its line and column.
         let pool: NodePool = if stripped {
-            serde_yaml::from_value(doc).map_err(parse)?
+            serde_yaml_ng::from_value(doc).map_err(parse)?
         } else {
-            serde_yaml::from_str(text).map_err(parse)?
+            serde_yaml_ng::from_str(text).map_err(parse)?
         };
         pool.validate()?;
         Ok((pool, facts))
@@ -171,8 +171,8 @@ const SERVER_METADATA: &[&str] = &[
 
 /// Takes the server-set fields out of a pool document: whether any was
 /// there, and what they said.
-fn strip_server_fields(doc: &mut serde_yaml::Value) -> (bool, InputFacts) {
-    use serde_yaml::Value;
+fn strip_server_fields(doc: &mut serde_yaml_ng::Value) -> (bool, InputFacts) {
+    use serde_yaml_ng::Value;
     let mut stripped = false;
     let mut facts = InputFacts::default();
     let Value::Mapping(top) = doc else {
@@ -953,7 +953,7 @@ impl Default for Cluster {
 
 impl Cluster {
     pub fn from_yaml(text: &str) -> Result<Cluster, ApiError> {
-        let cluster: Cluster = serde_yaml::from_str(text).map_err(|e| ApiError::Parse {
+        let cluster: Cluster = serde_yaml_ng::from_str(text).map_err(|e| ApiError::Parse {
             what: "Cluster".to_string(),
             message: e.to_string(),
         })?;
@@ -1235,7 +1235,7 @@ mod tests {
         json["metadata"]["resourceVersion"] = serde_json::json!("42");
         for text in [
             serde_json::to_string_pretty(&json).unwrap(),
-            serde_yaml::to_string(&json).unwrap(),
+            serde_yaml_ng::to_string(&json).unwrap(),
         ] {
             let (back, facts) = NodePool::from_input(&text).unwrap_or_else(|e| panic!("{e}"));
             assert!(facts.password_set, "the view said a password was set");

@@ -83,7 +83,7 @@ pub fn document(format: Format, v: &Value) -> String {
 }
 
 pub fn yaml(v: &Value) -> String {
-    serde_yaml::to_string(v).unwrap_or_else(|e| format!("# cannot render as YAML: {e}\n"))
+    serde_yaml_ng::to_string(v).unwrap_or_else(|e| format!("# cannot render as YAML: {e}\n"))
 }
 
 pub fn json(v: &Value) -> String {

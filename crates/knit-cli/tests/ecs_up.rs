@@ -154,7 +154,7 @@ impl Drop for Up {
         let _ = self.knit(&["down", "--timeout", "60"]);
         // A server `knit down` could not stop: by the pid `knit up` recorded.
         if let Ok(text) = std::fs::read_to_string(self.dir.path().join("config")) {
-            if let Some(pid) = serde_yaml::from_str::<Value>(&text)
+            if let Some(pid) = serde_yaml_ng::from_str::<Value>(&text)
                 .ok()
                 .and_then(|c| c["pid"].as_u64())
             {

@@ -348,8 +348,8 @@ fn pem_file(dir: &Path, name: &str, b64: &str) -> PathBuf {
 /// The node's Lease renewTime, read through HAProxy with the admin
 /// kubeconfig's client certificate.
 fn lease_renew_time(env: &Env, kubeconfig: &Path, url: &str, node: &str) -> String {
-    let cfg: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
+    let cfg: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(kubeconfig).unwrap()).unwrap();
     let dir = env.path("kube");
     std::fs::create_dir_all(&dir).unwrap();
     let ca = pem_file(

@@ -38,7 +38,7 @@ impl ClientConfig {
                 path: path.to_path_buf(),
                 source,
             })?;
-        serde_yaml::from_str(&text).map_err(|source| ClientError::ConfigInvalid {
+        serde_yaml_ng::from_str(&text).map_err(|source| ClientError::ConfigInvalid {
             path: path.to_path_buf(),
             source,
         })
@@ -48,7 +48,7 @@ impl ClientConfig {
     /// temporary file flushed and renamed into place, so a crash leaves the
     /// old config or the new one.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let text = serde_yaml::to_string(self).map_err(|e| ClientError::ConfigWrite {
+        let text = serde_yaml_ng::to_string(self).map_err(|e| ClientError::ConfigWrite {
             what: format!("render {}", path.display()),
             source: std::io::Error::other(e),
         })?;

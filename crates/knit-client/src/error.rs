@@ -22,7 +22,7 @@ pub enum ClientError {
     ConfigInvalid {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     /// Writing the config file (its directory, the file, the rename).
     #[error("{what}: {source}")]

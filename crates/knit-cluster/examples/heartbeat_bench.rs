@@ -266,7 +266,7 @@ async fn admin_get(
     path: &str,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let kc: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(cluster.admin_kubeconfig_path())?)?;
+        serde_yaml_ng::from_str(&std::fs::read_to_string(cluster.admin_kubeconfig_path())?)?;
     let dec = |k: &str| -> Result<String, Box<dyn std::error::Error>> {
         Ok(String::from_utf8(STANDARD.decode(
             kc["users"][0]["user"][k].as_str().unwrap_or(""),

@@ -33,7 +33,7 @@ struct Client {
 
 impl Client {
     fn admin(cluster: &EmbeddedCluster) -> Result<Client, String> {
-        let kc: Value = serde_yaml::from_str(
+        let kc: Value = serde_yaml_ng::from_str(
             &std::fs::read_to_string(cluster.admin_kubeconfig_path()).map_err(|e| e.to_string())?,
         )
         .map_err(|e| e.to_string())?;

@@ -634,7 +634,7 @@ impl Ctx<'_> {
             .and_then(|c| c.to_str().ok())
             .is_some_and(|c| c.contains("yaml"));
         let v: Value = if yaml {
-            serde_yaml::from_slice(body).map_err(|e| {
+            serde_yaml_ng::from_slice(body).map_err(|e| {
                 ApiStatus::bad_request(format!("request body is not valid YAML: {e}"))
             })?
         } else {

@@ -487,7 +487,7 @@ pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> 
         "contexts": [{"name": "kubernetes-admin@knit", "context": {"cluster": "knit", "user": "kubernetes-admin"}}],
         "current-context": "kubernetes-admin@knit",
     });
-    serde_yaml::to_string(&doc).unwrap_or_default()
+    serde_yaml_ng::to_string(&doc).unwrap_or_default()
 }
 
 async fn serve(

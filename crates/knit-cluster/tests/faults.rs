@@ -359,7 +359,7 @@ async fn sizes_are_limited_with_413() {
 
 fn admin_pems(cluster: &EmbeddedCluster) -> (String, String) {
     let kc: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(cluster.admin_kubeconfig_path()).unwrap())
+        serde_yaml_ng::from_str(&std::fs::read_to_string(cluster.admin_kubeconfig_path()).unwrap())
             .unwrap();
     let user = &kc["users"][0]["user"];
     let dec =

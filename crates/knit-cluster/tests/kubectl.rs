@@ -102,7 +102,7 @@ async fn kubectl_works_against_the_embedded_api() {
         eprintln!("kubectl get nodes -o wide:\n{wide}");
         assert!(wide.contains("INTERNAL-IP") && wide.contains("CONTAINER-RUNTIME"), "{wide}");
         assert!(row(&wide, "n2").contains(&"10.1.0.2"), "{wide}");
-        let yaml: Value = serde_yaml::from_str(&k.ok(&["get", "node", "n1", "-o", "yaml"])).unwrap();
+        let yaml: Value = serde_yaml_ng::from_str(&k.ok(&["get", "node", "n1", "-o", "yaml"])).unwrap();
         assert_eq!((yaml["kind"].as_str(), yaml["metadata"]["name"].as_str()), (Some("Node"), Some("n1")));
         let (ok, _, err) = k.run(&["get", "node", "nope"]);
         assert!(!ok && err.contains("nodes \"nope\" not found"), "{err}");

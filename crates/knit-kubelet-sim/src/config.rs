@@ -67,7 +67,7 @@ impl KubeletConfig {
     }
 
     pub fn parse(text: &str) -> Result<KubeletConfig, String> {
-        let raw: Raw = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let raw: Raw = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
         if raw.kind.as_deref() != Some("KubeletConfiguration") {
             return Err(format!(
                 "kind is {:?}, expected KubeletConfiguration",

@@ -27,7 +27,7 @@ impl Kubeconfig {
             message,
         };
         let text = std::fs::read_to_string(path).map_err(|e| SimError::io(path, e))?;
-        let doc: Value = serde_yaml::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| err(e.to_string()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let named = |list: &str, name: &str| -> Option<Value> {
             doc[list]
@@ -109,7 +109,7 @@ pub fn write_kubelet_conf(
         "users": [{"name": "default-auth", "user": {"client-certificate": cert, "client-key": cert}}],
         "preferences": {},
     });
-    let text = serde_yaml::to_string(&doc).map_err(|e| SimError::Kubeconfig {
+    let text = serde_yaml_ng::to_string(&doc).map_err(|e| SimError::Kubeconfig {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;

@@ -301,7 +301,7 @@ impl OsInfo {
 impl Template {
     /// Parses YAML or JSON; unknown fields are errors naming the field.
     pub fn parse(text: &str) -> Result<Template> {
-        serde_yaml::from_str(text).map_err(|e| LocalError::Parse {
+        serde_yaml_ng::from_str(text).map_err(|e| LocalError::Parse {
             what: "instance template".into(),
             message: e.to_string(),
         })

@@ -534,15 +534,15 @@ fn run_logged_env(
 
 /// The top-level keys of a cloud-config document, or why it is not one.
 pub fn cloud_config_keys(body: &[u8]) -> Result<Vec<String>, String> {
-    let value: serde_yaml::Value =
-        serde_yaml::from_slice(body).map_err(|e| format!("not valid YAML: {e}"))?;
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_slice(body).map_err(|e| format!("not valid YAML: {e}"))?;
     match value {
-        serde_yaml::Value::Null => Ok(Vec::new()),
-        serde_yaml::Value::Mapping(m) => Ok(m
+        serde_yaml_ng::Value::Null => Ok(Vec::new()),
+        serde_yaml_ng::Value::Mapping(m) => Ok(m
             .keys()
             .map(|k| match k {
-                serde_yaml::Value::String(s) => s.clone(),
-                other => serde_yaml::to_string(other)
+                serde_yaml_ng::Value::String(s) => s.clone(),
+                other => serde_yaml_ng::to_string(other)
                     .unwrap_or_default()
                     .trim()
                     .to_string(),
@@ -554,7 +554,7 @@ pub fn cloud_config_keys(body: &[u8]) -> Result<Vec<String>, String> {
 
 /// True when a `write_files` entry has `defer: true`.
 pub fn has_deferred_files(body: &[u8]) -> bool {
-    serde_yaml::from_slice::<serde_yaml::Value>(body).is_ok_and(|v| {
+    serde_yaml_ng::from_slice::<serde_yaml_ng::Value>(body).is_ok_and(|v| {
         v.get("write_files")
             .and_then(|w| w.as_sequence())
             .is_some_and(|files| {

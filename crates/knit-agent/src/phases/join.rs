@@ -75,7 +75,7 @@ struct KubeletCredentials {
 /// `<key>-data` (base64) or `<key>` (a file; relative to `base`, the
 /// kubeconfig's directory, as Kubernetes resolves it).
 fn read_source(
-    doc: &serde_yaml::Value,
+    doc: &serde_yaml_ng::Value,
     data_key: &str,
     file_key: &str,
     base: &Path,
@@ -102,8 +102,8 @@ fn kubelet_credentials(host: &Host) -> std::result::Result<Option<KubeletCredent
     let Some(text) = host.read(path) else {
         return Ok(None);
     };
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&text).map_err(|e| format!("{path} is not a kubeconfig: {e}"))?;
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| format!("{path} is not a kubeconfig: {e}"))?;
     let user = &doc["users"][0]["user"];
     let base = host
         .path(path)

@@ -63,12 +63,12 @@ struct Doc {
     name: String,
     /// As read (YAML keeps the document's order, so that an error's line
     /// and column from the server are near the user's).
-    value: serde_yaml::Value,
+    value: serde_yaml_ng::Value,
 }
 
 impl Doc {
     fn body(&self) -> Result<String> {
-        serde_yaml::to_string(&self.value)
+        serde_yaml_ng::to_string(&self.value)
             .map_err(|e| CliError::Usage(format!("document {}: {e}", self.at)))
     }
 
@@ -81,14 +81,17 @@ impl Doc {
 /// The documents of `text`, lists unrolled.
 fn documents(file: &Path, text: &str) -> Result<Vec<Doc>> {
     let mut docs = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml::Value::deserialize(doc)
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml_ng::Value::deserialize(doc)
             .map_err(|e| CliError::Usage(format!("{}: document {}: {e}", file.display(), i + 1)))?;
         if value.is_null() {
             continue;
         }
         let list = value.get("kind").is_none_or(|k| k.as_str() == Some("List"));
-        match value.get("items").and_then(serde_yaml::Value::as_sequence) {
+        match value
+            .get("items")
+            .and_then(serde_yaml_ng::Value::as_sequence)
+        {
             Some(items) if list => {
                 for (j, item) in items.iter().enumerate() {
                     docs.push(doc_of(format!("{}.{}", i + 1, j + 1), item.clone()));
@@ -100,9 +103,9 @@ fn documents(file: &Path, text: &str) -> Result<Vec<Doc>> {
     Ok(docs)
 }
 
-fn doc_of(at: String, value: serde_yaml::Value) -> Doc {
-    let text = |v: Option<&serde_yaml::Value>| {
-        v.and_then(serde_yaml::Value::as_str)
+fn doc_of(at: String, value: serde_yaml_ng::Value) -> Doc {
+    let text = |v: Option<&serde_yaml_ng::Value>| {
+        v.and_then(serde_yaml_ng::Value::as_str)
             .unwrap_or_default()
             .to_string()
     };

@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn the_cloud_config_names_the_four_keys() {
         let yaml = super::cloud_config_yaml("127.0.0.1:7445", "/etc/knit-autoscaler/");
-        let v: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
         assert_eq!(v["address"].as_str(), Some("127.0.0.1:7445"));
         assert_eq!(v["key"].as_str(), Some("/etc/knit-autoscaler/client.key"));
         assert_eq!(v["cert"].as_str(), Some("/etc/knit-autoscaler/client.pem"));

@@ -44,17 +44,17 @@ pub fn file_args(path: &Path) -> Result<Vec<OsString>> {
 /// server`'s flags: an unknown key or a value that is not one scalar is
 /// refused naming the key.
 pub fn args_from_yaml(text: &str) -> std::result::Result<Vec<OsString>, String> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
     let map = match doc {
-        serde_yaml::Value::Null => return Ok(Vec::new()),
-        serde_yaml::Value::Mapping(m) => m,
+        serde_yaml_ng::Value::Null => return Ok(Vec::new()),
+        serde_yaml_ng::Value::Mapping(m) => m,
         _ => return Err("must be a mapping of flag names to values".to_string()),
     };
     let known = flag_names();
     let mut args = Vec::new();
     for (key, value) in map {
         let key = match key {
-            serde_yaml::Value::String(k) => k,
+            serde_yaml_ng::Value::String(k) => k,
             other => return Err(format!("key {other:?} is not a flag name")),
         };
         if !known.contains(&key) {
@@ -64,10 +64,10 @@ pub fn args_from_yaml(text: &str) -> std::result::Result<Vec<OsString>, String> 
             ));
         }
         let value = match value {
-            serde_yaml::Value::Null => continue,
-            serde_yaml::Value::String(s) => s,
-            serde_yaml::Value::Number(n) => n.to_string(),
-            serde_yaml::Value::Bool(b) => b.to_string(),
+            serde_yaml_ng::Value::Null => continue,
+            serde_yaml_ng::Value::String(s) => s,
+            serde_yaml_ng::Value::Number(n) => n.to_string(),
+            serde_yaml_ng::Value::Bool(b) => b.to_string(),
             _ => {
                 return Err(format!(
                     "{key}: must be one value (a string or a number; several listen addresses are one string separated by commas)"

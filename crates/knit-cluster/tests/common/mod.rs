@@ -51,7 +51,7 @@ impl Client {
 
     /// The admin identity from the admin kubeconfig the cluster wrote.
     pub fn admin(cluster: &EmbeddedCluster) -> Client {
-        let kc: Value = serde_yaml::from_str(
+        let kc: Value = serde_yaml_ng::from_str(
             &std::fs::read_to_string(cluster.admin_kubeconfig_path()).unwrap(),
         )
         .unwrap();

@@ -31,7 +31,7 @@ pub struct EmbeddedJoin {
 
 /// An HTTPS client holding the admin kubeconfig's client certificate.
 fn admin_agent(kubeconfig: &str) -> Result<ureq::Agent> {
-    let doc: Value = serde_yaml::from_str(kubeconfig).map_err(cluster_err)?;
+    let doc: Value = serde_yaml_ng::from_str(kubeconfig).map_err(cluster_err)?;
     // Base64 of PEM text: the kubeconfig's `*-data` fields.
     let pem = |v: &Value| -> Result<String> {
         let bytes = base64::engine::general_purpose::STANDARD

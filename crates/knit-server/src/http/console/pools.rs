@@ -375,7 +375,7 @@ fn current_yaml(console: &Cs, name: &str) -> crate::error::Result<String> {
         })?;
     let mut pool = record.pool;
     pool.spec.login.password = None;
-    serde_yaml::to_string(&pool)
+    serde_yaml_ng::to_string(&pool)
         .map_err(|e| ServerError::Internal(format!("pool {name} as YAML: {e}")))
 }
 

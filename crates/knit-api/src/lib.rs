@@ -14,6 +14,7 @@ pub mod phase;
 pub mod pool;
 pub mod reference;
 pub mod schema;
+pub mod shell;
 pub mod state;
 pub mod update;
 pub mod validate;

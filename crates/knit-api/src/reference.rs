@@ -175,7 +175,7 @@ pub const FIELDS: &[(&str, &str, &str, &str)] = &[
     ("nodepool", "spec.customNodeName", "object (optional)", "A node name made from the instance's IP (prefix, IP, suffix) instead of `<region>.<instance-id>`."),
     ("nodepool", "spec.labels", "map[string]string", "Kubernetes labels of the pool's Nodes, kept in place on existing Nodes (no replacement)."),
     ("nodepool", "spec.taints", "[]object", "Kubernetes taints of the pool's Nodes (`key`, `value`, `effect`), kept in place on existing Nodes."),
-    ("nodepool", "spec.preUserData", "string", "Runs before knit's initialization (SPEC §1 step 2)."),
+    ("nodepool", "spec.preUserData", "string", "Runs before knit's initialization (docs/spec.md §1.2)."),
     ("nodepool", "spec.userData", "string", "Runs after initialization, in parallel with readiness (step 4)."),
     ("nodepool", "spec.kubelet", "object", "The kubelet's settings (max pods, reserved resources, eviction, feature gates, …): a change restarts the kubelet (drained where admission depends on it)."),
     ("nodepool", "spec.containerd", "object", "containerd's settings (registry mirrors, insecure registries, data root)."),

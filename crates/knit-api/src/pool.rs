@@ -1,4 +1,4 @@
-//! The documents the control plane manages: `kind: NodePool` (SPEC §4, the
+//! The documents the control plane manages: `kind: NodePool` (docs/spec.md §4, the
 //! template nodes are made from plus a desired count) and `kind: Cluster`
 //! (one per server: version, region, VPC, quota, network).
 //!
@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Largest composed user data a provider accepts (ECS: 32 KB raw).
 pub const USER_DATA_LIMIT_BYTES: usize = 32 * 1024;
-/// Node quota of the "basic" edition (SPEC §2).
+/// Node quota of the "basic" edition (docs/spec.md §2.3).
 pub const BASIC_NODE_QUOTA: i64 = 10;
 /// Node quota of the "pro" edition.
 pub const PRO_NODE_QUOTA: i64 = 5000;
@@ -121,7 +121,7 @@ impl NodePool {
     }
 
     /// Rules for replacing `old` by `self` (same name): hardening is fixed at
-    /// creation (SPEC §1 3.7), and so is the pool type.
+    /// creation (docs/spec.md §1.3.7), and so is the pool type.
     pub fn validate_update(&self, old: &NodePool) -> Result<(), ApiError> {
         let mut e = Errors::default();
         if self.spec.hardening != old.spec.hardening {
@@ -264,7 +264,7 @@ pub struct NodePoolSpec {
     pub custom_node_name: Option<CustomNodeName>,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
-    /// Runs before knit's initialization (SPEC §1 step 2).
+    /// Runs before knit's initialization (docs/spec.md §1.2).
     pub pre_user_data: String,
     /// Runs after initialization, in parallel with readiness (step 4).
     pub user_data: String,

@@ -125,7 +125,7 @@ pub struct NodeIdentity {
     pub taints: Vec<Taint>,
 }
 
-/// Custom node name = prefix + node IP + suffix (SPEC §1, 3.1).
+/// Custom node name = prefix + node IP + suffix (docs/spec.md §1.3.1).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct CustomNodeName {
@@ -189,7 +189,7 @@ pub struct ReservedMemory {
     pub limits: BTreeMap<String, String>,
 }
 
-/// kubelet parameters, named as in `KubeletConfiguration` (SPEC §4).
+/// kubelet parameters, named as in `KubeletConfiguration` (docs/spec.md §4.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeletConfig {
@@ -310,7 +310,7 @@ impl Limit {
     }
 }
 
-/// containerd parameters (SPEC §4).
+/// containerd parameters (docs/spec.md §4.2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ContainerdConfig {
@@ -346,12 +346,12 @@ impl Default for ContainerdConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct OsConfig {
-    /// Overrides and additions to the default sysctls (SPEC §4).
+    /// Overrides and additions to the default sysctls (docs/spec.md §4.3).
     pub sysctl: BTreeMap<String, String>,
     pub transparent_huge_page: TransparentHugePage,
 }
 
-/// The sysctls every node gets unless the pool overrides them (SPEC §4).
+/// The sysctls every node gets unless the pool overrides them (docs/spec.md §4.3).
 pub const DEFAULT_SYSCTLS: &[(&str, &str)] = &[
     ("fs.file-max", "2097152"),
     ("fs.nr_open", "1048576"),

@@ -3,13 +3,14 @@
 
 use crate::error::{AgentError, Result};
 use knit_api::ErrorCode;
+use rustls_pki_types::pem::{self, PemObject};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Parses every certificate of a PEM bundle.
 pub fn parse_pem_certs(pem: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
     let certs: std::result::Result<Vec<_>, _> =
-        rustls_pemfile::certs(&mut pem.as_bytes()).collect();
+        rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
     let certs = certs.map_err(|e| {
         AgentError::new(
             ErrorCode::FailConfig,
@@ -90,10 +91,17 @@ pub fn client_cert_agent(
     timeout: Duration,
 ) -> Result<ureq::Agent> {
     let certs = parse_pem_certs(cert_pem)?;
-    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-        .ok()
-        .flatten()
-        .ok_or_else(|| AgentError::new(ErrorCode::FailConfig, "PEM holds no usable private key"))?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(
+        |e| match e {
+            pem::Error::NoItemsFound => {
+                AgentError::new(ErrorCode::FailConfig, "PEM holds no usable private key")
+            }
+            e => AgentError::new(
+                ErrorCode::FailConfig,
+                format!("invalid PEM private key: {e}"),
+            ),
+        },
+    )?;
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("TLS setup: {e}")))?

@@ -18,6 +18,8 @@ pub use exec::{
 };
 
 use knit_api::FieldError;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::Read;
@@ -42,7 +44,7 @@ pub struct Client {
 
 fn tls_config(ca_pem: &str) -> Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         let cert = cert.map_err(|e| ClientError::Tls(format!("CA certificate: {e}")))?;
         roots
             .add(cert)

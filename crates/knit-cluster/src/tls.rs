@@ -4,6 +4,9 @@
 
 use std::sync::Arc;
 
+use rustls_pki_types::pem::{self, PemObject};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
 use crate::error::ClusterError;
 
 fn tls_err(e: impl std::fmt::Display) -> ClusterError {
@@ -17,10 +20,35 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// The trust anchors in `ca_pem` (every certificate in it).
 pub(crate) fn roots_from_pem(ca_pem: &str) -> Result<rustls::RootCertStore, ClusterError> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-        roots.add(c.map_err(tls_err)?).map_err(tls_err)?;
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let c = c.map_err(|e| ClusterError::Tls(format!("the CA PEM: {e}")))?;
+        roots.add(c).map_err(tls_err)?;
     }
     Ok(roots)
+}
+
+/// The certificate chain in `cert_pem` and the private key in `key_pem`;
+/// `role` ("serving", "client") names them in errors.
+fn identity_from_pem(
+    cert_pem: &str,
+    key_pem: &str,
+    role: &str,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ClusterError> {
+    let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ClusterError::Tls(format!("the {role} certificate PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(ClusterError::Tls(format!(
+            "no certificate in the {role} certificate PEM"
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| match e {
+        pem::Error::NoItemsFound => {
+            ClusterError::Tls(format!("no private key in the {role} key PEM"))
+        }
+        e => ClusterError::Tls(format!("the {role} key PEM: {e}")),
+    })?;
+    Ok((certs, key))
 }
 
 /// The serving side: `cert_pem`/`key_pem` as the server's identity, client
@@ -38,12 +66,7 @@ pub(crate) fn server_config(
     .allow_unauthenticated()
     .build()
     .map_err(tls_err)?;
-    let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(tls_err)?;
-    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-        .map_err(tls_err)?
-        .ok_or_else(|| ClusterError::Tls("no private key in serving key PEM".into()))?;
+    let (certs, key) = identity_from_pem(cert_pem, key_pem, "serving")?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(tls_err)?
@@ -67,11 +90,48 @@ pub fn client_config(
     let Some((cert_pem, key_pem)) = identity else {
         return Ok(builder.with_no_client_auth());
     };
-    let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(tls_err)?;
-    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-        .map_err(tls_err)?
-        .ok_or_else(|| ClusterError::Tls("no private key in the client key PEM".into()))?;
+    let (certs, key) = identity_from_pem(cert_pem, key_pem, "client")?;
     builder.with_client_auth_cert(certs, key).map_err(tls_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(r: Result<impl Sized, ClusterError>) -> String {
+        match r {
+            Err(ClusterError::Tls(m)) => m,
+            Err(e) => panic!("not a TLS error: {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn identity_from_pem_names_the_part_that_is_wrong() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["knit.test".into()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
+
+        let (chain, _) = identity_from_pem(&cert_pem, &key_pem, "serving").expect("valid pair");
+        assert_eq!(chain.len(), 1);
+        assert_eq!(
+            message(identity_from_pem(&cert_pem, &cert_pem, "serving")),
+            "no private key in the serving key PEM"
+        );
+        assert_eq!(
+            message(identity_from_pem(&key_pem, &key_pem, "client")),
+            "no certificate in the client certificate PEM"
+        );
+        let cut = &cert_pem[..cert_pem.len() / 2];
+        let m = message(identity_from_pem(cut, &key_pem, "client"));
+        assert!(m.starts_with("the client certificate PEM: "), "{m}");
+        let m = message(roots_from_pem(cut));
+        assert!(m.starts_with("the CA PEM: "), "{m}");
+        let cut_key = &key_pem[..key_pem.len() / 2];
+        let m = message(identity_from_pem(&cert_pem, cut_key, "serving"));
+        assert!(m.starts_with("the serving key PEM: "), "{m}");
+    }
 }

@@ -16,6 +16,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
 
 use crate::DbError;
 
@@ -164,7 +165,7 @@ fn read_roots(path: &PathBuf) -> Result<RootCertStore, String> {
         return Err(format!("larger than {} MiB", MAX_ROOTS_BYTES >> 20));
     }
     let mut roots = RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+    for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| format!("not PEM: {e}"))?;
         roots
             .add(cert)

@@ -5,6 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rustls_pki_types::pem::{self, PemObject};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 
 use crate::error::SimError;
@@ -76,8 +78,11 @@ impl Client {
     pub fn new(kc: &Kubeconfig, qps: f64, burst: u32) -> Result<Client, SimError> {
         let tls = |e: &dyn std::fmt::Display| SimError::Tls(e.to_string());
         let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut kc.ca_pem.as_bytes()) {
-            roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
+        for c in CertificateDer::pem_slice_iter(kc.ca_pem.as_bytes()) {
+            let c = c.map_err(|e| {
+                SimError::Tls(format!("the kubeconfig's certificate authority: {e}"))
+            })?;
+            roots.add(c).map_err(|e| tls(&e))?;
         }
         if roots.is_empty() {
             return Err(SimError::Tls(
@@ -91,12 +96,15 @@ impl Client {
             .with_root_certificates(roots);
         let config = match (&kc.client_cert_pem, &kc.client_key_pem) {
             (Some(cert), Some(key)) => {
-                let certs = rustls_pemfile::certs(&mut cert.as_bytes())
+                let certs = CertificateDer::pem_slice_iter(cert.as_bytes())
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| tls(&e))?;
-                let key = rustls_pemfile::private_key(&mut key.as_bytes())
-                    .map_err(|e| tls(&e))?
-                    .ok_or_else(|| SimError::Tls("client key file holds no private key".into()))?;
+                    .map_err(|e| SimError::Tls(format!("the client certificate: {e}")))?;
+                let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| match e {
+                    pem::Error::NoItemsFound => {
+                        SimError::Tls("client key file holds no private key".into())
+                    }
+                    e => SimError::Tls(format!("the client key: {e}")),
+                })?;
                 builder
                     .with_client_auth_cert(certs, key)
                     .map_err(|e| tls(&e))?

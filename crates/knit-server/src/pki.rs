@@ -10,6 +10,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls_pki_types::pem::PemObject;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -176,7 +177,7 @@ impl Pki {
         let (chain, key_der) = self.serving_certificate(hosts)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut self.ca_pem.as_bytes()) {
+        for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
             roots.add(cert.map_err(pki_err)?).map_err(pki_err)?;
         }
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(

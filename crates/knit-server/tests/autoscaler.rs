@@ -24,6 +24,8 @@ use knit_server::ServerError;
 use pb::cloud_provider_client::CloudProviderClient;
 use pb::instance_status::InstanceState;
 use prost::Message;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -159,7 +161,7 @@ async fn connect(
     identity: Option<&(String, String)>,
 ) -> std::result::Result<CloudProviderClient<Channel>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -170,12 +172,10 @@ async fn connect(
     .with_root_certificates(roots);
     let mut config = match identity {
         Some((cert, key)) => {
-            let chain = rustls_pemfile::certs(&mut cert.as_bytes())
+            let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .unwrap();
-            let key = rustls_pemfile::private_key(&mut key.as_bytes())
-                .unwrap()
-                .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
             builder.with_client_auth_cert(chain, key).unwrap()
         }
         None => builder.with_no_client_auth(),

@@ -14,6 +14,8 @@ mod support;
 
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_server::control::ConnectionLimits;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +49,7 @@ fn open_file_limit() -> u64 {
 /// A TLS client of the server's CA, speaking `alpn`.
 fn tls_connector(ca_pem: &str, alpn: &[u8]) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(

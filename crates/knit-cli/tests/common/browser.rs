@@ -13,6 +13,8 @@
 
 use fantoccini::{Client, ClientBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -227,7 +229,7 @@ pub fn pids_with(needle: &str) -> Vec<u32> {
 /// script (or another site's form) sends, without a browser's help.
 pub fn https_agent(ca_pem: &str) -> ureq::Agent {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
     }
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(

@@ -18,6 +18,8 @@ use base64::Engine;
 use knit_api::agent::LeaveReport;
 use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{AttachScriptRequest, AttachScriptResponse, MachineFacts, PreflightReport};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
 
 /// `POST /api/v1/pools/{pool}/attach-script`: a single-use attach token
@@ -90,7 +92,7 @@ pub fn issue_script(
 /// `sha256:<hex>` of the CA certificate (DER): what the command checks the
 /// CA it carries against before trusting it.
 pub fn ca_pin(ca_pem: &str) -> Result<String> {
-    let der = rustls_pemfile::certs(&mut ca_pem.as_bytes())
+    let der = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
         .next()
         .ok_or_else(|| ServerError::Pki("the control-plane CA holds no certificate".into()))?
         .map_err(|e| ServerError::Pki(format!("the control-plane CA: {e}")))?;

@@ -1146,18 +1146,8 @@ impl Cloud {
         // The files are rewritten by the instance's own shell, in its own
         // mount namespace: nothing of the host is written, whatever links
         // the instance holds.
-        let out = self.exec(
-            &rec.id,
-            &[
-                "/bin/sh".into(),
-                "-c".into(),
-                REWRITE_HOSTNAME.into(),
-                "sh".into(),
-                rec.hostname.clone(),
-                old.to_string(),
-                rec.private_ip.clone(),
-            ],
-        )?;
+        let script = hostname_script(&rec.hostname, &rec.private_ip, old)?;
+        let out = self.exec(&rec.id, &["/bin/sh".into(), "-c".into(), script])?;
         if !out.status.success() {
             return Err(LocalError::Command {
                 command: format!(
@@ -1557,19 +1547,14 @@ fn check_password(p: &str) -> Result<()> {
     Ok(())
 }
 
-/// Run by the instance's shell: `$1` new name, `$2` old name, `$3` private
-/// IP. Builtins only (an image directory may hold little more than a shell).
-const REWRITE_HOSTNAME: &str = r#"set -e
-name=$1 old=$2 ip=$3 tab=$(printf '\t')
-printf '%s\n' "$name" > /etc/hostname
-keep=
-if [ -e /etc/hosts ]; then
-    keep=$(while IFS= read -r l || [ -n "$l" ]; do
-        case "$l" in "$ip$tab$old"|"$ip$tab$name") ;; *) printf '%s\n' "$l" ;; esac
-    done < /etc/hosts)
-fi
-{ if [ -n "$keep" ]; then printf '%s\n' "$keep"; fi; printf '%s\t%s\n' "$ip" "$name"; } > /etc/hosts
-"#;
+/// knit's guest-hostname routine for a running instance: `/etc/hostname`
+/// and its `/etc/hosts` entry; the running name is set with sethostname
+/// before (an image directory may have no hostname tool).
+fn hostname_script(name: &str, ip: &str, old: &str) -> Result<String> {
+    let hosts = knit_api::shell::HostsEntry { ip, old };
+    knit_api::shell::guest_hostname(name, Some(hosts), knit_api::shell::LiveHostname::Skip)
+        .map_err(|e| LocalError::invalid("hostname", format!("{name:?}"), e.rule))
+}
 
 /// First free cloud device name for the interface.
 fn device_name(iface: DiskInterface, used: &BTreeSet<String>) -> Option<String> {
@@ -1586,6 +1571,23 @@ fn device_name(iface: DiskInterface, used: &BTreeSet<String>) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rename's script parses with any name (the routine itself is run
+    /// with awkward values in knit-api's tests), and a NUL is refused.
+    #[test]
+    fn hostname_script_parses_with_awkward_values() {
+        for v in ["it's", "a b", "$x `y` $(z)", "l1\nl2", "'\\'"] {
+            let script = hostname_script(v, "10.0.0.1", v).unwrap();
+            let out = std::process::Command::new("/bin/sh")
+                .args(["-n", "-c", &script])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{v:?}: {out:?}");
+            assert!(script.contains("live='skip'"), "{script}");
+        }
+        let e = hostname_script("a\0b", "10.0.0.1", "old").unwrap_err();
+        assert!(e.to_string().contains("NUL"), "{e}");
+    }
 
     #[test]
     fn device_names_follow_the_interface() {

@@ -24,4 +24,7 @@ pub mod userdata;
 
 pub use cloud::{require_root, Cloud, Config, DownReport};
 pub use error::{LocalError, Result};
+/// knit-api's shell-script helpers, for knit-qemu (whose manifest does not
+/// name knit-api yet).
+pub use knit_api::shell;
 pub use model::*;

@@ -819,7 +819,11 @@ impl Machines {
             // systemd powers off when the guest agent asks; the ACPI power
             // button needs systemd-logind (and D-Bus), which an image may lack.
             let asked = self
-                .exec(id, &detached_systemctl("poweroff"), Duration::from_secs(20))
+                .exec(
+                    id,
+                    &detached_systemctl("poweroff")?,
+                    Duration::from_secs(20),
+                )
                 .is_ok_and(|out| out.code == 0)
                 || agent::qmp(&qmp_socket(&dir), "system_powerdown", None, QMP_TIMEOUT).is_ok();
             let gone = asked && wait_gone(&rec, &dir, self.cfg.stop_timeout);
@@ -876,7 +880,7 @@ impl Machines {
         // when the guest cannot be asked.
         let requested = before.is_some()
             && self
-                .exec(id, &detached_systemctl("reboot"), Duration::from_secs(30))
+                .exec(id, &detached_systemctl("reboot")?, Duration::from_secs(30))
                 .is_ok_and(|out| out.code == 0);
         if !requested {
             tracing::warn!(id, "the guest could not be asked to reboot: resetting it");
@@ -1021,16 +1025,13 @@ impl Machines {
         self.write_seed(&rec, None)?;
         let vm = self.view(rec);
         if vm.alive {
-            let argv: Vec<String> = [
-                "sh",
-                "-c",
-                "printf '%s\\n' \"$1\" > /etc/hostname && hostname \"$1\"",
-                "sh",
+            let script = knit_local::shell::guest_hostname(
                 name,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+                None,
+                knit_local::shell::LiveHostname::Required,
+            )
+            .map_err(|e| QemuError::invalid("name", format!("{name:?}"), e.rule))?;
+            let argv = vec!["sh".to_string(), "-c".to_string(), script];
             let out = self.exec(id, &argv, Duration::from_secs(60))?;
             if out.code != 0 {
                 return Err(QemuError::Agent {
@@ -1245,13 +1246,13 @@ impl Machines {
 
 /// `systemctl VERB` two seconds after it returns, so the guest agent
 /// answers first.
-fn detached_systemctl(verb: &str) -> Vec<String> {
-    [
-        "sh".to_string(),
-        "-c".to_string(),
-        format!("(sleep 2; systemctl {verb}) </dev/null >/dev/null 2>&1 &"),
-    ]
-    .to_vec()
+const DETACHED_SYSTEMCTL: &str = include_str!("scripts/detached-systemctl.sh");
+
+/// The guest-agent argv running [`DETACHED_SYSTEMCTL`] for `verb`.
+fn detached_systemctl(verb: &str) -> Result<Vec<String>> {
+    let script = knit_local::shell::render(DETACHED_SYSTEMCTL, &[("verb", verb)], &[])
+        .map_err(|e| QemuError::invalid("verb", format!("{verb:?}"), e.rule))?;
+    Ok(vec!["sh".to_string(), "-c".to_string(), script])
 }
 
 fn disk_file(dir: &Path, disk_id: &str) -> PathBuf {
@@ -1538,6 +1539,46 @@ fn wait_gone(rec: &VmRecord, dir: &Path, timeout: Duration) -> bool {
 mod tests {
     use super::*;
     use crate::state::BootFiles;
+
+    /// The detached systemctl script runs with the verb as it is: stand-in
+    /// `sleep` and `systemctl` in a scratch PATH record what they got.
+    #[test]
+    fn detached_systemctl_passes_the_verb_unchanged() {
+        use std::os::unix::fs::PermissionsExt;
+        for verb in ["reboot", "it's $HOME `x` $(y)", "a b\nc"] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = dir.path().join("systemctl.log");
+            for (tool, body) in [
+                ("sleep", "exit 0".to_string()),
+                (
+                    "systemctl",
+                    format!(
+                        "printf '%s|' \"$@\" > {}.tmp && mv {0}.tmp {0}",
+                        knit_local::shell::quote(&log.display().to_string())
+                    ),
+                ),
+            ] {
+                let p = dir.path().join(tool);
+                std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            let argv = detached_systemctl(verb).unwrap();
+            assert_eq!(argv[..2], ["sh", "-c"]);
+            let status = std::process::Command::new("/bin/sh")
+                .args(&argv[1..])
+                .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+                .status()
+                .unwrap();
+            assert!(status.success());
+            // Detached: its stand-in systemctl writes a moment later.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !log.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(std::fs::read_to_string(&log).unwrap(), format!("{verb}|"));
+        }
+        assert!(detached_systemctl("a\0b").is_err());
+    }
 
     fn record() -> VmRecord {
         VmRecord {

@@ -1966,27 +1966,7 @@ const NOBODY: u32 = 65534;
 /// Sets up an instance's namespaces and runs its command: `$1` the
 /// instance's files, `$2` the script (opened before its /tmp hides the
 /// scratch directory), `$3` `drop` to become `nobody` on the host.
-const SANDBOX: &str = r#"set -e
-g=$1
-exec 3<"$2"
-h=$(cat "$g/hostname")
-mount --bind "$g/root" /root
-mount --bind "$g/run" /run
-mount --bind "$g/vartmp" /var/tmp
-if [ -e /etc/hostname ]; then mount --bind "$g/hostname" /etc/hostname; fi
-mount --bind "$g/tmp" /tmp
-hostname "$h" 2>/dev/null || true
-mount -t proc proc /proc 2>/dev/null || true
-set +e
-cd /root
-path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-if [ "$3" = drop ]; then
-  setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \
-    env -i PATH=$path HOME=/root LANG=C.UTF-8 /bin/sh /dev/fd/3
-else
-  env -i PATH=$path HOME=/root LANG=C.UTF-8 /bin/sh /dev/fd/3
-fi
-"#;
+const SANDBOX: &str = include_str!("scripts/sandbox.sh");
 
 /// Runs a Cloud Assistant script the way the fake models an instance:
 /// `unshare` gives it its own mount, PID, network (loopback only), UTS
@@ -2076,4 +2056,18 @@ fn run_script(
         let _ = f.take(64 << 20).read_to_end(&mut output);
     }
     (code, output, timed_out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The sandbox script parses; it takes its values as arguments, run for
+    /// real by the fake_client tests.
+    #[test]
+    fn sandbox_script_parses() {
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-n", "-c", super::SANDBOX, "sh", "/g 'x' $y", "/s", "drop"])
+            .output()
+            .expect("sh runs");
+        assert!(out.status.success(), "{out:?}");
+    }
 }

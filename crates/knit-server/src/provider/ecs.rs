@@ -141,9 +141,16 @@ pub fn client_token(kind: &str, parts: &[&str]) -> String {
     format!("knit-{kind}-{}", &hex::encode(h.finalize())[..40])
 }
 
-/// `'…'` for sh.
-fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
+/// The scripts sent through Cloud Assistant; their values go in as quoted
+/// assignments ([`script`]).
+const READ_CHUNK_SH: &str = include_str!("scripts/ecs-read-chunk.sh");
+const EXEC_SH: &str = include_str!("scripts/ecs-exec.sh");
+const REMOVE_DIR_SH: &str = include_str!("scripts/ecs-remove-dir.sh");
+const FACTS_SH: &str = include_str!("scripts/ecs-facts.sh");
+
+/// `template` with `values` (and `args`) as quoted assignments before it.
+fn render_script(template: &str, values: &[(&str, &str)], args: &[&str]) -> Result<String> {
+    knit_api::shell::render(template, values, args).map_err(|e| fail(e.to_string()))
 }
 
 /// ECS's state word as knit's providers spell them (`running`).
@@ -426,12 +433,16 @@ impl EcsProvider {
                     limit.as_secs()
                 )));
             }
-            let script = format!(
-                "f={q}\n[ -f \"$f\" ] && [ -r \"$f\" ] || {{ echo \"not a readable regular file\"; exit 3; }}\n\
-                 timeout -s KILL {secs} dd if=\"$f\" bs={CHUNK} skip={index} count=1 2>/dev/null | base64 -w0\n",
-                q = quote(path),
-                secs = left.as_secs().max(1),
-            );
+            let script = render_script(
+                READ_CHUNK_SH,
+                &[
+                    ("file", path),
+                    ("secs", &left.as_secs().max(1).to_string()),
+                    ("chunk", &CHUNK.to_string()),
+                    ("index", &index.to_string()),
+                ],
+                &[],
+            )?;
             let (code, out) = self.run_script(id, script, left).await?;
             if code != 0 {
                 return Err(fail(format!(
@@ -471,15 +482,15 @@ impl EcsProvider {
             return Err(fail("exec: an empty command".into()));
         }
         let secs = limit.as_secs().max(1);
-        let command = argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ");
-        let script = format!(
-            "d=$(mktemp -d \"${{TMPDIR:-/tmp}}/knit-exec.XXXXXX\") || exit 125\n\
-             timeout -s KILL {secs} {command} </dev/null >\"$d/out\" 2>\"$d/err\"\n\
-             s=$?\n\
-             o=$(wc -c <\"$d/out\"); e=$(wc -c <\"$d/err\")\n\
-             echo \"knit-exec $s $((o)) $((e)) $d\"\n\
-             if [ $((o + e)) -le {INLINE_OUTPUT} ]; then base64 -w0 \"$d/out\"; echo; base64 -w0 \"$d/err\"; echo; rm -rf \"$d\"; fi\n"
-        );
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let script = render_script(
+            EXEC_SH,
+            &[
+                ("secs", &secs.to_string()),
+                ("inline", &INLINE_OUTPUT.to_string()),
+            ],
+            &args,
+        )?;
         let (code, out) = self
             .run_script(id, script, limit + Duration::from_secs(60))
             .await?;
@@ -521,13 +532,9 @@ impl EcsProvider {
                 .read_chunks(id, &format!("{dir}/err"), max_output, READ_FILE_TIMEOUT)
                 .await;
             // Removed whatever the reads did.
-            let _ = self
-                .run_script(
-                    id,
-                    format!("rm -rf {}\n", quote(&dir)),
-                    Duration::from_secs(60),
-                )
-                .await;
+            if let Ok(remove) = render_script(REMOVE_DIR_SH, &[("dir", &dir)], &[]) {
+                let _ = self.run_script(id, remove, Duration::from_secs(60)).await;
+            }
             let ((stdout, stdout_cut), (stderr, stderr_cut)) = (stdout?, stderr?);
             ExecOutput {
                 code: status,
@@ -811,13 +818,11 @@ impl Provider for EcsProvider {
         if !running {
             return Ok(());
         }
-        let script = format!(
-            "n={q}\n\
-             printf '%s\\n' \"$n\" > /etc/hostname || exit 1\n\
-             if command -v hostnamectl >/dev/null 2>&1 && hostnamectl set-hostname \"$n\" 2>/dev/null; then exit 0; fi\n\
-             hostname \"$n\" 2>/dev/null || echo \"/etc/hostname says $n; the running host name changes at the next start\" >&2\n",
-            q = quote(name)
-        );
+        // knit's one guest-hostname routine; a running name it cannot set
+        // is a warning (the OS takes ECS's HostName at its next start).
+        let script =
+            knit_api::shell::guest_hostname(name, None, knit_api::shell::LiveHostname::Try)
+                .map_err(|e| fail(e.to_string()))?;
         match self.run_script(id, script, Duration::from_secs(120)).await {
             Ok((0, _)) => {}
             // The name is ECS's already and the OS takes it at its next
@@ -1040,9 +1045,8 @@ impl Provider for EcsProvider {
         let (mut os_id, mut os_version, mut os_name, mut swap) =
             (String::new(), String::new(), i.os_name_en.clone(), false);
         if i.status == "Running" {
-            let script = "cat /etc/os-release 2>/dev/null; echo knit-swaps; tail -n +2 /proc/swaps 2>/dev/null\n";
             match self
-                .run_script(id, script.into(), Duration::from_secs(120))
+                .run_script(id, FACTS_SH.into(), Duration::from_secs(120))
                 .await
             {
                 Ok((0, out)) => {
@@ -1129,6 +1133,126 @@ mod tests {
         })
         .unwrap();
         assert_eq!((r.protocol.as_str(), r.policy.as_str()), ("tcp", "accept"));
-        assert_eq!(quote("it's"), "'it'\\''s'");
+    }
+
+    /// Paths, arguments and names a script must take as they are.
+    const AWKWARD: &[&str] = &["it's", "a  b", "$HOME `x` $(y)", "l1\nl2", "'\\'", "*"];
+
+    fn run_sh(script: &str, tmpdir: &std::path::Path) -> (i32, String) {
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .env("TMPDIR", tmpdir)
+            .output()
+            .unwrap();
+        assert!(out.stderr.is_empty(), "{out:?}");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    #[test]
+    fn read_chunk_script_reads_awkward_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..CHUNK + 100).map(|i| (i % 251) as u8).collect();
+        for name in AWKWARD {
+            let path = dir.path().join(name.replace('/', "_"));
+            std::fs::write(&path, &data).unwrap();
+            let path = path.display().to_string();
+            let mut got = Vec::new();
+            for index in 0..2 {
+                let s = render_script(
+                    READ_CHUNK_SH,
+                    &[
+                        ("file", &path),
+                        ("secs", "30"),
+                        ("chunk", &CHUNK.to_string()),
+                        ("index", &index.to_string()),
+                    ],
+                    &[],
+                )
+                .unwrap();
+                let (code, out) = run_sh(&s, dir.path());
+                assert_eq!(code, 0, "{name:?}");
+                got.extend(B64.decode(out.trim()).unwrap());
+            }
+            assert_eq!(got, data, "{name:?}");
+        }
+        let s = render_script(
+            READ_CHUNK_SH,
+            &[
+                ("file", "/nonexistent/x"),
+                ("secs", "1"),
+                ("chunk", "1"),
+                ("index", "0"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            run_sh(&s, dir.path()),
+            (3, "not a readable regular file\n".into())
+        );
+    }
+
+    #[test]
+    fn exec_script_passes_arguments_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut argv = vec!["printf", "%s|"];
+        argv.extend(AWKWARD);
+        let s = render_script(
+            EXEC_SH,
+            &[("secs", "30"), ("inline", &INLINE_OUTPUT.to_string())],
+            &argv,
+        )
+        .unwrap();
+        let (code, out) = run_sh(&s, dir.path());
+        assert_eq!(code, 0);
+        let mut lines = out.lines();
+        let head: Vec<&str> = lines.next().unwrap().splitn(5, ' ').collect();
+        assert_eq!(head[..2], ["knit-exec", "0"], "{out}");
+        let stdout = B64.decode(lines.next().unwrap()).unwrap();
+        assert_eq!(
+            String::from_utf8(stdout).unwrap(),
+            format!("{}|", AWKWARD.join("|"))
+        );
+        // Inline output: its directory is gone.
+        assert!(!std::path::Path::new(head[4]).exists());
+        assert!(head[4].starts_with(&dir.path().display().to_string()));
+    }
+
+    #[test]
+    fn remove_dir_script_removes_only_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = dir.path().join("keep");
+        std::fs::create_dir(&keep).unwrap();
+        for name in AWKWARD {
+            let target = dir.path().join(name.replace('/', "_"));
+            std::fs::create_dir_all(target.join("sub")).unwrap();
+            let s = render_script(
+                REMOVE_DIR_SH,
+                &[("dir", &target.display().to_string())],
+                &[],
+            )
+            .unwrap();
+            assert_eq!(run_sh(&s, dir.path()), (0, String::new()));
+            assert!(!target.exists(), "{name:?}");
+            assert!(keep.exists(), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn facts_and_hostname_scripts_parse() {
+        let hostname =
+            knit_api::shell::guest_hostname("it's $x", None, knit_api::shell::LiveHostname::Try)
+                .unwrap();
+        for s in [FACTS_SH, hostname.as_str()] {
+            let out = std::process::Command::new("/bin/sh")
+                .args(["-n", "-c", s])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
     }
 }

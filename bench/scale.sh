@@ -42,17 +42,36 @@ if [ -z "${KNIT_BIN:-}" ]; then
     cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim
 fi
 BIN=$(realpath "${KNIT_BIN:-target/release}")
-WORK=$(mktemp -d -t knit-scale-bench-XXXXXX)
+# The sampler and report are run as scripts: no __pycache__ in bench/.
+export PYTHONDONTWRITEBYTECODE=1
+# A /22 of 10.250.0.0/16 (1,022 addresses), or a /20 of 10.251.0.0/16 past
+# 1,000 machines: /16s no test or other benchmark uses (the end-to-end
+# suites take 10.216.x/24s, the other benchmarks 10.217, 10.218 and
+# 10.254), and of them the first from the PID's on that no host route
+# overlaps, so that runs side by side do not collide.
+SUBNET=$(python3 - "$N" "$$" <<'PY'
+import ipaddress, json, subprocess, sys
+n, pid = int(sys.argv[1]), int(sys.argv[2])
+base, prefix = ("10.250.0.0/16", 22) if n <= 1000 else ("10.251.0.0/16", 20)
+nets = list(ipaddress.ip_network(base).subnets(new_prefix=prefix))
+routes = [ipaddress.ip_network(r["dst"] if "/" in r["dst"] else r["dst"] + "/32", strict=False)
+          for r in json.loads(subprocess.run(["ip", "-j", "-4", "route", "show", "table", "all"],
+                              capture_output=True, text=True, timeout=30).stdout or "[]")
+          if r.get("dst", "default") not in ("default",) and r["dst"][0].isdigit()]
+for i in range(len(nets)):
+    net = nets[(pid + i) % len(nets)]
+    if not any(net.overlaps(r) for r in routes if r.prefixlen > 0):
+        print(net)
+        break
+else:
+    sys.exit(f"no free /{prefix} in {base}")
+PY
+)
+GATEWAY=$(python3 -c "import ipaddress, sys; print(ipaddress.ip_network(sys.argv[1])[1])" "$SUBNET")
 BRIDGE=kbsc$$
 BRIDGE=${BRIDGE:0:15}
-# A /22 of 10.216.0.0/16 (1,022 addresses), or a /20 of 10.215.0.0/16
-# past 1,000 machines; the other benchmarks use 10.217/10.218 /24s.
-if [ "$N" -le 1000 ]; then
-    SUBNET=10.216.$(($$ % 64 * 4)).0/22
-else
-    SUBNET=10.215.$(($$ % 16 * 16)).0/20
-fi
-GATEWAY=${SUBNET%.0/*}.1
+# Made after the checks above, so that a run refused there leaves nothing.
+WORK=$(mktemp -d -t knit-scale-bench-XXXXXX)
 export KNIT_CONFIG=$WORK/config
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

@@ -297,7 +297,7 @@ fn fill_script(template: &str, values: &[(&str, &str)]) -> Result<String> {
                 .ok_or_else(|| {
                     ServerError::Internal(format!("script placeholder @{name}@ has no value"))
                 })?;
-            out.push_str(&shell_quote(value));
+            out.push_str(&knit_api::shell::quote(value));
             rest = &after[name_len + 1..];
         } else {
             // An `@` that is not a placeholder (`-H @"$auth"`).
@@ -307,11 +307,6 @@ fn fill_script(template: &str, values: &[(&str, &str)]) -> Result<String> {
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// `value` as one single-quoted shell word (`'` written as `'\''`).
-fn shell_quote(value: &str) -> String {
-    format!("'{}'", value.replace('\'', r"'\''"))
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 # without a runtime (`knit package build --no-runtime`: the agent, the
 # kubelet stand-in, CNI plugins; the node image's containerd is what runs),
 # no data disk, a CNI config written by the pool's pre-user-data. One pool,
-# scaled 0 → N with one `knit scale` (no --wait), then N → 0.
+# scaled 0 → N with one `knit scale` (no --wait), then N → 0; the Cluster's
+# nodeQuota raised to N first (the basic edition allows 10).
 #
 # A sampler (bench/scale_sampler.py) reads every INTERVAL s: Ready nodes
 # through the real kubectl, the control plane's CPU (utime+stime of the
@@ -142,6 +143,20 @@ spec:
     mkdir -p /etc/cni/net.d
     echo '{"cniVersion":"1.0.0","name":"knit","plugins":[{"type":"loopback"}]}' > /etc/cni/net.d/10-knit.conflist
 POOL
+# The basic edition's node quota is 10: the Cluster as the server has it,
+# with room for N.
+"$BIN/knit" get cluster knit -o json >"$WORK/cluster.json"
+python3 - "$WORK/cluster.json" "$N" <<'PY'
+import json, sys
+path, n = sys.argv[1], int(sys.argv[2])
+with open(path) as f:
+    c = json.load(f)
+c = {k: c[k] for k in ("apiVersion", "kind", "spec")} | {"metadata": {"name": c["metadata"]["name"]}}
+c["spec"]["nodeQuota"] = max(n, c["spec"].get("nodeQuota") or 0)
+with open(path, "w") as f:
+    json.dump(c, f)
+PY
+"$BIN/knit" apply -f "$WORK/cluster.json" >/dev/null
 "$BIN/knit" create -f "$WORK/pool.yaml" >/dev/null
 
 phase idle

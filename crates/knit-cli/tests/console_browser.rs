@@ -602,6 +602,29 @@ fn the_console_in_a_real_browser() {
         )
         .unwrap();
 
+        // A node is Ready after join; base-packages, os-config and hardening
+        // run after it, so the timeline is whole only once both report
+        // `initialized` (under CI load that can be seconds later).
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let nodes = api.get("/api/v1/nodes").unwrap();
+            let initialized = nodes["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["pool"] == "workers" && n["initialized"] == true)
+                .count();
+            if initialized == 2 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the 2 Ready nodes never finished their post-join phases: {nodes}\nserver log:\n{}",
+                env.server_log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+
         // The nodes page, filtered by pool and status, then one node.
         client
             .goto(&console.url("/ui/nodes?pool=workers&status=Ready"))

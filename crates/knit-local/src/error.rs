@@ -35,6 +35,15 @@ pub enum LocalError {
         used: u64,
         capacity: u64,
     },
+    /// A limit of the whole host (not of a type) would be passed by one
+    /// more machine; the message starts as a cloud's capacity error does.
+    #[error("OutOfCapacity: this host cannot carry another machine: {resource} {used} in use of {limit} ({detail})")]
+    HostOutOfCapacity {
+        resource: &'static str,
+        used: u64,
+        limit: u64,
+        detail: String,
+    },
     #[error("command `{command}` failed ({status}): {stderr}")]
     Command {
         command: String,
@@ -71,6 +80,7 @@ impl LocalError {
             LocalError::WrongState { .. } => "LocalWrongState",
             LocalError::Busy { .. } => "LocalBusy",
             LocalError::OutOfCapacity { .. } => "LocalOutOfCapacity",
+            LocalError::HostOutOfCapacity { .. } => "LocalHostOutOfCapacity",
             LocalError::Command { .. } => "LocalCommand",
             LocalError::Io { .. } => "LocalIo",
             LocalError::State { .. } => "LocalState",

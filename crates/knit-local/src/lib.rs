@@ -12,6 +12,7 @@ pub mod bounds;
 pub mod cloud;
 pub mod devprog;
 pub mod error;
+pub mod host_limits;
 pub mod image;
 pub mod loopdev;
 pub mod metadata;

@@ -427,7 +427,7 @@ fn parse_phase(flag: &str, name: Option<String>) -> Result<Option<PhaseName>, Ag
 
 fn print_status(journal: &Journal) {
     println!("{:<24} {:<8} {:>9}  REASON", "PHASE", "RESULT", "DURATION");
-    for name in PhaseName::ALL {
+    for &name in PhaseName::ALL {
         match journal.phases.get(&name) {
             Some(r) => {
                 let result = format!("{:?}", r.outcome).to_lowercase();

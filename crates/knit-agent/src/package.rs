@@ -8,7 +8,7 @@
 
 use crate::error::{AgentError, Context, Result};
 use crate::host::Host;
-use knit_api::{ErrorCode, KubernetesPackage};
+use knit_api::{ErrorCode, KubernetesPackage, PhaseName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -16,6 +16,9 @@ use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
+
+/// The log scope of what this module does: the phase that calls it.
+const SCOPE: &str = PhaseName::KubernetesComponents.as_str();
 
 /// The cache directory inside the data disk (docs/spec.md §1.3.2, ACK's layout).
 pub const CACHE_SUBDIR: &str = "ack/kubernetes";
@@ -363,7 +366,7 @@ fn expected_sha256(
     }
     let sidecar = format!("{url}.sha256");
     host.log.line(
-        "kubernetes-components",
+        SCOPE,
         &format!("kubernetes.sha256 not set: fetching {sidecar}"),
     );
     let attempts = package.download_attempts.max(1) as u32;
@@ -378,7 +381,7 @@ fn expected_sha256(
             Ok(text) => break text,
             Err((true, e)) if attempt < attempts => {
                 host.log.line(
-                    "kubernetes-components",
+                    SCOPE,
                     &format!("fetch {sidecar} failed (attempt {attempt}/{attempts}): {e}"),
                 );
                 std::thread::sleep(Duration::from_secs(1 << (attempt - 1).min(4)));
@@ -432,7 +435,7 @@ pub fn download(
     let mut downloaded = None;
     for attempt in 1..=attempts {
         host.log.line(
-            "kubernetes-components",
+            SCOPE,
             &format!("download {url} (attempt {attempt}/{attempts})"),
         );
         match fetch(agent, &url, &tarball) {
@@ -441,10 +444,7 @@ pub fn download(
                 break;
             }
             Err((retry, e)) => {
-                host.log.line(
-                    "kubernetes-components",
-                    &format!("download {url} failed: {e}"),
-                );
+                host.log.line(SCOPE, &format!("download {url} failed: {e}"));
                 last_error = e;
                 if !retry {
                     break;
@@ -519,7 +519,7 @@ pub fn from_dir(
             }
             Some(_) => {}
             None => host.log.line(
-                "kubernetes-components",
+                SCOPE,
                 &format!("no sha256 for {tarball_abs}: trusting the local directory (its files are still checked against {PACKAGE_MANIFEST})"),
             ),
         }

@@ -13,12 +13,14 @@ pub mod instance_types;
 pub mod phase;
 pub mod pool;
 pub mod reference;
+pub mod routes;
 pub mod schema;
 pub mod shell;
 pub mod state;
 pub mod update;
 pub mod validate;
 pub mod views;
+mod word;
 
 pub use config::*;
 pub use error::{ApiError, FieldError};

@@ -1,64 +1,42 @@
 //! Names every part of knit agrees on: initialization phases and error codes.
 
+use crate::word::word_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// The agent's phases, in the order they run (docs/spec.md §1.3.1–§1.3.7; the
-/// OS configuration is applied in §1.3.1 and again in §1.3.6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PhaseName {
-    TimeSync,
-    NodeIdentity,
-    DataDisk,
-    /// The pool's OS parameters applied before the kubelet starts (forwarding
-    /// and bridge settings matter to it); `OsConfig` applies them again at the end.
-    OsConfigInitial,
-    KubernetesComponents,
-    OptionalComponents,
-    Join,
-    BasePackages,
-    OsConfig,
-    Hardening,
+word_enum! {
+    /// The agent's phases, declared in the order they run (docs/spec.md
+    /// §1.3.1–§1.3.7; the OS configuration is applied in §1.3.1 and again in
+    /// §1.3.6). This is the one list: the words (serde, `as_str`, `FromStr`),
+    /// the run order (`ALL`, and `Ord`) and the last phase ([`PhaseName::LAST`])
+    /// all come from it; the agent runs `ALL` in order, the server and the
+    /// console read the order and the last phase from here. The copies that
+    /// must stay (docs/agent.md's phase table) are held to it by
+    /// crates/knit-api/tests/lists.rs.
+    PhaseName, field = "phase.name" {
+        TimeSync = "time-sync",
+        NodeIdentity = "node-identity",
+        DataDisk = "data-disk",
+        /// The pool's OS parameters applied before the kubelet starts (forwarding
+        /// and bridge settings matter to it); `OsConfig` applies them again at the end.
+        OsConfigInitial = "os-config-initial",
+        KubernetesComponents = "kubernetes-components",
+        OptionalComponents = "optional-components",
+        Join = "join",
+        BasePackages = "base-packages",
+        OsConfig = "os-config",
+        Hardening = "hardening",
+    }
 }
 
 impl PhaseName {
-    pub const ALL: [PhaseName; 10] = [
-        PhaseName::TimeSync,
-        PhaseName::NodeIdentity,
-        PhaseName::DataDisk,
-        PhaseName::OsConfigInitial,
-        PhaseName::KubernetesComponents,
-        PhaseName::OptionalComponents,
-        PhaseName::Join,
-        PhaseName::BasePackages,
-        PhaseName::OsConfig,
-        PhaseName::Hardening,
-    ];
+    /// The phase the agent runs last: once it is done (or skipped) the node
+    /// is initialized.
+    pub const LAST: PhaseName = PhaseName::ALL[PhaseName::ALL.len() - 1];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PhaseName::TimeSync => "time-sync",
-            PhaseName::NodeIdentity => "node-identity",
-            PhaseName::DataDisk => "data-disk",
-            PhaseName::OsConfigInitial => "os-config-initial",
-            PhaseName::KubernetesComponents => "kubernetes-components",
-            PhaseName::OptionalComponents => "optional-components",
-            PhaseName::Join => "join",
-            PhaseName::BasePackages => "base-packages",
-            PhaseName::OsConfig => "os-config",
-            PhaseName::Hardening => "hardening",
-        }
-    }
-
+    /// The phase named `name`, if it is one (`FromStr` says which are).
     pub fn parse(name: &str) -> Option<PhaseName> {
-        PhaseName::ALL.into_iter().find(|p| p.as_str() == name)
-    }
-}
-
-impl fmt::Display for PhaseName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        name.parse().ok()
     }
 }
 

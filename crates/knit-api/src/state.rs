@@ -1,8 +1,9 @@
 //! Every state knit records and shows as a word: an instance's lifecycle, an
 //! intent's action and status, a node's Ready status, an event's type, a
 //! snapshot build's status, a data disk's interface, a repair action (and
-//! the phase outcome of [`crate::events`]; phase names and error codes of
-//! [`crate::phase`] parse from their stored words here).
+//! the phase outcome of [`crate::events`]; the phase names of
+//! [`crate::phase`] are declared with the same `word_enum!`, its error
+//! codes parse from their stored words here).
 //!
 //! Each word is written once here: the serde name is the one on the wire
 //! and the one stored in the control plane's database, so a value written
@@ -10,65 +11,11 @@
 
 use crate::error::FieldError;
 use crate::events::PhaseOutcome;
-use crate::phase::{ErrorCode, PhaseName};
-use serde::{Deserialize, Serialize};
+use crate::phase::ErrorCode;
+use crate::word::{unknown_word, word_enum};
+use serde::Deserialize;
 use std::fmt;
 use std::str::FromStr;
-
-/// An enum whose variants are words: serde names, `as_str`, `ALL`,
-/// `Display`, and `FromStr` refusing any other word with a [`FieldError`]
-/// that names the field and the words allowed.
-macro_rules! word_enum {
-    (
-        $(#[$meta:meta])*
-        $name:ident, field = $field:literal {
-            $( $(#[$vmeta:meta])* $variant:ident = $word:literal, )+
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub enum $name {
-            $( $(#[$vmeta])* #[serde(rename = $word)] $variant, )+
-        }
-
-        impl $name {
-            /// Every variant, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            /// The word on the wire and in the database.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $word,)+
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = FieldError;
-
-            fn from_str(word: &str) -> Result<Self, FieldError> {
-                match word {
-                    $($word => Ok($name::$variant),)+
-                    _ => Err(unknown_word($field, word, &[$($word),+])),
-                }
-            }
-        }
-    };
-}
-
-fn unknown_word(field: &str, word: &str, allowed: &[&str]) -> FieldError {
-    FieldError {
-        field: field.to_string(),
-        value: format!("{word:?}"),
-        rule: format!("must be one of {}", allowed.join(", ")),
-    }
-}
 
 word_enum! {
     /// An instance's lifecycle as the control plane sees it.
@@ -249,18 +196,6 @@ impl FromStr for PhaseOutcome {
     }
 }
 
-/// A phase's name as stored (the node's latest phase, a timeline entry).
-impl FromStr for PhaseName {
-    type Err = FieldError;
-
-    fn from_str(word: &str) -> Result<Self, FieldError> {
-        PhaseName::parse(word).ok_or_else(|| {
-            let allowed: Vec<&str> = PhaseName::ALL.iter().map(|p| p.as_str()).collect();
-            unknown_word("phase.name", word, &allowed)
-        })
-    }
-}
-
 /// An agent's error code as stored: its serde name, the one word per code.
 impl FromStr for ErrorCode {
     type Err = FieldError;
@@ -280,6 +215,8 @@ impl FromStr for ErrorCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::phase::PhaseName;
+    use serde::Serialize;
 
     /// Each variant's serde name is the word given, `as_str` agrees, and
     /// the word parses back to it.
@@ -328,7 +265,7 @@ mod tests {
             &["restart-services", "reboot", "replace"],
         );
         pins(
-            &PhaseName::ALL,
+            PhaseName::ALL,
             &[
                 "time-sync",
                 "node-identity",

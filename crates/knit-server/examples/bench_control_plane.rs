@@ -196,8 +196,8 @@ fn main() {
     drop(pg);
 }
 
-/// The pool, its 1,000 instances created, and each node's nine phases
-/// (started + done) in the server's store.
+/// The pool, its 1,000 instances created, and each node's phases (every
+/// one of `PhaseName::ALL`, started + done) in the server's store.
 fn populate(cp: &ControlPlane, spec: &NodePoolSpec, instances: &[InstanceRecord]) {
     let mut cluster = knit_api::Cluster::default();
     cluster.spec.edition = "pro".into();
@@ -221,7 +221,7 @@ fn populate(cp: &ControlPlane, spec: &NodePoolSpec, instances: &[InstanceRecord]
             )
             .expect("created");
     }
-    // Each node: its nine phases, started + done.
+    // Each node: every phase, started + done.
     for (n, i) in instances.iter().enumerate() {
         let record = cp.store.instance(&i.name).expect("read").expect("exists");
         let node = format!("local.{}", i.provider_id.as_deref().unwrap_or(""));

@@ -136,7 +136,8 @@ impl Default for ConnectionLimits {
             http2_max_streams: knit_cluster::conn::DEFAULT_HTTP2_MAX_STREAMS,
             http2_keepalive_interval: Duration::from_secs(30),
             http2_keepalive_timeout: Duration::from_secs(20),
-            // An agent sends two reports a phase, about twenty phases.
+            // An agent sends two reports a phase, ten phases: room for
+            // a rerun besides.
             report_burst: 60,
             report_refill: Duration::from_secs(1),
         }

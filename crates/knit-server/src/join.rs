@@ -343,7 +343,7 @@ pub fn record_report(
                 event.reason.as_deref().unwrap_or("no reason given")
             ),
         )?,
-        PhaseOutcome::Done | PhaseOutcome::Skipped if event.phase == PhaseName::Hardening => {
+        PhaseOutcome::Done | PhaseOutcome::Skipped if event.phase == PhaseName::LAST => {
             // The first time only: a re-run after a reboot is no start-up.
             if !initialized_before && !instance.added {
                 cp.metrics.node_startup(

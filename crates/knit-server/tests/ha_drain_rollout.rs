@@ -348,7 +348,7 @@ impl Sim {
             .ok_or_else(|| spent("the report token names no node".into()))?;
         let instance = knit_server::join::reporter(&self.cp, Some(&report))
             .map_err(|e| spent(e.to_string()))?;
-        for phase in PhaseName::ALL {
+        for &phase in PhaseName::ALL {
             let event = PhaseEvent {
                 node: node.clone(),
                 instance_id: m.id.clone(),

@@ -28,7 +28,7 @@ const DOWNLOAD_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const DOWNLOAD_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DOWNLOAD_TOTAL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-const SCOPE: &str = "kubernetes-components";
+const SCOPE: &str = PhaseName::KubernetesComponents.as_str();
 /// What this phase installed, to verify on a rerun.
 pub const STAMP_FILE: &str = "/var/lib/knit/kubernetes.json";
 

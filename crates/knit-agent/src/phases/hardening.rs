@@ -339,9 +339,10 @@ impl Phase for HardeningPhase {
         for rule in rules(profile) {
             if !holds(ctx.host, &rule) {
                 apply(ctx.host, &rule)?;
-                ctx.host
-                    .log
-                    .line("hardening", &format!("applied {}", describe(&rule)));
+                ctx.host.log.line(
+                    PhaseName::Hardening.as_str(),
+                    &format!("applied {}", describe(&rule)),
+                );
                 changed.push(describe(&rule));
             }
         }
@@ -350,7 +351,7 @@ impl Phase for HardeningPhase {
             .map_err(|e| AgentError::new(ErrorCode::FailHardening, e.message))?;
         if !left.is_empty() {
             ctx.host.log.line(
-                "hardening",
+                PhaseName::Hardening.as_str(),
                 &format!(
                     "kernel settings not applied now, set at next boot: {}",
                     left.join(", ")
@@ -362,7 +363,7 @@ impl Phase for HardeningPhase {
         } else {
             "sshd settings unchanged".to_string()
         };
-        ctx.host.log.line("hardening", &sshd);
+        ctx.host.log.line(PhaseName::Hardening.as_str(), &sshd);
         ctx.journal.hardening_profile = Some(name.to_string());
         ctx.save_journal()?;
         Ok(format!(

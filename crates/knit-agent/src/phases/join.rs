@@ -19,7 +19,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const SCOPE: &str = "join";
+const SCOPE: &str = PhaseName::Join.as_str();
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_secs(1);

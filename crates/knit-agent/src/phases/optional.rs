@@ -19,7 +19,7 @@ use crate::services;
 use knit_api::{ErrorCode, PhaseName};
 use std::time::{Duration, Instant};
 
-const SCOPE: &str = "optional-components";
+const SCOPE: &str = PhaseName::OptionalComponents.as_str();
 const NVIDIA_VENDOR: &str = "0x10de";
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 pub const SGX_DEVICES: &[&str] = &["/dev/sgx_enclave", "/dev/sgx/enclave"];

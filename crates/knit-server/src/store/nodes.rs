@@ -29,7 +29,7 @@ pub struct NodeRecord {
 impl NodeRecord {
     /// The agent finished its last phase (or a phase failed: it stops there).
     pub fn initialized(&self) -> bool {
-        self.phase == Some(PhaseName::Hardening)
+        self.phase == Some(PhaseName::LAST)
             && self.phase_outcome.is_some_and(PhaseOutcome::is_success)
     }
 }
@@ -45,7 +45,7 @@ pub struct TimelineEntry {
     pub duration_ms: Option<i64>,
 }
 
-/// Timeline rows kept per node (about 20 phases, two rows each, a few
+/// Timeline rows kept per node (ten phases, two rows each, a few
 /// dozen runs); older ones are dropped as new ones come.
 pub const MAX_TIMELINE_PER_NODE: i64 = 1000;
 

@@ -11,6 +11,11 @@ echo "== format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== test-only features"
+# The fake ECS, knit_db::testing and the fault hooks: all in the test
+# build, none in the release build (resolves features; builds nothing).
+bash scripts/release-features.sh
+
 echo "== shellcheck"
 # Every shell script in the repository, also those the server embeds
 # (include_str!) and runs inside instances.

@@ -13,6 +13,7 @@ pub mod passfile;
 mod postgres;
 pub mod roles;
 mod sqlite;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod tls;
 mod value;

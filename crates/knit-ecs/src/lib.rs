@@ -2,12 +2,14 @@
 //! ([`sign`]), credentials that never show ([`Credentials`]), one client
 //! through which every call goes ([`Client::call`]) with typed requests and
 //! answers for the actions knit uses ([`api`]), and a stateful fake of the
-//! API on loopback for tests ([`fake`]).
+//! API on loopback for tests (`fake`, with the feature of that name, which
+//! only tests and examples turn on).
 
 pub mod api;
 pub mod client;
 pub mod credentials;
 pub mod error;
+#[cfg(feature = "fake")]
 pub mod fake;
 pub mod sign;
 

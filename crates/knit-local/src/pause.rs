@@ -2,13 +2,17 @@
 //! environment variable names a point (`KNIT_LOCAL_PAUSE_AFTER`,
 //! `KNIT_QEMU_PAUSE_AFTER`, `KNIT_SERVER_PAUSE_AT`); what reaches that
 //! point says so on stderr and waits until the test kills the process with
-//! SIGKILL, so the test can check what a restart does. Unset in production.
+//! SIGKILL, so the test can check what a restart does. Built only with the
+//! crate's `fault-injection` feature, which the test build turns on (the
+//! crates' dev-dependencies) and the release build does not: without it no
+//! point is ever set and the variables are not even read.
 
 use std::time::Duration;
 
-/// Whether the environment variable `env` names `point`.
+/// Whether the environment variable `env` names `point` (always false
+/// without the `fault-injection` feature).
 pub fn is_set(env: &str, point: &str) -> bool {
-    std::env::var(env).is_ok_and(|v| v == point)
+    cfg!(feature = "fault-injection") && std::env::var(env).is_ok_and(|v| v == point)
 }
 
 /// When `env` names `point`: prints `<announce> <point>` to stderr (tests
@@ -23,7 +27,7 @@ pub fn hold_if_set(env: &str, point: &str, announce: &str) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fault-injection"))]
 mod tests {
     use super::*;
 

@@ -8,14 +8,18 @@
 //! that a test can freeze the server (SIGSTOP) with that work in flight
 //! and see what the work does when the server wakes.
 //! Points are named `<feature>-<step>` (e.g. `snapshot-images`,
-//! `attach-…`, `create-provider-returned`). Unset in production.
+//! `attach-…`, `create-provider-returned`). Both only with the crate's
+//! `fault-injection` feature (which turns on knit-local's), on in the test
+//! build and off in the release build: there they return at once and the
+//! variables are not read.
 
 /// The environment variable naming the point to pause at.
 pub const ENV: &str = "KNIT_SERVER_PAUSE_AT";
 
-/// Whether `point` is the configured pause point.
+/// Whether `point` is the configured pause point (never without the
+/// `fault-injection` feature).
 pub fn is_set(point: &str) -> bool {
-    knit_local::pause::is_set(ENV, point)
+    cfg!(feature = "fault-injection") && knit_local::pause::is_set(ENV, point)
 }
 
 /// Waits forever at `point` when it is the configured one; returns at once
@@ -38,6 +42,9 @@ pub const DELAY_ENV: &str = "KNIT_SERVER_DELAY_AT";
 /// otherwise, and for every later task.
 pub async fn delay_at(point: &str) {
     static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !cfg!(feature = "fault-injection") {
+        return;
+    }
     let Some(seconds) = std::env::var(DELAY_ENV).ok().and_then(|v| {
         let (at, secs) = v.rsplit_once(':')?;
         (at == point).then(|| secs.parse::<u64>().ok())?

@@ -416,9 +416,12 @@ impl Phase for DataDisk {
 }
 
 /// Test hook: pause (forever) at a named checkpoint so that a test can kill
-/// the agent there with SIGKILL. Unset in production.
+/// the agent there with SIGKILL. Only with the crate's `fault-injection`
+/// feature (the test build's); the release agent never reads the variable.
 fn checkpoint(name: &str) {
-    if std::env::var("KNIT_AGENT_PAUSE_AT").is_ok_and(|v| v == name) {
+    if cfg!(feature = "fault-injection")
+        && std::env::var("KNIT_AGENT_PAUSE_AT").is_ok_and(|v| v == name)
+    {
         eprintln!("knit-agent: paused at checkpoint {name}");
         loop {
             std::thread::sleep(Duration::from_secs(3600));

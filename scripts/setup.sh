@@ -151,7 +151,7 @@ if [ "$qemu" = yes ]; then
             fi
         fi
     else
-        echo "setup.sh: qemu-system-x86 has no install candidate in apt's sources; the QEMU provider's tests will be skipped" >&2
+        echo "setup.sh: qemu-system-x86 has no install candidate in apt's sources; the QEMU provider's tests will be skipped (and fail under CI=true)" >&2
     fi
 fi
 

@@ -374,7 +374,9 @@ fn curl_post_5mb(ep: &str, ca: &str, cert: &str, key: &str, chunked: bool) -> Op
         .output()
         .is_err()
     {
-        eprintln!("curl not installed: the curl part of this test is skipped");
+        knit_test_support::missing(
+            "curl is not installed (scripts/setup.sh installs it): the curl part of this test did not run",
+        );
         return None;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -478,8 +478,9 @@ fn find_on_path(bin: &str) -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_pages_with_chunk_size() {
     let Some(kubectl) = find_on_path("kubectl") else {
-        eprintln!("SKIPPED: kubectl is not installed on this machine; the kubectl paging test did not run");
-        return;
+        return knit_test_support::not_provided(
+            "kubectl is not installed on this machine; the kubectl paging test did not run",
+        );
     };
     let dir = tempfile::tempdir().unwrap();
     let cluster = start(&dir.path().join("cluster"), None).await;
@@ -562,8 +563,7 @@ fn python_client() -> Option<(PathBuf, Option<String>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_pages() {
     let Some((python, pythonpath)) = python_client() else {
-        eprintln!("SKIPPED: python3 with the kubernetes package is not installed (pip install kubernetes, or set KNIT_TEST_PYTHONPATH); the Python client paging test did not run");
-        return;
+        return knit_test_support::not_provided("python3 with the kubernetes package is not installed (pip install kubernetes, or set KNIT_TEST_PYTHONPATH); the Python client paging test did not run");
     };
     let dir = tempfile::tempdir().unwrap();
     let cluster = start(&dir.path().join("cluster"), None).await;

@@ -39,7 +39,9 @@ fn start(ca: &Ca, names: &[&str]) -> Option<TestPostgres> {
     match TestPostgres::start_tls(&cert, &key) {
         Ok(pg) => Some(pg),
         Err(e) => {
-            eprintln!("SKIPPED: {e}");
+            knit_test_support::missing(format!(
+                "PostgreSQL for the test (scripts/setup.sh --tests installs it): {e}"
+            ));
             None
         }
     }
@@ -133,7 +135,9 @@ fn require_refuses_a_server_without_tls() {
     let pg = match TestPostgres::start() {
         Ok(pg) => pg,
         Err(e) => {
-            eprintln!("SKIPPED: {e}");
+            knit_test_support::missing(format!(
+                "PostgreSQL for the test (scripts/setup.sh --tests installs it): {e}"
+            ));
             return;
         }
     };

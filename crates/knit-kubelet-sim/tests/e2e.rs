@@ -130,8 +130,9 @@ fn wait_node(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_joins_not_ready_then_ready_follows_containerd_and_lease() {
     if which("containerd").is_none() {
-        eprintln!("SKIPPED: containerd is not installed; the CRI end-to-end test did not run");
-        return;
+        return knit_test_support::missing(
+            "containerd is not installed (scripts/setup.sh installs it); the CRI end-to-end test did not run",
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(
@@ -492,8 +493,9 @@ async fn an_expired_certificate_falls_back_to_a_bootstrap_token_that_ended_at_jo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_two_nodes_goes_ready_and_kubectl_lists_them() {
     if which("containerd").is_none() {
-        eprintln!("SKIPPED: containerd is not installed; the two-node test did not run");
-        return;
+        return knit_test_support::missing(
+            "containerd is not installed (scripts/setup.sh installs it); the two-node test did not run",
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(
@@ -541,8 +543,9 @@ async fn a_pool_of_two_nodes_goes_ready_and_kubectl_lists_them() {
             wait_node(&admin, name, "Ready", sim, |n| ready(n).0 == "True");
         }
         let Some(kubectl) = which("kubectl") else {
-            eprintln!("SKIPPED (kubectl part): kubectl is not installed");
-            return;
+            return knit_test_support::not_provided(
+                "kubectl is not installed; the kubectl part of the two-node test did not run",
+            );
         };
         let out = Command::new(kubectl)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))

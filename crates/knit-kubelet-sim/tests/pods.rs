@@ -305,8 +305,9 @@ fn kubectl(bin: &Path, kubeconfig: &Path, cache: &Path, args: &[&str]) -> (bool,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_drain_is_refused_while_a_budget_forbids_and_done_when_it_allows() {
     let Some(bin) = find_kubectl() else {
-        eprintln!("SKIPPED: kubectl is not installed; the drain test did not run");
-        return;
+        return knit_test_support::not_provided(
+            "kubectl is not installed; the drain test did not run",
+        );
     };
     let dir = tempfile::tempdir().unwrap();
     let c = cluster(&dir.path().join("cluster")).await;

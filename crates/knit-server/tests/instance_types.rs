@@ -174,8 +174,9 @@ impl Drop for Down {
 #[test]
 fn the_local_cloud_refuses_a_type_it_cannot_size() {
     if local_helper().is_none() {
-        eprintln!("skipped: no knit-local binary next to the tests (cargo build -p knit-local)");
-        return;
+        return knit_test_support::missing(
+            "no knit-local binary next to the tests (cargo build -p knit-local)",
+        );
     }
     let tmp = tempfile::Builder::new()
         .prefix("knit-itypes-")

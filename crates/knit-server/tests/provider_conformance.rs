@@ -167,8 +167,9 @@ impl Drop for Down {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_cloud() {
     let Some(helper) = local_helper() else {
-        eprintln!("skipped: no knit-local binary next to the tests (cargo build -p knit-local)");
-        return;
+        return knit_test_support::missing(
+            "no knit-local binary next to the tests (cargo build -p knit-local)",
+        );
     };
     let tmp = tempfile::Builder::new()
         .prefix("knit-conformance-")
@@ -195,8 +196,9 @@ async fn local_cloud() {
 async fn local_exec_is_bounded_inside_the_instance() {
     use knit_server::provider::{BoundedProvider, CallLimits};
     let Some(helper) = local_helper() else {
-        eprintln!("skipped: no knit-local binary next to the tests (cargo build -p knit-local)");
-        return;
+        return knit_test_support::missing(
+            "no knit-local binary next to the tests (cargo build -p knit-local)",
+        );
     };
     let tmp = tempfile::Builder::new()
         .prefix("knit-exec-bound-")

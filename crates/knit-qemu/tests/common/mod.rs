@@ -30,8 +30,7 @@ pub fn skip_reason() -> Option<String> {
 macro_rules! skip_unless_able {
     () => {
         if let Some(why) = common::skip_reason() {
-            eprintln!("SKIPPED: {why}");
-            return;
+            return knit_test_support::missing(why);
         }
     };
 }

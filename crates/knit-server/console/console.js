@@ -49,5 +49,15 @@
     source.close();
     window.location.assign("/ui/sign-in");
   });
+  // A feed the server refused (a session that expired before it was
+  // opened answers with the sign-in page, not a stream) closes for good
+  // and sends no signed-out: ask for the page once, which goes to sign-in
+  // if that is why. A network error only reconnects (readyState CONNECTING).
+  source.addEventListener("error", function () {
+    if (source.readyState === EventSource.CLOSED) {
+      document.body.setAttribute("data-live-state", "closed");
+      refresh();
+    }
+  });
   document.body.setAttribute("data-live-state", "connected");
 })();

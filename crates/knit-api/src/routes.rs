@@ -172,6 +172,16 @@ impl Route {
             .join("/")
     }
 
+    /// The path up to its first parameter, without the `/` before it
+    /// (`/mirror` of `/mirror/*path`): the base URL of what it serves.
+    pub fn prefix(self) -> &'static str {
+        let path = self.path();
+        match path.find("/:").or_else(|| path.find("/*")) {
+            Some(at) => &path[..at],
+            None => path,
+        }
+    }
+
     /// The names of the path's parameters, in order.
     pub fn parameters(self) -> Vec<&'static str> {
         self.path().split('/').filter_map(parameter).collect()
@@ -242,6 +252,13 @@ mod tests {
         // Too few values: the parameter stays, no route answers it.
         assert_eq!(Route::Rollout.fill(&["p"]), "/api/v1/pools/p/rollout/:verb");
         assert_eq!(Route::Mirror.openapi_path(), "/mirror/{path}");
+        assert_eq!(Route::Mirror.prefix(), "/mirror");
+        assert_eq!(
+            Route::Mirror.fill(&["pkg/kubernetes/k.tar.gz"]),
+            "/mirror/pkg/kubernetes/k.tar.gz"
+        );
+        assert_eq!(Route::RegistryBase.prefix(), "/v2/");
+        assert_eq!(Route::Report.prefix(), "/report/v1/events");
         assert_eq!(Route::Rollout.parameters(), ["name", "verb"]);
         assert_eq!(Route::Healthz.parameters(), Vec::<&str>::new());
         assert_eq!(Access::Role(TokenRole::Operator).word(), "operator");

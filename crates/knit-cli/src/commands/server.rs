@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `knit up --ha N`: PostgreSQL, N servers and HAProxy (docs/ha.md).
-#[path = "ha.rs"]
+#[path = "ha/mod.rs"]
 pub mod ha;
 
 /// `knit server`'s settings. `knit up` takes the same options (flattened in

@@ -174,17 +174,6 @@ impl Client {
         })
     }
 
-    /// The servers sharing the datastore, the leader marked.
-    pub fn servers(&self) -> Result<Vec<knit_api::views::ServerView>> {
-        Ok(self
-            .call_typed::<knit_api::views::Items<knit_api::views::ServerView>>(
-                "GET",
-                "/api/v1/servers",
-                None,
-            )?
-            .items)
-    }
-
     /// A text answer (logs), checked for 2xx.
     pub fn get_text(&self, path: &str) -> Result<String> {
         let (status, text) = self.raw("GET", path, None)?;
@@ -197,7 +186,7 @@ impl Client {
     /// Runs a command on one machine (`POST /api/v1/exec`); waits as long
     /// as the command may run, plus time for the answer.
     pub fn exec(&self, request: &ExecRequest) -> Result<ExecResponse> {
-        let path = "/api/v1/exec";
+        let path = knit_api::routes::Route::Exec.path();
         let wait = request
             .timeout_seconds
             .unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS)

@@ -10,6 +10,7 @@ use crate::error::{Result, ServerError};
 use crate::names;
 use crate::pki;
 use crate::store::{now_ms, InstanceRecord, Redeem};
+use knit_api::routes::Route;
 use knit_api::state::EventType;
 use knit_api::{NodePool, PhaseEvent, PhaseName, PhaseOutcome};
 use std::net::SocketAddr;
@@ -114,10 +115,10 @@ pub async fn bootstrap(
         instance: &instance,
         join,
         package: PackageRef {
-            url: format!("{}/mirror/{tarball}", cp.advertise_url),
+            url: format!("{}{}", cp.advertise_url, Route::Mirror.fill(&[&tarball])),
             sha256: cp.mirror_sha256(&tarball)?,
         },
-        report_url: format!("{}/report/v1/events", cp.advertise_url),
+        report_url: format!("{}{}", cp.advertise_url, Route::Report.path()),
         report_token,
         control_plane_ca_pem: cp.ca_pem.clone(),
         default_zone: cp.provider.as_ref().and_then(|p| p.default_zone()),

@@ -48,20 +48,23 @@ fn every_admin_route_refuses_without_the_token() {
     let h = harness();
     let anonymous = h.client().with_token("");
     let wrong = h.client().with_token("not-the-token");
-    for (path, method, _, auth) in knit_server::http::openapi::OPERATIONS {
+    for &route in knit_api::routes::Route::ALL {
+        let path = route.path();
         let concrete = path
-            .replace("{name}", "x")
-            .replace("{path}", "x")
-            .replace("{id}", "x")
-            .replace("{verb}", "pause");
+            .replace(":name", "x")
+            .replace("*path", "x")
+            .replace(":id", "x")
+            .replace(":verb", "pause");
+        let method = route.method().as_str();
         // Bodies only where the method takes one.
-        let body = matches!(*method, "post" | "put").then_some("{}");
-        let (status, _) = anonymous
-            .raw(&method.to_uppercase(), &concrete, body)
-            .unwrap();
-        if matches!(*auth, "viewer" | "operator" | "admin" | "metrics") {
+        let body = matches!(method, "POST" | "PUT").then_some("{}");
+        let (status, _) = anonymous.raw(method, &concrete, body).unwrap();
+        if matches!(
+            route.access(),
+            knit_api::routes::Access::Role(_) | knit_api::routes::Access::Metrics
+        ) {
             assert_eq!(status, 401, "{method} {path} without token");
-            let (status, _) = wrong.raw(&method.to_uppercase(), &concrete, body).unwrap();
+            let (status, _) = wrong.raw(method, &concrete, body).unwrap();
             assert_eq!(status, 401, "{method} {path} with a wrong token");
         } else {
             // Public or token-bound routes exist (not 404 for lack of a route,
@@ -75,10 +78,18 @@ fn every_admin_route_refuses_without_the_token() {
         let (status, body) = anonymous.raw(method, path, None).unwrap();
         assert_eq!(status, 405, "{method} {path}: {body}");
     }
-    // The document lists exactly the operations.
+    // The document served lists every route.
     let doc = anonymous.get("/openapi.json").unwrap();
     assert_eq!(doc["openapi"], "3.0.3");
     assert!(doc["paths"]["/api/v1/pools/{name}/scale"]["post"].is_object());
+    for &route in knit_api::routes::Route::ALL {
+        let method = route.method().as_str().to_lowercase();
+        assert!(
+            doc["paths"][route.openapi_path()][&method].is_object(),
+            "{method} {} is not in /openapi.json",
+            route.path()
+        );
+    }
     assert_eq!(
         anonymous.raw("GET", "/healthz", None).unwrap(),
         (200, "ok\n".to_string())

@@ -94,7 +94,7 @@ fn cloud_config(
         Some(d) => d,
         None => default_dir()?,
     };
-    let answer = client.call("POST", "/api/v1/autoscaler/client-certificate", Some("{}"))?;
+    let answer = client.autoscaler_client_certificate()?;
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()

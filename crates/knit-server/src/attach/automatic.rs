@@ -9,6 +9,7 @@ use crate::error::{Result, ServerError};
 use crate::preflight::{self, InstanceFacts, Mode};
 use crate::store::{now_ms, IntentRecord};
 use crate::{pki, userdata};
+use knit_api::routes::Route;
 use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{
     AttachFailure, AttachOutcome, AttachRequest, AttachResponse, AttachedInstance, PreflightReport,
@@ -197,9 +198,9 @@ async fn reimage_for_pool(
     })?;
     let token = cp.issue_join_token(name, pool_name)?;
     let stub = userdata::agent_stub(&userdata::StubParams {
-        mirror_url: &format!("{}/mirror", cp.advertise_url),
+        mirror_url: &format!("{}{}", cp.advertise_url, Route::Mirror.prefix()),
         agent_sha256: &agent_sha256,
-        bootstrap_url: &format!("{}/bootstrap/v1/config", cp.advertise_url),
+        bootstrap_url: &format!("{}{}", cp.advertise_url, Route::Bootstrap.path()),
         join_token: &token,
         ca_pem: &cp.ca_pem,
     });

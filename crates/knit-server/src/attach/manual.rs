@@ -551,6 +551,65 @@ mod tests {
         );
     }
 
+    /// The route of the API a concrete path is served by (`:x` one
+    /// segment, `*x` the rest).
+    fn route_of(path: &str) -> Option<knit_api::routes::Route> {
+        let want: Vec<&str> = path.split('/').collect();
+        knit_api::routes::Route::ALL.iter().copied().find(|r| {
+            let have: Vec<&str> = r.path().split('/').collect();
+            let mut i = 0;
+            for seg in &have {
+                if seg.starts_with('*') {
+                    return want.len() > i && !want[i].is_empty();
+                }
+                match want.get(i) {
+                    Some(w) if seg.starts_with(':') && !w.is_empty() => {}
+                    Some(w) if w == seg => {}
+                    _ => return false,
+                }
+                i += 1;
+            }
+            i == want.len()
+        })
+    }
+
+    /// The script's URLs (`$base/...`) are routes of the API's one list
+    /// (`knit_api::routes`): a renamed route fails here, naming the line.
+    #[test]
+    fn the_manual_script_calls_declared_routes() {
+        use knit_api::routes::Route;
+        let mut called = std::collections::BTreeSet::new();
+        for (i, line) in MANUAL_SCRIPT.lines().enumerate() {
+            for (at, _) in line.match_indices("$base/") {
+                let path: String = line[at + "$base".len()..]
+                    .chars()
+                    .take_while(|c| !matches!(c, '"' | ' ' | '\'' | ')'))
+                    .collect();
+                let route = route_of(&path).unwrap_or_else(|| {
+                    panic!(
+                        "attach/manual.sh:{}: {path} is no route of knit_api::routes",
+                        i + 1
+                    )
+                });
+                called.insert(format!("{route:?}"));
+            }
+        }
+        for route in [
+            Route::Mirror,
+            Route::AttachManual,
+            Route::AttachFailed,
+            Route::Bootstrap,
+        ] {
+            assert!(
+                called.contains(&format!("{route:?}")),
+                "{route:?} not called: {called:?}"
+            );
+        }
+        assert_eq!(route_of("/api/v1/pools/p/scale"), Some(Route::ScalePool));
+        assert_eq!(route_of("/attach/v1/manualx"), None);
+        assert_eq!(route_of("/mirror/"), None);
+    }
+
     #[test]
     fn the_manual_script_is_valid_bash_and_carries_pin_token_and_checksum() {
         let s = manual_script(&ManualScript {

@@ -1,7 +1,9 @@
 //! Who may call which route. Every route of the API (and of the console)
 //! is added through [`Routes`], which takes the route's [`Access`] with
 //! its handler: there is no way to add a route without declaring it, and
-//! [`route_table`] lists them all (a test walks it). The [`authorize`]
+//! [`route_table`] lists them all (a test walks it). The API's routes and
+//! their access are declared once, in `knit_api::routes` ([`Routes::api`]);
+//! the console's pages are declared here, with `get`/`post`. The [`authorize`]
 //! middleware reads the declaration of the route a request matched and
 //! refuses a route it does not find (deny by default).
 
@@ -16,35 +18,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
 use axum::Router;
+use knit_api::routes::{self, Route};
 use knit_api::state::TokenRole;
 use std::sync::Arc;
 
-/// What a route needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Nothing: it holds no secret (health, the OpenAPI document, the
-    /// package mirror and the system images every node gets).
-    Public,
-    /// The handler checks its own per-instance token (`what` names it:
-    /// join, report or attach token).
-    NodeToken(&'static str),
-    /// An API token of any role, or the metrics reader token.
-    Metrics,
-    /// An API token of this role or higher.
-    Role(TokenRole),
-}
-
-impl Access {
-    /// The word the OpenAPI document uses for it.
-    pub fn word(self) -> &'static str {
-        match self {
-            Access::Public => "none",
-            Access::NodeToken(what) => what,
-            Access::Metrics => "metrics",
-            Access::Role(r) => r.as_str(),
-        }
-    }
-}
+/// What a route needs: declared with the API's routes in knit-api.
+pub use knit_api::routes::Access;
 
 /// One declared route: method, path as the router matches it (`:name`,
 /// `*path`), and what it needs.
@@ -106,6 +85,18 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
             access,
         });
         self
+    }
+
+    /// `handler` for one of the API's routes, with the method, path and
+    /// access `knit_api::routes` declares for it.
+    pub fn api<H: Handler<T, S>, T: 'static>(self, route: Route, h: H) -> Self {
+        let method = match route.method() {
+            routes::Method::Get => Method::GET,
+            routes::Method::Post => Method::POST,
+            routes::Method::Put => Method::PUT,
+            routes::Method::Delete => Method::DELETE,
+        };
+        self.add(method, route.path(), route.access(), h)
     }
 
     pub fn get<H: Handler<T, S>, T: 'static>(

@@ -1,7 +1,7 @@
-//! The REST API. Every route declares what it needs (`routes`, checked by
-//! `auth::authorize`): `/api/v1/*` an API token of a role (viewer,
-//! operator, admin), `/metrics` any API token or the metrics reader token
-//! (`metrics.rs`); the bootstrap and report endpoints take their own
+//! The REST API. Every route declares what it needs (`knit_api::routes`,
+//! added by `routes`, checked by `auth::authorize`): `/api/v1/*` an API
+//! token of a role (viewer, operator, admin), `/metrics` any API token or
+//! the metrics reader token (`metrics.rs`); the bootstrap and report endpoints take their own
 //! per-instance tokens; the package mirror, the system images' registry
 //! (`/v2/`), `/healthz` and `/openapi.json` are public (they hold no
 //! secret: the mirror serves the same binaries and images to every node).
@@ -57,99 +57,58 @@ impl IntoResponse for ServerError {
     }
 }
 
-/// Every route with its access ([`auth::Access`]): roles as in
-/// docs/security.md (viewer reads, operator also changes, admin also runs
-/// commands on machines, reads their logs and manages credentials).
+/// Every route of the API with its handler; the method, path and access
+/// of each are `knit_api::routes::Route`'s (roles as in docs/security.md).
+/// A test holds this list to `Route::ALL`: every route added once.
 pub(crate) fn routes() -> auth::Routes<Cp> {
-    use auth::Access::{Metrics, NodeToken, Public, Role};
-    use knit_api::state::TokenRole::{Admin, Operator, Viewer};
+    use knit_api::routes::Route;
     auth::Routes::default()
-        .get("/healthz", Public, || async { "ok\n" })
-        .get("/openapi.json", Public, || async {
+        .api(Route::Healthz, || async { "ok\n" })
+        .api(Route::OpenApi, || async {
             Json(crate::http::openapi::document())
         })
-        .get("/mirror/*path", Public, mirror::mirror_file)
-        // The system images nodes pull (read-only; HEAD too, through get).
-        .get("/v2/", Public, registry::base)
-        .get("/v2/*path", Public, registry::serve)
-        .post(
-            "/bootstrap/v1/config",
-            NodeToken("joinToken"),
-            node_api::bootstrap,
-        )
-        .post(
-            "/attach/v1/manual",
-            NodeToken("attachToken"),
-            attach::manual,
-        )
-        .post(
-            "/attach/v1/failed",
-            NodeToken("reportToken"),
-            attach::manual_failed,
-        )
-        .post(
-            "/report/v1/events",
-            NodeToken("reportToken"),
-            node_api::report,
-        )
-        .get("/metrics", Metrics, metrics::metrics)
-        .get("/api/v1/cluster", Role(Viewer), pools::get_cluster)
-        .put("/api/v1/cluster", Role(Operator), pools::put_cluster)
-        .get("/api/v1/pools", Role(Viewer), pools::list)
-        .post("/api/v1/pools", Role(Operator), pools::create)
-        .get("/api/v1/pools/:name", Role(Viewer), pools::get)
-        .put("/api/v1/pools/:name", Role(Operator), pools::apply)
-        .delete("/api/v1/pools/:name", Role(Operator), pools::delete)
-        .post("/api/v1/pools/:name/scale", Role(Operator), pools::scale)
-        .post(
-            "/api/v1/pools/:name/rollout/undo",
-            Role(Operator),
-            pools::rollout_undo,
-        )
-        .post(
-            "/api/v1/pools/:name/rollout/:verb",
-            Role(Operator),
-            pools::rollout,
-        )
-        .get(
-            "/api/v1/pools/:name/revisions",
-            Role(Viewer),
-            pools::revisions,
-        )
-        .post("/api/v1/pools/:name/attach", Role(Operator), attach::attach)
-        .post(
-            "/api/v1/pools/:name/attach-script",
-            Role(Operator),
-            attach::script,
-        )
-        .get("/api/v1/instances", Role(Viewer), nodes::list_instances)
-        .get("/api/v1/nodes", Role(Viewer), nodes::list)
-        .get("/api/v1/nodes/:name", Role(Viewer), nodes::get)
-        .delete("/api/v1/nodes/:name", Role(Operator), nodes::delete)
-        // A node's logs may hold what its scripts printed (secrets too).
-        .get("/api/v1/nodes/:name/logs", Role(Admin), nodes::logs)
-        .get("/api/v1/events", Role(Viewer), events::list)
-        .get("/api/v1/snapshots", Role(Viewer), snapshots::list)
-        .post("/api/v1/snapshots", Role(Operator), snapshots::create)
-        .delete("/api/v1/snapshots/:id", Role(Operator), snapshots::delete)
-        .get("/api/v1/snapshot-builds", Role(Viewer), snapshots::builds)
-        .get(
-            "/api/v1/snapshot-builds/:id",
-            Role(Viewer),
-            snapshots::build_status,
-        )
-        .get("/api/v1/jointokens", Role(Viewer), tokens::list)
-        .get("/api/v1/servers", Role(Viewer), servers::list)
-        .post("/api/v1/exec", Role(Admin), exec::exec)
-        // A client certificate from knit's CA is a credential.
-        .post(
-            "/api/v1/autoscaler/client-certificate",
-            Role(Admin),
+        .api(Route::Mirror, mirror::mirror_file)
+        .api(Route::RegistryBase, registry::base)
+        .api(Route::RegistryObject, registry::serve)
+        .api(Route::Bootstrap, node_api::bootstrap)
+        .api(Route::AttachManual, attach::manual)
+        .api(Route::AttachFailed, attach::manual_failed)
+        .api(Route::Report, node_api::report)
+        .api(Route::Metrics, metrics::metrics)
+        .api(Route::GetCluster, pools::get_cluster)
+        .api(Route::PutCluster, pools::put_cluster)
+        .api(Route::ListPools, pools::list)
+        .api(Route::CreatePool, pools::create)
+        .api(Route::GetPool, pools::get)
+        .api(Route::ApplyPool, pools::apply)
+        .api(Route::DeletePool, pools::delete)
+        .api(Route::ScalePool, pools::scale)
+        .api(Route::RolloutUndo, pools::rollout_undo)
+        .api(Route::Rollout, pools::rollout)
+        .api(Route::PoolRevisions, pools::revisions)
+        .api(Route::Attach, attach::attach)
+        .api(Route::AttachScript, attach::script)
+        .api(Route::ListInstances, nodes::list_instances)
+        .api(Route::ListNodes, nodes::list)
+        .api(Route::GetNode, nodes::get)
+        .api(Route::DeleteNode, nodes::delete)
+        .api(Route::NodeLogs, nodes::logs)
+        .api(Route::Events, events::list)
+        .api(Route::ListSnapshots, snapshots::list)
+        .api(Route::BuildSnapshot, snapshots::create)
+        .api(Route::DeleteSnapshot, snapshots::delete)
+        .api(Route::SnapshotBuilds, snapshots::builds)
+        .api(Route::SnapshotBuild, snapshots::build_status)
+        .api(Route::JoinTokens, tokens::list)
+        .api(Route::Servers, servers::list)
+        .api(Route::Exec, exec::exec)
+        .api(
+            Route::AutoscalerClientCertificate,
             autoscaler::client_certificate,
         )
-        .get("/api/v1/tokens", Role(Admin), api_tokens::list)
-        .post("/api/v1/tokens", Role(Admin), api_tokens::create)
-        .delete("/api/v1/tokens/:id", Role(Admin), api_tokens::revoke)
+        .api(Route::ListTokens, api_tokens::list)
+        .api(Route::CreateToken, api_tokens::create)
+        .api(Route::RevokeToken, api_tokens::revoke)
 }
 
 pub fn router(cp: Cp) -> Router {

@@ -27,6 +27,7 @@ use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::store::{now_ms, InstanceRecord, NodeRecord, RolloutStop};
 use knit_api::agent::{NodeUpdate, NodeUpdated};
+use knit_api::routes::Route;
 use knit_api::state::EventType;
 use knit_api::update::{in_place_update, template_hash, InPlaceUpdate};
 use knit_api::NodePool;
@@ -167,7 +168,11 @@ impl ControlPlane {
                     let tarball = format!("pkg/kubernetes/kubernetes-{version}-linux-amd64.tar.gz");
                     Some(knit_api::config::KubernetesPackage {
                         version: version.clone(),
-                        url: Some(format!("{}/mirror/{tarball}", self.advertise_url)),
+                        url: Some(format!(
+                            "{}{}",
+                            self.advertise_url,
+                            Route::Mirror.fill(&[&tarball])
+                        )),
                         sha256: self.mirror_sha256(&tarball)?,
                         ..knit_api::config::KubernetesPackage::default()
                     })

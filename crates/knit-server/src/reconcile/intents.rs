@@ -11,6 +11,7 @@ use crate::provider::{
 };
 use crate::store::{now_ms, InstanceRecord, IntentRecord};
 use crate::userdata;
+use knit_api::routes::Route;
 use knit_api::state::{EventType, InstanceState};
 use std::sync::Arc;
 
@@ -311,8 +312,8 @@ impl ControlPlane {
             ))
         })?;
         let token = self.issue_join_token(&instance.name, &pool.metadata.name)?;
-        let mirror_url = format!("{}/mirror", self.advertise_url);
-        let bootstrap_url = format!("{}/bootstrap/v1/config", self.advertise_url);
+        let mirror_url = format!("{}{}", self.advertise_url, Route::Mirror.prefix());
+        let bootstrap_url = format!("{}{}", self.advertise_url, Route::Bootstrap.path());
         let stub = userdata::agent_stub(&userdata::StubParams {
             mirror_url: &mirror_url,
             agent_sha256: &agent_sha256,

@@ -4,31 +4,22 @@
 //! test holds to the types), put in OpenAPI 3.0's dialect; and the request
 //! and response bodies of the routes that carry them.
 
+use knit_api::routes::Route;
 use serde_json::{json, Map, Value};
 
 /// The document kinds, as (knit-api's kind, component name).
 const KINDS: &[(&str, &str)] = &[("nodepool", "NodePool"), ("cluster", "Cluster")];
 
-/// Which operations carry which document: (path, method, request body,
-/// answer body). The answers of pool routes are the pool's view (the
-/// document, its status and the write's warnings).
-const BODIES: &[(&str, &str, Option<&str>, Option<&str>)] = &[
-    ("/api/v1/cluster", "get", None, Some("Cluster")),
-    ("/api/v1/cluster", "put", Some("Cluster"), Some("Cluster")),
-    ("/api/v1/pools", "post", Some("NodePool"), Some("PoolView")),
-    ("/api/v1/pools/{name}", "get", None, Some("PoolView")),
-    (
-        "/api/v1/pools/{name}",
-        "put",
-        Some("NodePool"),
-        Some("PoolView"),
-    ),
-    (
-        "/api/v1/pools/{name}/scale",
-        "post",
-        Some("ScaleRequest"),
-        Some("PoolView"),
-    ),
+/// Which routes carry which document: (route, request body, answer body).
+/// The answers of pool routes are the pool's view (the document, its
+/// status and the write's warnings).
+const BODIES: &[(Route, Option<&str>, Option<&str>)] = &[
+    (Route::GetCluster, None, Some("Cluster")),
+    (Route::PutCluster, Some("Cluster"), Some("Cluster")),
+    (Route::CreatePool, Some("NodePool"), Some("PoolView")),
+    (Route::GetPool, None, Some("PoolView")),
+    (Route::ApplyPool, Some("NodePool"), Some("PoolView")),
+    (Route::ScalePool, Some("ScaleRequest"), Some("PoolView")),
 ];
 
 /// A JSON Schema (2020-12, as knit-api makes it) in OpenAPI 3.0's subset:
@@ -101,17 +92,13 @@ pub fn add(doc: &mut Value) {
             "application/yaml": { "schema": schema },
         })
     };
-    for (path, method, request, answer) in BODIES {
-        let op = &mut doc["paths"][*path][*method];
-        if op.is_null() {
-            // A route the table no longer has: the test below says so.
-            continue;
-        }
+    for &(route, request, answer) in BODIES {
+        let op = &mut doc["paths"][route.openapi_path()][route.method().as_str().to_lowercase()];
         if let Some(name) = request {
             op["requestBody"] = json!({ "required": true, "content": body(name) });
         }
         if let Some(name) = answer {
-            let code = if *method == "post" && *path == "/api/v1/pools" {
+            let code = if route == Route::CreatePool {
                 "201"
             } else {
                 "200"
@@ -214,8 +201,9 @@ mod tests {
     #[test]
     fn document_routes_carry_their_bodies() {
         let doc = super::super::document();
-        for (path, method, request, answer) in BODIES {
-            let op = &doc["paths"][*path][*method];
+        for (route, request, answer) in BODIES {
+            let (path, method) = (route.openapi_path(), route.method().as_str());
+            let op = &doc["paths"][&path][method.to_lowercase()];
             assert!(!op.is_null(), "{method} {path} is not in the document");
             if let Some(name) = request {
                 assert_eq!(

@@ -201,6 +201,19 @@ impl Cloud {
         state::write_json(&self.state.root().join(CAPACITY_FILE), &all)
     }
 
+    /// Refuses a create the host cannot carry (`host_limits`), counting
+    /// this cloud's machines that are or will soon be running (called under
+    /// the state lock).
+    fn check_host_limits(&self) -> Result<()> {
+        let live = self
+            .state
+            .instances()?
+            .iter()
+            .filter(|r| r.state != InstanceState::Stopped)
+            .count() as u64;
+        crate::host_limits::InotifyBudget::host().reserve_one(live)
+    }
+
     /// Refuses a create of `instance_type` when its capacity is used up
     /// (called under the state lock).
     fn check_capacity(&self, instance_type: &str) -> Result<()> {

@@ -1,68 +1,82 @@
 //! HAProxy in front of the servers: its configuration, its program, and
 //! restarting it when the configuration changed.
 
+use super::template::{self, Scope, Value};
 use super::*;
 
 /// HAProxy's configuration: TCP mode (TLS goes through to the servers,
 /// client certificates included) on the API and Kubernetes API ports,
 /// each server checked over TLS against the shared CA every second; when
-/// every check fails, the servers unchecked as backups.
-pub(super) fn haproxy_config(layout: &Layout, plan: &Plan) -> String {
+/// every check fails, the servers unchecked as backups. The text is
+/// haproxy.cfg beside this file; every value put in it is one checked word.
+pub(super) fn haproxy_config(layout: &Layout, plan: &Plan) -> Result<String> {
     let first = layout.server_dir(1);
-    let mut cfg = format!(
-        "# Written by `knit up --ha {n}`; rewritten by each `knit up --ha`.\n\
-         global\n\
-         \x20   log stderr format raw local0 info\n\
-         \x20   maxconn 4096\n\
-         \n\
-         defaults\n\
-         \x20   mode tcp\n\
-         \x20   log global\n\
-         \x20   option tcplog\n\
-         \x20   option dontlognull\n\
-         \x20   # A connection that fails goes to another server at its first retry.\n\
-         \x20   option redispatch 1\n\
-         \x20   retries 3\n\
-         \x20   timeout connect 3s\n\
-         \x20   timeout check 3s\n\
-         \x20   # Watches and long polls stay open: idle connections last an hour.\n\
-         \x20   timeout client 1h\n\
-         \x20   timeout server 1h\n\
-         \x20   default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions\n",
-        n = plan.n
-    );
-    let mut section = |name: &str, port: u16, ca: PathBuf| {
-        cfg.push_str(&format!("\nfrontend {name}\n"));
-        for ip in &plan.front {
-            cfg.push_str(&format!("    bind {ip}:{port}\n"));
-        }
-        cfg.push_str(&format!(
-            "    default_backend {name}\n\nbackend {name}\n    balance roundrobin\n    option httpchk GET /healthz\n    http-check expect status 200\n    option allbackups\n"
-        ));
-        for i in 1..=plan.n {
-            cfg.push_str(&format!(
-                "    server server-{i} {}:{port} check check-ssl verify required ca-file {}\n",
-                server_ip(i),
-                ca.display()
-            ));
-        }
-        // Fail open: when every health check fails at once (a loaded host
-        // can time them all out), clients are still sent to the servers,
-        // as Envoy's panic threshold does, instead of every connection
-        // being closed; a server that is really gone refuses the connect
-        // and `redispatch` tries the next.
-        for i in 1..=plan.n {
-            cfg.push_str(&format!(
-                "    server server-{i}-fail-open {}:{port} backup\n",
-                server_ip(i)
-            ));
-        }
+    let word = |s: String| Value::Word(s);
+    let section = |name: &str, port: u16, ca: PathBuf| {
+        let binds = plan
+            .front
+            .iter()
+            .map(|ip| Scope::from([("address", word(format!("{ip}:{port}")))]))
+            .collect();
+        let servers = (1..=plan.n)
+            .map(|i| {
+                Scope::from([
+                    ("id", word(format!("server-{i}"))),
+                    ("address", word(format!("{}:{port}", server_ip(i)))),
+                ])
+            })
+            .collect();
+        Scope::from([
+            ("name", word(name.to_string())),
+            ("bind", Value::List(binds)),
+            ("server", Value::List(servers)),
+            ("ca_file", word(ca.to_string_lossy().into_owned())),
+        ])
     };
-    section("knit-api", plan.port, first.join("pki/ca.pem"));
+    let mut sections = vec![section("knit-api", plan.port, first.join("pki/ca.pem"))];
     if let Some(cp) = plan.cluster_port {
-        section("kubernetes-api", cp, first.join("cluster/pki/ca.crt"));
+        sections.push(section(
+            "kubernetes-api",
+            cp,
+            first.join("cluster/pki/ca.crt"),
+        ));
     }
-    cfg
+    let scope = Scope::from([
+        ("servers", word(plan.n.to_string())),
+        ("section", Value::List(sections)),
+    ]);
+    template::render(TEMPLATE, &scope, haproxy_word).map_err(|e| match e {
+        template::TemplateError::Word { name, value, rule } => HaError::ProxyConfig {
+            field: name,
+            value,
+            rule,
+        }
+        .into(),
+        e => HaError::Proxy(format!("haproxy.cfg: {e}")).into(),
+    })
+}
+
+/// HAProxy's configuration, filled by [`haproxy_config`].
+const TEMPLATE: &str = include_str!("haproxy.cfg");
+
+/// A value haproxy.cfg takes as one word as it is: HAProxy splits a line
+/// at spaces and tabs, reads quotes and backslashes as escapes, `$` in
+/// quotes as a variable and `#` as a comment; a newline would start a
+/// directive of its own; in a `bind` a ',' adds an address and an '@' names
+/// a family. None of those (nor any other character outside this set) is
+/// allowed, so nothing needs escaping.
+fn haproxy_word(value: &str) -> std::result::Result<(), &'static str> {
+    const RULE: &str = "must be one word of haproxy.cfg: 1 to 4096 of ASCII letters, digits and . _ - / : [ ] + ~ (no space, tab, newline, quote, backslash, '$', '#', ',' or '@')";
+    let ok = !value.is_empty()
+        && value.len() <= 4096
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-/:[]+~".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(RULE)
+    }
 }
 
 /// HAProxy's program, or the package to install.
@@ -82,7 +96,7 @@ pub(super) fn proxy_up(layout: &Layout, plan: &Plan) -> Result<()> {
     let px = |m: String| CliError::from(HaError::Proxy(m));
     let bin = haproxy_bin()?;
     let cfg_path = layout.haproxy_cfg();
-    let cfg = haproxy_config(layout, plan);
+    let cfg = haproxy_config(layout, plan)?;
     let same = std::fs::read_to_string(&cfg_path).is_ok_and(|old| old == cfg);
     if let Some(pid) = layout.running_one("haproxy") {
         if same {
@@ -192,7 +206,7 @@ mod tests {
             ]
         );
         let layout = Layout::new(Path::new("/s"));
-        let cfg = haproxy_config(&layout, &p);
+        let cfg = haproxy_config(&layout, &p).unwrap();
         for line in [
             "bind 127.0.0.1:7443",
             "bind 10.213.0.1:7443",
@@ -206,5 +220,69 @@ mod tests {
         ] {
             assert!(cfg.contains(line), "{line:?} not in:\n{cfg}");
         }
+    }
+
+    /// The template gives the configuration `knit up --ha` wrote when it
+    /// was built by `format!` (kept in testdata/ from that code), byte for
+    /// byte: two servers on two addresses with the Kubernetes API, three on
+    /// one address, and three without the Kubernetes API.
+    #[test]
+    fn the_template_writes_what_the_format_code_wrote() {
+        let layout = Layout::new(Path::new("/var/lib/knit/local"));
+        let p = plan_of(&["--ha", "2"]).unwrap();
+        assert_eq!(
+            haproxy_config(&layout, &p).unwrap(),
+            include_str!("testdata/haproxy-ha2.cfg")
+        );
+        let mut p = plan_of(&[
+            "--ha",
+            "3",
+            "--cluster-port",
+            "0",
+            "--listen",
+            "127.0.0.1:7443",
+        ])
+        .unwrap();
+        let three = include_str!("testdata/haproxy-ha3.cfg");
+        assert_eq!(haproxy_config(&layout, &p).unwrap(), three);
+        p.cluster_port = None;
+        let (api_only, _) = three.split_once("\nfrontend kubernetes-api").unwrap();
+        assert_eq!(haproxy_config(&layout, &p).unwrap(), api_only);
+    }
+
+    /// A value that could end the word, the line or the directive it is in
+    /// (a state directory with a space, a newline, '#', a quote …) is
+    /// refused with the field, the value and the rule: nothing is written.
+    #[test]
+    fn a_value_that_could_inject_config_is_refused() {
+        let p = plan_of(&["--ha", "2"]).unwrap();
+        for dir in [
+            "/s p",
+            "/s\nserver evil 10.0.0.1:7443",
+            "/s#x",
+            "/s\"x",
+            "/s'x",
+            "/s\\x",
+            "/s$x",
+            "/s\tx",
+            "/sé",
+            "/s,x",
+            "/s@x",
+        ] {
+            let layout = Layout::new(Path::new(dir));
+            let e = haproxy_config(&layout, &p).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains("ca_file"), "{dir:?}: {text}");
+            assert!(
+                text.contains(&format!("{:?}", format!("{dir}/ha/server-1/pki/ca.pem"))),
+                "{dir:?}: {text}"
+            );
+            assert!(text.contains("one word of haproxy.cfg"), "{dir:?}: {text}");
+        }
+        for ok in ["/var/lib/knit", "/srv/knit-1.2_a", "/x/[v]:+~"] {
+            assert!(haproxy_word(ok).is_ok(), "{ok:?}");
+        }
+        assert!(haproxy_word("").is_err());
+        assert!(haproxy_word(&"a".repeat(4097)).is_err());
     }
 }

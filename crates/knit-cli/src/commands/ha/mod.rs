@@ -35,6 +35,7 @@
 mod haproxy;
 mod postgres;
 mod servers;
+mod template;
 
 // What one part's file uses of another's.
 use haproxy::{haproxy_bin, proxy_up};
@@ -82,6 +83,13 @@ pub enum HaError {
     Server { index: u32, message: String },
     #[error("HAProxy: {0}")]
     Proxy(String),
+    /// A value for haproxy.cfg that is not one plain word of it.
+    #[error("HAProxy: haproxy.cfg's {field} {value:?} {rule}")]
+    ProxyConfig {
+        field: String,
+        value: String,
+        rule: &'static str,
+    },
 }
 
 impl HaError {
@@ -90,6 +98,7 @@ impl HaError {
             HaError::Postgres(_) => "HaPostgres",
             HaError::Server { .. } => "HaServer",
             HaError::Proxy(_) => "HaProxy",
+            HaError::ProxyConfig { .. } => "HaProxyConfig",
         }
     }
 }

@@ -7,7 +7,9 @@ use super::*;
 /// HAProxy's configuration: TCP mode (TLS goes through to the servers,
 /// client certificates included) on the API and Kubernetes API ports,
 /// each server checked over TLS against the shared CA every second; when
-/// every check fails, the servers unchecked as backups. The text is
+/// every check fails, the servers unchecked as backups. The per-address
+/// connection limit a server keeps by default is kept here instead: behind
+/// HAProxy every client has HAProxy's address. The text is
 /// haproxy.cfg beside this file; every value put in it is one checked word.
 pub(super) fn haproxy_config(layout: &Layout, plan: &Plan) -> Result<String> {
     let first = layout.server_dir(1);
@@ -43,6 +45,14 @@ pub(super) fn haproxy_config(layout: &Layout, plan: &Plan) -> Result<String> {
     }
     let scope = Scope::from([
         ("servers", word(plan.n.to_string())),
+        (
+            "per_address",
+            word(
+                knit_server::control::ConnectionLimits::default()
+                    .max_per_address
+                    .to_string(),
+            ),
+        ),
         ("section", Value::List(sections)),
     ]);
     template::render(TEMPLATE, &scope, haproxy_word).map_err(|e| match e {
@@ -217,6 +227,7 @@ mod tests {
             "server server-2-fail-open 127.0.2.2:6443 backup",
             "option allbackups",
             "mode tcp",
+            "tcp-request connection reject if { sc0_conn_cur gt 128 }",
         ] {
             assert!(cfg.contains(line), "{line:?} not in:\n{cfg}");
         }
@@ -224,8 +235,9 @@ mod tests {
 
     /// The template gives the configuration `knit up --ha` wrote when it
     /// was built by `format!` (kept in testdata/ from that code), byte for
-    /// byte: two servers on two addresses with the Kubernetes API, three on
-    /// one address, and three without the Kubernetes API.
+    /// byte, plus each frontend's per-address connection limit: two servers
+    /// on two addresses with the Kubernetes API, three on one address, and
+    /// three without the Kubernetes API.
     #[test]
     fn the_template_writes_what_the_format_code_wrote() {
         let layout = Layout::new(Path::new("/var/lib/knit/local"));

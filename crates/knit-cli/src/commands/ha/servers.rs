@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// A server's connections per client address behind HAProxy: as many as
+/// its listeners hold (the cluster's listener caps it at its total).
+const BEHIND_PROXY_PER_ADDRESS: usize = 65_536;
+
 /// The key that seals the secrets the servers share: `--secrets-key-file`
 /// when `up` was given one, else the deployment's own, made at the first
 /// `up` (0600) and kept.
@@ -96,6 +100,12 @@ pub(super) fn server_up(
             .args(["--cluster-port", &opts.cluster_port.to_string()])
             .args(["--parallelism", &opts.parallelism.to_string()])
             .args(["--lease-ttl", &opts.lease_ttl.to_string()])
+            // Behind HAProxy every client has HAProxy's address: the
+            // per-address limit is HAProxy's (haproxy.cfg), not the server's.
+            .args([
+                "--max-connections-per-address",
+                &BEHIND_PROXY_PER_ADDRESS.to_string(),
+            ])
             .arg("--secrets-key-file")
             .arg(secrets_key)
             .args(["--join-token-ttl", &opts.join_token_ttl.to_string()])

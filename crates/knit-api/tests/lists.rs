@@ -48,7 +48,10 @@ fn table(text: &str, header: &str) -> Vec<(usize, Vec<String>)> {
         .lines()
         .enumerate()
         .skip_while(|(_, l)| !l.trim_start().starts_with(header));
-    assert!(lines.next().is_some(), "no table whose header is {header:?}");
+    assert!(
+        lines.next().is_some(),
+        "no table whose header is {header:?}"
+    );
     lines
         .take_while(|(_, l)| l.trim_start().starts_with('|'))
         // The `|---|` row.
@@ -114,9 +117,26 @@ fn files(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
 #[test]
 fn every_count_of_phases_is_the_number_of_phases() {
     const NUMBERS: [&str; 20] = [
-        "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-        "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-        "nineteen", "twenty",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+        "twenty",
     ];
     let root = repo_root();
     let mut scanned = Vec::new();
@@ -157,7 +177,10 @@ fn every_count_of_phases_is_the_number_of_phases() {
             }
         }
     }
-    assert!(found > 0, "no count of phases found: the scan reads nothing");
+    assert!(
+        found > 0,
+        "no count of phases found: the scan reads nothing"
+    );
     assert!(
         wrong.is_empty(),
         "the agent has {want} phases (knit_api::PhaseName::ALL), these say otherwise:\n{}",
@@ -172,7 +195,10 @@ fn documented_routes(text: &str) -> Vec<(usize, String, String)> {
     let mut out = Vec::new();
     for (line, row) in table(text, "| route | auth | what |") {
         let spans: Vec<&str> = row[0].split('`').skip(1).step_by(2).collect();
-        assert!(!spans.is_empty(), "docs/control-plane.md:{line}: no `METHOD /path`");
+        assert!(
+            !spans.is_empty(),
+            "docs/control-plane.md:{line}: no `METHOD /path`"
+        );
         for span in spans {
             let Some((methods, path)) = span.split_once(" /") else {
                 panic!("docs/control-plane.md:{line}: {span:?} is not `METHOD /path`")

@@ -139,22 +139,18 @@ impl InotifyBudget {
     pub fn reserve_one(&self, our_machines: u64) -> Result<()> {
         let limit = read_limit(Path::new(INOTIFY_SYSCTL))?;
         let cached = self.last.lock().ok().and_then(|last| *last);
-        let (seen, granted) = match cached {
-            Some((at, seen, granted)) if at.elapsed() < SCAN_FOR => (seen, granted),
+        let (at, seen, granted) = match cached {
+            Some((at, seen, granted)) if at.elapsed() < SCAN_FOR => (at, seen, granted),
             _ => {
                 // Scanned without the mutex held: it is only a cache.
                 let own = std::fs::read_link("/proc/self/ns/pid")
                     .ctx("cannot read", "/proc/self/ns/pid")?;
                 let seen = inotify_use(Path::new("/proc"), &own.to_string_lossy())?;
-                (seen, 0)
+                (Instant::now(), seen, 0)
             }
         };
         check_inotify(limit, seen, granted, our_machines)?;
         if let Ok(mut last) = self.last.lock() {
-            let at = match cached {
-                Some((at, _, _)) if at.elapsed() < SCAN_FOR => at,
-                _ => Instant::now(),
-            };
             *last = Some((at, seen, granted + 1));
         }
         Ok(())

@@ -408,20 +408,23 @@ fn stop(place: &Place) -> Result<bool> {
     };
     let mut stopped = false;
     for pid in std::iter::once(record.pid).chain(record.push_pid) {
-        if !is_ours(pid, place) {
+        // Waited for by its start time, not its command line: an exiting
+        // process drops its command line before it has ended.
+        let process = knit_local::state::proc_ref(pid as i32).filter(|_| is_ours(pid, place));
+        let Some(process) = process else {
             println!("registry (pid {pid}) is not running");
             continue;
-        }
+        };
         // SAFETY: the recorded registry process, checked above.
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while is_ours(pid, place) && Instant::now() < deadline {
+        while process.alive() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
-        if is_ours(pid, place) {
+        if process.alive() {
             // SAFETY: as above; it ignored SIGTERM for 10 s.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            while is_ours(pid, place) {
+            while process.alive() {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

@@ -487,7 +487,11 @@ spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}
         .to_string();
     let (ok, out) = env.exec(
         &id,
-        "pid=$(cut -d' ' -f1 /run/knit/kubelet.main.pid) && kill -STOP \"$pid\" && grep '^State' /proc/$pid/status",
+        // SIGSTOP takes effect when the target next enters the kernel: on a loaded
+        // host it can still read R just after kill returns, so wait for T.
+        "pid=$(cut -d' ' -f1 /run/knit/kubelet.main.pid) && kill -STOP \"$pid\" && \
+         for _ in $(seq 100); do grep -q '^State:.*stopped' /proc/$pid/status && break; sleep 0.1; done; \
+         grep '^State' /proc/$pid/status",
     );
     assert!(ok && out.contains("stopped"), "freezing the kubelet: {out}");
     let blocked = until(&env, "repair's replace blocked by the budget", 300, || {

@@ -9,10 +9,16 @@
 //! - PostgreSQL (several servers share the cluster): the resourceVersion
 //!   is assigned in the write transaction, which first takes a table lock
 //!   every writer takes, so resourceVersion order is commit order on all
-//!   servers. Every change is also appended to `kube_changes` (trimmed to
-//!   the watch history window), and a follower thread reads the changes
-//!   other servers made (every [`FOLLOW_INTERVAL`]) into the same history
-//!   and feed, in resourceVersion order, each once. Preconditions (a
+//!   servers. The object, its change log entry (`kube_changes`, trimmed to
+//!   the watch history window), the resourceVersion and a `NOTIFY` on
+//!   [`CHANGES_CHANNEL`] are written by one statement, with the
+//!   resourceVersion this server expects (the one after the last change
+//!   it knows); when another server wrote in between, the statement
+//!   changes nothing and runs again with the stored one. A follower thread
+//!   `LISTEN`s on its own connection and reads the changes other servers
+//!   made into the same history and feed, in resourceVersion order, each
+//!   once; it also reads every [`FOLLOW_FALLBACK`] (a notification lost
+//!   with a connection) and after each reconnect. Preconditions (a
 //!   client's resourceVersion) are checked inside the write transaction.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -35,8 +41,27 @@ const FEED_CAPACITY: usize = 8_192;
 /// Largest stored object, serialized (etcd's default request limit,
 /// 1.5 MiB): however an object is written (create, update, any patch).
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
-/// How often a server sharing PostgreSQL reads the other servers' changes.
-pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+/// The channel every write notifies (payload: its resourceVersion).
+pub const CHANGES_CHANNEL: &str = "knit_kube_changes";
+/// How often a server sharing PostgreSQL reads the change log without a
+/// notification (one lost with its connection), and waits before it
+/// listens again after the listening connection failed.
+pub const FOLLOW_FALLBACK: Duration = Duration::from_secs(1);
+/// Taken first by every write transaction on PostgreSQL (see `commit`).
+const WRITE_LOCK: &str = "LOCK TABLE kube_meta IN SHARE ROW EXCLUSIVE MODE";
+/// A write on PostgreSQL, in one statement: the resourceVersion ?4 (only if
+/// the stored one is ?4 - 1, else nothing is written and no row returned),
+/// the object, its change log entry and the notification (sent at commit).
+const SHARED_UPSERT: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
+     object AS (INSERT INTO kube_objects (resource, namespace, name, rv, body) SELECT ?1, ?2, ?3, value, ?5 FROM next
+         ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body),
+     change AS (INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) SELECT value, ?6, ?1, ?2, ?3, ?5, ?7 FROM next)
+     SELECT pg_notify('knit_kube_changes', CAST(value AS TEXT)) FROM next";
+/// A deletion on PostgreSQL, as [`SHARED_UPSERT`].
+const SHARED_DELETE: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
+     gone AS (DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3 AND EXISTS (SELECT 1 FROM next)),
+     change AS (INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) SELECT value, ?6, ?1, ?2, ?3, ?5, ?7 FROM next)
+     SELECT pg_notify('knit_kube_changes', CAST(value AS TEXT)) FROM next";
 /// Changes read from the change log per query.
 const FOLLOW_BATCH: usize = 1_000;
 /// The change log is trimmed to the history window every this many writes.
@@ -378,8 +403,15 @@ impl Store {
     }
 
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Result<Option<Value>, ClusterError> {
-        // Parsed after the transaction ends.
-        let body = self.core.db.read(|tx| get_raw(tx, resource, ns, name))?;
+        // One statement (one round trip on PostgreSQL); parsed after.
+        let body = self
+            .core
+            .db
+            .query_once(GET_BODY, params![resource, ns, name])?
+            .into_iter()
+            .next()
+            .map(|r| r.get::<String>(0))
+            .transpose()?;
         body.map(|b| parse(&b)).transpose()
     }
 
@@ -688,11 +720,9 @@ impl Store {
         mut next: Value,
     ) -> Result<Value, ApiStatus> {
         keep_identity(base, &mut next);
-        let check = |tx: &mut Tx<'_>| -> Result<(), ApiStatus> {
-            let stored = tx.query_opt(
-                "SELECT rv FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                params![resource, ns, name],
-            )?;
+        const STORED_RV: &str =
+            "SELECT rv FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3";
+        let check = |stored: Option<knit_db::Row>| -> Result<(), ApiStatus> {
             let Some(stored) = stored else {
                 return Err(not_found(resource, name));
             };
@@ -704,11 +734,15 @@ impl Store {
         // A no-op write does not bump the resourceVersion (like Kubernetes):
         // only checked, without a write transaction.
         if same_as(base, &next) {
-            self.core.db.read(check)?;
+            let stored = self
+                .core
+                .db
+                .query_once(STORED_RV, params![resource, ns, name])?;
+            check(stored.into_iter().next())?;
             return Ok(base.clone());
         }
         self.commit((resource, ns, name), |tx| {
-            check(tx)?;
+            check(tx.query_opt(STORED_RV, params![resource, ns, name])?)?;
             Ok(Plan::Write {
                 kind: EventType::Modified,
                 obj: next.clone(),
@@ -756,14 +790,8 @@ impl Store {
     ) -> Result<Value, ApiStatus> {
         let core = &*self.core;
         let mut state = core.lock();
-        let outcome = core.db.write(|tx| -> Result<Outcome, ApiStatus> {
-            if core.shared {
-                // Every writer on every server takes this lock first, before
-                // the transaction's snapshot: writes follow one another
-                // without serialization failures, and resourceVersion order
-                // is commit order (what the followers rely on).
-                tx.batch("LOCK TABLE kube_meta IN SHARE ROW EXCLUSIVE MODE")?;
-            }
+        let known = state.rv;
+        let write = |tx: &mut Tx<'_>| -> Result<Outcome, ApiStatus> {
             let (kind, mut obj, previous) = match decide(tx)? {
                 Plan::Unchanged(current) => return Ok(Outcome::Unchanged(current)),
                 Plan::Write {
@@ -772,15 +800,21 @@ impl Store {
                     previous,
                 } => (kind, obj, previous),
             };
-            let rv: u64 = tx
-                .query_one(
-                    "UPDATE kube_meta SET value = value + 1 WHERE key = 'rv' RETURNING value",
-                    &[],
-                )?
-                .get(0)?;
+            // PostgreSQL: the resourceVersion after the last change this
+            // server knows, written with the object (checked there); SQLite:
+            // this process is the only writer.
+            let mut rv = known + 1;
+            if !core.shared {
+                rv = tx
+                    .query_one(
+                        "UPDATE kube_meta SET value = value + 1 WHERE key = 'rv' RETURNING value",
+                        &[],
+                    )?
+                    .get(0)?;
+            }
             util::meta_mut(&mut obj)
                 .insert("resourceVersion".into(), Value::String(rv.to_string()));
-            let body = obj.to_string();
+            let mut body = obj.to_string();
             if kind != EventType::Deleted && body.len() > MAX_OBJECT_BYTES {
                 return Err(ApiStatus::new(
                     axum::http::StatusCode::PAYLOAD_TOO_LARGE,
@@ -793,10 +827,12 @@ impl Store {
             }
             let mut revoked = Vec::new();
             if kind == EventType::Deleted {
-                tx.execute(
-                    "DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                    params![resource, ns, name],
-                )?;
+                if !core.shared {
+                    tx.execute(
+                        "DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+                        params![resource, ns, name],
+                    )?;
+                }
                 if resource == "nodes" {
                     // A removed node keeps no working credential: its client
                     // certificates are revoked with the Node, atomically.
@@ -811,31 +847,44 @@ impl Store {
                         revoked.push(r.get::<String>(0)?);
                     }
                 }
-                if core.shared {
-                    tx.execute(
-                        "INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                        params![rv, kind.as_str(), resource, ns, name, body, previous.as_ref().map(Value::to_string)],
-                    )?;
-                }
-            } else if core.shared {
-                // The object and its change log entry in one statement: one
-                // round trip to PostgreSQL instead of two.
-                tx.execute(
-                    "WITH object AS (
-                         INSERT INTO kube_objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body)
-                     INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) VALUES (?4, ?6, ?1, ?2, ?3, ?5, ?7)",
-                    params![
+            }
+            if core.shared {
+                let sql = match kind {
+                    EventType::Deleted => SHARED_DELETE,
+                    _ => SHARED_UPSERT,
+                };
+                let previous = previous.as_ref().map(Value::to_string);
+                let mut expected = true;
+                loop {
+                    let p = params![
                         resource,
                         ns,
                         name,
                         rv,
                         body.as_str(),
                         kind.as_str(),
-                        previous.as_ref().map(Value::to_string)
-                    ],
-                )?;
-            } else {
+                        previous
+                    ];
+                    if tx.execute(sql, p)? == 1 {
+                        break;
+                    }
+                    // Another server wrote since this one's last known
+                    // change (under the lock now, so the stored value
+                    // stays): the next resourceVersion after it.
+                    let stored = meta_rv(tx)?;
+                    if !expected || stored + 1 == rv {
+                        return Err(ClusterError::Corrupt(format!(
+                            "resourceVersion {rv} not written with the stored one at {stored}"
+                        ))
+                        .into());
+                    }
+                    expected = false;
+                    rv = stored + 1;
+                    util::meta_mut(&mut obj)
+                        .insert("resourceVersion".into(), Value::String(rv.to_string()));
+                    body = obj.to_string();
+                }
+            } else if kind != EventType::Deleted {
                 tx.execute(
                     "INSERT INTO kube_objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
                      ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body",
@@ -855,7 +904,17 @@ impl Store {
                 previous,
                 revoked,
             })
-        })?;
+        };
+        let outcome = if core.shared {
+            // Every writer on every server takes this lock first, before the
+            // transaction's snapshot (in the round trip of the first
+            // statement): writes follow one another without serialization
+            // failures, and resourceVersion order is commit order (what the
+            // followers rely on).
+            core.db.write_after(WRITE_LOCK, write)?
+        } else {
+            core.db.write(write)?
+        };
         let (rv, kind, obj, previous, revoked) = match outcome {
             Outcome::Unchanged(current) => return Ok(current),
             Outcome::Written {
@@ -1048,17 +1107,53 @@ impl State {
     }
 }
 
-/// The thread that reads other servers' changes; it ends when the returned
-/// sender is dropped.
+/// The thread that reads other servers' changes when notified (and every
+/// [`FOLLOW_FALLBACK`]); it ends when the returned sender is dropped.
 fn spawn_follower(core: Arc<Core>) -> Result<mpsc::Sender<()>, ClusterError> {
     let (stop, stopped) = mpsc::channel::<()>();
+    let mut listener = core.db.listener(CHANGES_CHANNEL);
     std::thread::Builder::new()
         .name("knit-cluster-follow".into())
         .spawn(move || {
             let mut failing = false;
-            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(FOLLOW_INTERVAL) {
+            let mut deaf = false;
+            loop {
+                // Notified with resourceVersions: none newer than this
+                // server's (its own writes) needs no read.
+                let newest = match listener.as_mut().map(|l| l.wait(FOLLOW_FALLBACK)) {
+                    Some(Ok(knit_db::Wake::Notified(rvs))) => {
+                        rvs.iter().filter_map(|p| p.parse::<u64>().ok()).max()
+                    }
+                    Some(Ok(knit_db::Wake::Connected)) => {
+                        if deaf {
+                            deaf = false;
+                            tracing::info!("listening for other servers' changes again");
+                        }
+                        None
+                    }
+                    Some(Ok(knit_db::Wake::Quiet)) => None,
+                    other => {
+                        if let Some(Err(e)) = other {
+                            if !deaf {
+                                deaf = true;
+                                tracing::warn!(code = e.code(), error = %e, "listening for other servers' changes failed; reading the change log every {FOLLOW_FALLBACK:?} meanwhile");
+                            }
+                        }
+                        match stopped.recv_timeout(FOLLOW_FALLBACK) {
+                            Err(RecvTimeoutError::Timeout) => None,
+                            _ => return,
+                        }
+                    }
+                };
+                match stopped.try_recv() {
+                    Err(mpsc::TryRecvError::Empty) => {}
+                    _ => return,
+                }
                 let result = {
                     let mut state = core.lock();
+                    if newest.is_some_and(|rv| rv <= state.rv) {
+                        continue;
+                    }
                     core.pull(&mut state, None)
                 };
                 match result {
@@ -1159,6 +1254,9 @@ fn adopt_unprefixed_tables(tx: &mut Tx<'_>) -> Result<(), ClusterError> {
     Ok(())
 }
 
+const GET_BODY: &str =
+    "SELECT body FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3";
+
 fn get_raw(
     tx: &mut Tx<'_>,
     resource: &str,
@@ -1166,10 +1264,7 @@ fn get_raw(
     name: &str,
 ) -> Result<Option<String>, ClusterError> {
     Ok(tx
-        .query_opt(
-            "SELECT body FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-            params![resource, ns, name],
-        )?
+        .query_opt(GET_BODY, params![resource, ns, name])?
         .map(|r| r.get::<String>(0))
         .transpose()?)
 }
@@ -1626,16 +1721,17 @@ mod tests {
             rvs.push(c.rv);
         }
         eprintln!(
-            "B's last change reached A's feed after {} ms (follower every {} ms)",
+            "B's last change reached A's feed after {} ms (notified; read without one every {} ms)",
             written.elapsed().as_millis(),
-            FOLLOW_INTERVAL.as_millis()
+            FOLLOW_FALLBACK.as_millis()
         );
         assert!(
             rvs.windows(2).all(|p| p[1] == p[0] + 1),
             "every resourceVersion once, in order: {rvs:?}"
         );
-        // Nothing twice: a few follower rounds later the feed is empty.
-        std::thread::sleep(FOLLOW_INTERVAL * 5);
+        // Nothing twice: after a notification of each change and two reads
+        // without one, the feed is empty.
+        std::thread::sleep(FOLLOW_FALLBACK * 2 + Duration::from_millis(200));
         assert!(matches!(
             w.feed.try_recv(),
             Err(broadcast::error::TryRecvError::Empty)

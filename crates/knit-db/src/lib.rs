@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::DbError;
+pub use postgres::{Listener, Wake};
 pub use value::{FromValue, Row, ToValue, Value};
 
 /// Parameters of a statement: `params![a, b]` is `&[a.to_value(), …]`;
@@ -211,6 +212,41 @@ impl Db {
             Inner::Sqlite(db) => db.run(true, f),
             Inner::Postgres(db) => db.run(true, f),
         })
+    }
+
+    /// Like [`Db::write`], with `first` (a `LOCK TABLE` statement, no
+    /// parameters) run right after `BEGIN`, before the transaction's
+    /// snapshot. On PostgreSQL both go in the round trip of `f`'s first
+    /// statement; SQLite, whose writer is alone, does not run it.
+    pub fn write_after<T, E: From<DbError>>(
+        &self,
+        first: &str,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        off_the_async_workers(|| match &self.inner {
+            Inner::Sqlite(db) => db.run(true, f),
+            Inner::Postgres(db) => db.write_after(first, f),
+        })
+    }
+
+    /// The rows of one read-only statement, which sees one moment of the
+    /// database. On PostgreSQL it runs outside an explicit transaction:
+    /// one round trip where [`Db::read`] takes two.
+    pub fn query_once(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        off_the_async_workers(|| match &self.inner {
+            Inner::Sqlite(db) => db.run(false, |tx| tx.query(sql, params)),
+            Inner::Postgres(db) => db.query_once(sql, params),
+        })
+    }
+
+    /// A connection of its own that `LISTEN`s on `channel` (PostgreSQL;
+    /// `None` on SQLite, where no other server writes). It connects on
+    /// its first [`Listener::wait`] and again after it ends.
+    pub fn listener(&self, channel: &str) -> Option<Listener> {
+        match &self.inner {
+            Inner::Sqlite(_) => None,
+            Inner::Postgres(db) => Some(db.listener(channel)),
+        }
     }
 
     /// Brings `component`'s schema to `steps.len()`: step `i` takes it from

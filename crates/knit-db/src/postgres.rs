@@ -47,7 +47,7 @@ pub struct Conn {
     /// The transaction's `BEGIN`, not sent yet: it goes in the same round
     /// trip as the transaction's first statement (pipelined), which saves
     /// one round trip per transaction.
-    begin: Option<&'static str>,
+    begin: Option<String>,
     /// The connection turned out closed (the server ended it).
     closed: bool,
     /// Statements of the current transaction that were answered.
@@ -245,19 +245,44 @@ impl Postgres {
         } else {
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
         };
-        self.run_with(begin, f)
+        self.run_with(begin, None, f)
+    }
+
+    /// A write transaction whose `BEGIN` is followed by `first` (a `LOCK
+    /// TABLE`): both go in the round trip of the transaction's first
+    /// statement.
+    pub fn write_after<T, E: From<DbError>>(
+        &self,
+        first: &str,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.run_with("BEGIN ISOLATION LEVEL SERIALIZABLE", Some(first), f)
+    }
+
+    /// One read-only statement outside an explicit transaction: one
+    /// snapshot, one round trip (no `BEGIN`, no `COMMIT`).
+    pub fn query_once(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        let mut conn = self.get()?;
+        let result = self.query(&mut conn, sql, params);
+        self.put(conn);
+        result
     }
 
     fn run_with<T, E: From<DbError>>(
         &self,
         begin: &'static str,
+        first: Option<&str>,
         mut f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
+        let begin = match first {
+            Some(first) => format!("{begin}; {first}"),
+            None => begin.to_string(),
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
             let mut conn = self.get()?;
-            conn.begin = Some(begin);
+            conn.begin = Some(begin.clone());
             conn.answered = 0;
             let result = f(&mut Tx {
                 inner: TxInner::Postgres(&mut conn, self),
@@ -317,7 +342,7 @@ impl Postgres {
     ) -> Result<(), E> {
         // READ COMMITTED: after waiting for the lock, another server's
         // finished migration is visible.
-        self.run_with("BEGIN", |tx| {
+        self.run_with("BEGIN", None, |tx| {
             tx.batch("SELECT pg_advisory_xact_lock(7401730117)")?;
             tx.batch(
                 "CREATE TABLE IF NOT EXISTS knit_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
@@ -402,7 +427,7 @@ impl Postgres {
             Some(begin) => self
                 .block(async {
                     // Sent in this order, answered in this order.
-                    futures::join!(client.batch_execute(begin), f(client))
+                    futures::join!(client.batch_execute(&begin), f(client))
                 })
                 .map(|(began, result)| match began {
                     Ok(()) => result,
@@ -563,4 +588,153 @@ fn pg_row(row: &tokio_postgres::Row) -> Result<Row, DbError> {
         values.push(v.unwrap_or(Value::Null));
     }
     Ok(Row { values })
+}
+
+/// What [`Listener::wait`] saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Notifications arrived: their payloads, in order (some may have been
+    /// dropped when the caller fell far behind; there is at least one).
+    Notified(Vec<String>),
+    /// The listening connection was (re)made: notifications sent while
+    /// there was none are lost, so the caller reads what it may have missed.
+    Connected,
+    /// Nothing within the timeout.
+    Quiet,
+}
+
+/// Notifications queued for the caller; more are dropped (the caller is
+/// woken anyway and reads everything new).
+const NOTIFY_QUEUE: usize = 4_096;
+
+/// A dedicated connection that `LISTEN`s on one channel, made again after
+/// it ends (on the next [`Listener::wait`]).
+pub struct Listener {
+    handle: tokio::runtime::Handle,
+    config: Config,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    target: String,
+    channel: String,
+    timeout: Duration,
+    live: Option<Live>,
+}
+
+struct Live {
+    /// Kept: dropping it closes the connection.
+    _client: Client,
+    events: std::sync::mpsc::Receiver<Result<String, String>>,
+}
+
+impl Postgres {
+    pub fn listener(&self, channel: &str) -> Listener {
+        Listener {
+            handle: self.handle.clone(),
+            config: self.config.clone(),
+            tls: self.tls.clone(),
+            target: self.target.clone(),
+            channel: channel.to_string(),
+            timeout: self.limits.statement_timeout,
+            live: None,
+        }
+    }
+}
+
+impl Listener {
+    /// Waits at most `timeout` for notifications. Connects first when
+    /// there is no connection (then [`Wake::Connected`] at once); an error
+    /// is a connection that could not be made or that ended (the next call
+    /// connects again).
+    pub fn wait(&mut self, timeout: Duration) -> Result<Wake, DbError> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let Some(live) = &self.live else {
+            self.live = Some(self.connect()?);
+            return Ok(Wake::Connected);
+        };
+        let first = match live.events.recv_timeout(timeout) {
+            Ok(event) => event,
+            Err(RecvTimeoutError::Timeout) => return Ok(Wake::Quiet),
+            Err(RecvTimeoutError::Disconnected) => Err("the connection ended".to_string()),
+        };
+        let mut payloads = Vec::new();
+        let mut ended = None;
+        for event in std::iter::once(first).chain(live.events.try_iter()) {
+            match event {
+                Ok(p) => payloads.push(p),
+                Err(reason) => ended = Some(reason),
+            }
+        }
+        if let Some(reason) = ended {
+            self.live = None;
+            return Err(DbError::Connect {
+                target: self.target.clone(),
+                reason: format!("listening on {:?}: {reason}", self.channel),
+            });
+        }
+        Ok(Wake::Notified(payloads))
+    }
+
+    fn connect(&self) -> Result<Live, DbError> {
+        let failed = |reason: String| DbError::Connect {
+            target: self.target.clone(),
+            reason: format!("listening on {:?}: {reason}", self.channel),
+        };
+        let (send, events) = std::sync::mpsc::sync_channel(NOTIFY_QUEUE);
+        let timeout = self.timeout;
+        let _enter = self.handle.enter();
+        let connect = async {
+            let client = match &self.tls {
+                None => {
+                    let (client, connection) = self.config.connect(NoTls).await?;
+                    self.handle.spawn(forward(connection, send));
+                    client
+                }
+                Some(tls) => {
+                    let (client, connection) = self.config.connect(tls.clone()).await?;
+                    self.handle.spawn(forward(connection, send));
+                    client
+                }
+            };
+            // A channel name is an identifier: quoted, quotes doubled.
+            let quoted = self.channel.replace('"', "\"\"");
+            client
+                .batch_execute(&format!("LISTEN \"{quoted}\""))
+                .await?;
+            Ok::<_, tokio_postgres::Error>(client)
+        };
+        let client =
+            futures::executor::block_on(async { tokio::time::timeout(timeout, connect).await })
+                .map_err(|_| failed(format!("no answer within {timeout:?}")))?
+                .map_err(|e| failed(pg_error(&e).to_string()))?;
+        Ok(Live {
+            _client: client,
+            events,
+        })
+    }
+}
+
+/// Drives a listening connection: its notifications' payloads to `send`,
+/// then why it ended.
+async fn forward<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    send: std::sync::mpsc::SyncSender<Result<String, String>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::StreamExt;
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                // Full: the caller has wake-ups enough queued.
+                let _ = send.try_send(Ok(n.payload().to_string()));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let _ = send.try_send(Err(e.to_string()));
+                return;
+            }
+        }
+    }
+    let _ = send.try_send(Err("closed by the server".into()));
 }

@@ -273,3 +273,79 @@ fn datastore_flag_is_parsed_with_clear_errors() {
     assert_eq!(err.code(), "DB_BAD_DATASTORE");
     assert!(err.to_string().contains("postgres://"), "{err}");
 }
+
+/// A listener gets the notifications of committed transactions only, with
+/// their payloads; when its connection is ended it says so, connects again
+/// on the next wait, and hears the notifications sent after. Also: a
+/// write's `LOCK TABLE` after `BEGIN` and a one-statement read.
+#[test]
+fn postgres_listener_hears_commits_and_reconnects() {
+    use knit_db::Wake;
+    use std::time::Duration;
+    let pg = TestPostgres::start().expect("PostgreSQL for the test");
+    let url = pg.create_database("listen").unwrap();
+    let db = Db::open(&Datastore::Postgres(url), Limits::default()).unwrap();
+    db.write(|tx| tx.batch("CREATE TABLE t (x INTEGER)"))
+        .unwrap();
+    let mut l = db.listener("knit_test").expect("a listener on PostgreSQL");
+    assert_eq!(l.wait(Duration::from_secs(5)).unwrap(), Wake::Connected);
+    let notify = |payload: &str, commit: bool| {
+        let r: Result<(), DbError> =
+            db.write_after("LOCK TABLE t IN SHARE ROW EXCLUSIVE MODE", |tx| {
+                tx.execute("INSERT INTO t VALUES (1)", &[])?;
+                tx.query(
+                    "SELECT CAST(1 AS BIGINT) FROM pg_notify('knit_test', ?1)",
+                    params![payload],
+                )?;
+                if commit {
+                    Ok(())
+                } else {
+                    Err(DbError::NoRow("rolled back on purpose".into()))
+                }
+            });
+        assert_eq!(r.is_ok(), commit);
+    };
+    notify("rolled back", false);
+    notify("7", true);
+    notify("8", true);
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        match l.wait(Duration::from_secs(10)).unwrap() {
+            Wake::Notified(p) => heard.extend(p),
+            other => panic!("expected notifications, got {other:?}"),
+        }
+    }
+    assert_eq!(heard, ["7", "8"]);
+    let rows = db
+        .query_once("SELECT CAST(COUNT(*) AS BIGINT) FROM t", &[])
+        .unwrap();
+    assert_eq!(
+        rows[0].get::<i64>(0).unwrap(),
+        2,
+        "the rolled back insert is not there"
+    );
+    // The server ends the listening connection (as a restart would).
+    db.write(|tx| {
+        tx.query(
+            "SELECT CAST(1 AS BIGINT) FROM pg_stat_activity, pg_terminate_backend(pid) WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+            &[],
+        )
+    })
+    .unwrap();
+    let err = loop {
+        match l.wait(Duration::from_secs(10)) {
+            Err(e) => break e,
+            Ok(Wake::Quiet) => panic!("the ended connection was not noticed"),
+            Ok(_) => {}
+        }
+    };
+    assert!(err.is_unavailable(), "{} {err}", err.code());
+    assert_eq!(l.wait(Duration::from_secs(5)).unwrap(), Wake::Connected);
+    notify("9", true);
+    assert_eq!(
+        l.wait(Duration::from_secs(10)).unwrap(),
+        Wake::Notified(vec!["9".into()])
+    );
+    let sqlite = Db::open(&Datastore::SqliteMemory, Limits::default()).unwrap();
+    assert!(sqlite.listener("knit_test").is_none());
+}

@@ -8,7 +8,7 @@
 //! `crate::attach::manual::issue_script` (`POST …/attach-script`), so the
 //! checks, refusals and messages are the API's.
 
-use super::html::{self, esc, page, see_other, Section};
+use super::html::{self, page, see_other, Section};
 use super::session::Session;
 use super::Cs;
 use crate::attach::{automatic, manual};
@@ -23,6 +23,7 @@ use knit_api::views::{
     preflight_table, AttachOutcome, AttachRequest, AttachResponse, AttachScriptRequest,
     AttachScriptResponse, PreflightReport, PreflightStatus,
 };
+use maud::{html, Markup};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -343,28 +344,12 @@ async fn candidates(console: &Cs) -> crate::error::Result<(Vec<ProviderInstance>
     Ok((free, total))
 }
 
-fn checked(on: bool) -> &'static str {
-    if on {
-        " checked"
-    } else {
-        ""
+fn pool_options(pools: &[String], selected: Option<&str>) -> Markup {
+    html! {
+        @for p in pools {
+            option value=(p) selected[Some(p.as_str()) == selected] { (p) }
+        }
     }
-}
-
-fn pool_options(pools: &[String], selected: Option<&str>) -> String {
-    let mut out = String::new();
-    for p in pools {
-        let sel = if Some(p.as_str()) == selected {
-            " selected"
-        } else {
-            ""
-        };
-        out.push_str(&format!(
-            r#"<option value="{n}"{sel}>{n}</option>"#,
-            n = esc(p)
-        ));
-    }
-    out
 }
 
 async fn render(console: &Cs, session: &Session, status: StatusCode, shown: Shown) -> Response {
@@ -380,37 +365,44 @@ async fn render(console: &Cs, session: &Session, status: StatusCode, shown: Show
                 Section::Attach,
                 "Add existing instances",
                 Some(session),
-                &html::error_block("page-error", &e),
+                html::error_block("page-error", &e),
             )
         }
     };
     let selected = shown.pool.as_deref().or(pools.first().map(String::as_str));
-    let mut body = String::new();
-    if let Some(done) = &shown.done {
-        body.push_str(&format!(
-            r#"<p class="notice" id="attach-notice" role="status">{}</p>"#,
-            esc(done)
-        ));
-    }
-    body.push_str(
-        r#"<p>Add machines that already exist at the provider, in no pool, to a pool. <strong>Automatic</strong>: each instance is stopped and re-imaged with the pool's image and user data (data disks kept), then joins like a node the pool made. <strong>Manual</strong>: a one-time command to run on the machine, which keeps its OS and joins it. The same calls and checks as <code>knit attach</code> and <code>knit attach-script</code>.</p>"#,
-    );
-    if pools.is_empty() {
-        body.push_str(r#"<p>No pools yet: <a href="/ui/pools/new">create one</a> first.</p>"#);
-    } else {
-        body.push_str(&automatic_form(console, session, &pools, selected, &shown).await);
-        if let Some(answer) = &shown.answer {
-            body.push_str(&preflight_section(answer));
+    let automatic = match pools.is_empty() {
+        true => html! {},
+        false => automatic_form(console, session, &pools, selected, &shown).await,
+    };
+    let body = html! {
+        @if let Some(done) = &shown.done {
+            p.notice #attach-notice role="status" { (done) }
         }
-        body.push_str(&manual_form(session, &pools, selected, &shown));
-    }
-    body.push_str(&added_region(console));
+        p {
+            "Add machines that already exist at the provider, in no pool, to a pool. "
+            strong { "Automatic" }
+            ": each instance is stopped and re-imaged with the pool's image and user data (data disks kept), then joins like a node the pool made. "
+            strong { "Manual" }
+            ": a one-time command to run on the machine, which keeps its OS and joins it. The same calls and checks as "
+            code { "knit attach" } " and " code { "knit attach-script" } "."
+        }
+        @if pools.is_empty() {
+            p { "No pools yet: " a href="/ui/pools/new" { "create one" } " first." }
+        } @else {
+            (automatic)
+            @if let Some(answer) = &shown.answer {
+                (preflight_section(answer))
+            }
+            (manual_form(session, &pools, selected, &shown))
+        }
+        (added_region(console))
+    };
     page(
         status,
         Section::Attach,
         "Add existing instances",
         Some(session),
-        &body,
+        body,
     )
 }
 
@@ -420,127 +412,151 @@ async fn automatic_form(
     pools: &[String],
     selected: Option<&str>,
     shown: &Shown,
-) -> String {
+) -> Markup {
     let error = match &shown.error {
-        Some(("automatic", e)) => html::error_block("attach-error", e),
-        _ => String::new(),
-    };
-    let described = if error.is_empty() {
-        ""
-    } else {
-        r#" aria-describedby="attach-error""#
+        Some(("automatic", e)) => Some(html::error_block("attach-error", e)),
+        _ => None,
     };
     let list = match candidates(console).await {
         Err(e) => html::error_block("candidates-error", &e),
-        Ok((free, _)) if free.is_empty() => {
-            r#"<p id="no-candidates">The provider has no instance outside the pools.</p>"#
-                .to_string()
-        }
-        Ok((free, total)) => {
-            let mut out = String::from(
-                r#"<table class="candidates"><thead><tr><th scope="col">Add</th><th scope="col">Name</th><th scope="col">Instance</th><th scope="col">State</th><th scope="col">Address</th></tr></thead><tbody>"#,
-            );
-            for i in &free {
-                out.push_str(&format!(
-                    r#"<tr data-instance="{id}"><td><input type="checkbox" id="instance-{id}" name="instance" value="{id}"{on}></td><th scope="row"><label for="instance-{id}">{name}</label></th><td><code>{id}</code></td><td>{state}</td><td>{ip}</td></tr>"#,
-                    id = esc(&i.id),
-                    on = checked(shown.ticked.contains(&i.id)),
-                    name = esc(i.name.as_deref().unwrap_or(&i.id)),
-                    state = esc(&i.state),
-                    ip = esc(i.ip.as_deref().unwrap_or("—")),
-                ));
+        Ok((free, _)) if free.is_empty() => html! {
+            p #no-candidates { "The provider has no instance outside the pools." }
+        },
+        Ok((free, total)) => html! {
+            table.candidates {
+                thead {
+                    tr {
+                        @for col in ["Add", "Name", "Instance", "State", "Address"] {
+                            th scope="col" { (col) }
+                        }
+                    }
+                }
+                tbody {
+                    @for i in &free {
+                        @let box_id = format!("instance-{}", i.id);
+                        tr data-instance=(i.id) {
+                            td { input type="checkbox" id=(box_id) name="instance" value=(i.id) checked[shown.ticked.contains(&i.id)]; }
+                            th scope="row" { label for=(box_id) { (i.name.as_deref().unwrap_or(&i.id)) } }
+                            td { code { (i.id) } }
+                            td { (i.state) }
+                            td { (i.ip.as_deref().unwrap_or("—")) }
+                        }
+                    }
+                }
             }
-            out.push_str("</tbody></table>");
-            if total > free.len() {
-                out.push_str(&format!(
-                    r#"<p class="help">{} more not shown: add them with <code>knit attach --instances</code>.</p>"#,
-                    total - free.len()
-                ));
+            @if total > free.len() {
+                p.help {
+                    (total - free.len()) " more not shown: add them with "
+                    code { "knit attach --instances" } "."
+                }
             }
-            out
-        }
+        },
     };
-    format!(
-        r#"<h2 id="automatic-title">Pick a pool and instances</h2>
-<form method="post" action="/ui/attach" class="attach" aria-labelledby="automatic-title"{described}>{csrf}
-<p><label for="attach-pool">Pool</label><select id="attach-pool" name="pool">{options}</select></p>
-<fieldset><legend>Instances in no pool</legend>{list}</fieldset>
-<p><label class="inline"><input type="checkbox" name="format_data_disk" value="true"{format}> Use the last data disk for the runtime and kubelet (formatted when blank, mounted when it holds a filesystem)</label></p>
-<p><label class="inline"><input type="checkbox" name="keep_instance_name" value="true"{keep}> Keep the instance's name as the node name (otherwise the pool's naming rule)</label></p>
-<p><label for="attach-password">New login password</label><input id="attach-password" name="password" type="password" autocomplete="new-password" aria-describedby="attach-password-help">
-<span id="attach-password-help" class="help">Only for pools that log in by password: the re-image resets it. Never stored.</span></p>
-<p><button type="submit" name="action" value="preflight">Run preflight (dry run)</button>
-<button type="submit" name="action" value="attach">Attach automatically</button></p>
-{error}</form>"#,
-        csrf = html::csrf_field(session),
-        options = pool_options(pools, selected),
-        format = checked(shown.format_data_disk),
-        keep = checked(shown.keep_instance_name),
-    )
+    html! {
+        h2 #automatic-title { "Pick a pool and instances" }
+        form.attach method="post" action="/ui/attach" aria-labelledby="automatic-title"
+            aria-describedby=[error.as_ref().map(|_| "attach-error")] {
+            (html::csrf_field(session))
+            p {
+                label for="attach-pool" { "Pool" }
+                select #attach-pool name="pool" { (pool_options(pools, selected)) }
+            }
+            fieldset { legend { "Instances in no pool" } (list) }
+            p {
+                label.inline {
+                    input type="checkbox" name="format_data_disk" value="true" checked[shown.format_data_disk];
+                    " Use the last data disk for the runtime and kubelet (formatted when blank, mounted when it holds a filesystem)"
+                }
+            }
+            p {
+                label.inline {
+                    input type="checkbox" name="keep_instance_name" value="true" checked[shown.keep_instance_name];
+                    " Keep the instance's name as the node name (otherwise the pool's naming rule)"
+                }
+            }
+            p {
+                label for="attach-password" { "New login password" }
+                input #attach-password name="password" type="password" autocomplete="new-password" aria-describedby="attach-password-help";
+                " "
+                span #attach-password-help .help { "Only for pools that log in by password: the re-image resets it. Never stored." }
+            }
+            p {
+                button type="submit" name="action" value="preflight" { "Run preflight (dry run)" }
+                " "
+                button type="submit" name="action" value="attach" { "Attach automatically" }
+            }
+            @if let Some(error) = error { (error) }
+        }
+    }
 }
 
-fn status_badge(s: PreflightStatus) -> &'static str {
-    match s {
-        PreflightStatus::Pass => r#"<span class="badge ok">pass</span>"#,
-        PreflightStatus::Error => r#"<span class="badge bad">error</span>"#,
-        PreflightStatus::Warning => r#"<span class="badge warn">warning</span>"#,
-        PreflightStatus::Skipped => r#"<span class="badge muted">skipped</span>"#,
-    }
+fn status_badge(s: PreflightStatus) -> Markup {
+    let (class, word) = match s {
+        PreflightStatus::Pass => ("ok", "pass"),
+        PreflightStatus::Error => ("bad", "error"),
+        PreflightStatus::Warning => ("warn", "warning"),
+        PreflightStatus::Skipped => ("muted", "skipped"),
+    };
+    html! { span class={ "badge " (class) } { (word) } }
 }
 
 /// Every check of every instance, with its code, message and fix; then
 /// the same as text, as `knit attach` prints it.
-fn preflight_section(answer: &AttachResponse) -> String {
+fn preflight_section(answer: &AttachResponse) -> Markup {
     let verdict = match (answer.dry_run, answer.passed) {
         (true, true) => "Preflight passed: nothing was changed (dry run).",
         (true, false) => "Preflight found errors: nothing was changed (dry run).",
         (false, _) => "Not attached: the preflight found errors, and nothing was changed.",
     };
-    let mut out = format!(
-        r#"<section id="preflight" aria-labelledby="preflight-title" data-passed="{passed}"><h2 id="preflight-title">Preflight for pool {pool}</h2>
-<p class="{class}" role="{role}">{verdict}</p>"#,
-        passed = answer.passed,
-        pool = esc(&answer.pool),
-        class = if answer.passed { "notice" } else { "error" },
-        role = if answer.passed { "status" } else { "alert" },
-    );
-    for report in &answer.preflight {
-        out.push_str(&report_table(report));
+    html! {
+        section #preflight aria-labelledby="preflight-title" data-passed=(answer.passed) {
+            h2 #preflight-title { "Preflight for pool " (answer.pool) }
+            p class=(if answer.passed { "notice" } else { "error" })
+                role=(if answer.passed { "status" } else { "alert" }) { (verdict) }
+            @for report in &answer.preflight {
+                (report_table(report))
+            }
+            details {
+                summary { "As text" }
+                pre.log { (preflight_table(&answer.preflight)) }
+            }
+        }
     }
-    out.push_str(&format!(
-        r#"<details><summary>As text</summary><pre class="log">{}</pre></details></section>"#,
-        esc(&preflight_table(&answer.preflight))
-    ));
-    out
 }
 
-fn report_table(report: &PreflightReport) -> String {
+fn report_table(report: &PreflightReport) -> Markup {
     let errors = report.errors().count();
-    let mut out = format!(
-        r#"<table class="preflight" data-instance="{id}"><caption>Instance <code>{id}</code>: {summary}</caption><thead><tr><th scope="col">Status</th><th scope="col">Check</th><th scope="col">Code</th><th scope="col">Message</th><th scope="col">Fix</th></tr></thead><tbody>"#,
-        id = esc(&report.instance),
-        summary = if errors == 0 {
-            "passed".to_string()
-        } else {
-            format!("{errors} error(s)")
-        },
-    );
-    for r in &report.results {
-        out.push_str(&format!(
-            r#"<tr data-code="{code}" data-status="{status}"><td>{badge}</td><td>{check}</td><td><code>{code}</code></td><td>{message}</td><td>{fix}</td></tr>"#,
-            code = esc(&r.code),
-            status = serde_json::to_value(r.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            badge = status_badge(r.status),
-            check = esc(&r.check),
-            message = esc(&r.message),
-            fix = esc(&r.fix),
-        ));
+    html! {
+        table.preflight data-instance=(report.instance) {
+            caption {
+                "Instance " code { (report.instance) } ": "
+                @if errors == 0 { "passed" } @else { (errors) " error(s)" }
+            }
+            thead {
+                tr {
+                    @for col in ["Status", "Check", "Code", "Message", "Fix"] {
+                        th scope="col" { (col) }
+                    }
+                }
+            }
+            tbody {
+                @for r in &report.results {
+                    // The status as the API spells it (`error`, `skipped`, …).
+                    @let status = serde_json::to_value(r.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    tr data-code=(r.code) data-status=(status) {
+                        td { (status_badge(r.status)) }
+                        td { (r.check) }
+                        td { code { (r.code) } }
+                        td { (r.message) }
+                        td { (r.fix) }
+                    }
+                }
+            }
+        }
     }
-    out.push_str("</tbody></table>");
-    out
 }
 
 fn manual_form(
@@ -548,130 +564,141 @@ fn manual_form(
     pools: &[String],
     selected: Option<&str>,
     shown: &Shown,
-) -> String {
+) -> Markup {
     let error = match &shown.error {
-        Some(("manual", e)) => html::error_block("manual-error", e),
-        _ => String::new(),
-    };
-    let expires_attrs = if error.is_empty() {
-        ""
-    } else {
-        r#" aria-describedby="manual-error" aria-invalid="true""#
+        Some(("manual", e)) => Some(html::error_block("manual-error", e)),
+        _ => None,
     };
     let expires = shown
         .expires
         .clone()
         .unwrap_or_else(|| crate::attach::DEFAULT_EXPIRES_SECONDS.to_string());
-    let result = shown.script.as_ref().map(command_block).unwrap_or_default();
-    format!(
-        r#"<h2 id="manual-title">Or: the manual command</h2>
-<form method="post" action="/ui/attach/manual" class="attach-manual" aria-labelledby="manual-title">{csrf}
-<p><label for="manual-pool">Pool</label><select id="manual-pool" name="pool">{options}</select>
-<label for="manual-expires">Token lifetime (seconds)</label><input id="manual-expires" name="expires_seconds" inputmode="numeric" size="7" value="{expires}"{expires_attrs}></p>
-<p><label class="inline"><input type="checkbox" name="format_data_disk" value="true"> Use the last data disk for the runtime and kubelet</label>
-<label class="inline"><input type="checkbox" name="keep_instance_name" value="true"> Keep the machine's name as the node name</label></p>
-<p><button type="submit">Get the attach command</button></p>{error}</form>{result}"#,
-        csrf = html::csrf_field(session),
-        options = pool_options(pools, selected),
-        expires = esc(&expires),
-    )
+    html! {
+        h2 #manual-title { "Or: the manual command" }
+        form.attach-manual method="post" action="/ui/attach/manual" aria-labelledby="manual-title" {
+            (html::csrf_field(session))
+            p {
+                label for="manual-pool" { "Pool" }
+                select #manual-pool name="pool" { (pool_options(pools, selected)) }
+                label for="manual-expires" { "Token lifetime (seconds)" }
+                input #manual-expires name="expires_seconds" inputmode="numeric" size="7" value=(expires)
+                    aria-describedby=[error.as_ref().map(|_| "manual-error")]
+                    aria-invalid=[error.as_ref().map(|_| "true")];
+            }
+            p {
+                label.inline { input type="checkbox" name="format_data_disk" value="true"; " Use the last data disk for the runtime and kubelet" }
+                " "
+                label.inline { input type="checkbox" name="keep_instance_name" value="true"; " Keep the machine's name as the node name" }
+            }
+            p { button type="submit" { "Get the attach command" } }
+            @if let Some(error) = error { (error) }
+        }
+        @if let Some(script) = &shown.script { (command_block(script)) }
+    }
 }
 
 /// The issued command in a read-only field to copy (it holds the one-time
 /// token, so it is shown once, never put in a URL).
-fn command_block(s: &AttachScriptResponse) -> String {
-    format!(
-        r#"<section id="manual-result" aria-labelledby="manual-result-title"><h3 id="manual-result-title">Attach command for pool {pool}</h3>
-<p class="notice" role="status">Run it as root on the machine to add: one machine, once. Token <code id="manual-token">{token}</code>, expires {expires}; it trusts the control plane's CA <code>{pin}</code>.</p>
-<label for="manual-command">Command</label>
-<textarea id="manual-command" readonly rows="4" cols="80" spellcheck="false" class="command">{command}</textarea>
-<details><summary>The script the command runs</summary><pre class="log">{script}</pre></details></section>"#,
-        pool = esc(&s.pool),
-        token = esc(&s.token_id),
-        expires = html::utc(s.expires_ms),
-        pin = esc(&s.ca_pin),
-        command = esc(&s.command),
-        script = esc(&s.script),
-    )
+fn command_block(s: &AttachScriptResponse) -> Markup {
+    html! {
+        section #manual-result aria-labelledby="manual-result-title" {
+            h3 #manual-result-title { "Attach command for pool " (s.pool) }
+            p.notice role="status" {
+                "Run it as root on the machine to add: one machine, once. Token "
+                code #manual-token { (s.token_id) } ", expires " (html::utc(s.expires_ms))
+                "; it trusts the control plane's CA " code { (s.ca_pin) } "."
+            }
+            label for="manual-command" { "Command" }
+            textarea #manual-command .command readonly rows="4" cols="80" spellcheck="false" { (s.command) }
+            details {
+                summary { "The script the command runs" }
+                pre.log { (s.script) }
+            }
+        }
+    }
 }
 
 /// The instances added to pools, newest first, with their node: the live
 /// region an attach is followed in.
-fn added_region(console: &Cs) -> String {
-    let mut out =
-        String::from(r#"<div id="attach-live" data-live-region><h2>Added instances</h2>"#);
+fn added_region(console: &Cs) -> Markup {
+    html! {
+        div #attach-live data-live-region {
+            h2 { "Added instances" }
+            (added_table(console))
+        }
+    }
+}
+
+fn added_table(console: &Cs) -> Markup {
     let (instances, nodes) = match (
         console.cp.store.instances(None),
         crate::nodes::list(&console.cp),
     ) {
         (Ok(i), Ok(n)) => (i, n),
-        (Err(e), _) | (_, Err(e)) => {
-            out.push_str(&html::error_block("added-error", &e));
-            out.push_str("</div>");
-            return out;
-        }
+        (Err(e), _) | (_, Err(e)) => return html::error_block("added-error", &e),
     };
     let mut added: Vec<_> = instances.into_iter().filter(|i| i.added).collect();
     added.sort_by_key(|i| std::cmp::Reverse(i.created_ms));
     added.truncate(MAX_ADDED_SHOWN);
     if added.is_empty() {
-        out.push_str("<p>No instance was added to a pool yet.</p></div>");
-        return out;
+        return html! { p { "No instance was added to a pool yet." } };
     }
     let node_of: BTreeMap<&str, &knit_api::views::NodeView> =
         nodes.iter().map(|n| (n.instance.as_str(), n)).collect();
     let now = crate::store::now_ms();
-    out.push_str(
-        r#"<table class="added"><thead><tr><th scope="col">Instance</th><th scope="col">Provider id</th><th scope="col">Pool</th><th scope="col">Mode</th><th scope="col">State</th><th scope="col">Node</th><th scope="col">Node status</th><th scope="col">Phase</th><th scope="col">Added</th></tr></thead><tbody>"#,
-    );
-    for i in &added {
-        let mode = match crate::attach::record(&console.cp, &i.name) {
-            Ok(Some(r)) => match r.mode {
-                crate::preflight::Mode::Automatic => "automatic",
-                crate::preflight::Mode::Manual => "manual",
-            },
-            _ => "—",
-        };
-        let node = node_of.get(i.name.as_str());
-        let node_cell = node
-            .map(|n| {
-                format!(
-                    r#"<a href="/ui/nodes/{q}">{n}</a>"#,
-                    q = html::query_value(&n.name),
-                    n = esc(&n.name)
-                )
-            })
-            .unwrap_or_else(|| "not yet".to_string());
-        let status = node.map(|n| n.status.as_str()).unwrap_or("—");
-        let phase = node
-            .and_then(|n| n.phase.as_ref())
-            .map(|p| {
-                let outcome = node
-                    .and_then(|n| n.phase_outcome.as_ref())
-                    .map(|o| format!(" ({})", o.as_str()))
-                    .unwrap_or_default();
-                format!("{}{outcome}", p.as_str())
-            })
-            .unwrap_or_default();
-        let error = i
-            .last_error
-            .as_deref()
-            .map(|e| format!(r#"<div class="err">{}</div>"#, esc(e)))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            r#"<tr id="added-{id}" data-provider-id="{pid}"><th scope="row">{name}</th><td><code>{pid}</code></td><td>{pool}</td><td>{mode}</td><td data-col="state">{state}{error}</td><td data-col="node">{node_cell}</td><td data-col="node-status">{status}</td><td>{phase}</td><td>{age} ago</td></tr>"#,
-            id = esc(&i.name),
-            name = esc(&i.name),
-            pid = esc(i.provider_id.as_deref().unwrap_or("—")),
-            pool = esc(&i.pool),
-            state = esc(i.state.as_str()),
-            status = esc(status),
-            phase = esc(&phase),
-            age = html::age(now, i.created_ms),
-        ));
+    html! {
+        table.added {
+            thead {
+                tr {
+                    @for col in ["Instance", "Provider id", "Pool", "Mode", "State", "Node", "Node status", "Phase", "Added"] {
+                        th scope="col" { (col) }
+                    }
+                }
+            }
+            tbody {
+                @for i in &added {
+                    @let mode = match crate::attach::record(&console.cp, &i.name) {
+                        Ok(Some(r)) => match r.mode {
+                            crate::preflight::Mode::Automatic => "automatic",
+                            crate::preflight::Mode::Manual => "manual",
+                        },
+                        _ => "—",
+                    };
+                    @let node = node_of.get(i.name.as_str());
+                    @let phase = node
+                        .and_then(|n| n.phase.as_ref())
+                        .map(|p| {
+                            let outcome = node
+                                .and_then(|n| n.phase_outcome.as_ref())
+                                .map(|o| format!(" ({})", o.as_str()))
+                                .unwrap_or_default();
+                            format!("{}{outcome}", p.as_str())
+                        })
+                        .unwrap_or_default();
+                    @let pid = i.provider_id.as_deref().unwrap_or("—");
+                    tr id={ "added-" (i.name) } data-provider-id=(pid) {
+                        th scope="row" { (i.name) }
+                        td { code { (pid) } }
+                        td { (i.pool) }
+                        td { (mode) }
+                        td data-col="state" {
+                            (i.state.as_str())
+                            @if let Some(e) = &i.last_error { div.err { (e) } }
+                        }
+                        td data-col="node" {
+                            @match node {
+                                Some(n) => a href={ "/ui/nodes/" (html::query_value(&n.name)) } { (n.name) },
+                                None => "not yet",
+                            }
+                        }
+                        td data-col="node-status" { (node.map(|n| n.status.as_str()).unwrap_or("—")) }
+                        td { (phase) }
+                        td { (html::age(now, i.created_ms)) " ago" }
+                    }
+                }
+            }
+        }
     }
-    out.push_str("</tbody></table></div>");
-    out
 }
 
 #[cfg(test)]
@@ -741,7 +768,7 @@ mod tests {
                 },
             ],
         };
-        let html = report_table(&report);
+        let html = report_table(&report).into_string();
         assert!(
             html.contains(r#"data-code="PreflightSwapOn" data-status="error""#),
             "{html}"

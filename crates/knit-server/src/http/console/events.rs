@@ -1,6 +1,6 @@
 //! The events page: newest first, filtered by kind, reason and object.
 
-use super::html::{self, esc, page, Section};
+use super::html::{self, page, Section};
 use super::session::Session;
 use super::Cs;
 use crate::store::EventRecord;
@@ -8,6 +8,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
+use maud::{html, Markup};
 use serde::Deserialize;
 
 /// How many of the newest events the page reads before filtering.
@@ -24,36 +25,38 @@ pub struct EventFilter {
 }
 
 /// Events as a table, in the order given.
-pub fn table(events: &[EventRecord], now_ms: i64) -> String {
-    if events.is_empty() {
-        return "<p>No events.</p>".into();
+pub fn table(events: &[EventRecord], now_ms: i64) -> Markup {
+    html! {
+        @if events.is_empty() {
+            p { "No events." }
+        } @else {
+            table.events {
+                thead {
+                    tr {
+                        @for col in ["Last seen", "Type", "Object", "Reason", "Message", "Count"] {
+                            th scope="col" { (col) }
+                        }
+                    }
+                }
+                tbody {
+                    @for e in events {
+                        // The store's word for the type (the same as on the wire).
+                        @let event_type = e.event_type.to_string();
+                        @let class = if event_type == "Warning" { "warn" } else { "muted" };
+                        @let last = if e.last_ms > 0 { e.last_ms } else { e.at_ms };
+                        tr {
+                            td title=(html::utc(last)) { (html::age(now_ms, last)) " ago" }
+                            td { span class={ "badge " (class) } { (event_type) } }
+                            td { (e.object_kind) "/" (e.object_name) }
+                            td { (e.reason) }
+                            td { (e.message) }
+                            td { (e.count) }
+                        }
+                    }
+                }
+            }
+        }
     }
-    let mut out = String::from(
-        r#"<table class="events"><thead><tr><th scope="col">Last seen</th><th scope="col">Type</th><th scope="col">Object</th><th scope="col">Reason</th><th scope="col">Message</th><th scope="col">Count</th></tr></thead><tbody>"#,
-    );
-    for e in events {
-        // The store's word for the type (the same as on the wire).
-        let event_type = e.event_type.to_string();
-        let class = if event_type == "Warning" {
-            "warn"
-        } else {
-            "muted"
-        };
-        let last = if e.last_ms > 0 { e.last_ms } else { e.at_ms };
-        out.push_str(&format!(
-            r#"<tr><td title="{at}">{age} ago</td><td><span class="badge {class}">{t}</span></td><td>{kind}/{name}</td><td>{reason}</td><td>{message}</td><td>{count}</td></tr>"#,
-            at = html::utc(last),
-            age = html::age(now_ms, last),
-            t = esc(&event_type),
-            kind = esc(&e.object_kind),
-            name = esc(&e.object_name),
-            reason = esc(&e.reason),
-            message = esc(&e.message),
-            count = e.count,
-        ));
-    }
-    out.push_str("</tbody></table>");
-    out
 }
 
 pub async fn list(
@@ -72,7 +75,7 @@ pub async fn list(
                 Section::Events,
                 "Events",
                 Some(&session),
-                &html::error_block("page-error", &e),
+                html::error_block("page-error", &e),
             )
         }
     };
@@ -90,34 +93,28 @@ pub async fn list(
     });
     // The store answers oldest first.
     events.reverse();
-    let mut kind_options = String::from(r#"<option value="">every kind</option>"#);
-    for k in &kinds {
-        let selected = if kind.as_deref() == Some(k) {
-            " selected"
-        } else {
-            ""
-        };
-        kind_options.push_str(&format!(
-            r#"<option value="{k}"{selected}>{k}</option>"#,
-            k = esc(k)
-        ));
-    }
-    let body = format!(
-        r#"<form method="get" action="/ui/events" class="filters">
-<label for="filter-kind">Kind</label><select id="filter-kind" name="kind">{kind_options}</select>
-<label for="filter-reason">Reason</label><input id="filter-reason" name="reason" value="{reason}" size="14">
-<label for="filter-object">Object</label><input id="filter-object" name="object" value="{object}" size="18">
-<button type="submit">Filter</button></form>
-<div id="events-live" data-live-region>{table}</div>"#,
-        reason = esc(reason.as_deref().unwrap_or("")),
-        object = esc(object.as_deref().unwrap_or("")),
-        table = table(&events, crate::store::now_ms()),
-    );
+    let body = html! {
+        form.filters method="get" action="/ui/events" {
+            label for="filter-kind" { "Kind" }
+            select #filter-kind name="kind" {
+                option value="" { "every kind" }
+                @for k in &kinds {
+                    option value=(k) selected[kind.as_deref() == Some(k.as_str())] { (k) }
+                }
+            }
+            label for="filter-reason" { "Reason" }
+            input #filter-reason name="reason" value=(reason.as_deref().unwrap_or("")) size="14";
+            label for="filter-object" { "Object" }
+            input #filter-object name="object" value=(object.as_deref().unwrap_or("")) size="18";
+            button type="submit" { "Filter" }
+        }
+        div #events-live data-live-region { (table(&events, crate::store::now_ms())) }
+    };
     page(
         StatusCode::OK,
         Section::Events,
         "Events",
         Some(&session),
-        &body,
+        body,
     )
 }

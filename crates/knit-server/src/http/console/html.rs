@@ -1,26 +1,12 @@
-//! The console's HTML: escaping, the page frame, and small formatters.
-//! Pages are built with `format!` over escaped values: every value that
-//! comes from the store, a node or a request goes through [`esc`].
+//! The console's HTML: the page frame, error blocks and small formatters.
+//! Pages are maud templates (`html!`): every value spliced into one is
+//! escaped unless wrapped in `PreEscaped`, which only the inlined
+//! stylesheet and script are (constants of the crate, hashed in the CSP).
 
 use super::session::{Session, CSRF_FIELD};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-
-/// `text` safe inside an element or a quoted attribute.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 /// `text` as one query-string value.
 pub fn query_value(text: &str) -> String {
@@ -37,11 +23,8 @@ pub fn query_value(text: &str) -> String {
 }
 
 /// The hidden field every state-changing form carries.
-pub fn csrf_field(session: &Session) -> String {
-    format!(
-        r#"<input type="hidden" name="{CSRF_FIELD}" value="{}">"#,
-        esc(&session.csrf)
-    )
+pub fn csrf_field(session: &Session) -> Markup {
+    html! { input type="hidden" name=(CSRF_FIELD) value=(session.csrf); }
 }
 
 /// Which item of the navigation a page belongs to.
@@ -70,63 +53,51 @@ pub fn page(
     section: Section,
     title: &str,
     session: Option<&Session>,
-    body: &str,
+    body: Markup,
 ) -> Response {
-    let mut nav = String::new();
-    if let Some(s) = session {
-        nav.push_str(r#"<nav aria-label="Console"><ul>"#);
-        for (sec, href, label) in NAV {
-            // Adding instances is an operator's: not offered to a viewer.
-            if *sec == Section::Attach && !s.may(knit_api::state::TokenRole::Operator) {
-                continue;
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · knit console" }
+                // A constant of the crate, allowed by its hash in the CSP.
+                style { (PreEscaped(super::CSS)) }
             }
-            let current = if *sec == section {
-                r#" aria-current="page""#
-            } else {
-                ""
-            };
-            nav.push_str(&format!(
-                r#"<li><a href="{href}"{current}>{label}</a></li>"#
-            ));
+            body data-live=[session.map(|_| "/ui/live")] {
+                a.skip href="#main" { "Skip to content" }
+                header {
+                    span.brand { "knit" }
+                    @if let Some(s) = session {
+                        nav aria-label="Console" {
+                            ul {
+                                @for (sec, href, label) in NAV {
+                                    // Adding instances is an operator's: not offered to a viewer.
+                                    @if *sec != Section::Attach || s.may(knit_api::state::TokenRole::Operator) {
+                                        li { a href=(href) aria-current=[(*sec == section).then_some("page")] { (label) } }
+                                    }
+                                }
+                            }
+                            form.sign-out method="post" action="/ui/sign-out" {
+                                (csrf_field(s))
+                                button type="submit" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main #main tabindex="-1" {
+                    h1 { (title) }
+                    (body)
+                }
+                script { (PreEscaped(super::JS)) }
+            }
         }
-        nav.push_str(&format!(
-            r#"</ul><form method="post" action="/ui/sign-out" class="sign-out">{}<button type="submit">Sign out</button></form></nav>"#,
-            csrf_field(s)
-        ));
-    }
-    let live = if session.is_some() {
-        r#" data-live="/ui/live""#
-    } else {
-        ""
     };
-    let html = format!(
-        r##"<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · knit console</title>
-<style>{css}</style>
-</head>
-<body{live}>
-<a class="skip" href="#main">Skip to content</a>
-<header><span class="brand">knit</span>{nav}</header>
-<main id="main" tabindex="-1">
-<h1>{title}</h1>
-{body}
-</main>
-<script>{js}</script>
-</body>
-</html>
-"##,
-        title = esc(title),
-        css = super::CSS,
-        js = super::JS,
-    );
     (
         status,
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        html,
+        markup.into_string(),
     )
         .into_response()
 }
@@ -138,28 +109,20 @@ pub fn see_other(location: &str) -> Response {
 
 /// A server error as a paragraph: its message and code, then each field
 /// error with the field it names.
-pub fn error_block(id: &str, err: &crate::error::ServerError) -> String {
-    let mut out = format!(
-        r#"<div class="error" id="{}" role="alert"><p><strong>{}</strong> <code>{}</code></p>"#,
-        esc(id),
-        esc(&err.to_string()),
-        esc(err.code())
-    );
+pub fn error_block(id: &str, err: &crate::error::ServerError) -> Markup {
     let fields = err.field_errors();
-    if !fields.is_empty() {
-        out.push_str(r#"<ul class="field-errors">"#);
-        for f in fields {
-            out.push_str(&format!(
-                r#"<li data-field="{field}"><code>{field}</code>: {rule} (got {value})</li>"#,
-                field = esc(&f.field),
-                rule = esc(&f.rule),
-                value = esc(&f.value)
-            ));
+    html! {
+        div.error id=(id) role="alert" {
+            p { strong { (err) } " " code { (err.code()) } }
+            @if !fields.is_empty() {
+                ul.field-errors {
+                    @for f in fields {
+                        li data-field=(f.field) { code { (f.field) } ": " (f.rule) " (got " (f.value) ")" }
+                    }
+                }
+            }
         }
-        out.push_str("</ul>");
     }
-    out.push_str("</div>");
-    out
 }
 
 /// `ms` ago as a short age (`42s`, `5m`, `3h`, `2d`).
@@ -226,11 +189,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markup_and_quotes_are_escaped() {
-        assert_eq!(
-            esc(r#"<a href="x">'&'</a>"#),
-            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
-        );
+    fn query_values_are_percent_encoded() {
         assert_eq!(query_value("a b&c=d"), "a%20b%26c%3Dd");
     }
 

@@ -31,6 +31,7 @@ use axum::routing::get;
 use axum::{Extension, Form, Router};
 use html::{page, see_other, Section};
 use knit_api::state::TokenRole;
+use maud::html;
 use serde::Deserialize;
 use session::{Session, Sessions, CSRF_FIELD, CSRF_HEADER};
 use std::sync::Arc;
@@ -168,10 +169,10 @@ fn refused(why: &str) -> Response {
         Section::SignIn,
         "Refused",
         None,
-        &format!(
-            r#"<p class="error" role="alert">{}</p><p><a href="/ui/pools">Back to the console</a></p>"#,
-            html::esc(why)
-        ),
+        html! {
+            p.error role="alert" { (why) }
+            p { a href="/ui/pools" { "Back to the console" } }
+        },
     )
 }
 
@@ -257,35 +258,34 @@ async fn not_found(uri: axum::http::Uri) -> Response {
         Section::SignIn,
         "Not found",
         None,
-        &format!(
-            r#"<p>Nothing at <code>{}</code>.</p><p><a href="/ui/pools">Pools</a></p>"#,
-            html::esc(uri.path())
-        ),
+        html! {
+            p { "Nothing at " code { (uri.path()) } "." }
+            p { a href="/ui/pools" { "Pools" } }
+        },
     )
 }
 
 fn sign_in_page(status: StatusCode, message: Option<&str>) -> Response {
-    let message = message
-        .map(|m| {
-            format!(
-                r#"<p class="error" id="sign-in-error" role="alert">{}</p>"#,
-                html::esc(m)
-            )
-        })
-        .unwrap_or_default();
     page(
         status,
         Section::SignIn,
         "Sign in",
         None,
-        &format!(
-            r#"{message}<form method="post" action="/ui/sign-in" class="sign-in">
-<label for="token">API token</label>
-<input id="token" name="token" type="password" autocomplete="off" required autofocus aria-describedby="token-help">
-<p id="token-help" class="help">An API token (<code>knit token create</code>; the first admin token is the file <code>admin-token</code> in the server's state directory, or <code>token:</code> in your client config). The console offers what its role may do.</p>
-<button type="submit">Sign in</button>
-</form>"#
-        ),
+        html! {
+            @if let Some(m) = message {
+                p.error #sign-in-error role="alert" { (m) }
+            }
+            form.sign-in method="post" action="/ui/sign-in" {
+                label for="token" { "API token" }
+                input #token name="token" type="password" autocomplete="off" required autofocus aria-describedby="token-help";
+                p #token-help .help {
+                    "An API token (" code { "knit token create" } "; the first admin token is the file "
+                    code { "admin-token" } " in the server's state directory, or " code { "token:" }
+                    " in your client config). The console offers what its role may do."
+                }
+                button type="submit" { "Sign in" }
+            }
+        },
     )
 }
 
@@ -522,5 +522,115 @@ mod role_tests {
         let (status, _, page) = send(&app, Method::GET, "/ui/pools", Some(&admin), None).await;
         assert_eq!(status, StatusCode::OK);
         assert!(page.contains("/ui/pools/new") && page.contains(r#"href="/ui/attach""#));
+    }
+
+    /// Markup and quotes in a pool or node name, an event, an error or a
+    /// query value reach every page that shows them as text: the templates
+    /// escape by default (names are checked on the way in, but the store
+    /// and the provider are not trusted to have done so).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn markup_in_names_messages_and_queries_is_escaped_on_every_page() {
+        const HOSTILE: &str = r#"<script>alert('x')</script>" onmouseover="alert(1)"#;
+        // Error messages quote a value in Rust's way (`\"`): both forms
+        // hold these.
+        const ESCAPED: [&str; 2] = [
+            "&lt;script&gt;alert('x')&lt;/script&gt;",
+            "&quot; onmouseover=",
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(ControlPlane::new(
+            crate::store::Store::open_in_memory().unwrap(),
+            None,
+            Arc::new(crate::bootstrap::NoCluster),
+            crate::control::Settings::new(dir.path().join("state")),
+            String::new(),
+            "escape-admin-secret".into(),
+            String::new(),
+        ));
+        cp.store.put_cluster(&knit_api::Cluster::default()).unwrap();
+        crate::api_tokens::seed_first_admin(&cp).unwrap();
+        // Written past the API's name checks, straight into the store.
+        let hostile_pool = knit_api::NodePool::new(HOSTILE, knit_api::NodePoolSpec::default());
+        cp.store.insert_pool(&hostile_pool).unwrap();
+        let instance = crate::store::InstanceRecord {
+            name: "esc-i-1".into(),
+            pool: HOSTILE.into(),
+            provider_id: Some(HOSTILE.into()),
+            state: knit_api::state::InstanceState::Running,
+            ip: None,
+            instance_type: "t".into(),
+            report_token_hash: None,
+            last_error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            added: false,
+        };
+        for node in [HOSTILE, "esc-node-1"] {
+            let failed = knit_api::PhaseEvent {
+                node: node.into(),
+                instance_id: "esc-i-1".into(),
+                phase: knit_api::PhaseName::TimeSync,
+                outcome: knit_api::PhaseOutcome::Failed,
+                reason: Some(HOSTILE.into()),
+                error_code: None,
+                at_ms: 1_000,
+                duration_ms: Some(10),
+            };
+            cp.store.record_phase_event(&instance, &failed).unwrap();
+        }
+        cp.store
+            .add_event(
+                knit_api::state::EventType::Warning,
+                HOSTILE,
+                HOSTILE,
+                HOSTILE,
+                HOSTILE,
+            )
+            .unwrap();
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let (app, _feed) = router(cp.clone(), Duration::from_secs(600), shutdown);
+        let (_, cookie, _) = send(
+            &app,
+            Method::POST,
+            "/ui/sign-in",
+            None,
+            Some(form(&[("token", "escape-admin-secret")])),
+        )
+        .await;
+        let cookie = cookie.expect("a session cookie");
+        let q = html::query_value(HOSTILE);
+        let pages = [
+            // The pool's row, its scale form and a notice from the query.
+            format!("/ui/pools?done={q}"),
+            // The node list: node and pool names, the error.
+            "/ui/nodes".to_string(),
+            format!("/ui/nodes?pool={q}"),
+            // A node page: its pool, error and timeline reason.
+            "/ui/nodes/esc-node-1".to_string(),
+            // A name the API refuses: the error block quotes it.
+            format!("/ui/nodes/{q}"),
+            // Every event field, and the filters typed back into the form.
+            format!("/ui/events?kind={q}&reason={q}&object={q}"),
+            "/ui/events".to_string(),
+            // The pool in the pickers, and a notice from the query.
+            format!("/ui/attach?pool={q}&done={q}"),
+            format!("/ui/pools/{q}/delete"),
+            format!("/ui/pools/{q}/edit"),
+        ];
+        for path in pages {
+            let (status, _, page) = send(&app, Method::GET, &path, Some(&cookie), None).await;
+            assert!(
+                status.is_success() || status.is_client_error(),
+                "{path}: {status}"
+            );
+            assert!(
+                ESCAPED.iter().all(|e| page.contains(e)),
+                "{path} does not show the value: {page}"
+            );
+            assert!(
+                !page.contains("<script>alert") && !page.contains(r#"" onmouseover="#),
+                "{path} let markup through: {page}"
+            );
+        }
     }
 }

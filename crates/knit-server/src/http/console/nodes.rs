@@ -2,7 +2,7 @@
 //! phase timeline as an SVG chart, cache report, events and logs. Read
 //! through the REST API's own calls in `crate::nodes`.
 
-use super::html::{self, esc, page, Section};
+use super::html::{self, page, Section};
 use super::session::Session;
 use super::Cs;
 use crate::error::ServerError;
@@ -14,6 +14,7 @@ use knit_api::state::DrainState;
 use knit_api::state::TokenRole;
 use knit_api::views::{NodeCacheView, NodeView, TimelineEntryView};
 use knit_api::{PhaseName, PhaseOutcome};
+use maud::{html, Markup};
 use serde::Deserialize;
 
 /// Nodes whose cache report the list reads (each is a read of the cluster
@@ -37,7 +38,7 @@ fn error_page(session: &Session, title: &str, e: &ServerError) -> Response {
         Section::Nodes,
         title,
         Some(session),
-        &html::error_block("page-error", e),
+        html::error_block("page-error", e),
     )
 }
 
@@ -59,56 +60,54 @@ pub async fn list(
         .collect();
     let caches = node_caches(&console, &shown).await;
 
-    let mut pool_options = String::from(r#"<option value="">every pool</option>"#);
-    for p in &pools {
-        let name = &p.pool.metadata.name;
-        let selected = if pool.as_deref() == Some(name) {
-            " selected"
-        } else {
-            ""
-        };
-        pool_options.push_str(&format!(
-            r#"<option value="{n}"{selected}>{n}</option>"#,
-            n = esc(name)
-        ));
-    }
-    let mut status_options = String::from(r#"<option value="">every status</option>"#);
-    for s in ["Ready", "NotReady", "Unknown"] {
-        let selected = if status.as_deref() == Some(s) {
-            " selected"
-        } else {
-            ""
-        };
-        status_options.push_str(&format!(r#"<option value="{s}"{selected}>{s}</option>"#));
-    }
-    let mut body = format!(
-        r#"<form method="get" action="/ui/nodes" class="filters">
-<label for="filter-pool">Pool</label><select id="filter-pool" name="pool">{pool_options}</select>
-<label for="filter-status">Status</label><select id="filter-status" name="status">{status_options}</select>
-<button type="submit">Filter</button></form>
-<div id="nodes-live" data-live-region>"#
-    );
-    if shown.is_empty() {
-        body.push_str("<p>No nodes match.</p>");
-    } else {
-        body.push_str(
-            r#"<table class="nodes"><caption>Nodes</caption><thead><tr>
-<th scope="col">Node</th><th scope="col">Pool</th><th scope="col">Status</th><th scope="col">Phase</th>
-<th scope="col">Cache</th><th scope="col">Error</th><th scope="col">Age</th></tr></thead><tbody>"#,
-        );
-        let now = crate::store::now_ms();
-        for (node, cache) in shown.iter().zip(&caches) {
-            body.push_str(&row(node, cache.as_ref(), now));
+    let now = crate::store::now_ms();
+    let body = html! {
+        form.filters method="get" action="/ui/nodes" {
+            label for="filter-pool" { "Pool" }
+            select #filter-pool name="pool" {
+                option value="" { "every pool" }
+                @for p in &pools {
+                    @let name = &p.pool.metadata.name;
+                    option value=(name) selected[pool.as_deref() == Some(name.as_str())] { (name) }
+                }
+            }
+            label for="filter-status" { "Status" }
+            select #filter-status name="status" {
+                option value="" { "every status" }
+                @for s in ["Ready", "NotReady", "Unknown"] {
+                    option value=(s) selected[status.as_deref() == Some(s)] { (s) }
+                }
+            }
+            button type="submit" { "Filter" }
         }
-        body.push_str("</tbody></table>");
-    }
-    body.push_str("</div>");
+        div #nodes-live data-live-region {
+            @if shown.is_empty() {
+                p { "No nodes match." }
+            } @else {
+                table.nodes {
+                    caption { "Nodes" }
+                    thead {
+                        tr {
+                            @for col in ["Node", "Pool", "Status", "Phase", "Cache", "Error", "Age"] {
+                                th scope="col" { (col) }
+                            }
+                        }
+                    }
+                    tbody {
+                        @for (node, cache) in shown.iter().zip(&caches) {
+                            (row(node, cache.as_ref(), now))
+                        }
+                    }
+                }
+            }
+        }
+    };
     page(
         StatusCode::OK,
         Section::Nodes,
         "Nodes",
         Some(&session),
-        &body,
+        body,
     )
 }
 
@@ -127,24 +126,21 @@ async fn node_caches(console: &Cs, nodes: &[&NodeView]) -> Vec<Option<NodeCacheV
     futures_util::future::join_all(reads).await
 }
 
-fn status_badge(status: &str) -> String {
+fn status_badge(status: &str) -> Markup {
     let class = match status {
         "Ready" => "ok",
         "NotReady" => "warn",
         _ => "muted",
     };
-    format!(
-        r#"<span class="badge {class}" data-status="{s}">{s}</span>"#,
-        s = esc(status)
-    )
+    html! { span class={ "badge " (class) } data-status=(status) { (status) } }
 }
 
 /// A node's drain as a badge beside its status, as `knit get nodes` shows
 /// it (`Draining (default/web)`: the budgets that block, by name), the
 /// reason in its title; nothing when no drain is shown.
-fn drain_badge(node: &NodeView) -> String {
+fn drain_badge(node: &NodeView) -> Markup {
     let Some(d) = &node.drain else {
-        return String::new();
+        return html! {};
     };
     let budgets: Vec<&str> = d
         .blocking_budget
@@ -166,62 +162,49 @@ fn drain_badge(node: &NodeView) -> String {
     } else {
         format!("{word} ({})", budgets.join(", "))
     };
-    format!(
-        r#" <span class="badge {class}" data-drain="{state}" title="{reason}">{label}</span>"#,
-        state = esc(&d.state.to_string()),
-        reason = esc(d.reason.as_deref().unwrap_or("")),
-        label = esc(&label),
-    )
+    html! {
+        " "
+        span class={ "badge " (class) } data-drain=(d.state) title=(d.reason.as_deref().unwrap_or("")) { (label) }
+    }
 }
 
 /// The facts of a node's drain and its timeline, for the node's page
 /// (what `knit describe node` prints).
-fn drain_section(node: &NodeView) -> String {
+fn drain_section(node: &NodeView) -> Markup {
     let Some(d) = &node.drain else {
-        return String::new();
+        return html! {};
     };
-    let mut facts = format!(
-        r#"<dt>State</dt><dd>{badge}</dd><dt>Started</dt><dd>{started}</dd><dt>Evicted</dt><dd>{evicted}</dd><dt>Pods left</dt><dd>{left}</dd>"#,
-        badge = drain_badge(node),
-        started = html::utc(d.started_ms),
-        evicted = d.evicted,
-        left = d.pods_left,
-    );
-    if let Some(b) = &d.blocking_budget {
-        facts.push_str(&format!(
-            r#"<dt>Blocked by</dt><dd class="err" data-blocking-budget>PodDisruptionBudget {}</dd>"#,
-            esc(b)
-        ));
+    let steps = d.steps.as_deref().unwrap_or_default();
+    html! {
+        section aria-labelledby="drain-title" data-drain-section {
+            h2 #drain-title { "Drain" }
+            dl.facts {
+                dt { "State" } dd { (drain_badge(node)) }
+                dt { "Started" } dd { (html::utc(d.started_ms)) }
+                dt { "Evicted" } dd { (d.evicted) }
+                dt { "Pods left" } dd { (d.pods_left) }
+                @if let Some(b) = &d.blocking_budget {
+                    dt { "Blocked by" } dd.err data-blocking-budget { "PodDisruptionBudget " (b) }
+                }
+                @if let Some(r) = &d.reason {
+                    dt { "Reason" } dd { (r) }
+                }
+                @if let Some(t) = d.timed_out_ms {
+                    dt { "Timed out" } dd { (html::utc(t)) }
+                }
+            }
+            @if !steps.is_empty() {
+                table.drain-steps {
+                    thead { tr { th scope="col" { "At" } th scope="col" { "State" } th scope="col" { "Step" } } }
+                    tbody {
+                        @for s in steps {
+                            tr { td { (html::utc(s.at_ms)) } td { (s.state) } td { (s.message) } }
+                        }
+                    }
+                }
+            }
+        }
     }
-    if let Some(r) = &d.reason {
-        facts.push_str(&format!("<dt>Reason</dt><dd>{}</dd>", esc(r)));
-    }
-    if let Some(t) = d.timed_out_ms {
-        facts.push_str(&format!("<dt>Timed out</dt><dd>{}</dd>", html::utc(t)));
-    }
-    let steps: String = d
-        .steps
-        .iter()
-        .flatten()
-        .map(|s| {
-            format!(
-                "<tr><td>{at}</td><td>{state}</td><td>{message}</td></tr>",
-                at = html::utc(s.at_ms),
-                state = esc(&s.state.to_string()),
-                message = esc(&s.message),
-            )
-        })
-        .collect();
-    let table = if steps.is_empty() {
-        String::new()
-    } else {
-        format!(
-            r#"<table class="drain-steps"><thead><tr><th scope="col">At</th><th scope="col">State</th><th scope="col">Step</th></tr></thead><tbody>{steps}</tbody></table>"#
-        )
-    };
-    format!(
-        r#"<section aria-labelledby="drain-title" data-drain-section><h2 id="drain-title">Drain</h2><dl class="facts">{facts}</dl>{table}</section>"#
-    )
 }
 
 fn cache_text(cache: Option<&NodeCacheView>) -> String {
@@ -271,19 +254,18 @@ fn error_text(node: &NodeView) -> String {
     }
 }
 
-fn row(node: &NodeView, cache: Option<&NodeCacheView>, now: i64) -> String {
-    format!(
-        r#"<tr data-node="{n}"><th scope="row"><a href="/ui/nodes/{q}">{n}</a></th><td>{pool}</td>
-<td>{status}</td><td>{phase}</td><td>{cache}</td><td class="err">{error}</td><td>{age}</td></tr>"#,
-        n = esc(&node.name),
-        q = html::query_value(&node.name),
-        pool = esc(&node.pool),
-        status = status_badge(node.status.as_str()) + &drain_badge(node),
-        phase = esc(&phase_text(node)),
-        cache = esc(&cache_text(cache)),
-        error = esc(&error_text(node)),
-        age = html::age(now, node.created_ms),
-    )
+fn row(node: &NodeView, cache: Option<&NodeCacheView>, now: i64) -> Markup {
+    html! {
+        tr data-node=(node.name) {
+            th scope="row" { a href={ "/ui/nodes/" (html::query_value(&node.name)) } { (node.name) } }
+            td { (node.pool) }
+            td { (status_badge(node.status.as_str())) (drain_badge(node)) }
+            td { (phase_text(node)) }
+            td { (cache_text(cache)) }
+            td.err { (error_text(node)) }
+            td { (html::age(now, node.created_ms)) }
+        }
+    }
 }
 
 pub async fn node(
@@ -313,100 +295,88 @@ pub async fn node(
             log(&console, &node.name, "user-data").await,
         )
     } else {
-        let note = format!(
-            r#"<p class="help">Node logs need an admin token; you signed in with a {} token.</p>"#,
-            session.role
-        );
+        let note = html! {
+            p.help { "Node logs need an admin token; you signed in with a " (session.role) " token." }
+        };
         (note.clone(), note)
     };
-    let summary = format!(
-        r#"<dl class="facts">
-<dt>Status</dt><dd>{status}</dd><dt>Pool</dt><dd><a href="/ui/nodes?pool={pq}">{pool}</a></dd>
-<dt>Instance</dt><dd>{instance}</dd><dt>Address</dt><dd>{ip}</dd>
-<dt>Phase</dt><dd>{phase}</dd><dt>Initialized</dt><dd>{init}</dd>
-<dt>Error</dt><dd class="err">{error}</dd><dt>Created</dt><dd>{created}</dd></dl>"#,
-        status = status_badge(node.status.as_str()) + &drain_badge(&node),
-        pq = html::query_value(&node.pool),
-        pool = esc(&node.pool),
-        instance = esc(&node.instance),
-        ip = esc(node.ip.as_deref().unwrap_or("—")),
-        phase = esc(&phase_text(&node)),
-        init = if node.initialized { "yes" } else { "no" },
-        error = esc(&error_text(&node)).to_string() + "",
-        created = html::utc(node.created_ms),
-    );
-    let body = format!(
-        r#"<div id="node-live" data-live-region>{summary}{drain}
-<section aria-labelledby="timeline-title"><h2 id="timeline-title">Phase timeline</h2>{chart}{table}</section>
-<section aria-labelledby="cache-title"><h2 id="cache-title">Cache report</h2>{cache}</section>
-<section aria-labelledby="events-title"><h2 id="events-title">Events</h2>{events}</section></div>
-<section aria-labelledby="init-log-title"><h2 id="init-log-title">Init log</h2>{init_log}</section>
-<section aria-labelledby="ud-log-title"><h2 id="ud-log-title">User-data log</h2>{user_data_log}</section>"#,
-        drain = drain_section(&node),
-        chart = timeline_chart(&timeline, now),
-        table = timeline_table(&timeline),
-        cache = cache_report(node.cache.as_ref()),
-    );
-    page(
-        StatusCode::OK,
-        Section::Nodes,
-        &title,
-        Some(&session),
-        &body,
-    )
+    let body = html! {
+        div #node-live data-live-region {
+            dl.facts {
+                dt { "Status" } dd { (status_badge(node.status.as_str())) (drain_badge(&node)) }
+                dt { "Pool" } dd { a href={ "/ui/nodes?pool=" (html::query_value(&node.pool)) } { (node.pool) } }
+                dt { "Instance" } dd { (node.instance) }
+                dt { "Address" } dd { (node.ip.as_deref().unwrap_or("—")) }
+                dt { "Phase" } dd { (phase_text(&node)) }
+                dt { "Initialized" } dd { @if node.initialized { "yes" } @else { "no" } }
+                dt { "Error" } dd.err { (error_text(&node)) }
+                dt { "Created" } dd { (html::utc(node.created_ms)) }
+            }
+            (drain_section(&node))
+            section aria-labelledby="timeline-title" {
+                h2 #timeline-title { "Phase timeline" }
+                (timeline_chart(&timeline, now))
+                (timeline_table(&timeline))
+            }
+            section aria-labelledby="cache-title" {
+                h2 #cache-title { "Cache report" }
+                (cache_report(node.cache.as_ref()))
+            }
+            section aria-labelledby="events-title" {
+                h2 #events-title { "Events" }
+                (events)
+            }
+        }
+        section aria-labelledby="init-log-title" {
+            h2 #init-log-title { "Init log" }
+            (init_log)
+        }
+        section aria-labelledby="ud-log-title" {
+            h2 #ud-log-title { "User-data log" }
+            (user_data_log)
+        }
+    };
+    page(StatusCode::OK, Section::Nodes, &title, Some(&session), body)
 }
 
-async fn log(console: &Cs, node: &str, file: &str) -> String {
+async fn log(console: &Cs, node: &str, file: &str) -> Markup {
     match crate::nodes::read_log(&console.cp, node, Some(file)).await {
         Ok(bytes) => {
             let start = bytes.len().saturating_sub(LOG_TAIL_BYTES);
             let text = String::from_utf8_lossy(&bytes[start..]);
-            let cut = if start > 0 {
-                format!(
-                    "<p class=\"help\">The last {} of the log.</p>",
-                    html::bytes(LOG_TAIL_BYTES as u64)
-                )
-            } else {
-                String::new()
-            };
-            format!(
-                r#"{cut}<pre class="log" tabindex="0" aria-label="{file} log">{}</pre>"#,
-                esc(&text)
-            )
+            html! {
+                @if start > 0 {
+                    p.help { "The last " (html::bytes(LOG_TAIL_BYTES as u64)) " of the log." }
+                }
+                pre.log tabindex="0" aria-label={ (file) " log" } { (text) }
+            }
         }
         Err(e) => html::error_block(&format!("{file}-log-error"), &e),
     }
 }
 
-fn cache_report(cache: Option<&NodeCacheView>) -> String {
+fn cache_report(cache: Option<&NodeCacheView>) -> Markup {
     let Some(cache) = cache else {
-        return "<p>No cache report.</p>".into();
+        return html! { p { "No cache report." } };
     };
-    let mut out = String::from(r#"<dl class="facts cache">"#);
-    match &cache.package {
-        Some(p) => out.push_str(&format!(
-            "<dt>Package</dt><dd>{}</dd>",
-            if p.cache_hit {
-                "hit (from the data-disk cache)".to_string()
-            } else {
-                format!("miss: {} downloaded", html::bytes(p.bytes_downloaded))
+    html! {
+        dl.facts.cache {
+            dt { "Package" }
+            @match &cache.package {
+                Some(p) if p.cache_hit => dd { "hit (from the data-disk cache)" },
+                Some(p) => dd { "miss: " (html::bytes(p.bytes_downloaded)) " downloaded" },
+                None => dd { "no report" },
             }
-        )),
-        None => out.push_str("<dt>Package</dt><dd>no report</dd>"),
+            dt { "System images" }
+            @match &cache.images {
+                Some(i) => dd {
+                    (i.hit) " hit, " (i.miss) " miss, " (i.failed) " failed; "
+                    (html::bytes(i.bytes_pulled)) " pulled (from the " (i.source) ")"
+                },
+                None => dd { "no report" },
+            }
+        }
     }
-    match &cache.images {
-        Some(i) => out.push_str(&format!(
-            "<dt>System images</dt><dd>{} hit, {} miss, {} failed; {} pulled (from the {})</dd>",
-            i.hit,
-            i.miss,
-            i.failed,
-            html::bytes(i.bytes_pulled),
-            esc(&i.source)
-        )),
-        None => out.push_str("<dt>System images</dt><dd>no report</dd>"),
-    }
-    out.push_str("</dl>");
-    out
 }
 
 /// One phase as drawn: where its bar starts and ends and how it ended.
@@ -496,10 +466,10 @@ const AXIS_H: f64 = 26.0;
 /// time axis, colored by outcome (CSS classes), its duration beside it and
 /// its full account (outcome, duration, error code, reason) in a `<title>`
 /// and `aria-label`.
-fn timeline_chart(timeline: &[TimelineEntryView], now_ms: i64) -> String {
+fn timeline_chart(timeline: &[TimelineEntryView], now_ms: i64) -> Markup {
     let bars = bars(timeline, now_ms);
     if bars.is_empty() {
-        return "<p>No phase reported yet.</p>".into();
+        return html! { p { "No phase reported yet." } };
     }
     let t0 = bars.iter().map(|b| b.start_ms).min().unwrap_or(0);
     let t1 = bars
@@ -512,64 +482,70 @@ fn timeline_chart(timeline: &[TimelineEntryView], now_ms: i64) -> String {
     let x = |t: i64| LABEL_W + (t - t0) as f64 / span * PLOT_W;
     let width = LABEL_W + PLOT_W + 90.0;
     let height = AXIS_H + ROW_H * bars.len() as f64 + 6.0;
-    let mut svg = format!(
-        r#"<svg class="timeline" role="group" aria-labelledby="timeline-title" viewBox="0 0 {width} {height}" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">"#
-    );
-    // Five ticks along the top: seconds since the first phase started.
-    for i in 0..=4 {
-        let t = t0 + (t1 - t0) * i / 4;
-        let tx = x(t);
-        svg.push_str(&format!(
-            r#"<line class="tick" x1="{tx:.1}" y1="{y0}" x2="{tx:.1}" y2="{height}"/><text class="axis" x="{tx:.1}" y="14" text-anchor="middle">{label}</text>"#,
-            y0 = AXIS_H - 6.0,
-            label = esc(&html::duration(t - t0)),
-        ));
+    let px = |v: f64| format!("{v:.1}");
+    // SVG elements get explicit end tags (`{}`): in an HTML page `<rect>`
+    // without one would hold everything after it.
+    html! {
+        p.legend {
+            span.key.done { "done" } " " span.key.skipped { "skipped" } " "
+            span.key.failed { "failed" } " " span.key.running { "running" }
+        }
+        svg.timeline role="group" aria-labelledby="timeline-title" viewBox={ "0 0 " (width) " " (height) }
+            width=(width) height=(height) xmlns="http://www.w3.org/2000/svg" {
+            // Five ticks along the top: seconds since the first phase started.
+            @for i in 0..=4 {
+                @let t = t0 + (t1 - t0) * i / 4;
+                @let tx = px(x(t));
+                line.tick x1=(tx) y1=(AXIS_H - 6.0) x2=(tx) y2=(height) {}
+                text.axis x=(tx) y="14" text-anchor="middle" { (html::duration(t - t0)) }
+            }
+            @for (i, bar) in bars.iter().enumerate() {
+                @let y = AXIS_H + ROW_H * i as f64;
+                @let bx = x(bar.start_ms);
+                @let bw = (x(bar.end_ms) - bx).max(3.0);
+                @let label = bar_label(bar);
+                @let ty = px(y + ROW_H * 0.65);
+                g class={ "bar " (outcome_word(bar.outcome)) } data-phase=(bar.phase) tabindex="0" role="img" aria-label=(label) {
+                    title { (label) }
+                    text.phase x="6" y=(ty) { (bar.phase) }
+                    rect x=(px(bx)) y=(px(y + 4.0)) width=(px(bw)) height=(px(ROW_H - 8.0)) rx="3" {}
+                    text.dur x=(px(bx + bw + 6.0)) y=(ty) { (html::duration(bar.end_ms - bar.start_ms)) }
+                }
+            }
+        }
     }
-    for (i, bar) in bars.iter().enumerate() {
-        let y = AXIS_H + ROW_H * i as f64;
-        let bx = x(bar.start_ms);
-        let bw = (x(bar.end_ms) - bx).max(3.0);
-        let label = bar_label(bar);
-        svg.push_str(&format!(
-            r#"<g class="bar {class}" data-phase="{phase}" tabindex="0" role="img" aria-label="{label}"><title>{label}</title><text class="phase" x="{lx}" y="{ty:.1}">{phase}</text><rect x="{bx:.1}" y="{ry:.1}" width="{bw:.1}" height="{rh:.1}" rx="3"/><text class="dur" x="{dx:.1}" y="{ty:.1}">{dur}</text></g>"#,
-            class = outcome_word(bar.outcome),
-            phase = bar.phase,
-            label = esc(&label),
-            lx = 6.0,
-            ty = y + ROW_H * 0.65,
-            ry = y + 4.0,
-            rh = ROW_H - 8.0,
-            dx = bx + bw + 6.0,
-            dur = esc(&html::duration(bar.end_ms - bar.start_ms)),
-        ));
-    }
-    svg.push_str("</svg>");
-    format!(
-        r#"<p class="legend"><span class="key done">done</span> <span class="key skipped">skipped</span> <span class="key failed">failed</span> <span class="key running">running</span></p>{svg}"#
-    )
 }
 
 /// The same timeline as a table (every report, in order).
-fn timeline_table(timeline: &[TimelineEntryView]) -> String {
-    if timeline.is_empty() {
-        return String::new();
+fn timeline_table(timeline: &[TimelineEntryView]) -> Markup {
+    html! {
+        @if !timeline.is_empty() {
+            details {
+                summary { "Every phase report" }
+                table.timeline-table {
+                    thead {
+                        tr {
+                            @for col in ["At", "Phase", "Outcome", "Duration", "Error code", "Reason"] {
+                                th scope="col" { (col) }
+                            }
+                        }
+                    }
+                    tbody {
+                        @for e in timeline {
+                            tr {
+                                td { (html::utc(e.at_ms)) }
+                                td { (e.phase) }
+                                td { (e.outcome) }
+                                td { (e.duration_ms.map(html::duration).unwrap_or_default()) }
+                                td { (e.error_code.map(|c| c.to_string()).unwrap_or_default()) }
+                                td { (e.reason.as_deref().unwrap_or("")) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
-    let mut out = String::from(
-        r#"<details><summary>Every phase report</summary><table class="timeline-table"><thead><tr><th scope="col">At</th><th scope="col">Phase</th><th scope="col">Outcome</th><th scope="col">Duration</th><th scope="col">Error code</th><th scope="col">Reason</th></tr></thead><tbody>"#,
-    );
-    for e in timeline {
-        out.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            html::utc(e.at_ms),
-            e.phase,
-            e.outcome,
-            e.duration_ms.map(html::duration).unwrap_or_default(),
-            e.error_code.map(|c| c.to_string()).unwrap_or_default(),
-            esc(e.reason.as_deref().unwrap_or("")),
-        ));
-    }
-    out.push_str("</tbody></table></details>");
-    out
 }
 
 #[cfg(test)]
@@ -641,7 +617,7 @@ mod tests {
             }]),
         };
         let n = node_with(Some(drain));
-        let cell = row(&n, None, 3_000);
+        let cell = row(&n, None, 3_000).into_string();
         assert!(
             cell.contains(r#"data-drain="Blocked""#)
                 && cell.contains(">Draining (default/web, default/db)</span>"),
@@ -651,7 +627,7 @@ mod tests {
             cell.contains("&lt;a&gt;") && !cell.contains("<a>"),
             "{cell}"
         );
-        let section = drain_section(&n);
+        let section = drain_section(&n).into_string();
         assert!(
             section.contains("PodDisruptionBudget default/web (minAvailable 2, 0 disruption(s) allowed); default/db (maxUnavailable 0)")
                 && section.contains("blocked: eviction refused")
@@ -659,8 +635,10 @@ mod tests {
             "{section}"
         );
         let quiet = node_with(None);
-        assert!(!row(&quiet, None, 3_000).contains("data-drain"));
-        assert!(drain_section(&quiet).is_empty());
+        assert!(!row(&quiet, None, 3_000)
+            .into_string()
+            .contains("data-drain"));
+        assert!(drain_section(&quiet).into_string().is_empty());
     }
 
     /// The list's cache cell counts failed image pulls (issue 28: the
@@ -711,7 +689,7 @@ mod tests {
         assert_eq!((bars[0].start_ms, bars[0].end_ms), (1_000, 1_500));
         assert_eq!(bars[1].outcome, Some(PhaseOutcome::Failed));
         assert_eq!((bars[2].end_ms, bars[2].outcome), (5_000, None));
-        let svg = timeline_chart(&timeline, 5_000);
+        let svg = timeline_chart(&timeline, 5_000).into_string();
         assert_eq!(svg.matches("<g class=\"bar ").count(), 3);
         assert!(
             svg.contains("because &lt;x&gt;") && !svg.contains("<x>"),

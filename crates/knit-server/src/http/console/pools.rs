@@ -2,7 +2,7 @@
 //! its confirmation. Each action is the REST API's own call in
 //! `crate::pools`, so it validates and words its errors the same way.
 
-use super::html::{self, esc, page, see_other, Section};
+use super::html::{self, page, see_other, Section};
 use super::session::Session;
 use super::Cs;
 use crate::error::ServerError;
@@ -14,6 +14,7 @@ use axum::{Extension, Form};
 use knit_api::state::TokenRole;
 use knit_api::views::PoolView;
 use knit_api::{ApiError, FieldError, NodePool};
+use maud::{html, Markup};
 use serde::Deserialize;
 
 /// A scale or write that failed, shown beside the pool it names.
@@ -42,113 +43,101 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
         Err(e) => return error_page(session, &e),
     };
     let now = crate::store::now_ms();
-    let mut body = String::new();
-    if let Some(done) = done {
-        body.push_str(&format!(
-            r#"<p class="notice" role="status">{}</p>"#,
-            esc(done)
-        ));
-    }
     // A viewer's page offers no change (the server refuses one anyway).
     let may_change = session.may(TokenRole::Operator);
-    if may_change {
-        body.push_str(
-            r#"<p><a class="button" href="/ui/pools/new">Create a pool from YAML</a></p>"#,
-        );
-    }
-    body.push_str(r#"<div id="pools-live" data-live-region>"#);
-    if pools.is_empty() {
-        body.push_str("<p>No pools yet.</p>");
-    } else {
-        body.push_str(
-            r#"<table class="pools"><caption>Node pools</caption><thead><tr>
-<th scope="col">Pool</th><th scope="col">Type</th><th scope="col">Snapshot</th>
-<th scope="col">Desired</th><th scope="col">Instances</th><th scope="col">Initialized</th>
-<th scope="col">Ready</th><th scope="col">Rollout</th><th scope="col">Age</th><th scope="col">Actions</th></tr></thead><tbody>"#,
-        );
-        for pool in &pools {
-            body.push_str(&row(pool, now, may_change));
+    let body = html! {
+        @if let Some(done) = done {
+            p.notice role="status" { (done) }
         }
-        body.push_str("</tbody></table>");
-    }
-    body.push_str("</div>");
-    // The forms stay out of the live region: a refresh never eats what is
-    // being typed.
-    if !pools.is_empty() && may_change {
-        body.push_str(r#"<h2>Scale</h2><div class="scale-forms">"#);
-        for pool in &pools {
-            body.push_str(&scale_form(session, pool, failed.as_ref()));
+        @if may_change {
+            p { a.button href="/ui/pools/new" { "Create a pool from YAML" } }
         }
-        body.push_str("</div>");
-    }
+        div #pools-live data-live-region {
+            @if pools.is_empty() {
+                p { "No pools yet." }
+            } @else {
+                table.pools {
+                    caption { "Node pools" }
+                    thead {
+                        tr {
+                            @for col in ["Pool", "Type", "Snapshot", "Desired", "Instances", "Initialized", "Ready", "Rollout", "Age", "Actions"] {
+                                th scope="col" { (col) }
+                            }
+                        }
+                    }
+                    tbody {
+                        @for pool in &pools { (row(pool, now, may_change)) }
+                    }
+                }
+            }
+        }
+        // The forms stay out of the live region: a refresh never eats what
+        // is being typed.
+        @if !pools.is_empty() && may_change {
+            h2 { "Scale" }
+            div.scale-forms {
+                @for pool in &pools { (scale_form(session, pool, failed.as_ref())) }
+            }
+        }
+    };
     let status = match &failed {
         Some(f) => status_of(&f.error),
         None => StatusCode::OK,
     };
-    page(status, Section::Pools, "Pools", Some(session), &body)
+    page(status, Section::Pools, "Pools", Some(session), body)
 }
 
-fn row(pool: &PoolView, now: i64, may_change: bool) -> String {
+fn row(pool: &PoolView, now: i64, may_change: bool) -> Markup {
     let name = &pool.metadata.name;
+    let q = html::query_value(name);
     let s = &pool.status;
-    let mut state = if s.deleting {
-        r#" <span class="badge warn">deleting</span>"#.to_string()
-    } else {
-        String::new()
-    };
-    // Why its instances are not being made (what the reconciler logs).
-    if let Some(error) = &s.create_error {
-        state.push_str(&format!(
-            r#" <span class="badge warn" data-col="create-error">creates failing</span><p class="create-error">{}</p>"#,
-            esc(error)
-        ));
-    }
     let types = if pool.spec.spec.instance_types.is_empty() {
         "—".to_string()
     } else {
         pool.spec.spec.instance_types.join(", ")
     };
-    let snapshot = snapshot_of(pool);
-    format!(
-        r#"<tr id="pool-{id}" data-pool="{n}"><th scope="row"><a href="/ui/nodes?pool={q}">{n}</a>{state}</th>
-<td>{types}</td><td>{snapshot}</td>
-<td data-col="desired">{desired}{bounds}</td><td data-col="instances">{instances}</td>
-<td data-col="initialized">{initialized}</td><td data-col="ready">{ready}</td>
-<td data-col="rollout">{rollout}</td>
-<td>{age}</td>
-<td class="actions">{actions}</td></tr>"#,
-        actions = if may_change {
-            format!(
-                r#"<a href="/ui/pools/{q}/edit">Edit<span class="visually-hidden"> {n}</span></a>
-<a href="/ui/pools/{q}/delete">Delete<span class="visually-hidden"> {n}</span></a>
-<a href="/ui/attach?pool={q}">Add instances<span class="visually-hidden"> to {n}</span></a>"#,
-                q = html::query_value(name),
-                n = esc(name),
-            )
-        } else {
-            "—".to_string()
-        },
-        id = esc(name),
-        n = esc(name),
-        q = html::query_value(name),
-        types = esc(&types),
-        snapshot = esc(&snapshot),
-        desired = s.desired,
-        bounds = bounds_of(pool),
-        instances = s.instances,
-        initialized = s.initialized,
-        ready = s.ready,
-        rollout = rollout_of(pool),
-        age = html::age(now, pool.metadata.creation_timestamp_ms),
-    )
+    html! {
+        tr id={ "pool-" (name) } data-pool=(name) {
+            th scope="row" {
+                a href={ "/ui/nodes?pool=" (q) } { (name) }
+                @if s.deleting {
+                    " " span.badge.warn { "deleting" }
+                }
+                // Why its instances are not being made (what the reconciler logs).
+                @if let Some(error) = &s.create_error {
+                    " " span.badge.warn data-col="create-error" { "creates failing" }
+                    p.create-error { (error) }
+                }
+            }
+            td { (types) }
+            td { (snapshot_of(pool)) }
+            td data-col="desired" { (s.desired) (bounds_of(pool)) }
+            td data-col="instances" { (s.instances) }
+            td data-col="initialized" { (s.initialized) }
+            td data-col="ready" { (s.ready) }
+            td data-col="rollout" { (rollout_of(pool)) }
+            td { (html::age(now, pool.metadata.creation_timestamp_ms)) }
+            td.actions {
+                @if may_change {
+                    a href={ "/ui/pools/" (q) "/edit" } { "Edit" span.visually-hidden { " " (name) } }
+                    " "
+                    a href={ "/ui/pools/" (q) "/delete" } { "Delete" span.visually-hidden { " " (name) } }
+                    " "
+                    a href={ "/ui/attach?pool=" (q) } { "Add instances" span.visually-hidden { " to " (name) } }
+                } @else {
+                    "—"
+                }
+            }
+        }
+    }
 }
 
 /// A pool's rollout as `knit rollout status` tells it: up to date of
 /// desired, its state, and why it stopped or waits (in the badge's title
 /// and below it when stopped).
-fn rollout_of(pool: &PoolView) -> String {
+fn rollout_of(pool: &PoolView) -> Markup {
     let Some(r) = &pool.status.rollout else {
-        return "—".to_string();
+        return html! { "—" };
     };
     let class = match r.state.as_str() {
         knit_api::views::ROLLOUT_COMPLETE => "ok",
@@ -156,21 +145,15 @@ fn rollout_of(pool: &PoolView) -> String {
         knit_api::views::ROLLOUT_PAUSED | knit_api::views::ROLLOUT_WAITING => "warn",
         _ => "muted",
     };
-    let mut out = format!(
-        r#"<span data-col="up-to-date">{updated}/{desired} up to date</span> <span class="badge {class}" data-rollout="{state}" title="{message}">{state}</span>"#,
-        updated = r.updated,
-        desired = pool.status.desired,
-        state = esc(&r.state),
-        message = esc(r.message.as_deref().unwrap_or("")),
-    );
-    if r.state == knit_api::views::ROLLOUT_STOPPED {
-        out.push_str(&format!(
-            r#"<p class="rollout-reason">{}: {}</p>"#,
-            esc(r.reason.as_deref().unwrap_or("")),
-            esc(r.message.as_deref().unwrap_or(""))
-        ));
+    let message = r.message.as_deref().unwrap_or("");
+    html! {
+        span data-col="up-to-date" { (r.updated) "/" (pool.status.desired) " up to date" }
+        " "
+        span class={ "badge " (class) } data-rollout=(r.state) title=(message) { (r.state) }
+        @if r.state == knit_api::views::ROLLOUT_STOPPED {
+            p.rollout-reason { (r.reason.as_deref().unwrap_or("")) ": " (message) }
+        }
     }
-    out
 }
 
 /// The snapshots the pool's data disks come from, or `—`.
@@ -189,31 +172,25 @@ fn snapshot_of(pool: &PoolView) -> String {
     }
 }
 
-fn scale_form(session: &Session, pool: &PoolView, failed: Option<&Failed>) -> String {
+fn scale_form(session: &Session, pool: &PoolView, failed: Option<&Failed>) -> Markup {
     let name = &pool.metadata.name;
+    let error_id = format!("scale-error-{name}");
     let error = failed
         .filter(|f| f.pool == name)
-        .map(|f| html::error_block(&format!("scale-error-{name}"), &f.error))
-        .unwrap_or_default();
-    let described = if error.is_empty() {
-        String::new()
-    } else {
-        format!(
-            r#" aria-describedby="scale-error-{}" aria-invalid="true""#,
-            esc(name)
-        )
-    };
-    format!(
-        r#"<form method="post" action="/ui/pools/{q}/scale" class="scale" data-pool="{n}">{csrf}
-<label for="replicas-{n}">Replicas of {n}</label>
-<input id="replicas-{n}" name="replicas" inputmode="numeric" value="{desired}" size="4"{described}>
-<label class="inline"><input type="checkbox" name="release" value="true" checked> release removed instances</label>
-<button type="submit">Scale {n}</button>{error}</form>"#,
-        q = html::query_value(name),
-        n = esc(name),
-        csrf = html::csrf_field(session),
-        desired = pool.status.desired,
-    )
+        .map(|f| html::error_block(&error_id, &f.error));
+    let input_id = format!("replicas-{name}");
+    html! {
+        form.scale method="post" action={ "/ui/pools/" (html::query_value(name)) "/scale" } data-pool=(name) {
+            (html::csrf_field(session))
+            label for=(input_id) { "Replicas of " (name) }
+            input id=(input_id) name="replicas" inputmode="numeric" value=(pool.status.desired) size="4"
+                aria-describedby=[error.as_ref().map(|_| &error_id)]
+                aria-invalid=[error.as_ref().map(|_| "true")];
+            label.inline { input type="checkbox" name="release" value="true" checked; " release removed instances" }
+            button type="submit" { "Scale " (name) }
+            @if let Some(error) = error { (error) }
+        }
+    }
 }
 
 fn status_of(e: &ServerError) -> StatusCode {
@@ -226,7 +203,7 @@ fn error_page(session: &Session, e: &ServerError) -> Response {
         Section::Pools,
         "Pools",
         Some(session),
-        &html::error_block("page-error", e),
+        html::error_block("page-error", e),
     )
 }
 
@@ -289,25 +266,23 @@ fn yaml_form(
     yaml: &str,
     error: Option<&ServerError>,
 ) -> Response {
-    let (block, described, status) = match error {
-        Some(e) => (
-            html::error_block("yaml-error", e),
-            r#" aria-describedby="yaml-error" aria-invalid="true""#,
-            status_of(e),
-        ),
-        None => (String::new(), "", StatusCode::OK),
+    let status = error.map(status_of).unwrap_or(StatusCode::OK);
+    let body = html! {
+        @if let Some(e) = error { (html::error_block("yaml-error", e)) }
+        form.yaml method="post" action=(action) {
+            (html::csrf_field(session))
+            label for="yaml" { "Pool document (YAML)" }
+            textarea #yaml name="yaml" rows="24" cols="80" spellcheck="false"
+                aria-describedby=[error.map(|_| "yaml-error")]
+                aria-invalid=[error.map(|_| "true")] { (yaml) }
+            p.help {
+                "The same document " code { "knit create -f" } " / " code { "knit apply -f" }
+                " take; see docs/spec.md."
+            }
+            button type="submit" { "Save" } " " a href="/ui/pools" { "Cancel" }
+        }
     };
-    let body = format!(
-        r#"{block}<form method="post" action="{action}" class="yaml">{csrf}
-<label for="yaml">Pool document (YAML)</label>
-<textarea id="yaml" name="yaml" rows="24" cols="80" spellcheck="false"{described}>{yaml}</textarea>
-<p class="help">The same document <code>knit create -f</code> / <code>knit apply -f</code> take; see docs/spec.md.</p>
-<button type="submit">Save</button> <a href="/ui/pools">Cancel</a></form>"#,
-        action = esc(action),
-        csrf = html::csrf_field(session),
-        yaml = esc(yaml),
-    );
-    page(status, Section::Pools, title, Some(session), &body)
+    page(status, Section::Pools, title, Some(session), body)
 }
 
 pub async fn new_form(Extension(session): Extension<Session>) -> Response {
@@ -439,25 +414,27 @@ pub async fn delete_form(
             added_names.join(", ")
         )
     };
-    let body = format!(
-        r#"<div class="confirm" role="region" aria-labelledby="confirm-title">
-<h2 id="confirm-title">Delete pool {n}?</h2>
-<p>The pool is scaled to 0, then removed. Its {made} instance(s) made by knit are released: their machines and disks are deleted.</p>
-<p id="added-instances">{added_text}</p>
-<form method="post" action="/ui/pools/{q}/delete">{csrf}
-<button type="submit" class="danger">Delete pool {n}</button> <a href="/ui/pools">Cancel</a></form></div>"#,
-        n = esc(&pool.metadata.name),
-        q = html::query_value(&name),
-        made = made.len(),
-        added_text = esc(&added_text),
-        csrf = html::csrf_field(&session),
-    );
+    let body = html! {
+        div.confirm role="region" aria-labelledby="confirm-title" {
+            h2 #confirm-title { "Delete pool " (pool.metadata.name) "?" }
+            p {
+                "The pool is scaled to 0, then removed. Its " (made.len())
+                " instance(s) made by knit are released: their machines and disks are deleted."
+            }
+            p #added-instances { (added_text) }
+            form method="post" action={ "/ui/pools/" (html::query_value(&name)) "/delete" } {
+                (html::csrf_field(&session))
+                button.danger type="submit" { "Delete pool " (pool.metadata.name) }
+                " " a href="/ui/pools" { "Cancel" }
+            }
+        }
+    };
     page(
         StatusCode::OK,
         Section::Pools,
         &format!("Delete pool {name}"),
         Some(&session),
-        &body,
+        body,
     )
 }
 
@@ -477,14 +454,14 @@ pub async fn delete(
 
 /// An auto-scaling pool's bounds beside its desired count (what
 /// cluster-autoscaler keeps it within); nothing for a regular pool.
-fn bounds_of(pool: &PoolView) -> String {
-    match &pool.spec.spec.scaling {
-        Some(b) => format!(
-            r#" <span data-col="bounds" title="auto-scaling: min {min}, max {max}">(min {min}, max {max})</span>"#,
-            min = b.min,
-            max = b.max
-        ),
-        None => String::new(),
+fn bounds_of(pool: &PoolView) -> Markup {
+    html! {
+        @if let Some(b) = &pool.spec.spec.scaling {
+            " "
+            span data-col="bounds" title={ "auto-scaling: min " (b.min) ", max " (b.max) } {
+                "(min " (b.min) ", max " (b.max) ")"
+            }
+        }
     }
 }
 
@@ -510,7 +487,7 @@ mod bounds_tests {
             desired: 1,
             ..PoolStatus::default()
         };
-        let html = row(&PoolView::new(NodePool::new("a", spec), 0, status), 0, true);
+        let html = row(&PoolView::new(NodePool::new("a", spec), 0, status), 0, true).into_string();
         assert!(
             html.contains(r#"<td data-col="desired">1 <span data-col="bounds""#)
                 && html.contains("(min 0, max 4)"),
@@ -521,7 +498,9 @@ mod bounds_tests {
             0,
             PoolStatus::default(),
         );
-        assert!(!row(&regular, 0, true).contains("data-col=\"bounds\""));
+        assert!(!row(&regular, 0, true)
+            .into_string()
+            .contains("data-col=\"bounds\""));
     }
 }
 
@@ -545,11 +524,11 @@ mod rollout_tests {
             ..PoolStatus::default()
         };
         let pool = PoolView::new(NodePool::new("w", NodePoolSpec::default()), 0, status);
-        let html = row(&pool, 0, true);
+        let html = row(&pool, 0, true).into_string();
         assert!(html.contains("1/3 up to date"), "{html}");
         // A viewer's row offers no change.
         assert!(html.contains("/ui/pools/w/edit"), "{html}");
-        let viewer = row(&pool, 0, false);
+        let viewer = row(&pool, 0, false).into_string();
         assert!(
             !viewer.contains("/edit") && !viewer.contains("/delete"),
             "{viewer}"

@@ -259,9 +259,11 @@ impl ControlPlane {
     }
 
     pub fn provider(&self) -> Result<&Arc<dyn Provider>> {
-        self.provider.as_ref().ok_or_else(|| ServerError::Provider {
-            provider: "none".to_string(),
-            message: "this server runs without a provider (--provider none)".to_string(),
+        self.provider.as_ref().ok_or_else(|| {
+            ServerError::from(crate::provider::ProviderError::refused(
+                "none",
+                "this server runs without a provider (--provider none)",
+            ))
         })
     }
 

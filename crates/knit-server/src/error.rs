@@ -76,8 +76,10 @@ pub enum ServerError {
     /// missing, wrong, or its file refused.
     #[error("{0}")]
     Sealed(#[from] crate::sealed::SealError),
-    #[error("provider {provider}: {message}")]
-    Provider { provider: String, message: String },
+    /// A provider's failure, with the kind callers decide on
+    /// (`provider::ProviderErrorKind`) and the provider's own code.
+    #[error("{0}")]
+    Provider(#[from] crate::provider::ProviderError),
     /// A provider call that outlived its limit (see `provider::CallLimits`).
     #[error("provider {provider}: {operation} of {instance} did not finish within {limit_secs} s")]
     ProviderTimeout {
@@ -118,7 +120,7 @@ impl ServerError {
             ServerError::Io { .. } => "IoError",
             ServerError::Pki(_) => "PkiError",
             ServerError::Sealed(e) => e.code(),
-            ServerError::Provider { .. } => "ProviderError",
+            ServerError::Provider(_) => "ProviderError",
             ServerError::ProviderTimeout { .. } => "ProviderTimeout",
             ServerError::Package(_) => "PackageError",
             ServerError::Internal(_) => "InternalError",
@@ -163,6 +165,20 @@ impl ServerError {
                 Some(q) => format!("spec.nodeQuota: {q}"),
                 None => format!("edition {}", cluster.edition),
             },
+        }
+    }
+
+    /// The provider's kind of failure, when this is a provider's error
+    /// (a call past its limit is [`Transient`]).
+    ///
+    /// [`Transient`]: crate::provider::ProviderErrorKind::Transient
+    pub fn provider_kind(&self) -> Option<crate::provider::ProviderErrorKind> {
+        match self {
+            ServerError::Provider(e) => Some(e.kind),
+            ServerError::ProviderTimeout { .. } => {
+                Some(crate::provider::ProviderErrorKind::Transient)
+            }
+            _ => None,
         }
     }
 

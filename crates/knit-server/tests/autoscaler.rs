@@ -51,10 +51,9 @@ struct MakingCloud {
 }
 
 fn fail(message: &str) -> ServerError {
-    ServerError::Provider {
-        provider: "making".into(),
-        message: message.into(),
-    }
+    ServerError::from(knit_server::provider::ProviderError::failed(
+        "making", message,
+    ))
 }
 
 #[async_trait]
@@ -70,10 +69,17 @@ impl Provider for MakingCloud {
                 .unwrap()
                 .contains(&t.instance_type)
         {
-            return Err(fail(&format!(
-                "RunInstances: OperationDenied.NoStock: the resource {} is out of stock in this zone",
-                t.instance_type
-            )));
+            // ECS's provider maps this Code to the Capacity kind.
+            return Err(knit_server::provider::ProviderError::new(
+                "making",
+                knit_server::provider::ProviderErrorKind::Capacity,
+                "OperationDenied.NoStock",
+                format!(
+                    "RunInstances: OperationDenied.NoStock: the resource {} is out of stock in this zone",
+                    t.instance_type
+                ),
+            )
+            .into());
         }
         let n = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let i = ProviderInstance {

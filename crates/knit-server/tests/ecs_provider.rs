@@ -5,7 +5,9 @@
 
 use knit_ecs::fake::{FakeEcs, Fault};
 use knit_server::provider::ecs::{EcsProvider, EcsSettings};
-use knit_server::provider::{DiskTemplate, InstanceTemplate, Provider, TAG_NAME, TAG_POOL};
+use knit_server::provider::{
+    DiskTemplate, InstanceTemplate, Provider, ProviderErrorKind, TAG_NAME, TAG_POOL,
+};
 use std::time::Duration;
 
 fn settings(fake: &FakeEcs) -> EcsSettings {
@@ -337,6 +339,18 @@ async fn throttling_quota_and_refusals() {
         .unwrap_err();
     assert!(e.to_string().contains("QuotaExceed.ElasticQuota"), "{e}");
     assert!(e.to_string().contains("RequestId"), "{e}");
+    assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Permanent), "{e}");
+    fake.set_instance_quota(100);
+
+    // A sold-out type is Capacity (the fallback's cue), by ECS's Code.
+    fake.set_sold_out("ecs.g7.large", true);
+    let e = p
+        .create(&template("workers-eeeee", None))
+        .await
+        .unwrap_err();
+    assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Capacity), "{e}");
+    assert!(e.to_string().contains("OperationDenied.NoStock"), "{e}");
+    fake.set_sold_out("ecs.g7.large", false);
 
     let mut no_image = settings(&fake);
     no_image.default_image = None;
@@ -351,6 +365,7 @@ async fn throttling_quota_and_refusals() {
     let p3 = EcsProvider::new(settings(&fake), wrong).unwrap();
     let e = p3.list().await.unwrap_err();
     assert!(e.to_string().contains("SignatureDoesNotMatch"), "{e}");
+    assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Auth), "{e}");
     assert!(!e.to_string().contains("wrong-secret"));
     // An unknown key's InvalidAccessKeyId.NotFound is not "already
     // deleted": delete and snapshot_delete fail, naming ECS's code.
@@ -358,9 +373,16 @@ async fn throttling_quota_and_refusals() {
     let p4 = EcsProvider::new(settings(&fake), unknown).unwrap();
     let e = p4.delete("i-fake000000000001").await.unwrap_err();
     assert!(e.to_string().contains("InvalidAccessKeyId.NotFound"), "{e}");
+    assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Auth), "{e}");
     let e = p4.snapshot_delete("s-fake000000000001").await.unwrap_err();
     assert!(e.to_string().contains("InvalidAccessKeyId.NotFound"), "{e}");
     // A snapshot or instance that is gone is: deleting it again is done.
     p.delete("i-fake00000000ffff").await.unwrap();
     p.snapshot_delete("s-fake00000000ffff").await.unwrap();
+
+    // Throttled past the client's retries stays Throttled (last: the
+    // injected faults outlast this test).
+    fake.inject("DescribeInstances", Fault::Throttling, 100);
+    let e = p.list().await.unwrap_err();
+    assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Throttled), "{e}");
 }

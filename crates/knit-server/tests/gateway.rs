@@ -26,10 +26,10 @@ struct OtherSubnet {
 }
 
 fn no(what: &str) -> ServerError {
-    ServerError::Provider {
-        provider: "other-subnet".into(),
-        message: format!("{what} is not part of this test"),
-    }
+    ServerError::from(knit_server::provider::ProviderError::failed(
+        "other-subnet",
+        format!("{what} is not part of this test"),
+    ))
 }
 
 #[async_trait]

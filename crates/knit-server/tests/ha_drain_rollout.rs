@@ -142,10 +142,12 @@ fn view(m: &Machine) -> ProviderInstance {
 }
 
 fn refuse<T>(what: &str) -> Result<T> {
-    Err(ServerError::Provider {
-        provider: "fake".into(),
-        message: format!("{what} is not part of this test"),
-    })
+    Err(ServerError::from(
+        knit_server::provider::ProviderError::failed(
+            "fake",
+            format!("{what} is not part of this test"),
+        ),
+    ))
 }
 
 #[async_trait]
@@ -214,10 +216,12 @@ impl Provider for Cloud {
                 }
                 Err(e) => {
                     // Not known: the release waits for the next pass.
-                    return Err(ServerError::Provider {
-                        provider: "fake".into(),
-                        message: format!("listing pods on {node} before the release: {e}"),
-                    });
+                    return Err(ServerError::from(
+                        knit_server::provider::ProviderError::failed(
+                            "fake",
+                            format!("listing pods on {node} before the release: {e}"),
+                        ),
+                    ));
                 }
             }
         }

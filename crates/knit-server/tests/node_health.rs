@@ -45,10 +45,12 @@ impl Cloud {
 }
 
 fn refuse<T>(what: &str) -> Result<T> {
-    Err(ServerError::Provider {
-        provider: "fake".into(),
-        message: format!("{what} is not part of this test"),
-    })
+    Err(ServerError::from(
+        knit_server::provider::ProviderError::failed(
+            "fake",
+            format!("{what} is not part of this test"),
+        ),
+    ))
 }
 
 #[async_trait]
@@ -118,9 +120,11 @@ impl Provider for Cloud {
             .unwrap()
             .get(&format!("{id}:{path}"))
             .cloned()
-            .ok_or_else(|| ServerError::Provider {
-                provider: "fake".into(),
-                message: format!("{path}: No such file or directory"),
+            .ok_or_else(|| {
+                ServerError::from(knit_server::provider::ProviderError::failed(
+                    "fake",
+                    format!("{path}: No such file or directory"),
+                ))
             })
     }
     async fn snapshot_create(&self, _id: &str, _i: usize, _n: &str) -> Result<ProviderSnapshot> {

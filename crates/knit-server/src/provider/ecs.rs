@@ -9,9 +9,9 @@
 use crate::error::{Result, ServerError};
 use crate::preflight::{DiskFacts, InstanceFacts, RuleFacts, SecurityGroupFacts};
 use crate::provider::{
-    timed_out, ExecOutput, InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot,
-    TypeCheck, EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT,
-    TAG_NAME, TYPE_EXAMPLES,
+    timed_out, ExecOutput, InstanceTemplate, Provider, ProviderError, ProviderErrorKind,
+    ProviderInstance, ProviderSnapshot, TypeCheck, EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT,
+    READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME, TYPE_EXAMPLES,
 };
 use async_trait::async_trait;
 use base64::Engine;
@@ -116,17 +116,80 @@ pub struct EcsProvider {
 }
 
 fn err(e: EcsError) -> ServerError {
-    ServerError::Provider {
-        provider: "ecs".into(),
-        message: format!("{e} [{}]", e.code()),
+    ProviderError::new("ecs", kind_of(&e), e.code(), format!("{e} [{}]", e.code())).into()
+}
+
+/// ECS's error Codes that mean "no room for this instance type here now",
+/// where another type may have room.
+const CAPACITY_CODES: &[&str] = &[
+    "OperationDenied.NoStock",
+    "NoStock",
+    "Zone.NotOnSale",
+    "NotOnSale",
+    "InvalidInstanceType.NotSupported",
+    "InvalidResourceType.NotSupported",
+    "ResourceNotAvailable",
+];
+
+/// ECS's error Codes of a resource between states (an instance stopping, a
+/// snapshot not yet whole): the same call later may pass.
+const BUSY_CODES: &[&str] = &[
+    "IncorrectInstanceStatus",
+    "IncorrectDiskStatus",
+    "InstanceNotRunning",
+    "InvalidSnapshotId.NotReady",
+];
+
+/// ECS's error Codes (or their first part) that mean the credentials are
+/// missing, wrong or lack the permission.
+const AUTH_CODES: &[&str] = &[
+    "InvalidAccessKeyId",
+    "InvalidAccessKeySecret",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "InvalidSecurityToken",
+    "Forbidden",
+    "NoPermission",
+    "MissingAuthorization",
+    "InvalidAuthorization",
+];
+
+/// The kind of an ECS error, by the API's error Code (never its message).
+pub fn kind_of(e: &EcsError) -> ProviderErrorKind {
+    match e {
+        // Not by HTTP status: ECS answers 403 for states and stock too
+        // (IncorrectInstanceStatus, OperationDenied.NoStock).
+        EcsError::Api { code, .. } => {
+            // The part before the first dot (`Forbidden.RAM` → `Forbidden`).
+            let head = code.split('.').next().unwrap_or(code);
+            if CAPACITY_CODES.contains(&code.as_str()) {
+                ProviderErrorKind::Capacity
+            } else if AUTH_CODES.contains(&head) {
+                ProviderErrorKind::Auth
+            } else if e.is_not_found() {
+                ProviderErrorKind::NotFound
+            } else if head == "Throttling" {
+                ProviderErrorKind::Throttled
+            } else if e.is_retryable() || BUSY_CODES.contains(&code.as_str()) {
+                ProviderErrorKind::Transient
+            } else {
+                ProviderErrorKind::Permanent
+            }
+        }
+        EcsError::Transport { .. } | EcsError::Timeout(_) => ProviderErrorKind::Transient,
+        EcsError::Credentials(_) => ProviderErrorKind::Auth,
+        EcsError::Decode { .. } | EcsError::Invalid(_) => ProviderErrorKind::Permanent,
     }
 }
 
 fn fail(message: String) -> ServerError {
-    ServerError::Provider {
-        provider: "ecs".into(),
-        message,
-    }
+    ProviderError::failed("ecs", message).into()
+}
+
+/// A wait for a state (an instance's, a disk's, a snapshot's) that did not
+/// come within the provider's wait limit: it may yet come.
+fn waited(message: String) -> ServerError {
+    ProviderError::new("ecs", ProviderErrorKind::Transient, "EcsTimeout", message).into()
 }
 
 /// A ClientToken (at most 64 ASCII characters) that is the same for the
@@ -274,7 +337,7 @@ impl EcsProvider {
                 return Ok(i);
             }
             if started.elapsed() > self.settings.wait_limit {
-                return Err(fail(format!(
+                return Err(waited(format!(
                     "instance {id} is {} after {} s, waiting for {want}",
                     i.status,
                     self.settings.wait_limit.as_secs()
@@ -286,7 +349,9 @@ impl EcsProvider {
 
     /// The ECS image id for a pool's `image`.
     fn image_id(&self, image: &str) -> Result<String> {
-        let refuse = |rule: &str| Err(fail(format!("image {image:?}: {rule}")));
+        let refuse = |rule: &str| {
+            Err(ProviderError::refused("ecs", format!("image {image:?}: {rule}")).into())
+        };
         // knit's own image names (the node image, the host's root) have no
         // meaning on ECS: the server's --ecs-image stands for them.
         if image == "host" || image == KNIT_NODE_IMAGE {
@@ -362,9 +427,11 @@ impl EcsProvider {
                 );
                 if finished {
                     if r.invocation_status == "Timeout" {
-                        return Err(fail(format!(
-                            "command inside {id} did not finish within {timeout} s"
-                        )));
+                        return Err(ProviderError::timed_out_message(
+                            "ecs",
+                            format!("command inside {id} did not finish within {timeout} s"),
+                        )
+                        .into());
                     }
                     if r.dropped > 0 {
                         return Err(fail(format!(
@@ -388,10 +455,14 @@ impl EcsProvider {
                 }
             }
             if started.elapsed() > limit {
-                return Err(fail(format!(
-                    "command inside {id} did not finish within {} s",
-                    limit.as_secs()
-                )));
+                return Err(ProviderError::timed_out_message(
+                    "ecs",
+                    format!(
+                        "command inside {id} did not finish within {} s",
+                        limit.as_secs()
+                    ),
+                )
+                .into());
             }
             tokio::time::sleep(self.settings.poll_interval).await;
         }
@@ -407,9 +478,11 @@ impl EcsProvider {
         limit: Duration,
     ) -> Result<Vec<u8>> {
         match self.read_chunks(id, path, max, limit).await? {
-            (_, true) => Err(fail(format!(
-                "{path} inside {id} is larger than {max} bytes"
-            ))),
+            (_, true) => Err(ProviderError::too_large(
+                "ecs",
+                format!("{path} inside {id} is larger than {max} bytes"),
+            )
+            .into()),
             (data, false) => Ok(data),
         }
     }
@@ -428,10 +501,14 @@ impl EcsProvider {
         for index in 0.. {
             let left = limit.saturating_sub(started.elapsed());
             if left.is_zero() {
-                return Err(fail(format!(
-                    "reading {path} inside {id} did not finish within {} s",
-                    limit.as_secs()
-                )));
+                return Err(ProviderError::timed_out_message(
+                    "ecs",
+                    format!(
+                        "reading {path} inside {id} did not finish within {} s",
+                        limit.as_secs()
+                    ),
+                )
+                .into());
             }
             let script = render_script(
                 READ_CHUNK_SH,
@@ -738,7 +815,7 @@ impl Provider for EcsProvider {
                 break;
             }
             if started.elapsed() > self.settings.wait_limit {
-                return Err(fail(format!(
+                return Err(waited(format!(
                     "new system disk {disk} of {id} not In_use after {} s",
                     self.settings.wait_limit.as_secs()
                 )));
@@ -936,7 +1013,7 @@ impl Provider for EcsProvider {
                 _ => {}
             }
             if started.elapsed() > self.settings.wait_limit {
-                return Err(fail(format!(
+                return Err(waited(format!(
                     "snapshot {snap_id} of {id} not accomplished after {} s",
                     self.settings.wait_limit.as_secs()
                 )));
@@ -1107,6 +1184,65 @@ impl Provider for EcsProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ECS's error Codes (those the fake answers and those the fallback
+    /// acts on) map to their kinds; the message and code stay ECS's.
+    #[test]
+    fn ecs_codes_map_to_kinds() {
+        use ProviderErrorKind as K;
+        let api = |status: u16, code: &str| EcsError::Api {
+            action: "RunInstances".into(),
+            status,
+            code: code.into(),
+            message: "m".into(),
+            request_id: "r-1".into(),
+        };
+        let cases = [
+            (400, "OperationDenied.NoStock", K::Capacity),
+            (400, "Zone.NotOnSale", K::Capacity),
+            (400, "InvalidInstanceType.NotSupported", K::Capacity),
+            (400, "InvalidResourceType.NotSupported", K::Capacity),
+            (400, "Throttling.User", K::Throttled),
+            (400, "Throttling", K::Throttled),
+            (404, "InvalidAccessKeyId.NotFound", K::Auth),
+            (400, "SignatureDoesNotMatch", K::Auth),
+            (403, "Forbidden.RAM", K::Auth),
+            (400, "InvalidSecurityToken.Mismatch", K::Auth),
+            (400, "MissingAuthorization", K::Auth),
+            (404, "InvalidInstanceId.NotFound", K::NotFound),
+            (404, "InvalidSnapshotId.NotFound", K::NotFound),
+            (404, "InvalidInstanceType.NotFound", K::NotFound),
+            (404, "InvalidAction.NotFound", K::Permanent),
+            (500, "InternalError", K::Transient),
+            (503, "ServiceUnavailable", K::Transient),
+            (403, "IncorrectInstanceStatus", K::Transient),
+            (403, "OperationDenied.NoStock", K::Capacity),
+            (400, "InvalidSnapshotId.NotReady", K::Transient),
+            (400, "InvalidParameter", K::Permanent),
+            (400, "QuotaExceed.ElasticQuota", K::Permanent),
+            (400, "InvalidUserData.SizeExceeded", K::Permanent),
+        ];
+        for (status, code, kind) in cases {
+            let e = api(status, code);
+            let text = format!("provider ecs: {e} [{code}]");
+            match err(e) {
+                ServerError::Provider(p) => {
+                    assert_eq!((p.kind, p.code.as_str()), (kind, code), "{status} {code}");
+                    assert_eq!(p.to_string(), text);
+                }
+                other => panic!("not a provider error: {other}"),
+            }
+        }
+        let transport = EcsError::Transport {
+            action: "DescribeInstances".into(),
+            endpoint: "https://ecs".into(),
+            reason: "connection refused".into(),
+        };
+        assert_eq!(kind_of(&transport), K::Transient);
+        assert_eq!(kind_of(&EcsError::Credentials("none".into())), K::Auth);
+        assert_eq!(kind_of(&EcsError::Invalid("bad".into())), K::Permanent);
+        assert_eq!(kind_of(&EcsError::Timeout("slow".into())), K::Transient);
+    }
 
     #[test]
     fn tokens_are_stable_and_fit() {

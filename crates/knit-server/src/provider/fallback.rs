@@ -1,31 +1,22 @@
 //! Several instance types, in order: a create refused for want of capacity
-//! for one type (ECS `OperationDenied.NoStock`, `Zone.NotOnSale` and kin;
-//! the local cloud's per-type capacity) is tried again with the pool's next
-//! type. Each fallback is an event on the instance saying which type had no
+//! for one type (an error of kind [`ProviderErrorKind::Capacity`]: ECS
+//! `OperationDenied.NoStock`, `Zone.NotOnSale` and kin, the local cloud's
+//! per-type capacity, each provider mapping its own) is tried again with the
+//! pool's next type. Each fallback is an event on the instance saying which type had no
 //! room, why, and which is tried next; the instance's record takes the type
 //! it was made with (its Node's `node.kubernetes.io/instance-type`).
 
-use super::{within, InstanceTemplate, Provider, ProviderInstance, CREATE_TIMEOUT};
-use crate::error::Result;
+use super::{
+    within, InstanceTemplate, Provider, ProviderErrorKind, ProviderInstance, CREATE_TIMEOUT,
+};
+use crate::error::{Result, ServerError};
 use crate::store::Store;
 use knit_api::state::EventType;
 
-/// The provider error codes (and knit's own words) that mean "this type
-/// has no capacity here now", where another type may.
-pub const CAPACITY_MARKS: &[&str] = &[
-    "OperationDenied.NoStock",
-    "NoStock",
-    "Zone.NotOnSale",
-    "NotOnSale",
-    "InvalidInstanceType.NotSupported",
-    "InvalidResourceType.NotSupported",
-    "ResourceNotAvailable",
-    "OutOfCapacity",
-];
-
-/// Whether a create error says the instance type has no capacity.
-pub fn is_capacity_error(message: &str) -> bool {
-    CAPACITY_MARKS.iter().any(|m| message.contains(m))
+/// Whether a create error says the instance type has no capacity (another
+/// type may have).
+pub fn is_capacity_error(e: &ServerError) -> bool {
+    e.provider_kind() == Some(ProviderErrorKind::Capacity)
 }
 
 /// The types to try for an instance planned as `planned`: it first, then
@@ -63,10 +54,10 @@ pub async fn create(
                 return Ok((created, itype.clone()));
             }
             Err(e) => {
-                let message = e.to_string();
-                let Some(next) = types.get(i + 1).filter(|_| is_capacity_error(&message)) else {
+                let Some(next) = types.get(i + 1).filter(|_| is_capacity_error(&e)) else {
                     return Err(e);
                 };
+                let message = e.to_string();
                 store.add_event(
                     EventType::Warning,
                     "Instance",
@@ -77,7 +68,7 @@ pub async fn create(
             }
         }
     }
-    Err(crate::error::ServerError::Internal(
+    Err(ServerError::Internal(
         "no instance type to create with".to_string(),
     ))
 }
@@ -95,19 +86,161 @@ mod tests {
     }
 
     #[test]
-    fn capacity_errors_are_told_from_others() {
-        assert!(is_capacity_error(
-            "provider ecs: RunInstances: OperationDenied.NoStock: sold out"
-        ));
-        assert!(is_capacity_error("Zone.NotOnSale: not on sale in cn-x-a"));
-        assert!(!is_capacity_error("InvalidParameter: bad image"));
-        assert!(!is_capacity_error("connection refused"));
-        // The local cloud's per-type capacity, as the provider passes it on.
-        let local = knit_local::LocalError::OutOfCapacity {
-            instance_type: "ecs.g7.large".into(),
-            used: 1,
-            capacity: 1,
+    fn capacity_errors_are_told_by_kind_not_by_words() {
+        use crate::provider::ProviderError;
+        let capacity = ProviderError::new(
+            "ecs",
+            ProviderErrorKind::Capacity,
+            "OperationDenied.NoStock",
+            "RunInstances: sold out",
+        );
+        assert!(is_capacity_error(&capacity.into()));
+        // The words of a capacity error in a permanent one do not count.
+        let permanent = ProviderError::failed("ecs", "OutOfCapacity NoStock NotOnSale");
+        assert!(!is_capacity_error(&permanent.into()));
+        assert!(!is_capacity_error(&ServerError::Internal(
+            "OperationDenied.NoStock".into()
+        )));
+    }
+
+    /// A provider whose listed types have no capacity and whose others
+    /// fail with `fail_kind`; it records every type asked.
+    struct Refusing {
+        no_room: Vec<&'static str>,
+        fail_kind: ProviderErrorKind,
+        asked: std::sync::Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Provider for Refusing {
+        fn name(&self) -> &str {
+            "refusing"
+        }
+        async fn create(&self, t: &InstanceTemplate) -> Result<ProviderInstance> {
+            self.asked
+                .lock()
+                .map_err(|_| ServerError::Internal("poisoned".into()))?
+                .push(t.instance_type.clone());
+            let kind = if self.no_room.contains(&t.instance_type.as_str()) {
+                ProviderErrorKind::Capacity
+            } else {
+                self.fail_kind
+            };
+            if kind == ProviderErrorKind::Capacity || t.instance_type != "ok" {
+                return Err(crate::provider::ProviderError::new(
+                    "refusing",
+                    kind,
+                    "Test",
+                    format!("{} refused", t.instance_type),
+                )
+                .into());
+            }
+            Ok(ProviderInstance {
+                id: "i-1".into(),
+                name: Some(t.name.clone()),
+                state: "Running".into(),
+                ip: None,
+                tags: Default::default(),
+            })
+        }
+        async fn get(&self, _: &str) -> Result<Option<ProviderInstance>> {
+            Ok(None)
+        }
+        async fn list(&self) -> Result<Vec<ProviderInstance>> {
+            Ok(Vec::new())
+        }
+        async fn start(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn stop(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn reimage(&self, _: &str, _: &str, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn check_image(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn rename(&self, _: &str, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn set_password(&self, _: &str, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn delete(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn read_file(&self, _: &str, _: &str) -> Result<Vec<u8>> {
+            Ok(Vec::new())
+        }
+        async fn snapshot_create(
+            &self,
+            _: &str,
+            _: usize,
+            _: &str,
+        ) -> Result<crate::provider::ProviderSnapshot> {
+            Err(ServerError::Internal("not in this test".into()))
+        }
+        async fn snapshot_delete(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn template() -> InstanceTemplate {
+        InstanceTemplate {
+            name: "web-1".into(),
+            instance_type: "a".into(),
+            image: "debian-12".into(),
+            system_disk_gib: 20,
+            data_disks: Vec::new(),
+            user_data: String::new(),
+            region: "r".into(),
+            zone: None,
+            vpc: "v".into(),
+            tags: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_fallback_moves_on_for_capacity_and_not_for_permanent() {
+        let store = Store::open_in_memory().expect("a store");
+        let types = vec!["a".to_string(), "b".to_string(), "ok".to_string()];
+
+        // a and b have no room: ok is made, after two fallback events.
+        let p = Refusing {
+            no_room: vec!["a", "b"],
+            fail_kind: ProviderErrorKind::Permanent,
+            asked: Default::default(),
         };
-        assert!(is_capacity_error(&local.to_string()));
+        let (made, itype) = create(&p, &store, &template(), &types)
+            .await
+            .expect("made with the third type");
+        assert_eq!((made.id.as_str(), itype.as_str()), ("i-1", "ok"));
+        assert_eq!(*p.asked.lock().expect("asked"), ["a", "b", "ok"]);
+
+        // a fails for good: b is never asked and a's error comes back.
+        let p = Refusing {
+            no_room: vec![],
+            fail_kind: ProviderErrorKind::Permanent,
+            asked: Default::default(),
+        };
+        let e = create(&p, &store, &template(), &types)
+            .await
+            .expect_err("a permanent error ends the fallback");
+        assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Permanent));
+        assert_eq!(e.to_string(), "provider refusing: a refused");
+        assert_eq!(*p.asked.lock().expect("asked"), ["a"]);
+
+        // The last type's capacity error is returned as it is.
+        let p = Refusing {
+            no_room: vec!["a", "b", "ok"],
+            fail_kind: ProviderErrorKind::Permanent,
+            asked: Default::default(),
+        };
+        let e = create(&p, &store, &template(), &types)
+            .await
+            .expect_err("no type has room");
+        assert!(is_capacity_error(&e), "{e}");
+        assert_eq!(*p.asked.lock().expect("asked"), ["a", "b", "ok"]);
     }
 }

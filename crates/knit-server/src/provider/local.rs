@@ -5,9 +5,9 @@
 use crate::error::{Result, ServerError};
 use crate::preflight;
 use crate::provider::{
-    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, TypeCheck,
-    EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
-    TYPE_EXAMPLES,
+    InstanceTemplate, Provider, ProviderError, ProviderErrorKind, ProviderInstance,
+    ProviderSnapshot, TypeCheck, EXEC_OUTPUT_MAX_BYTES, EXEC_TIMEOUT, READ_FILE_MAX_BYTES,
+    READ_FILE_TIMEOUT, TAG_NAME, TYPE_EXAMPLES,
 };
 use async_trait::async_trait;
 use knit_local::{Cloud, DiskInterface, DiskSpec, Instance, LocalError, Quantity, Template};
@@ -49,18 +49,47 @@ impl LocalProvider {
 pub fn local_gateway(subnet: &str) -> Result<std::net::Ipv4Addr> {
     knit_local::net::Subnet::parse(subnet)
         .and_then(|s| s.host(1))
-        .ok_or_else(|| ServerError::Provider {
-            provider: "local".to_string(),
-            message: format!(
-                "subnet {subnet:?}: must be an IPv4 network (CIDR) holding a gateway and an instance"
-            ),
+        .ok_or_else(|| {
+            ProviderError::refused(
+                "local",
+                format!(
+                    "subnet {subnet:?}: must be an IPv4 network (CIDR) holding a gateway and an instance"
+                ),
+            )
+            .into()
         })
 }
 
 fn err(e: LocalError) -> ServerError {
-    ServerError::Provider {
-        provider: "local".to_string(),
-        message: format!("{e} [{}]", e.code()),
+    ProviderError::new(
+        "local",
+        kind_of(&e),
+        e.code(),
+        format!("{e} [{}]", e.code()),
+    )
+    .into()
+}
+
+/// The kind of a local cloud's error: its capacity errors (per type and
+/// the host's) are `Capacity`, a machine busy or between states may pass.
+pub fn kind_of(e: &LocalError) -> ProviderErrorKind {
+    match e {
+        LocalError::NotFound { .. } => ProviderErrorKind::NotFound,
+        LocalError::OutOfCapacity { .. } | LocalError::HostOutOfCapacity { .. } => {
+            ProviderErrorKind::Capacity
+        }
+        // Another call holds the machine, or it is stopping or starting.
+        LocalError::Busy { .. } | LocalError::WrongState { .. } => ProviderErrorKind::Transient,
+        // The host's own failures (a syscall, a file, a boot) may pass.
+        LocalError::Io { .. } | LocalError::Sys { .. } | LocalError::Boot { .. } => {
+            ProviderErrorKind::Transient
+        }
+        // Without root nothing here ever works.
+        LocalError::NotRoot { .. } => ProviderErrorKind::Auth,
+        LocalError::Parse { .. }
+        | LocalError::Invalid(_)
+        | LocalError::Command { .. }
+        | LocalError::State { .. } => ProviderErrorKind::Permanent,
     }
 }
 
@@ -134,12 +163,13 @@ fn host_image_allowed() -> bool {
 /// unsafe (issue 29).
 fn check_host_image(image: &str, allowed: bool) -> Result<()> {
     if image == "host" && !allowed {
-        return Err(ServerError::Provider {
-            provider: "local".into(),
-            message: format!(
+        return Err(ProviderError::refused(
+            "local",
+            format!(
                 "image \"host\" makes the host's root filesystem (the server's keys and tokens included) every node's read-only lower layer: unsafe, refused unless the server runs with {UNSAFE_HOST_IMAGE_ENV}=yes"
             ),
-        });
+        )
+        .into());
     }
     Ok(())
 }
@@ -241,30 +271,34 @@ async fn run_bounded_read(
         let status = child.wait().await?;
         Ok::<_, std::io::Error>((status, out, err))
     };
-    let fail = |message: String| ServerError::Provider {
-        provider: "local".into(),
-        message,
-    };
+    let fail = |message: String| ServerError::from(ProviderError::failed("local", message));
     let too_slow = || {
-        format!(
-            "reading {what} did not finish within {} s",
-            limit.as_secs().max(1)
-        )
+        ServerError::from(ProviderError::timed_out_message(
+            "local",
+            format!(
+                "reading {what} did not finish within {} s",
+                limit.as_secs().max(1)
+            ),
+        ))
     };
     // A grace over the inner limit for nsenter itself.
     let (status, out, err) = match tokio::time::timeout(limit + Duration::from_secs(5), read).await
     {
-        Err(_) => return Err(fail(too_slow())),
+        Err(_) => return Err(too_slow()),
         Ok(Err(e)) => return Err(ServerError::io(format!("read {what}"), e)),
         Ok(Ok(done)) => done,
     };
     if out.len() > max_bytes {
-        return Err(fail(format!("{what} is larger than {max_bytes} bytes")));
+        return Err(ProviderError::too_large(
+            "local",
+            format!("{what} is larger than {max_bytes} bytes"),
+        )
+        .into());
     }
     match status.code() {
         Some(0) => Ok(out),
         // timeout(1): 124 after TERM, 137 after KILL.
-        Some(124) | Some(137) | None => Err(fail(too_slow())),
+        Some(124) | Some(137) | None => Err(too_slow()),
         Some(_) => Err(fail(String::from_utf8_lossy(&err).trim().to_string())),
     }
 }
@@ -441,9 +475,8 @@ impl Provider for LocalProvider {
 
     async fn check_image(&self, image: &str) -> Result<()> {
         check_host_image(image, host_image_allowed())?;
-        knit_local::check_base_root(&base_root(image)).map_err(|rule| ServerError::Provider {
-            provider: "local".into(),
-            message: format!("image {image:?} {rule}"),
+        knit_local::check_base_root(&base_root(image)).map_err(|rule| {
+            ProviderError::refused("local", format!("image {image:?} {rule}")).into()
         })
     }
 
@@ -654,6 +687,91 @@ mod tests {
         assert_eq!(check.examples[..2], ["local.small", "ecs.g7.large"]);
         for e in &check.examples {
             assert!(knit_local::bounds::type_size(e).is_some(), "{e}");
+        }
+    }
+
+    /// Each LocalError maps to its kind; the message and code are the
+    /// local cloud's, as users read them.
+    #[test]
+    fn local_errors_map_to_kinds() {
+        use crate::provider::ProviderErrorKind as K;
+        let io = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let cases: Vec<(LocalError, K)> = vec![
+            (
+                LocalError::NotFound {
+                    kind: "instance",
+                    id: "i-1".into(),
+                },
+                K::NotFound,
+            ),
+            (
+                LocalError::OutOfCapacity {
+                    instance_type: "ecs.g7.large".into(),
+                    used: 1,
+                    capacity: 1,
+                },
+                K::Capacity,
+            ),
+            (
+                LocalError::HostOutOfCapacity {
+                    resource: "fs.inotify.max_user_instances",
+                    used: 128,
+                    limit: 128,
+                    detail: "d".into(),
+                },
+                K::Capacity,
+            ),
+            (
+                LocalError::Busy {
+                    what: "i-1".into(),
+                    message: "m".into(),
+                },
+                K::Transient,
+            ),
+            (
+                LocalError::WrongState {
+                    id: "i-1".into(),
+                    state: "Stopping".into(),
+                    action: "start",
+                    wanted: "Stopped",
+                },
+                K::Transient,
+            ),
+            (
+                LocalError::Io {
+                    context: "read",
+                    path: "/x".into(),
+                    source: io(),
+                },
+                K::Transient,
+            ),
+            (LocalError::NotRoot { uid: 1000 }, K::Auth),
+            (
+                LocalError::Parse {
+                    what: "t".into(),
+                    message: "m".into(),
+                },
+                K::Permanent,
+            ),
+            (
+                LocalError::Command {
+                    command: "ip".into(),
+                    status: "1".into(),
+                    stderr: "e".into(),
+                },
+                K::Permanent,
+            ),
+        ];
+        for (e, kind) in cases {
+            let text = format!("provider local: {e} [{}]", e.code());
+            let code = e.code();
+            match err(e) {
+                ServerError::Provider(p) => {
+                    assert_eq!((p.kind, p.code.as_str()), (kind, code), "{text}");
+                    assert_eq!(p.to_string(), text);
+                }
+                other => panic!("not a provider error: {other}"),
+            }
         }
     }
 

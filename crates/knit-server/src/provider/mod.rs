@@ -2,12 +2,14 @@
 //! local cloud (knit-local) is the implementation that exists today.
 
 pub mod ecs;
+pub mod error;
 pub mod fallback;
 pub mod local;
 pub mod qemu;
 
 use crate::error::Result;
 use async_trait::async_trait;
+pub use error::{ProviderError, ProviderErrorKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -46,9 +48,7 @@ pub const LIMIT_GRACE: Duration = Duration::from_secs(10);
 pub fn is_limit_error(e: &crate::error::ServerError) -> bool {
     match e {
         crate::error::ServerError::ProviderTimeout { .. } => true,
-        crate::error::ServerError::Provider { message, .. } => {
-            message.contains(" did not finish within ") || message.contains(" is larger than ")
-        }
+        crate::error::ServerError::Provider(e) => e.is_limit(),
         _ => false,
     }
 }
@@ -104,10 +104,7 @@ pub async fn within<T>(
 ) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(outcome) => outcome,
-        Err(_) => Err(crate::error::ServerError::Provider {
-            provider: provider.to_string(),
-            message: format!("{what} did not finish within {} s", limit.as_secs()),
-        }),
+        Err(_) => Err(ProviderError::timed_out(provider, what, limit).into()),
     }
 }
 
@@ -238,10 +235,11 @@ pub trait Provider: Send + Sync {
         let what = format!("reading {path} inside {id}");
         let data = within(self.name(), &what, limit, self.read_file(id, path)).await?;
         if data.len() > max_bytes {
-            return Err(crate::error::ServerError::Provider {
-                provider: self.name().to_string(),
-                message: format!("{path} inside {id} is larger than {max_bytes} bytes"),
-            });
+            return Err(ProviderError::too_large(
+                self.name(),
+                format!("{path} inside {id} is larger than {max_bytes} bytes"),
+            )
+            .into());
         }
         Ok(data)
     }
@@ -275,10 +273,11 @@ pub trait Provider: Send + Sync {
     /// refuse.
     async fn exec(&self, id: &str, argv: &[String]) -> Result<(i32, Vec<u8>, Vec<u8>)> {
         let _ = (id, argv);
-        Err(crate::error::ServerError::Provider {
-            provider: self.name().to_string(),
-            message: "running commands inside instances is not supported".to_string(),
-        })
+        Err(ProviderError::refused(
+            self.name(),
+            "running commands inside instances is not supported",
+        )
+        .into())
     }
 
     /// [`Provider::exec`] bounded: the command is ended (killed where the
@@ -319,10 +318,11 @@ pub trait Provider: Send + Sync {
     /// tell refuse.
     async fn facts(&self, id: &str) -> Result<crate::preflight::InstanceFacts> {
         let _ = id;
-        Err(crate::error::ServerError::Provider {
-            provider: self.name().to_string(),
-            message: "instance attributes for preflight are not supported".to_string(),
-        })
+        Err(ProviderError::refused(
+            self.name(),
+            "instance attributes for preflight are not supported",
+        )
+        .into())
     }
 
     /// The instance knit named `name`, if the provider has it.
@@ -488,10 +488,11 @@ impl Provider for BoundedProvider {
             .bound("read_file", id, limit + LIMIT_GRACE, call)
             .await?;
         if data.len() > max_bytes {
-            return Err(crate::error::ServerError::Provider {
-                provider: self.name().to_string(),
-                message: format!("{path} inside {id} is larger than {max_bytes} bytes"),
-            });
+            return Err(ProviderError::too_large(
+                self.name(),
+                format!("{path} inside {id} is larger than {max_bytes} bytes"),
+            )
+            .into());
         }
         Ok(data)
     }

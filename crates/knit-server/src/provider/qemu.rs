@@ -6,8 +6,9 @@
 
 use crate::error::{Result, ServerError};
 use crate::provider::{
-    InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot, CALL_TIMEOUT, CREATE_TIMEOUT,
-    READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT, TAG_NAME,
+    InstanceTemplate, Provider, ProviderError, ProviderErrorKind, ProviderInstance,
+    ProviderSnapshot, CALL_TIMEOUT, CREATE_TIMEOUT, READ_FILE_MAX_BYTES, READ_FILE_TIMEOUT,
+    TAG_NAME,
 };
 use async_trait::async_trait;
 use knit_qemu::{DiskSpec, Interface, Machines, QemuError, Vm, VmTemplate};
@@ -47,9 +48,11 @@ pub fn qemu_config(local: &knit_local::Config) -> Result<knit_qemu::Config> {
         cfg.state_dir = PathBuf::from(dir);
     }
     if let Ok(a) = std::env::var("KNIT_QEMU_ACCEL") {
-        cfg.accel = knit_qemu::Accel::parse(&a).ok_or_else(|| ServerError::Provider {
-            provider: "qemu".into(),
-            message: format!("KNIT_QEMU_ACCEL: value {a:?} must be auto, kvm or tcg"),
+        cfg.accel = knit_qemu::Accel::parse(&a).ok_or_else(|| {
+            ProviderError::refused(
+                "qemu",
+                format!("KNIT_QEMU_ACCEL: value {a:?} must be auto, kvm or tcg"),
+            )
         })?;
     }
     if let Ok(m) = std::env::var("KNIT_QEMU_MEMORY_MIB") {
@@ -57,11 +60,13 @@ pub fn qemu_config(local: &knit_local::Config) -> Result<knit_qemu::Config> {
             .parse()
             .ok()
             .filter(|m| (256..=1 << 20).contains(m))
-            .ok_or_else(|| ServerError::Provider {
-                provider: "qemu".into(),
-                message: format!(
-                    "KNIT_QEMU_MEMORY_MIB: value {m:?} must be a number from 256 to 1048576"
-                ),
+            .ok_or_else(|| {
+                ProviderError::refused(
+                    "qemu",
+                    format!(
+                        "KNIT_QEMU_MEMORY_MIB: value {m:?} must be a number from 256 to 1048576"
+                    ),
+                )
             })?;
     }
     Ok(cfg)
@@ -72,17 +77,17 @@ impl QemuProvider {
     /// metadata server) is made first, and its instances' addresses are
     /// never given to a VM.
     pub fn new(local: knit_local::Config, mut qemu: knit_qemu::Config) -> Result<QemuProvider> {
-        let cloud =
-            Arc::new(
-                knit_local::Cloud::open(local).map_err(|e| ServerError::Provider {
-                    provider: "qemu".into(),
-                    message: format!("the local cloud's network: {e} [{}]", e.code()),
-                })?,
-            );
-        cloud.network_up().map_err(|e| ServerError::Provider {
-            provider: "qemu".into(),
-            message: format!("the local cloud's network: {e} [{}]", e.code()),
-        })?;
+        // The network is the local cloud's: its errors keep their kinds.
+        let network = |e: knit_local::LocalError| {
+            ProviderError::new(
+                "qemu",
+                super::local::kind_of(&e),
+                e.code(),
+                format!("the local cloud's network: {e} [{}]", e.code()),
+            )
+        };
+        let cloud = Arc::new(knit_local::Cloud::open(local).map_err(network)?);
+        cloud.network_up().map_err(network)?;
         let sandboxes = cloud.clone();
         qemu.reserved = Some(Arc::new(move || {
             sandboxes
@@ -109,10 +114,7 @@ impl QemuProvider {
         let machines = self.machines.clone();
         let task = tokio::task::spawn_blocking(move || f(&machines));
         match tokio::time::timeout(limit, task).await {
-            Err(_) => Err(ServerError::Provider {
-                provider: "qemu".into(),
-                message: format!("{what} did not finish within {} s", limit.as_secs()),
-            }),
+            Err(_) => Err(ProviderError::timed_out("qemu", what, limit).into()),
             Ok(joined) => joined
                 .map_err(|e| ServerError::Internal(format!("qemu task: {e}")))?
                 .map_err(err),
@@ -121,9 +123,25 @@ impl QemuProvider {
 }
 
 fn err(e: QemuError) -> ServerError {
-    ServerError::Provider {
-        provider: "qemu".to_string(),
-        message: format!("{e} [{}]", e.code()),
+    ProviderError::new("qemu", kind_of(&e), e.code(), format!("{e} [{}]", e.code())).into()
+}
+
+/// The kind of a QEMU VM's error. VMs have no per-type capacity, so none
+/// is `Capacity`; a VM busy, between states or slow to answer may pass.
+pub fn kind_of(e: &QemuError) -> ProviderErrorKind {
+    match e {
+        QemuError::NotFound { .. } => ProviderErrorKind::NotFound,
+        QemuError::Busy { .. }
+        | QemuError::WrongState { .. }
+        | QemuError::Agent { .. }
+        | QemuError::Qmp { .. }
+        | QemuError::Timeout { .. }
+        | QemuError::Io { .. }
+        | QemuError::Boot { .. } => ProviderErrorKind::Transient,
+        QemuError::NotRoot => ProviderErrorKind::Auth,
+        QemuError::Invalid { .. } | QemuError::Command { .. } | QemuError::State { .. } => {
+            ProviderErrorKind::Permanent
+        }
     }
 }
 
@@ -389,10 +407,8 @@ impl Provider for QemuProvider {
     }
 
     async fn check_image(&self, image: &str) -> Result<()> {
-        knit_qemu::base::check_image(&image_dir(image)).map_err(|e| ServerError::Provider {
-            provider: "qemu".into(),
-            message: format!("image {image:?}: {e}"),
-        })
+        knit_qemu::base::check_image(&image_dir(image))
+            .map_err(|e| ProviderError::refused("qemu", format!("image {image:?}: {e}")).into())
     }
 
     async fn rename(&self, id: &str, name: &str) -> Result<()> {
@@ -516,6 +532,51 @@ impl Provider for QemuProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each QemuError maps to its kind; message and code stay QEMU's.
+    #[test]
+    fn qemu_errors_map_to_kinds() {
+        use crate::provider::ProviderErrorKind as K;
+        let cases = vec![
+            (
+                QemuError::NotFound {
+                    kind: "VM",
+                    id: "vm-1".into(),
+                },
+                K::NotFound,
+            ),
+            (
+                QemuError::Busy {
+                    what: "vm-1".into(),
+                    message: "m".into(),
+                },
+                K::Transient,
+            ),
+            (
+                QemuError::Timeout {
+                    what: "boot".into(),
+                    secs: 3,
+                },
+                K::Transient,
+            ),
+            (QemuError::NotRoot, K::Auth),
+            (
+                QemuError::invalid("memory", 1, "must be at least 256"),
+                K::Permanent,
+            ),
+        ];
+        for (e, kind) in cases {
+            let text = format!("provider qemu: {e} [{}]", e.code());
+            let code = e.code();
+            match err(e) {
+                ServerError::Provider(p) => {
+                    assert_eq!((p.kind, p.code.as_str()), (kind, code), "{text}");
+                    assert_eq!(p.to_string(), text);
+                }
+                other => panic!("not a provider error: {other}"),
+            }
+        }
+    }
     use crate::provider::DiskTemplate;
 
     #[test]

@@ -593,10 +593,10 @@ mod tests {
     struct EmptyCloud;
 
     fn refused() -> ServerError {
-        ServerError::Provider {
-            provider: "empty".into(),
-            message: "not in this test".into(),
-        }
+        ServerError::from(crate::provider::ProviderError::failed(
+            "empty",
+            "not in this test",
+        ))
     }
 
     #[async_trait]

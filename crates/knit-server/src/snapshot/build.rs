@@ -173,13 +173,15 @@ async fn prepare<T: serde::de::DeserializeOwned>(
     let provider = cp.provider()?;
     agent::ask(provider.as_ref(), provider_id, args, PREPARE_TIMEOUT)
         .await?
-        .map_err(|failure| ServerError::Provider {
-            provider: provider.name().to_string(),
-            message: format!(
-                "in the builder, `knit-agent {}` failed: {}",
-                args.join(" "),
-                agent::describe(&failure)
-            ),
+        .map_err(|failure| {
+            ServerError::from(crate::provider::ProviderError::failed(
+                provider.name(),
+                format!(
+                    "in the builder, `knit-agent {}` failed: {}",
+                    args.join(" "),
+                    agent::describe(&failure)
+                ),
+            ))
         })
 }
 

@@ -29,13 +29,15 @@ pub async fn ask<T: DeserializeOwned>(
         .exec_limited(id, &argv, limit, ANSWER_MAX_BYTES)
         .await?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let fail = |why: String| ServerError::Provider {
-        provider: provider.name().to_string(),
-        message: format!(
-            "in the instance, `knit-agent {}` {why}{}",
-            args.join(" "),
-            stderr_tail(&out.stderr)
-        ),
+    let fail = |why: String| {
+        ServerError::from(crate::provider::ProviderError::failed(
+            provider.name(),
+            format!(
+                "in the instance, `knit-agent {}` {why}{}",
+                args.join(" "),
+                stderr_tail(&out.stderr)
+            ),
+        ))
     };
     if out.stdout_cut {
         return Err(fail(format!("answered more than {ANSWER_MAX_BYTES} bytes")));
@@ -89,10 +91,10 @@ mod tests {
     }
 
     fn refused<T>() -> Result<T> {
-        Err(ServerError::Provider {
-            provider: "canned".into(),
-            message: "not part of this test".into(),
-        })
+        Err(ServerError::from(crate::provider::ProviderError::failed(
+            "canned",
+            "not part of this test",
+        )))
     }
 
     #[async_trait]

@@ -222,10 +222,9 @@ impl FakeCloud {
 }
 
 fn fail(message: String) -> ServerError {
-    ServerError::Provider {
-        provider: "fake".into(),
-        message,
-    }
+    ServerError::from(knit_server::provider::ProviderError::failed(
+        "fake", message,
+    ))
 }
 
 fn refuse<T>(what: &str) -> Result<T> {

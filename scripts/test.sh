@@ -21,6 +21,12 @@ echo "== shellcheck"
 # (include_str!) and runs inside instances.
 git ls-files -z '*.sh' | xargs -0 shellcheck
 
+echo "== dependency policy"
+# Licences, banned crates and duplicate versions, crate sources (deny.toml).
+# Not advisories: the RustSec database is fetched from GitHub, which this
+# machine cannot reach (README.md, "Dependency checks").
+cargo deny --locked check licenses bans sources
+
 echo "== build"
 cargo build --workspace --all-targets --locked
 

@@ -157,7 +157,15 @@ struct State {
     /// of its resource (1,000 nodes' pod watches are not woken by every
     /// Lease renewal).
     resource_feeds: HashMap<String, broadcast::Sender<Arc<Change>>>,
+    /// Every object at `rv`, kept by the changes as they are pushed: the
+    /// lists the controllers repeat are read here, not from the datastore.
+    /// `None` once this server missed changes (it fell behind the change
+    /// log): lists read the datastore again.
+    objects: Option<Objects>,
 }
+
+/// Objects by (resource, namespace, name).
+type Objects = BTreeMap<(String, String, String), Arc<Value>>;
 
 /// Where a watch starts: every change after `rv`, or the current state
 /// (as synthetic ADDED events) when `rv` is `None`.
@@ -311,7 +319,7 @@ impl Store {
             )?;
             Ok(())
         })?;
-        let (revoked, rv, changes) = db.read(|tx| -> Result<_, ClusterError> {
+        let (revoked, rv, changes, objects) = db.read(|tx| -> Result<_, ClusterError> {
             let mut revoked = HashMap::new();
             for r in tx.query(
                 "SELECT serial, node FROM kube_node_certs WHERE revoked_at IS NOT NULL",
@@ -327,7 +335,17 @@ impl Store {
             } else {
                 Vec::new()
             };
-            Ok((revoked, rv, changes))
+            let mut objects = Objects::new();
+            for r in tx.query(
+                "SELECT resource, namespace, name, body FROM kube_objects",
+                &[],
+            )? {
+                objects.insert(
+                    (r.get(0)?, r.get(1)?, r.get(2)?),
+                    Arc::new(parse(&r.get::<String>(3)?)?),
+                );
+            }
+            Ok((revoked, rv, changes, objects))
         })?;
         let mut history: VecDeque<Arc<Change>> = changes.into_iter().map(Arc::new).collect();
         while history.len() > keep {
@@ -355,6 +373,7 @@ impl Store {
                 history_floor,
                 feed,
                 resource_feeds: HashMap::new(),
+                objects: Some(objects),
             }),
             revoked: RwLock::new(revoked),
         });
@@ -417,11 +436,18 @@ impl Store {
 
     /// All objects of a resource (in one namespace, or all when `ns` is None),
     /// sorted by namespace and name, with the resourceVersion they are at.
+    /// From memory: the objects as of this server's newest resourceVersion
+    /// (on PostgreSQL, another server's write of the last moments may not
+    /// be read yet; its change follows on the feed, as from a watch cache).
     pub fn list(
         &self,
         resource: &str,
         ns: Option<&str>,
     ) -> Result<(Vec<Value>, u64), ClusterError> {
+        if let Some((kept, rv)) = self.core.kept(resource, ns) {
+            // Copied after the lock is let go.
+            return Ok((kept.iter().map(|v| (**v).clone()).collect(), rv));
+        }
         let (bodies, rv) = self.core.db.read(|tx| -> Result<_, ClusterError> {
             Ok((list_raw(tx, resource, ns)?, meta_rv(tx)?))
         })?;
@@ -691,10 +717,19 @@ impl Store {
         see: &str,
         mut f: impl FnMut(&Value, &[Value]) -> Result<Value, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
+        // The objects kept in memory, if the datastore is still at their
+        // resourceVersion inside the transaction (where no other write can
+        // come between): then they are what the datastore holds.
+        let kept = self.core.kept(see, None);
         self.commit((resource, ns, name), |tx| {
             let current =
                 get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
-            let others = list_in(tx, see, None)?;
+            let others = match &kept {
+                Some((objects, rv)) if meta_rv(tx)? == *rv => {
+                    objects.iter().map(|v| (**v).clone()).collect()
+                }
+                _ => list_in(tx, see, None)?,
+            };
             let mut next = f(&current, &others)?;
             keep_identity(&current, &mut next);
             if same_as(&current, &next) {
@@ -1043,6 +1078,24 @@ impl Core {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The objects of a resource kept in memory (in one namespace, or all),
+    /// sorted by namespace and name, and their resourceVersion.
+    fn kept(&self, resource: &str, ns: Option<&str>) -> Option<(Vec<Arc<Value>>, u64)> {
+        let state = self.lock();
+        let objects = state.objects.as_ref()?;
+        let from = (
+            resource.to_string(),
+            ns.unwrap_or("").to_string(),
+            String::new(),
+        );
+        let items = objects
+            .range(from..)
+            .take_while(|((r, n, _), _)| r == resource && ns.is_none_or(|ns| ns == n))
+            .map(|(_, v)| v.clone())
+            .collect();
+        Some((items, state.rv))
+    }
+
     fn revoke(&self, certs: impl IntoIterator<Item = (String, String)>) {
         let mut set = self.revoked.write().unwrap_or_else(|p| p.into_inner());
         set.extend(certs);
@@ -1076,6 +1129,7 @@ impl Core {
                     state.history_floor = change.rv - 1;
                     state.feed = broadcast::channel(FEED_CAPACITY).0;
                     state.resource_feeds.clear();
+                    state.objects = None;
                 }
                 state.push(Arc::new(change));
             }
@@ -1094,6 +1148,17 @@ impl State {
             }
         }
         self.rv = change.rv;
+        if let Some(objects) = &mut self.objects {
+            let key = (
+                change.resource.clone(),
+                change.namespace.clone(),
+                change.name.clone(),
+            );
+            match change.kind {
+                EventType::Deleted => objects.remove(&key),
+                _ => objects.insert(key, change.object.clone()),
+            };
+        }
         self.history.push_back(change.clone());
         // No receiver is not an error: nobody watches yet.
         if let Some(f) = self.resource_feeds.get(&change.resource) {
@@ -1379,6 +1444,47 @@ mod tests {
     fn on_both(test: impl Fn(&Fixture)) {
         test(&Fixture::sqlite());
         test(&Fixture::postgres());
+    }
+
+    /// Lists served from memory are what the datastore holds: after
+    /// creates, updates and deletes in two namespaces, the same as a store
+    /// opened afresh reads (and, on PostgreSQL, as another server's).
+    #[test]
+    fn lists_from_memory_match_the_datastore() {
+        on_both(|f| {
+            let s = f.open();
+            let cm = |ns: &str, name: &str| json!({"kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}});
+            for (ns, name) in [("b", "x"), ("a", "y"), ("a", "x"), ("c", "z")] {
+                s.create("configmaps", ns, cm(ns, name)).unwrap();
+            }
+            s.create("nodes", "", node("n")).unwrap();
+            s.update("configmaps", "a", "x", None, |cur| {
+                let mut next = cur.clone();
+                next["data"] = json!({"k": "v"});
+                Ok(next)
+            })
+            .unwrap();
+            s.delete("configmaps", "c", "z").unwrap();
+            let names = |items: &[Value]| -> Vec<String> {
+                items
+                    .iter()
+                    .map(|o| format!("{}/{}", util::namespace_of(o), util::name_of(o)))
+                    .collect()
+            };
+            let (all, rv) = s.list("configmaps", None).unwrap();
+            assert_eq!(names(&all), ["a/x", "a/y", "b/x"]);
+            assert_eq!(all[0]["data"]["k"], json!("v"));
+            assert_eq!(rv, s.current_rv());
+            let (in_a, _) = s.list("configmaps", Some("a")).unwrap();
+            assert_eq!(names(&in_a), ["a/x", "a/y"]);
+            assert!(s.list("configmaps", Some("c")).unwrap().0.is_empty());
+            let fresh = f.open();
+            assert_eq!(fresh.list("configmaps", None).unwrap().0, all);
+            assert_eq!(
+                fresh.list("nodes", None).unwrap().0,
+                s.list("nodes", None).unwrap().0
+            );
+        });
     }
 
     #[test]

@@ -9,7 +9,7 @@ use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 
-use crate::error::SimError;
+use crate::error::{SimError, TransportFailure};
 use crate::kubeconfig::Kubeconfig;
 
 /// A watch read that waits longer than this ends (the server sends a
@@ -164,9 +164,11 @@ impl Client {
         use std::io::{BufRead, Read};
         self.pace();
         let what = format!("GET {path}");
+        // A failure after the answer began: the stream was cut or bad.
         let transport = |m: String| SimError::Transport {
             what: what.clone(),
             message: m,
+            failure: TransportFailure::Unreachable,
         };
         let mut req = self
             .watch_agent
@@ -186,7 +188,7 @@ impl Client {
                 let v: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
                 return Err(Reply { code, body: v }.error(&what));
             }
-            Err(ureq::Error::Transport(t)) => return Err(transport(t.to_string())),
+            Err(ureq::Error::Transport(t)) => return Err(SimError::transport(what, &t)),
         };
         let mut reader = std::io::BufReader::new(resp.into_reader());
         let mut buf = Vec::new();
@@ -249,17 +251,13 @@ impl Client {
             Ok(r) => r,
             Err(ureq::Error::Status(_, r)) => r,
             Err(ureq::Error::Transport(t)) => {
-                return Err(SimError::Transport {
-                    what: format!("{method} {path}"),
-                    message: t.to_string(),
-                })
+                return Err(SimError::transport(format!("{method} {path}"), &t))
             }
         };
         let code = resp.status();
-        let text = resp.into_string().map_err(|e| SimError::Transport {
-            what: format!("{method} {path}"),
-            message: e.to_string(),
-        })?;
+        let text = resp
+            .into_string()
+            .map_err(|e| SimError::transport(format!("{method} {path}"), &e))?;
         Ok(Reply {
             code,
             body: serde_json::from_str(&text).unwrap_or(Value::String(text)),

@@ -23,7 +23,13 @@ pub enum SimError {
         message: String,
     },
     #[error("cannot reach the API server for {what}: {message}")]
-    Transport { what: String, message: String },
+    Transport {
+        what: String,
+        message: String,
+        /// Whether the server may just not be up yet, or TLS refused a
+        /// certificate (which waiting does not mend).
+        failure: TransportFailure,
+    },
     #[error("certificate: {0}")]
     Cert(String),
     #[error("certificate signing request {name} was {outcome}: {message}")]
@@ -34,7 +40,73 @@ pub enum SimError {
     },
 }
 
+/// Why a request got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFailure {
+    /// No connection, a reset, a timeout, a cut stream: the server may not
+    /// be up yet.
+    Unreachable,
+    /// The TLS handshake refused a certificate: the server's (not signed
+    /// by the kubeconfig's CA, expired, another name) or ours (the server's
+    /// alert). Retrying with the same files meets the same refusal.
+    CertificateRejected,
+}
+
+impl TransportFailure {
+    /// What `e`'s chain of sources says: a rustls certificate error (held
+    /// directly or inside an `io::Error`, as rustls's streams wrap it) is
+    /// [`TransportFailure::CertificateRejected`]; anything else is
+    /// [`TransportFailure::Unreachable`].
+    pub fn of(e: &(dyn std::error::Error + 'static)) -> TransportFailure {
+        let mut next = Some(e);
+        while let Some(err) = next {
+            // io::Error's source() skips the error it wraps: look inside.
+            let wrapped = err
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+            if let Some(tls) = err.downcast_ref::<rustls::Error>().or(wrapped) {
+                if certificate_rejection(tls) {
+                    return TransportFailure::CertificateRejected;
+                }
+            }
+            next = err.source();
+        }
+        TransportFailure::Unreachable
+    }
+}
+
+/// Whether a TLS error is a refused certificate (ours or the peer's).
+fn certificate_rejection(e: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::InvalidCertRevocationList(_) => true,
+        rustls::Error::AlertReceived(alert) => matches!(
+            alert,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::CertificateRequired
+                | A::UnknownCA
+        ),
+        _ => false,
+    }
+}
+
 impl SimError {
+    /// A transport failure of `what`, its kind read from `e`'s sources.
+    pub fn transport(what: impl Into<String>, e: &(dyn std::error::Error + 'static)) -> SimError {
+        SimError::Transport {
+            what: what.into(),
+            message: e.to_string(),
+            failure: TransportFailure::of(e),
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             SimError::Flags(_) => "SimFlags",

@@ -88,12 +88,7 @@ Other kubelet flags are accepted and ignored with a warning.
 /// final (refused credentials, a CA that does not match).
 fn retryable(e: &SimError) -> bool {
     match e {
-        SimError::Transport { message, .. } => {
-            let m = message.to_lowercase();
-            !(m.contains("certificate")
-                || m.contains("unknownissuer")
-                || m.contains("invalid peer"))
-        }
+        SimError::Transport { failure, .. } => *failure == error::TransportFailure::Unreachable,
         SimError::Api { code, .. } => *code >= 500 || *code == 429,
         _ => false,
     }
@@ -416,25 +411,131 @@ mod tests {
 
     #[test]
     fn only_transient_failures_are_retried() {
-        let transport = |m: &str| SimError::Transport {
+        let transport = |failure| SimError::Transport {
             what: "GET /".into(),
-            message: m.into(),
+            // The words do not decide: the kind read from the error does.
+            message: "invalid peer certificate: UnknownIssuer".into(),
+            failure,
         };
         let api = |code| SimError::Api {
             what: "POST /".into(),
             code,
             message: String::new(),
         };
-        assert!(retryable(&transport(
-            "Connection Failed: Connect error: Connection refused (os error 111)"
-        )));
+        assert!(retryable(&transport(error::TransportFailure::Unreachable)));
         assert!(!retryable(&transport(
-            "invalid peer certificate: UnknownIssuer"
+            error::TransportFailure::CertificateRejected
         )));
         assert!(retryable(&api(503)));
         assert!(retryable(&api(429)));
         assert!(!retryable(&api(401)));
         assert!(!retryable(&api(403)));
+    }
+
+    /// A TLS server on loopback with its own self-signed certificate,
+    /// answering each connection's request with `200 {}`; its address and
+    /// its certificate (PEM).
+    fn tls_server(connections: usize) -> (std::net::SocketAddr, String) {
+        use std::io::{Read, Write};
+        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+            .expect("a self-signed certificate");
+        let cert_pem = made.cert.pem();
+        let key: rustls_pki_types::PrivateKeyDer =
+            rustls_pki_types::PrivatePkcs8KeyDer::from(made.key_pair.serialize_der()).into();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![made.cert.der().clone()], key)
+            .expect("server config");
+        let config = std::sync::Arc::new(config);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let addr = listener.local_addr().expect("its address");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(connections) {
+                let Ok(mut tcp) = stream else { continue };
+                let _ = tcp.set_read_timeout(Some(Duration::from_secs(10)));
+                let Ok(conn) = rustls::ServerConnection::new(config.clone()) else {
+                    continue;
+                };
+                let mut tls = rustls::StreamOwned::new(conn, &mut tcp);
+                let mut buf = [0u8; 4096];
+                // A refused handshake ends here with an error; that is the
+                // client's side to report.
+                if tls.read(&mut buf).is_ok() {
+                    let _ = tls.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                    );
+                    let _ = tls.flush();
+                }
+            }
+        });
+        (addr, cert_pem)
+    }
+
+    fn client_for(server: &str, ca_pem: &str) -> Client {
+        let kc = Kubeconfig {
+            server: server.to_string(),
+            ca_pem: ca_pem.to_string(),
+            token: None,
+            client_cert_pem: None,
+            client_key_pem: None,
+        };
+        Client::new(&kc, 100.0, 100).expect("a client")
+    }
+
+    /// Over real TLS: a server whose certificate the kubeconfig's CA did
+    /// not sign is a CertificateRejected (not retried), a closed port is
+    /// Unreachable (retried), and the right CA gets the answer.
+    #[test]
+    fn a_refused_certificate_is_told_from_an_absent_server() {
+        let (addr, cert_pem) = tls_server(2);
+        let server = format!("https://{addr}");
+        let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+            .expect("another certificate");
+
+        let e = client_for(&server, &other.cert.pem())
+            .call("GET", "/version", None, None)
+            .err()
+            .expect("a certificate the CA did not sign is refused");
+        assert!(
+            matches!(
+                &e,
+                SimError::Transport {
+                    failure: error::TransportFailure::CertificateRejected,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!retryable(&e), "{e}");
+        assert_eq!(e.code(), "SimApiUnreachable");
+
+        let reply = client_for(&server, &cert_pem)
+            .call("GET", "/version", None, None)
+            .expect("the right CA gets the answer");
+        assert_eq!(reply.code, 200);
+
+        // A port nobody listens on (bound, then released).
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a loopback port");
+        let e = client_for(&format!("https://{closed}"), &cert_pem)
+            .call("GET", "/version", None, None)
+            .err()
+            .expect("nobody listens");
+        assert!(
+            matches!(
+                &e,
+                SimError::Transport {
+                    failure: error::TransportFailure::Unreachable,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(retryable(&e), "{e}");
     }
 
     #[test]

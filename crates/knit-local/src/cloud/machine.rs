@@ -293,18 +293,7 @@ impl Cloud {
         }
         // Whatever is still in the instance's network namespace is ours.
         let mut killed = BTreeSet::new();
-        for _ in 0..100 {
-            let pids = net::pids_in_netns(&rec.netns);
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-                    killed.insert(pid);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        kill_until_empty(|| net::pids_in_netns(&rec.netns), &mut killed);
         // In case the namespace's name was removed behind our back.
         for p in [rec.init, rec.shim]
             .into_iter()
@@ -316,18 +305,7 @@ impl Cloud {
             }
         }
         // A process that left the network namespace is still in the cgroup.
-        for _ in 0..100 {
-            let pids = crate::bounds::pids(&rec.cgroups);
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-                    killed.insert(pid);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        kill_until_empty(|| crate::bounds::pids(&rec.cgroups), &mut killed);
         crate::bounds::remove(&rec.cgroups)?;
         rec.cgroups.clear();
         net::delete_veth(&rec.veth)?;
@@ -716,6 +694,27 @@ pub(super) fn hostname_script(name: &str, ip: &str, old: &str) -> Result<String>
         .map_err(|e| LocalError::invalid("hostname", format!("{name:?}"), e.rule))
 }
 
+/// SIGKILLs every process `list` names until it names none (a process can
+/// fork while its siblings die, so one pass is not enough), for at most
+/// [`KILL_ROUNDS`] rounds; each pid killed goes into `killed`.
+fn kill_until_empty(list: impl Fn() -> Vec<i32>, killed: &mut BTreeSet<i32>) {
+    for _ in 0..KILL_ROUNDS {
+        let pids = list();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                killed.insert(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Rounds of [`kill_until_empty`]: 100 × 20 ms, two seconds at most.
+const KILL_ROUNDS: usize = 100;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -735,5 +734,40 @@ mod tests {
         }
         let e = hostname_script("a\0b", "10.0.0.1", "old").unwrap_err();
         assert!(e.to_string().contains("NUL"), "{e}");
+    }
+
+    /// Every process the list names is killed, then the list comes back
+    /// empty and the helper returns: here a child of the test, listed while
+    /// it has not ended.
+    #[test]
+    fn kill_until_empty_kills_what_the_list_names_until_it_is_empty() {
+        use std::os::unix::process::ExitStatusExt;
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id() as i32;
+        let child = std::cell::RefCell::new(child);
+        let status = std::cell::Cell::new(None);
+        let list = || {
+            // Reaped here, so a killed child stops being listed.
+            match child.borrow_mut().try_wait() {
+                Ok(Some(s)) => {
+                    status.set(Some(s));
+                    Vec::new()
+                }
+                _ => vec![pid],
+            }
+        };
+        let mut killed = BTreeSet::new();
+        kill_until_empty(list, &mut killed);
+        if status.get().is_none() {
+            // Not ended within the rounds: end it, then fail.
+            let _ = child.borrow_mut().kill();
+            let _ = child.borrow_mut().wait();
+            panic!("sleep {pid} still running after kill_until_empty");
+        }
+        assert_eq!(killed, BTreeSet::from([pid]));
+        assert_eq!(status.get().and_then(|s| s.signal()), Some(libc::SIGKILL));
     }
 }

@@ -324,7 +324,8 @@ fn run(root: &std::path::Path, command: NodeCommand) -> Result<(), AgentError> {
             match output {
                 Output::Json => println!(
                     "{}",
-                    serde_json::to_string_pretty(&plan).unwrap_or_default()
+                    knit_api::ser::json_pretty("the plan", &plan)
+                        .map_err(|e| AgentError::new(ErrorCode::FailCommand, e.to_string()))?
                 ),
                 Output::Text => {
                     println!("node: {}", plan.node_name);
@@ -354,7 +355,8 @@ fn run(root: &std::path::Path, command: NodeCommand) -> Result<(), AgentError> {
             match output {
                 Output::Json => println!(
                     "{}",
-                    serde_json::to_string_pretty(&journal).unwrap_or_default()
+                    knit_api::ser::json_pretty("the journal", &journal)
+                        .map_err(|e| AgentError::new(ErrorCode::FailCommand, e.to_string()))?
                 ),
                 Output::Text => print_status(&journal),
             }

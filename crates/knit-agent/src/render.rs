@@ -79,7 +79,11 @@ pub fn register_taints(config: &NodeConfig) -> Vec<(String, String, String)> {
 }
 
 /// `KubeletConfiguration` (kubelet.config.k8s.io/v1beta1) as YAML.
-pub fn kubelet_config(host: &Host, config: &NodeConfig, options: RuntimeOptions) -> String {
+pub fn kubelet_config(
+    host: &Host,
+    config: &NodeConfig,
+    options: RuntimeOptions,
+) -> std::result::Result<String, knit_api::ser::SerializeError> {
     let k = &config.kubelet;
     let mut doc = Map::new();
     let mut set = |key: &str, value: Value| {
@@ -181,12 +185,17 @@ pub fn kubelet_config(host: &Host, config: &NodeConfig, options: RuntimeOptions)
             .collect();
         set("registerWithTaints", Value::Array(taints));
     }
-    // Serializing a JSON value to YAML cannot fail.
-    serde_yaml_ng::to_string(&Value::Object(doc)).unwrap_or_default()
+    // An error, never an empty file: a kubelet reading an empty config
+    // runs on its defaults, not the pool's.
+    knit_api::ser::yaml("the KubeletConfiguration", &Value::Object(doc))
 }
 
 /// The kubeconfig the kubelet uses for TLS bootstrap.
-pub fn bootstrap_kubeconfig(endpoint: &str, ca_pem: &str, token: &str) -> String {
+pub fn bootstrap_kubeconfig(
+    endpoint: &str,
+    ca_pem: &str,
+    token: &str,
+) -> std::result::Result<String, knit_api::ser::SerializeError> {
     use base64::Engine;
     let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
     let doc = json!({
@@ -203,7 +212,7 @@ pub fn bootstrap_kubeconfig(endpoint: &str, ca_pem: &str, token: &str) -> String
         }}],
         "current-context": "kubelet-bootstrap",
     });
-    serde_yaml_ng::to_string(&doc).unwrap_or_default()
+    knit_api::ser::yaml("the bootstrap kubeconfig", &doc)
 }
 
 /// The user's extra kubelet flags, `--k=v` each, in key order.

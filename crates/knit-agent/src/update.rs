@@ -36,8 +36,10 @@ pub fn decode(arg: &str) -> Result<NodeUpdate> {
 }
 
 /// The base64 form [`decode`] reads.
-pub fn encode(update: &NodeUpdate) -> String {
-    base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(update).unwrap_or_default())
+pub fn encode(update: &NodeUpdate) -> Result<String> {
+    let json = knit_api::ser::json_vec("the NodeUpdate", update)
+        .map_err(|e| AgentError::new(ErrorCode::FailConfig, e.to_string()))?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(json))
 }
 
 /// `config` with `update` applied; validated as `init` validates it.
@@ -92,7 +94,10 @@ pub fn run(host: &Host, config_path: &str, update: &NodeUpdate) -> Result<NodeUp
         ),
     );
     // Written before init runs: a reboot midway resumes with the update.
-    write_atomic(&path, next.to_yaml().as_bytes(), 0o600)?;
+    let text = next
+        .to_yaml()
+        .map_err(|e| AgentError::new(ErrorCode::FailConfig, e.to_string()))?;
+    write_atomic(&path, text.as_bytes(), 0o600)?;
     let before = services::main_pid(host, "kubelet");
     let journal = engine::init(
         host,
@@ -152,7 +157,7 @@ mod tests {
                 ..KubernetesPackage::default()
             }),
         };
-        let back = decode(&encode(&update)).unwrap();
+        let back = decode(&encode(&update).unwrap()).unwrap();
         assert_eq!(back, update);
         let config = NodeConfig::default();
         let next = apply(&config, &update).unwrap();

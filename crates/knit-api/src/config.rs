@@ -81,9 +81,8 @@ impl NodeConfig {
         Ok(config)
     }
 
-    pub fn to_yaml(&self) -> String {
-        // Serializing plain data structures cannot fail.
-        serde_yaml_ng::to_string(self).unwrap_or_default()
+    pub fn to_yaml(&self) -> Result<String, crate::ser::SerializeError> {
+        crate::ser::yaml("NodeConfig", self)
     }
 }
 

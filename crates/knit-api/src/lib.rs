@@ -15,6 +15,7 @@ pub mod pool;
 pub mod reference;
 pub mod routes;
 pub mod schema;
+pub mod ser;
 pub mod shell;
 pub mod state;
 pub mod update;

@@ -166,7 +166,7 @@ proptest! {
     fn mutated_node_configs_parse_or_name_the_field(doc in mutate(NODE_CONFIG)) {
         match NodeConfig::from_yaml(&doc) {
             Ok(c) => {
-                let again = NodeConfig::from_yaml(&c.to_yaml());
+                let again = NodeConfig::from_yaml(&c.to_yaml().expect("a NodeConfig writes as YAML"));
                 prop_assert_eq!(again.ok(), Some(c));
             }
             Err(e) => check_errors(&e)?,

@@ -48,7 +48,7 @@ fn minimal_document_is_valid_with_defaults() {
         r#"{"apiVersion":"knit.dev/v1alpha1","kind":"NodeConfig","dataDisk":{"enabled":true}}"#;
     assert_eq!(NodeConfig::from_yaml(json).expect("json"), config);
     assert_eq!(
-        NodeConfig::from_yaml(&config.to_yaml()).expect("round trip"),
+        NodeConfig::from_yaml(&config.to_yaml().expect("written")).expect("round trip"),
         config
     );
 }

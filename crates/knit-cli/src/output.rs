@@ -87,7 +87,7 @@ pub fn yaml(v: &Value) -> String {
 }
 
 pub fn json(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
+    knit_api::ser::value_pretty(v) + "\n"
 }
 
 #[cfg(test)]

@@ -313,7 +313,8 @@ impl EmbeddedCluster {
         )?;
         pki::write_private(
             &admin_kubeconfig,
-            &kubeconfig(&endpoint, ca.cert_pem(), &admin_cert, &admin_key),
+            &kubeconfig(&endpoint, ca.cert_pem(), &admin_cert, &admin_key)
+                .map_err(|e| ClusterError::Config(e.to_string()))?,
         )?;
 
         let (tx, rx) = watch::channel(false);
@@ -476,7 +477,12 @@ fn create_private_dir(dir: &Path) -> Result<(), ClusterError> {
 }
 
 /// A kubeconfig with embedded CA and client certificate.
-pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {
+pub fn kubeconfig(
+    server: &str,
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> std::result::Result<String, knit_api::ser::SerializeError> {
     let doc = json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -487,7 +493,7 @@ pub fn kubeconfig(server: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> 
         "contexts": [{"name": "kubernetes-admin@knit", "context": {"cluster": "knit", "user": "kubernetes-admin"}}],
         "current-context": "kubernetes-admin@knit",
     });
-    serde_yaml_ng::to_string(&doc).unwrap_or_default()
+    knit_api::ser::yaml("the admin kubeconfig", &doc)
 }
 
 async fn serve(

@@ -148,6 +148,16 @@ pub fn encode(rv: i64, key: &str) -> String {
     encode_start(rv, &format!("{key}\u{0}"))
 }
 
+/// The token's JSON, compact, in its fields' order.
+fn token_json(t: &Token) -> String {
+    format!(
+        "{{\"v\":{},\"rv\":{},\"start\":{}}}",
+        Value::from(t.v.as_str()),
+        t.rv,
+        Value::from(t.start.as_str())
+    )
+}
+
 /// The token that continues from `start` (a start key as decoded).
 fn encode_start(rv: i64, start: &str) -> String {
     let token = Token {
@@ -155,9 +165,10 @@ fn encode_start(rv: i64, start: &str) -> String {
         rv,
         start: start.to_string(),
     };
-    // Fields in kube-apiserver's order; a struct of strings and an
-    // integer always serializes.
-    URL_SAFE_NO_PAD.encode(serde_json::to_string(&token).unwrap_or_default())
+    // Fields in kube-apiserver's order, written as serde writes the struct
+    // (a test holds them equal) but through Value's Display, which cannot
+    // fail: no serde error to turn into an empty token.
+    URL_SAFE_NO_PAD.encode(token_json(&token))
 }
 
 /// A token's start key and resourceVersion, checked as kube-apiserver's
@@ -227,6 +238,21 @@ pub fn too_large(wanted: u64, current: u64) -> ApiStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_is_written_as_serde_writes_it() {
+        for (rv, start) in [(7, "a\u{0}"), (-1, "quote\" and \\ back"), (0, "")] {
+            let t = Token {
+                v: TOKEN_VERSION.into(),
+                rv,
+                start: start.into(),
+            };
+            assert_eq!(
+                token_json(&t),
+                serde_json::to_string(&t).expect("a Token serializes")
+            );
+        }
+    }
 
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

@@ -12,7 +12,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Flat map of every leaf path (under `latest/`) to its value.
-pub fn document(inst: &Instance, user_data: Option<&str>) -> BTreeMap<String, String> {
+pub fn document(
+    inst: &Instance,
+    user_data: Option<&str>,
+) -> Result<BTreeMap<String, String>, knit_api::ser::SerializeError> {
     let r = &inst.record;
     let a = &r.template.attributes;
     let mut m = BTreeMap::new();
@@ -75,7 +78,7 @@ pub fn document(inst: &Instance, user_data: Option<&str>) -> BTreeMap<String, St
         );
         m.insert(
             format!("meta-data/security-groups/{}/rules", sg.id),
-            serde_json::to_string(&sg.rules).unwrap_or_default(),
+            knit_api::ser::json("a security group's rules", &sg.rules)?,
         );
     }
     if let Some(role) = &a.ram_role {
@@ -96,7 +99,7 @@ pub fn document(inst: &Instance, user_data: Option<&str>) -> BTreeMap<String, St
     if let Some(ud) = user_data {
         m.insert("user-data".into(), ud.to_string());
     }
-    m
+    Ok(m)
 }
 
 fn disk(m: &mut BTreeMap<String, String>, d: &DiskRecord) {
@@ -187,7 +190,10 @@ async fn handle(
             format!("{} is not an instance of this local cloud\n", peer.ip()),
         );
     };
-    let doc = document(&inst, ud.as_deref());
+    let doc = match document(&inst, ud.as_deref()) {
+        Ok(doc) => doc,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    };
     match lookup(&doc, uri.path()) {
         Some(v) => (StatusCode::OK, v),
         None => (StatusCode::NOT_FOUND, format!("{} not found\n", uri.path())),
@@ -269,7 +275,7 @@ mod tests {
 
     #[test]
     fn paths_and_listings() {
-        let doc = document(&instance(), Some("#!/bin/sh\n"));
+        let doc = document(&instance(), Some("#!/bin/sh\n")).unwrap();
         assert_eq!(
             lookup(&doc, "/latest/meta-data/instance-id").unwrap(),
             "i-0123456789ab"

@@ -353,7 +353,7 @@ pub fn run_knit(id: &str, user_data: &[u8]) -> i32 {
             "durationMs": clock.elapsed().as_millis() as u64,
         }
     });
-    let text = serde_json::to_string_pretty(&result).unwrap_or_default();
+    let text = knit_api::ser::value_pretty(&result);
     for path in ["/var/lib/cloud/data/result.json", RESULT] {
         write_atomic(path, &text);
     }
@@ -538,16 +538,15 @@ pub fn cloud_config_keys(body: &[u8]) -> Result<Vec<String>, String> {
         serde_yaml_ng::from_slice(body).map_err(|e| format!("not valid YAML: {e}"))?;
     match value {
         serde_yaml_ng::Value::Null => Ok(Vec::new()),
-        serde_yaml_ng::Value::Mapping(m) => Ok(m
+        serde_yaml_ng::Value::Mapping(m) => m
             .keys()
             .map(|k| match k {
-                serde_yaml_ng::Value::String(s) => s.clone(),
-                other => serde_yaml_ng::to_string(other)
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
+                serde_yaml_ng::Value::String(s) => Ok(s.clone()),
+                other => knit_api::ser::yaml("a cloud-config key", other)
+                    .map(|text| text.trim().to_string())
+                    .map_err(|e| e.to_string()),
             })
-            .collect()),
+            .collect(),
         _ => Err("a cloud-config must be a mapping of keys".to_string()),
     }
 }

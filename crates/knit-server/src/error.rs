@@ -92,6 +92,9 @@ pub enum ServerError {
     },
     #[error("package: {0}")]
     Package(String),
+    /// A value serde could not write (never sent or stored as empty).
+    #[error("{0}")]
+    Serialize(#[from] knit_api::ser::SerializeError),
     #[error("{0}")]
     Internal(String),
 }
@@ -123,6 +126,7 @@ impl ServerError {
             ServerError::Provider(_) => "ProviderError",
             ServerError::ProviderTimeout { .. } => "ProviderTimeout",
             ServerError::Package(_) => "PackageError",
+            ServerError::Serialize(e) => e.code(),
             ServerError::Internal(_) => "InternalError",
         }
     }

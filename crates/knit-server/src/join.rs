@@ -138,7 +138,7 @@ pub async fn bootstrap(
         "Bootstrapped",
         &format!("NodeConfig sent to {peer}"),
     )?;
-    Ok(config.to_yaml())
+    Ok(config.to_yaml()?)
 }
 
 /// Instances reach the server directly over the bridge: the peer is the

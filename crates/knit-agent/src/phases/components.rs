@@ -56,7 +56,11 @@ fn rendered_files(ctx: &Ctx) -> Result<BTreeMap<String, (String, u32)>> {
     let mut files = BTreeMap::new();
     files.insert(
         render::KUBELET_CONFIG.to_string(),
-        (render::kubelet_config(host, ctx.config, options), 0o644),
+        (
+            render::kubelet_config(host, ctx.config, options)
+                .map_err(|e| AgentError::new(ErrorCode::FailInstallComponents, e.to_string()))?,
+            0o644,
+        ),
     );
     files.insert(
         render::CUSTOMIZED_ARGS.to_string(),

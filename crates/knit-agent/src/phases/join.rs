@@ -319,7 +319,9 @@ impl Phase for Join {
         match &ctx.config.cluster.bootstrap_token {
             Some(token) => host.write_file(
                 render::BOOTSTRAP_KUBECONFIG,
-                render::bootstrap_kubeconfig(&endpoint, &ca, token).as_bytes(),
+                render::bootstrap_kubeconfig(&endpoint, &ca, token)
+                    .map_err(|e| join_error(e.to_string()))?
+                    .as_bytes(),
                 0o600,
             )?,
             None if !host.exists(render::KUBECONFIG) => {

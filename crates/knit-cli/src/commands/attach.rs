@@ -163,10 +163,7 @@ pub fn attach(c: &Client, a: AttachArgs) -> Result<ExitCode> {
     let v = &answer.view;
     let passed = v.passed;
     if a.output.as_deref() == Some("json") {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&answer.raw).unwrap_or_default()
-        );
+        println!("{}", knit_api::ser::value_pretty(&answer.raw));
     } else {
         print!("{}", preflight_table(&v.preflight));
         for outcome in &v.attached {
@@ -230,10 +227,7 @@ pub fn script(c: &Client, a: ScriptArgs) -> Result<ExitCode> {
     };
     let answer = c.attach_script(&a.pool, &request)?;
     if a.output.as_deref() == Some("json") {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&answer.raw).unwrap_or_default()
-        );
+        println!("{}", knit_api::ser::value_pretty(&answer.raw));
         return Ok(ExitCode::SUCCESS);
     }
     let v = &answer.view;

@@ -462,7 +462,7 @@ fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
             "repositories": repositories,
             "dir": dir(place),
         });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        println!("{}", knit_api::ser::value_pretty(&v));
         return Ok(ExitCode::SUCCESS);
     }
     match (&record, running) {

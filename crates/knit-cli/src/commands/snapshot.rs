@@ -142,10 +142,7 @@ pub fn run(c: &Client, action: SnapshotAction) -> Result<ExitCode> {
         } => {
             let b = c.snapshot_build(&id)?;
             if output.as_deref() == Some("json") {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&b.raw).unwrap_or_default()
-                );
+                println!("{}", knit_api::ser::value_pretty(&b.raw));
                 return Ok(ExitCode::SUCCESS);
             }
             print_build(&b.view.build, &b.view.steps);
@@ -218,7 +215,7 @@ fn list<T>(
     if output == Some("json") {
         let raw: Vec<Value> = items.into_iter().map(|i| i.raw).collect();
         let doc = serde_json::json!({ "items": raw });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        println!("{}", knit_api::ser::value_pretty(&doc));
         return Ok(ExitCode::SUCCESS);
     }
     let now = now_ms();

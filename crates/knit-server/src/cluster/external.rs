@@ -352,12 +352,18 @@ impl ClusterJoin for ExternalJoin {
                 "list the PodDisruptionBudgets of namespace {namespace}: {e}"
             ))
         })?;
-        Ok(list
-            .items
-            .iter()
-            .filter_map(|b| serde_json::to_value(b).ok())
-            .filter_map(|v| pods::budget_facts(&v))
-            .collect())
+        // A budget that cannot be read back is an error, never skipped: a
+        // skipped budget would let a drain evict what it protects.
+        let mut budgets = Vec::new();
+        for b in &list.items {
+            let v = serde_json::to_value(b).map_err(|e| {
+                external_err(format!(
+                    "a PodDisruptionBudget of namespace {namespace} as JSON: {e}"
+                ))
+            })?;
+            budgets.extend(pods::budget_facts(&v));
+        }
+        Ok(budgets)
     }
 
     async fn node_annotation(&self, node: &str, key: &str) -> Result<Option<String>> {
@@ -451,12 +457,13 @@ impl ClusterJoin for ExternalJoin {
             .list(&ListParams::default())
             .await
             .map_err(|e| external_err(format!("list nodes: {e}")))?;
-        Ok(list
-            .items
-            .iter()
-            .filter_map(|n| serde_json::to_value(n).ok())
-            .filter_map(|v| super::node_meta::NodeMeta::from_node(&v))
-            .collect())
+        let mut nodes = Vec::new();
+        for n in &list.items {
+            let v = serde_json::to_value(n)
+                .map_err(|e| external_err(format!("a Node as JSON: {e}")))?;
+            nodes.extend(super::node_meta::NodeMeta::from_node(&v));
+        }
+        Ok(nodes)
     }
 
     async fn node_meta(&self, node: &str) -> Result<Option<super::node_meta::NodeMeta>> {
@@ -465,9 +472,10 @@ impl ClusterJoin for ExternalJoin {
             .get_opt(node)
             .await
             .map_err(|e| external_err(format!("get node {node}: {e}")))?;
-        Ok(found
-            .and_then(|n| serde_json::to_value(n).ok())
-            .and_then(|v| super::node_meta::NodeMeta::from_node(&v)))
+        let Some(n) = found else { return Ok(None) };
+        let v = serde_json::to_value(n)
+            .map_err(|e| external_err(format!("node {node} as JSON: {e}")))?;
+        Ok(super::node_meta::NodeMeta::from_node(&v))
     }
 
     async fn patch_node(

@@ -324,7 +324,7 @@ impl ControlPlane {
             self.drain_for_update(job).await?;
         }
         let provider = self.provider().map_err(|e| e.to_string())?;
-        let arg = knit_update_arg(&job.node_update);
+        let arg = knit_update_arg(&job.node_update).map_err(|e| e.to_string())?;
         let config = format!("{}/node-config.yaml", crate::userdata::BOOTSTRAP_DIR);
         let answer = crate::userdata::agent::ask::<NodeUpdated>(
             provider.as_ref(),
@@ -484,9 +484,10 @@ fn reports_version(line: &str, version: &str) -> bool {
 
 /// `--update`'s value: base64 of the update's JSON (the agent's
 /// `knit_agent::update::decode` reads it).
-pub fn knit_update_arg(update: &NodeUpdate) -> String {
+pub fn knit_update_arg(update: &NodeUpdate) -> Result<String> {
     use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(update).unwrap_or_default())
+    let json = knit_api::ser::json_vec("the NodeUpdate", update)?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(json))
 }
 
 #[cfg(test)]
@@ -529,7 +530,7 @@ mod tests {
             kubernetes: None,
         };
         let bytes = base64::engine::general_purpose::STANDARD
-            .decode(knit_update_arg(&u))
+            .decode(knit_update_arg(&u).unwrap())
             .unwrap();
         let back: NodeUpdate = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(back, u);

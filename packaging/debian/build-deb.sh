@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds knit's Debian package from binaries already built:
-#   packaging/debian/build-deb.sh [--bin-dir target/release] [--out DIR]
+#   packaging/debian/build-deb.sh [--bin-dir target/dist] [--out DIR]
 #                                 [--compression xz|gzip|none]
 # The package holds knit, knit-agent, knit-local, knit-kubelet-sim and
 # knit-registry in /usr/bin, the knit-server.service unit, the config file
@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-bin_dir=target/release
+bin_dir=target/dist
 out=target/debian
 compression=xz
 while [ $# -gt 0 ]; do
@@ -23,7 +23,7 @@ done
 bins=(knit knit-agent knit-local knit-kubelet-sim knit-registry)
 for b in "${bins[@]}"; do
     if [ ! -x "$bin_dir/$b" ]; then
-        echo "build-deb.sh: $bin_dir/$b is missing: build first (cargo build --release --bins)" >&2
+        echo "build-deb.sh: $bin_dir/$b is missing: build first (cargo build --profile dist --bins)" >&2
         exit 1
     fi
 done

@@ -151,6 +151,28 @@ impl ProviderError {
     }
 }
 
+/// For the providers' mapping tests: each error becomes a provider error
+/// of its kind, with its own code, shown as `provider NAME: ERROR [CODE]`.
+#[cfg(test)]
+pub(crate) fn assert_maps_to_kinds<E: std::fmt::Display>(
+    provider: &str,
+    cases: Vec<(E, ProviderErrorKind)>,
+    code_of: impl Fn(&E) -> &'static str,
+    map: impl Fn(E) -> crate::error::ServerError,
+) {
+    for (e, kind) in cases {
+        let code = code_of(&e);
+        let text = format!("provider {provider}: {e} [{code}]");
+        match map(e) {
+            crate::error::ServerError::Provider(p) => {
+                assert_eq!((p.kind, p.code.as_str()), (kind, code), "{text}");
+                assert_eq!(p.to_string(), text);
+            }
+            other => panic!("not a provider error: {other}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -762,17 +762,7 @@ mod tests {
                 K::Permanent,
             ),
         ];
-        for (e, kind) in cases {
-            let text = format!("provider local: {e} [{}]", e.code());
-            let code = e.code();
-            match err(e) {
-                ServerError::Provider(p) => {
-                    assert_eq!((p.kind, p.code.as_str()), (kind, code), "{text}");
-                    assert_eq!(p.to_string(), text);
-                }
-                other => panic!("not a provider error: {other}"),
-            }
-        }
+        crate::provider::error::assert_maps_to_kinds("local", cases, LocalError::code, err);
     }
 
     #[test]

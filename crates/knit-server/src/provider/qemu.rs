@@ -565,17 +565,7 @@ mod tests {
                 K::Permanent,
             ),
         ];
-        for (e, kind) in cases {
-            let text = format!("provider qemu: {e} [{}]", e.code());
-            let code = e.code();
-            match err(e) {
-                ServerError::Provider(p) => {
-                    assert_eq!((p.kind, p.code.as_str()), (kind, code), "{text}");
-                    assert_eq!(p.to_string(), text);
-                }
-                other => panic!("not a provider error: {other}"),
-            }
-        }
+        crate::provider::error::assert_maps_to_kinds("qemu", cases, QemuError::code, err);
     }
     use crate::provider::DiskTemplate;
 

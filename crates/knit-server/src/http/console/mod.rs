@@ -425,11 +425,9 @@ mod role_tests {
         serde_urlencoded::to_string(pairs).unwrap()
     }
 
-    /// Any token signs in; a viewer's pages offer no change and the server
-    /// refuses one anyway; a revoked token ends its session; an admin's
-    /// pages offer everything.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_console_offers_and_allows_what_the_role_may() {
+    /// A control plane on an in-memory store with a cluster and the first
+    /// admin token (`admin_secret`); the directory holds its state.
+    fn signed_in_control_plane(admin_secret: &str) -> (tempfile::TempDir, Arc<ControlPlane>) {
         let dir = tempfile::tempdir().unwrap();
         let cp = Arc::new(ControlPlane::new(
             crate::store::Store::open_in_memory().unwrap(),
@@ -437,11 +435,20 @@ mod role_tests {
             Arc::new(crate::bootstrap::NoCluster),
             crate::control::Settings::new(dir.path().join("state")),
             String::new(),
-            "first-admin-secret".into(),
+            admin_secret.into(),
             String::new(),
         ));
         cp.store.put_cluster(&knit_api::Cluster::default()).unwrap();
         crate::api_tokens::seed_first_admin(&cp).unwrap();
+        (dir, cp)
+    }
+
+    /// Any token signs in; a viewer's pages offer no change and the server
+    /// refuses one anyway; a revoked token ends its session; an admin's
+    /// pages offer everything.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_console_offers_and_allows_what_the_role_may() {
+        let (_state_dir, cp) = signed_in_control_plane("first-admin-secret");
         let viewer = crate::api_tokens::create(
             &cp,
             &knit_api::views::TokenCreateRequest {
@@ -537,18 +544,7 @@ mod role_tests {
             "&lt;script&gt;alert('x')&lt;/script&gt;",
             "&quot; onmouseover=",
         ];
-        let dir = tempfile::tempdir().unwrap();
-        let cp = Arc::new(ControlPlane::new(
-            crate::store::Store::open_in_memory().unwrap(),
-            None,
-            Arc::new(crate::bootstrap::NoCluster),
-            crate::control::Settings::new(dir.path().join("state")),
-            String::new(),
-            "escape-admin-secret".into(),
-            String::new(),
-        ));
-        cp.store.put_cluster(&knit_api::Cluster::default()).unwrap();
-        crate::api_tokens::seed_first_admin(&cp).unwrap();
+        let (_state_dir, cp) = signed_in_control_plane("escape-admin-secret");
         // Written past the API's name checks, straight into the store.
         let hostile_pool = knit_api::NodePool::new(HOSTILE, knit_api::NodePoolSpec::default());
         cp.store.insert_pool(&hostile_pool).unwrap();

@@ -424,13 +424,7 @@ async fn automatic_form(
         },
         Ok((free, total)) => html! {
             table.candidates {
-                thead {
-                    tr {
-                        @for col in ["Add", "Name", "Instance", "State", "Address"] {
-                            th scope="col" { (col) }
-                        }
-                    }
-                }
+                (html::thead(&["Add", "Name", "Instance", "State", "Address"]))
                 tbody {
                     @for i in &free {
                         @let box_id = format!("instance-{}", i.id);
@@ -532,13 +526,7 @@ fn report_table(report: &PreflightReport) -> Markup {
                 "Instance " code { (report.instance) } ": "
                 @if errors == 0 { "passed" } @else { (errors) " error(s)" }
             }
-            thead {
-                tr {
-                    @for col in ["Status", "Check", "Code", "Message", "Fix"] {
-                        th scope="col" { (col) }
-                    }
-                }
-            }
+            (html::thead(&["Status", "Check", "Code", "Message", "Fix"]))
             tbody {
                 @for r in &report.results {
                     // The status as the API spells it (`error`, `skipped`, …).
@@ -648,13 +636,7 @@ fn added_table(console: &Cs) -> Markup {
     let now = crate::store::now_ms();
     html! {
         table.added {
-            thead {
-                tr {
-                    @for col in ["Instance", "Provider id", "Pool", "Mode", "State", "Node", "Node status", "Phase", "Added"] {
-                        th scope="col" { (col) }
-                    }
-                }
-            }
+            (html::thead(&["Instance", "Provider id", "Pool", "Mode", "State", "Node", "Node status", "Phase", "Added"]))
             tbody {
                 @for i in &added {
                     @let mode = match crate::attach::record(&console.cp, &i.name) {

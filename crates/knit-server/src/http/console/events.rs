@@ -31,13 +31,7 @@ pub fn table(events: &[EventRecord], now_ms: i64) -> Markup {
             p { "No events." }
         } @else {
             table.events {
-                thead {
-                    tr {
-                        @for col in ["Last seen", "Type", "Object", "Reason", "Message", "Count"] {
-                            th scope="col" { (col) }
-                        }
-                    }
-                }
+                (html::thead(&["Last seen", "Type", "Object", "Reason", "Message", "Count"]))
                 tbody {
                     @for e in events {
                         // The store's word for the type (the same as on the wire).

@@ -27,6 +27,19 @@ pub fn csrf_field(session: &Session) -> Markup {
     html! { input type="hidden" name=(CSRF_FIELD) value=(session.csrf); }
 }
 
+/// A table's header row: one column header per name.
+pub fn thead(columns: &[&str]) -> Markup {
+    html! {
+        thead {
+            tr {
+                @for col in columns {
+                    th scope="col" { (col) }
+                }
+            }
+        }
+    }
+}
+
 /// Which item of the navigation a page belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Section {

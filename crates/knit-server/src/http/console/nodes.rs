@@ -86,13 +86,7 @@ pub async fn list(
             } @else {
                 table.nodes {
                     caption { "Nodes" }
-                    thead {
-                        tr {
-                            @for col in ["Node", "Pool", "Status", "Phase", "Cache", "Error", "Age"] {
-                                th scope="col" { (col) }
-                            }
-                        }
-                    }
+                    (html::thead(&["Node", "Pool", "Status", "Phase", "Cache", "Error", "Age"]))
                     tbody {
                         @for (node, cache) in shown.iter().zip(&caches) {
                             (row(node, cache.as_ref(), now))
@@ -523,13 +517,7 @@ fn timeline_table(timeline: &[TimelineEntryView]) -> Markup {
             details {
                 summary { "Every phase report" }
                 table.timeline-table {
-                    thead {
-                        tr {
-                            @for col in ["At", "Phase", "Outcome", "Duration", "Error code", "Reason"] {
-                                th scope="col" { (col) }
-                            }
-                        }
-                    }
+                    (html::thead(&["At", "Phase", "Outcome", "Duration", "Error code", "Reason"]))
                     tbody {
                         @for e in timeline {
                             tr {

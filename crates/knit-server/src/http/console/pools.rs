@@ -58,13 +58,7 @@ fn render(console: &Cs, session: &Session, done: Option<&str>, failed: Option<Fa
             } @else {
                 table.pools {
                     caption { "Node pools" }
-                    thead {
-                        tr {
-                            @for col in ["Pool", "Type", "Snapshot", "Desired", "Instances", "Initialized", "Ready", "Rollout", "Age", "Actions"] {
-                                th scope="col" { (col) }
-                            }
-                        }
-                    }
+                    (html::thead(&["Pool", "Type", "Snapshot", "Desired", "Instances", "Initialized", "Ready", "Rollout", "Age", "Actions"]))
                     tbody {
                         @for pool in &pools { (row(pool, now, may_change)) }
                     }

@@ -46,13 +46,7 @@ pub async fn list(State(console): State<Cs>, Extension(session): Extension<Sessi
                 p { "No snapshots. Build one with " code { "knit snapshot build" } "." }
             } @else {
                 table.snapshots {
-                    thead {
-                        tr {
-                            @for col in ["Snapshot", "Pool", "Kubernetes", "Images", "Size", "Used by", "Age"] {
-                                th scope="col" { (col) }
-                            }
-                        }
-                    }
+                    (html::thead(&["Snapshot", "Pool", "Kubernetes", "Images", "Size", "Used by", "Age"]))
                     tbody {
                         @for s in &snapshots {
                             tr {
@@ -79,13 +73,7 @@ pub async fn list(State(console): State<Cs>, Extension(session): Extension<Sessi
                 p { "No builds." }
             } @else {
                 table.builds {
-                    thead {
-                        tr {
-                            @for col in ["Build", "Pool", "Status", "Step", "Started"] {
-                                th scope="col" { (col) }
-                            }
-                        }
-                    }
+                    (html::thead(&["Build", "Pool", "Status", "Step", "Started"]))
                     tbody {
                         // Newest first.
                         @for b in builds.iter().rev() {

@@ -88,3 +88,5 @@ mod tests {
         }
     }
 }
+
+pub mod layers;

@@ -10,6 +10,7 @@ pub mod journal;
 pub mod log;
 pub mod markers;
 pub mod package;
+pub mod phase;
 pub mod phases;
 pub mod prepare;
 pub mod render;

@@ -9,9 +9,9 @@
 //! Otherwise the node's own sources are used when one answers a TCP
 //! connect within [`PROBE_TIMEOUT`].
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::markers;
+use crate::phase::{Ctx, Decision, Phase};
 use crate::phases::kernel_hold;
 use knit_api::{ErrorCode, PhaseName};
 use std::time::Duration;

@@ -7,10 +7,10 @@
 //! owns everything that talks to the cluster.
 
 use crate::disk::mounts::mounted_at;
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Context, Result};
 use crate::host::Host;
 use crate::package::{self, Package, Source};
+use crate::phase::{Ctx, Decision, Phase};
 use crate::render::{self, RuntimeOptions};
 use crate::services;
 use crate::tls;

@@ -11,9 +11,9 @@
 use crate::disk::discover::{choose, discover, BlockDisk};
 use crate::disk::mounts::{mounted_at, MountEntry};
 use crate::disk::{read_signature, Signature};
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Context, Result};
 use crate::markers;
+use crate::phase::{Ctx, Decision, Phase};
 use knit_api::{ErrorCode, FormatPolicy, PhaseName};
 use nix::mount::{mount, MsFlags};
 use serde::Serialize;

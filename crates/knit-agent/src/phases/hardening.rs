@@ -2,9 +2,9 @@
 //! concrete, checked before it is applied, and listed in docs/agent.md. The
 //! profile is fixed at the node's first run: a different one later is refused.
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
+use crate::phase::{Ctx, Decision, Phase};
 use knit_api::{ErrorCode, HardeningProfile, PhaseName};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

@@ -7,9 +7,9 @@
 //! A rerun resumes: services already running with the same definition are
 //! left alone, and only the wait is repeated.
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
+use crate::phase::{Ctx, Decision, Phase};
 use crate::render;
 use crate::services::{self, ServiceSpec};
 use crate::tls;

@@ -6,8 +6,8 @@
 //! written to [`HELD_FILE`] before the first hold, so an agent killed
 //! mid-upgrade releases them on its next run.
 
-use crate::engine::Ctx;
 use crate::error::Result;
+use crate::phase::Ctx;
 use knit_api::ErrorCode;
 use std::time::Duration;
 

@@ -11,7 +11,7 @@ pub mod optional;
 pub mod os_config;
 pub mod time_sync;
 
-use crate::engine::Phase;
+use crate::phase::Phase;
 use knit_api::PhaseName;
 
 /// Every phase in the order it runs: `PhaseName::ALL`'s order, the one list

@@ -1,8 +1,8 @@
 //! `node-identity`: the node name (`<region>.<instance-id>` or the pool's
 //! custom name), recorded in the node; with a custom name, also the hostname.
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{Context, Result};
+use crate::phase::{Ctx, Decision, Phase};
 use knit_api::{ErrorCode, PhaseName};
 
 pub struct NodeIdentityPhase;

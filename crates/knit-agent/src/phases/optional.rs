@@ -10,9 +10,9 @@
 //!   as proxy snapshotter.
 //! - SGX: the enclave device must exist.
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
+use crate::phase::{Ctx, Decision, Phase};
 use crate::phases::base_packages::{detect_package_manager, PackageManager};
 use crate::render;
 use crate::services;

@@ -6,9 +6,9 @@
 //! parameter is host-wide and read-only in a sandbox, it is left to the next
 //! boot and the log says so.
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
+use crate::phase::{Ctx, Decision, Phase};
 use knit_api::{ErrorCode, PhaseName};
 use std::collections::BTreeMap;
 
@@ -181,7 +181,7 @@ mod tests {
         config.node.region = Some("cn-test".into());
         config.node.instance_id = Some("i-1".into());
         config.node.ip = Some("10.0.0.7".into());
-        let mut ctx = crate::engine::context(&host, &config).unwrap();
+        let mut ctx = crate::phase::context(&host, &config).unwrap();
         for initial in [true, false] {
             let err = OsConfigPhase { initial }.run(&mut ctx).unwrap_err();
             assert_eq!(err.code, ErrorCode::FailOsConfig, "{err}");

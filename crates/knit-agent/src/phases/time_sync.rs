@@ -5,9 +5,9 @@
 //! namespaced, so in a container or a local-cloud sandbox chronyd runs with
 //! `-x`: it tracks NTP and never touches the host's clock.
 
-use crate::engine::{Ctx, Decision, Phase};
 use crate::error::{AgentError, Result};
 use crate::host::Host;
+use crate::phase::{Ctx, Decision, Phase};
 use crate::services::{self, ServiceSpec};
 use knit_api::{ErrorCode, PhaseName};
 use std::os::unix::fs::MetadataExt;

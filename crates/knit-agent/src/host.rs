@@ -3,30 +3,26 @@
 //! implementation, the real one; tests aim it at a tree and real loop devices.
 
 use crate::error::{AgentError, Context, Result};
+use crate::files::{under, write_atomic};
+use crate::ledger::UndoLedger;
 use crate::log::DeployLog;
 use knit_api::ErrorCode;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// `root` + `abs`, where `abs` is an absolute path inside the node.
-pub fn under(root: &Path, abs: &str) -> PathBuf {
-    root.join(abs.trim_start_matches('/'))
-}
-
 pub struct Host {
     root: PathBuf,
     pub log: DeployLog,
     /// Wall time spent inside external commands, for the overhead benchmark.
     command_time: Mutex<Duration>,
-    /// Serializes updates of the undo ledger.
-    undo: Mutex<()>,
+    /// The undo ledger every change to the machine is written to first.
+    ledger: UndoLedger,
 }
 
 /// What a finished command left behind.
@@ -41,20 +37,21 @@ impl Host {
         let root = root.into();
         let log = DeployLog::open(&root);
         Host {
+            ledger: UndoLedger::new(&root),
             root,
             log,
             command_time: Mutex::new(Duration::ZERO),
-            undo: Mutex::new(()),
         }
     }
 
     /// A host for read-only commands (`plan`, `status`): no log file is created.
     pub fn without_log(root: impl Into<PathBuf>) -> Host {
+        let root = root.into();
         Host {
-            root: root.into(),
+            ledger: UndoLedger::new(&root),
+            root,
             log: DeployLog::disabled(),
             command_time: Mutex::new(Duration::ZERO),
-            undo: Mutex::new(()),
         }
     }
 
@@ -87,9 +84,11 @@ impl Host {
         fs::read_to_string(self.path(abs)).ok()
     }
 
-    /// Held while the undo ledger is read and rewritten.
-    pub fn undo_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.undo.lock().unwrap_or_else(|p| p.into_inner())
+    /// The undo ledger of this tree, where a change is noted before it is
+    /// made (mounts, services, kernel settings; files and directories are
+    /// noted by `write_file` and `create_dir` themselves).
+    pub fn ledger(&self) -> &UndoLedger {
+        &self.ledger
     }
 
     pub fn command_time(&self) -> Duration {
@@ -99,14 +98,14 @@ impl Host {
     /// Writes a file atomically (temp + fsync + rename), creating parents;
     /// recorded in the undo ledger first.
     pub fn write_file(&self, abs: &str, contents: &[u8], mode: u32) -> Result<()> {
-        crate::undo::note_file(self, abs)?;
+        self.ledger.note_file(abs)?;
         write_atomic(&self.path(abs), contents, mode)
     }
 
     /// Creates a directory and its parents; recorded in the undo ledger
     /// first (only what did not exist).
     pub fn create_dir(&self, abs: &str) -> Result<()> {
-        crate::undo::note_dir(self, abs)?;
+        self.ledger.note_dir(abs)?;
         let path = self.path(abs);
         fs::create_dir_all(&path).context(ErrorCode::FailCommand, || {
             format!("create directory {}", path.display())
@@ -220,32 +219,4 @@ impl Host {
         .map(|dir| format!("{dir}/{name}"))
         .find(|abs| self.path(abs).is_file())
     }
-}
-
-pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
-    let fail = |what: &str, e: std::io::Error| {
-        AgentError::new(
-            ErrorCode::FailCommand,
-            format!("{what} {}: {e}", path.display()),
-        )
-    };
-    let parent = path.parent().unwrap_or(Path::new("/"));
-    fs::create_dir_all(parent).map_err(|e| fail("create directory for", e))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.knit-tmp-{}", std::process::id()));
-    {
-        let mut file = fs::File::create(&tmp).map_err(|e| fail("create", e))?;
-        file.write_all(contents).map_err(|e| fail("write", e))?;
-        file.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(|e| fail("chmod", e))?;
-        file.sync_all().map_err(|e| fail("fsync", e))?;
-    }
-    fs::rename(&tmp, path).map_err(|e| fail("rename into", e))?;
-    if let Ok(dir) = fs::File::open(parent) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
 }

@@ -2,7 +2,8 @@
 //! so that an agent killed at any point can be rerun and finish.
 
 use crate::error::{AgentError, Result};
-use crate::host::{write_atomic, Host};
+use crate::files::write_atomic;
+use crate::host::Host;
 use knit_api::{ErrorCode, PhaseName, PhaseOutcome};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

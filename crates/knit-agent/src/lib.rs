@@ -4,9 +4,11 @@
 pub mod disk;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod host;
 pub mod identity;
 pub mod journal;
+pub mod ledger;
 pub mod log;
 pub mod markers;
 pub mod package;

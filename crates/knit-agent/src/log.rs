@@ -35,7 +35,7 @@ impl DeployLog {
     /// Opens (appends to) the log under `root`. If the log cannot be opened
     /// the agent still runs and logs to stderr only.
     pub fn open(root: &Path) -> DeployLog {
-        let path = crate::host::under(root, LOG_FILE);
+        let path = crate::files::under(root, LOG_FILE);
         let log_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let _ = fs::create_dir_all(&log_dir);
         let file = OpenOptions::new()
@@ -44,7 +44,7 @@ impl DeployLog {
             .open(&path)
             .ok();
         for (link, target) in ACK_LINKS {
-            let link = crate::host::under(root, link);
+            let link = crate::files::under(root, link);
             if fs::symlink_metadata(&link).is_err() {
                 let _ = std::os::unix::fs::symlink(target, &link);
             }

@@ -577,7 +577,7 @@ pub fn adopt_hand_made_cache(package: &Package) -> Result<()> {
             format!("encode cache manifest: {e}"),
         )
     })?;
-    crate::host::write_atomic(&package.dir.join(CACHE_MANIFEST), &text, 0o644)
+    crate::files::write_atomic(&package.dir.join(CACHE_MANIFEST), &text, 0o644)
 }
 
 /// Where a package being cached is assembled, beside the cache (same
@@ -609,7 +609,7 @@ pub fn write_cache(host: &Host, cache_abs: &str, package: &Package) -> Result<Pa
     };
     let text = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| fail(format!("encode cache manifest: {e}")))?;
-    crate::host::write_atomic(&tmp.join(CACHE_MANIFEST), &text, 0o644)?;
+    crate::files::write_atomic(&tmp.join(CACHE_MANIFEST), &text, 0o644)?;
     if dest.exists() {
         fs::rename(&dest, &old).map_err(|e| fail(format!("move aside {}: {e}", dest.display())))?;
     }
@@ -640,8 +640,8 @@ pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<Strin
             continue;
         }
         let dest_dir = host.path(dir);
-        crate::undo::note_dir(host, dir)?;
-        crate::undo::note_file(host, &format!("{dir}/{name}"))?;
+        host.ledger().note_dir(dir)?;
+        host.ledger().note_file(&format!("{dir}/{name}"))?;
         fs::create_dir_all(&dest_dir)
             .map_err(|e| fail(format!("create {}: {e}", dest_dir.display())))?;
         let dest = dest_dir.join(name);

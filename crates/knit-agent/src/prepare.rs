@@ -241,7 +241,7 @@ pub fn leave(host: &Host) -> Result<LeaveReport> {
         Err(e) => report.failed.push(format!("remove {BOOTSTRAP_DIR}: {e}")),
     }
     // Only when empty: other software may keep files there.
-    let _ = std::fs::remove_dir(host.path(crate::undo::STATE_DIR));
+    let _ = std::fs::remove_dir(host.path(crate::ledger::STATE_DIR));
     Ok(report)
 }
 
@@ -386,7 +386,7 @@ esac
         let report = leave(&host).unwrap();
         assert!(report.failed.is_empty(), "{report:?}");
         assert!(!host.path(BOOTSTRAP_DIR).exists());
-        assert!(!host.path(crate::undo::STATE_DIR).exists());
+        assert!(!host.path(crate::ledger::STATE_DIR).exists());
         let again = leave(&host).unwrap();
         assert!(again.failed.is_empty(), "{again:?}");
     }

@@ -72,7 +72,7 @@ pub fn ensure_running(host: &Host, spec: &ServiceSpec) -> Result<()> {
         ));
     }
     // Recorded before it starts, so that an undo stops it.
-    crate::undo::note_service(host, &spec.name)?;
+    host.ledger().note_service(&spec.name)?;
     if uses_systemd(host) {
         systemd_ensure(host, spec)
     } else {

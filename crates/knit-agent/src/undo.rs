@@ -1,231 +1,18 @@
-//! The undo ledger: each change `init` makes to the machine outside the
-//! agent's own state directory (`/var/lib/knit`) is written down here
-//! before it is made, so that `knit-agent reset --undo` can put the machine
-//! back as it was — what a manual attach whose join failed does.
-//!
-//! Recorded: files written (with a copy of what was there before, if
-//! anything), directories that did not exist (removed with their content:
-//! everything in them came after), mounts, services started, kernel
-//! settings written live (with their previous value). Not recorded, and
-//! so not undone: packages installed by the OS package manager, kernel
-//! modules loaded, a blank data disk the agent formatted (its filesystem
-//! stays; it held no data), the agent's own log files under `/var/log`
-//! (kept for diagnosis).
+//! `knit-agent reset --undo`: puts the machine back as the undo ledger
+//! (`ledger.rs`) says it was, newest change first, then removes the
+//! agent's own state.
 
-use crate::error::{AgentError, Context, Result};
-use crate::host::{write_atomic, Host};
+use crate::error::Result;
+use crate::files::write_atomic;
+use crate::host::Host;
+use crate::ledger::{Change, Ledger, LEDGER_DIR};
 use knit_api::ErrorCode;
-use serde::{Deserialize, Serialize};
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-
-/// The agent's own state directory: never recorded, removed by the undo.
-pub const STATE_DIR: &str = "/var/lib/knit";
-pub const LEDGER_DIR: &str = "/var/lib/knit/undo";
-pub const LEDGER_FILE: &str = "/var/lib/knit/undo/ledger.json";
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Change {
-    /// A file written. `backup`: the file (under `LEDGER_DIR`) holding what
-    /// was there before, with its mode; `None`: there was no file.
-    File {
-        path: String,
-        backup: Option<String>,
-        mode: Option<u32>,
-    },
-    /// A directory that did not exist before the agent made it.
-    Dir {
-        path: String,
-    },
-    Mount {
-        target: String,
-    },
-    Service {
-        name: String,
-    },
-    /// A live kernel setting (`/proc/sys/…`, sysfs) and its previous value.
-    Kernel {
-        path: String,
-        previous: String,
-    },
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ledger {
-    pub changes: Vec<Change>,
-}
 
 /// What an undo did and what it could not do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UndoReport {
     pub done: Vec<String>,
     pub failed: Vec<String>,
-}
-
-fn is_own(abs: &str) -> bool {
-    abs == STATE_DIR || abs.starts_with(&format!("{STATE_DIR}/"))
-}
-
-impl Ledger {
-    pub fn load(host: &Host) -> Result<Ledger> {
-        let path = host.path(LEDGER_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).context(ErrorCode::FailJournal, || {
-                format!("undo ledger {} is unreadable", path.display())
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
-            Err(e) => Err(AgentError::new(
-                ErrorCode::FailJournal,
-                format!("read {}: {e}", path.display()),
-            )),
-        }
-    }
-
-    fn save(&self, host: &Host) -> Result<()> {
-        let text = serde_json::to_vec_pretty(self).context(ErrorCode::FailJournal, || {
-            "encode the undo ledger".to_string()
-        })?;
-        write_atomic(&host.path(LEDGER_FILE), &text, 0o600)
-    }
-
-    fn has(&self, change: &Change) -> bool {
-        self.changes.iter().any(|c| match (c, change) {
-            (Change::File { path: a, .. }, Change::File { path: b, .. }) => a == b,
-            (Change::Kernel { path: a, .. }, Change::Kernel { path: b, .. }) => a == b,
-            (a, b) => a == b,
-        })
-    }
-
-    /// Inside a directory the agent made: removing that removes this too.
-    fn covered(&self, abs: &str) -> bool {
-        self.changes.iter().any(|c| match c {
-            Change::Dir { path } => abs == path || abs.starts_with(&format!("{path}/")),
-            _ => false,
-        })
-    }
-}
-
-/// The topmost missing directory on the way to `abs` (itself included).
-fn topmost_missing(host: &Host, abs: &str) -> Option<String> {
-    let mut missing = None;
-    let mut current = Path::new(abs);
-    while current != Path::new("/") {
-        if host.path(&current.to_string_lossy()).exists() {
-            break;
-        }
-        missing = Some(current.to_string_lossy().into_owned());
-        current = current.parent()?;
-    }
-    missing
-}
-
-/// Records that `abs` (a file) is about to be written.
-pub fn note_file(host: &Host, abs: &str) -> Result<()> {
-    if is_own(abs) {
-        return Ok(());
-    }
-    let _lock = host.undo_lock();
-    let mut ledger = Ledger::load(host)?;
-    if ledger.covered(abs)
-        || ledger.has(&Change::File {
-            path: abs.to_string(),
-            backup: None,
-            mode: None,
-        })
-    {
-        return Ok(());
-    }
-    let path = host.path(abs);
-    let change = match std::fs::symlink_metadata(&path) {
-        Ok(meta) if meta.is_file() => {
-            let name = format!("files/{}", ledger.changes.len());
-            let bytes = std::fs::read(&path)
-                .context(ErrorCode::FailJournal, || format!("back up {abs}"))?;
-            write_atomic(&host.path(&format!("{LEDGER_DIR}/{name}")), &bytes, 0o600)?;
-            Change::File {
-                path: abs.to_string(),
-                backup: Some(name),
-                mode: Some(meta.permissions().mode() & 0o7777),
-            }
-        }
-        // A symlink or something else: not ours to replace blindly; keep
-        // what it was by recording no backup only when nothing was there.
-        Ok(_) => return Ok(()),
-        Err(_) => {
-            if let Some(parent) = Path::new(abs).parent() {
-                if let Some(dir) = topmost_missing(host, &parent.to_string_lossy()) {
-                    ledger.changes.push(Change::Dir { path: dir });
-                    ledger.save(host)?;
-                    return Ok(());
-                }
-            }
-            Change::File {
-                path: abs.to_string(),
-                backup: None,
-                mode: None,
-            }
-        }
-    };
-    ledger.changes.push(change);
-    ledger.save(host)
-}
-
-/// Records that directory `abs` (and missing parents) is about to be made.
-pub fn note_dir(host: &Host, abs: &str) -> Result<()> {
-    if is_own(abs) {
-        return Ok(());
-    }
-    let _lock = host.undo_lock();
-    let mut ledger = Ledger::load(host)?;
-    if ledger.covered(abs) {
-        return Ok(());
-    }
-    if let Some(dir) = topmost_missing(host, abs) {
-        ledger.changes.push(Change::Dir { path: dir });
-        ledger.save(host)?;
-    }
-    Ok(())
-}
-
-fn note(host: &Host, change: Change) -> Result<()> {
-    let _lock = host.undo_lock();
-    let mut ledger = Ledger::load(host)?;
-    if ledger.has(&change) {
-        return Ok(());
-    }
-    ledger.changes.push(change);
-    ledger.save(host)
-}
-
-pub fn note_mount(host: &Host, target_abs: &str) -> Result<()> {
-    note(
-        host,
-        Change::Mount {
-            target: target_abs.to_string(),
-        },
-    )
-}
-
-pub fn note_service(host: &Host, name: &str) -> Result<()> {
-    note(
-        host,
-        Change::Service {
-            name: name.to_string(),
-        },
-    )
-}
-
-/// A live kernel setting at `path` (a real path, not under `--root`)
-/// about to change from `previous`.
-pub fn note_kernel(host: &Host, path: &str, previous: &str) -> Result<()> {
-    note(
-        host,
-        Change::Kernel {
-            path: path.to_string(),
-            previous: previous.trim().to_string(),
-        },
-    )
 }
 
 /// Mount points at or under `dir` (host paths), deepest first.
@@ -270,7 +57,7 @@ fn kernel_value(text: &str) -> String {
 /// `bootstrap`, which the attach command removes itself) and the services'
 /// run directory.
 pub fn undo(host: &Host) -> Result<UndoReport> {
-    let ledger = Ledger::load(host)?;
+    let ledger = Ledger::load(host.root())?;
     let mut report = UndoReport::default();
     for change in ledger.changes.iter().rev() {
         if let Change::Service { name } = change {
@@ -389,6 +176,7 @@ pub fn undo(host: &Host) -> Result<UndoReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn tree() -> (tempfile::TempDir, Host) {
         let dir = tempfile::tempdir().unwrap();
@@ -431,7 +219,7 @@ mod tests {
         host.write_file("/var/lib/knit/journal.json", b"{}", 0o600)
             .unwrap();
 
-        let ledger = Ledger::load(&host).unwrap();
+        let ledger = Ledger::load(host.root()).unwrap();
         assert_eq!(
             ledger.changes.len(),
             4,

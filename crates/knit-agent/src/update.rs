@@ -11,7 +11,8 @@
 
 use crate::engine::{self, InitOptions};
 use crate::error::{AgentError, Result};
-use crate::host::{write_atomic, Host};
+use crate::files::write_atomic;
+use crate::host::Host;
 use crate::services;
 use base64::Engine as _;
 use knit_api::agent::{NodeUpdate, NodeUpdated};

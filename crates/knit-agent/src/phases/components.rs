@@ -283,7 +283,9 @@ fn install_image_list(ctx: &Ctx, package: &Package) {
         return;
     }
     let dest = host.path(IMAGE_LIST);
-    let done = crate::undo::note_file(host, IMAGE_LIST)
+    let done = host
+        .ledger()
+        .note_file(IMAGE_LIST)
         .map_err(|e| std::io::Error::other(e.message))
         .and_then(|()| dest.parent().map_or(Ok(()), std::fs::create_dir_all))
         .and_then(|()| std::fs::copy(&src, &dest).map(|_| ()));

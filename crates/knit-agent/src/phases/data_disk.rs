@@ -489,10 +489,14 @@ fn format_disk(ctx: &mut Ctx, disk: &BlockDisk, fs_type: &str) -> Result<()> {
 
 fn mount_disk(ctx: &mut Ctx, disk: &BlockDisk, fs_type: &str) -> Result<()> {
     let target = ctx.host.host_path(&ctx.config.data_disk.mount_target);
-    crate::undo::note_dir(ctx.host, &ctx.config.data_disk.mount_target)?;
+    ctx.host
+        .ledger()
+        .note_dir(&ctx.config.data_disk.mount_target)?;
     std::fs::create_dir_all(&target)
         .context(ErrorCode::FailMountDataDisk, || format!("create {target}"))?;
-    crate::undo::note_mount(ctx.host, &ctx.config.data_disk.mount_target)?;
+    ctx.host
+        .ledger()
+        .note_mount(&ctx.config.data_disk.mount_target)?;
     let device = ctx.host.host_path(&disk.path);
     let fs_type = if fs_type.starts_with("ext") {
         "ext4"
@@ -604,13 +608,13 @@ fn finish_mounts(ctx: &mut Ctx, dev_id: &str) -> Result<()> {
         let dest = ctx.host.host_path(dir);
         std::fs::create_dir_all(&source)
             .context(ErrorCode::FailMountDataDisk, || format!("create {source}"))?;
-        crate::undo::note_dir(ctx.host, dir)?;
+        ctx.host.ledger().note_dir(dir)?;
         std::fs::create_dir_all(&dest)
             .context(ErrorCode::FailMountDataDisk, || format!("create {dest}"))?;
         if mounted_at(&dest).is_some_and(|m| m.dev_id == dev_id) {
             continue;
         }
-        crate::undo::note_mount(ctx.host, dir)?;
+        ctx.host.ledger().note_mount(dir)?;
         mount(
             Some(source.as_str()),
             dest.as_str(),

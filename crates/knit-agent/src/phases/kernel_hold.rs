@@ -114,7 +114,7 @@ pub fn with_kernel_held<T>(
         return upgrade().map(|t| (t, ours));
     }
     // The record first: an agent killed after the hold releases it next run.
-    crate::host::write_atomic(
+    crate::files::write_atomic(
         &ctx.host.path(HELD_FILE),
         format!("{}\n", ours.join("\n")).as_bytes(),
         0o644,

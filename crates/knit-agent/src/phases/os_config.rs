@@ -52,7 +52,7 @@ pub fn apply_sysctls(
             continue;
         }
         if let Ok(previous) = &current {
-            crate::undo::note_kernel(host, &path, previous)?;
+            host.ledger().note_kernel(&path, previous)?;
         }
         match std::fs::write(&path, value) {
             Ok(()) => applied += 1,
@@ -148,7 +148,10 @@ impl Phase for OsConfigPhase {
                 continue;
             }
             if let Some(previous) = thp_current(&current) {
-                crate::undo::note_kernel(ctx.host, &path, previous).map_err(os_error)?;
+                ctx.host
+                    .ledger()
+                    .note_kernel(&path, previous)
+                    .map_err(os_error)?;
             }
             match std::fs::write(&path, want) {
                 Ok(()) => summary.push_str(&format!("; THP {file}={want}")),

@@ -13,8 +13,9 @@
 //! next `ensure` or removed by `down`.
 
 use crate::error::{IoContext, LocalError, Result, SysContext};
-use crate::loopdev;
-use crate::run::run;
+use crate::loopdev::{self, clone_file};
+use crate::mounts::mount_points;
+use crate::run::{find_program, run};
 use crate::state::{self, now};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -204,7 +205,7 @@ impl BlockStore {
                 PathBuf::from(out.trim())
             }
         };
-        crate::cloud::Cloud::checkpoint("store-loop");
+        crate::pause::checkpoint("store-loop");
         nix::mount::mount(
             Some(&dev),
             &self.dir(),
@@ -242,59 +243,6 @@ impl BlockStore {
     }
 }
 
-/// Mount points of this mount namespace.
-pub fn mount_points() -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4).map(unescape_mountinfo))
-        .collect()
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Clones `from` into a new file `to` (FICLONE): instant, blocks shared.
-pub fn clone_file(from: &Path, to: &Path) -> Result<()> {
-    let src = std::fs::File::open(from).ctx("cannot open", from)?;
-    let dst = std::fs::File::options()
-        .write(true)
-        .create_new(true)
-        .open(to)
-        .ctx("cannot create", to)?;
-    // SAFETY: both descriptors are open files we own for the call's duration.
-    let rc = unsafe {
-        libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(&dst),
-            libc::FICLONE,
-            std::os::fd::AsRawFd::as_raw_fd(&src),
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        drop(dst);
-        let _ = std::fs::remove_file(to);
-        return Err(e).ctx("cannot reflink-clone into", to);
-    }
-    Ok(())
-}
-
 /// Whether files in `dir` can be reflink-cloned (tried on two probe files).
 fn reflink_works(dir: &Path) -> bool {
     let a = dir.join(format!(".reflink-probe-{}-a", std::process::id()));
@@ -314,23 +262,9 @@ fn reflink_works(dir: &Path) -> bool {
     ok
 }
 
-pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo("/x\\"), "/x\\");
-    }
 
     #[test]
     fn store_files_are_named_by_kind_and_id() {

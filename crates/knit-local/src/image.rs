@@ -19,6 +19,8 @@
 //! version, so a second build against unchanged indexes does nothing.
 
 use crate::error::{IoContext, LocalError, Result};
+// Where images live is the model's (the default base root is read there).
+pub use crate::model::{default_root, images_dir, DEFAULT_DIR, DIR_ENV, NAME};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -28,8 +30,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The name of the current image's link in the images directory.
-pub const NAME: &str = "debian-12";
 /// The Debian release the image is built from.
 pub const SUITE: &str = "bookworm";
 /// mmdebstrap's variant: Essential and Priority: required packages, and apt.
@@ -58,29 +58,12 @@ pub const PACKAGES: &[&str] = &[
 ];
 /// Changes whenever the build steps change what an image holds.
 const FORMAT: u32 = 1;
-/// Default images directory; `KNIT_IMAGES_DIR` overrides it.
-pub const DEFAULT_DIR: &str = "/var/lib/knit/images";
-pub const DIR_ENV: &str = "KNIT_IMAGES_DIR";
 /// A build that takes longer than this is stuck (a few minutes is normal).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(3600);
 /// `apt-get update` / the resolution each get this long.
 const APT_TIMEOUT: Duration = Duration::from_secs(600);
 /// mmdebstrap lines kept for an error message.
 const TAIL_LINES: usize = 30;
-
-/// The images directory: `KNIT_IMAGES_DIR`, else `/var/lib/knit/images`.
-pub fn images_dir() -> PathBuf {
-    std::env::var_os(DIR_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR))
-}
-
-/// The current image's root directory (through the `debian-12` link):
-/// the local cloud's default base root.
-pub fn default_root() -> PathBuf {
-    images_dir().join(NAME).join("root")
-}
 
 /// `image.json`: what an image is made of.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,7 +107,7 @@ pub struct Built {
 /// one with the same key there. `progress` gets one line per step and
 /// mmdebstrap's own lines.
 pub fn build(out: &Path, progress: &mut dyn FnMut(&str)) -> Result<Built> {
-    crate::require_root()?;
+    crate::run::require_root()?;
     let out = if out.is_absolute() {
         out.to_path_buf()
     } else {
@@ -167,7 +150,7 @@ pub fn build(out: &Path, progress: &mut dyn FnMut(&str)) -> Result<Built> {
                 .into(),
         });
     }
-    if crate::blockstore::find_program("mmdebstrap").is_none() {
+    if crate::run::find_program("mmdebstrap").is_none() {
         return Err(LocalError::Command {
             command: "mmdebstrap".into(),
             status: "not found on PATH".into(),

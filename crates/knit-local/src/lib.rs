@@ -17,15 +17,17 @@ pub mod image;
 pub mod loopdev;
 pub mod metadata;
 pub mod model;
+pub mod mounts;
 pub mod net;
 pub mod pause;
 pub mod run;
 pub mod state;
 pub mod userdata;
 
-pub use cloud::{require_root, Cloud, Config, DownReport};
+pub use cloud::{Cloud, Config, DownReport};
 pub use error::{LocalError, Result};
 /// knit-api's shell-script helpers, for knit-qemu (whose manifest does not
 /// name knit-api yet).
 pub use knit_api::shell;
 pub use model::*;
+pub use run::require_root;

@@ -128,7 +128,7 @@ pub fn mkfs(file: &Path, fs: &str) -> Result<()> {
 /// can (the block store), a sparse copy otherwise (e.g. a disk file of an
 /// older state directory, outside the store).
 pub fn copy_disk(from: &Path, to: &Path) -> Result<&'static str> {
-    if crate::blockstore::clone_file(from, to).is_ok() {
+    if clone_file(from, to).is_ok() {
         return Ok("reflink");
     }
     let _ = std::fs::remove_file(to);
@@ -141,4 +141,29 @@ pub fn copy_disk(from: &Path, to: &Path) -> Result<&'static str> {
         ],
     )?;
     Ok("sparse-copy")
+}
+
+/// Clones `from` into a new file `to` (FICLONE): instant, blocks shared.
+pub fn clone_file(from: &Path, to: &Path) -> Result<()> {
+    let src = std::fs::File::open(from).ctx("cannot open", from)?;
+    let dst = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(to)
+        .ctx("cannot create", to)?;
+    // SAFETY: both descriptors are open files we own for the call's duration.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&dst),
+            libc::FICLONE,
+            std::os::fd::AsRawFd::as_raw_fd(&src),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        drop(dst);
+        let _ = std::fs::remove_file(to);
+        return Err(e).ctx("cannot reflink-clone into", to);
+    }
+    Ok(())
 }

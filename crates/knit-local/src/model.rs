@@ -66,11 +66,31 @@ impl Default for Template {
     }
 }
 
+// Where the node OS images live (their builder is image.rs).
+/// The name of the current image's link in the images directory.
+pub const NAME: &str = "debian-12";
+/// Default images directory; `KNIT_IMAGES_DIR` overrides it.
+pub const DEFAULT_DIR: &str = "/var/lib/knit/images";
+pub const DIR_ENV: &str = "KNIT_IMAGES_DIR";
+/// The images directory: `KNIT_IMAGES_DIR`, else `/var/lib/knit/images`.
+pub fn images_dir() -> PathBuf {
+    std::env::var_os(DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR))
+}
+
+/// The current image's root directory (through the `debian-12` link):
+/// the local cloud's default base root.
+pub fn default_root() -> PathBuf {
+    images_dir().join(NAME).join("root")
+}
+
 fn default_instance_type() -> String {
     "local.small".into()
 }
 fn default_base_root() -> PathBuf {
-    crate::image::default_root()
+    default_root()
 }
 fn default_system_disk_size() -> Quantity {
     Quantity::Text("20Gi".into())
@@ -452,7 +472,7 @@ pub fn check_base_root(root: &std::path::Path) -> std::result::Result<(), &'stat
         Err("must not contain ',', ':' or a newline (overlayfs options)")
     } else if !root.is_absolute() {
         Err("must be an absolute path")
-    } else if !root.exists() && root.starts_with(crate::image::images_dir()) {
+    } else if !root.exists() && root.starts_with(images_dir()) {
         Err("is not built yet: run `knit image build` (or name another root directory; `/` is the host's root)")
     } else if !root.join("bin").exists() && !root.join("usr/bin").exists() {
         Err("must be a root filesystem directory (no bin/ or usr/bin/ in it)")

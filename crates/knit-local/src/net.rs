@@ -166,7 +166,7 @@ pub fn netns_path(netns: &str) -> std::path::PathBuf {
 pub fn release_netns_dir() -> Result<usize> {
     let dir = std::path::Path::new(NETNS_DIR);
     let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
-    let mounts = crate::blockstore::mount_points();
+    let mounts = crate::mounts::mount_points();
     let below = mounts
         .iter()
         .any(|m| std::path::Path::new(m).starts_with(dir) && std::path::Path::new(m) != dir);

@@ -27,6 +27,12 @@ pub fn hold_if_set(env: &str, point: &str, announce: &str) {
     }
 }
 
+/// The local cloud's crash-test points: `KNIT_LOCAL_PAUSE_AFTER=step`
+/// stops here until killed.
+pub(crate) fn checkpoint(step: &str) {
+    hold_if_set("KNIT_LOCAL_PAUSE_AFTER", step, "knit-local: paused after");
+}
+
 #[cfg(all(test, feature = "fault-injection"))]
 mod tests {
     use super::*;

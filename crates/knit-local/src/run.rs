@@ -57,3 +57,21 @@ fn render(program: &str, args: &[&str]) -> String {
     }
     s
 }
+
+/// Finds `name` on `PATH` (the usual system directories when unset).
+pub(crate) fn find_program(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The local cloud changes the host (mounts, devices, namespaces): root only.
+pub fn require_root() -> Result<()> {
+    let uid = nix::unistd::geteuid();
+    if uid.is_root() {
+        Ok(())
+    } else {
+        Err(LocalError::NotRoot { uid: uid.as_raw() })
+    }
+}

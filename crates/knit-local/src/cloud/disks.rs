@@ -148,7 +148,7 @@ impl Cloud {
         };
         self.store()?;
         self.state.put_snapshot(&snap)?;
-        Self::checkpoint("snapshot-record");
+        crate::pause::checkpoint("snapshot-record");
         // Like a disk: the file in the block store, a link beside the record.
         let link = self.state.snapshot_file(&snap.id);
         let file = self.store.file("snapshots", &snap.id);

@@ -66,9 +66,9 @@ impl Cloud {
             self.state.put_instance(&rec)?;
             rec
         };
-        Self::checkpoint("record");
+        crate::pause::checkpoint("record");
         let made = self.make_disks(&rec, tpl).and_then(|_| {
-            Self::checkpoint("disks");
+            crate::pause::checkpoint("disks");
             self.boot(&mut rec)
         });
         if let Err(e) = made {
@@ -114,7 +114,7 @@ impl Cloud {
             });
             disks.push(BootDisk::new(&dev, &d));
         }
-        Self::checkpoint("loops");
+        crate::pause::checkpoint("loops");
         // Its cgroups: recorded, then made (size, device allow-list).
         rec.cgroups = crate::bounds::plan(&rec.id)?;
         {
@@ -125,7 +125,7 @@ impl Cloud {
         }
         crate::bounds::create(&rec.cgroups, &size, &devs)?;
         let entry = crate::bounds::Entry::new(&rec.cgroups)?;
-        Self::checkpoint("cgroups");
+        crate::pause::checkpoint("cgroups");
         net::netns_add(&rec.netns)?;
         let ip = rec.private_ip.parse().map_err(|_| LocalError::State {
             path: self.state.instance_dir(&rec.id),
@@ -144,7 +144,7 @@ impl Cloud {
         if let Some(mbit) = rec.template.bandwidth_mbit {
             net::shape(&rec.veth, &rec.netns, Some(mbit))?;
         }
-        Self::checkpoint("network");
+        crate::pause::checkpoint("network");
 
         let dir = self.state.instance_dir(&rec.id);
         let spec = BootSpec {
@@ -277,7 +277,7 @@ impl Cloud {
             self.state.put_instance(rec)?;
         }
         tracing::info!(id = %rec.id, ip = %rec.private_ip, boot_ms = rec.last_boot_ms, "instance ready");
-        Self::checkpoint("spawn");
+        crate::pause::checkpoint("spawn");
         Ok(())
     }
 

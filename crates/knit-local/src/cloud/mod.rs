@@ -87,18 +87,9 @@ fn resolve_base_root(root: &Path) -> PathBuf {
     std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf())
 }
 
-pub fn require_root() -> Result<()> {
-    let uid = nix::unistd::geteuid();
-    if uid.is_root() {
-        Ok(())
-    } else {
-        Err(LocalError::NotRoot { uid: uid.as_raw() })
-    }
-}
-
 impl Cloud {
     pub fn open(cfg: Config) -> Result<Cloud> {
-        require_root()?;
+        crate::run::require_root()?;
         let subnet = Subnet::parse(&cfg.subnet).ok_or_else(|| {
             LocalError::invalid(
                 "subnet",
@@ -175,11 +166,6 @@ impl Cloud {
             format!("{:?}", sibling),
             "the knit-local binary must exist next to this program or be set in Config.helper",
         ))
-    }
-
-    /// Test fault injection: `KNIT_LOCAL_PAUSE_AFTER=step` stops here until killed.
-    pub(crate) fn checkpoint(step: &str) {
-        crate::pause::hold_if_set("KNIT_LOCAL_PAUSE_AFTER", step, "knit-local: paused after");
     }
 
     /// How many instances of each type this cloud may hold at once (`knit
@@ -301,7 +287,7 @@ impl Cloud {
         // The block store is knit-local's only host mount; anything else
         // under the state directory was left by hand or by a foreign tool.
         // Deepest first, so the store goes after what was mounted inside it.
-        let mut mounts: Vec<String> = crate::blockstore::mount_points()
+        let mut mounts: Vec<String> = crate::mounts::mount_points()
             .into_iter()
             .filter(|m| Path::new(m).starts_with(&root))
             .collect();

@@ -46,6 +46,12 @@ impl CliError {
     }
 }
 
+impl From<knit_server::features::FeatureMissing> for CliError {
+    fn from(e: knit_server::features::FeatureMissing) -> CliError {
+        CliError::Server(ServerError::FeatureMissing(e))
+    }
+}
+
 pub type Result<T> = std::result::Result<T, CliError>;
 
 /// Wraps an I/O error with what was being done.

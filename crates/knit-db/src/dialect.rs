@@ -2,6 +2,7 @@
 
 /// `?1`, `?2`… (and bare `?`, numbered in order) → `$1`, `$2`…, outside
 /// quoted strings and identifiers.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub fn postgres_placeholders(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 8);
     let mut chars = sql.chars().peekable();

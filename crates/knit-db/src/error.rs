@@ -27,6 +27,15 @@ pub enum DbError {
     },
     #[error("the transaction conflicted with other servers {0} times in a row")]
     Conflict(u32),
+    /// A PostgreSQL datastore asked of a build without the `postgres`
+    /// feature (scripts/up.sh's build).
+    #[error(
+        "a PostgreSQL datastore needs the cargo feature `{feature}`, which this knit was built without (scripts/up.sh builds only what the main job runs): build knit with it: `{command}`"
+    )]
+    NotBuiltIn {
+        feature: &'static str,
+        command: &'static str,
+    },
 }
 
 impl DbError {
@@ -41,6 +50,15 @@ impl DbError {
             DbError::NoRow(_) => "DB_NO_ROW",
             DbError::NewerSchema { .. } => "DB_NEWER_SCHEMA",
             DbError::Conflict(_) => "DB_CONFLICT",
+            DbError::NotBuiltIn { .. } => "DB_NOT_BUILT_IN",
+        }
+    }
+
+    /// PostgreSQL refused by a build without it.
+    pub fn not_built_in() -> DbError {
+        DbError::NotBuiltIn {
+            feature: "postgres",
+            command: "cargo build --release --locked -p knit-cli --features postgres",
         }
     }
 

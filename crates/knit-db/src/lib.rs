@@ -10,11 +10,17 @@
 mod dialect;
 mod error;
 pub mod passfile;
+#[cfg(feature = "postgres")]
+mod postgres;
+// Without PostgreSQL: the same names, which no Db ever holds.
+#[cfg(not(feature = "postgres"))]
+#[path = "postgres_off.rs"]
 mod postgres;
 pub mod roles;
 mod sqlite;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "postgres")]
 mod tls;
 mod value;
 
@@ -70,21 +76,33 @@ impl Datastore {
             return Ok(Datastore::Sqlite(PathBuf::from(path)));
         }
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            let (without, passfile) = passfile::take(text).map_err(|r| bad(&r))?;
-            let tls = tls::settings(&without, |rule| bad(&rule))?;
-            let config = tls
-                .driver_url
-                .parse::<tokio_postgres::Config>()
-                .map_err(|e| bad(&format!("not a PostgreSQL connection URL: {e}")))?;
-            if let Some(path) = passfile {
-                if config.get_password().is_some() || config.get_user().is_none() {
-                    // The same rules as at connect time, said now.
-                    passfile::password_for(&path, &config).map_err(|r| bad(&r))?;
-                }
-            }
-            return Ok(Datastore::Postgres(text.to_string()));
+            return Datastore::parse_postgres(text, bad);
         }
         Err(bad("must be `sqlite`, `sqlite:PATH` or a postgres:// URL"))
+    }
+
+    /// A `postgres://` URL, checked as the driver will read it.
+    #[cfg(feature = "postgres")]
+    fn parse_postgres(text: &str, bad: impl Fn(&str) -> DbError) -> Result<Datastore, DbError> {
+        let (without, passfile) = passfile::take(text).map_err(|r| bad(&r))?;
+        let tls = tls::settings(&without, |rule| bad(&rule))?;
+        let config = tls
+            .driver_url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| bad(&format!("not a PostgreSQL connection URL: {e}")))?;
+        if let Some(path) = passfile {
+            if config.get_password().is_some() || config.get_user().is_none() {
+                // The same rules as at connect time, said now.
+                passfile::password_for(&path, &config).map_err(|r| bad(&r))?;
+            }
+        }
+        Ok(Datastore::Postgres(text.to_string()))
+    }
+
+    /// Without the `postgres` feature: refused, naming it.
+    #[cfg(not(feature = "postgres"))]
+    fn parse_postgres(_text: &str, _bad: impl Fn(&str) -> DbError) -> Result<Datastore, DbError> {
+        Err(DbError::not_built_in())
     }
 
     /// Shared by several servers (so a leader must be elected).
@@ -168,6 +186,8 @@ pub struct Tx<'a> {
 
 enum TxInner<'a> {
     Sqlite(&'a rusqlite::Transaction<'a>),
+    // Without the feature there is no Postgres to make one with.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres(&'a mut postgres::Conn, &'a postgres::Postgres),
 }
 

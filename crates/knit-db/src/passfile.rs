@@ -127,6 +127,7 @@ fn split(line: &str) -> Vec<String> {
 }
 
 /// The password `passfile` gives for the connection `config` describes.
+#[cfg(feature = "postgres")]
 pub fn password_for(path: &Path, config: &tokio_postgres::Config) -> Result<String, String> {
     use tokio_postgres::config::Host;
     if config.get_password().is_some() {

@@ -32,8 +32,17 @@ fn check(what: &str, name: &str) -> Result<(), DbError> {
 /// A SCRAM-SHA-256 verifier of `password`, which `PASSWORD '…'` takes in
 /// place of the clear password. It is base64 and `$`, `:`, `=` only: no
 /// quote to escape.
-pub fn scram_verifier(password: &str) -> String {
-    postgres_protocol::password::scram_sha_256(password.as_bytes())
+#[cfg(feature = "postgres")]
+pub fn scram_verifier(password: &str) -> Result<String, DbError> {
+    Ok(postgres_protocol::password::scram_sha_256(
+        password.as_bytes(),
+    ))
+}
+
+/// Without PostgreSQL no role is ever made.
+#[cfg(not(feature = "postgres"))]
+pub fn scram_verifier(_password: &str) -> Result<String, DbError> {
+    Err(DbError::not_built_in())
 }
 
 /// Makes `role` (or brings an existing one to) a login role with
@@ -44,7 +53,7 @@ pub fn scram_verifier(password: &str) -> String {
 pub fn ensure_owner(admin: &Db, role: &str, password: &str, database: &str) -> Result<(), DbError> {
     check("role", role)?;
     check("database", database)?;
-    let verifier = scram_verifier(password);
+    let verifier = scram_verifier(password)?;
     let attributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT";
     if role_exists(admin, role)? {
         admin.autocommit(&format!(
@@ -80,7 +89,7 @@ pub fn ensure_admin(by: &Db, role: &str, password: &str) -> Result<bool, DbError
     if role_exists(by, role)? {
         return Ok(false);
     }
-    let verifier = scram_verifier(password);
+    let verifier = scram_verifier(password)?;
     by.autocommit(&format!(
         "CREATE ROLE {role} WITH LOGIN SUPERUSER PASSWORD '{verifier}'"
     ))?;

@@ -95,6 +95,9 @@ pub enum ServerError {
     /// A value serde could not write (never sent or stored as empty).
     #[error("{0}")]
     Serialize(#[from] knit_api::ser::SerializeError),
+    /// Asked for a part this binary was built without (a cargo feature).
+    #[error("{0}")]
+    FeatureMissing(#[from] crate::features::FeatureMissing),
     #[error("{0}")]
     Internal(String),
 }
@@ -127,6 +130,7 @@ impl ServerError {
             ServerError::ProviderTimeout { .. } => "ProviderTimeout",
             ServerError::Package(_) => "PackageError",
             ServerError::Serialize(e) => e.code(),
+            ServerError::FeatureMissing(_) => crate::features::FeatureMissing::CODE,
             ServerError::Internal(_) => "InternalError",
         }
     }
@@ -148,6 +152,7 @@ impl ServerError {
             // Unreachable or slow: worth retrying once it is back.
             ServerError::Db(e) if e.is_unavailable() => 503,
             ServerError::Fenced { .. } => 503,
+            ServerError::FeatureMissing(_) => 501,
             _ => 500,
         }
     }

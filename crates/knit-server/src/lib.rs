@@ -13,6 +13,7 @@ pub mod control;
 pub mod drain;
 pub mod durable;
 pub mod error;
+pub mod features;
 pub mod ha;
 pub mod http;
 pub mod join;

@@ -69,6 +69,7 @@ pub fn record(server_state: &Path, provider: &str, cloud: &knit_local::Config) -
         metadata_port: Some(cloud.metadata_port),
     };
     write_record(server_state, LOCAL_RECORD, &local)?;
+    #[cfg(feature = "qemu")]
     if provider == "qemu" {
         let cfg = knit_server::provider::qemu::qemu_config(cloud)?;
         let vms = Record {
@@ -91,6 +92,7 @@ pub fn down(server_state: &Path) -> Result<()> {
 }
 
 /// The provider `knit server --provider qemu` runs with these options.
+#[cfg(feature = "qemu")]
 pub fn qemu_provider(
     local: knit_local::Config,
 ) -> Result<std::sync::Arc<dyn knit_server::provider::Provider>> {
@@ -100,8 +102,23 @@ pub fn qemu_provider(
     ))
 }
 
+/// Without QEMU built in: VMs recorded by a knit with it are refused
+/// (only such a knit can remove them), naming the feature.
+#[cfg(not(feature = "qemu"))]
+fn qemu_down(server_state: &Path) -> Result<()> {
+    let Some((_, rec)) = read_record::<Record>(server_state, QEMU_RECORD)? else {
+        return Ok(());
+    };
+    knit_server::features::require(
+        knit_server::features::Feature::Qemu,
+        &format!("removing the QEMU VMs in {}", rec.state_dir.display()),
+    )?;
+    Ok(())
+}
+
 /// Releases every VM, tap, process and file of the recorded VMs' state
 /// directory, if `up` recorded one.
+#[cfg(feature = "qemu")]
 fn qemu_down(server_state: &Path) -> Result<()> {
     let Some((path, rec)) = read_record::<Record>(server_state, QEMU_RECORD)? else {
         return Ok(());

@@ -8,6 +8,7 @@ use clap::Args;
 use knit_api::state::InstanceState;
 use knit_client::{Client, ClientConfig};
 use knit_server::control::{Settings, DEFAULT_PORT};
+use knit_server::features::{self, Feature};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -305,8 +306,32 @@ fn has_password(datastore: &str) -> bool {
         .is_some_and(|(userinfo, _)| userinfo.contains(':'))
 }
 
+/// The optional parts of knit (cargo features) these options ask for, each
+/// with how the user asked for it.
+fn needed_features(opts: &ServerOpts) -> Vec<(Feature, String)> {
+    let mut needed = Vec::new();
+    if let Some(f) = features::for_provider(&opts.provider) {
+        needed.push((f, format!("--provider {}", opts.provider)));
+    }
+    if let Some(f) = features::for_datastore(&opts.datastore) {
+        needed.push((f, "--datastore postgres://…".to_string()));
+    }
+    needed
+}
+
+/// Refuses options that need a part this binary was built without
+/// (scripts/up.sh's build leaves out ECS, QEMU and PostgreSQL), naming the
+/// cargo feature and the command that builds it.
+fn check_features(opts: &ServerOpts) -> std::result::Result<(), features::FeatureMissing> {
+    for (feature, asked) in needed_features(opts) {
+        features::require(feature, &asked)?;
+    }
+    Ok(())
+}
+
 /// The ECS settings from the server's flags, refused (naming every flag
 /// still to give) when one ECS needs is missing.
+#[cfg(feature = "ecs")]
 fn ecs_settings(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsSettings> {
     let mut s =
         knit_server::provider::ecs::EcsSettings::new(opts.region.as_deref().unwrap_or_default());
@@ -329,6 +354,7 @@ fn ecs_settings(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsSett
 /// needs before any instance can be made is checked here, at start: a
 /// missing setting stops the server naming the flag that gives it (every
 /// create would otherwise fail in the log, one after another).
+#[cfg(feature = "ecs")]
 fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProvider> {
     let s = ecs_settings(opts)?;
     let credentials =
@@ -340,6 +366,7 @@ fn ecs_provider(opts: &ServerOpts) -> Result<knit_server::provider::ecs::EcsProv
 }
 
 /// What `--provider qemu` runs on this host: (program, Debian package).
+#[cfg(feature = "qemu")]
 const QEMU_PROGRAMS: &[(&str, &str)] = &[
     ("qemu-system-x86_64", "qemu-system-x86"),
     ("qemu-img", "qemu-utils"),
@@ -350,6 +377,7 @@ const QEMU_PROGRAMS: &[(&str, &str)] = &[
 /// `--provider qemu` refused at start when a program it runs is missing,
 /// naming the packages and the command that installs them (the main job's
 /// setup leaves QEMU out).
+#[cfg(feature = "qemu")]
 fn check_qemu_programs() -> Result<()> {
     let missing: Vec<(&str, &str)> = QEMU_PROGRAMS
         .iter()
@@ -552,14 +580,19 @@ pub fn serve(
     opts: ServerOpts,
     write_config: bool,
 ) -> Result<ExitCode> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-        // ureq prints request headers at debug: an STS token is one.
-        .add_directive(
+    check_features(&opts)?;
+    #[allow(unused_mut)] // without ECS there is no directive to add
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // ureq prints request headers at debug: an STS token is one.
+    #[cfg(feature = "ecs")]
+    {
+        filter = filter.add_directive(
             knit_ecs::LOG_DIRECTIVE
                 .parse()
                 .map_err(|e| CliError::Failed(format!("log filter: {e}")))?,
         );
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -607,7 +640,9 @@ pub fn serve(
         "local" => Some(Arc::new(knit_server::provider::local::LocalProvider::new(
             local_config(&opts),
         )?)),
+        #[cfg(feature = "ecs")]
         "ecs" => Some(Arc::new(ecs_provider(&opts)?)),
+        #[cfg(feature = "qemu")]
         "qemu" => {
             check_qemu_programs()?;
             Some(clouds::qemu_provider(local_config(&opts))?)
@@ -749,8 +784,11 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
         }
     }
     // The server would refuse to start: say so before starting it.
+    check_features(&opts)?;
     match opts.provider.as_str() {
+        #[cfg(feature = "ecs")]
         "ecs" => drop(ecs_settings(&opts)?),
+        #[cfg(feature = "qemu")]
         "qemu" => check_qemu_programs()?,
         _ => {}
     }
@@ -1098,6 +1136,49 @@ mod tests {
         assert!(has_password("postgresql://u:p@h/db"));
     }
 
+    /// The provider and datastore asked for map to the features they need;
+    /// each is refused, naming the feature and the command that builds it,
+    /// when the binary lacks it (`check` with "not built in": the test
+    /// build has every feature).
+    #[test]
+    fn options_needing_a_feature_name_it_and_are_refused_without_it() {
+        let asked = needed_features(&up(&[
+            "--provider",
+            "qemu",
+            "--datastore",
+            "postgres://knit@127.0.0.1:5432/knit",
+        ]));
+        assert_eq!(
+            asked,
+            [
+                (Feature::Qemu, "--provider qemu".to_string()),
+                (Feature::Postgres, "--datastore postgres://…".to_string())
+            ]
+        );
+        assert_eq!(
+            needed_features(&up(&["--provider", "ecs"])),
+            [(Feature::Ecs, "--provider ecs".to_string())]
+        );
+        assert!(needed_features(&up(&[])).is_empty(), "local on SQLite");
+        for (feature, how) in asked {
+            let e = CliError::from(features::check(feature, false, &how).unwrap_err());
+            assert_eq!(e.code(), "FeatureMissing");
+            let text = e.to_string();
+            let command = format!(
+                "`cargo build --release --locked -p knit-cli --features {}`",
+                feature.name()
+            );
+            assert!(text.starts_with(&how), "{text}");
+            assert!(text.contains(&command), "{text}");
+            assert!(features::check(feature, true, &how).is_ok());
+        }
+        assert_eq!(
+            check_features(&up(&["--provider", "qemu"])).is_ok(),
+            Feature::Qemu.built_in()
+        );
+    }
+
+    #[cfg(feature = "ecs")]
     #[test]
     fn ecs_settings_missing_at_start_name_their_flags() {
         let Err(e) = ecs_settings(&up(&["--provider", "ecs", "--region", "cn-shanghai"])) else {

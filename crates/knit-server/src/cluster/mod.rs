@@ -3,7 +3,34 @@
 //! pin, and Node status and removal through the cluster's own HTTPS API with
 //! the admin client certificate, as any Kubernetes client would.
 
+#[cfg(feature = "external-cluster")]
 pub mod external;
+/// Without the `external-cluster` feature: the embedded cluster, and an
+/// external one refused naming the feature.
+#[cfg(not(feature = "external-cluster"))]
+pub mod external {
+    use crate::bootstrap::ClusterJoin;
+    use crate::error::Result;
+    use crate::features::{require, Feature};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// The cluster nodes join: `started_with`; a stored spec with
+    /// `apiServer: external` is a [`crate::features::FeatureMissing`].
+    pub async fn select(
+        spec: &knit_api::Cluster,
+        started_with: Arc<dyn ClusterJoin>,
+        _token_ttl: Duration,
+    ) -> Result<Arc<dyn ClusterJoin>> {
+        if spec.spec.api_server == "external" {
+            require(
+                Feature::ExternalCluster,
+                "the Cluster's spec.apiServer: external",
+            )?;
+        }
+        Ok(started_with)
+    }
+}
 pub mod node_meta;
 pub mod pods;
 

@@ -126,9 +126,9 @@ fn string_map(v: &Value) -> BTreeMap<String, String> {
 
 /// RFC 3339 (as the API writes timestamps) → ms since the epoch.
 pub fn rfc3339_ms(text: &str) -> Option<i64> {
-    k8s_openapi::chrono::DateTime::parse_from_rfc3339(text)
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
         .ok()
-        .map(|t| t.timestamp_millis())
+        .and_then(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
 }
 
 /// A pod object's facts; `None` when it has no name.
@@ -225,6 +225,16 @@ pub fn eviction_body(namespace: &str, name: &str) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn rfc3339_reads_as_milliseconds_since_the_epoch() {
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:01.5Z"), Some(1_500));
+        assert_eq!(
+            rfc3339_ms("2026-12-03T13:45:00.123+01:00"),
+            Some(1_796_301_900_123)
+        );
+        assert_eq!(rfc3339_ms("2026-12-03"), None);
+    }
 
     #[test]
     fn a_pod_object_reads_as_its_facts() {

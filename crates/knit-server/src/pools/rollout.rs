@@ -250,11 +250,21 @@ fn resume_stopped(cp: &ControlPlane, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Now in RFC 3339 with milliseconds, UTC (`2026-12-03T13:45:00.123Z`),
+/// as `restartedAt` has always been written.
+fn rfc3339_ms_now() -> Result<String> {
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    time::OffsetDateTime::now_utc()
+        .format(&format)
+        .map_err(|e| ServerError::Internal(format!("format the restart time: {e}")))
+}
+
 /// `knit rollout restart`: every node replaced (a new `restartedAt`, part
 /// of the template hash).
 pub async fn restart(cp: &ControlPlane, name: &str) -> Result<PoolView> {
-    let at = k8s_openapi::chrono::Utc::now()
-        .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Millis, true);
+    let at = rfc3339_ms_now()?;
     change_pool(cp, name, |pool| {
         pool.spec.restarted_at = Some(at.clone());
         Ok(Some((
@@ -339,4 +349,16 @@ pub fn revisions(cp: &ControlPlane, name: &str) -> Result<Vec<PoolRevisionView>>
             },
         })
         .collect())
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn the_restart_time_is_rfc3339_with_milliseconds_in_utc() {
+        let at = super::rfc3339_ms_now().unwrap();
+        // 2026-12-03T13:45:00.123Z
+        assert_eq!(at.len(), 24, "{at}");
+        assert!(at.ends_with('Z') && at.as_bytes()[19] == b'.', "{at}");
+        assert!(crate::cluster::pods::rfc3339_ms(&at).is_some(), "{at}");
+    }
 }

@@ -1,10 +1,12 @@
 //! Where instances come from. The reconciler speaks only this trait; the
 //! local cloud (knit-local) is the implementation that exists today.
 
+#[cfg(feature = "ecs")]
 pub mod ecs;
 pub mod error;
 pub mod fallback;
 pub mod local;
+#[cfg(feature = "qemu")]
 pub mod qemu;
 
 use crate::error::Result;

@@ -533,6 +533,7 @@ mod tests {
     /// "external" cluster (the embedded one again, by its admin
     /// kubeconfig): read, a stale taint list refused (409), patched, the
     /// hand-set label and taint kept, an absent Node not found.
+    #[cfg(feature = "external-cluster")]
     #[test]
     fn both_seams_read_and_patch_nodes_and_refuse_a_stale_taint_list() {
         use crate::bootstrap::ClusterJoin;

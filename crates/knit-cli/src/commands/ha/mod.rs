@@ -126,6 +126,10 @@ pub fn up(cli_config: &Option<PathBuf>, args: UpArgs) -> Result<ExitCode> {
         layout.clear_records();
         return super::up(cli_config, args.opts);
     }
+    knit_server::features::require(
+        knit_server::features::Feature::Postgres,
+        &format!("--ha {n}"),
+    )?;
     if n > MAX_SERVERS {
         return Err(CliError::Usage(format!(
             "--ha {n}: at most {MAX_SERVERS} servers on one machine"

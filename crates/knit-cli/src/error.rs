@@ -29,6 +29,9 @@ pub enum CliError {
     /// `knit up --ha`: PostgreSQL, a server or HAProxy.
     #[error("{0}")]
     Ha(#[from] crate::commands::server::ha::HaError),
+    /// A file, process or command helper (knit-os).
+    #[error("{0}")]
+    Os(#[from] knit_os::OsError),
 }
 
 impl CliError {
@@ -42,6 +45,7 @@ impl CliError {
             CliError::Registry(e) => e.code().into(),
             CliError::Local(e) => e.code().into(),
             CliError::Ha(e) => e.code().into(),
+            CliError::Os(e) => e.code().into(),
         }
     }
 }

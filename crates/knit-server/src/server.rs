@@ -54,6 +54,15 @@ impl Server {
     }
 }
 
+/// What `knit server init` makes before the first start: the control
+/// plane's CA (its certificate's PEM) and the admin token, each made once
+/// and read back after.
+pub fn init_state(settings: &Settings) -> Result<(String, String)> {
+    let pki = Pki::load_or_create(&settings.pki_dir(), &[settings.admin_token_path()])?;
+    let token = load_or_create_token(&settings.admin_token_path())?;
+    Ok((pki.ca_pem, token))
+}
+
 /// The Cluster spec stored in the datastore, read before the server
 /// starts: the embedded API is started before [`start`] opens the store,
 /// and takes its pod CIDR (node IPAM) from it. `None` on a datastore not

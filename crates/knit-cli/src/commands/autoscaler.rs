@@ -6,8 +6,6 @@
 
 use crate::error::{io, CliError, Result};
 use knit_client::Client;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -50,18 +48,7 @@ fn default_dir() -> Result<PathBuf> {
 }
 
 fn write(path: &Path, data: &str, mode: u32) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io(format!("write {}", tmp.display())))?;
-    f.write_all(data.as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(io(format!("write {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("rename to {}", path.display())))
+    Ok(knit_os::durable::write(path, data.as_bytes(), mode)?)
 }
 
 fn text(v: &serde_json::Value, key: &str) -> Result<String> {

@@ -41,12 +41,7 @@ pub fn client(cli_config: &Option<PathBuf>) -> Result<Client> {
 }
 
 /// Milliseconds since the epoch (for ages).
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use knit_os::time::now_ms;
 
 /// A `--timeout` (and other durations) as kubectl takes them: `90s`,
 /// `10m`, `1h30m` (humantime's forms), or a plain number of seconds.

@@ -143,6 +143,9 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
 const DEBIAN_BASE_PACKAGES: &[&str] = &["pigz", "zlib1g"];
 /// `apt-get update` / download each get this long.
 const APT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// apt's and dpkg-scanpackages' output kept (each stream): a repository's
+/// Packages index of every package and its dependencies.
+const APT_OUTPUT_CAP: usize = 64 << 20;
 
 /// Builds `mirror/debian/`, a flat Debian repository: the base packages
 /// (at their candidate versions), their dependencies the node image lacks,
@@ -340,9 +343,7 @@ fn sign_repository(repo: &Path, apt_dir: &Path, progress: &mut dyn FnMut(&str)) 
 }
 
 fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(io(format!("write {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("rename to {}", path.display())))
+    Ok(knit_os::durable::write(path, data, 0o644)?)
 }
 
 /// `Inst NAME [OLD] (VERSION …)` lines of `apt-get -s`: name → version.
@@ -376,44 +377,21 @@ fn candidates(out: &str) -> Vec<(String, String)> {
 
 /// Runs a command in `cwd` with a deadline; its stdout, or its stderr as the error.
 fn run_timed(program: &str, args: &[&str], cwd: &Path) -> Result<String> {
-    let shown = format!("{program} {}", args.join(" "));
-    let mut child = std::process::Command::new(program)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(io(format!("run {program}")))?;
-    let started = std::time::Instant::now();
-    loop {
-        if child
-            .try_wait()
-            .map_err(io(format!("wait for {program}")))?
-            .is_some()
-        {
-            break;
-        }
-        if started.elapsed() > APT_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(CliError::Failed(format!(
-                "`{shown}` took longer than {}s",
-                APT_TIMEOUT.as_secs()
-            )));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(io(format!("read {program}'s output")))?;
-    if !out.status.success() {
+    let out = knit_os::command::run(
+        std::process::Command::new(program)
+            .args(args)
+            .current_dir(cwd),
+        APT_TIMEOUT,
+        APT_OUTPUT_CAP,
+    )?;
+    if !out.success() {
         return Err(CliError::Failed(format!(
-            "`{shown}` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            out.stderr_text().trim()
         )));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(out.stdout_text())
 }
 
 #[cfg(test)]

@@ -147,18 +147,15 @@ fn is_ours(pid: u32, place: &Place) -> bool {
         dir(place).join("config.yml"),
         dir(place).join("config-pull.yml"),
     ];
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
-            args.first()
-                .is_some_and(|a| a.ends_with(b"docker-registry"))
-                && args.iter().any(|a| {
-                    configs
-                        .iter()
-                        .any(|c| *a == c.as_os_str().as_encoded_bytes())
-                })
-        })
-        .unwrap_or(false)
+    knit_os::proc::cmdline(pid as i32).is_some_and(|args| {
+        args.first()
+            .is_some_and(|a| a.ends_with(b"docker-registry"))
+            && args.iter().any(|a| {
+                configs
+                    .iter()
+                    .any(|c| a.as_slice() == c.as_os_str().as_encoded_bytes())
+            })
+    })
 }
 
 /// Both of its processes run (the pull listener and, beside a pull-only
@@ -302,7 +299,7 @@ fn start(place: &Place, port: u16, address: Option<Ipv4Addr>, gw: Ipv4Addr) -> R
         pid,
         listen: listen.clone(),
         mirror,
-        started_ms: knit_server::store::now_ms(),
+        started_ms: knit_os::time::now_ms(),
         push_pid: children.get(1).map(std::process::Child::id),
         push_listen,
     };
@@ -410,7 +407,7 @@ fn stop(place: &Place) -> Result<bool> {
     for pid in std::iter::once(record.pid).chain(record.push_pid) {
         // Waited for by its start time, not its command line: an exiting
         // process drops its command line before it has ended.
-        let process = knit_local::state::proc_ref(pid as i32).filter(|_| is_ours(pid, place));
+        let process = knit_os::proc::ProcRef::of(pid as i32).filter(|_| is_ours(pid, place));
         let Some(process) = process else {
             println!("registry (pid {pid}) is not running");
             continue;

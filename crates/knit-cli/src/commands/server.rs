@@ -556,13 +556,12 @@ pub fn init(cli_config: &Option<PathBuf>, opts: &ServerOpts) -> Result<ExitCode>
     let s = settings(opts)?;
     std::fs::create_dir_all(&s.state_dir)
         .map_err(io(format!("create {}", s.state_dir.display())))?;
-    let pki = knit_server::pki::Pki::load_or_create(&s.pki_dir(), &[s.admin_token_path()])?;
-    let token = knit_server::pki::load_or_create_token(&s.admin_token_path())?;
+    let (ca_cert, token) = knit_server::server::init_state(&s)?;
     let path = config_path(cli_config)?;
     ClientConfig {
         server: local_url(opts)?,
         token,
-        ca_cert: pki.ca_pem,
+        ca_cert,
         state_dir: Some(s.state_dir.display().to_string()),
         pid: None,
     }
@@ -898,13 +897,10 @@ fn ensure_mirror(opts: &ServerOpts) -> Result<()> {
 
 /// True when `pid` runs `knit server` (so a recycled PID is never signalled).
 fn is_our_server(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
-            args.first().is_some_and(|a| a.ends_with(b"knit"))
-                && args.get(1).is_some_and(|a| *a == b"server")
-        })
-        .unwrap_or(false)
+    knit_os::proc::cmdline(pid as i32).is_some_and(|args| {
+        args.first().is_some_and(|a| a.ends_with(b"knit"))
+            && args.get(1).is_some_and(|a| a == b"server")
+    })
 }
 
 pub fn down(

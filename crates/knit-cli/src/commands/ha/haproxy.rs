@@ -122,7 +122,7 @@ pub(super) fn proxy_up(layout: &Layout, plan: &Plan) -> Result<()> {
             libc::SIGTERM,
         )?;
     }
-    knit_server::durable::write(&cfg_path, cfg.as_bytes(), 0o600)?;
+    knit_os::durable::write(&cfg_path, cfg.as_bytes(), 0o600)?;
     let check = run_bounded(
         Command::new(&bin)
             .arg("-c")

@@ -338,9 +338,7 @@ impl Layout {
 /// Whether `pid`'s command line has `arg` as one of its arguments.
 fn runs_with_arg(pid: u32, arg: &Path) -> bool {
     let want = arg.as_os_str().as_bytes();
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| raw.split(|b| *b == 0).any(|a| a == want))
-        .unwrap_or(false)
+    knit_os::proc::cmdline(pid as i32).is_some_and(|args| args.iter().any(|a| a == want))
 }
 
 /// Server i's own address: HAProxy holds the ports on the addresses
@@ -609,24 +607,10 @@ fn spawn_recorded(cmd: &mut Command, pid_file: &Path, user: Option<(u32, u32)>) 
         .map_err(io(format!("start {:?}", cmd.get_program())))
 }
 
-/// Runs `cmd` to completion within `limit` (killed past it).
-fn run_bounded(cmd: &mut Command, limit: Duration) -> std::io::Result<std::process::Output> {
-    let mut child = cmd.spawn()?;
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait()?.is_some() {
-            return child.wait_with_output();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("still running after {} s", limit.as_secs()),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// Runs `cmd` to completion within `limit` (killed past it), its output
+/// capped.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> knit_os::Result<knit_os::command::Output> {
+    knit_os::command::run(cmd, limit, 1 << 20)
 }
 
 fn append_log(path: &Path) -> Result<std::fs::File> {

@@ -96,8 +96,8 @@ pub(super) fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
             }
         }
     }
-    let password = knit_server::pki::load_or_create_token(&layout.password_file())?;
-    let admin_password = knit_server::pki::load_or_create_token(&layout.admin_password_file())?;
+    let password = knit_os::durable::read_or_create_token(&layout.password_file())?;
+    let admin_password = knit_os::durable::read_or_create_token(&layout.admin_password_file())?;
     let mut recorded: Option<Recorded> = std::fs::read(layout.recorded_file())
         .ok()
         .and_then(|raw| serde_json::from_slice(&raw).ok());
@@ -154,7 +154,7 @@ pub(super) fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
                 postgres_port: free_loopback_port()?,
             };
             let raw = serde_json::to_vec_pretty(&r).map_err(|e| CliError::Failed(e.to_string()))?;
-            knit_server::durable::write(&layout.recorded_file(), &raw, 0o600)?;
+            knit_os::durable::write(&layout.recorded_file(), &raw, 0o600)?;
             let port = r.postgres_port;
             recorded = Some(r);
             port
@@ -225,7 +225,7 @@ pub(super) fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
     // The servers read the password from this file (libpq's format), so
     // it is in no URL, command line or environment.
     let pgpass = layout.pgpass_file();
-    knit_server::durable::write(
+    knit_os::durable::write(
         &pgpass,
         format!("127.0.0.1:{port}:knit:knit:{password}\n").as_bytes(),
         0o600,

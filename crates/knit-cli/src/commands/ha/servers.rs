@@ -18,7 +18,7 @@ pub(super) fn secrets_key(opts: &ServerOpts, layout: &Layout) -> Result<PathBuf>
     if !path.exists() {
         let text =
             knit_server::sealed::new_key_text().map_err(|e| CliError::Failed(e.to_string()))?;
-        knit_server::durable::write(&path, text.as_bytes(), 0o600)?;
+        knit_os::durable::write(&path, text.as_bytes(), 0o600)?;
         println!(
             "secrets key made: {} (0600; every server gets it)",
             path.display()
@@ -43,7 +43,7 @@ pub(super) fn copy_missing(from: &Path, to: &Path) -> Result<()> {
             .create(parent)
             .map_err(io(format!("create {}", parent.display())))?;
     }
-    knit_server::durable::write(to, &data, 0o600)?;
+    knit_os::durable::write(to, &data, 0o600)?;
     Ok(())
 }
 

@@ -40,6 +40,7 @@ MAIN=(
     containerd runc                               # knit package build: the container runtime shipped to nodes
     containernetworking-plugins                   # knit package build: the CNI plugins shipped to nodes
     protobuf-compiler                             # protoc: builds the CRI API bindings (k8s-cri) of the kubelet stand-in
+    libsqlite3-dev                                # knit links Debian's SQLite (the state store) instead of compiling its own
     mmdebstrap                                    # knit image build: the node OS image from Debian packages
     dpkg-dev                                      # knit package build: dpkg-scanpackages indexes the mirror's Debian repository
     gpg                                           # knit package build: signs that repository (InRelease, Release.gpg)

@@ -47,7 +47,8 @@ done
 printf 'knit\nLicense: Apache-2.0 (/usr/share/common-licenses/Apache-2.0)\n' \
     > "$stage/usr/share/doc/knit/copyright"
 
-# What the main job runs (scripts/setup.sh's main group, less the build).
+# What the main job runs (scripts/setup.sh's main group, less the build),
+# and Debian's SQLite, which knit links (the state store).
 cat > "$stage/DEBIAN/control" <<CONTROL
 Package: knit
 Version: $version
@@ -55,7 +56,7 @@ Architecture: $arch
 Maintainer: knit developers <knit@localhost>
 Section: admin
 Priority: optional
-Depends: e2fsprogs, xfsprogs, util-linux, iproute2, kmod, nftables, containerd, runc, containernetworking-plugins, mmdebstrap, dpkg-dev, gpg, curl, ca-certificates
+Depends: libsqlite3-0, e2fsprogs, xfsprogs, util-linux, iproute2, kmod, nftables, containerd, runc, containernetworking-plugins, mmdebstrap, dpkg-dev, gpg, curl, ca-certificates
 Suggests: postgresql, haproxy, qemu-system-x86, qemu-utils
 Installed-Size: $(du -sk "$stage" | cut -f1)
 Description: node pools for Kubernetes, on your own machines

@@ -3,7 +3,7 @@
 //! is one server and it always leads; on PostgreSQL the lease decides.
 //!
 //! Fencing: every write of the leader's work runs with the lease it was
-//! started under (`crate::ha::Fence`), and `Store::write` first checks, in
+//! started under (`fence::Fence`), and `Store::write` first checks, in
 //! the same transaction, that this lease is still the current one. A
 //! leader paused past its lease (SIGSTOP, a long GC-like stall, a network
 //! cut) that wakes up finds a newer epoch and its write is refused.

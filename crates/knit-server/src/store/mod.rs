@@ -25,6 +25,7 @@ mod api_tokens;
 pub mod attach;
 mod drains;
 mod events;
+pub mod fence;
 mod instances;
 mod intents;
 mod leader;
@@ -338,10 +339,10 @@ impl Store {
     /// hold for every write goes here. `f` may run more than once (on
     /// PostgreSQL a conflict re-runs it), so it only touches the database.
     ///
-    /// Leader work (a task under `crate::ha::fenced`) first proves, in the
+    /// Leader work (a task under `fence::fenced`, which `ha` starts) first proves, in the
     /// same transaction, that its lease is still the current one.
     fn write<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        match crate::ha::current_fence() {
+        match fence::current_fence() {
             Some(fence) => self.db.write(|tx| {
                 leader::check_fence(tx, &fence.holder, fence.epoch)?;
                 f(tx)
@@ -356,7 +357,7 @@ impl Store {
     /// something: a leader that lost its lease while it was paused must
     /// not release an instance the new leader made under the same name.
     pub fn prove_lease(&self) -> Result<()> {
-        if crate::ha::current_fence().is_none() {
+        if fence::current_fence().is_none() {
             return Ok(());
         }
         self.write(|_| Ok(()))

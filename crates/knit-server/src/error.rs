@@ -70,6 +70,9 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// A file, process, command, PEM or time helper (knit-os).
+    #[error("{0}")]
+    Os(#[from] knit_os::OsError),
     #[error("certificates: {0}")]
     Pki(String),
     /// The key that seals the secrets servers share in the datastore:
@@ -124,6 +127,7 @@ impl ServerError {
             ServerError::Db(_) => "StoreError",
             ServerError::Fenced { .. } => "NotLeader",
             ServerError::Io { .. } => "IoError",
+            ServerError::Os(e) => e.code(),
             ServerError::Pki(_) => "PkiError",
             ServerError::Sealed(e) => e.code(),
             ServerError::Provider(_) => "ProviderError",

@@ -341,6 +341,6 @@ fn write_if_different(path: &std::path::Path, value: &str, mode: u32) -> Result<
         std::fs::create_dir_all(dir)
             .map_err(|e| crate::error::ServerError::io(format!("create {}", dir.display()), e))?;
     }
-    crate::durable::write(path, value.as_bytes(), mode)?;
+    knit_os::durable::write(path, value.as_bytes(), mode)?;
     Ok(true)
 }

@@ -11,7 +11,6 @@ pub mod bootstrap;
 pub mod cluster;
 pub mod control;
 pub mod drain;
-pub mod durable;
 pub mod error;
 pub mod features;
 pub mod ha;

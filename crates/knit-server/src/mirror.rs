@@ -90,8 +90,11 @@ fn write_sha_beside(path: &Path, sum: &str) -> Result<()> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let side = PathBuf::from(format!("{}.sha256", path.display()));
-    std::fs::write(&side, format!("{sum}  {name}\n"))
-        .map_err(io(format!("write {}", side.display())))
+    Ok(knit_os::durable::write(
+        &side,
+        format!("{sum}  {name}\n").as_bytes(),
+        0o644,
+    )?)
 }
 
 fn append(
@@ -154,7 +157,7 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
     let agent_mode = std::fs::metadata(&b.agent)
         .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
         .map_err(io(format!("copy {}", b.agent.display())))?;
-    crate::durable::write(&agent_dst, &agent, agent_mode)?;
+    knit_os::durable::write(&agent_dst, &agent, agent_mode)?;
     let agent_sha256 = sha256_file(&agent_dst)?;
     write_sha_beside(&agent_dst, &agent_sha256)?;
 
@@ -225,7 +228,7 @@ pub fn build(b: &PackageBuild) -> Result<MirrorSummary> {
         .into_inner()
         .map_err(io("finish the tarball".into()))?;
     let gzipped = gz.finish().map_err(io("finish the gzip stream".into()))?;
-    crate::durable::write(&tarball, &gzipped, 0o644)?;
+    knit_os::durable::write(&tarball, &gzipped, 0o644)?;
     let tarball_sha256 = sha256_file(&tarball)?;
     write_sha_beside(&tarball, &tarball_sha256)?;
     let tarball_bytes = std::fs::metadata(&tarball)
@@ -346,7 +349,11 @@ fn write_index(mirror: &Path) -> Result<()> {
         }
     }
     let path = mirror.join("SHA256SUMS");
-    std::fs::write(&path, lines.concat()).map_err(io(format!("write {}", path.display())))
+    Ok(knit_os::durable::write(
+        &path,
+        lines.concat().as_bytes(),
+        0o644,
+    )?)
 }
 
 /// The public key a signed Debian repository serves beside `Release`
@@ -368,53 +375,27 @@ fn gpg(home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
 /// Runs a GnuPG program (`gpg`, `gpgconf`) on `home` with `args` in `cwd`,
 /// bounded by [`GPG_TIMEOUT`]; its error output (capped) in the error.
 fn gnupg_tool(program: &str, home: &Path, cwd: &Path, args: &[&str]) -> Result<()> {
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(program)
-        .arg("--homedir")
-        .arg(home)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            ServerError::Package(format!(
-                "run {program}: {e} (Debian package gpg; scripts/setup.sh installs it)"
-            ))
-        })?;
-    // The error output in a thread, so that a chatty gpg never blocks.
-    let stderr = child.stderr.take();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(pipe) = stderr {
-            let _ = pipe.take(16 * 1024).read_to_string(&mut text);
-        }
-        text
-    });
-    let started = std::time::Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() > GPG_TIMEOUT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(ServerError::Package(format!(
-                    "{program} {} took longer than {} s",
-                    args.join(" "),
-                    GPG_TIMEOUT.as_secs()
-                )));
-            }
-            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) => return Err(ServerError::io(format!("wait for {program}"), e)),
-        }
-    };
-    let text = reader.join().unwrap_or_default();
-    if !status.success() {
+    let out = knit_os::command::run(
+        std::process::Command::new(program)
+            .arg("--homedir")
+            .arg(home)
+            .args(args)
+            .current_dir(cwd),
+        GPG_TIMEOUT,
+        16 * 1024,
+    )
+    .map_err(|e| match e {
+        knit_os::OsError::NotStarted { .. } => ServerError::Package(format!(
+            "{e} (Debian package gpg; scripts/setup.sh installs it)"
+        )),
+        e => ServerError::Package(e.to_string()),
+    })?;
+    if !out.success() {
         return Err(ServerError::Package(format!(
-            "{program} {} failed ({status}): {}",
+            "{program} {} failed ({}): {}",
             args.join(" "),
-            text.trim()
+            out.status,
+            out.stderr_text().trim()
         )));
     }
     Ok(())

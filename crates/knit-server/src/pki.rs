@@ -10,7 +10,6 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use rustls_pki_types::pem::PemObject;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +22,7 @@ fn pki_err(e: impl std::fmt::Display) -> ServerError {
 
 /// Writes a file readable by its owner only (keys, tokens), durably.
 pub fn write_secret(path: &Path, data: &[u8]) -> Result<()> {
-    crate::durable::write(path, data, 0o600)
+    Ok(knit_os::durable::write(path, data, 0o600)?)
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -147,7 +146,7 @@ impl Pki {
         let ca_key = KeyPair::generate().map_err(pki_err)?;
         let cert = ca_params()?.self_signed(&ca_key).map_err(pki_err)?;
         write_secret(&key_path, ca_key.serialize_pem().as_bytes())?;
-        crate::durable::write(&cert_path, cert.pem().as_bytes(), 0o644)?;
+        knit_os::durable::write(&cert_path, cert.pem().as_bytes(), 0o644)?;
         Ok(Pki {
             ca_pem: cert.pem(),
             ca_key,
@@ -176,10 +175,7 @@ impl Pki {
     pub fn mutual_tls_config(&self, hosts: &[String]) -> Result<Arc<rustls::ServerConfig>> {
         let (chain, key_der) = self.serving_certificate(hosts)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
-            roots.add(cert.map_err(pki_err)?).map_err(pki_err)?;
-        }
+        let roots = knit_os::pem::roots(self.ca_pem.as_bytes(), "the control-plane CA")?;
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
             provider.clone(),
@@ -251,12 +247,7 @@ impl Pki {
 
 /// Reads the admin token from `path`, creating it (mode 0600) if absent.
 pub fn load_or_create_token(path: &Path) -> Result<String> {
-    if path.exists() {
-        return Ok(read(path)?.trim().to_string());
-    }
-    let token = random_hex(32)?;
-    write_secret(path, format!("{token}\n").as_bytes())?;
-    Ok(token)
+    Ok(knit_os::durable::read_or_create_token(path)?)
 }
 
 #[cfg(test)]

@@ -203,7 +203,7 @@ async fn reimage_for_pool(
         bootstrap_url: &format!("{}{}", cp.advertise_url, Route::Bootstrap.path()),
         join_token: &token,
         ca_pem: &cp.ca_pem,
-    });
+    })?;
     let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
     // Before anything is stopped: the pool's image must be usable, and an
     // instance that does not keep its name takes its node name (the pool's

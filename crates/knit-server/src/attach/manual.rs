@@ -18,8 +18,6 @@ use base64::Engine;
 use knit_api::agent::LeaveReport;
 use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{AttachScriptRequest, AttachScriptResponse, MachineFacts, PreflightReport};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
 
 /// `POST /api/v1/pools/{pool}/attach-script`: a single-use attach token
@@ -92,10 +90,8 @@ pub fn issue_script(
 /// `sha256:<hex>` of the CA certificate (DER): what the command checks the
 /// CA it carries against before trusting it.
 pub fn ca_pin(ca_pem: &str) -> Result<String> {
-    let der = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
-        .next()
-        .ok_or_else(|| ServerError::Pki("the control-plane CA holds no certificate".into()))?
-        .map_err(|e| ServerError::Pki(format!("the control-plane CA: {e}")))?;
+    let certs = knit_os::pem::certificates(ca_pem.as_bytes(), "the control-plane CA")?;
+    let der = &certs[0];
     Ok(format!(
         "sha256:{}",
         hex::encode(Sha256::digest(der.as_ref()))

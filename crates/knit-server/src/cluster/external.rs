@@ -226,9 +226,8 @@ impl ClusterJoin for ExternalJoin {
     async fn join_material(&self, pool: &str, node_name: &str) -> Result<Option<JoinMaterial>> {
         let id = crate::pki::random_lower_alnum(6)?;
         let secret = crate::pki::random_lower_alnum(16)?;
-        let ttl = k8s_openapi::chrono::Duration::from_std(self.token_ttl).map_err(external_err)?;
-        let expires = (k8s_openapi::chrono::Utc::now() + ttl)
-            .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true);
+        let ttl_ms = i64::try_from(self.token_ttl.as_millis()).map_err(external_err)?;
+        let expires = knit_os::time::rfc3339_ms(knit_os::time::now_ms().saturating_add(ttl_ms));
         let bound = knit_api::validate::is_dns_subdomain(node_name).then_some(node_name);
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "kube-system");
         secrets

@@ -126,9 +126,9 @@ fn string_map(v: &Value) -> BTreeMap<String, String> {
 
 /// RFC 3339 (as the API writes timestamps) → ms since the epoch.
 pub fn rfc3339_ms(text: &str) -> Option<i64> {
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+    knit_os::time::parse_rfc3339(text)
         .ok()
-        .and_then(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
+        .map(knit_os::time::unix_ms)
 }
 
 /// A pod object's facts; `None` when it has no name.

@@ -99,73 +99,13 @@ pub async fn mirror_file(
     Ok(r)
 }
 
-const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-const MONTHS: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
-
-/// Days since 1970-01-01 → (year, month 1-12, day 1-31) (H. Hinnant's
-/// civil-from-days).
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// (year, month, day) → days since 1970-01-01.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// Seconds since the epoch as an HTTP date (`Wed, 02 Dec 2026 08:12:09 GMT`).
-pub fn http_date(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil(days);
-    format!(
-        "{}, {d:02} {} {y} {:02}:{:02}:{:02} GMT",
-        DAYS[days.rem_euclid(7) as usize],
-        MONTHS[(m - 1) as usize],
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+pub use knit_os::time::http_date;
 
-/// An HTTP date in the one format HTTP/1.1 senders use (IMF-fixdate, what
-/// apt sends); anything else is `None` (the file is then sent whole).
+/// An HTTP date as seconds since the epoch; anything else is `None` (the
+/// file is then sent whole).
 pub fn parse_http_date(text: &str) -> Option<u64> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let [_, day, month, year, time, "GMT"] = words.as_slice() else {
-        return None;
-    };
-    let d: u32 = day.parse().ok()?;
-    let m = MONTHS.iter().position(|x| x == month)? as u32 + 1;
-    let y: i64 = year.parse().ok()?;
-    let hms: Vec<u64> = time
-        .split(':')
-        .map(|p| p.parse().ok())
-        .collect::<Option<_>>()?;
-    let [h, min, s] = hms.as_slice() else {
-        return None;
-    };
-    if !(1..=31).contains(&d) || *h > 23 || *min > 59 || *s > 60 || y < 1970 {
-        return None;
-    }
-    let days = u64::try_from(days_from_civil(y, m, d)).ok()?;
-    Some(days * 86_400 + h * 3600 + min * 60 + s)
+    knit_os::time::parse_http_date(text).ok()
 }
 
 #[cfg(test)]
@@ -174,8 +114,6 @@ mod tests {
 
     #[test]
     fn http_dates_round_trip() {
-        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
-        assert_eq!(http_date(1_796_199_129), "Wed, 02 Dec 2026 08:12:09 GMT");
         assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
         for secs in [0, 68_169_599, 951_782_400, 1_796_199_129, 4_102_444_800] {
             assert_eq!(parse_http_date(&http_date(secs)), Some(secs), "{secs}");

@@ -253,12 +253,7 @@ fn resume_stopped(cp: &ControlPlane, name: &str) -> Result<()> {
 /// Now in RFC 3339 with milliseconds, UTC (`2026-12-03T13:45:00.123Z`),
 /// as `restartedAt` has always been written.
 fn rfc3339_ms_now() -> Result<String> {
-    let format = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-    );
-    time::OffsetDateTime::now_utc()
-        .format(&format)
-        .map_err(|e| ServerError::Internal(format!("format the restart time: {e}")))
+    Ok(knit_os::time::rfc3339_millis(knit_os::time::now_ms()))
 }
 
 /// `knit rollout restart`: every node replaced (a new `restartedAt`, part

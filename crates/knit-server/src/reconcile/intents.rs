@@ -320,7 +320,7 @@ impl ControlPlane {
             bootstrap_url: &bootstrap_url,
             join_token: &token,
             ca_pem: &self.ca_pem,
-        });
+        })?;
         let user_data = userdata::compose(&pool.spec.pre_user_data, &stub, &pool.spec.user_data)?;
         let mut tags = std::collections::BTreeMap::new();
         tags.insert(TAG_POOL.to_string(), pool.metadata.name.clone());

@@ -231,12 +231,7 @@ CREATE INDEX events_last ON events (last_ms);
     api_tokens::SCHEMA,
 ];
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use knit_os::time::now_ms;
 
 /// The component name of the store's schema version.
 const COMPONENT: &str = "knit-server";

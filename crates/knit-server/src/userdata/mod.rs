@@ -33,8 +33,8 @@ const STUB: &str = include_str!("stub.sh");
 
 /// The knit initialization script (part 2): [`STUB`] with its values
 /// assigned at the top, each shell-quoted, so that no value is ever read
-/// as shell.
-pub fn agent_stub(p: &StubParams<'_>) -> String {
+/// as shell (a value no shell word can hold, a NUL, is refused).
+pub fn agent_stub(p: &StubParams<'_>) -> crate::error::Result<String> {
     let (shebang, body) = STUB.split_once('\n').unwrap_or(("#!/bin/bash", STUB));
     let values = [
         ("dir", BOOTSTRAP_DIR),
@@ -46,24 +46,10 @@ pub fn agent_stub(p: &StubParams<'_>) -> String {
     ];
     let mut out = format!("{shebang}\n");
     for (name, value) in values {
-        out.push_str(&format!("{name}={}\n", shell_quote(value)));
+        out.push_str(&format!("{name}={}\n", knit_os::quote::quote(value)?));
     }
     out.push_str(body);
-    out
-}
-
-/// `value` as one shell word: as is when every character is plain, else
-/// in single quotes (a quote inside closes, escapes and reopens them).
-fn shell_quote(value: &str) -> String {
-    let plain = !value.is_empty()
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._:@%+=,-".contains(c));
-    if plain {
-        value.to_string()
-    } else {
-        format!("'{}'", value.replace('\'', "'\\''"))
-    }
+    Ok(out)
 }
 
 /// One part of the multipart document.
@@ -259,6 +245,7 @@ mod tests {
             join_token: "0123456789abcdef0123456789abcdef",
             ca_pem: CA,
         })
+        .unwrap()
     }
 
     fn golden(name: &str, actual: &str) {
@@ -289,7 +276,8 @@ mod tests {
             bootstrap_url: "https://h/x",
             join_token: tricky,
             ca_pem: tricky,
-        });
+        })
+        .unwrap();
         let assignments: String = stub.split("set -euo pipefail").next().unwrap().to_string();
         let out = std::process::Command::new("/bin/bash")
             .arg("-c")
@@ -302,11 +290,7 @@ mod tests {
             String::from_utf8(out.stdout).unwrap(),
             format!("{tricky}|{tricky}|{tricky}")
         );
-        assert_eq!(
-            shell_quote("/var/lib/knit/bootstrap"),
-            "/var/lib/knit/bootstrap"
-        );
-        assert_eq!(shell_quote(""), "''");
+        assert!(stub.contains("\ndir=/var/lib/knit/bootstrap\n"), "{stub}");
     }
 
     #[test]
@@ -448,7 +432,8 @@ esac
             bootstrap_url: "https://10.219.1.1:7443/bootstrap/v1/config",
             join_token: token,
             ca_pem: CA,
-        });
+        })
+        .unwrap();
         let dir = root.join("bootstrap");
         let stub = stub.replace(
             &format!("dir={BOOTSTRAP_DIR}"),

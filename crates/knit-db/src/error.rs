@@ -30,7 +30,7 @@ pub enum DbError {
     /// A PostgreSQL datastore asked of a build without the `postgres`
     /// feature (scripts/up.sh's build).
     #[error(
-        "a PostgreSQL datastore needs the cargo feature `{feature}`, which this knit was built without (scripts/up.sh builds only what the main job runs): build knit with it: `{command}`"
+        "a PostgreSQL datastore needs the cargo feature `{feature}`, which this knit was built without (scripts/up.sh builds only what the main job runs): build knit with it: `{command}` (`cargo build --release --locked -p knit-cli` builds every feature)"
     )]
     NotBuiltIn {
         feature: &'static str,
@@ -58,7 +58,7 @@ impl DbError {
     pub fn not_built_in() -> DbError {
         DbError::NotBuiltIn {
             feature: "postgres",
-            command: "cargo build --release --locked -p knit-cli --features postgres",
+            command: "cargo build --release --locked -p knit-cli --no-default-features --features postgres",
         }
     }
 

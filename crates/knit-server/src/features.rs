@@ -46,11 +46,11 @@ impl Feature {
         }
     }
 
-    /// The command that builds `knit` with this feature (and the others
-    /// scripts/up.sh leaves out, which are the defaults).
+    /// The command that builds `knit` as scripts/up.sh does, plus this
+    /// feature (the defaults, without `--no-default-features`, are all).
     pub fn build_command(self) -> String {
         format!(
-            "cargo build --release --locked -p knit-cli --features {}",
+            "cargo build --release --locked -p knit-cli --no-default-features --features {}",
             self.name()
         )
     }
@@ -59,7 +59,7 @@ impl Feature {
 /// Something was asked for that this binary was built without.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{asked} needs the cargo feature `{feature}`, which this knit was built without (scripts/up.sh builds only what the main job runs): build knit with it: `{command}` (or `cargo build --release --locked -p knit-cli` for every feature)"
+    "{asked} needs the cargo feature `{feature}`, which this knit was built without (scripts/up.sh builds only what the main job runs): build knit with it: `{command}` (add the other features you need to --features; `cargo build --release --locked -p knit-cli` builds every one)"
 )]
 pub struct FeatureMissing {
     /// What was asked, as the user said it (`--provider qemu`).
@@ -118,14 +118,16 @@ mod tests {
         assert_eq!(e.feature, "qemu");
         assert_eq!(
             e.command,
-            "cargo build --release --locked -p knit-cli --features qemu"
+            "cargo build --release --locked -p knit-cli --no-default-features --features qemu"
         );
         let text = e.to_string();
         assert!(
             text.starts_with("--provider qemu needs the cargo feature `qemu`"),
             "{text}"
         );
-        assert!(text.contains("`cargo build --release --locked -p knit-cli --features qemu`"));
+        assert!(text.contains(
+            "`cargo build --release --locked -p knit-cli --no-default-features --features qemu`"
+        ));
         assert!(check(Feature::Qemu, true, "--provider qemu").is_ok());
     }
 

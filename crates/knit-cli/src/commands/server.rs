@@ -1161,7 +1161,7 @@ mod tests {
             assert_eq!(e.code(), "FeatureMissing");
             let text = e.to_string();
             let command = format!(
-                "`cargo build --release --locked -p knit-cli --features {}`",
+                "`cargo build --release --locked -p knit-cli --no-default-features --features {}`",
                 feature.name()
             );
             assert!(text.starts_with(&how), "{text}");

@@ -70,10 +70,12 @@ pub fn remove(path: &Path) -> Result<()> {
 }
 
 /// The secret token kept in `path` (trimmed), made when the file is
-/// missing: 32 random bytes as hex, written durably with mode 0600.
+/// missing or empty: 32 random bytes as hex, written durably with mode
+/// 0600.
 pub fn read_or_create_token(path: &Path) -> Result<String> {
     match std::fs::read_to_string(path) {
-        Ok(text) => return Ok(text.trim().to_string()),
+        Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_string()),
+        Ok(_) => {}
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(OsError::io("read", path)(e))
         }
@@ -184,5 +186,8 @@ mod tests {
         assert_eq!(read_or_create_token(&path).unwrap(), made);
         let other = dir.path().join("other-token");
         assert_ne!(read_or_create_token(&other).unwrap(), made);
+        // An empty file (never a valid token) gets a new one.
+        std::fs::write(&other, "\n").unwrap();
+        assert_eq!(read_or_create_token(&other).unwrap().len(), 64);
     }
 }

@@ -114,8 +114,15 @@ mod tests {
         let s = stat(pid).unwrap();
         assert_eq!(s.ppid, std::process::id() as i32);
         assert!(s.running());
-        let args = cmdline(pid).unwrap();
-        assert_eq!(args, vec![b"sleep".to_vec(), b"300".to_vec()]);
+        // Just after spawn the child may not have exec'd sleep yet.
+        let want = vec![b"sleep".to_vec(), b"300".to_vec()];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while cmdline(pid).as_ref() != Some(&want) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", cmdline(pid));
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // The start time is the fork's: the same before and after exec.
+        assert!(me.alive());
         // Same PID, another start time: what a reused PID looks like.
         let other = ProcRef {
             start_time: me.start_time + 1,

@@ -44,6 +44,9 @@ pub enum RegistryError {
     Http(String),
     #[error("invalid: {0}")]
     Invalid(String),
+    /// A file helper (knit-os).
+    #[error("{0}")]
+    Os(#[from] knit_os::OsError),
 }
 
 impl RegistryError {
@@ -53,6 +56,7 @@ impl RegistryError {
             RegistryError::Start(_) => "RegistryStart",
             RegistryError::Http(_) => "RegistryHttp",
             RegistryError::Invalid(_) => "RegistryInvalid",
+            RegistryError::Os(e) => e.code(),
         }
     }
 }
@@ -100,31 +104,9 @@ const WRITER_HTPASSWD: &str = "writer.htpasswd";
 /// `<dir>/writer-token`, or made (32 random bytes, hex) and written there
 /// with mode 0600.
 pub fn writer_token(dir: &Path) -> Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(WRITER_TOKEN_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(path.display())(e)),
-    }
-    std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(io("/dev/urandom"))?;
-    let token = hex::encode(bytes);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io(path.display()))?;
-    f.write_all(format!("{token}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(io(path.display()))?;
-    Ok(token)
+    Ok(knit_os::durable::read_or_create_token(
+        &dir.join(WRITER_TOKEN_FILE),
+    )?)
 }
 
 /// `base` (`http://IP:PORT`) with the writer credential in it

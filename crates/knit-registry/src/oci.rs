@@ -240,17 +240,14 @@ fn put_blob(dir: &Path, data: &[u8]) -> Result<(String, u64)> {
     let present = std::fs::metadata(&path).is_ok_and(|m| m.len() == data.len() as u64);
     if !present {
         std::fs::create_dir_all(&blobs).map_err(io(blobs.display()))?;
-        write_atomic(&blobs, &path, data)?;
+        write_atomic(&path, data)?;
     }
     Ok((digest, data.len() as u64))
 }
 
-fn write_atomic(dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(dir.display()))?;
-    tmp.write_all(data).map_err(io(path.display()))?;
-    tmp.as_file().sync_all().map_err(io(path.display()))?;
-    tmp.persist(path).map_err(|e| io(path.display())(e.error))?;
-    Ok(())
+fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    // 0600 as the temporary file it used to be renamed from.
+    Ok(knit_os::durable::write(path, data, 0o600)?)
 }
 
 /// One file of a layer: path, mode, content.
@@ -392,11 +389,10 @@ pub fn build_layout(dir: &Path, references: &[String]) -> Result<Vec<Entry>> {
     let index = serde_json::to_vec_pretty(&index)
         .map_err(|e| RegistryError::Invalid(format!("encode index.json: {e}")))?;
     write_atomic(
-        dir,
         &dir.join("oci-layout"),
         br#"{"imageLayoutVersion":"1.0.0"}"#,
     )?;
-    write_atomic(dir, &dir.join("index.json"), &index)?;
+    write_atomic(&dir.join("index.json"), &index)?;
     Ok(entries)
 }
 
@@ -629,11 +625,10 @@ mod tests {
                 children
                     .split_whitespace()
                     .filter(|c| {
-                        std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|s| {
-                            s.rsplit(')')
-                                .next()
-                                .is_some_and(|r| r.trim_start().starts_with('Z'))
-                        })
+                        c.parse()
+                            .ok()
+                            .and_then(knit_os::proc::stat)
+                            .is_some_and(|s| s.state == 'Z')
                     })
                     .count()
             };

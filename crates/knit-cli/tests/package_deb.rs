@@ -124,6 +124,8 @@ fn the_debian_package_holds_the_binaries_a_unit_and_a_working_config_file() {
     let control = run(Command::new("dpkg-deb").arg("-f").arg(&deb));
     assert!(control.contains("Package: knit\n"), "{control}");
     assert!(control.contains("containerd"), "{control}");
+    // knit links Debian's SQLite (no bundled copy).
+    assert!(control.contains("libsqlite3-0"), "{control}");
     let ctrl = dir.0.join("control");
     run(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&ctrl));
     assert_eq!(

@@ -5,12 +5,13 @@ use crate::bootstrap::ClusterJoin;
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
 use crate::provider::{BoundedProvider, Provider};
-use crate::store::Store;
+use crate::store::fence::Fence;
+use crate::store::{now_ms, Lease, Store};
 use knit_api::Cluster;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const DEFAULT_PORT: u16 = 7443;
@@ -50,7 +51,7 @@ pub struct Settings {
     /// for unreachable nodes; default 60 s, `--drain-skip-wait-seconds`).
     pub drain_skip_wait: Duration,
     /// cluster-autoscaler's externalgrpc service (mutual TLS); `None`: off.
-    pub autoscaler: Option<crate::autoscaler::AutoscalerSettings>,
+    pub autoscaler: Option<AutoscalerSettings>,
     /// The key file that seals the secrets servers share in a shared
     /// datastore (`--secrets-key-file`, see `sealed`); needed on PostgreSQL,
     /// unused on SQLite.
@@ -180,7 +181,7 @@ impl Settings {
             reconcile_interval: Duration::from_secs(2),
             console: None,
             lease_ttl: Duration::from_secs(8),
-            drain_skip_wait: crate::drain::DEFAULT_SKIP_WAIT,
+            drain_skip_wait: DEFAULT_SKIP_WAIT,
             autoscaler: None,
             secrets_key_file: None,
         }
@@ -216,12 +217,12 @@ pub struct ControlPlane {
     pub(crate) in_flight: std::sync::Mutex<HashSet<String>>,
     pub(crate) parallelism: Arc<tokio::sync::Semaphore>,
     /// This server among others on the datastore, and its leader lease.
-    pub leadership: crate::ha::Leadership,
+    pub leadership: Leadership,
     /// When this server last wrote each API token's last use (by id), so
     /// a busy client costs one write a minute (`http::auth`).
     pub(crate) token_uses: std::sync::Mutex<std::collections::HashMap<String, i64>>,
-    /// Each node's report allowance (`crate::join::ReportLimiter`).
-    pub(crate) report_limiter: crate::join::ReportLimiter,
+    /// Each node's report allowance (`crate::join::allow_report`).
+    pub(crate) report_limiter: ReportLimiter,
 }
 
 impl ControlPlane {
@@ -252,9 +253,9 @@ impl ControlPlane {
             plan_lock: tokio::sync::Mutex::new(()),
             in_flight: std::sync::Mutex::new(HashSet::new()),
             parallelism,
-            leadership: crate::ha::Leadership::new(),
+            leadership: Leadership::new(),
             token_uses: std::sync::Mutex::new(std::collections::HashMap::new()),
-            report_limiter: crate::join::ReportLimiter::default(),
+            report_limiter: ReportLimiter::default(),
         }
     }
 
@@ -284,5 +285,129 @@ impl ControlPlane {
     /// Wakes the reconciler (after a change to a pool).
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+}
+
+/// Where the service listens (`knit server --autoscaler-listen`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoscalerSettings {
+    pub listen: SocketAddr,
+    /// false: an address already taken only logs a warning and the server
+    /// runs without the service (the CLI's default address, which another
+    /// server on the machine may hold); true: the start fails.
+    pub required: bool,
+}
+
+/// A pod being deleted on a node that is not Ready stops blocking this
+/// long after its deletion was due (Cluster API's
+/// `SkipWaitForDeleteTimeoutSeconds` for unreachable nodes): the default of
+/// [`crate::Settings::drain_skip_wait`].
+pub const DEFAULT_SKIP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// This server's identity and what it knows of its lease.
+pub struct Leadership {
+    /// Unique per process start: `<hostname>-<pid>-<random>`.
+    pub id: String,
+    pub hostname: String,
+    pub started_ms: i64,
+    lease: Mutex<Option<Lease>>,
+}
+
+impl Leadership {
+    pub fn new() -> Leadership {
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "knit".into());
+        let mut random = [0u8; 4];
+        // Without randomness the pid still tells processes of one host apart.
+        let _ = getrandom::getrandom(&mut random);
+        Leadership {
+            id: format!("{hostname}-{}-{}", std::process::id(), hex::encode(random)),
+            hostname,
+            started_ms: now_ms(),
+            lease: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn set(&self, lease: Option<Lease>) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+
+    /// The lease, while this server holds it by its own clock. Past the
+    /// expiry (renewal failing: the datastore down or slow) this server
+    /// starts no new leader work; the datastore refuses writes of work
+    /// already started.
+    pub fn fence(&self) -> Option<Fence> {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        lease
+            .as_ref()
+            .filter(|l| l.expires_ms > now_ms())
+            .map(|l| Fence {
+                holder: l.holder.clone(),
+                epoch: l.epoch,
+            })
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.fence().is_some()
+    }
+}
+
+impl Default for Leadership {
+    fn default() -> Self {
+        Leadership::new()
+    }
+}
+
+/// Each node's report allowance: a token bucket per report token (so per
+/// node), `burst` reports at once then one per `refill`. Kept in memory:
+/// each server of several counts its own share.
+#[derive(Default)]
+pub struct ReportLimiter {
+    buckets: std::sync::Mutex<std::collections::HashMap<String, Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+/// Buckets kept before full ones (nodes that went quiet or left) are
+/// dropped.
+const MAX_BUCKETS: usize = 8192;
+
+impl ReportLimiter {
+    /// Takes one report from `key`'s bucket; `Err(wait)` when it is empty:
+    /// the time until the next one is allowed.
+    pub fn take(
+        &self,
+        key: &str,
+        burst: u32,
+        refill: std::time::Duration,
+    ) -> std::result::Result<(), std::time::Duration> {
+        let now = std::time::Instant::now();
+        let burst = f64::from(burst.max(1));
+        let per_sec = 1.0 / refill.as_secs_f64().max(1e-3);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
+            buckets
+                .retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec < burst);
+        }
+        let b = buckets.entry(key.to_string()).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec).min(burst);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(std::time::Duration::from_secs_f64(
+                (1.0 - b.tokens) / per_sec,
+            ))
+        }
     }
 }

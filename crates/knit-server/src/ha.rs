@@ -12,65 +12,8 @@ use crate::store::{now_ms, Lease, ServerRecord};
 // The fence leader work runs under is the store's, which checks it in
 // every write; here is where leader work is put under it.
 pub use crate::store::fence::{current_fence, fenced, spawn, Fence};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// This server's identity and what it knows of its lease.
-pub struct Leadership {
-    /// Unique per process start: `<hostname>-<pid>-<random>`.
-    pub id: String,
-    pub hostname: String,
-    pub started_ms: i64,
-    lease: Mutex<Option<Lease>>,
-}
-
-impl Leadership {
-    pub fn new() -> Leadership {
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "knit".into());
-        let mut random = [0u8; 4];
-        // Without randomness the pid still tells processes of one host apart.
-        let _ = getrandom::getrandom(&mut random);
-        Leadership {
-            id: format!("{hostname}-{}-{}", std::process::id(), hex::encode(random)),
-            hostname,
-            started_ms: now_ms(),
-            lease: Mutex::new(None),
-        }
-    }
-
-    fn set(&self, lease: Option<Lease>) {
-        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
-    }
-
-    /// The lease, while this server holds it by its own clock. Past the
-    /// expiry (renewal failing: the datastore down or slow) this server
-    /// starts no new leader work; the datastore refuses writes of work
-    /// already started.
-    pub fn fence(&self) -> Option<Fence> {
-        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
-        lease
-            .as_ref()
-            .filter(|l| l.expires_ms > now_ms())
-            .map(|l| Fence {
-                holder: l.holder.clone(),
-                epoch: l.epoch,
-            })
-    }
-
-    pub fn is_leader(&self) -> bool {
-        self.fence().is_some()
-    }
-}
-
-impl Default for Leadership {
-    fn default() -> Self {
-        Leadership::new()
-    }
-}
 
 impl ControlPlane {
     /// Heartbeat and lease: every third of the lease time, record this

@@ -209,57 +209,6 @@ pub fn cut_reason(reason: &str) -> std::borrow::Cow<'_, str> {
     ))
 }
 
-/// Each node's report allowance: a token bucket per report token (so per
-/// node), `burst` reports at once then one per `refill`. Kept in memory:
-/// each server of several counts its own share.
-#[derive(Default)]
-pub struct ReportLimiter {
-    buckets: std::sync::Mutex<std::collections::HashMap<String, Bucket>>,
-}
-
-struct Bucket {
-    tokens: f64,
-    at: std::time::Instant,
-}
-
-/// Buckets kept before full ones (nodes that went quiet or left) are
-/// dropped.
-const MAX_BUCKETS: usize = 8192;
-
-impl ReportLimiter {
-    /// Takes one report from `key`'s bucket; `Err(wait)` when it is empty:
-    /// the time until the next one is allowed.
-    pub fn take(
-        &self,
-        key: &str,
-        burst: u32,
-        refill: std::time::Duration,
-    ) -> std::result::Result<(), std::time::Duration> {
-        let now = std::time::Instant::now();
-        let burst = f64::from(burst.max(1));
-        let per_sec = 1.0 / refill.as_secs_f64().max(1e-3);
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
-            buckets
-                .retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec < burst);
-        }
-        let b = buckets.entry(key.to_string()).or_insert(Bucket {
-            tokens: burst,
-            at: now,
-        });
-        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec).min(burst);
-        b.at = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(std::time::Duration::from_secs_f64(
-                (1.0 - b.tokens) / per_sec,
-            ))
-        }
-    }
-}
-
 /// Takes one report from the allowance of the node holding `token`;
 /// refused (429, with when to retry) when it is spent. The agent keeps a
 /// refused event and sends it again with its next one.
@@ -393,7 +342,7 @@ mod tests {
 
     #[test]
     fn a_report_bucket_allows_its_burst_then_its_rate() {
-        use super::ReportLimiter;
+        use crate::control::ReportLimiter;
         use std::time::Duration;
         let l = ReportLimiter::default();
         for _ in 0..3 {

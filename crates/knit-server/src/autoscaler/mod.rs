@@ -12,6 +12,8 @@
 pub mod service;
 pub mod template;
 
+// Its settings are the control plane's (`Settings::autoscaler`).
+pub use crate::control::AutoscalerSettings;
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki::Pki;
@@ -71,16 +73,6 @@ pub const DEFAULT_PORT: u16 = 7445;
 /// The Common Name of the client certificates `knit autoscaler
 /// cloud-config` gets.
 pub const CLIENT_CN: &str = "knit autoscaler client";
-
-/// Where the service listens (`knit server --autoscaler-listen`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AutoscalerSettings {
-    pub listen: SocketAddr,
-    /// false: an address already taken only logs a warning and the server
-    /// runs without the service (the CLI's default address, which another
-    /// server on the machine may hold); true: the start fails.
-    pub required: bool,
-}
 
 /// The bound listener and its TLS configuration, made before the control
 /// plane takes the CA.

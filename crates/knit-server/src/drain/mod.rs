@@ -31,7 +31,9 @@
 
 use crate::bootstrap::ClusterJoin;
 use crate::cluster::pods::{BudgetFacts, Eviction, PodFacts};
+// The default is a setting's (`Settings::drain_skip_wait`).
 use crate::control::ControlPlane;
+pub use crate::control::DEFAULT_SKIP_WAIT;
 use crate::error::{Result, ServerError};
 use crate::provider::within;
 use crate::reconcile::CLUSTER_CALL_TIMEOUT;
@@ -40,11 +42,6 @@ use knit_api::state::{DrainState, EventType};
 use knit_api::DrainSpec;
 use std::collections::BTreeMap;
 
-/// A pod being deleted on a node that is not Ready stops blocking this
-/// long after its deletion was due (Cluster API's
-/// `SkipWaitForDeleteTimeoutSeconds` for unreachable nodes): the default of
-/// [`crate::Settings::drain_skip_wait`].
-pub const DEFAULT_SKIP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Longest wait between two passes while evictions are refused.
 pub const MAX_BACKOFF_MS: i64 = 30_000;
 /// Wait between two passes while evicted pods terminate.

@@ -102,6 +102,39 @@ impl LocalError {
     }
 }
 
+/// knit-os's failures as the local cloud's own (same variants and codes
+/// as before the helpers moved there).
+impl From<knit_os::OsError> for LocalError {
+    fn from(e: knit_os::OsError) -> LocalError {
+        use knit_os::OsError;
+        match e {
+            OsError::Io {
+                action,
+                path,
+                source,
+            } => LocalError::Io {
+                context: action,
+                path,
+                source,
+            },
+            OsError::NotStarted { command, source } => LocalError::Command {
+                command,
+                status: "not started".into(),
+                stderr: source.to_string(),
+            },
+            OsError::TimedOut { command, after } => LocalError::Command {
+                command,
+                status: format!("timed out after {} s", after.as_secs()),
+                stderr: String::new(),
+            },
+            other => LocalError::Parse {
+                what: other.code().to_string(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
 /// Attaches a path and an action to an io::Error.
 pub(crate) trait IoContext<T> {
     fn ctx(self, context: &'static str, path: impl Into<PathBuf>) -> Result<T>;

@@ -625,69 +625,23 @@ fn point_current(out: &Path, key: &str) -> Result<()> {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .ctx("cannot sync", dir)
+    Ok(knit_os::durable::sync_dir(dir)?)
 }
+
+/// apt's output kept (each stream): the simulation lists every package.
+const APT_OUTPUT_CAP: usize = 16 << 20;
 
 /// Runs a command with a deadline (killed after it): its stdout.
 fn run_timed(program: &str, args: &[&str], timeout: Duration) -> Result<String> {
-    let command = format!("{program} {}", args.join(" "));
-    let child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| LocalError::Command {
-            command: command.clone(),
-            status: "not started".into(),
-            stderr: e.to_string(),
-        })?;
-    let pid = child.id();
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watchdog = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let until = Instant::now() + timeout;
-            while Instant::now() < until {
-                if done.load(std::sync::atomic::Ordering::SeqCst) {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            if done.load(std::sync::atomic::Ordering::SeqCst) {
-                return false;
-            }
-            // Our own child, not yet reaped (wait_with_output has not returned).
-            // SAFETY: kill(2) on a PID we spawned.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            true
-        })
-    };
-    let output = child.wait_with_output();
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let killed = watchdog.join().unwrap_or(false);
-    let output = output.map_err(|e| LocalError::Command {
-        command: command.clone(),
-        status: "wait failed".into(),
-        stderr: e.to_string(),
-    })?;
-    if killed || !output.status.success() {
+    let out = knit_os::command::run(Command::new(program).args(args), timeout, APT_OUTPUT_CAP)?;
+    if !out.success() {
         return Err(LocalError::Command {
-            command,
-            status: if killed {
-                format!("timed out after {} s", timeout.as_secs())
-            } else {
-                output.status.to_string()
-            },
-            stderr: String::from_utf8_lossy(&output.stderr)
-                .chars()
-                .take(4000)
-                .collect(),
+            command: knit_os::command::display(Command::new(program).args(args)),
+            status: out.status.to_string(),
+            stderr: out.stderr_text().chars().take(4000).collect(),
         });
     }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    Ok(out.stdout_text())
 }
 
 #[cfg(test)]

@@ -524,14 +524,9 @@ impl std::fmt::Display for InstanceState {
     }
 }
 
-/// A process we started, identified so a reused PID is never signalled.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ProcRef {
-    pub pid: i32,
-    /// Field 22 of /proc/PID/stat at the time we recorded it.
-    pub start_time: u64,
-}
+/// A process we started, identified so a reused PID is never signalled
+/// (PID + start time, recorded as `{"pid": …, "startTime": …}`).
+pub use knit_os::proc::ProcRef;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -3,7 +3,7 @@
 //! what to release.
 
 use crate::error::{IoContext, LocalError, Result};
-use crate::model::{DiskRecord, InstanceRecord, NetworkRecord, ProcRef, SnapshotRecord};
+use crate::model::{DiskRecord, InstanceRecord, NetworkRecord, SnapshotRecord};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fs::File;
@@ -205,26 +205,7 @@ pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<()> {
 /// [`write_durable`] for a file others may read: it has `mode` before it
 /// appears under its name.
 pub fn write_durable_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .ctx("cannot create a temporary file in", dir)?;
-    std::io::Write::write_all(&mut tmp, bytes).ctx("cannot write", tmp.path())?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))
-        .ctx("cannot chmod", tmp.path())?;
-    tmp.as_file().sync_all().ctx("cannot fsync", tmp.path())?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .ctx("cannot rename into place", path)?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("cannot fsync directory", dir)
+    Ok(knit_os::durable::write(path, bytes, mode)?)
 }
 
 /// Makes `dir` (and its parents) if missing, its entry in its parent on
@@ -235,9 +216,7 @@ pub fn create_dir_durable(dir: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(dir).ctx("cannot create", dir)?;
     if let Some(parent) = dir.parent() {
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .ctx("cannot fsync directory", parent)?;
+        knit_os::durable::sync_dir(parent)?;
     }
     Ok(())
 }
@@ -276,32 +255,10 @@ pub fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Start time (clock ticks since boot) of a live, non-zombie process.
-pub fn proc_start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // comm may hold spaces and parens: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
-}
-
-pub fn proc_ref(pid: i32) -> Option<ProcRef> {
-    proc_start_time(pid).map(|start_time| ProcRef { pid, start_time })
-}
-
-impl ProcRef {
-    /// Still the same process (not exited, not a reused PID).
-    pub fn alive(&self) -> bool {
-        proc_start_time(self.pid) == Some(self.start_time)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ProcRef;
 
     #[test]
     fn ids_are_checked_and_unique() {
@@ -315,7 +272,7 @@ mod tests {
 
     #[test]
     fn own_process_is_alive_and_records_round_trip() {
-        let me = proc_ref(std::process::id() as i32).unwrap();
+        let me = ProcRef::of(std::process::id() as i32).unwrap();
         assert!(me.alive());
         let other = ProcRef {
             start_time: me.start_time + 1,

@@ -215,7 +215,7 @@ impl Cloud {
             .spawn()
             .ctx("cannot start instance init", self.helper()?)?;
         drop(netns);
-        rec.shim = proc_ref(child.id() as i32);
+        rec.shim = ProcRef::of(child.id() as i32);
         let stdout = child.stdout.take();
         // Reap the shim whenever it ends, success or not: no zombies in a long-lived caller.
         std::thread::spawn(move || child.wait());
@@ -244,7 +244,7 @@ impl Cloud {
                         .strip_prefix("pid ")
                         .and_then(|p| p.trim().parse().ok())
                     {
-                        init = proc_ref(pid);
+                        init = ProcRef::of(pid);
                     } else if line == "ready" {
                         break;
                     } else if let Some(msg) = line.strip_prefix("error ") {

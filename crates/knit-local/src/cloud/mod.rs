@@ -16,7 +16,7 @@ use crate::error::{IoContext, LocalError, Result, SysContext};
 use crate::loopdev;
 use crate::model::*;
 use crate::net::{self, Subnet, Veth};
-use crate::state::{self, new_id, now, proc_ref, StateDir};
+use crate::state::{self, new_id, now, StateDir};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::collections::BTreeSet;

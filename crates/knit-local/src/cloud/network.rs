@@ -120,7 +120,7 @@ impl Cloud {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let r = proc_ref(pid).ok_or_else(|| LocalError::Boot {
+        let r = ProcRef::of(pid).ok_or_else(|| LocalError::Boot {
             id: "metadata".into(),
             message: "metadata server vanished".into(),
         })?;

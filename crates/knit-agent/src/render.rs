@@ -274,10 +274,16 @@ pub fn kubelet_command(
             .collect();
         args.push(format!("--register-with-taints={}", taints.join(",")));
     }
-    args.push(format!(
-        "--container-runtime-endpoint=unix://{}",
-        host.host_path(CONTAINERD_SOCK)
-    ));
+    if config.has_runtime() {
+        args.push(format!(
+            "--container-runtime-endpoint=unix://{}",
+            host.host_path(CONTAINERD_SOCK)
+        ));
+    } else {
+        // `runtime: none`: the kubelet stand-in's mode without CRI or CNI
+        // (a real kubelet has none and does not start).
+        args.push("--lightweight".to_string());
+    }
     args.push(format!("--cert-dir={}", host.host_path(KUBELET_CERT_DIR)));
     args.push(format!("--root-dir={}", host.host_path(KUBELET_ROOT_DIR)));
     args.extend(customized_args_list(config));

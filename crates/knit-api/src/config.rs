@@ -14,6 +14,22 @@ pub const DEFAULT_KUBERNETES_VERSION: &str = "1.31.4";
 pub const DEFAULT_DATA_DISK_MOUNT: &str = "/var/lib/container";
 /// The startup taint used by the optional user-data scheduling gate.
 pub const USER_DATA_GATE_TAINT: &str = "knit.dev/user-data-pending";
+/// A node's container runtime: containerd (the default), or none — a
+/// machine for scale runs whose kubelet (the stand-in, `--lightweight`)
+/// runs no containers; a real kubelet cannot start without a runtime.
+pub const RUNTIME_CONTAINERD: &str = "containerd";
+pub const RUNTIME_NONE: &str = "none";
+pub const RUNTIMES: &[&str] = &[RUNTIME_CONTAINERD, RUNTIME_NONE];
+
+/// `runtime`'s default, left out when written (so that documents and
+/// template hashes from before the field are unchanged).
+pub fn default_runtime() -> String {
+    RUNTIME_CONTAINERD.to_string()
+}
+
+pub fn is_default_runtime(runtime: &str) -> bool {
+    runtime == RUNTIME_CONTAINERD
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -30,6 +46,12 @@ pub struct NodeConfig {
     pub kubelet: KubeletConfig,
     #[serde(default)]
     pub containerd: ContainerdConfig,
+    /// containerd | none ([`RUNTIMES`]).
+    #[serde(
+        default = "default_runtime",
+        skip_serializing_if = "is_default_runtime"
+    )]
+    pub runtime: String,
     #[serde(default)]
     pub os: OsConfig,
     #[serde(default)]
@@ -58,6 +80,7 @@ impl Default for NodeConfig {
             kubernetes: KubernetesPackage::default(),
             kubelet: KubeletConfig::default(),
             containerd: ContainerdConfig::default(),
+            runtime: default_runtime(),
             os: OsConfig::default(),
             data_disk: DataDiskConfig::default(),
             components: OptionalComponents::default(),
@@ -83,6 +106,11 @@ impl NodeConfig {
 
     pub fn to_yaml(&self) -> Result<String, crate::ser::SerializeError> {
         crate::ser::yaml("NodeConfig", self)
+    }
+
+    /// Whether the node runs a container runtime (`runtime` is not none).
+    pub fn has_runtime(&self) -> bool {
+        self.runtime != RUNTIME_NONE
     }
 }
 

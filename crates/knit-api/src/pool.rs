@@ -270,6 +270,14 @@ pub struct NodePoolSpec {
     pub user_data: String,
     pub kubelet: KubeletConfig,
     pub containerd: ContainerdConfig,
+    /// containerd (default) | none: a machine without a container runtime,
+    /// for scale runs with the kubelet stand-in (docs/local-cloud.md).
+    /// Left out when containerd, so that no template hash changed.
+    #[serde(
+        default = "crate::config::default_runtime",
+        skip_serializing_if = "crate::config::is_default_runtime"
+    )]
+    pub runtime: String,
     pub os: OsConfig,
     pub components: OptionalComponents,
     /// Fixed at creation.
@@ -495,6 +503,7 @@ impl Default for NodePoolSpec {
             user_data: String::new(),
             kubelet: KubeletConfig::default(),
             containerd: ContainerdConfig::default(),
+            runtime: crate::config::default_runtime(),
             os: OsConfig::default(),
             components: OptionalComponents::default(),
             hardening: Hardening::default(),
@@ -776,6 +785,7 @@ impl NodePoolSpec {
         }
         self.kubelet.validate(&f("kubelet"), e);
         self.containerd.validate(&f("containerd"), e);
+        e.one_of(&f("runtime"), &self.runtime, crate::config::RUNTIMES);
         self.os.validate(&f("os"), e);
         e.range(
             &f("joinTimeoutSeconds"),
@@ -1263,6 +1273,28 @@ mod tests {
         let pool = NodePool::from_yaml("apiVersion: knit.dev/v1alpha1\nkind: NodePool\nmetadata: {name: workers}\nspec: {replicas: 3}\n").unwrap();
         assert_eq!(pool.spec.replicas, 3);
         assert_eq!(pool.spec.join_timeout_seconds, DEFAULT_JOIN_TIMEOUT_SECONDS);
+    }
+
+    #[test]
+    fn runtime_is_containerd_or_none() {
+        let mut pool = NodePool::new("light", NodePoolSpec::default());
+        pool.spec.runtime = "none".into();
+        assert!(pool.validate().is_ok());
+        pool.spec.runtime = "docker".into();
+        let errors = errors_of(&pool);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "spec.runtime");
+        assert_eq!(errors[0].value, "\"docker\"");
+        assert!(errors[0].rule.contains("containerd") && errors[0].rule.contains("none"));
+        // The node's configuration is checked by the same rule.
+        let config = crate::config::NodeConfig {
+            runtime: "docker".into(),
+            ..Default::default()
+        };
+        let Err(ApiError::Invalid(list)) = config.validate() else {
+            panic!("a NodeConfig with runtime docker validated");
+        };
+        assert_eq!(list[0].field, "runtime");
     }
 
     #[test]

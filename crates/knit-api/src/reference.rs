@@ -179,6 +179,7 @@ pub const FIELDS: &[(&str, &str, &str, &str)] = &[
     ("nodepool", "spec.userData", "string", "Runs after initialization, in parallel with readiness (step 4)."),
     ("nodepool", "spec.kubelet", "object", "The kubelet's settings (max pods, reserved resources, eviction, feature gates, …): a change restarts the kubelet (drained where admission depends on it)."),
     ("nodepool", "spec.containerd", "object", "containerd's settings (registry mirrors, insecure registries, data root)."),
+    ("nodepool", "spec.runtime", "string (optional)", "containerd | none."),
     ("nodepool", "spec.os", "object", "OS settings the agent applies (sysctls, transparent huge pages, …)."),
     ("nodepool", "spec.components", "object", "Optional node components and what base packages to install."),
     ("nodepool", "spec.hardening", "object", "Fixed at creation."),

@@ -133,6 +133,7 @@ pub const SPEC_FIELDS: &[(&str, UpdateMode)] = &[
     ("kubelet.topologyManagerPolicy", UpdateMode::Replace),
     ("kubelet.reservedMemory", UpdateMode::Replace),
     ("containerd", UpdateMode::Replace),
+    ("runtime", UpdateMode::Replace),
     ("os", UpdateMode::Replace),
     ("components", UpdateMode::Replace),
     ("kubernetesVersion", UpdateMode::Replace),
@@ -435,6 +436,7 @@ mod tests {
             custom_node_name: Some(Default::default()),
             kubernetes_version: Some("1.31.0".into()),
             restarted_at: Some("2026-01-01T00:00:00Z".into()),
+            runtime: crate::config::RUNTIME_NONE.into(),
             ..NodePoolSpec::default()
         });
         for key in fields.keys() {
@@ -510,6 +512,25 @@ mod tests {
             pool_template_hash(&pinned, "1.31.0"),
             template_hash(&base, "1.30.2")
         );
+    }
+
+    /// `runtime` came after pools existed: containerd, its default, is not
+    /// written, so no stored pool's hash changed (no rollout on upgrade);
+    /// none is a new machine.
+    #[test]
+    fn the_default_runtime_leaves_the_hash_as_before_and_none_changes_it() {
+        let base = NodePoolSpec::default();
+        let value = serde_json::to_value(&base).unwrap();
+        assert!(value.get("runtime").is_none(), "containerd is not written");
+        let stored: NodePoolSpec = serde_json::from_value(value).unwrap();
+        assert_eq!(stored.runtime, "containerd");
+        let h = pool_template_hash(&base, "1.31.0");
+        let light = NodePoolSpec {
+            runtime: crate::config::RUNTIME_NONE.into(),
+            ..base.clone()
+        };
+        assert_ne!(pool_template_hash(&light, "1.31.0"), h);
+        assert_eq!(mode_of("runtime"), UpdateMode::Replace);
     }
 
     #[test]

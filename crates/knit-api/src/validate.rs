@@ -68,6 +68,7 @@ impl NodeConfig {
         self.kubernetes.validate("kubernetes", &mut e);
         self.kubelet.validate("kubelet", &mut e);
         self.containerd.validate("containerd", &mut e);
+        e.one_of("runtime", &self.runtime, crate::config::RUNTIMES);
         self.os.validate("os", &mut e);
         self.data_disk.validate("dataDisk", &mut e);
         if self.join.timeout_seconds < 1 || self.join.timeout_seconds > 3600 {

@@ -431,6 +431,68 @@ fn nodes_join_the_embedded_cluster_and_leave_it() {
 /// bridge gone, nothing mounted or attached under the state directories.
 /// With `--keep-cloud` the cloud stays, and `knit local down` alone
 /// removes it.
+/// `runtime: none` (issue 31's light machines for scale runs): the node
+/// has no container runtime at all — containerd neither configured nor
+/// started — its kubelet (the stand-in) runs `--lightweight`, and it is
+/// Ready and initialized all the same.
+#[test]
+fn a_pool_without_a_runtime_starts_no_containerd_and_is_ready() {
+    let mut env = Env::builder().cluster(true).parallelism(2).build();
+    env.knit_ok(&[
+        "package",
+        "build",
+        "--no-runtime",
+        "--state-dir",
+        env.path("server").to_str().unwrap(),
+    ]);
+    env.start_server();
+    let pool = POOL
+        .replace("  replicas: 0\n", "  replicas: 0\n  runtime: none\n")
+        .replace("  dataDisks: [{sizeGiB: 40, interface: nvme}]\n", "");
+    assert!(pool.contains("runtime: none") && !pool.contains("dataDisks"));
+    env.create("pool", &pool);
+    let out = env.scale_wait("workers", 1);
+    assert!(out.contains("1/1 initialized and Ready"), "{out}");
+    let shown = env.knit_ok(&["get", "pools", "workers", "-o", "yaml"]);
+    assert!(shown.contains("runtime: none"), "{shown}");
+
+    let machines = env.cloud().list().unwrap();
+    assert_eq!(machines.len(), 1, "one machine");
+    let id = &machines[0].record.id;
+    // Every process's command line inside the machine, and whether the
+    // agent wrote containerd's configuration (the node image's containerd
+    // package has one of its own).
+    let (ok, text) = env.exec(
+        id,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done; \
+         grep -qs \"Managed by knit-agent\" /etc/containerd/config.toml && echo CONTAINERD-CONFIG-WRITTEN; true",
+    );
+    assert!(ok, "{text}");
+    let kubelet: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("--kubeconfig="))
+        .collect();
+    assert_eq!(kubelet.len(), 1, "one kubelet: {text}");
+    assert!(kubelet[0].contains("--lightweight"), "{}", kubelet[0]);
+    assert!(
+        !kubelet[0].contains("--container-runtime-endpoint"),
+        "{}",
+        kubelet[0]
+    );
+    assert!(
+        !text.lines().any(|l| l
+            .split(' ')
+            .next()
+            .is_some_and(|bin| bin.ends_with("/containerd"))),
+        "containerd runs on a node without a runtime: {text}"
+    );
+    // A line of its own (the script's command line holds the word too).
+    assert!(
+        !text.lines().any(|l| l == "CONTAINERD-CONFIG-WRITTEN"),
+        "{text}"
+    );
+}
+
 #[test]
 fn knit_down_takes_the_whole_local_setup_down() {
     let mut env = Env::builder().cluster(false).parallelism(2).build();

@@ -287,6 +287,7 @@ pub fn node_config(input: NodeConfigInput<'_>) -> NodeConfig {
         },
         kubelet: spec.kubelet.clone(),
         containerd: spec.containerd.clone(),
+        runtime: spec.runtime.clone(),
         os: spec.os.clone(),
         data_disk,
         components: spec.components.clone(),

@@ -66,6 +66,10 @@ fn rendered_files(ctx: &Ctx) -> Result<BTreeMap<String, (String, u32)>> {
         render::CUSTOMIZED_ARGS.to_string(),
         (render::customized_args_file(ctx.config), 0o644),
     );
+    if !ctx.config.has_runtime() {
+        // `runtime: none`: nothing of containerd's is written.
+        return Ok(files);
+    }
     files.insert(
         render::CONTAINERD_CONFIG.to_string(),
         (
@@ -382,7 +386,7 @@ fn install(ctx: &Ctx, package: &Package) -> Result<String> {
     let binaries = package::install_binaries(host, package)?;
     install_image_list(ctx, package);
     install_cni_config(ctx, package)?;
-    if host.find_program("containerd").is_none() {
+    if ctx.config.has_runtime() && host.find_program("containerd").is_none() {
         return Err(AgentError::new(
             ErrorCode::FailInstallComponents,
             format!(

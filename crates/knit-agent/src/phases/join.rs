@@ -219,12 +219,22 @@ fn with_config_digest(host: &Host, mut spec: ServiceSpec, files: &[&str]) -> Ser
     spec
 }
 
-/// containerd's and the kubelet's definitions, from the installed files.
-fn desired_services(ctx: &Ctx) -> Result<(ServiceSpec, ServiceSpec)> {
+/// containerd's (none with `runtime: none`) and the kubelet's definitions,
+/// from the installed files.
+fn desired_services(ctx: &Ctx) -> Result<(Option<ServiceSpec>, ServiceSpec)> {
     let host = ctx.host;
-    let containerd = host.find_program("containerd").ok_or_else(|| {
-        join_error("containerd is not installed (the kubernetes-components phase installs it)")
-    })?;
+    let containerd = if ctx.config.has_runtime() {
+        let program = host.find_program("containerd").ok_or_else(|| {
+            join_error("containerd is not installed (the kubernetes-components phase installs it)")
+        })?;
+        Some(with_config_digest(
+            host,
+            render::containerd_service(host, &ctx.config.containerd, &host.host_path(&program)),
+            &[render::CONTAINERD_CONFIG],
+        ))
+    } else {
+        None
+    };
     let kubelet = format!("{}/kubelet", crate::package::BIN_DIR);
     if !host.path(&kubelet).is_file() {
         return Err(join_error(format!(
@@ -232,11 +242,6 @@ fn desired_services(ctx: &Ctx) -> Result<(ServiceSpec, ServiceSpec)> {
             host.host_path(&kubelet)
         )));
     }
-    let containerd = with_config_digest(
-        host,
-        render::containerd_service(host, &ctx.config.containerd, &host.host_path(&containerd)),
-        &[render::CONTAINERD_CONFIG],
-    );
     let exec = render::kubelet_command(host, ctx.config, &ctx.node, &host.host_path(&kubelet));
     let kubelet = with_config_digest(
         host,
@@ -264,8 +269,10 @@ fn start_services(ctx: &Ctx) -> Result<()> {
     ] {
         host.create_dir(dir).map_err(|e| join_error(e.message))?;
     }
-    services::ensure_running(host, &containerd).map_err(|e| join_error(e.message))?;
-    wait_for_socket(host, render::CONTAINERD_SOCK, CONTAINERD_READY_TIMEOUT)?;
+    if let Some(containerd) = &containerd {
+        services::ensure_running(host, containerd).map_err(|e| join_error(e.message))?;
+        wait_for_socket(host, render::CONTAINERD_SOCK, CONTAINERD_READY_TIMEOUT)?;
+    }
     services::ensure_running(host, &kubelet).map_err(|e| join_error(e.message))?;
     Ok(())
 }
@@ -285,8 +292,9 @@ impl Phase for Join {
             Ok(specs) => specs,
             Err(e) => return Ok(Decision::Run(e.message)),
         };
-        let stale: Vec<String> = [&containerd, &kubelet]
-            .into_iter()
+        let stale: Vec<String> = containerd
+            .iter()
+            .chain([&kubelet])
             .filter(|spec| !services::runs_as(ctx.host, spec))
             .map(|spec| spec.name.clone())
             .collect();

@@ -48,6 +48,38 @@ pub enum QemuError {
     Boot { id: String, message: String },
 }
 
+/// knit-os's failures as QEMU's own (the variants and codes they had
+/// before the helpers moved there).
+impl From<knit_os::OsError> for QemuError {
+    fn from(e: knit_os::OsError) -> QemuError {
+        use knit_os::OsError;
+        match e {
+            OsError::Io {
+                action,
+                path,
+                source,
+            } => QemuError::Io {
+                what: action.to_string(),
+                path: path.display().to_string(),
+                source,
+            },
+            OsError::NotStarted { command, source } => QemuError::Command {
+                command,
+                status: "not started".into(),
+                stderr: source.to_string(),
+            },
+            OsError::TimedOut { command, after } => QemuError::Timeout {
+                what: command,
+                secs: after.as_secs(),
+            },
+            other => QemuError::State {
+                path: other.code().to_string(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
 impl QemuError {
     /// Stable code for messages and scripts.
     pub fn code(&self) -> &'static str {

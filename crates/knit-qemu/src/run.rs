@@ -1,12 +1,11 @@
 //! Host commands, each with a deadline and bounded output.
 
 use crate::error::{QemuError, Result};
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// Output kept from a command (stdout and stderr each).
-const MAX_OUTPUT: u64 = 1 << 20;
+const MAX_OUTPUT: usize = 1 << 20;
 
 /// Runs `program args…`, killing it after `timeout`; its stdout on
 /// success, a [`QemuError::Command`] naming command, status and stderr
@@ -33,64 +32,22 @@ pub fn run_status(
     args: &[&str],
     timeout: Duration,
 ) -> Result<(Option<i32>, String, String)> {
-    let command = format!("{program} {}", args.join(" "));
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| QemuError::Command {
-            command: command.clone(),
-            status: "not started".into(),
-            stderr: if e.kind() == std::io::ErrorKind::NotFound {
-                format!("{program} is not installed (`scripts/setup.sh --qemu` installs it)")
-            } else {
-                e.to_string()
-            },
-        })?;
-    let readers = [
-        child.stdout.take().map(boxed),
-        child.stderr.take().map(boxed),
-    ]
-    .map(|pipe| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(p) = pipe {
-                let _ = p.take(MAX_OUTPUT).read_to_end(&mut buf);
-            }
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                // Our own child, not reaped yet.
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(QemuError::Timeout {
-                    what: command,
-                    secs: timeout.as_secs(),
-                });
-            }
-            Err(e) => {
-                return Err(QemuError::Command {
+    let out = knit_os::command::run(Command::new(program).args(args), timeout, MAX_OUTPUT)
+        .map_err(|e| match e {
+            knit_os::OsError::NotStarted { command, source }
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                QemuError::Command {
                     command,
-                    status: "wait failed".into(),
-                    stderr: e.to_string(),
-                })
+                    status: "not started".into(),
+                    stderr: format!(
+                        "{program} is not installed (`scripts/setup.sh --qemu` installs it)"
+                    ),
+                }
             }
-        }
-    };
-    let [out, err] = readers.map(|r| r.join().unwrap_or_default());
-    Ok((status.code(), out, err))
-}
-
-fn boxed(r: impl Read + Send + 'static) -> Box<dyn Read + Send> {
-    Box::new(r)
+            e => e.into(),
+        })?;
+    Ok((out.status.code(), out.stdout_text(), out.stderr_text()))
 }
 
 /// `program` on PATH.

@@ -16,7 +16,6 @@
 use crate::error::{IoContext, QemuError, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -71,12 +70,7 @@ pub struct DiskRecord {
 
 /// The QEMU process of a running VM, identified so that a reused PID is
 /// never signalled: its start time (clock ticks since boot, /proc/PID/stat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Process {
-    pub pid: i32,
-    pub start_time: u64,
-}
+pub use knit_os::proc::ProcRef as Process;
 
 /// The files a VM boots from (copied out of a knit OS image).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -306,24 +300,12 @@ pub fn read_opt<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 /// Written to a temporary file in the same directory, fsynced, renamed
 /// over, directory fsynced: a record either is whole or was never there.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     let body = serde_json::to_vec_pretty(value).map_err(|e| QemuError::State {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    let mut tmp =
-        tempfile::NamedTempFile::new_in(dir).ctx("cannot create a temporary file in", dir)?;
-    tmp.write_all(&body).ctx("cannot write", tmp.path())?;
-    tmp.as_file().sync_all().ctx("cannot sync", tmp.path())?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .ctx("cannot rename into place", path)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("cannot sync", dir)
+    // 0600 as the temporary file it used to be renamed from.
+    Ok(knit_os::durable::write(path, &body, 0o600)?)
 }
 
 pub fn now() -> u64 {

@@ -25,15 +25,6 @@ impl Machines {
     }
 }
 
-/// (start time, state) from /proc/PID/stat.
-pub(super) fn proc_stat(pid: i32) -> Option<(u64, char)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    Some((fields.get(19)?.parse().ok()?, state))
-}
-
 /// This VM's QEMU processes: those whose working directory is the VM's
 /// and whose command line names the QMP socket there (or, started by an
 /// earlier version, names it by its absolute path): the only QEMU
@@ -41,8 +32,8 @@ pub(super) fn proc_stat(pid: i32) -> Option<(u64, char)> {
 pub(super) fn pids_naming(dir: &Path) -> Vec<i32> {
     let legacy = format!("path={},", dir.join("qmp.sock").display());
     let ours = format!("path={RUN_DIR}/qmp.sock,");
-    let has = |args: &[u8], needle: &str| {
-        args.split(|b| *b == 0)
+    let has = |args: &[Vec<u8>], needle: &str| {
+        args.iter()
             .any(|arg| arg.windows(needle.len()).any(|w| w == needle.as_bytes()))
     };
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -51,29 +42,27 @@ pub(super) fn pids_naming(dir: &Path) -> Vec<i32> {
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            let Ok(args) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            let Some(args) = knit_os::proc::cmdline(*pid) else {
                 return false;
             };
             has(&args, &legacy)
                 || (has(&args, &ours)
                     && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == dir))
         })
-        .filter(|pid| proc_stat(*pid).is_some_and(|(_, s)| s != 'Z'))
+        .filter(|pid| knit_os::proc::stat(*pid).is_some_and(|s| s.state != 'Z'))
         .collect()
 }
 
 /// `pid` when it is alive and is this VM's QEMU.
 pub(super) fn owned_process(pid: i32, dir: &Path) -> Option<Process> {
-    let (start_time, state) = proc_stat(pid)?;
-    (state != 'Z' && pids_naming(dir).contains(&pid)).then_some(Process { pid, start_time })
+    let process = Process::of(pid)?;
+    pids_naming(dir).contains(&pid).then_some(process)
 }
 
 pub(super) fn live_pids(rec: &VmRecord, dir: &Path) -> Vec<i32> {
     let mut pids = pids_naming(dir);
     if let Some(p) = rec.process {
-        if proc_stat(p.pid).is_some_and(|(t, s)| t == p.start_time && s != 'Z')
-            && !pids.contains(&p.pid)
-        {
+        if p.alive() && !pids.contains(&p.pid) {
             pids.push(p.pid);
         }
     }

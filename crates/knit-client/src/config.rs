@@ -3,8 +3,6 @@
 
 use crate::error::{ClientError, Result};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// What the CLI needs to reach a server: URL, admin token, CA.
@@ -52,37 +50,28 @@ impl ClientConfig {
             what: format!("render {}", path.display()),
             source: std::io::Error::other(e),
         })?;
-        let failed = |what: String| move |source| ClientError::ConfigWrite { what, source };
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(failed(format!("create {}", dir.display())))?;
-        // tempfile makes the file 0600 from the start.
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(failed(format!(
-            "create a temporary file in {}",
-            dir.display()
-        )))?;
-        tmp.write_all(text.as_bytes())
-            .and_then(|_| {
-                tmp.as_file()
-                    .set_permissions(std::fs::Permissions::from_mode(0o600))
-            })
-            .and_then(|_| tmp.as_file().sync_all())
-            .map_err(failed(format!("write {}", tmp.path().display())))?;
-        tmp.persist(path).map_err(|e| ClientError::ConfigWrite {
-            what: format!("rename into {}", path.display()),
-            source: e.error,
-        })?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(failed(format!("sync {}", dir.display())))
+        // 0600: the file holds the API token.
+        knit_os::durable::write(path, text.as_bytes(), 0o600).map_err(|e| match e {
+            knit_os::OsError::Io {
+                action,
+                path,
+                source,
+            } => ClientError::ConfigWrite {
+                what: format!("{action} {}", path.display()),
+                source,
+            },
+            other => ClientError::ConfigWrite {
+                what: path.display().to_string(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     /// The file format is the one `knit up` has always written: camelCase
     /// keys, optional ones left out, mode 0600.

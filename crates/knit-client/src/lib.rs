@@ -18,8 +18,6 @@ pub use exec::{
 };
 
 use knit_api::FieldError;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::Read;
@@ -43,18 +41,8 @@ pub struct Client {
 }
 
 fn tls_config(ca_pem: &str) -> Result<Arc<rustls::ClientConfig>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        let cert = cert.map_err(|e| ClientError::Tls(format!("CA certificate: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| ClientError::Tls(format!("CA certificate: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(ClientError::Tls(
-            "the config holds no CA certificate".into(),
-        ));
-    }
+    let roots = knit_os::pem::roots(ca_pem.as_bytes(), "the config's CA certificate")
+        .map_err(|e| ClientError::Tls(e.to_string()))?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

@@ -3,10 +3,11 @@
 #   bash bench/scale.sh N
 #
 # A knit server of the run's own (state directory, bridge, subnet, ports)
-# on the local cloud with the embedded cluster; light machines: the package
-# without a runtime (`knit package build --no-runtime`: the agent, the
-# kubelet stand-in, CNI plugins; the node image's containerd is what runs),
-# no data disk, a CNI config written by the pool's pre-user-data. One pool,
+# on the local cloud with the embedded cluster; light machines: a pool with
+# `runtime: none` (no containerd configured or started; the kubelet
+# stand-in runs --lightweight), the package without a runtime (`knit
+# package build --no-runtime`: the agent, the kubelet stand-in, CNI
+# plugins), no data disk. One pool,
 # scaled 0 → N with one `knit scale` (no --wait), then N → 0; the Cluster's
 # nodeQuota raised to N first (the basic edition allows 10).
 #
@@ -137,11 +138,9 @@ kind: NodePool
 metadata: {name: scale}
 spec:
   replicas: 0
+  runtime: none
   systemDisk: {sizeGiB: 20}
-  preUserData: |
-    touch /var/.skip-yum
-    mkdir -p /etc/cni/net.d
-    echo '{"cniVersion":"1.0.0","name":"knit","plugins":[{"type":"loopback"}]}' > /etc/cni/net.d/10-knit.conflist
+  preUserData: touch /var/.skip-yum
 POOL
 # The basic edition's node quota is 10: the Cluster as the server has it,
 # with room for N.

@@ -10,6 +10,7 @@
 //! machine's containerd takes one of root's instances (128 on Debian).
 
 use crate::error::{IoContext, LocalError, Result};
+use crate::model::{InstanceState, Template};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -87,6 +88,28 @@ fn runs_as_root(dir: &Path) -> bool {
         .find_map(|l| l.strip_prefix("Uid:"))
         .and_then(|ids| ids.split_whitespace().nth(1))
         == Some("0")
+}
+
+/// Instances a machine of `template` holds once its node runs: its
+/// containerd's; a light machine (no container runtime) holds none.
+pub fn inotify_of(template: &Template) -> u64 {
+    if template.light {
+        0
+    } else {
+        INOTIFY_PER_MACHINE
+    }
+}
+
+/// Machines of a cloud that hold, or soon will, an instance: each one not
+/// stopped, by its template (booting ones included).
+pub fn inotify_holders<'a>(
+    machines: impl IntoIterator<Item = (InstanceState, &'a Template)>,
+) -> u64 {
+    machines
+        .into_iter()
+        .filter(|(state, _)| *state != InstanceState::Stopped)
+        .map(|(_, template)| inotify_of(template))
+        .sum()
 }
 
 /// The decision, pure: may one more machine be made, given the host's
@@ -189,6 +212,32 @@ mod tests {
             text.contains("sysctl -w fs.inotify.max_user_instances=1024"),
             "{text}"
         );
+    }
+
+    /// A light machine (a pool's `runtime: none`) runs no containerd:
+    /// it needs no instance and counts for none; stopped machines neither.
+    #[test]
+    fn light_and_stopped_machines_hold_no_instance() {
+        let full = Template::default();
+        let light = Template {
+            light: true,
+            ..Template::default()
+        };
+        assert_eq!((inotify_of(&full), inotify_of(&light)), (1, 0));
+        let machines = [
+            (InstanceState::Running, &full),
+            (InstanceState::Creating, &full),
+            (InstanceState::Running, &light),
+            (InstanceState::Stopped, &full),
+        ];
+        assert_eq!(inotify_holders(machines), 2);
+        // 300 light machines beside 99 full ones leave room for one more
+        // full one, as 99 alone do.
+        let many: Vec<(InstanceState, &Template)> =
+            std::iter::repeat_n((InstanceState::Running, &light), 300)
+                .chain(std::iter::repeat_n((InstanceState::Running, &full), 99))
+                .collect();
+        assert!(check_inotify(128, seen(20, 99), 0, inotify_holders(many)).is_ok());
     }
 
     #[test]

@@ -45,6 +45,11 @@ pub struct Template {
     /// next leader, must not make two machines).
     #[serde(default)]
     pub client_token: Option<String>,
+    /// The machine will run no container runtime (a pool's `runtime:
+    /// none`): it holds none of root's inotify instances, which the host
+    /// limits count per machine otherwise (`host_limits`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub light: bool,
 }
 
 impl Default for Template {
@@ -62,6 +67,7 @@ impl Default for Template {
             user_data_runner: UserDataRunner::Knit,
             attributes: Attributes::default(),
             client_token: None,
+            light: false,
         }
     }
 }

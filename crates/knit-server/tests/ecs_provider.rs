@@ -48,6 +48,7 @@ fn template(name: &str, snapshot: Option<&str>) -> InstanceTemplate {
         ]
         .into_iter()
         .collect(),
+        light: false,
     }
 }
 

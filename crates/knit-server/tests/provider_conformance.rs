@@ -30,6 +30,7 @@ fn template(name: &str) -> InstanceTemplate {
         ]
         .into_iter()
         .collect(),
+        light: false,
     }
 }
 

@@ -27,7 +27,7 @@ impl Cloud {
                 return self.view(existing);
             }
             self.check_capacity(&tpl.instance_type)?;
-            self.check_host_limits()?;
+            self.check_host_limits(tpl)?;
             self.ensure_network()?;
             let id = new_id("i-")?;
             let ip = self.pick_ip(tpl.private_ip.as_deref())?;

@@ -188,16 +188,17 @@ impl Cloud {
     }
 
     /// Refuses a create the host cannot carry (`host_limits`), counting
-    /// this cloud's machines that are or will soon be running (called under
-    /// the state lock).
-    fn check_host_limits(&self) -> Result<()> {
-        let live = self
-            .state
-            .instances()?
-            .iter()
-            .filter(|r| r.state != InstanceState::Stopped)
-            .count() as u64;
-        crate::host_limits::InotifyBudget::host().reserve_one(live)
+    /// this cloud's machines that are or will soon be running and hold an
+    /// inotify instance (a light machine runs no containerd and holds
+    /// none; called under the state lock).
+    fn check_host_limits(&self, template: &Template) -> Result<()> {
+        use crate::host_limits::{inotify_holders, inotify_of, InotifyBudget};
+        if inotify_of(template) == 0 {
+            return Ok(());
+        }
+        let records = self.state.instances()?;
+        let holders = inotify_holders(records.iter().map(|r| (r.state, &r.template)));
+        InotifyBudget::host().reserve_one(holders)
     }
 
     /// Refuses a create of `instance_type` when its capacity is used up

@@ -198,6 +198,7 @@ mod tests {
             zone: None,
             vpc: "v".into(),
             tags: Default::default(),
+            light: false,
         }
     }
 

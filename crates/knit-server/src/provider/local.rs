@@ -135,6 +135,7 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
         // knit's name is unique: a create repeated by a woken or a new
         // leader gets the instance the first one made.
         client_token: Some(t.name.clone()),
+        light: t.light,
         ..Template::default()
     }
 }
@@ -892,9 +893,11 @@ mod tests {
             tags: [(TAG_NAME.to_string(), "workers-abcde".to_string())]
                 .into_iter()
                 .collect(),
+            light: true,
         };
         let l = local_template(&t);
         l.validate().unwrap();
+        assert!(l.light, "a pool's runtime: none reaches the local cloud");
         assert_eq!(l.disks[0].interface, DiskInterface::Nvme);
         assert_eq!(l.disks[1].size, None);
         assert_eq!(l.disks[1].snapshot.as_deref(), Some("s-1"));

@@ -141,6 +141,11 @@ pub struct InstanceTemplate {
     pub zone: Option<String>,
     pub vpc: String,
     pub tags: BTreeMap<String, String>,
+    /// The node runs no container runtime (the pool's `runtime: none`): a
+    /// host-carried cloud (the local one) counts no runtime's share of
+    /// host limits for it; a real cloud ignores it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub light: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

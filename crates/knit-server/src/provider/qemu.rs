@@ -595,6 +595,7 @@ mod tests {
             tags: [(TAG_NAME.to_string(), "workers-abcde".to_string())]
                 .into_iter()
                 .collect(),
+            light: false,
         };
         let v = vm_template(&t);
         assert_eq!(v.system_disk_bytes, 20 << 30);
@@ -703,6 +704,7 @@ mod tests {
             zone: None,
             vpc: "vpc-local".into(),
             tags: Default::default(),
+            light: false,
         };
         assert_eq!(
             vm_template(&t)

@@ -345,6 +345,7 @@ impl ControlPlane {
             zone: pool.spec.zone.clone(),
             vpc: cluster.spec.vpc.clone(),
             tags,
+            light: pool.spec.runtime == knit_api::config::RUNTIME_NONE,
         })
     }
 

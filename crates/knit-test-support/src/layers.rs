@@ -65,6 +65,19 @@ pub fn read(src: &Path, grain: Grain) -> Result<Graph, ReadError> {
             file_modules.insert(m, rel.clone());
         }
     }
+    // Files of `#[cfg(test)] mod x;` (and their children) are tests too.
+    let mut test_modules: Vec<Vec<String>> = Vec::new();
+    for (module, rel) in &file_modules {
+        let full = src.join(rel);
+        let text = std::fs::read_to_string(&full)
+            .map_err(|e| ReadError(format!("reading {}: {e}", full.display())))?;
+        for name in test_module_files(&text) {
+            let mut m = module.clone();
+            m.push(name);
+            test_modules.push(m);
+        }
+    }
+    file_modules.retain(|m, _| !test_modules.iter().any(|t| m.starts_with(t)));
     let lib = src.join("lib.rs");
     let root_text = std::fs::read_to_string(&lib)
         .map_err(|e| ReadError(format!("reading {}: {e}", lib.display())))?;
@@ -120,45 +133,51 @@ pub fn read(src: &Path, grain: Grain) -> Result<Graph, ReadError> {
 /// The graph's cycles: each strongly connected set of two or more
 /// modules, as one cycle through it with the edges that make it.
 pub fn cycles(graph: &Graph) -> Vec<Vec<Edge>> {
-    let sccs = strongly_connected(graph);
-    let mut out = Vec::new();
-    for scc in sccs.into_iter().filter(|s| s.len() > 1) {
-        // A shortest cycle through the set's first module, by BFS back to it.
-        let start = scc.iter().next().cloned().unwrap_or_default();
-        let inside = |e: &&Edge| scc.contains(&e.from) && scc.contains(&e.to);
-        let edges: Vec<&Edge> = graph.edges.iter().filter(inside).collect();
-        let mut prev: BTreeMap<String, &Edge> = BTreeMap::new();
-        let mut queue = std::collections::VecDeque::from([start.clone()]);
-        let mut found = None;
-        while let Some(m) = queue.pop_front() {
-            for e in edges.iter().filter(|e| e.from == m) {
-                if e.to == start {
-                    found = Some(*e);
-                    break;
-                }
-                if !prev.contains_key(&e.to) {
-                    prev.insert(e.to.clone(), e);
-                    queue.push_back(e.to.clone());
-                }
-            }
-            if found.is_some() {
+    strongly_connected(graph)
+        .into_iter()
+        .filter(|s| s.len() > 1)
+        .map(|scc| {
+            let start = scc.iter().next().cloned().unwrap_or_default();
+            cycle_through(graph, &scc, &start)
+        })
+        .collect()
+}
+
+/// A shortest cycle through `start` inside the strongly connected set
+/// `scc`, by a breadth-first walk back to it.
+pub fn cycle_through(graph: &Graph, scc: &BTreeSet<String>, start: &str) -> Vec<Edge> {
+    let inside = |e: &&Edge| scc.contains(&e.from) && scc.contains(&e.to);
+    let edges: Vec<&Edge> = graph.edges.iter().filter(inside).collect();
+    let mut prev: BTreeMap<String, &Edge> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start.to_string()]);
+    let mut found = None;
+    while let Some(m) = queue.pop_front() {
+        for e in edges.iter().filter(|e| e.from == m) {
+            if e.to == start {
+                found = Some(*e);
                 break;
             }
-        }
-        let mut cycle = Vec::new();
-        if let Some(last) = found {
-            cycle.push(last.clone());
-            let mut at = last.from.clone();
-            while at != start {
-                let Some(e) = prev.get(&at) else { break };
-                cycle.push((*e).clone());
-                at = e.from.clone();
+            if !prev.contains_key(&e.to) {
+                prev.insert(e.to.clone(), e);
+                queue.push_back(e.to.clone());
             }
-            cycle.reverse();
         }
-        out.push(cycle);
+        if found.is_some() {
+            break;
+        }
     }
-    out
+    let mut cycle = Vec::new();
+    if let Some(last) = found {
+        cycle.push(last.clone());
+        let mut at = last.from.clone();
+        while at != start {
+            let Some(e) = prev.get(&at) else { break };
+            cycle.push((*e).clone());
+            at = e.from.clone();
+        }
+        cycle.reverse();
+    }
+    cycle
 }
 
 /// Every strongly connected set of the graph (Tarjan), largest first.
@@ -267,6 +286,61 @@ pub fn assert_no_cycles(src: &Path) {
             src.display(),
             found.len(),
             text.join("\n  ")
+        );
+    }
+}
+
+/// Fails (panics) when the library under `src` has a cycle between its
+/// top-level modules outside the ones `allowed` lists: each strongly
+/// connected set must lie inside one allowed set, so a new upward edge
+/// that ties in another module, or a new cycle, fails, naming it. For a
+/// crate whose last cycles are still to be broken: shrink the list as
+/// they go, until [`assert_no_cycles`] can take its place.
+#[track_caller]
+pub fn assert_cycles_within(src: &Path, allowed: &[&[&str]]) {
+    let graph = match read(src, Grain::TopLevel) {
+        Ok(g) => g,
+        Err(e) => panic!("reading the module graph of {}: {e}", src.display()),
+    };
+    assert!(
+        !graph.edges.is_empty(),
+        "no import between the modules of {} was read: the reader is broken",
+        src.display()
+    );
+    let sets = strongly_connected(&graph);
+    let mut bad = Vec::new();
+    for set in sets.iter().filter(|s| s.len() > 1) {
+        let inside = allowed
+            .iter()
+            .any(|a| set.iter().all(|m| a.contains(&m.as_str())));
+        if !inside {
+            // Name a cycle through a module no allowed set has (else one the
+            // closest set lacks): what the new edge tied in.
+            let closest = allowed
+                .iter()
+                .max_by_key(|a| set.iter().filter(|m| a.contains(&m.as_str())).count())
+                .copied()
+                .unwrap_or(&[]);
+            let outsider = set
+                .iter()
+                .find(|m| !allowed.iter().any(|a| a.contains(&m.as_str())))
+                .or_else(|| set.iter().find(|m| !closest.contains(&m.as_str())))
+                .cloned()
+                .unwrap_or_default();
+            let names: Vec<&str> = set.iter().map(String::as_str).collect();
+            bad.push(format!(
+                "{{{}}} is one cycle, not within the allowed sets; through {outsider}: {}",
+                names.join(", "),
+                describe(&cycle_through(&graph, set, &outsider))
+            ));
+        }
+    }
+    if !bad.is_empty() {
+        panic!(
+            "{} has module cycles beyond those still to be broken; a room must not \
+             import one above it (docs/architecture.md):\n  {}",
+            src.display(),
+            bad.join("\n  ")
         );
     }
 }
@@ -628,6 +702,33 @@ fn paths_in(text: &str, module: &[String]) -> Vec<(usize, Vec<String>)> {
     out
 }
 
+/// The names of `#[cfg(test)] mod name;` declarations (tests in a file
+/// of their own).
+fn test_module_files(text: &str) -> Vec<String> {
+    let toks = tokens(text);
+    let mut out = Vec::new();
+    for i in 0..toks.len() {
+        if toks[i].text == "#" && is_cfg_test(&toks, i) {
+            let mut j = i + 7; // past `# [ cfg ( test ) ]`
+            if toks.get(j).is_some_and(|t| t.text == "pub") {
+                j += 1;
+                if toks.get(j).is_some_and(|t| t.text == "(") {
+                    while toks.get(j).is_some_and(|t| t.text != ")") {
+                        j += 1;
+                    }
+                    j += 1;
+                }
+            }
+            if toks.get(j).is_some_and(|t| t.text == "mod")
+                && toks.get(j + 2).is_some_and(|t| t.text == ";")
+            {
+                out.push(toks[j + 1].text.clone());
+            }
+        }
+    }
+    out
+}
+
 fn is_cfg_test(toks: &[Tok], i: usize) -> bool {
     let s: Vec<&str> = toks[i..toks.len().min(i + 6)]
         .iter()
@@ -745,6 +846,25 @@ mod tests {
             "{}",
             describe(&found[0])
         );
+    }
+
+    #[test]
+    fn test_files_are_left_out_and_allowed_cycles_pass() {
+        let (d, g) = graph_of(&[
+            ("lib.rs", "pub mod a; pub mod b;"),
+            (
+                "a/mod.rs",
+                "use crate::b::X;\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\npub(crate) mod testing;",
+            ),
+            ("a/testing.rs", "use crate::b::W;"),
+            ("a/tests.rs", "use crate::b::Y;"),
+            ("b.rs", "use crate::a::Z;"),
+        ]);
+        assert_eq!(g.edges.len(), 2, "{:?}", g.edges);
+        assert_eq!(g.edges[0].file, "a/mod.rs");
+        assert_cycles_within(&d.0, &[&["a", "b"]]);
+        let refused = std::panic::catch_unwind(|| assert_cycles_within(&d.0, &[&["a", "c"]]));
+        assert!(refused.is_err(), "a cycle outside the allowed sets passed");
     }
 
     #[test]

@@ -24,7 +24,7 @@ fi
 
 bash scripts/setup.sh
 # knit without the parts the main job does not run (cargo features: ECS,
-# QEMU, PostgreSQL for --ha, an external cluster): a quarter less to
+# QEMU, PostgreSQL for --ha, an external cluster): an eighth less CPU to
 # compile. A knit built so refuses them naming the feature and the build
 # command (README, "What up.sh builds").
 echo "== build (release): knit (main job's features), knit-agent, knit-local, the kubelet stand-in"

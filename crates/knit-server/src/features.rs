@@ -1,6 +1,6 @@
 //! The optional parts of knit, as cargo features of knit-server (and
 //! knit-cli, which forwards them): every build has them by default; the
-//! main job's build (scripts/up.sh) leaves them out, which saves a quarter
+//! main job's build (scripts/up.sh) leaves them out, which saves an eighth
 //! of its compile time (docs/benchmarks.md). A binary built without one
 //! refuses what needs it with [`FeatureMissing`], naming the feature and
 //! the command that builds it — never a silent fallback.

@@ -5,8 +5,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 
 use crate::error::{SimError, TransportFailure};
@@ -77,18 +75,11 @@ impl Reply {
 impl Client {
     pub fn new(kc: &Kubeconfig, qps: f64, burst: u32) -> Result<Client, SimError> {
         let tls = |e: &dyn std::fmt::Display| SimError::Tls(e.to_string());
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(kc.ca_pem.as_bytes()) {
-            let c = c.map_err(|e| {
-                SimError::Tls(format!("the kubeconfig's certificate authority: {e}"))
-            })?;
-            roots.add(c).map_err(|e| tls(&e))?;
-        }
-        if roots.is_empty() {
-            return Err(SimError::Tls(
-                "the kubeconfig's certificate authority holds no certificate".into(),
-            ));
-        }
+        let roots = knit_os::pem::roots(
+            kc.ca_pem.as_bytes(),
+            "the kubeconfig's certificate authority",
+        )
+        .map_err(|e| tls(&e))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -96,15 +87,10 @@ impl Client {
             .with_root_certificates(roots);
         let config = match (&kc.client_cert_pem, &kc.client_key_pem) {
             (Some(cert), Some(key)) => {
-                let certs = CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| SimError::Tls(format!("the client certificate: {e}")))?;
-                let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| match e {
-                    pem::Error::NoItemsFound => {
-                        SimError::Tls("client key file holds no private key".into())
-                    }
-                    e => SimError::Tls(format!("the client key: {e}")),
-                })?;
+                let certs = knit_os::pem::certificates(cert.as_bytes(), "the client certificate")
+                    .map_err(|e| tls(&e))?;
+                let key = knit_os::pem::private_key(key.as_bytes(), "the client key")
+                    .map_err(|e| tls(&e))?;
                 builder
                     .with_client_auth_cert(certs, key)
                     .map_err(|e| tls(&e))?

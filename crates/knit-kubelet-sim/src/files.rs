@@ -2,8 +2,6 @@
 //! directory is written and fsynced, renamed into place, and the directory
 //! fsynced, so a crash leaves the old file or the new one, never a torn one.
 
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::error::SimError;
@@ -16,28 +14,16 @@ pub fn write_private(path: &Path, contents: &[u8]) -> Result<(), SimError> {
 /// Replaces `path` with `contents` durably; the file has `mode` before it
 /// appears under its name. The parent directory is made when missing.
 pub fn write_durable(path: &Path, contents: &[u8], mode: u32) -> Result<(), SimError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| SimError::io(dir, e))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| SimError::io(dir, e))?;
-    tmp.write_all(contents)
-        .and_then(|()| {
-            tmp.as_file()
-                .set_permissions(std::fs::Permissions::from_mode(mode))
-        })
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(|e| SimError::io(tmp.path(), e))?;
-    tmp.persist(path).map_err(|e| SimError::io(path, e.error))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| SimError::io(dir, e))
+    knit_os::durable::write(path, contents, mode).map_err(|e| match e {
+        knit_os::OsError::Io { path, source, .. } => SimError::io(path, source),
+        other => SimError::io(path, std::io::Error::other(other.to_string())),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn replaces_whole_with_the_mode_and_leaves_no_temporary_file() {

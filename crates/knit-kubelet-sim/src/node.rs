@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use knit_os::time::rfc3339;
 use time::OffsetDateTime;
 
 use crate::client::Client;
@@ -35,12 +36,6 @@ pub fn micro_time(t: OffsetDateTime) -> String {
     .unwrap_or_default()
 }
 
-fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
-    ))
-    .unwrap_or_default()
-}
 
 impl NodeAgent {
     pub fn new(name: String, flags: Flags, cfg: KubeletConfig) -> Result<NodeAgent, SimError> {

@@ -17,6 +17,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use knit_os::time::rfc3339;
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
@@ -382,13 +383,7 @@ fn phase(p: &Value) -> &str {
 }
 
 fn parse_time(s: &str) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
-}
-
-fn rfc3339(t: OffsetDateTime) -> String {
-    let t = t.replace_nanosecond(0).unwrap_or(t);
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+    knit_os::time::parse_rfc3339(s).ok()
 }
 
 /// The lowest address after the gateway (`.1`, which the bridge CNI's

@@ -236,49 +236,22 @@ fn nonce() -> String {
 
 /// `YYYY-MM-DDTHH:MM:SSZ` in UTC.
 pub fn iso8601(t: std::time::SystemTime) -> String {
-    let secs = t
+    let ms = t
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
+        .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    knit_os::time::rfc3339_ms(ms)
 }
 
-/// Seconds since the epoch of an `iso8601` time.
+/// Seconds since the epoch of an `iso8601` time (that form only: whole
+/// seconds in UTC, as ECS takes `x-acs-date`).
 pub fn parse_iso8601(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+    if s.len() != 20 || !s.ends_with('Z') {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
-        return None;
-    }
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146097 + doe - 719468;
-    Some(days * 86400 + hh * 3600 + mm * 60 + ss)
+    knit_os::time::parse_rfc3339(s)
+        .ok()
+        .map(|t| t.unix_timestamp())
 }
 
 fn host_of(endpoint: &str) -> &str {
@@ -503,6 +476,16 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acs_dates_are_whole_utc_seconds_and_read_back_in_that_form_only() {
+        let t = std::time::UNIX_EPOCH + Duration::from_millis(1_796_199_129_999);
+        assert_eq!(iso8601(t), "2026-12-02T08:12:09Z");
+        assert_eq!(parse_iso8601("2026-12-02T08:12:09Z"), Some(1_796_199_129));
+        assert_eq!(parse_iso8601("2026-12-02T08:12:09+00:00"), None);
+        assert_eq!(parse_iso8601("2026-12-02T08:12:09.5Z"), None);
+        assert_eq!(parse_iso8601("2026-13-02T08:12:09Z"), None);
+    }
 
     #[test]
     fn endpoints_follow_the_sdk_map() {

@@ -14,6 +14,8 @@
 //! the row (`<node>.<first ms in hex><id in hex>`), so its repeats update
 //! its `count` and `lastTimestamp` as kube's event recorder does.
 
+// Written through the cluster seam, which owns how (`cluster/seam.rs`).
+pub use crate::cluster::seam::{upsert, NAMESPACE};
 use crate::control::ControlPlane;
 use crate::store::{EventRecord, EventSink};
 use serde_json::{json, Value};
@@ -22,8 +24,6 @@ use tokio::sync::{mpsc, watch};
 
 /// Events waiting to be written at most; more are dropped (and counted).
 pub const QUEUE: usize = 1024;
-/// The namespace of node events (where the kubelet writes them too).
-pub const NAMESPACE: &str = "default";
 /// `source.component` and `reportingComponent` of knit's events.
 pub const COMPONENT: &str = "knit";
 
@@ -154,44 +154,6 @@ async fn publish(cp: &ControlPlane, e: &EventRecord) -> &'static str {
             tracing::warn!(reason = %e.reason, kind, name, error = %err, "publishing an event to the cluster failed");
             "failed"
         }
-    }
-}
-
-/// How [`crate::bootstrap::ClusterJoin::publish_event`] writes an Event through plain API
-/// calls: a first occurrence is created, a repeat merge-patched (count,
-/// lastTimestamp, message); a create that finds the object patches it, a
-/// patch that does not creates it.
-pub async fn upsert<F, Fut>(object: &Value, mut call: F) -> crate::error::Result<()>
-where
-    F: FnMut(&'static str, String, Value) -> Fut,
-    Fut: std::future::Future<Output = crate::error::Result<(u16, Value)>>,
-{
-    let name = object["metadata"]["name"].as_str().unwrap_or_default();
-    let collection = format!("/api/v1/namespaces/{NAMESPACE}/events");
-    let one = format!("{collection}/{name}");
-    let patch = json!({
-        "count": object["count"],
-        "lastTimestamp": object["lastTimestamp"],
-        "message": object["message"],
-    });
-    let first = object["count"].as_i64().unwrap_or(1) <= 1;
-    let (status, body) = if first {
-        match call("POST", collection.clone(), object.clone()).await? {
-            (409, _) => call("PATCH", one.clone(), patch.clone()).await?,
-            answer => answer,
-        }
-    } else {
-        match call("PATCH", one.clone(), patch.clone()).await? {
-            (404, _) => call("POST", collection.clone(), object.clone()).await?,
-            answer => answer,
-        }
-    };
-    match status {
-        200..=299 => Ok(()),
-        _ => Err(crate::error::ServerError::Internal(format!(
-            "writing event {name}: {status} {}",
-            body["message"].as_str().unwrap_or("")
-        ))),
     }
 }
 

@@ -11,10 +11,6 @@ fn no_module_imports_one_above_it_beyond_the_known_cycles() {
     knit_test_support::layers::assert_cycles_within(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
         &[
-            // The ClusterJoin seam (bootstrap.rs) is typed with cluster's
-            // facts; the embedded cluster writes Events through kube_events,
-            // whose queue holds the ControlPlane.
-            &["bootstrap", "cluster", "control", "kube_events"],
             // ServerError carries ProviderError; the instance-type fallback
             // reads the store.
             &["error", "provider", "store"],

@@ -9,8 +9,8 @@
 //! its own approver (kube-controller-manager's csrapproving, or whatever
 //! the cluster runs) decides which node certificates are signed.
 
-use crate::bootstrap::{ClusterJoin, JoinMaterial};
 use crate::cluster::pods::{self, BudgetFacts, Eviction, PodFacts};
+use crate::cluster::seam::{self, ClusterJoin, JoinMaterial};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;
 use base64::Engine;
@@ -497,8 +497,8 @@ impl ClusterJoin for ExternalJoin {
 
     async fn publish_event(&self, event: &serde_json::Value) -> Result<()> {
         let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(self.client.clone(), crate::kube_events::NAMESPACE);
-        crate::kube_events::upsert(event, |method, path, body| {
+            Api::namespaced(self.client.clone(), seam::NAMESPACE);
+        seam::upsert(event, |method, path, body| {
             let events = events.clone();
             async move {
                 let name = path.rsplit('/').next().unwrap_or_default().to_string();

@@ -9,7 +9,7 @@ pub mod external;
 /// external one refused naming the feature.
 #[cfg(not(feature = "external-cluster"))]
 pub mod external {
-    use crate::bootstrap::ClusterJoin;
+    use crate::cluster::seam::ClusterJoin;
     use crate::error::Result;
     use crate::features::{require, Feature};
     use std::sync::Arc;
@@ -33,13 +33,14 @@ pub mod external {
 }
 pub mod node_meta;
 pub mod pods;
+pub mod seam;
 
-use crate::bootstrap::{ClusterJoin, JoinMaterial};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;
 use base64::Engine;
 use knit_cluster::EmbeddedCluster;
 use pods::{BudgetFacts, Eviction, PodFacts};
+use seam::{ClusterJoin, JoinMaterial};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -398,7 +399,7 @@ impl ClusterJoin for EmbeddedJoin {
     }
 
     async fn publish_event(&self, event: &Value) -> Result<()> {
-        crate::kube_events::upsert(event, |method, path, body| {
+        seam::upsert(event, |method, path, body| {
             self.request(method, path, Some(body))
         })
         .await

@@ -58,8 +58,12 @@ fn remove_record(path: &Path) -> Result<()> {
 
 /// Records the clouds the server started by `up` will use (before it
 /// runs: `knit down` removes what it made).
-pub fn record(server_state: &Path, provider: &str, cloud: &knit_local::Config) -> Result<()> {
-    if provider != "local" && provider != "qemu" {
+pub fn record(
+    server_state: &Path,
+    provider: knit_server::provider::ProviderKind,
+    cloud: &knit_local::Config,
+) -> Result<()> {
+    if !provider.on_local_bridge() {
         return Ok(());
     }
     let local = Record {
@@ -70,7 +74,7 @@ pub fn record(server_state: &Path, provider: &str, cloud: &knit_local::Config) -
     };
     write_record(server_state, LOCAL_RECORD, &local)?;
     #[cfg(feature = "qemu")]
-    if provider == "qemu" {
+    if provider == knit_server::provider::ProviderKind::Qemu {
         let cfg = knit_server::provider::qemu::qemu_config(cloud)?;
         let vms = Record {
             state_dir: cfg.state_dir,
@@ -215,7 +219,12 @@ mod tests {
             metadata_port: 80,
             helper: None,
         };
-        record(dir.path(), "local", &cloud).unwrap();
+        record(
+            dir.path(),
+            knit_server::provider::ProviderKind::Local,
+            &cloud,
+        )
+        .unwrap();
         let text = std::fs::read_to_string(dir.path().join(LOCAL_RECORD)).unwrap();
         assert_eq!(
             text,

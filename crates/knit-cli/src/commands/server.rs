@@ -9,6 +9,7 @@ use knit_api::state::InstanceState;
 use knit_client::{Client, ClientConfig};
 use knit_server::control::{Settings, DEFAULT_PORT};
 use knit_server::features::{self, Feature};
+use knit_server::provider::ProviderKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -42,8 +43,8 @@ pub struct ServerOpts {
     /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET or a
     /// mode-0600 credentials file, never a flag); none: store and API only,
     /// no instance is made.
-    #[arg(long, default_value = "local", value_parser = ["local", "qemu", "ecs", "none"])]
-    provider: String,
+    #[arg(long, default_value = "local", value_parser = ProviderKindParser)]
+    provider: ProviderKind,
     /// ECS region id (cn-shanghai …), with --provider ecs.
     #[arg(long, env = "KNIT_ECS_REGION")]
     region: Option<String>,
@@ -243,7 +244,7 @@ impl ServerOpts {
             flag("ecs-security-group", ecs_security_group.join(",").into());
         }
         for (name, value) in [
-            ("provider", provider.clone()),
+            ("provider", provider.as_str().to_string()),
             ("lease-ttl", lease_ttl.to_string()),
             ("parallelism", parallelism.to_string()),
             ("join-token-ttl", join_token_ttl.to_string()),
@@ -306,11 +307,41 @@ fn has_password(datastore: &str) -> bool {
         .is_some_and(|(userinfo, _)| userinfo.contains(':'))
 }
 
+/// `--provider`'s parser: its words are [`ProviderKind`]'s (listed in
+/// `--help` and completions), parsed once here.
+#[derive(Clone)]
+struct ProviderKindParser;
+
+impl clap::builder::TypedValueParser for ProviderKindParser {
+    type Value = ProviderKind;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> std::result::Result<ProviderKind, clap::Error> {
+        value.to_string_lossy().parse().map_err(|rule: String| {
+            clap::Error::raw(clap::error::ErrorKind::InvalidValue, rule + "\n")
+        })
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            ProviderKind::ALL
+                .into_iter()
+                .map(|k| clap::builder::PossibleValue::new(k.as_str())),
+        ))
+    }
+}
+
 /// The optional parts of knit (cargo features) these options ask for, each
 /// with how the user asked for it.
 fn needed_features(opts: &ServerOpts) -> Vec<(Feature, String)> {
     let mut needed = Vec::new();
-    if let Some(f) = features::for_provider(&opts.provider) {
+    if let Some(f) = features::for_provider(opts.provider) {
         needed.push((f, format!("--provider {}", opts.provider)));
     }
     if let Some(f) = features::for_datastore(&opts.datastore) {
@@ -405,7 +436,7 @@ fn check_qemu_programs() -> Result<()> {
 
 /// The provider's gateway: where its instances reach this host.
 fn gateway(opts: &ServerOpts) -> Result<Option<std::net::IpAddr>> {
-    if opts.provider != "local" && opts.provider != "qemu" {
+    if !opts.provider.on_local_bridge() {
         return Ok(None);
     }
     Ok(Some(
@@ -635,14 +666,14 @@ pub fn serve(
                 })?;
         }
     }
-    let provider: Option<Arc<dyn knit_server::provider::Provider>> = match opts.provider.as_str() {
-        "local" => Some(Arc::new(knit_server::provider::local::LocalProvider::new(
+    let provider: Option<Arc<dyn knit_server::provider::Provider>> = match opts.provider {
+        ProviderKind::Local => Some(Arc::new(knit_server::provider::local::LocalProvider::new(
             local_config(&opts),
         )?)),
         #[cfg(feature = "ecs")]
-        "ecs" => Some(Arc::new(ecs_provider(&opts)?)),
+        ProviderKind::Ecs => Some(Arc::new(ecs_provider(&opts)?)),
         #[cfg(feature = "qemu")]
-        "qemu" => {
+        ProviderKind::Qemu => {
             check_qemu_programs()?;
             Some(clouds::qemu_provider(local_config(&opts))?)
         }
@@ -784,17 +815,17 @@ pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {
     }
     // The server would refuse to start: say so before starting it.
     check_features(&opts)?;
-    match opts.provider.as_str() {
+    match opts.provider {
         #[cfg(feature = "ecs")]
-        "ecs" => drop(ecs_settings(&opts)?),
+        ProviderKind::Ecs => drop(ecs_settings(&opts)?),
         #[cfg(feature = "qemu")]
-        "qemu" => check_qemu_programs()?,
+        ProviderKind::Qemu => check_qemu_programs()?,
         _ => {}
     }
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(io(format!("create {}", opts.state_dir.display())))?;
     // Before the server runs: `knit down` removes the clouds it made.
-    clouds::record(&opts.state_dir, &opts.provider, &local_config(&opts))?;
+    clouds::record(&opts.state_dir, opts.provider, &local_config(&opts))?;
     ensure_mirror(&opts)?;
     let log_path = opts.state_dir.join("server.log");
     let log = std::fs::OpenOptions::new()

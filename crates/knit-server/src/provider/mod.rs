@@ -16,6 +16,66 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// Which provider a server runs (`knit server --provider`), parsed once at
+/// the edge; the rest of the program matches on it, never on its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// The local cloud (knit-local).
+    Local,
+    /// QEMU VMs on the local cloud's bridge.
+    Qemu,
+    /// Alibaba Cloud ECS.
+    Ecs,
+    /// Store and API only: no instance is made.
+    None,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 4] = [
+        ProviderKind::Local,
+        ProviderKind::Qemu,
+        ProviderKind::Ecs,
+        ProviderKind::None,
+    ];
+
+    /// The word `--provider` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Local => "local",
+            ProviderKind::Qemu => "qemu",
+            ProviderKind::Ecs => "ecs",
+            ProviderKind::None => "none",
+        }
+    }
+
+    /// Whether its instances sit on the local cloud's bridge (and reach
+    /// this host at its gateway).
+    pub fn on_local_bridge(self) -> bool {
+        matches!(self, ProviderKind::Local | ProviderKind::Qemu)
+    }
+}
+
+impl std::fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ProviderKind {
+    type Err = String;
+
+    /// The field, the value and the rule, as every refusal of input.
+    fn from_str(word: &str) -> std::result::Result<ProviderKind, String> {
+        ProviderKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == word)
+            .ok_or_else(|| {
+                let words: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.as_str()).collect();
+                format!("--provider {word:?}: must be one of {}", words.join(", "))
+            })
+    }
+}
+
 /// Largest file [`Provider::read_file`] returns (`knit logs`).
 pub const READ_FILE_MAX_BYTES: usize = 16 << 20;
 /// How long [`Provider::read_file`] may take.

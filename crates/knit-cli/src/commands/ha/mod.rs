@@ -485,7 +485,7 @@ fn bring_up(path: &Path, opts: &ServerOpts, plan: &Plan, layout: &Layout) -> Res
         std::fs::create_dir_all(d).map_err(io(format!("create {}", d.display())))?;
     }
     // Before anything runs: `knit down` removes the clouds it made.
-    super::clouds::record(&opts.state_dir, &opts.provider, &local_config(opts))?;
+    super::clouds::record(&opts.state_dir, opts.provider, &local_config(opts))?;
     super::ensure_mirror(opts)?;
     // HAProxy listens on the gateway: the bridge that holds it first.
     if let Some(g) = gateway(opts)?.filter(|g| plan.front.contains(g)) {

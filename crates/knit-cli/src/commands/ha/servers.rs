@@ -95,7 +95,7 @@ pub(super) fn server_up(
             .arg(&dir)
             .args(["--listen", &format!("{ip}:{}", plan.port)])
             .args(["--advertise-address", &plan.advertise])
-            .args(["--provider", &opts.provider])
+            .args(["--provider", opts.provider.as_str()])
             .args(["--cluster", &opts.cluster])
             .args(["--cluster-port", &opts.cluster_port.to_string()])
             .args(["--parallelism", &opts.parallelism.to_string()])

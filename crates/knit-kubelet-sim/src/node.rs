@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use knit_os::time::rfc3339;
+use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use crate::client::Client;
@@ -35,7 +35,6 @@ pub fn micro_time(t: OffsetDateTime) -> String {
     ))
     .unwrap_or_default()
 }
-
 
 impl NodeAgent {
     pub fn new(name: String, flags: Flags, cfg: KubeletConfig) -> Result<NodeAgent, SimError> {

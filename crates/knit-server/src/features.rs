@@ -93,16 +93,6 @@ pub fn check(feature: Feature, built_in: bool, asked: &str) -> Result<(), Featur
     })
 }
 
-/// The feature a `--provider` value needs (`None`: always built in).
-pub fn for_provider(provider: crate::provider::ProviderKind) -> Option<Feature> {
-    use crate::provider::ProviderKind;
-    match provider {
-        ProviderKind::Ecs => Some(Feature::Ecs),
-        ProviderKind::Qemu => Some(Feature::Qemu),
-        ProviderKind::Local | ProviderKind::None => None,
-    }
-}
-
 /// The feature a `--datastore` value needs (`None`: SQLite, always there).
 pub fn for_datastore(datastore: &str) -> Option<Feature> {
     let d = datastore.trim();
@@ -136,21 +126,6 @@ mod tests {
     fn every_feature_maps_to_its_cargo_name_and_choices_to_features() {
         let names: Vec<&str> = Feature::ALL.iter().map(|f| f.name()).collect();
         assert_eq!(names, ["ecs", "qemu", "postgres", "external-cluster"]);
-        use crate::provider::ProviderKind;
-        assert_eq!(for_provider(ProviderKind::Ecs), Some(Feature::Ecs));
-        assert_eq!(for_provider(ProviderKind::Qemu), Some(Feature::Qemu));
-        assert_eq!(for_provider(ProviderKind::Local), None);
-        assert_eq!(for_provider(ProviderKind::None), None);
-        // Every word --provider takes parses back to its kind; others are
-        // refused naming the flag, the value and the words.
-        for kind in ProviderKind::ALL {
-            assert_eq!(kind.as_str().parse::<ProviderKind>(), Ok(kind));
-        }
-        let err = "aws".parse::<ProviderKind>().unwrap_err();
-        assert_eq!(
-            err,
-            "--provider \"aws\": must be one of local, qemu, ecs, none"
-        );
         assert_eq!(
             for_datastore(" postgresql://knit@db/knit"),
             Some(Feature::Postgres)

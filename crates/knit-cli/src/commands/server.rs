@@ -341,7 +341,7 @@ impl clap::builder::TypedValueParser for ProviderKindParser {
 /// with how the user asked for it.
 fn needed_features(opts: &ServerOpts) -> Vec<(Feature, String)> {
     let mut needed = Vec::new();
-    if let Some(f) = features::for_provider(opts.provider) {
+    if let Some(f) = opts.provider.feature() {
         needed.push((f, format!("--provider {}", opts.provider)));
     }
     if let Some(f) = features::for_datastore(&opts.datastore) {

@@ -53,6 +53,40 @@ impl ProviderKind {
     pub fn on_local_bridge(self) -> bool {
         matches!(self, ProviderKind::Local | ProviderKind::Qemu)
     }
+
+    /// The cargo feature it needs (`None`: always built in).
+    pub fn feature(self) -> Option<crate::features::Feature> {
+        use crate::features::Feature;
+        match self {
+            ProviderKind::Ecs => Some(Feature::Ecs),
+            ProviderKind::Qemu => Some(Feature::Qemu),
+            ProviderKind::Local | ProviderKind::None => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::ProviderKind;
+    use crate::features::Feature;
+
+    #[test]
+    fn every_provider_word_parses_back_and_names_its_feature() {
+        assert_eq!(ProviderKind::Ecs.feature(), Some(Feature::Ecs));
+        assert_eq!(ProviderKind::Qemu.feature(), Some(Feature::Qemu));
+        assert_eq!(ProviderKind::Local.feature(), None);
+        assert_eq!(ProviderKind::None.feature(), None);
+        // Every word --provider takes parses back to its kind; others are
+        // refused naming the flag, the value and the words.
+        for kind in ProviderKind::ALL {
+            assert_eq!(kind.as_str().parse::<ProviderKind>(), Ok(kind));
+        }
+        let err = "aws".parse::<ProviderKind>().unwrap_err();
+        assert_eq!(
+            err,
+            "--provider \"aws\": must be one of local, qemu, ecs, none"
+        );
+    }
 }
 
 impl std::fmt::Display for ProviderKind {

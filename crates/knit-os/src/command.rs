@@ -2,16 +2,21 @@
 //! and waits for is started with stdin closed, its stdout and stderr read
 //! in threads (so a chatty program never blocks on a full pipe) up to a
 //! cap each, and killed (our own child, by its PID, not yet reaped) when
-//! it outlives its deadline.
+//! it outlives its deadline. A child started with stdio of its own (a log
+//! file, a long-running service) is waited for with [`wait_while`] and
+//! stopped with [`terminate`] (SIGTERM, a grace, then SIGKILL).
 
 use crate::error::{OsError, Result};
 use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How often a running child is polled.
-const POLL: Duration = Duration::from_millis(20);
+/// A running child is polled first after this long, then at twice the
+/// pause each time up to [`POLL_MAX`]: a quick command is seen to end at
+/// once, a long-running one costs 20 wake-ups a second.
+const POLL_FIRST: Duration = Duration::from_millis(1);
+const POLL_MAX: Duration = Duration::from_millis(50);
 
 /// What a command left: its status and its output, each stream cut at the
 /// cap (`*_truncated` says so).
@@ -68,34 +73,27 @@ pub fn run(cmd: &mut Command, timeout: Duration, cap: usize) -> Result<Output> {
     let (done_tx, done_rx) = mpsc::channel();
     let out = Capture::start(child.stdout.take(), cap, done_tx.clone());
     let err = Capture::start(child.stderr.take(), cap, done_tx);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
-            Ok(None) => {
-                // Our own child, not reaped yet: its PID is still ours.
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(OsError::TimedOut {
+    let waited = wait_while(&mut child, &shown, || Instant::now() < deadline);
+    let status = match waited {
+        Ok(Some(status)) => status,
+        other => {
+            // Our own child, not reaped yet: its PID is still ours.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(match other {
+                Err(e) => e,
+                _ => OsError::TimedOut {
                     command: shown,
                     after: timeout,
-                });
-            }
-            Err(source) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(OsError::NotStarted {
-                    command: shown,
-                    source,
-                });
-            }
+                },
+            });
         }
     };
     // The pipes close when the child ends, unless a process it left behind
     // holds them: wait for the readers no longer than the deadline.
     for _ in 0..2 {
         let left = deadline.saturating_duration_since(Instant::now());
-        if done_rx.recv_timeout(left.max(POLL)).is_err() {
+        if done_rx.recv_timeout(left.max(POLL_MAX)).is_err() {
             break;
         }
     }
@@ -107,6 +105,80 @@ pub fn run(cmd: &mut Command, timeout: Duration, cap: usize) -> Result<Output> {
         stderr,
         stdout_truncated,
         stderr_truncated,
+    })
+}
+
+/// Waits for our own child while `keep_waiting()` holds (asked at every
+/// poll): its status once it has ended, `None` when `keep_waiting` gave up
+/// first (the child still runs and is the caller's to stop). `command`
+/// names it in errors.
+pub fn wait_while(
+    child: &mut Child,
+    command: &str,
+    mut keep_waiting: impl FnMut() -> bool,
+) -> Result<Option<ExitStatus>> {
+    let mut pause = POLL_FIRST;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) if keep_waiting() => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(POLL_MAX);
+            }
+            Ok(None) => return Ok(None),
+            Err(source) => {
+                return Err(OsError::NotStarted {
+                    command: command.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// How a child stopped by [`terminate`] ended.
+#[derive(Debug)]
+pub struct Stopped {
+    pub status: ExitStatus,
+    /// It was still running `grace` after SIGTERM and was killed (SIGKILL).
+    pub killed: bool,
+}
+
+/// Stops our own child as a service manager does: SIGTERM, up to `grace`
+/// for it to end, then SIGKILL; reaped either way. It is signalled only
+/// while not reaped (its PID still ours), so no other process ever is.
+pub fn terminate(child: &mut Child, command: &str, grace: Duration) -> Result<Stopped> {
+    // Reaped already (std keeps the status): its PID may be another's now.
+    if let Ok(Some(status)) = child.try_wait() {
+        return Ok(Stopped {
+            status,
+            killed: false,
+        });
+    }
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // Failing only for a PID that is not ours: SIGKILL follows anyway.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let until = Instant::now() + grace;
+    let waited = wait_while(child, command, || Instant::now() < until);
+    if let Ok(Some(status)) = waited {
+        return Ok(Stopped {
+            status,
+            killed: false,
+        });
+    }
+    let _ = child.kill();
+    let status = child.wait().map_err(|source| OsError::NotStarted {
+        command: command.to_string(),
+        source,
+    })?;
+    waited?;
+    Ok(Stopped {
+        status,
+        killed: true,
     })
 }
 
@@ -208,6 +280,68 @@ mod tests {
         assert!(out.stdout_truncated);
         assert_eq!(out.stderr_text(), "done\n");
         assert!(!out.stderr_truncated);
+    }
+
+    /// Starts `script` with a `ready` file it writes once its traps are
+    /// set, and waits for that file.
+    fn started(script: &str) -> (Child, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let child = sh(script)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dir.path().join("ready").exists() {
+            assert!(Instant::now() < deadline, "{script} never got ready");
+            std::thread::sleep(POLL_MAX);
+        }
+        (child, dir)
+    }
+
+    #[test]
+    fn wait_while_gives_the_status_or_gives_up_when_told() {
+        let mut done = sh("exit 4").spawn().unwrap();
+        let status = wait_while(&mut done, "exit 4", || true).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(4));
+        // Reaped already: not signalled (its PID may be another's), its status kept.
+        let stopped = terminate(&mut done, "exit 4", Duration::from_secs(30)).unwrap();
+        assert!(!stopped.killed);
+        assert_eq!(stopped.status.code(), Some(4));
+        let (mut running, _dir) = started("touch ready; exec sleep 300");
+        let mut asked = 0;
+        let gave_up = wait_while(&mut running, "sleep 300", || {
+            asked += 1;
+            asked < 3
+        })
+        .unwrap();
+        assert!(gave_up.is_none());
+        assert_eq!(asked, 3);
+        // Still running: given up on, not stopped.
+        assert_eq!(running.try_wait().unwrap(), None);
+        let stopped = terminate(&mut running, "sleep 300", Duration::from_secs(30)).unwrap();
+        assert!(!stopped.killed);
+    }
+
+    #[test]
+    fn terminate_lets_a_child_end_on_sigterm_and_kills_one_that_ignores_it() {
+        use std::os::unix::process::ExitStatusExt;
+        // Ends on SIGTERM with its own status (7), its sleep taken along.
+        let (mut polite, _a) =
+            started("trap 'kill $!; exit 7' TERM; sleep 300 & touch ready; wait");
+        let stopped = terminate(&mut polite, "polite", Duration::from_secs(30)).unwrap();
+        assert!(!stopped.killed);
+        assert_eq!(stopped.status.code(), Some(7));
+        // An ignored SIGTERM stays ignored across exec: SIGKILL after the grace.
+        let (mut stubborn, _b) = started("trap '' TERM; touch ready; exec sleep 300");
+        let pid = stubborn.id() as i32;
+        let began = Instant::now();
+        let stopped = terminate(&mut stubborn, "stubborn", Duration::from_secs(1)).unwrap();
+        assert!(stopped.killed);
+        assert_eq!(stopped.status.signal(), Some(9));
+        assert!(began.elapsed() >= Duration::from_secs(1));
+        // Reaped: nothing of it is left under its PID.
+        assert!(crate::proc::cmdline(pid).is_none_or(|a| a != [b"sleep".to_vec(), b"300".to_vec()]));
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! TLS trust roots and identities from PEM text, through rustls-pki-types'
-//! PEM reader. Text outside `-----BEGIN …-----`/`-----END …-----` sections
+//! PEM reader (and PEM written, through the `pem` crate). Text outside `-----BEGIN …-----`/`-----END …-----` sections
 //! (comments, a bundle's headings) is skipped; a broken section is an
 //! error naming the text (`what`: "the CA bundle", "ca_cert in ~/.knit/config").
 
 use crate::error::{OsError, Result};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, PrivateKeyDer};
 
 fn invalid(what: &str, rule: impl Into<String>) -> OsError {
     OsError::Pem {
@@ -58,6 +58,29 @@ pub fn private_key(text: &[u8], what: &str) -> Result<PrivateKeyDer<'static>> {
         }
         other => invalid(what, explain(other)),
     })
+}
+
+/// The certificate signing request in `text` (the first one found).
+pub fn certificate_request(
+    text: &[u8],
+    what: &str,
+) -> Result<CertificateSigningRequestDer<'static>> {
+    CertificateSigningRequestDer::from_pem_slice(text).map_err(|e| match e {
+        pem::Error::NoItemsFound => invalid(
+            what,
+            "holds no certificate request (-----BEGIN CERTIFICATE REQUEST-----)",
+        ),
+        other => invalid(what, explain(other)),
+    })
+}
+
+/// `der` as one PEM section labelled `label` ("CERTIFICATE",
+/// "CERTIFICATE REQUEST", ...): base64 in 64-column lines, LF line ends.
+pub fn encode(label: &str, der: &[u8]) -> String {
+    ::pem::encode_config(
+        &::pem::Pem::new(label, der),
+        ::pem::EncodeConfig::new().set_line_ending(::pem::LineEnding::LF),
+    )
 }
 
 #[cfg(test)]
@@ -122,6 +145,43 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("certificate 1 is not a trust anchor"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_written_as_pem_reads_back_the_same() {
+        let (a, _) = cert("a.example");
+        let der = CertificateDer::from_pem_slice(a.as_bytes()).unwrap();
+        let text = encode("CERTIFICATE", &der);
+        assert!(text.starts_with("-----BEGIN CERTIFICATE-----\n"), "{text}");
+        assert!(text.ends_with("-----END CERTIFICATE-----\n"), "{text}");
+        assert!(!text.contains('\r'), "{text}");
+        assert!(text.lines().all(|l| l.len() <= 64), "{text}");
+        assert_eq!(
+            certificates(text.as_bytes(), "the copy").unwrap(),
+            vec![der]
+        );
+    }
+
+    #[test]
+    fn a_certificate_request_is_read_and_a_certificate_is_not_one() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["n1.example".to_string()]).unwrap();
+        let csr = params.serialize_request(&key).unwrap();
+        let text = csr.pem().unwrap();
+        let read = certificate_request(text.as_bytes(), "the CSR").unwrap();
+        assert_eq!(read.as_ref(), csr.der().as_ref());
+        // Written and read back through encode.
+        let again = encode("CERTIFICATE REQUEST", csr.der());
+        let read = certificate_request(again.as_bytes(), "the CSR").unwrap();
+        assert_eq!(read.as_ref(), csr.der().as_ref());
+        let (a, _) = cert("a.example");
+        let err = certificate_request(a.as_bytes(), "spec.request").unwrap_err();
+        assert_eq!(err.code(), "PemInvalid");
+        assert!(
+            err.to_string()
+                .starts_with("spec.request: holds no certificate request"),
             "{err}"
         );
     }

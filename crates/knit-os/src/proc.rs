@@ -85,6 +85,13 @@ pub fn cmdline(pid: i32) -> Option<Vec<Vec<u8>>> {
     Some(raw.split(|b| *b == 0).map(<[u8]>::to_vec).collect())
 }
 
+/// A process's command name (/proc/PID/comm: the program's file name, cut
+/// at 15 bytes), `None` when there is no such process.
+pub fn comm(pid: i32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(text.trim_end_matches('\n').to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +128,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "{:?}", cmdline(pid));
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        assert_eq!(comm(pid).as_deref(), Some("sleep"));
         // The start time is the fork's: the same before and after exec.
         assert!(me.alive());
         // Same PID, another start time: what a reused PID looks like.
@@ -145,6 +153,7 @@ mod tests {
         child.0.wait().unwrap();
         assert!(!me.alive());
         assert_eq!(stat(pid), None);
+        assert_eq!(comm(pid), None);
     }
 
     #[test]

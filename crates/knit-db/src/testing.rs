@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 
 use crate::{Datastore, Db, Limits};
 
+/// initdb writes a few MiB with `--no-sync`: seconds, even on a busy host.
+const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
+/// What is kept of initdb's output for an error message.
+const INITDB_OUTPUT_CAP: usize = 64 << 10;
+
 pub struct TestPostgres {
     child: Option<Child>,
     dir: tempfile::TempDir,
@@ -143,27 +148,20 @@ impl TestPostgres {
             }
         }
         let mut initdb = Command::new(bin.join("initdb"));
-        initdb
-            .args(["-D"])
-            .arg(&data)
-            .args([
-                "-U",
-                "knit",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "--no-instructions",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        initdb.args(["-D"]).arg(&data).args([
+            "-U",
+            "knit",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ]);
         as_server_user(&mut initdb);
-        let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
+        let out = knit_os::command::run(&mut initdb, INITDB_TIMEOUT, INITDB_OUTPUT_CAP)
+            .map_err(|e| format!("initdb: {e}"))?;
+        if !out.success() {
+            return Err(format!("initdb failed: {}", out.stderr_text()));
         }
         if passwords {
             let hba = data.join("pg_hba.conf");

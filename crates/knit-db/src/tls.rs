@@ -16,7 +16,6 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
 
 use crate::DbError;
 
@@ -164,17 +163,11 @@ fn read_roots(path: &PathBuf) -> Result<RootCertStore, String> {
     if pem.len() as u64 > MAX_ROOTS_BYTES {
         return Err(format!("larger than {} MiB", MAX_ROOTS_BYTES >> 20));
     }
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| format!("not PEM: {e}"))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err("holds no certificate".into());
-    }
-    Ok(roots)
+    // The caller names the file: the rule alone goes into its message.
+    knit_os::pem::roots(&pem, "sslrootcert").map_err(|e| match e {
+        knit_os::OsError::Pem { rule, .. } => rule,
+        other => other.to_string(),
+    })
 }
 
 /// Every mode short of `verify-full`, as libpq: with a root (`verify-ca`,
@@ -292,6 +285,25 @@ mod tests {
         let e = connector(&s, bad).err().unwrap().to_string();
         assert!(
             e.contains("sslrootcert=/nonexistent/ca.pem") && e.contains("cannot read"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let words = dir.path().join("words.pem");
+        std::fs::write(&words, "not a certificate\n").unwrap();
+        let s = settings(
+            &format!(
+                "postgres://k@db/knit?sslmode=verify-ca&sslrootcert={}",
+                words.display()
+            ),
+            bad,
+        )
+        .unwrap();
+        let e = connector(&s, bad).err().unwrap().to_string();
+        assert!(
+            e.contains(&format!(
+                "sslrootcert={}: holds no certificate",
+                words.display()
+            )) && e.contains("must be a PEM file of CA certificates"),
             "{e}"
         );
     }

@@ -211,39 +211,31 @@ pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ClusterEr
 }
 
 /// Replaces `path` with `contents` so that a crash leaves the old file or
-/// the new one, never a torn key: a temporary file in the same directory is
-/// written, given `mode` and fsynced, renamed into place, and the directory
-/// fsynced.
+/// the new one, never a torn key (knit-os's durable write).
 fn write_durable(path: &Path, contents: &[u8], mode: u32) -> Result<(), ClusterError> {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| ClusterError::io(dir, e))?;
-    tmp.write_all(contents)
-        .and_then(|()| {
-            tmp.as_file()
-                .set_permissions(std::fs::Permissions::from_mode(mode))
-        })
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(|e| ClusterError::io(tmp.path(), e))?;
-    tmp.persist(path)
-        .map_err(|e| ClusterError::io(path, e.error))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ClusterError::io(dir, e))
+    knit_os::durable::write(path, contents, mode).map_err(|e| match e {
+        knit_os::OsError::Io {
+            path: failed,
+            source,
+            ..
+        } => ClusterError::io(failed, source),
+        other => ClusterError::io(path, std::io::Error::other(other.to_string())),
+    })
 }
 
-fn pem_der(pem: &str, what: &str) -> Result<Vec<u8>, ClusterError> {
-    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
-        .map_err(|e| ClusterError::Cert(format!("{what} is not PEM: {e}")))?;
-    Ok(p.contents)
+/// The first certificate in `pem`, as DER.
+fn certificate_der(pem: &str, what: &str) -> Result<Vec<u8>, ClusterError> {
+    let certs = knit_os::pem::certificates(pem.as_bytes(), what)
+        .map_err(|e| ClusterError::Cert(e.to_string()))?;
+    certs
+        .into_iter()
+        .next()
+        .map(|c| c.to_vec())
+        .ok_or_else(|| ClusterError::Cert(format!("{what}: holds no certificate")))
 }
 
 pub fn spki_pin(cert_pem: &str) -> Result<String, ClusterError> {
-    let der = pem_der(cert_pem, "certificate")?;
+    let der = certificate_der(cert_pem, "certificate")?;
     let (_, cert) =
         X509Certificate::from_der(&der).map_err(|e| ClusterError::Cert(e.to_string()))?;
     Ok(format!(
@@ -255,7 +247,8 @@ pub fn spki_pin(cert_pem: &str) -> Result<String, ClusterError> {
 /// Parse a PEM CSR and check its self-signature.
 pub fn parse_csr(pem: &str) -> Result<CsrSubject, ClusterError> {
     use x509_parser::certification_request::X509CertificationRequest;
-    let der = pem_der(pem, "CSR")?;
+    let der = knit_os::pem::certificate_request(pem.as_bytes(), "CSR")
+        .map_err(|e| ClusterError::Cert(e.to_string()))?;
     let (_, csr) = X509CertificationRequest::from_der(&der)
         .map_err(|e| ClusterError::Cert(format!("CSR: {e}")))?;
     csr.verify_signature()
@@ -319,7 +312,7 @@ pub fn cert_identity(der: &[u8]) -> Option<ClientCert> {
 
 /// Like `cert_identity`, for a PEM certificate (as CSRs hold them).
 pub fn pem_cert_identity(pem: &str) -> Option<ClientCert> {
-    let der = pem_der(pem, "certificate").ok()?;
+    let der = certificate_der(pem, "certificate").ok()?;
     cert_identity(&der)
 }
 
@@ -357,9 +350,9 @@ mod tests {
         let pem = again
             .sign_client_csr(&csr, Duration::from_secs(60))
             .unwrap();
-        let der = pem_der(&pem, "cert").unwrap();
+        let der = certificate_der(&pem, "cert").unwrap();
         let (_, cert) = X509Certificate::from_der(&der).unwrap();
-        let ca_der = pem_der(ca.cert_pem(), "ca").unwrap();
+        let ca_der = certificate_der(ca.cert_pem(), "ca").unwrap();
         let (_, ca_cert) = X509Certificate::from_der(&ca_der).unwrap();
         cert.verify_signature(Some(ca_cert.public_key())).unwrap();
         assert_eq!(cert_identity(&der).unwrap().common_name, "system:node:n1");
@@ -375,10 +368,8 @@ mod tests {
         let mut der = csr.der().to_vec();
         let n = der.len();
         der[n - 3] ^= 0xff; // inside the signature
-        let pem = format!(
-            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
-            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, der)
-        );
-        assert!(parse_csr(&pem).is_err());
+        let pem = knit_os::pem::encode("CERTIFICATE REQUEST", &der);
+        let err = parse_csr(&pem).unwrap_err().to_string();
+        assert!(err.contains("CSR signature does not verify"), "{err}");
     }
 }

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::ClusterError;
 
@@ -17,14 +16,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The trust anchors in `ca_pem` (every certificate in it).
+/// The trust anchors in `ca_pem` (every certificate in it; at least one).
 pub(crate) fn roots_from_pem(ca_pem: &str) -> Result<rustls::RootCertStore, ClusterError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        let c = c.map_err(|e| ClusterError::Tls(format!("the CA PEM: {e}")))?;
-        roots.add(c).map_err(tls_err)?;
-    }
-    Ok(roots)
+    knit_os::pem::roots(ca_pem.as_bytes(), "the CA PEM").map_err(tls_err)
 }
 
 /// The certificate chain in `cert_pem` and the private key in `key_pem`;
@@ -34,20 +28,11 @@ fn identity_from_pem(
     key_pem: &str,
     role: &str,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ClusterError> {
-    let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ClusterError::Tls(format!("the {role} certificate PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(ClusterError::Tls(format!(
-            "no certificate in the {role} certificate PEM"
-        )));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| match e {
-        pem::Error::NoItemsFound => {
-            ClusterError::Tls(format!("no private key in the {role} key PEM"))
-        }
-        e => ClusterError::Tls(format!("the {role} key PEM: {e}")),
-    })?;
+    let certs =
+        knit_os::pem::certificates(cert_pem.as_bytes(), &format!("the {role} certificate PEM"))
+            .map_err(tls_err)?;
+    let key = knit_os::pem::private_key(key_pem.as_bytes(), &format!("the {role} key PEM"))
+        .map_err(tls_err)?;
     Ok((certs, key))
 }
 
@@ -117,14 +102,18 @@ mod tests {
 
         let (chain, _) = identity_from_pem(&cert_pem, &key_pem, "serving").expect("valid pair");
         assert_eq!(chain.len(), 1);
-        assert_eq!(
-            message(identity_from_pem(&cert_pem, &cert_pem, "serving")),
-            "no private key in the serving key PEM"
+        let m = message(identity_from_pem(&cert_pem, &cert_pem, "serving"));
+        assert!(
+            m.starts_with("the serving key PEM: holds no private key"),
+            "{m}"
         );
-        assert_eq!(
-            message(identity_from_pem(&key_pem, &key_pem, "client")),
-            "no certificate in the client certificate PEM"
+        let m = message(identity_from_pem(&key_pem, &key_pem, "client"));
+        assert!(
+            m.starts_with("the client certificate PEM: holds no certificate"),
+            "{m}"
         );
+        let m = message(roots_from_pem("no PEM here"));
+        assert!(m.starts_with("the CA PEM: holds no certificate"), "{m}");
         let cut = &cert_pem[..cert_pem.len() / 2];
         let m = message(identity_from_pem(cut, &key_pem, "client"));
         assert!(m.starts_with("the client certificate PEM: "), "{m}");

@@ -2,8 +2,11 @@
 
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
-use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+
+/// Kubernetes `Time`: RFC 3339 in UTC, whole seconds (knit-os's, as every
+/// knit crate writes it).
+pub use knit_os::time::rfc3339;
 
 use crate::error::ClusterError;
 
@@ -81,18 +84,14 @@ pub fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
 
-/// Kubernetes `Time`: RFC 3339 in UTC, whole seconds.
-pub fn rfc3339(t: OffsetDateTime) -> String {
-    let t = t.replace_nanosecond(0).unwrap_or(t);
-    t.format(&Rfc3339).unwrap_or_default()
-}
-
 pub fn now_rfc3339() -> String {
     rfc3339(now())
 }
 
+/// An RFC 3339 time; `None` for anything else (a field a client garbled
+/// is treated as absent).
 pub fn parse_time(s: &str) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(s, &Rfc3339).ok()
+    knit_os::time::parse_rfc3339(s).ok()
 }
 
 /// kubectl's short age format: `42s`, `5m10s`, `3h4m`, `2d3h`, `400d`.

@@ -80,9 +80,9 @@ pub enum ServerError {
     #[error("{0}")]
     Sealed(#[from] crate::sealed::SealError),
     /// A provider's failure, with the kind callers decide on
-    /// (`provider::ProviderErrorKind`) and the provider's own code.
+    /// (`provider_error::ProviderErrorKind`) and the provider's own code.
     #[error("{0}")]
-    Provider(#[from] crate::provider::ProviderError),
+    Provider(#[from] crate::provider_error::ProviderError),
     /// A provider call that outlived its limit (see `provider::CallLimits`).
     #[error("provider {provider}: {operation} of {instance} did not finish within {limit_secs} s")]
     ProviderTimeout {
@@ -184,12 +184,12 @@ impl ServerError {
     /// The provider's kind of failure, when this is a provider's error
     /// (a call past its limit is [`Transient`]).
     ///
-    /// [`Transient`]: crate::provider::ProviderErrorKind::Transient
-    pub fn provider_kind(&self) -> Option<crate::provider::ProviderErrorKind> {
+    /// [`Transient`]: crate::provider_error::ProviderErrorKind::Transient
+    pub fn provider_kind(&self) -> Option<crate::provider_error::ProviderErrorKind> {
         match self {
             ServerError::Provider(e) => Some(e.kind),
             ServerError::ProviderTimeout { .. } => {
-                Some(crate::provider::ProviderErrorKind::Transient)
+                Some(crate::provider_error::ProviderErrorKind::Transient)
             }
             _ => None,
         }

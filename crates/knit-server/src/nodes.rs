@@ -7,7 +7,7 @@
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::names;
-use crate::reconcile::counts_toward_pool;
+use crate::pool_state::counts_toward_pool;
 use crate::store::{DrainRecord, InstanceRecord, NodeRecord, TimelineEntry};
 use knit_api::state::{DrainState, EventType};
 use knit_api::views::{
@@ -290,9 +290,7 @@ fn replaced_on_delete(
     }
     let current = crate::pools::rollout::current_hash(cp, &pool.spec)?;
     let hashes = cp.store.instance_hashes(Some(&pool.metadata.name))?;
-    Ok(!crate::reconcile::rollout::up_to_date(
-        instance, &hashes, &current,
-    ))
+    Ok(!crate::pool_state::up_to_date(instance, &hashes, &current))
 }
 
 /// One of a node's log files (by node or instance name; `file` one of

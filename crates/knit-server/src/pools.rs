@@ -6,7 +6,7 @@ use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::metrics::PoolGauge;
 use crate::names;
-use crate::reconcile::counts_toward_pool;
+use crate::pool_state::counts_toward_pool;
 use crate::store::PoolRecord;
 use knit_api::state::{EventType, InstanceState};
 use knit_api::views::{PoolStatus, PoolView};

@@ -19,7 +19,7 @@ use super::proto::externalgrpc as pb;
 use super::template;
 use crate::control::ControlPlane;
 use crate::error::ServerError;
-use crate::reconcile::counts_toward_pool;
+use crate::pool_state::counts_toward_pool;
 use crate::store::{InstanceRecord, PoolRecord};
 use knit_api::state::{EventType, InstanceState, IntentAction};
 use pb::instance_status::InstanceState as PbState;

@@ -13,6 +13,10 @@ use serde_json::{json, Value};
 /// The namespace of node events (where the kubelet writes them too).
 pub const NAMESPACE: &str = "default";
 
+/// How long a call to the cluster's API through the seam may take (the
+/// reconciler's and the drain's calls).
+pub const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How a node joins the cluster (docs/spec.md §4.6, join protocol).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinMaterial {

@@ -32,11 +32,11 @@
 use crate::bootstrap::ClusterJoin;
 use crate::cluster::pods::{BudgetFacts, Eviction, PodFacts};
 // The default is a setting's (`Settings::drain_skip_wait`).
+use crate::cluster::seam::CLUSTER_CALL_TIMEOUT;
 use crate::control::ControlPlane;
 pub use crate::control::DEFAULT_SKIP_WAIT;
 use crate::error::{Result, ServerError};
 use crate::provider::within;
-use crate::reconcile::CLUSTER_CALL_TIMEOUT;
 use crate::store::{now_ms, DrainRecord};
 use knit_api::state::{DrainState, EventType};
 use knit_api::DrainSpec;
@@ -556,7 +556,7 @@ impl ControlPlane {
         }
         let current = crate::pools::rollout::current_hash(self, spec)?;
         let hashes = self.store.instance_hashes(Some(&drain.pool))?;
-        if crate::reconcile::rollout::up_to_date(&instance, &hashes, &current) {
+        if crate::pool_state::up_to_date(&instance, &hashes, &current) {
             return Ok(());
         }
         let pool = &drain.pool;
@@ -568,7 +568,7 @@ impl ControlPlane {
         );
         let stop = crate::store::RolloutStop {
             template_hash: current,
-            reason: crate::reconcile::ROLLOUT_STOPPED_REASON.to_string(),
+            reason: crate::pool_state::ROLLOUT_STOPPED_REASON.to_string(),
             message: message.clone(),
             stopped_ms: now,
         };
@@ -577,7 +577,7 @@ impl ControlPlane {
                 EventType::Warning,
                 "NodePool",
                 pool,
-                crate::reconcile::ROLLOUT_STOPPED_REASON,
+                crate::pool_state::ROLLOUT_STOPPED_REASON,
                 &message,
             )?;
         }

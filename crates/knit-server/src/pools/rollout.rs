@@ -6,7 +6,7 @@
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::names;
-use crate::reconcile::rollout::{counts, RolloutInput};
+use crate::pool_state::rollout_counts;
 use crate::store::{InstanceRecord, NodeRecord, PoolRecord};
 use knit_api::state::{EventType, InstanceState, NodeStatus};
 use knit_api::update::{changed_fields, pool_template_hash, with_template_of};
@@ -60,20 +60,7 @@ pub fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
         .filter(|n| &n.pool == name)
         .collect();
     let available = available(cp, &instances, &nodes);
-    let facts = HashMap::new();
-    let c = counts(&RolloutInput {
-        desired: spec.replicas.max(0) as usize,
-        limits: spec.update_strategy.limits(spec.replicas.max(0) as usize),
-        mode: crate::reconcile::rollout::Mode::Rolling,
-        current_hash: &current,
-        instances: &instances,
-        hashes: &hashes,
-        facts: &facts,
-        available: &available,
-        removing: 0,
-        in_place: &HashMap::new(),
-        updating: &HashSet::new(),
-    });
+    let c = rollout_counts(&instances, &hashes, &current, &available);
     let desired = spec.replicas.max(0) as usize;
     let stop = cp
         .store

@@ -2,16 +2,16 @@
 //! for one type (an error of kind [`ProviderErrorKind::Capacity`]: ECS
 //! `OperationDenied.NoStock`, `Zone.NotOnSale` and kin, the local cloud's
 //! per-type capacity, each provider mapping its own) is tried again with the
-//! pool's next type. Each fallback is an event on the instance saying which type had no
-//! room, why, and which is tried next; the instance's record takes the type
-//! it was made with (its Node's `node.kubernetes.io/instance-type`).
+//! pool's next type. The caller records each move (the reconciler writes
+//! an event on the instance saying which type had no room, why, and which
+//! is tried next) and the type the instance was made with (its Node's
+//! `node.kubernetes.io/instance-type`): the providers do not reach into
+//! the store.
 
 use super::{
     within, InstanceTemplate, Provider, ProviderErrorKind, ProviderInstance, CREATE_TIMEOUT,
 };
 use crate::error::{Result, ServerError};
-use crate::store::Store;
-use knit_api::state::EventType;
 
 /// Whether a create error says the instance type has no capacity (another
 /// type may have).
@@ -27,14 +27,36 @@ pub fn order(planned: &str, pool_types: &[String]) -> Vec<String> {
     out
 }
 
+/// One move to the next type: `instance_type` had no room for `instance`.
+#[derive(Debug)]
+pub struct NoRoom<'a> {
+    pub instance: &'a str,
+    pub instance_type: &'a str,
+    pub next: &'a str,
+    /// The provider's capacity error.
+    pub error: &'a ServerError,
+}
+
+impl NoRoom<'_> {
+    /// The text of the instance's `InstanceTypeFallback` event.
+    pub fn message(&self) -> String {
+        format!(
+            "{} has no capacity ({}); trying {}",
+            self.instance_type, self.error, self.next
+        )
+    }
+}
+
 /// Creates `template`'s instance with the first of `types` that has
-/// capacity; another error, or the last type's, is returned as it is.
-/// Returns the instance and the type it was made with.
+/// capacity, telling `moved_on` of each type that had none before trying
+/// the next (an error it returns ends the create); another error, or the
+/// last type's, is returned as it is. Returns the instance and the type it
+/// was made with.
 pub async fn create(
     provider: &dyn Provider,
-    store: &Store,
     template: &InstanceTemplate,
     types: &[String],
+    moved_on: &mut (dyn FnMut(&NoRoom<'_>) -> Result<()> + Send),
 ) -> Result<(ProviderInstance, String)> {
     let mut template = template.clone();
     for (i, itype) in types.iter().enumerate() {
@@ -47,24 +69,17 @@ pub async fn create(
         )
         .await
         {
-            Ok(created) => {
-                if i > 0 {
-                    store.set_instance_type(&template.name, itype)?;
-                }
-                return Ok((created, itype.clone()));
-            }
+            Ok(created) => return Ok((created, itype.clone())),
             Err(e) => {
                 let Some(next) = types.get(i + 1).filter(|_| is_capacity_error(&e)) else {
                     return Err(e);
                 };
-                let message = e.to_string();
-                store.add_event(
-                    EventType::Warning,
-                    "Instance",
-                    &template.name,
-                    "InstanceTypeFallback",
-                    &format!("{itype} has no capacity ({message}); trying {next}"),
-                )?;
+                moved_on(&NoRoom {
+                    instance: &template.name,
+                    instance_type: itype,
+                    next,
+                    error: &e,
+                })?;
             }
         }
     }
@@ -202,9 +217,23 @@ mod tests {
         }
     }
 
+    /// The moves `create` told of, as their messages.
+    async fn create_noting(
+        p: &Refusing,
+        types: &[String],
+    ) -> (Result<(ProviderInstance, String)>, Vec<String>) {
+        let mut moves = Vec::new();
+        let made = create(p, &template(), types, &mut |m| {
+            assert_eq!(m.instance, "web-1");
+            moves.push(m.message());
+            Ok(())
+        })
+        .await;
+        (made, moves)
+    }
+
     #[tokio::test]
     async fn the_fallback_moves_on_for_capacity_and_not_for_permanent() {
-        let store = Store::open_in_memory().expect("a store");
         let types = vec!["a".to_string(), "b".to_string(), "ok".to_string()];
 
         // a and b have no room: ok is made, after two fallback events.
@@ -213,11 +242,17 @@ mod tests {
             fail_kind: ProviderErrorKind::Permanent,
             asked: Default::default(),
         };
-        let (made, itype) = create(&p, &store, &template(), &types)
-            .await
-            .expect("made with the third type");
+        let (made, moves) = create_noting(&p, &types).await;
+        let (made, itype) = made.expect("made with the third type");
         assert_eq!((made.id.as_str(), itype.as_str()), ("i-1", "ok"));
         assert_eq!(*p.asked.lock().expect("asked"), ["a", "b", "ok"]);
+        assert_eq!(
+            moves,
+            [
+                "a has no capacity (provider refusing: a refused); trying b",
+                "b has no capacity (provider refusing: b refused); trying ok",
+            ]
+        );
 
         // a fails for good: b is never asked and a's error comes back.
         let p = Refusing {
@@ -225,12 +260,12 @@ mod tests {
             fail_kind: ProviderErrorKind::Permanent,
             asked: Default::default(),
         };
-        let e = create(&p, &store, &template(), &types)
-            .await
-            .expect_err("a permanent error ends the fallback");
+        let (made, moves) = create_noting(&p, &types).await;
+        let e = made.expect_err("a permanent error ends the fallback");
         assert_eq!(e.provider_kind(), Some(ProviderErrorKind::Permanent));
         assert_eq!(e.to_string(), "provider refusing: a refused");
         assert_eq!(*p.asked.lock().expect("asked"), ["a"]);
+        assert!(moves.is_empty(), "{moves:?}");
 
         // The last type's capacity error is returned as it is.
         let p = Refusing {
@@ -238,10 +273,24 @@ mod tests {
             fail_kind: ProviderErrorKind::Permanent,
             asked: Default::default(),
         };
-        let e = create(&p, &store, &template(), &types)
-            .await
-            .expect_err("no type has room");
+        let (made, moves) = create_noting(&p, &types).await;
+        let e = made.expect_err("no type has room");
         assert!(is_capacity_error(&e), "{e}");
         assert_eq!(*p.asked.lock().expect("asked"), ["a", "b", "ok"]);
+        assert_eq!(moves.len(), 2, "{moves:?}");
+
+        // A move the caller cannot record ends the create with its error.
+        let p = Refusing {
+            no_room: vec!["a"],
+            fail_kind: ProviderErrorKind::Permanent,
+            asked: Default::default(),
+        };
+        let e = create(&p, &template(), &types, &mut |_| {
+            Err(ServerError::Internal("store down".into()))
+        })
+        .await
+        .expect_err("the record failed");
+        assert_eq!(e.to_string(), "store down");
+        assert_eq!(*p.asked.lock().expect("asked"), ["a"]);
     }
 }

@@ -763,7 +763,7 @@ mod tests {
                 K::Permanent,
             ),
         ];
-        crate::provider::error::assert_maps_to_kinds("local", cases, LocalError::code, err);
+        crate::provider_error::assert_maps_to_kinds("local", cases, LocalError::code, err);
     }
 
     #[test]

@@ -3,15 +3,14 @@
 
 #[cfg(feature = "ecs")]
 pub mod ecs;
-pub mod error;
 pub mod fallback;
 pub mod local;
 #[cfg(feature = "qemu")]
 pub mod qemu;
 
 use crate::error::Result;
+pub use crate::provider_error::{ProviderError, ProviderErrorKind};
 use async_trait::async_trait;
-pub use error::{ProviderError, ProviderErrorKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -565,7 +565,7 @@ mod tests {
                 K::Permanent,
             ),
         ];
-        crate::provider::error::assert_maps_to_kinds("qemu", cases, QemuError::code, err);
+        crate::provider_error::assert_maps_to_kinds("qemu", cases, QemuError::code, err);
     }
     use crate::provider::DiskTemplate;
 

@@ -96,7 +96,7 @@ impl ControlPlane {
         let mut found = HashMap::new();
         let outdated: Vec<(&InstanceRecord, &str)> = instances
             .iter()
-            .filter(|i| !i.added && super::counts_toward_pool(&i.state))
+            .filter(|i| !i.added && crate::pool_state::counts_toward_pool(&i.state))
             .filter_map(|i| match hashes.get(&i.name) {
                 Some(Some(h)) if h != current => Some((i, h.as_str())),
                 _ => None,
@@ -365,7 +365,7 @@ impl ControlPlane {
                 crate::provider::within(
                     "cluster",
                     "uncordoning the node",
-                    super::CLUSTER_CALL_TIMEOUT,
+                    crate::cluster::seam::CLUSTER_CALL_TIMEOUT,
                     self.cluster.patch_node(&job.node, &uncordon),
                 )
                 .await
@@ -424,7 +424,7 @@ impl ControlPlane {
             match crate::provider::within(
                 "cluster",
                 "reading the node's status",
-                super::CLUSTER_CALL_TIMEOUT,
+                crate::cluster::seam::CLUSTER_CALL_TIMEOUT,
                 self.cluster.node_status(&job.node),
             )
             .await

@@ -2,12 +2,13 @@
 //! provider is called, then run with bounded parallelism, retried with
 //! backoff, and ended with an event.
 
-use super::CLUSTER_CALL_TIMEOUT;
+use crate::cluster::seam::CLUSTER_CALL_TIMEOUT;
 use crate::control::ControlPlane;
 use crate::error::{Result, ServerError};
 use crate::pki;
 use crate::provider::{
-    within, DiskTemplate, InstanceTemplate, ProviderInstance, CALL_TIMEOUT, TAG_NAME, TAG_POOL,
+    fallback, within, DiskTemplate, InstanceTemplate, Provider, ProviderInstance, CALL_TIMEOUT,
+    TAG_NAME, TAG_POOL,
 };
 use crate::store::{now_ms, InstanceRecord, IntentRecord};
 use crate::userdata;
@@ -168,19 +169,10 @@ impl ControlPlane {
             )?;
         }
         let outcome = match self.instance_template(&pool.pool, &instance).await {
-            // The pool's instance types in order: the next on a capacity
-            // error (`provider::fallback`).
-            Ok(template) => crate::provider::fallback::create(
-                provider.as_ref(),
-                &self.store,
-                &template,
-                &crate::provider::fallback::order(
-                    &template.instance_type,
-                    &pool.pool.spec.instance_types,
-                ),
-            )
-            .await
-            .map(|(created, _)| created),
+            Ok(template) => {
+                self.create_with_fallback(provider.as_ref(), &template, &pool.pool)
+                    .await
+            }
             Err(e) => Err(e),
         };
         match outcome {
@@ -297,6 +289,33 @@ impl ControlPlane {
             );
         }
         Ok(())
+    }
+
+    /// Creates `template`'s instance with the pool's instance types in
+    /// order, the next on a capacity error (`provider::fallback`): each
+    /// move an `InstanceTypeFallback` event on the instance, and the type
+    /// it was made with recorded when it is not the one planned.
+    async fn create_with_fallback(
+        &self,
+        provider: &dyn Provider,
+        template: &InstanceTemplate,
+        pool: &knit_api::NodePool,
+    ) -> Result<ProviderInstance> {
+        let types = fallback::order(&template.instance_type, &pool.spec.instance_types);
+        let (created, made_with) = fallback::create(provider, template, &types, &mut |no_room| {
+            self.store.add_event(
+                EventType::Warning,
+                "Instance",
+                no_room.instance,
+                "InstanceTypeFallback",
+                &no_room.message(),
+            )
+        })
+        .await?;
+        if made_with != template.instance_type {
+            self.store.set_instance_type(&template.name, &made_with)?;
+        }
+        Ok(created)
     }
 
     async fn instance_template(

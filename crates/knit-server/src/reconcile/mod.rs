@@ -13,8 +13,8 @@ pub mod repair;
 pub mod rollout;
 mod user_data;
 
-pub use plan::{counts_toward_pool, plan, scale_in_order, NodeFacts, Plan};
-pub use planning::{ROLLOUT_COMPLETE_REASON, ROLLOUT_STOPPED_REASON};
+pub use plan::{plan, scale_in_order, NodeFacts, Plan};
+pub use planning::ROLLOUT_COMPLETE_REASON;
 pub use user_data::user_data_outcome;
 
 use crate::control::ControlPlane;
@@ -30,8 +30,6 @@ pub const USER_DATA_RESULT_TIMEOUT: std::time::Duration = std::time::Duration::f
 /// How a join timeout's message starts (also how an instance failed by one
 /// before its time was stored is recognized).
 pub const JOIN_TIMEOUT_MESSAGE_START: &str = "not initialized ";
-/// How long a call to the cluster's API may take.
-pub const CLUSTER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl ControlPlane {
     /// The reconcile loop: on the leader, a pass; then sleep until woken or

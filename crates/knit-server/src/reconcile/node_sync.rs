@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::CLUSTER_CALL_TIMEOUT;
+use crate::cluster::seam::CLUSTER_CALL_TIMEOUT;
 
 /// The annotation listing the label keys knit set from the pool
 /// (comma-separated, sorted).

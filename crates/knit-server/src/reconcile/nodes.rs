@@ -1,9 +1,8 @@
 //! Node statuses copied from the cluster into the store.
 
+use crate::cluster::seam::CLUSTER_CALL_TIMEOUT;
 use crate::control::ControlPlane;
 use crate::error::Result;
-
-use super::CLUSTER_CALL_TIMEOUT;
 use knit_api::state::EventType;
 
 impl ControlPlane {

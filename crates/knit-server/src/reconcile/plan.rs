@@ -1,6 +1,7 @@
 //! Desired vs actual, as a pure function: which instances to create and
 //! which to remove. No I/O.
 
+use crate::pool_state::counts_toward_pool;
 use crate::store::InstanceRecord;
 use knit_api::state::InstanceState;
 use std::collections::HashMap;
@@ -11,17 +12,6 @@ pub struct Plan {
     pub create: usize,
     /// Instances to remove, in the order chosen.
     pub delete: Vec<String>,
-}
-
-/// States that count toward a pool's actual size.
-pub fn counts_toward_pool(s: &InstanceState) -> bool {
-    matches!(
-        *s,
-        InstanceState::Pending
-            | InstanceState::Creating
-            | InstanceState::Running
-            | InstanceState::Failed
-    )
 }
 
 /// What scale-in knows of an instance's node: whether it is Ready, and

@@ -8,15 +8,13 @@ use crate::store::{now_ms, InstanceHealth, InstanceRecord, NodeRecord};
 use knit_api::state::{EventType, InstanceState};
 use std::time::Instant;
 
-use super::plan::{counts_toward_pool, plan, NodeFacts, Plan};
-use super::rollout::{plan_rollout, up_to_date, Mode, RolloutInput, RolloutPlan};
+use super::plan::{plan, NodeFacts, Plan};
+use super::rollout::{plan_rollout, Mode, RolloutInput, RolloutPlan};
 use crate::cluster::pods::PodFacts;
+use crate::pool_state::{counts_toward_pool, up_to_date, ROLLOUT_STOPPED_REASON};
 use crate::store::RolloutStop;
 use std::collections::{HashMap, HashSet};
 
-/// The reason (event and pool condition) of a rollout stopped because a
-/// replacement did not come up, as a Deployment's progress deadline.
-pub const ROLLOUT_STOPPED_REASON: &str = "ProgressDeadlineExceeded";
 /// The reason of the event a completed rollout gives.
 pub const ROLLOUT_COMPLETE_REASON: &str = "RolloutComplete";
 
@@ -299,7 +297,7 @@ impl ControlPlane {
             .store
             .instances(Some(pool))?
             .iter()
-            .filter(|i| super::counts_toward_pool(&i.state))
+            .filter(|i| counts_toward_pool(&i.state))
             .count();
         Ok(active > replicas.max(0) as usize)
     }
@@ -343,7 +341,7 @@ impl ControlPlane {
         let pods = crate::provider::within(
             "cluster",
             "listing pods",
-            super::CLUSTER_CALL_TIMEOUT,
+            crate::cluster::seam::CLUSTER_CALL_TIMEOUT,
             self.cluster.pods(),
         )
         .await;
@@ -1011,7 +1009,7 @@ mod tests {
                 .instances(Some("p"))
                 .unwrap()
                 .into_iter()
-                .filter(|i| crate::reconcile::counts_toward_pool(&i.state))
+                .filter(|i| crate::pool_state::counts_toward_pool(&i.state))
                 .count()
         };
         assert_eq!(active(&cp), 4, "one surge instance");

@@ -327,7 +327,7 @@ impl ControlPlane {
         }
         let pool_size = instances
             .iter()
-            .filter(|i| crate::reconcile::counts_toward_pool(&i.state))
+            .filter(|i| crate::pool_state::counts_toward_pool(&i.state))
             .count();
         let running: Vec<&InstanceRecord> = instances
             .iter()
@@ -353,8 +353,8 @@ impl ControlPlane {
             .iter()
             .filter(|i| {
                 (i.state == InstanceState::Deleting
-                    && !crate::reconcile::rollout::up_to_date(i, &hashes, &current))
-                    || (crate::reconcile::counts_toward_pool(&i.state)
+                    && !crate::pool_state::up_to_date(i, &hashes, &current))
+                    || (crate::pool_state::counts_toward_pool(&i.state)
                         && updating.contains(&i.name))
             })
             .count();

@@ -16,7 +16,8 @@
 //! the pool's current one; one with none (added by attach) never is: knit
 //! never releases the user's machines on its own.
 
-use super::plan::{counts_toward_pool, scale_in_order, NodeFacts};
+use super::plan::{scale_in_order, NodeFacts};
+use crate::pool_state::{counts_toward_pool, up_to_date};
 use crate::store::InstanceRecord;
 use knit_api::state::InstanceState;
 use std::collections::{HashMap, HashSet};
@@ -77,58 +78,6 @@ pub struct RolloutPlan {
     /// Out-of-date instances updated on the same machine now (the agent
     /// re-renders, reinstalls, restarts the kubelet).
     pub update_in_place: Vec<String>,
-}
-
-/// Where a pool's rollout stands, counted from its instances.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RolloutCounts {
-    /// Instances counting toward the pool.
-    pub total: usize,
-    /// Of those, made from the current template.
-    pub updated: usize,
-    /// Of the updated ones, available.
-    pub updated_available: usize,
-    /// Instances counting toward the pool and available.
-    pub available: usize,
-    /// Out of date (to be replaced).
-    pub outdated: usize,
-}
-
-/// Whether `i` was made from `current` (an instance without a hash, added
-/// by attach, counts as up to date: it is never rolled).
-pub fn up_to_date(
-    i: &InstanceRecord,
-    hashes: &HashMap<String, Option<String>>,
-    current: &str,
-) -> bool {
-    if i.added {
-        return true;
-    }
-    match hashes.get(&i.name) {
-        Some(Some(h)) => h == current,
-        _ => true,
-    }
-}
-
-pub fn counts(input: &RolloutInput<'_>) -> RolloutCounts {
-    let mut c = RolloutCounts::default();
-    for i in input
-        .instances
-        .iter()
-        .filter(|i| counts_toward_pool(&i.state))
-    {
-        let fresh = up_to_date(i, input.hashes, input.current_hash);
-        let available = input.available.contains(&i.name);
-        c.total += 1;
-        c.available += usize::from(available);
-        if fresh {
-            c.updated += 1;
-            c.updated_available += usize::from(available);
-        } else {
-            c.outdated += 1;
-        }
-    }
-    c
 }
 
 /// The scale-in order during a rollout: instances not serving (pending,

@@ -8,9 +8,8 @@ use knit_api::state::{EventType, InstanceState};
 use serde_json::Value;
 use std::sync::Arc;
 
-use super::{
-    CLUSTER_CALL_TIMEOUT, USER_DATA_RESULT, USER_DATA_RESULT_MAX_BYTES, USER_DATA_RESULT_TIMEOUT,
-};
+use super::{USER_DATA_RESULT, USER_DATA_RESULT_MAX_BYTES, USER_DATA_RESULT_TIMEOUT};
+use crate::cluster::seam::CLUSTER_CALL_TIMEOUT;
 
 /// Nodes whose result record could not be read (too slow or too large),
 /// with failures so far and when to try again: such a node is not read on

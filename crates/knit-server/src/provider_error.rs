@@ -1,10 +1,12 @@
-//! The one error a [`Provider`](super::Provider) returns: a kind callers
-//! decide on (the instance-type fallback moves on for [`Capacity`], `get`
-//! answers `None` for [`NotFound`] …), the provider's own code and its
-//! message. Each provider maps its errors into it where they leave it
-//! (`ecs::kind_of` by ECS's error Code, `local::kind_of` by `LocalError`'s
-//! variant, `qemu::kind_of` by `QemuError`'s); nothing past that edge
-//! reads an error's text to decide what it was.
+//! The one error a [`Provider`](crate::provider::Provider) returns: a
+//! kind callers decide on (the instance-type fallback moves on for
+//! [`Capacity`], `get` answers `None` for [`NotFound`] …), the provider's
+//! own code and its message. Each provider maps its errors into it where
+//! they leave it (`ecs::kind_of` by ECS's error Code, `local::kind_of` by
+//! `LocalError`'s variant, `qemu::kind_of` by `QemuError`'s); nothing past
+//! that edge reads an error's text to decide what it was. A room of its
+//! own, below `error`: `ServerError` carries it without importing the
+//! providers.
 //!
 //! [`Capacity`]: ProviderErrorKind::Capacity
 //! [`NotFound`]: ProviderErrorKind::NotFound

@@ -5,7 +5,6 @@
 use crate::error::{AgentError, Result};
 use crate::host::Host;
 use crate::journal::{Journal, PhaseRecord};
-use crate::log::now_ms;
 use crate::phase::{context, Ctx, Decision, Phase};
 use crate::phases;
 use crate::report::Reporter;
@@ -105,6 +104,11 @@ pub fn init(host: &Host, config: &NodeConfig, options: &InitOptions) -> Result<J
         .line("init", &format!("node {} initialized", ctx.node.name));
     reporter.flush();
     Ok(ctx.journal)
+}
+
+/// Milliseconds since the epoch, as the journal and the reports keep them.
+fn now_ms() -> u64 {
+    u64::try_from(knit_os::time::now_ms()).unwrap_or(0)
 }
 
 /// One phase's run: when it started, and the external-command time before it.

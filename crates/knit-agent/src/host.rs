@@ -7,14 +7,17 @@ use crate::files::{under, write_atomic};
 use crate::ledger::UndoLedger;
 use crate::log::DeployLog;
 use knit_api::ErrorCode;
+use knit_os::OsError;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The most of each of a command's stdout and stderr kept (package
+/// listings and installers' chatter stay far below it).
+const OUTPUT_CAP: usize = 16 << 20;
 
 pub struct Host {
     root: PathBuf,
@@ -112,7 +115,8 @@ impl Host {
         })
     }
 
-    /// Runs a command with a timeout, logging it and its outcome. A non-zero
+    /// Runs a command with a timeout and an output cap (knit-os's
+    /// [`knit_os::command::run`]), logging it and its outcome. A non-zero
     /// exit is an error carrying `code` and the command's stderr.
     pub fn run(
         &self,
@@ -136,61 +140,29 @@ impl Host {
         self.log.line("run", &shown);
         let started = Instant::now();
         let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.args(args);
         if let Some(dir) = cwd {
             command.current_dir(dir.as_ref());
         }
-        let mut child = command
-            .spawn()
-            .map_err(|e| AgentError::new(code, format!("cannot start `{shown}`: {e}")))?;
-        let pid = child.id();
-        // A watchdog kills the child at the deadline; finishing first cancels it.
-        let (done_tx, done_rx) = mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if done_rx.recv_timeout(timeout).is_err() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                return true;
-            }
-            false
-        });
-        let mut stdout = String::new();
-        let mut stderr_pipe = child.stderr.take();
-        let stderr_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(pipe) = stderr_pipe.as_mut() {
-                let _ = pipe.read_to_string(&mut s);
-            }
-            s
-        });
-        if let Some(mut pipe) = child.stdout.take() {
-            let _ = pipe.read_to_string(&mut stdout);
-        }
-        let status = child.wait();
-        let _ = done_tx.send(());
-        let timed_out = watchdog.join().unwrap_or(false);
-        let stderr = stderr_reader.join().unwrap_or_default();
+        let output = knit_os::command::run(&mut command, timeout, OUTPUT_CAP);
         let elapsed = started.elapsed();
         if let Ok(mut total) = self.command_time.lock() {
             *total += elapsed;
         }
-        let status = status.map_err(|e| {
-            AgentError::new(code, format!("`{shown}` could not be waited for: {e}"))
-        })?;
-        if timed_out {
-            return Err(AgentError::new(
+        let output = output.map_err(|e| match e {
+            OsError::TimedOut { .. } => AgentError::new(
                 code,
                 format!("`{shown}` timed out after {}s", timeout.as_secs()),
-            ));
-        }
-        if !status.success() {
+            ),
+            OsError::NotStarted { source, .. } => {
+                AgentError::new(code, format!("cannot start `{shown}`: {source}"))
+            }
+            other => AgentError::new(code, format!("`{shown}`: {other}")),
+        })?;
+        let stderr = output.stderr_text();
+        if !output.success() {
             let detail = stderr.trim();
+            let status = output.status;
             self.log
                 .line("run", &format!("`{program}` failed ({status}): {detail}"));
             return Err(AgentError::new(
@@ -198,11 +170,25 @@ impl Host {
                 format!("`{shown}` failed ({status}): {detail}"),
             ));
         }
+        // What callers parse must be whole: a cut listing would read as a
+        // shorter one.
+        if output.stdout_truncated {
+            return Err(AgentError::new(
+                code,
+                format!(
+                    "`{shown}` printed more than {} MiB on stdout",
+                    OUTPUT_CAP >> 20
+                ),
+            ));
+        }
         self.log.line(
             "run",
             &format!("`{program}` ok in {} ms", elapsed.as_millis()),
         );
-        Ok(CommandOutput { stdout, stderr })
+        Ok(CommandOutput {
+            stdout: output.stdout_text(),
+            stderr,
+        })
     }
 
     /// Finds an executable by name in the node's standard directories.
@@ -218,5 +204,78 @@ impl Host {
         .iter()
         .map(|dir| format!("{dir}/{name}"))
         .find(|abs| self.path(abs).is_file())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> (tempfile::TempDir, Host) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = Host::without_log(dir.path());
+        (dir, host)
+    }
+
+    #[test]
+    fn run_gives_stdout_and_names_a_failure_a_timeout_and_a_missing_program() {
+        let (_dir, host) = host();
+        let code = ErrorCode::FailCommand;
+        let out = host
+            .run(
+                code,
+                "sh",
+                &["-c", "echo out; echo err >&2"],
+                Duration::from_secs(30),
+            )
+            .unwrap();
+        assert_eq!(
+            (out.stdout.as_str(), out.stderr.as_str()),
+            ("out\n", "err\n")
+        );
+        let err = host
+            .run(
+                code,
+                "sh",
+                &["-c", "echo broke >&2; exit 3"],
+                Duration::from_secs(30),
+            )
+            .unwrap_err();
+        assert_eq!(err.code, code);
+        assert!(
+            err.message.contains("failed (exit status: 3): broke"),
+            "{err}"
+        );
+        let err = host
+            .run(code, "sleep", &["300"], Duration::from_secs(1))
+            .unwrap_err();
+        assert_eq!(err.message, "`sleep 300` timed out after 1s");
+        let err = host
+            .run(code, "/nonexistent/knit-none", &[], Duration::from_secs(5))
+            .unwrap_err();
+        assert!(
+            err.message
+                .starts_with("cannot start `/nonexistent/knit-none `"),
+            "{err}"
+        );
+        assert!(host.command_time() >= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn stdout_past_the_cap_is_an_error_not_a_shorter_listing() {
+        let (_dir, host) = host();
+        let bytes = (OUTPUT_CAP + 1).to_string();
+        let err = host
+            .run(
+                ErrorCode::FailCommand,
+                "head",
+                &["-c", &bytes, "/dev/zero"],
+                Duration::from_secs(60),
+            )
+            .unwrap_err();
+        assert!(
+            err.message.contains("printed more than 16 MiB on stdout"),
+            "{err}"
+        );
     }
 }

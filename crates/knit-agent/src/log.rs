@@ -6,7 +6,6 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 pub const LOG_FILE: &str = "/var/log/knit-deploy.log";
 pub const ERROR_CODE_FILE: &str = "/var/log/knit-deploy-error-code.log";
@@ -106,49 +105,7 @@ impl DeployLog {
     }
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// UTC timestamp with milliseconds, e.g. `2026-11-30T10:20:00.123Z`.
 pub fn rfc3339_now() -> String {
-    rfc3339(now_ms())
-}
-
-pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn formats_known_instants() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            super::rfc3339(1_796_035_200_123),
-            "2026-11-30T10:40:00.123Z"
-        );
-        assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-    }
+    knit_os::time::rfc3339_millis(knit_os::time::now_ms())
 }

@@ -624,8 +624,9 @@ const INSTALL_DIRS: &[(&str, &str)] = &[("bin/", BIN_DIR), ("cni/bin/", CNI_BIN_
 pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
 
 /// Installs every `bin/*` file of the package into `/usr/local/bin` and
-/// every `cni/bin/*` into `/opt/cni/bin` (copy aside + rename, so a running
-/// binary is replaced atomically). Returns node-absolute path → sha256.
+/// every `cni/bin/*` into `/opt/cni/bin` (knit-os's durable write: copied
+/// beside it, fsynced, renamed over it, so a running binary is replaced
+/// atomically). Returns node-absolute path → sha256.
 pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<String, String>> {
     let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
     let mut installed = BTreeMap::new();
@@ -642,21 +643,12 @@ pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<Strin
         let dest_dir = host.path(dir);
         host.ledger().note_dir(dir)?;
         host.ledger().note_file(&format!("{dir}/{name}"))?;
-        fs::create_dir_all(&dest_dir)
-            .map_err(|e| fail(format!("create {}: {e}", dest_dir.display())))?;
         let dest = dest_dir.join(name);
-        let tmp = dest_dir.join(format!(".{name}.knit-tmp"));
-        fs::copy(package.dir.join(rel), &tmp)
-            .and_then(|_| {
-                use std::os::unix::fs::PermissionsExt;
-                fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
-            })
-            .and_then(|()| File::open(&tmp).and_then(|f| f.sync_all()))
-            .and_then(|()| fs::rename(&tmp, &dest))
-            .map_err(|e| {
-                let _ = fs::remove_file(&tmp);
-                fail(format!("install {}: {e}", dest.display()))
-            })?;
+        let source = package.dir.join(rel);
+        knit_os::durable::write_with(&dest, 0o755, |file| {
+            std::io::copy(&mut File::open(&source)?, file).map(|_| ())
+        })
+        .map_err(|e| fail(format!("install {}: {e}", dest.display())))?;
         installed.insert(format!("{dir}/{name}"), sha.clone());
     }
     Ok(installed)

@@ -11,6 +11,7 @@ use knit_api::agent::{
     LeaveReport, PackageVerified, SystemImages, BOOTSTRAP_DIR, IMAGES_LOG,
 };
 use knit_api::ErrorCode;
+use knit_os::command::{terminate, wait_while};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -124,33 +125,24 @@ pub fn pull_images(host: &Host, images: &[String], limit: Duration) -> Result<Im
         .spawn()
         .context(ErrorCode::FailCommand, || format!("start {kubelet}"))?;
     let deadline = Instant::now() + limit;
-    let mut terminated_at: Option<Instant> = None;
-    let status = loop {
-        if let Some(status) = child
-            .try_wait()
-            .context(ErrorCode::FailCommand, || format!("wait for {kubelet}"))?
-        {
-            break status;
+    let waited = wait_while(&mut child, &kubelet, || Instant::now() < deadline);
+    let ended = match waited {
+        Ok(Some(status)) => Some(status),
+        // Past the deadline, or not waitable: stopped (and reaped) either way.
+        other => {
+            let stopped = terminate(&mut child, &kubelet, PULL_KILL_GRACE);
+            other
+                .and(stopped)
+                .context(ErrorCode::FailCommand, || format!("wait for {kubelet}"))?;
+            None
         }
-        let now = Instant::now();
-        match terminated_at {
-            None if now >= deadline => {
-                signal(child.id(), nix::sys::signal::Signal::SIGTERM);
-                terminated_at = Some(now);
-            }
-            Some(at) if now >= at + PULL_KILL_GRACE => {
-                let _ = child.kill();
-            }
-            _ => {}
-        }
-        std::thread::sleep(Duration::from_millis(100));
     };
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     let _ = std::fs::remove_file(&out_path);
     let last_log_line = last_line(&std::fs::read_to_string(&log_path).unwrap_or_default());
-    if terminated_at.is_some() {
+    let Some(status) = ended else {
         return Ok(ImagePull::TimedOut { last_log_line });
-    }
+    };
     let report = serde_json::from_str::<ImageReport>(stdout.trim()).ok();
     match (status.code(), report) {
         (Some(0), Some(report)) => Ok(ImagePull::Pulled { report }),
@@ -165,10 +157,6 @@ pub fn pull_images(host: &Host, images: &[String], limit: Duration) -> Result<Im
             last_log_line,
         }),
     }
-}
-
-fn signal(pid: u32, signal: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
 }
 
 /// The last non-empty line, shortened for messages.

@@ -10,9 +10,11 @@
 use crate::error::{AgentError, Context, Result};
 use crate::host::Host;
 use knit_api::ErrorCode;
+use knit_os::command;
+use knit_os::proc::ProcRef;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A long-running service, with systemd unit semantics.
@@ -40,6 +42,10 @@ pub const AGENT_EXE_ENV: &str = "KNIT_AGENT_EXE";
 const SYSTEMD_UNIT_DIR: &str = "/etc/systemd/system";
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// `systemctl is-active` / `show`: answered from systemd's state at once.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// What is kept of a query's or the supervisor's output (a PID, an error).
+const QUERY_OUTPUT_CAP: usize = 64 << 10;
 
 pub fn spec_file(name: &str) -> String {
     format!("{RUN_DIR}/{name}.json")
@@ -57,8 +63,7 @@ pub fn main_pid_file(name: &str) -> String {
 
 /// True when services are systemd units: a live node booted by systemd.
 pub fn uses_systemd(host: &Host) -> bool {
-    host.is_live()
-        && std::fs::read_to_string("/proc/1/comm").is_ok_and(|comm| comm.trim() == "systemd")
+    host.is_live() && knit_os::proc::comm(1).as_deref() == Some("systemd")
 }
 
 /// Starts the service unless it already runs with this exact spec; a service
@@ -82,10 +87,7 @@ pub fn ensure_running(host: &Host, spec: &ServiceSpec) -> Result<()> {
 
 pub fn is_running(host: &Host, name: &str) -> bool {
     if uses_systemd(host) {
-        return Command::new("systemctl")
-            .args(["is-active", "--quiet", name])
-            .status()
-            .is_ok_and(|s| s.success());
+        return systemctl_query(&["is-active", "--quiet", name]).is_some_and(|out| out.success());
     }
     supervisor_pid(host, name).is_some()
 }
@@ -111,18 +113,24 @@ fn unit_path(name: &str) -> String {
 /// The pid of the service process itself (not its supervisor), if it runs.
 pub fn main_pid(host: &Host, name: &str) -> Option<i32> {
     if uses_systemd(host) {
-        let out = Command::new("systemctl")
-            .args(["show", "--property=MainPID", "--value", name])
-            .output()
-            .ok()?;
-        return String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .ok()
-            .filter(|pid| *pid > 0);
+        let out = systemctl_query(&["show", "--property=MainPID", "--value", name])?;
+        return out.stdout_text().trim().parse().ok().filter(|pid| *pid > 0);
     }
     supervisor_pid(host, name)?;
-    read_pid(host, &main_pid_file(name)).filter(|pid| pid_alive(*pid))
+    main_process(host, name)
+        .filter(ProcRef::alive)
+        .map(|p| p.pid)
+}
+
+/// `systemctl <args>` asking systemd's state; `None` when it could not be
+/// run or did not answer in time.
+fn systemctl_query(args: &[&str]) -> Option<command::Output> {
+    command::run(
+        Command::new("systemctl").args(args),
+        QUERY_TIMEOUT,
+        QUERY_OUTPUT_CAP,
+    )
+    .ok()
 }
 
 /// Stops the service and its supervisor (or the systemd unit); waits until
@@ -182,40 +190,36 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
-/// The first word of a pid file (the main pid file also holds a start time).
+/// The supervisor's pid file: its pid.
 fn read_pid(host: &Host, abs: &str) -> Option<i32> {
-    host.read(abs)?.split_whitespace().next()?.parse().ok()
+    host.read(abs)?.trim().parse().ok()
 }
 
-/// A process's start time (clock ticks since boot, /proc/<pid>/stat field
-/// 22): with the pid, it names one process for good, even across exec.
-pub(crate) fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    // `rest` starts at field 3 (state); field 22 is the 20th word.
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-pub(crate) fn pid_alive(pid: i32) -> bool {
-    // A zombie has exited; its stat state is `Z`.
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z")
+/// The service process the main pid file names: `<pid> <start time>`, the
+/// start time making a reused pid another process (see [`ProcRef`]).
+pub(crate) fn main_process(host: &Host, name: &str) -> Option<ProcRef> {
+    let text = host.read(&main_pid_file(name))?;
+    let mut words = text.split_whitespace();
+    Some(ProcRef {
+        pid: words.next()?.parse().ok()?,
+        start_time: words.next()?.parse().ok()?,
     })
+}
+
+/// What the main pid file holds for `process`.
+pub(crate) fn main_pid_text(process: ProcRef) -> String {
+    format!("{} {}\n", process.pid, process.start_time)
 }
 
 /// True if `pid` is a live supervisor of `name` (guards against pid reuse).
 fn is_supervisor(pid: i32, name: &str) -> bool {
-    if !pid_alive(pid) {
+    if !knit_os::proc::stat(pid).is_some_and(|s| s.running()) {
         return false;
     }
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    args.windows(2)
-        .any(|w| w[0] == b"supervise" && w[1] == name.as_bytes())
+    knit_os::proc::cmdline(pid).is_some_and(|args| {
+        args.windows(2)
+            .any(|w| w[0] == b"supervise" && w[1] == name.as_bytes())
+    })
 }
 
 fn supervisor_pid(host: &Host, name: &str) -> Option<i32> {
@@ -266,23 +270,22 @@ fn supervisor_ensure(host: &Host, spec: &ServiceSpec) -> Result<()> {
     );
     // The supervisor forks into the background and this first process exits
     // at once, so nothing is left for the agent to reap.
-    let output = Command::new(&exe)
-        .args(["--root", root.as_str(), "supervise", name.as_str()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .context(ErrorCode::FailCommand, || {
-            format!("cannot start the supervisor {} for {name}", exe.display())
-        })?;
-    if !output.status.success() {
+    let output = command::run(
+        Command::new(&exe).args(["--root", root.as_str(), "supervise", name.as_str()]),
+        START_TIMEOUT,
+        QUERY_OUTPUT_CAP,
+    )
+    .context(ErrorCode::FailCommand, || {
+        format!("cannot start the supervisor {} for {name}", exe.display())
+    })?;
+    if !output.success() {
         return Err(AgentError::new(
             ErrorCode::FailCommand,
             format!(
                 "supervisor `{} supervise {name}` failed ({}): {}",
                 exe.display(),
                 output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
+                output.stderr_text().trim()
             ),
         ));
     }

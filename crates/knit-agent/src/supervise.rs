@@ -8,8 +8,12 @@
 use crate::error::{AgentError, Context, Result};
 use crate::host::Host;
 use crate::log::rfc3339_now;
-use crate::services::{main_pid_file, pid_alive, pid_file, spec_file, start_time, ServiceSpec};
+use crate::services::{
+    main_pid_file, main_pid_text, main_process, pid_file, spec_file, ServiceSpec,
+};
 use knit_api::ErrorCode;
+use knit_os::command::{terminate, wait_while};
+use knit_os::proc::ProcRef;
 use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 use nix::sys::signal::{kill, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::{fork, setsid, ForkResult, Pid};
@@ -122,25 +126,25 @@ fn supervise(host: &Host, spec: &ServiceSpec) -> Result<()> {
         match start(host, spec) {
             Ok(mut child) => {
                 let pid = child.id();
-                let started = start_time(pid as i32).unwrap_or(0);
-                let _ = host.write_file(
-                    &main_pid_file(&spec.name),
-                    format!("{pid} {started}\n").as_bytes(),
-                    0o644,
-                );
+                // Gone already when it has no stat: it is reaped below.
+                if let Some(process) = i32::try_from(pid).ok().and_then(ProcRef::of) {
+                    let _ = host.write_file(
+                        &main_pid_file(&spec.name),
+                        main_pid_text(process).as_bytes(),
+                        0o644,
+                    );
+                }
                 log_line(host, spec, &format!("started {} (pid {pid})", spec.name));
-                let status = loop {
-                    if STOP.load(Ordering::SeqCst) {
-                        terminate(host, spec, &mut child);
-                        remove(host, &main_pid_file(&spec.name));
-                        return Ok(());
-                    }
-                    match child.try_wait() {
-                        Ok(Some(status)) => break status.to_string(),
-                        Ok(None) => std::thread::sleep(POLL),
-                        Err(e) => break format!("cannot be waited for: {e}"),
-                    }
-                };
+                let status =
+                    match wait_while(&mut child, &spec.name, || !STOP.load(Ordering::SeqCst)) {
+                        Ok(Some(status)) => status.to_string(),
+                        Ok(None) => {
+                            stop(host, spec, &mut child);
+                            remove(host, &main_pid_file(&spec.name));
+                            return Ok(());
+                        }
+                        Err(e) => format!("cannot be waited for: {e}"),
+                    };
                 remove(host, &main_pid_file(&spec.name));
                 log_line(host, spec, &format!("{} exited: {status}", spec.name));
             }
@@ -233,55 +237,44 @@ fn apply_limits(host: &Host, spec: &ServiceSpec) {
 /// file survived) is stopped first, so two copies never fight over a socket.
 /// It is recognized by pid and start time, never by pid alone.
 fn stop_leftover(host: &Host, spec: &ServiceSpec) {
-    let Some(text) = host.read(&main_pid_file(&spec.name)) else {
+    let Some(leftover) = main_process(host, &spec.name).filter(ProcRef::alive) else {
         return;
     };
-    let mut words = text.split_whitespace().map(|w| w.parse::<u64>().ok());
-    let (Some(Some(pid)), Some(Some(started))) = (words.next(), words.next()) else {
-        return;
-    };
-    let pid = pid as i32;
-    if start_time(pid) != Some(started) {
-        return;
-    }
+    let pid = leftover.pid;
     log_line(
         host,
         spec,
         &format!("stopping leftover {} (pid {pid})", spec.name),
     );
+    // Not our child (the killed supervisor's): signalled only while it is
+    // still the process the file names.
     let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
     let deadline = Instant::now() + STOP_GRACE;
-    while pid_alive(pid) && Instant::now() < deadline {
+    while leftover.alive() && Instant::now() < deadline {
         std::thread::sleep(POLL);
     }
-    if pid_alive(pid) {
+    if leftover.alive() {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }
 
-fn terminate(host: &Host, spec: &ServiceSpec, child: &mut Child) {
-    let pid = Pid::from_raw(child.id() as i32);
-    log_line(host, spec, &format!("stopping {} (pid {pid})", spec.name));
-    let _ = kill(pid, Signal::SIGTERM);
-    let deadline = Instant::now() + STOP_GRACE;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
-            log_line(host, spec, &format!("{} stopped", spec.name));
-            return;
-        }
-        std::thread::sleep(POLL);
-    }
+/// Stops the service (SIGTERM, [`STOP_GRACE`], SIGKILL), logging how it went.
+fn stop(host: &Host, spec: &ServiceSpec, child: &mut Child) {
     log_line(
         host,
         spec,
-        &format!(
-            "{} ignored SIGTERM for {}s: killing",
+        &format!("stopping {} (pid {})", spec.name, child.id()),
+    );
+    let outcome = match terminate(child, &spec.name, STOP_GRACE) {
+        Ok(stopped) if stopped.killed => format!(
+            "{} ignored SIGTERM for {}s: killed",
             spec.name,
             STOP_GRACE.as_secs()
         ),
-    );
-    let _ = child.kill();
-    let _ = child.wait();
+        Ok(_) => format!("{} stopped", spec.name),
+        Err(e) => format!("{} could not be stopped: {e}", spec.name),
+    };
+    log_line(host, spec, &outcome);
 }
 
 fn remove(host: &Host, abs: &str) {

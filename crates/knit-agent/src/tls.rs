@@ -3,27 +3,13 @@
 
 use crate::error::{AgentError, Result};
 use knit_api::ErrorCode;
-use rustls_pki_types::pem::{self, PemObject};
+use knit_os::OsError;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Parses every certificate of a PEM bundle.
-pub fn parse_pem_certs(pem: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
-    let certs: std::result::Result<Vec<_>, _> =
-        rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
-    let certs = certs.map_err(|e| {
-        AgentError::new(
-            ErrorCode::FailConfig,
-            format!("invalid PEM certificate: {e}"),
-        )
-    })?;
-    if certs.is_empty() {
-        return Err(AgentError::new(
-            ErrorCode::FailConfig,
-            "PEM holds no certificate",
-        ));
-    }
-    Ok(certs)
+/// A PEM that does not hold what it must: the node's configuration is wrong.
+fn bad_pem(e: OsError) -> AgentError {
+    AgentError::new(ErrorCode::FailConfig, e.to_string())
 }
 
 /// An HTTP agent; with `ca_pem`, only servers whose chain ends at that CA are trusted.
@@ -56,7 +42,7 @@ fn with_roots(builder: ureq::AgentBuilder, ca_pem: Option<&str>) -> Result<ureq:
     let Some(pem) = ca_pem else {
         return Ok(builder.build());
     };
-    let roots = roots_from_pem(pem)?;
+    let roots = knit_os::pem::roots(pem.as_bytes(), "the CA certificate").map_err(bad_pem)?;
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("TLS setup: {e}")))?
@@ -69,19 +55,6 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn roots_from_pem(pem: &str) -> Result<rustls::RootCertStore> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in parse_pem_certs(pem)? {
-        roots.add(cert).map_err(|e| {
-            AgentError::new(
-                ErrorCode::FailConfig,
-                format!("unusable CA certificate: {e}"),
-            )
-        })?;
-    }
-    Ok(roots)
-}
-
 /// An HTTPS agent that trusts exactly `ca_pem` and authenticates with a
 /// client certificate (the kubelet's, from its kubeconfig).
 pub fn client_cert_agent(
@@ -90,22 +63,14 @@ pub fn client_cert_agent(
     key_pem: &str,
     timeout: Duration,
 ) -> Result<ureq::Agent> {
-    let certs = parse_pem_certs(cert_pem)?;
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(
-        |e| match e {
-            pem::Error::NoItemsFound => {
-                AgentError::new(ErrorCode::FailConfig, "PEM holds no usable private key")
-            }
-            e => AgentError::new(
-                ErrorCode::FailConfig,
-                format!("invalid PEM private key: {e}"),
-            ),
-        },
-    )?;
+    let certs = knit_os::pem::certificates(cert_pem.as_bytes(), "the client certificate")
+        .map_err(bad_pem)?;
+    let key = knit_os::pem::private_key(key_pem.as_bytes(), "the client key").map_err(bad_pem)?;
+    let roots = knit_os::pem::roots(ca_pem.as_bytes(), "the CA certificate").map_err(bad_pem)?;
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| AgentError::new(ErrorCode::FailConfig, format!("TLS setup: {e}")))?
-        .with_root_certificates(roots_from_pem(ca_pem)?)
+        .with_root_certificates(roots)
         .with_client_auth_cert(certs, key)
         .map_err(|e| {
             AgentError::new(
@@ -136,10 +101,10 @@ pub fn spki_pin(der: &[u8]) -> Result<String> {
 pub fn check_ca_pin(ca_pem: &str, pin: &str, what: &str) -> Result<String> {
     let want = pin.trim().to_lowercase();
     let mut seen = Vec::new();
-    for cert in parse_pem_certs(ca_pem)? {
+    for cert in knit_os::pem::certificates(ca_pem.as_bytes(), what).map_err(bad_pem)? {
         let got = spki_pin(&cert)?;
         if got == want {
-            return Ok(der_to_pem(&cert));
+            return Ok(knit_os::pem::encode("CERTIFICATE", &cert));
         }
         seen.push(got);
     }
@@ -151,18 +116,6 @@ pub fn check_ca_pin(ca_pem: &str, pin: &str, what: &str) -> Result<String> {
             seen.join(", ")
         ),
     ))
-}
-
-fn der_to_pem(der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(line));
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
 }
 
 /// Checks kubeadm's detached JWS of `cluster-info`'s kubeconfig

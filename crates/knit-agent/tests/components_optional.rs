@@ -149,9 +149,12 @@ fn image_acceleration_runs_the_snapshotter_as_a_service() {
     assert_eq!(record.outcome, PhaseOutcome::Done, "{record:?}");
     let root = node.root().display().to_string();
     let pid = knit_agent::services::main_pid(&node.host, "containerd-stargz-grpc").unwrap();
-    let cmdline = String::from_utf8(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
-        .unwrap()
-        .replace('\0', " ");
+    let cmdline = knit_os::proc::cmdline(pid)
+        .unwrap_or_else(|| panic!("no process {pid}"))
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(
         cmdline.contains(&format!(
             "--address={root}/run/containerd-stargz-grpc/containerd-stargz-grpc.sock"

@@ -49,9 +49,9 @@ fn join_config(endpoint: &str, pki: &Pki) -> NodeConfig {
 }
 
 fn cmdline(pid: i32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .unwrap()
-        .split(|b| *b == 0)
+    knit_os::proc::cmdline(pid)
+        .unwrap_or_else(|| panic!("no process {pid}"))
+        .iter()
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect()
@@ -286,9 +286,14 @@ fn only_the_pinned_ca_is_trusted_and_cluster_info_must_be_signed() {
     // A bundle with an extra CA: only the pinned one comes back.
     let bundle = format!("{}{}", other.ca_pem, pki.ca_pem);
     let pinned = tls::check_ca_pin(&bundle, &pin, "bundle").unwrap();
-    assert_eq!(tls::parse_pem_certs(&pinned).unwrap().len(), 1);
     assert_eq!(
-        tls::parse_pem_certs(&pinned).unwrap()[0].as_ref(),
+        knit_os::pem::certificates(pinned.as_bytes(), "pinned")
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        knit_os::pem::certificates(pinned.as_bytes(), "pinned").unwrap()[0].as_ref(),
         pki.ca_der.as_slice()
     );
 
@@ -305,7 +310,13 @@ fn only_the_pinned_ca_is_trusted_and_cluster_info_must_be_signed() {
     // Served by the pinned CA: only the pinned certificate is returned.
     let honest = cluster_info_server(&pki, &bundle);
     let ca = tls::discover_ca(&honest.url("https"), &pin, TOKEN, timeout).unwrap();
-    assert_eq!(tls::parse_pem_certs(&ca).unwrap().len(), 1, "{ca}");
+    assert_eq!(
+        knit_os::pem::certificates(ca.as_bytes(), "ca")
+            .unwrap()
+            .len(),
+        1,
+        "{ca}"
+    );
 
     // Signed with another secret, or not signed: refused.
     let forged = cluster_info_server_signed(&pki, &pki.ca_pem, Some("abcdef.ffffffffffffffff"));
@@ -326,12 +337,14 @@ fn only_the_pinned_ca_is_trusted_and_cluster_info_must_be_signed() {
     let _ = node.init(&config);
     let written = std::fs::read_to_string(node.path("/etc/kubernetes/pki/ca.crt")).unwrap();
     assert_eq!(
-        tls::parse_pem_certs(&written).unwrap().len(),
+        knit_os::pem::certificates(written.as_bytes(), "written")
+            .unwrap()
+            .len(),
         1,
         "{written}"
     );
     assert_eq!(
-        tls::parse_pem_certs(&written).unwrap()[0].as_ref(),
+        knit_os::pem::certificates(written.as_bytes(), "written").unwrap()[0].as_ref(),
         pki.ca_der.as_slice()
     );
 }

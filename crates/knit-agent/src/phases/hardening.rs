@@ -244,8 +244,7 @@ fn pending_kernel_settings(host: &Host) -> Vec<String> {
 fn sshd_pid(host: &Host) -> Option<i32> {
     SSHD_PID_FILES.iter().find_map(|file| {
         let pid: i32 = host.read(file)?.trim().parse().ok()?;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        (comm.trim() == "sshd").then_some(pid)
+        (knit_os::proc::comm(pid)? == "sshd").then_some(pid)
     })
 }
 

@@ -63,8 +63,8 @@ pub fn clock_not_ours() -> Option<&'static str> {
 /// A chronyd this agent did not start (the distribution's service), if one runs.
 fn foreign_chronyd(host: &Host) -> Option<i32> {
     let pid: i32 = host.read(PID_FILE)?.trim().parse().ok()?;
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    (comm.trim() == "chronyd" && services::main_pid(host, SERVICE) != Some(pid)).then_some(pid)
+    let comm = knit_os::proc::comm(pid)?;
+    (comm == "chronyd" && services::main_pid(host, SERVICE) != Some(pid)).then_some(pid)
 }
 
 /// Whether the distribution's chrony unit runs chronyd here (systemd is PID 1

@@ -488,10 +488,7 @@ pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) 
     }
 }
 
+/// Running: not ended, not a zombie.
 pub fn pid_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .is_some_and(|state| state != "Z")
-    })
+    knit_os::proc::stat(pid).is_some_and(|s| s.running())
 }

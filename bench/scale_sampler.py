@@ -229,10 +229,20 @@ def left(work, bridge, after_down=False):
                 f = stat_fields(pr["pid"])
                 if f and int(f[19]) == pr["startTime"] and f[0] != "Z":
                     found.append(f"process {pr['pid']} ({what} of {i})")
-    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30).stdout
-    for r in seen.values():
-        if r.get("veth") and f"knit_guard_{r['veth']}" in tables:
-            found.append(f"nft table knit_guard_{r['veth']}")
+    # The bridge's guard table: one port set; after down, no table at all.
+    guard = subprocess.run(["nft", "-j", "list", "set", "bridge", f"knit_guard_{bridge}", "ports"],
+                           capture_output=True, text=True, timeout=30)
+    if guard.returncode == 0:
+        if after_down:
+            found.append(f"nft table bridge knit_guard_{bridge}")
+        ports = set()
+        for o in json.loads(guard.stdout or "{}").get("nftables", []):
+            for e in (o.get("set") or {}).get("elem", []):
+                el = e.get("elem", e) if isinstance(e, dict) else e
+                ports.add(el.get("val") if isinstance(el, dict) else el)
+        for r in seen.values():
+            if r.get("veth") in ports:
+                found.append(f"guard of {r['veth']} in nft table bridge knit_guard_{bridge}")
     store = os.path.join(work, "local", "store.img")
     for dev, backing in loops_under(work):
         if after_down or backing != store:

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{guard_tables, TestCloud};
+use common::{guarded_ports, TestCloud};
 use std::process::Command;
 
 fn host(program: &str, args: &[&str]) -> String {
@@ -19,7 +19,7 @@ fn host(program: &str, args: &[&str]) -> String {
 #[test]
 fn an_instance_cannot_pose_as_another() {
     const SECRET: &str = "join-token-of-a-0123456789";
-    let (a_veth, b_veth) = {
+    let (a_veth, b_veth, bridge) = {
         let t = TestCloud::new();
         let a = t.create(&format!(
             "systemDiskSize: 256Mi\nuserData: \"#!/bin/sh\\n# {SECRET}\\n\"\n"
@@ -30,12 +30,9 @@ fn an_instance_cannot_pose_as_another() {
         let user_data = format!("http://{}/latest/user-data", t.gateway());
         let own = format!("curl -sf --max-time 10 {user_data}");
         assert!(t.sh(a_id, &own).contains(SECRET));
-        let tables = guard_tables();
+        let guarded = guarded_ports();
         for v in [&a.record.veth, &b.record.veth] {
-            assert!(
-                tables.contains(&knit_local::net::guard_table(v)),
-                "{v}: {tables:?}"
-            );
+            assert!(guarded.contains(v), "{v}: {guarded:?}");
         }
 
         // B (root in its namespace) takes A's address and asks as A. Its
@@ -59,7 +56,7 @@ fn an_instance_cannot_pose_as_another() {
             "the host's neighbour entry for A names B: {neigh}"
         );
         assert!(t.sh(a_id, &own).contains(SECRET), "A lost its own");
-        let dropped = knit_local::net::guard_dropped(&b.record.veth).unwrap();
+        let dropped = knit_local::net::guard_dropped(&t.bridge, &b.record.veth).unwrap();
         assert!(dropped > 0, "B's guard counted nothing");
 
         // B takes A's MAC: the bridge must not learn it on B's port (A's
@@ -79,24 +76,33 @@ fn an_instance_cannot_pose_as_another() {
             "the bridge learnt A's MAC on B's port:\n{fdb}"
         );
         assert!(t.sh(a_id, &own).contains(SECRET), "A lost its traffic to B");
-        assert!(knit_local::net::guard_dropped(&b.record.veth).unwrap() > dropped);
+        assert!(knit_local::net::guard_dropped(&t.bridge, &b.record.veth).unwrap() > dropped);
 
         // The guard goes with the link: stop, delete; and comes with start.
         t.cloud.stop(a_id).unwrap();
-        assert!(!guard_tables().contains(&knit_local::net::guard_table(&a.record.veth)));
+        assert!(!guarded_ports().contains(&a.record.veth));
         t.cloud.start(a_id).unwrap();
-        assert!(guard_tables().contains(&knit_local::net::guard_table(&a.record.veth)));
+        assert!(guarded_ports().contains(&a.record.veth));
         assert!(t.sh(a_id, &own).contains(SECRET));
         t.cloud.delete(b_id).unwrap();
-        assert!(!guard_tables().contains(&knit_local::net::guard_table(&b.record.veth)));
-        (a.record.veth.clone(), b.record.veth.clone())
+        assert!(!guarded_ports().contains(&b.record.veth));
+        (
+            a.record.veth.clone(),
+            b.record.veth.clone(),
+            t.bridge.clone(),
+        )
         // `down` on drop.
     };
-    let tables = guard_tables();
+    let guarded = guarded_ports();
     for v in [a_veth, b_veth] {
         assert!(
-            !tables.contains(&knit_local::net::guard_table(&v)),
-            "{v}'s guard left after down: {tables:?}"
+            !guarded.contains(&v),
+            "{v}'s guard left after down: {guarded:?}"
         );
     }
+    let table = knit_local::net::guard_table(&bridge);
+    assert!(
+        !knit_local::net::guard_tables().contains(&table),
+        "{table} left after down"
+    );
 }

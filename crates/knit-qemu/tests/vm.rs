@@ -149,7 +149,9 @@ fn vm_boots_runs_cloud_init_and_reboots() {
         .and_then(|s| s.host(123))
         .unwrap();
     assert_ne!(spoofed.to_string(), vm.record.ip);
-    let dropped = || knit_local::net::guard_dropped(&vm.record.tap).expect("the tap's guard");
+    let dropped = || {
+        knit_local::net::guard_dropped(&vm.record.bridge, &vm.record.tap).expect("the tap's guard")
+    };
     let before = dropped();
     let (code, out) = sh(
         m,
@@ -463,9 +465,9 @@ fn vm_qemu_is_unprivileged_filtered_and_guarded() {
         assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
         assert_eq!(status_field(pid, "CapPrm"), "0000000000000000");
 
-        let table = knit_local::net::guard_table(&vm.record.tap);
+        let table = knit_local::net::guard_table(&vm.record.bridge);
         let out = std::process::Command::new("nft")
-            .args(["list", "table", "netdev", &table])
+            .args(["list", "table", "bridge", &table])
             .output()
             .unwrap();
         let rules = String::from_utf8_lossy(&out.stdout);
@@ -475,11 +477,11 @@ fn vm_qemu_is_unprivileged_filtered_and_guarded() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(
-            rules.contains(&format!("hook ingress device \"{}\"", vm.record.tap))
-                && rules.contains("policy drop")
+            rules.contains("hook prerouting")
+                && rules.contains("iifname @ports drop")
                 && rules.contains(&format!(
-                    "ether saddr {} ip saddr {} accept",
-                    vm.record.mac, vm.record.ip
+                    "\"{}\" . {} . {}",
+                    vm.record.tap, vm.record.mac, vm.record.ip
                 )),
             "{rules}"
         );
@@ -501,12 +503,12 @@ fn vm_qemu_is_unprivileged_filtered_and_guarded() {
 
     for vm in [&a, &b] {
         m.delete(&vm.record.id).expect("delete");
-        let table = knit_local::net::guard_table(&vm.record.tap);
-        let listed = std::process::Command::new("nft")
-            .args(["list", "table", "netdev", &table])
-            .output()
-            .unwrap();
-        assert!(!listed.status.success(), "{table} left");
+        let guarded = knit_local::net::guarded_ports(&vm.record.bridge);
+        assert!(
+            !guarded.iter().any(|(port, _)| *port == vm.record.tap),
+            "the guard of {} left: {guarded:?}",
+            vm.record.tap
+        );
         assert!(!std::path::Path::new("/sys/class/net")
             .join(&vm.record.tap)
             .exists());

@@ -211,14 +211,16 @@ pub fn assert_released(env: &Env, vms: &[Held]) {
             vm.id
         );
         assert!(!vm.dir.exists(), "{} left", vm.dir.display());
-        // The tap's anti-spoofing guard goes with it (the kernel keeps an
-        // nftables table when its device goes).
-        let table = knit_local::net::guard_table(&vm.tap);
-        let listed = std::process::Command::new("nft")
-            .args(["list", "table", "netdev", &table])
-            .output()
-            .expect("nft (nftables)");
-        assert!(!listed.status.success(), "{table} of {} left", vm.id);
+        // The tap's anti-spoofing guard goes with it (the kernel keeps a
+        // port's set elements when its device goes).
+        let bridge = env.local_config().bridge;
+        let guarded = knit_local::net::guarded_ports(&bridge);
+        assert!(
+            !guarded.iter().any(|(port, _)| *port == vm.tap),
+            "the guard of {} ({}) left on {bridge}: {guarded:?}",
+            vm.tap,
+            vm.id
+        );
     }
     let qemu: Vec<_> = env
         .processes_here()

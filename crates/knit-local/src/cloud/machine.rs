@@ -308,7 +308,16 @@ impl Cloud {
         kill_until_empty(|| crate::bounds::pids(&rec.cgroups), &mut killed);
         crate::bounds::remove(&rec.cgroups)?;
         rec.cgroups.clear();
-        net::delete_veth(&rec.veth)?;
+        match rec.private_ip.parse() {
+            Ok(ip) => net::delete_veth(&net::Guard {
+                bridge: &self.cfg.bridge,
+                port: &rec.veth,
+                mac: &rec.mac,
+                ip,
+            })?,
+            // No guard can have been made with it; `down` removes the table.
+            Err(_) => net::delete_link(&rec.veth)?,
+        }
         net::netns_del(&rec.netns)?;
         loopdev::detach_file(&self.state.system_disk_file(&rec.id))?;
         for id in &rec.disks {

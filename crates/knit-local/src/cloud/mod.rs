@@ -314,6 +314,10 @@ impl Cloud {
                     report.errors.push(e.to_string());
                 }
             }
+            // Its ports' guards (QEMU VMs' too), gone with the bridge.
+            if let Err(e) = net::guard_table_del(&n.bridge) {
+                report.errors.push(e.to_string());
+            }
         }
         // After the instances' namespaces are gone.
         match net::release_netns_dir() {

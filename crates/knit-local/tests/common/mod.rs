@@ -144,8 +144,8 @@ pub struct Leftovers {
     pub mounts: Vec<String>,
     pub links: Vec<String>,
     pub netns: Vec<String>,
-    /// nftables guards of the links (`knit_guard_<link>`).
-    pub guard_tables: Vec<String>,
+    /// The links still guarded (elements of a guard table's port set).
+    pub guard_ports: Vec<String>,
     pub processes: Vec<String>,
     pub state_dir_exists: bool,
 }
@@ -167,11 +167,10 @@ pub fn leftovers(dir: &Path, links: &[String], netns: &[String]) -> Leftovers {
             l.links.push(link.clone());
         }
     }
-    let tables = guard_tables();
+    let guarded = guarded_ports();
     for link in links {
-        let table = knit_local::net::guard_table(link);
-        if tables.contains(&table) {
-            l.guard_tables.push(table);
+        if guarded.contains(link) {
+            l.guard_ports.push(link.clone());
         }
     }
     for ns in netns {
@@ -192,16 +191,13 @@ pub fn leftovers(dir: &Path, links: &[String], netns: &[String]) -> Leftovers {
     l
 }
 
-/// Names of the host's nftables tables of family netdev.
-pub fn guard_tables() -> Vec<String> {
-    let out = Command::new("nft")
-        .args(["list", "tables", "netdev"])
-        .output()
-        .expect("nft (nftables) is not installed: scripts/setup.sh");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("table netdev "))
-        .map(|t| t.trim().to_string())
+/// Every port guarded on the host, in any bridge's guard table.
+pub fn guarded_ports() -> Vec<String> {
+    knit_local::net::guard_tables()
+        .iter()
+        .filter_map(|t| t.strip_prefix("knit_guard_"))
+        .flat_map(knit_local::net::guarded_ports)
+        .map(|(port, _)| port)
         .collect()
 }
 

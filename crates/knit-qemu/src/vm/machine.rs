@@ -234,7 +234,7 @@ impl Machines {
                 self.end_process(&rec, &dir);
             }
         }
-        self.release_tap(&rec)?;
+        self.release_tap(&rec, &dir)?;
         rec.process = None;
         if rec.state == VmState::Running {
             rec.state = VmState::Stopped;
@@ -354,7 +354,7 @@ impl Machines {
             if !live_pids(&rec, &dir).is_empty() {
                 self.end_process(&rec, &dir);
             }
-            self.release_tap(&rec)?;
+            self.release_tap(&rec, &dir)?;
         } else {
             for pid in pids_naming(&dir) {
                 // SAFETY: a process whose command line names this VM's directory.

@@ -62,11 +62,7 @@ impl Machines {
     /// (`knit_local::net::guard_rules`) on the VM's tap: only IPv4 from its
     /// address and ARP for it, from its MAC, leave the VM.
     pub(super) fn guard_add(&self, rec: &VmRecord, dir: &Path) -> Result<()> {
-        let ip: Ipv4Addr = rec.ip.parse().map_err(|_| QemuError::State {
-            path: dir.join("vm.json").display().to_string(),
-            message: format!("ip {:?} is not an IPv4 address", rec.ip),
-        })?;
-        let rules = knit_local::net::guard_rules(&rec.tap, &rec.mac, ip);
+        let rules = knit_local::net::guard_rules(&guard_of(rec, dir)?);
         let file = dir.join("guard.nft");
         write_private(&file, rules.as_bytes())?;
         let applied = run("nft", &["-f", &file.display().to_string()], CMD_TIMEOUT);
@@ -85,22 +81,41 @@ impl Machines {
         }
     }
 
-    /// The tap and its guard (the kernel keeps an nftables table when its
-    /// link goes).
-    pub(super) fn release_tap(&self, rec: &VmRecord) -> Result<()> {
+    /// The tap and its guard (the kernel keeps a port's set elements when
+    /// its link goes).
+    pub(super) fn release_tap(&self, rec: &VmRecord, dir: &Path) -> Result<()> {
         if link_exists(&rec.tap) {
             run("ip", &["link", "delete", "dev", &rec.tap], CMD_TIMEOUT)?;
         }
-        guard_del(&rec.tap)
+        guard_del(&guard_of(rec, dir)?, dir)
     }
 }
 
-/// Removes the guard of `tap`, if any.
-pub(super) fn guard_del(tap: &str) -> Result<()> {
-    let table = knit_local::net::guard_table(tap);
-    match run("nft", &["delete", "table", "netdev", &table], CMD_TIMEOUT) {
+/// The guard of a VM's tap on its bridge.
+fn guard_of<'a>(rec: &'a VmRecord, dir: &Path) -> Result<knit_local::net::Guard<'a>> {
+    let ip: Ipv4Addr = rec.ip.parse().map_err(|_| QemuError::State {
+        path: dir.join("vm.json").display().to_string(),
+        message: format!("ip {:?} is not an IPv4 address", rec.ip),
+    })?;
+    Ok(knit_local::net::Guard {
+        bridge: &rec.bridge,
+        port: &rec.tap,
+        mac: &rec.mac,
+        ip,
+    })
+}
+
+/// Removes the guard of a tap, if any (`knit_local::net::guard_del_rules`).
+pub(super) fn guard_del(guard: &knit_local::net::Guard, dir: &Path) -> Result<()> {
+    let file = dir.join("unguard.nft");
+    write_private(&file, knit_local::net::guard_del_rules(guard).as_bytes())?;
+    let removed = run("nft", &["-f", &file.display().to_string()], CMD_TIMEOUT);
+    let _ = std::fs::remove_file(&file);
+    match removed {
         Ok(_) => Ok(()),
-        Err(QemuError::Command { stderr, .. }) if stderr.contains("No such file or directory") => {
+        Err(QemuError::Command { stderr, .. })
+            if stderr.contains(knit_local::net::GUARD_ABSENT) =>
+        {
             Ok(())
         }
         // Without nft no guard can have been made.

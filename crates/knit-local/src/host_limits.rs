@@ -4,8 +4,9 @@
 //! instead of making one that never gets Ready and starves the host's own
 //! root processes of the same resource.
 //!
-//! Today one such limit is known (docs/benchmarks.md, "Scale-out on one
-//! host"): inotify instances. `fs.inotify.max_user_instances` is per user
+//! Two such limits are known (docs/benchmarks.md, "Scale-out on one
+//! host"): a bridge's ports (1,023, one per running machine) and inotify
+//! instances. `fs.inotify.max_user_instances` is per user
 //! and every machine runs as root in the host's user namespace, so each
 //! machine's containerd takes one of root's instances (128 on Debian).
 
@@ -139,6 +140,38 @@ pub fn check_inotify(
     Ok(())
 }
 
+/// Ports one Linux bridge holds: port numbers are 10 bits and 0 is never
+/// given out (the kernel's `BR_MAX_PORTS`); the 1,024th port fails with
+/// EXFULL. Every running machine's veth (and every QEMU VM's tap) is one.
+pub const BRIDGE_MAX_PORTS: u64 = 1023;
+
+/// Ports on `bridge` now (0 when it does not exist yet).
+pub fn bridge_ports(bridge: &str) -> u64 {
+    std::fs::read_dir(Path::new("/sys/class/net").join(bridge).join("brif"))
+        .map(|d| d.count() as u64)
+        .unwrap_or(0)
+}
+
+/// The decision, pure: may one more machine join `bridge`, which has
+/// `ports_now` ports, while this cloud has `our_machines` machines that
+/// are or will soon be running (each takes a port once it boots)?
+pub fn check_bridge_ports(bridge: &str, ports_now: u64, our_machines: u64) -> Result<()> {
+    let used = ports_now.max(our_machines);
+    if used + 1 > BRIDGE_MAX_PORTS {
+        return Err(LocalError::HostOutOfCapacity {
+            resource: "bridge ports",
+            limit: BRIDGE_MAX_PORTS,
+            used,
+            detail: format!(
+                "bridge {bridge} holds at most {BRIDGE_MAX_PORTS} ports and every running machine \
+                 (and QEMU VM) on it takes one; delete or stop machines of this local cloud, or \
+                 run more in a second one (its own bridge and subnet)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The host's inotify budget, shared by every cloud in this process: the
 /// last scan and the machines granted since.
 pub struct InotifyBudget {
@@ -195,6 +228,20 @@ mod tests {
 
     fn seen(host: u64, machines: u64) -> InotifyUse {
         InotifyUse { host, machines }
+    }
+
+    #[test]
+    fn a_bridge_refuses_its_1024th_port_naming_the_limit() {
+        assert!(check_bridge_ports("kb0", 0, 0).is_ok());
+        assert!(check_bridge_ports("kb0", 1021, 900).is_ok());
+        // Machines being made count before their veth exists.
+        let e = check_bridge_ports("kb0", 10, 1023).unwrap_err();
+        assert_eq!(e.code(), "LocalHostOutOfCapacity");
+        let e = check_bridge_ports("kb0", 1023, 5).unwrap_err().to_string();
+        assert!(
+            e.contains("bridge ports") && e.contains("1023") && e.contains("kb0"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -188,15 +188,23 @@ impl Cloud {
     }
 
     /// Refuses a create the host cannot carry (`host_limits`), counting
-    /// this cloud's machines that are or will soon be running and hold an
-    /// inotify instance (a light machine runs no containerd and holds
-    /// none; called under the state lock).
+    /// this cloud's machines that are or will soon be running: each takes a
+    /// port of the bridge, and one holding an inotify instance (a light
+    /// machine runs no containerd and holds none) takes one of root's
+    /// (called under the state lock).
     fn check_host_limits(&self, template: &Template) -> Result<()> {
-        use crate::host_limits::{inotify_holders, inotify_of, InotifyBudget};
+        use crate::host_limits::{
+            bridge_ports, check_bridge_ports, inotify_holders, inotify_of, InotifyBudget,
+        };
+        let records = self.state.instances()?;
+        let running = records
+            .iter()
+            .filter(|r| r.state != InstanceState::Stopped)
+            .count() as u64;
+        check_bridge_ports(&self.cfg.bridge, bridge_ports(&self.cfg.bridge), running)?;
         if inotify_of(template) == 0 {
             return Ok(());
         }
-        let records = self.state.instances()?;
         let holders = inotify_holders(records.iter().map(|r| (r.state, &r.template)));
         InotifyBudget::host().reserve_one(holders)
     }

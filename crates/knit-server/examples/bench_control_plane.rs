@@ -68,6 +68,7 @@ fn main() {
             instance_type: "ecs.g7.large".into(),
             report_token_hash: None,
             last_error: None,
+            last_error_kind: None,
             created_ms: i as i64,
             updated_ms: i as i64,
             added: false,

@@ -5,7 +5,8 @@
 //! they leave it (`ecs::kind_of` by ECS's error Code, `local::kind_of` by
 //! `LocalError`'s variant, `qemu::kind_of` by `QemuError`'s); nothing past
 //! that edge reads an error's text to decide what it was. A room of its
-//! own, below `error`: `ServerError` carries it without importing the
+//! own, below `error` and `store`: `ServerError` carries it and the store
+//! keeps its kind beside a failure's text, neither importing the
 //! providers.
 //!
 //! [`Capacity`]: ProviderErrorKind::Capacity
@@ -37,7 +38,18 @@ pub enum ProviderErrorKind {
 }
 
 impl ProviderErrorKind {
-    /// The kind's stable name (for logs and docs).
+    /// Every kind, in declaration order.
+    pub const ALL: &'static [ProviderErrorKind] = &[
+        ProviderErrorKind::NotFound,
+        ProviderErrorKind::Throttled,
+        ProviderErrorKind::Capacity,
+        ProviderErrorKind::Auth,
+        ProviderErrorKind::Transient,
+        ProviderErrorKind::Permanent,
+    ];
+
+    /// The kind's stable name (for logs and docs, and the word the store
+    /// keeps beside a recorded error's text: never rename one).
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderErrorKind::NotFound => "NotFound",
@@ -53,6 +65,28 @@ impl ProviderErrorKind {
 impl std::fmt::Display for ProviderErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A kind as the store keeps it: its name; another word is refused,
+/// naming the words allowed.
+impl std::str::FromStr for ProviderErrorKind {
+    type Err = knit_api::FieldError;
+
+    fn from_str(word: &str) -> Result<Self, knit_api::FieldError> {
+        ProviderErrorKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == word)
+            .ok_or_else(|| {
+                let allowed: Vec<&str> =
+                    ProviderErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+                knit_api::FieldError {
+                    field: "provider.errorKind".to_string(),
+                    value: format!("{word:?}"),
+                    rule: format!("must be one of {}", allowed.join(", ")),
+                }
+            })
     }
 }
 
@@ -178,6 +212,21 @@ pub(crate) fn assert_maps_to_kinds<E: std::fmt::Display>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_reads_back_from_its_name_and_another_word_is_refused() {
+        for kind in ProviderErrorKind::ALL {
+            assert_eq!(kind.as_str().parse::<ProviderErrorKind>(), Ok(*kind));
+        }
+        let err = "capacity"
+            .parse::<ProviderErrorKind>()
+            .expect_err("names are case-sensitive");
+        assert_eq!(err.field, "provider.errorKind");
+        assert_eq!(
+            err.rule,
+            "must be one of NotFound, Throttled, Capacity, Auth, Transient, Permanent"
+        );
+    }
 
     #[test]
     fn the_message_is_shown_as_before_and_limits_are_told_by_code() {

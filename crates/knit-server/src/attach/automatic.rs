@@ -441,7 +441,7 @@ pub async fn resume(cp: &ControlPlane, intent: &IntentRecord) -> Result<()> {
             } else {
                 let delay = (1000i64 << attempts.clamp(0, 6)).min(60_000);
                 cp.store
-                    .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
+                    .retry_intent(intent.id, attempts, now_ms() + delay, &e)?;
                 cp.store.add_event(
                     EventType::Warning,
                     "Instance",

@@ -20,6 +20,7 @@ use super::template;
 use crate::control::ControlPlane;
 use crate::error::ServerError;
 use crate::pool_state::counts_toward_pool;
+use crate::provider_error::ProviderErrorKind;
 use crate::store::{InstanceRecord, PoolRecord};
 use knit_api::state::{EventType, InstanceState, IntentAction};
 use pb::instance_status::InstanceState as PbState;
@@ -108,31 +109,32 @@ pub fn instance_id(region: &str, instance: &InstanceRecord) -> String {
     }
 }
 
-/// Whether a create error means the cloud had no room (capacity or quota)
-/// rather than something else.
-pub fn out_of_resources(message: &str) -> bool {
-    const MARKS: &[&str] = &[
-        "NoStock",
-        "NotOnSale",
-        "OutOfCapacity",
-        "capacity",
-        "Quota",
-        "quota",
-        "InsufficientBalance",
-        "ResourceNotAvailable",
-    ];
-    MARKS.iter().any(|m| message.contains(m))
+/// A create's last error as the store keeps it: its text, and the
+/// provider's kind when it was a provider's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateError {
+    pub message: String,
+    pub kind: Option<ProviderErrorKind>,
 }
 
-fn error_info(message: &str) -> pb::InstanceErrorInfo {
-    let capacity = out_of_resources(message);
+impl CreateError {
+    /// Whether the cloud had no room for the instance: the provider said
+    /// so by the kind of its error (ECS `OperationDenied.NoStock`, the
+    /// local cloud's capacity …), never by words in the text.
+    pub fn out_of_resources(&self) -> bool {
+        self.kind == Some(ProviderErrorKind::Capacity)
+    }
+}
+
+fn error_info(error: &CreateError) -> pb::InstanceErrorInfo {
+    let capacity = error.out_of_resources();
     pb::InstanceErrorInfo {
         error_code: if capacity {
             "OutOfResources".to_string()
         } else {
             "CreateFailed".to_string()
         },
-        error_message: message.to_string(),
+        error_message: error.message.clone(),
         instance_error_class: if capacity {
             OUT_OF_RESOURCES_CLASS
         } else {
@@ -449,14 +451,18 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
         self.group(&id)?;
         let region = self.region()?;
         // Why a create is being retried, by instance.
-        let retrying: BTreeMap<String, String> = self
+        let retrying: BTreeMap<String, CreateError> = self
             .cp
             .store
             .pending_intents()
             .map_err(status)?
             .into_iter()
             .filter(|i| i.pool == id && i.action == IntentAction::Create)
-            .filter_map(|i| i.last_error.map(|e| (i.instance, e)))
+            .filter_map(|i| {
+                let kind = i.last_error_kind;
+                i.last_error
+                    .map(|message| (i.instance, CreateError { message, kind }))
+            })
             .collect();
         let instances = self
             .cp
@@ -471,11 +477,13 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
                     InstanceState::Deleting => (PbState::InstanceDeleting, None),
                     InstanceState::Failed => (
                         PbState::InstanceCreating,
-                        Some(
-                            i.last_error
+                        Some(CreateError {
+                            message: i
+                                .last_error
                                 .clone()
                                 .unwrap_or_else(|| "the instance failed".to_string()),
-                        ),
+                            kind: i.last_error_kind,
+                        }),
                     ),
                     // A create retried for want of capacity is reported,
                     // so that the autoscaler can back off the group; other
@@ -484,7 +492,7 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
                         PbState::InstanceCreating,
                         retrying
                             .get(&i.name)
-                            .filter(|e| out_of_resources(e))
+                            .filter(|e| e.out_of_resources())
                             .cloned(),
                     ),
                 };
@@ -607,4 +615,48 @@ pub fn gpu_types() -> BTreeSet<String> {
         .filter_map(|t| t.gpu_type)
         .map(template::gpu_label_value)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(message: &str, kind: Option<ProviderErrorKind>) -> CreateError {
+        CreateError {
+            message: message.to_string(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn out_of_resources_is_told_by_the_stored_kind_not_by_words() {
+        let no_room = error_info(&error(
+            "provider ecs: RunInstances: sold out",
+            Some(ProviderErrorKind::Capacity),
+        ));
+        assert_eq!(
+            (no_room.error_code.as_str(), no_room.instance_error_class),
+            ("OutOfResources", OUT_OF_RESOURCES_CLASS)
+        );
+        assert_eq!(
+            no_room.error_message,
+            "provider ecs: RunInstances: sold out"
+        );
+        // Words of a capacity failure in another kind's text, or in an
+        // error that was no provider's, do not count.
+        for other in [
+            error(
+                "provider ecs: OperationDenied.NoStock capacity",
+                Some(ProviderErrorKind::Permanent),
+            ),
+            error("store: no capacity left (NoStock)", None),
+        ] {
+            let info = error_info(&other);
+            assert_eq!(
+                (info.error_code.as_str(), info.instance_error_class),
+                ("CreateFailed", OTHER_ERROR_CLASS),
+                "{other:?}"
+            );
+        }
+    }
 }

@@ -84,7 +84,7 @@ impl ControlPlane {
         let attempts = intent.attempts + 1;
         let delay = backoff_ms(attempts);
         self.store
-            .retry_intent(intent.id, attempts, now_ms() + delay, &error.to_string())?;
+            .retry_intent(intent.id, attempts, now_ms() + delay, error)?;
         self.store.add_event(
             EventType::Warning,
             "Instance",
@@ -216,11 +216,8 @@ impl ControlPlane {
                 }
                 let attempts = intent.attempts + 1;
                 if attempts >= self.settings.max_create_attempts {
-                    self.store.set_instance_state(
-                        &instance.name,
-                        InstanceState::Failed,
-                        Some(&message),
-                    )?;
+                    self.store
+                        .set_instance_failure(&instance.name, InstanceState::Failed, &e)?;
                     self.store.finish_intent(
                         intent.id,
                         knit_api::state::IntentStatus::Failed,
@@ -235,13 +232,10 @@ impl ControlPlane {
                     )?;
                 } else {
                     let delay = backoff_ms(attempts);
-                    self.store.set_instance_state(
-                        &instance.name,
-                        InstanceState::Pending,
-                        Some(&message),
-                    )?;
                     self.store
-                        .retry_intent(intent.id, attempts, now_ms() + delay, &message)?;
+                        .set_instance_failure(&instance.name, InstanceState::Pending, &e)?;
+                    self.store
+                        .retry_intent(intent.id, attempts, now_ms() + delay, &e)?;
                     self.store.add_event(
                         EventType::Warning,
                         "Instance",
@@ -509,7 +503,7 @@ impl ControlPlane {
             let attempts = intent.attempts + 1;
             let delay = backoff_ms(attempts);
             self.store
-                .retry_intent(intent.id, attempts, now_ms() + delay, &e.to_string())?;
+                .retry_intent(intent.id, attempts, now_ms() + delay, &e)?;
             self.store.add_event(
                 EventType::Warning,
                 "Instance",

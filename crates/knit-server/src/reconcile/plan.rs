@@ -93,6 +93,7 @@ mod tests {
             instance_type: "t".into(),
             report_token_hash: None,
             last_error: None,
+            last_error_kind: None,
             created_ms,
             updated_ms: created_ms,
             added: false,

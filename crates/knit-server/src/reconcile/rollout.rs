@@ -267,6 +267,7 @@ mod tests {
                 instance_type: "t".into(),
                 report_token_hash: None,
                 last_error: None,
+                last_error_kind: None,
                 created_ms: self.next,
                 updated_ms: self.next,
                 added: false,

@@ -781,6 +781,7 @@ mod tests {
             instance_type: "ecs.g7.large".into(),
             report_token_hash: None,
             last_error: None,
+            last_error_kind: None,
             created_ms: 0,
             updated_ms: 0,
             added: false,

@@ -2,7 +2,8 @@
 //! its first Ready and its node repair.
 
 use super::{now_ms, opt_word, word, Store};
-use crate::error::Result;
+use crate::error::{Result, ServerError};
+use crate::provider_error::ProviderErrorKind;
 use knit_api::state::{EventType, InstanceState, IntentStatus, RepairAction};
 use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,10 @@ pub struct InstanceRecord {
     #[serde(skip)]
     pub report_token_hash: Option<String>,
     pub last_error: Option<String>,
+    /// The provider's kind of `last_error`, when it was a provider's error
+    /// (what the autoscaler tells a capacity failure by).
+    #[serde(skip)]
+    pub last_error_kind: Option<ProviderErrorKind>,
     pub created_ms: i64,
     pub updated_ms: i64,
     /// Added to its pool by attach (the user's machine), not created by
@@ -28,7 +33,7 @@ pub struct InstanceRecord {
 }
 
 const INSTANCE_COLUMNS: &str =
-    "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms, added";
+    "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms, added, last_error_kind";
 
 fn instance_row(r: &Row) -> Result<InstanceRecord> {
     Ok(InstanceRecord {
@@ -43,6 +48,7 @@ fn instance_row(r: &Row) -> Result<InstanceRecord> {
         created_ms: r.get(8)?,
         updated_ms: r.get(9)?,
         added: r.get(10)?,
+        last_error_kind: opt_word(r, 11)?,
     })
 }
 
@@ -94,17 +100,41 @@ impl Store {
         })
     }
 
+    /// The instance's state, with `error` (text only, no provider kind) as
+    /// its last error.
     pub fn set_instance_state(
         &self,
         name: &str,
         state: InstanceState,
         error: Option<&str>,
     ) -> Result<()> {
+        self.write_instance_state(name, state, error, None)
+    }
+
+    /// The instance's state after a failed call: `error` is its last
+    /// error, kept with the provider's kind when it is a provider's.
+    pub fn set_instance_failure(
+        &self,
+        name: &str,
+        state: InstanceState,
+        error: &ServerError,
+    ) -> Result<()> {
+        self.write_instance_state(name, state, Some(&error.to_string()), error.provider_kind())
+    }
+
+    fn write_instance_state(
+        &self,
+        name: &str,
+        state: InstanceState,
+        error: Option<&str>,
+        kind: Option<ProviderErrorKind>,
+    ) -> Result<()> {
         let now = now_ms();
+        let kind = kind.map(ProviderErrorKind::as_str);
         self.write(|tx| {
             tx.execute(
-                "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
-                params![name, state.as_str(), error, now],
+                "UPDATE instances SET state = ?2, last_error = ?3, last_error_kind = ?5, updated_ms = ?4 WHERE name = ?1",
+                params![name, state.as_str(), error, now, kind],
             )?;
             if state == InstanceState::Detached {
                 forget_join_credentials(tx, name)?;
@@ -135,7 +165,7 @@ impl Store {
         let now = now_ms();
         self.write(|tx| {
             tx.execute(
-                "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
+                "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, last_error_kind = NULL, updated_ms = ?5 WHERE name = ?1",
                 params![name, provider_id, ip, InstanceState::Running.as_str(), now],
             )?;
             Ok(())
@@ -158,11 +188,11 @@ impl Store {
         let now = now_ms();
         let written = self.write(|tx| {
             tx.execute(
-                "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, updated_ms = ?5 WHERE name = ?1",
+                "UPDATE instances SET provider_id = ?2, ip = ?3, state = ?4, last_error = NULL, last_error_kind = NULL, updated_ms = ?5 WHERE name = ?1",
                 params![name, provider_id, ip, InstanceState::Running.as_str(), now],
             )?;
             tx.execute(
-                "UPDATE intents SET status = ?2, last_error = NULL, updated_ms = ?3 WHERE id = ?1",
+                "UPDATE intents SET status = ?2, last_error = NULL, last_error_kind = NULL, updated_ms = ?3 WHERE id = ?1",
                 params![intent_id, IntentStatus::Done.as_str(), now],
             )?;
             self.event_in(tx, now, EventType::Normal, "Instance", name, reason, message)

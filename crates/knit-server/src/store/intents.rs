@@ -1,8 +1,9 @@
 //! Intents: every create, delete or attach written before the reconciler
 //! acts on it, so that a restarted server resumes it.
 
-use super::{now_ms, word, Store};
-use crate::error::Result;
+use super::{now_ms, opt_word, word, Store};
+use crate::error::{Result, ServerError};
+use crate::provider_error::ProviderErrorKind;
 use knit_api::state::{InstanceState, IntentAction, IntentStatus};
 use knit_db::{params, Row};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,10 @@ pub struct IntentRecord {
     pub attempts: i64,
     pub next_attempt_ms: i64,
     pub last_error: Option<String>,
+    /// The provider's kind of `last_error`, when it was a provider's error
+    /// (what the autoscaler tells a create retried for capacity by).
+    #[serde(skip)]
+    pub last_error_kind: Option<ProviderErrorKind>,
 }
 
 fn intent_row(r: &Row) -> Result<IntentRecord> {
@@ -32,6 +37,7 @@ fn intent_row(r: &Row) -> Result<IntentRecord> {
         attempts: r.get(6)?,
         next_attempt_ms: r.get(7)?,
         last_error: r.get(8)?,
+        last_error_kind: opt_word(r, 9)?,
     })
 }
 
@@ -119,7 +125,7 @@ impl Store {
     pub fn pending_intents(&self) -> Result<Vec<IntentRecord>> {
         self.read(|tx| {
             tx.query(
-                "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error FROM intents WHERE status = ?1 ORDER BY id",
+                "SELECT id, action, instance, pool, release, status, attempts, next_attempt_ms, last_error, last_error_kind FROM intents WHERE status = ?1 ORDER BY id",
                 params![IntentStatus::Pending.as_str()],
             )?
             .iter()
@@ -140,7 +146,7 @@ impl Store {
         let now = now_ms();
         self.write(|tx| {
             tx.execute(
-                "UPDATE intents SET status = ?2, last_error = ?3, updated_ms = ?4 WHERE id = ?1",
+                "UPDATE intents SET status = ?2, last_error = ?3, last_error_kind = NULL, updated_ms = ?4 WHERE id = ?1",
                 params![id, status.as_str(), error, now],
             )?;
             Ok(())
@@ -160,18 +166,23 @@ impl Store {
         })
     }
 
+    /// Runs a pending intent again at `next_attempt_ms` after `error`: its
+    /// text is the intent's last error, kept with the provider's kind when
+    /// it is a provider's.
     pub fn retry_intent(
         &self,
         id: i64,
         attempts: i64,
         next_attempt_ms: i64,
-        error: &str,
+        error: &ServerError,
     ) -> Result<()> {
         let now = now_ms();
+        let text = error.to_string();
+        let kind = error.provider_kind().map(ProviderErrorKind::as_str);
         self.write(|tx| {
             tx.execute(
-                "UPDATE intents SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4, updated_ms = ?5 WHERE id = ?1",
-                params![id, attempts, next_attempt_ms, error, now],
+                "UPDATE intents SET attempts = ?2, next_attempt_ms = ?3, last_error = ?4, last_error_kind = ?6, updated_ms = ?5 WHERE id = ?1",
+                params![id, attempts, next_attempt_ms, &text, now, kind],
             )?;
             Ok(())
         })
@@ -263,6 +274,81 @@ mod tests {
                     && e.reason == "Created"
                     && e.message == "made"),
                 "{events:?}"
+            );
+        });
+    }
+
+    /// A create's failure is kept with the provider's kind beside its
+    /// text, on the intent and on the instance, across a reopen; an error
+    /// that is no provider's, a text-only state and a success clear it.
+    #[test]
+    fn a_failure_keeps_the_providers_kind_beside_its_text() {
+        use crate::error::ServerError;
+        use crate::provider_error::{ProviderError, ProviderErrorKind};
+        use knit_api::state::InstanceState;
+        crate::store::testing::on_both_backends(|backend| {
+            let no_room: ServerError = ProviderError::new(
+                "ecs",
+                ProviderErrorKind::Capacity,
+                "OperationDenied.NoStock",
+                "RunInstances: sold out",
+            )
+            .into();
+            {
+                let store = backend.open();
+                store
+                    .add_create_intents("p", &[("p-a".into(), "t".into())])
+                    .unwrap();
+                let intent = store.pending_intents().unwrap().remove(0);
+                assert_eq!(intent.last_error_kind, None);
+                store.retry_intent(intent.id, 1, 0, &no_room).unwrap();
+                store
+                    .set_instance_failure("p-a", InstanceState::Pending, &no_room)
+                    .unwrap();
+            }
+            let store = backend.open();
+            let intent = store.pending_intents().unwrap().remove(0);
+            assert_eq!(
+                (intent.last_error.as_deref(), intent.last_error_kind),
+                (
+                    Some("provider ecs: RunInstances: sold out"),
+                    Some(ProviderErrorKind::Capacity)
+                )
+            );
+            let instance = store.instance("p-a").unwrap().unwrap();
+            assert_eq!(
+                (instance.last_error.as_deref(), instance.last_error_kind),
+                (
+                    Some("provider ecs: RunInstances: sold out"),
+                    Some(ProviderErrorKind::Capacity)
+                )
+            );
+
+            // The next failure is no provider's: no kind is left behind.
+            let other = ServerError::Internal("NoStock in the words only".into());
+            store.retry_intent(intent.id, 2, 0, &other).unwrap();
+            let intent = store.pending_intents().unwrap().remove(0);
+            assert_eq!(intent.last_error_kind, None);
+            store
+                .set_instance_state("p-a", InstanceState::Pending, Some("not initialized"))
+                .unwrap();
+            assert_eq!(
+                store.instance("p-a").unwrap().unwrap().last_error_kind,
+                None
+            );
+
+            // A success clears both.
+            store
+                .set_instance_failure("p-a", InstanceState::Pending, &no_room)
+                .unwrap();
+            store.retry_intent(intent.id, 3, 0, &no_room).unwrap();
+            store
+                .record_instance_created("p-a", "i-1", None, intent.id, "Created", "made")
+                .unwrap();
+            let instance = store.instance("p-a").unwrap().unwrap();
+            assert_eq!(
+                (instance.last_error, instance.last_error_kind),
+                (None, None)
             );
         });
     }

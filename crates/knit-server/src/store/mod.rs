@@ -229,6 +229,14 @@ CREATE INDEX events_last ON events (last_ms);
     // API tokens with roles; the admin token file is stored as the first
     // admin token at the next start (`Store::seed_first_admin_token`).
     api_tokens::SCHEMA,
+    // The provider's kind of an instance's and an intent's last error
+    // (`ProviderErrorKind`, NULL for any other error), so that its readers
+    // (the autoscaler's out-of-resources report) decide on the kind, never
+    // on the text.
+    r#"
+ALTER TABLE instances ADD COLUMN last_error_kind TEXT;
+ALTER TABLE intents ADD COLUMN last_error_kind TEXT;
+"#,
 ];
 
 pub use knit_os::time::now_ms;

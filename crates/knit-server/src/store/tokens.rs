@@ -201,7 +201,7 @@ impl Store {
                 .map(|r| -> Result<_> { Ok((r.get(0)?, word(&r, 1)?)) })
                 .transpose()?;
             tx.execute(
-                "UPDATE intents SET status = ?4, last_error = ?2, updated_ms = ?3 WHERE instance = ?1 AND action = ?5 AND status = ?6",
+                "UPDATE intents SET status = ?4, last_error = ?2, last_error_kind = NULL, updated_ms = ?3 WHERE instance = ?1 AND action = ?5 AND status = ?6",
                 params![
                     name,
                     reason,
@@ -215,7 +215,7 @@ impl Store {
                 return Ok(None);
             };
             tx.execute(
-                "UPDATE instances SET state = ?2, last_error = ?3, updated_ms = ?4 WHERE name = ?1",
+                "UPDATE instances SET state = ?2, last_error = ?3, last_error_kind = NULL, updated_ms = ?4 WHERE name = ?1",
                 params![name, InstanceState::Detached.as_str(), reason, now],
             )?;
             super::instances::forget_join_credentials(tx, name)?;
@@ -247,7 +247,7 @@ impl Store {
         let now = now_ms();
         self.write(|tx| {
             tx.execute(
-                "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
+                "UPDATE instances SET ip = COALESCE(?2, ip), state = ?3, last_error = NULL, last_error_kind = NULL, created_ms = ?4, updated_ms = ?4 WHERE name = ?1 AND state = ?5",
                 params![name, ip, InstanceState::Running.as_str(), now, InstanceState::Creating.as_str()],
             )?;
             Ok(())

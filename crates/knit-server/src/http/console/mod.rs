@@ -557,6 +557,7 @@ mod role_tests {
             instance_type: "t".into(),
             report_token_hash: None,
             last_error: None,
+            last_error_kind: None,
             created_ms: 0,
             updated_ms: 0,
             added: false,

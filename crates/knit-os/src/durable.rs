@@ -38,17 +38,26 @@ pub fn write_with(
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(OsError::io("create a temporary file in", dir))?;
-    let tmp_path = tmp.path().to_path_buf();
     fill(tmp.as_file_mut())
         .and_then(|()| {
             tmp.as_file()
                 .set_permissions(std::fs::Permissions::from_mode(mode))
         })
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(OsError::io("write", tmp_path))?;
+        .map_err(OsError::io("write", tmp.path()))?;
+    persist(tmp, path)
+}
+
+/// Puts a whole temporary file under its name for good: flushes it to
+/// disk, renames it to `path` and flushes the directory. For content whose
+/// name is known only once written (a blob named by its digest); `tmp`
+/// must be in `path`'s directory, so the rename cannot cross file systems.
+pub fn persist(tmp: tempfile::NamedTempFile, path: &Path) -> Result<()> {
+    tmp.as_file()
+        .sync_all()
+        .map_err(OsError::io("write", tmp.path()))?;
     tmp.persist(path)
         .map_err(|e| OsError::io("rename into", path)(e.error))?;
-    sync_dir(dir)
+    sync_dir(parent(path))
 }
 
 /// Flushes a directory's entries (a rename, a removal or a new file in
@@ -160,6 +169,28 @@ mod tests {
         assert!(err.to_string().starts_with("rename into "), "{err}");
         assert!(err.to_string().contains("taken"), "{err}");
         assert_eq!(names(dir.path()), vec!["taken"]);
+    }
+
+    #[test]
+    fn a_temporary_file_named_once_written_replaces_the_target_and_leaves_nothing_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sha256-abc");
+        std::fs::write(&path, b"old").unwrap();
+        let mut tmp = tempfile::NamedTempFile::new_in(dir.path()).unwrap();
+        tmp.write_all(b"whole blob").unwrap();
+        persist(tmp, &path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole blob");
+        assert_eq!(names(dir.path()), vec!["sha256-abc"]);
+        // A target that cannot be replaced is an error naming it, and the
+        // temporary file is removed with its handle.
+        let taken = dir.path().join("taken");
+        std::fs::create_dir(&taken).unwrap();
+        std::fs::write(taken.join("inside"), b"x").unwrap();
+        let tmp = tempfile::NamedTempFile::new_in(dir.path()).unwrap();
+        let err = persist(tmp, &taken).unwrap_err();
+        assert_eq!(err.code(), "IoError");
+        assert!(err.to_string().starts_with("rename into "), "{err}");
+        assert_eq!(names(dir.path()), vec!["sha256-abc", "taken"]);
     }
 
     #[test]

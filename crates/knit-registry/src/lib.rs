@@ -488,8 +488,8 @@ fn seed_of(s: &str) -> u64 {
 /// One layer: a tar holding `data/<name>` of `size` random bytes, gzipped.
 /// Returns the blob and the diff id (sha256 of the tar).
 fn build_layer(dir: &Path, name: &str, size: u64, seed: u64) -> Result<(Blob, String)> {
-    // Scratch output pushed right after: a temporary file renamed to its
-    // digest once whole (removed if building fails), no fsync needed.
+    // Named by its digest, known only once written: a temporary file in
+    // `dir` (removed if building fails), made durable under that name.
     let file = tempfile::NamedTempFile::new_in(dir).map_err(io(dir.display()))?;
     let tmp = file.path().to_path_buf();
     let gz_out = HashWriter {
@@ -529,15 +529,14 @@ fn build_layer(dir: &Path, name: &str, size: u64, seed: u64) -> Result<(Blob, St
         .into_inner()
         .map_err(|e| io(tmp.display())(e.into_error()))?;
     let path = dir.join(digest.replace(':', "-"));
-    file.persist(&path)
-        .map_err(|e| io(path.display())(e.error))?;
+    knit_os::durable::persist(file, &path)?;
     Ok((Blob { path, digest, size }, diff_id))
 }
 
 fn write_blob(dir: &Path, data: &[u8]) -> Result<Blob> {
     let digest = format!("sha256:{}", hex::encode(Sha256::digest(data)));
     let path = dir.join(digest.replace(':', "-"));
-    std::fs::write(&path, data).map_err(io(path.display()))?;
+    knit_os::durable::write(&path, data, 0o644)?;
     Ok(Blob {
         path,
         digest,

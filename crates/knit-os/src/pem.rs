@@ -83,6 +83,18 @@ pub fn encode(label: &str, der: &[u8]) -> String {
     )
 }
 
+/// `key` as PEM under the label of its form: `PRIVATE KEY` (PKCS#8),
+/// `RSA PRIVATE KEY` (PKCS#1) or `EC PRIVATE KEY` (SEC1).
+pub fn encode_private_key(key: &PrivateKeyDer<'_>) -> String {
+    let label = match key {
+        PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+        PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+        // PKCS#8, and any form added later: PKCS#8 is the general one.
+        _ => "PRIVATE KEY",
+    };
+    encode(label, key.secret_der())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +205,26 @@ mod tests {
             private_key(key.as_bytes(), "the key").unwrap(),
             PrivateKeyDer::Pkcs8(_)
         ));
+        // Written back under its own label, it reads back the same.
+        let sec1 = PrivateKeyDer::Sec1(
+            private_key(key.as_bytes(), "the key")
+                .unwrap()
+                .secret_der()
+                .to_vec()
+                .into(),
+        );
+        for read in [private_key(key.as_bytes(), "the key").unwrap(), sec1] {
+            let text = encode_private_key(&read);
+            let label = match read {
+                PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+                _ => "PRIVATE KEY",
+            };
+            assert!(
+                text.starts_with(&format!("-----BEGIN {label}-----\n")),
+                "{text}"
+            );
+            assert_eq!(private_key(text.as_bytes(), "the copy").unwrap(), read);
+        }
         let err = private_key(a.as_bytes(), "the client key").unwrap_err();
         assert!(
             err.to_string()

@@ -1,10 +1,11 @@
-//! The clock and the two text forms of a time knit writes: RFC 3339 in
-//! UTC (Kubernetes' `metav1.Time`, logs, ECS's `x-acs-date`) through the
-//! `time` crate, and HTTP dates (`Last-Modified`) through `httpdate`.
+//! The clock and the text forms of a time knit writes: RFC 3339 in UTC
+//! (Kubernetes' `metav1.Time`, logs, ECS's `x-acs-date`) and RFC 2822
+//! (cloud-init's messages) through the `time` crate, and HTTP dates
+//! (`Last-Modified`) through `httpdate`.
 
 use crate::error::{OsError, Result};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use time::format_description::well_known::Rfc3339;
+use time::format_description::well_known::{Rfc2822, Rfc3339};
 pub use time::OffsetDateTime;
 
 /// Milliseconds since the epoch (0 for a clock set before 1970).
@@ -31,6 +32,17 @@ pub fn rfc3339(t: OffsetDateTime) -> String {
         .unwrap_or(t);
     // Formatting a UTC time with a four-digit year cannot fail.
     t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// `t` as `Tue, 01 Dec 2026 01:23:21 +0000`: RFC 2822 in UTC, whole
+/// seconds (as cloud-init prints times). RFC 2822 has no year before 1900:
+/// such a time is written as the empty string.
+pub fn rfc2822(t: OffsetDateTime) -> String {
+    let t = t
+        .to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .unwrap_or(t);
+    t.format(&Rfc2822).unwrap_or_default()
 }
 
 /// Milliseconds since the epoch as [`rfc3339`] (whole seconds).
@@ -131,6 +143,27 @@ mod tests {
             assert_eq!(err.code(), "TimeInvalid");
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
+    }
+
+    #[test]
+    fn rfc2822_is_utc_in_whole_seconds_and_reads_back() {
+        assert_eq!(rfc2822(from_ms(0)), "Thu, 01 Jan 1970 00:00:00 +0000");
+        assert_eq!(
+            rfc2822(from_ms(1_796_088_201_999)),
+            "Tue, 01 Dec 2026 01:23:21 +0000"
+        );
+        assert_eq!(
+            rfc2822(from_ms(951_782_400_000)),
+            "Tue, 29 Feb 2000 00:00:00 +0000"
+        );
+        let t = parse_rfc3339("2026-12-01T03:23:21+02:00").unwrap();
+        assert_eq!(rfc2822(t), "Tue, 01 Dec 2026 01:23:21 +0000");
+        for ms in [0, 68_169_599_000, 951_782_400_000, 4_102_444_800_000] {
+            let back = OffsetDateTime::parse(&rfc2822(from_ms(ms)), &Rfc2822).unwrap();
+            assert_eq!(unix_ms(back), ms);
+        }
+        // 1800-01-01: before RFC 2822's years.
+        assert_eq!(rfc2822(from_ms(-5_364_662_400_000)), "");
     }
 
     #[test]

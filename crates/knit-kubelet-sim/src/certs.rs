@@ -29,24 +29,23 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    /// Parse a PEM bundle holding the certificate and its key.
+    /// Parse a PEM bundle holding the certificate (the first one's
+    /// validity counts; a chain after it is kept) and its key.
     pub fn from_bundle(pem: &str) -> Result<Credentials, SimError> {
-        let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
-            .map_err(|e| SimError::Cert(format!("no certificate in bundle: {e}")))?;
-        let cert = p.parse_x509().map_err(|e| SimError::Cert(e.to_string()))?;
+        const WHAT: &str = "the client bundle";
+        let cert_err = |e: knit_os::OsError| SimError::Cert(e.to_string());
+        let certs = knit_os::pem::certificates(pem.as_bytes(), WHAT).map_err(cert_err)?;
+        let key = knit_os::pem::private_key(pem.as_bytes(), WHAT).map_err(cert_err)?;
+        // `certificates` returns at least one.
+        let (_, cert) = x509_parser::parse_x509_certificate(certs[0].as_ref())
+            .map_err(|e| SimError::Cert(format!("{WHAT}: {e}")))?;
         let validity = cert.validity();
-        let key_start = pem
-            .find("-----BEGIN EC PRIVATE KEY-----")
-            .or_else(|| pem.find("-----BEGIN PRIVATE KEY-----"))
-            .or_else(|| pem.find("-----BEGIN RSA PRIVATE KEY-----"))
-            .ok_or_else(|| SimError::Cert("no private key in bundle".into()))?;
-        let cert_end = pem
-            .find("-----END CERTIFICATE-----")
-            .map(|i| i + "-----END CERTIFICATE-----".len())
-            .unwrap_or(0);
         Ok(Credentials {
-            cert_pem: format!("{}\n", pem[..cert_end].trim()),
-            key_pem: pem[key_start..].to_string(),
+            cert_pem: certs
+                .iter()
+                .map(|c| knit_os::pem::encode("CERTIFICATE", c))
+                .collect(),
+            key_pem: knit_os::pem::encode_private_key(&key),
             not_before: validity.not_before.to_datetime(),
             not_after: validity.not_after.to_datetime(),
         })
@@ -172,12 +171,33 @@ mod tests {
         store(dir.path(), &cert.pem(), &key.serialize_pem()).unwrap();
         let creds = load_current(dir.path()).unwrap();
         assert_eq!(creds.cert_pem.trim(), cert.pem().trim());
-        assert!(creds.key_pem.contains("PRIVATE KEY"));
+        assert_eq!(creds.key_pem.trim(), key.serialize_pem().trim());
         let d = creds.rotation_deadline(0.5);
         assert!(d > creds.not_before && d < creds.not_after);
         assert!(std::fs::symlink_metadata(dir.path().join(CURRENT))
             .unwrap()
             .file_type()
             .is_symlink());
+    }
+
+    #[test]
+    fn a_bundle_without_its_key_or_certificate_is_a_certificate_error_naming_it() {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        for (bundle, missing) in [
+            (cert.pem(), "holds no private key"),
+            (key.serialize_pem(), "holds no certificate"),
+        ] {
+            let err = Credentials::from_bundle(&bundle).unwrap_err();
+            assert!(matches!(err, SimError::Cert(_)), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("certificate: the client bundle: {missing}")),
+                "{err}"
+            );
+        }
     }
 }

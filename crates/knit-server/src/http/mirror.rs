@@ -13,7 +13,6 @@
 
 use super::Cp;
 use crate::error::{Result, ServerError};
-use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -84,7 +83,7 @@ pub async fn mirror_file(
             return Ok(r);
         }
     }
-    let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    let body = super::file_body(file);
     let mut r = (
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),

@@ -205,3 +205,17 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
 }
+
+/// Bytes read from a served file at a time. tokio's file reads each go
+/// through the blocking pool, and `ReaderStream`'s default is 4 KiB: a
+/// 9 MB binary was 2,300 thread hand-offs and as many tiny writes, and a
+/// thousand nodes fetching the agent at once got 41 MiB/s out of most of a
+/// core. 256 KiB chunks make that about 40 per file.
+const FILE_CHUNK: usize = 256 * 1024;
+
+/// A response body streaming `file` (mirror files, registry blobs).
+pub(crate) fn file_body(file: tokio::fs::File) -> Body {
+    Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+        file, FILE_CHUNK,
+    ))
+}

@@ -15,7 +15,6 @@
 //! host. Other methods are 405: nothing can be pushed.
 
 use super::Cp;
-use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -87,7 +86,7 @@ async fn file_response(path: std::path::PathBuf, media_type: &str, digest: &str)
             )
         }
     };
-    let mut r = Body::from_stream(tokio_util::io::ReaderStream::new(file)).into_response();
+    let mut r = super::file_body(file).into_response();
     let h = r.headers_mut();
     for (name, value) in [
         (header::CONTENT_TYPE.as_str(), media_type),

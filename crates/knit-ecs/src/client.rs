@@ -225,25 +225,18 @@ fn nonce() -> String {
         // A nonce must be unique, not secret: time and a counter will do.
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let t = knit_os::time::OffsetDateTime::now_utc().unix_timestamp_nanos();
         return format!("{t:x}{n:x}");
     }
     hex::encode(b)
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` in UTC.
-pub fn iso8601(t: std::time::SystemTime) -> String {
-    let ms = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
-    knit_os::time::rfc3339_ms(ms)
+/// Now as ECS takes `x-acs-date`: `YYYY-MM-DDTHH:MM:SSZ` in UTC.
+pub fn acs_date() -> String {
+    knit_os::time::rfc3339_ms(knit_os::time::now_ms())
 }
 
-/// Seconds since the epoch of an `iso8601` time (that form only: whole
+/// Seconds since the epoch of an [`acs_date`] (that form only: whole
 /// seconds in UTC, as ECS takes `x-acs-date`).
 pub fn parse_iso8601(s: &str) -> Option<i64> {
     if s.len() != 20 || !s.ends_with('Z') {
@@ -359,7 +352,7 @@ impl Client {
         headers.insert("host".into(), host);
         headers.insert("x-acs-action".into(), action.to_string());
         headers.insert("x-acs-version".into(), version.to_string());
-        headers.insert("x-acs-date".into(), iso8601(std::time::SystemTime::now()));
+        headers.insert("x-acs-date".into(), acs_date());
         headers.insert("x-acs-signature-nonce".into(), nonce());
         headers.insert("x-acs-content-sha256".into(), hashed.clone());
         if let Some(token) = self.credentials.security_token() {
@@ -479,8 +472,13 @@ mod tests {
 
     #[test]
     fn acs_dates_are_whole_utc_seconds_and_read_back_in_that_form_only() {
-        let t = std::time::UNIX_EPOCH + Duration::from_millis(1_796_199_129_999);
-        assert_eq!(iso8601(t), "2026-12-02T08:12:09Z");
+        let before = knit_os::time::now_secs() as i64;
+        let now = acs_date();
+        let t = parse_iso8601(&now).unwrap();
+        assert!(
+            (before..=knit_os::time::now_secs() as i64).contains(&t),
+            "{now}"
+        );
         assert_eq!(parse_iso8601("2026-12-02T08:12:09Z"), Some(1_796_199_129));
         assert_eq!(parse_iso8601("2026-12-02T08:12:09+00:00"), None);
         assert_eq!(parse_iso8601("2026-12-02T08:12:09.5Z"), None);

@@ -267,8 +267,7 @@ impl FakeEcs {
         let scratch = std::env::temp_dir().join(format!(
             "knit-fake-ecs-{}-{}",
             std::process::id(),
-            crate::client::iso8601(std::time::SystemTime::now()).replace(':', "")
-                + &format!("{:x}", rand_u64())
+            crate::client::acs_date().replace(':', "") + &format!("{:x}", rand_u64())
         ));
         std::fs::create_dir_all(&scratch).expect("fake ECS scratch directory");
         let state = Arc::new(Mutex::new(State {
@@ -859,10 +858,7 @@ impl State {
             ));
         }
         let date = header("x-acs-date").unwrap_or_default();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
+        let now = knit_os::time::now_secs() as i64;
         match crate::client::parse_iso8601(&date) {
             Some(t) if (now - t).abs() <= 15 * 60 => {}
             Some(_) => {

@@ -93,10 +93,7 @@ fn tampered_query_is_refused_and_nonces_are_single_use() {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .chain([(
-        "x-acs-date".to_string(),
-        knit_ecs::client::iso8601(std::time::SystemTime::now()),
-    )])
+    .chain([("x-acs-date".to_string(), knit_ecs::client::acs_date())])
     .collect();
     let auth = sign::authorization(
         &sign::SignInput {
@@ -344,10 +341,7 @@ fn parameters_in_a_body_are_refused() {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .chain([(
-        "x-acs-date".to_string(),
-        knit_ecs::client::iso8601(std::time::SystemTime::now()),
-    )])
+    .chain([("x-acs-date".to_string(), knit_ecs::client::acs_date())])
     .collect();
     let no_query = BTreeMap::new();
     let auth = sign::authorization(

@@ -308,13 +308,6 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     Ok(knit_os::durable::write(path, &body, 0o600)?)
 }
 
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// `n` random bytes as lower-case hex.
 pub fn random_hex(n: usize) -> Result<String> {
     let mut buf = vec![0u8; n];

@@ -50,7 +50,7 @@ impl Machines {
             source_disk: disk.id.clone(),
             size_bytes: disk.size_bytes,
             complete: false,
-            created_at: now(),
+            created_at: now_secs(),
         };
         self.state.put_snapshot(&rec)?;
         pause("snapshot-record");

@@ -99,7 +99,7 @@ impl Machines {
         })?;
         let _lock = self.state.lock()?;
         let mut rec = self.state.vm(id)?;
-        rec.password_set_at = Some(now());
+        rec.password_set_at = Some(now_secs());
         self.state.put_vm(&rec)
     }
 

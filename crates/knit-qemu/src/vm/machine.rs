@@ -78,7 +78,7 @@ impl Machines {
                 tags: t.tags.clone(),
                 process: None,
                 accel: None,
-                created_at: now(),
+                created_at: now_secs(),
                 password_set_at: None,
                 client_token: t.client_token.clone(),
                 uid: Some(uid),

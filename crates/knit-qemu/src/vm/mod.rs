@@ -26,10 +26,11 @@ use crate::agent::{self, ExecOutput, Guest};
 use crate::error::{IoContext, QemuError, Result};
 use crate::run::run;
 use crate::state::{
-    now, random_hex, DiskRecord, Interface, Process, SnapshotRecord, State, VmRecord, VmState,
+    random_hex, DiskRecord, Interface, Process, SnapshotRecord, State, VmRecord, VmState,
 };
 use base64::Engine;
 use knit_local::net::Subnet;
+use knit_os::time::now_secs;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;

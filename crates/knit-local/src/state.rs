@@ -248,12 +248,8 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+/// Whole seconds since the epoch (records' `created_at`).
+pub use knit_os::time::now_secs as now;
 
 #[cfg(test)]
 mod tests {

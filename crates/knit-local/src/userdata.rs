@@ -253,11 +253,10 @@ impl PartResult {
     }
 }
 
+/// Seconds since the epoch with a fraction, as cloud-init's records keep
+/// times.
 fn epoch() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    knit_os::time::now_ms() as f64 / 1000.0
 }
 
 /// Runs the user data of instance `id` once per instance (cloud-init's
@@ -773,35 +772,7 @@ pub fn final_message(
     format!(
         "knit-local user-data runner v. {} finished at {}. Datasource DataSourceKnitLocal.  Up {uptime} seconds. Parts: {succeeded} succeeded, {failed} failed, {not_run} not run",
         env!("CARGO_PKG_VERSION"),
-        rfc2822(at as i64)
-    )
-}
-
-/// `Tue, 01 Dec 2026 01:43:21 +0000` (UTC), as cloud-init prints times.
-pub fn rfc2822(epoch_secs: i64) -> String {
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let days = epoch_secs.div_euclid(86_400);
-    let secs = epoch_secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{}, {day:02} {} {year} {:02}:{:02}:{:02} +0000",
-        DAYS[days.rem_euclid(7) as usize],
-        MONTHS[(month - 1) as usize],
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
+        knit_os::time::rfc2822(knit_os::time::from_ms((at * 1000.0) as i64))
     )
 }
 
@@ -903,9 +874,11 @@ mod tests {
 
     #[test]
     fn final_message_has_cloud_init_shape() {
-        assert_eq!(rfc2822(0), "Thu, 01 Jan 1970 00:00:00 +0000");
-        assert_eq!(rfc2822(1_796_088_201), "Tue, 01 Dec 2026 01:23:21 +0000");
-        assert_eq!(rfc2822(951_782_400), "Tue, 29 Feb 2000 00:00:00 +0000");
+        let later = final_message(1_796_088_201.75, "1", 0, 0, 0);
+        assert!(
+            later.contains(" finished at Tue, 01 Dec 2026 01:23:21 +0000. "),
+            "{later}"
+        );
         let line = final_message(0.0, "12.5", 2, 1, 1);
         assert!(
             line.starts_with("knit-local user-data runner v. "),

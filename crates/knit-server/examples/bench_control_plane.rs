@@ -104,7 +104,7 @@ fn main() {
     let rss_loaded = rss_kib();
     // Desired 900: one pass plans 100 deletions and writes their intents.
     spec.replicas = (NODES - 100) as i64;
-    cp.store
+    cp.store()
         .update_pool(&NodePool::new("workers", spec.clone()))
         .expect("update");
     let t = Instant::now();
@@ -202,19 +202,19 @@ fn main() {
 fn populate(cp: &ControlPlane, spec: &NodePoolSpec, instances: &[InstanceRecord]) {
     let mut cluster = knit_api::Cluster::default();
     cluster.spec.edition = "pro".into();
-    cp.store.put_cluster(&cluster).expect("cluster");
-    cp.store
+    cp.store().put_cluster(&cluster).expect("cluster");
+    cp.store()
         .insert_pool(&NodePool::new("workers", spec.clone()))
         .expect("pool");
     let names: Vec<(String, String)> = instances
         .iter()
         .map(|i| (i.name.clone(), i.instance_type.clone()))
         .collect();
-    cp.store
+    cp.store()
         .add_create_intents("workers", &names)
         .expect("intents");
     for i in instances {
-        cp.store
+        cp.store()
             .set_instance_created(
                 &i.name,
                 i.provider_id.as_deref().unwrap_or(""),
@@ -224,7 +224,7 @@ fn populate(cp: &ControlPlane, spec: &NodePoolSpec, instances: &[InstanceRecord]
     }
     // Each node: every phase, started + done.
     for (n, i) in instances.iter().enumerate() {
-        let record = cp.store.instance(&i.name).expect("read").expect("exists");
+        let record = cp.store().instance(&i.name).expect("read").expect("exists");
         let node = format!("local.{}", i.provider_id.as_deref().unwrap_or(""));
         for (k, phase) in PhaseName::ALL.iter().enumerate() {
             for outcome in [PhaseOutcome::Started, PhaseOutcome::Done] {
@@ -238,7 +238,9 @@ fn populate(cp: &ControlPlane, spec: &NodePoolSpec, instances: &[InstanceRecord]
                     at_ms: (n * 100 + k * 10) as u64,
                     duration_ms: (outcome == PhaseOutcome::Done).then_some(10),
                 };
-                cp.store.record_phase_event(&record, &event).expect("event");
+                cp.store()
+                    .record_phase_event(&record, &event)
+                    .expect("event");
             }
         }
     }

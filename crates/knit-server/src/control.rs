@@ -10,7 +10,7 @@ use crate::store::{now_ms, Lease, Store};
 use knit_api::Cluster;
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -201,23 +201,26 @@ impl Settings {
     }
 }
 
+/// The state the control plane's rooms share. Its fields are the crate's
+/// own; outside it, the accessors below read what `knit server` and the
+/// tests need.
 pub struct ControlPlane {
-    pub store: Store,
-    pub metrics: Metrics,
-    pub provider: Option<Arc<dyn Provider>>,
-    pub cluster: Arc<dyn ClusterJoin>,
-    pub settings: Settings,
-    pub ca_pem: String,
-    pub admin_token: String,
+    pub(crate) store: Store,
+    pub(crate) metrics: Metrics,
+    pub(crate) provider: Option<Arc<dyn Provider>>,
+    pub(crate) cluster: Arc<dyn ClusterJoin>,
+    pub(crate) settings: Settings,
+    pub(crate) ca_pem: String,
+    pub(crate) admin_token: String,
     /// `https://<advertise host>:<port>`: the base instances use.
-    pub advertise_url: String,
-    pub mirror_dir: PathBuf,
+    pub(crate) advertise_url: String,
+    pub(crate) mirror_dir: PathBuf,
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) plan_lock: tokio::sync::Mutex<()>,
     pub(crate) in_flight: std::sync::Mutex<HashSet<String>>,
     pub(crate) parallelism: Arc<tokio::sync::Semaphore>,
     /// This server among others on the datastore, and its leader lease.
-    pub leadership: Leadership,
+    pub(crate) leadership: Leadership,
     /// When this server last wrote each API token's last use (by id), so
     /// a busy client costs one write a minute (`http::auth`).
     pub(crate) token_uses: std::sync::Mutex<std::collections::HashMap<String, i64>>,
@@ -257,6 +260,34 @@ impl ControlPlane {
             token_uses: std::sync::Mutex::new(std::collections::HashMap::new()),
             report_limiter: ReportLimiter::default(),
         }
+    }
+
+    /// The datastore.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// `https://<advertise host>:<port>`: the base instances use.
+    pub fn advertise_url(&self) -> &str {
+        &self.advertise_url
+    }
+
+    /// The package mirror's directory.
+    pub fn mirror_dir(&self) -> &Path {
+        &self.mirror_dir
+    }
+
+    /// This server among others on the datastore, and its leader lease.
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
     }
 
     pub fn provider(&self) -> Result<&Arc<dyn Provider>> {

@@ -266,13 +266,13 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
         .call("POST", "/api/v1/pools", Some(POOL))
         .unwrap();
     let cp = &h.server().control;
-    cp.store
+    cp.store()
         .add_create_intents(
             "workers",
             &[("workers-abcde".into(), "ecs.g7.large".into())],
         )
         .unwrap();
-    cp.store
+    cp.store()
         .set_instance_created("workers-abcde", "i-0001", Some("10.213.0.9"))
         .unwrap();
     let token = cp.issue_join_token("workers-abcde", "workers").unwrap();
@@ -410,7 +410,7 @@ fn bootstrap_token_is_single_use_and_reports_build_the_timeline() {
 #[test]
 fn mirror_serves_files_and_nothing_outside() {
     let h = harness();
-    let mirror = &h.server().control.mirror_dir;
+    let mirror = &h.server().control.mirror_dir();
     std::fs::create_dir_all(mirror.join("bin")).unwrap();
     std::fs::write(mirror.join("bin/knit-agent"), b"agent-bytes").unwrap();
     let public = h.client().with_token("");
@@ -485,7 +485,7 @@ fn expired_bootstrap_token_is_refused() {
         .call("POST", "/api/v1/pools", Some(POOL))
         .unwrap();
     let cp = &h.server().control;
-    cp.store
+    cp.store()
         .add_create_intents(
             "workers",
             &[("workers-zzzzz".into(), "ecs.g7.large".into())],

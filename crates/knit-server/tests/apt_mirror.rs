@@ -202,7 +202,7 @@ fn apt_reads_the_signed_repository_in_one_in_release() {
     let mut h = TestServer::new();
     h.start(None);
     let work = h.dir.path().to_path_buf();
-    let repo = h.server().control.mirror_dir.join("debian");
+    let repo = h.server().control.mirror_dir().join("debian");
     write_repository(&repo, &work);
     knit_server::mirror::sign_debian_repository(&repo, &work.join("gnupg"))
         .expect("sign the repository (gpg: scripts/setup.sh installs it)");
@@ -256,7 +256,7 @@ fn an_unsigned_repository_finishes_and_its_404s_are_empty() {
     let mut h = TestServer::new();
     h.start(None);
     let work = h.dir.path().to_path_buf();
-    let repo = h.server().control.mirror_dir.join("debian");
+    let repo = h.server().control.mirror_dir().join("debian");
     write_repository(&repo, &work);
     let url = format!("{}/mirror/debian/", h.server().local_url);
     let apt = Apt::new(work.join("apt"), &url, h.server().ca_pem(), None);

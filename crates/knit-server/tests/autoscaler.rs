@@ -459,10 +459,20 @@ fn an_auto_scaling_pool_driven_through_every_call() {
     assert_eq!(group_of(&mut c, &ids[1]), "auto");
     assert_eq!(group_of(&mut c, "local.i-404"), "");
     // The regular pool's node is of no group.
-    let fixed_instance = ts.server().control.store.instances(Some("fixed")).unwrap();
+    let fixed_instance = ts
+        .server()
+        .control
+        .store()
+        .instances(Some("fixed"))
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let fixed_id = loop {
-        let instances = ts.server().control.store.instances(Some("fixed")).unwrap();
+        let instances = ts
+            .server()
+            .control
+            .store()
+            .instances(Some("fixed"))
+            .unwrap();
         if let Some(id) = instances.iter().find_map(|i| i.provider_id.clone()) {
             break knit_api::agent::node_id(&region, &id);
         }
@@ -603,7 +613,12 @@ fn a_type_without_stock_falls_back_to_the_next_in_order() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let instance = loop {
-        let instances = ts.server().control.store.instances(Some("multi")).unwrap();
+        let instances = ts
+            .server()
+            .control
+            .store()
+            .instances(Some("multi"))
+            .unwrap();
         if let Some(i) = instances.iter().find(|i| i.provider_id.is_some()) {
             break i.clone();
         }

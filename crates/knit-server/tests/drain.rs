@@ -133,7 +133,7 @@ fn pool(cp: &ControlPlane, name: &str, timeout: i64, on_timeout: &str) {
         timeout_seconds: timeout,
         on_timeout: on_timeout.into(),
     };
-    cp.store.insert_pool(&p).unwrap();
+    cp.store().insert_pool(&p).unwrap();
 }
 
 /// The whole story on one seam; names carry `tag` so that both seams can
@@ -198,7 +198,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     let nodes: Api<Node> = Api::all(admin.client.clone());
     let cordoned = nodes.get(&n1).await.unwrap();
     assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
-    let d = cp.store.drain(&instance).unwrap().unwrap();
+    let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Blocked, "{d:?}");
     let budget = d.budget.clone().unwrap();
     assert!(
@@ -210,7 +210,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
         "{d:?}"
     );
     assert_eq!(d.evicted, 2);
-    let events = cp.store.events(50).unwrap();
+    let events = cp.store().events(50).unwrap();
     assert!(
         events.iter().any(|e| e.reason == "DrainBlocked"
             && e.object_name == n1
@@ -225,7 +225,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     admin.budget_allows(&format!("{tag}-web"), 0).await;
     assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
     assert_eq!(
-        cp.store.drain(&instance).unwrap().unwrap().state,
+        cp.store().drain(&instance).unwrap().unwrap().state,
         DrainState::Blocked
     );
 
@@ -235,12 +235,12 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
         .await;
     admin.budget_allows(&format!("{tag}-web"), 1).await;
     assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
-    let d = cp.store.drain(&instance).unwrap().unwrap();
+    let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Draining, "{d:?}");
     assert_eq!(d.budget, None);
     assert_eq!(admin.finish_deletions().await.len(), 1);
     assert_eq!(step().await.unwrap(), Progress::Done);
-    let d = cp.store.drain(&instance).unwrap().unwrap();
+    let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Drained);
     assert_eq!(d.evicted, 3);
     // The DaemonSet's and the static pod's stay, untouched.
@@ -251,7 +251,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
             "{name} was evicted"
         );
     }
-    let steps = cp.store.drain_steps(&instance).unwrap();
+    let steps = cp.store().drain_steps(&instance).unwrap();
     let last = &steps.last().unwrap().message;
     assert!(
         last.contains("3 pod(s) evicted")
@@ -281,18 +281,18 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     let forced = || cp.drain_step(2, &forced_instance, &n3, &forced_pool);
     assert!(matches!(forced().await.unwrap(), Progress::Wait(_)));
     assert_eq!(
-        cp.store.drain(&forced_instance).unwrap().unwrap().state,
+        cp.store().drain(&forced_instance).unwrap().unwrap().state,
         DrainState::Blocked
     );
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(matches!(forced().await.unwrap(), Progress::Wait(_)));
-    let d = cp.store.drain(&forced_instance).unwrap().unwrap();
+    let d = cp.store().drain(&forced_instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Forcing, "{d:?}");
     assert!(d.timed_out_ms.is_some());
     assert_eq!(admin.finish_deletions().await, vec![format!("{tag}-web-9")]);
     assert_eq!(forced().await.unwrap(), Progress::Done);
     let reasons: Vec<String> = cp
-        .store
+        .store()
         .events(100)
         .unwrap()
         .into_iter()
@@ -378,7 +378,7 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     let instance = format!("{tag}-two-a");
     let step = || cp.drain_step(3, &instance, &node, &pool_name);
     assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
-    let d = cp.store.drain(&instance).unwrap().unwrap();
+    let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Blocked, "{d:?}");
     let budget = d.budget.clone().unwrap_or_default();
     let ns = &admin.ns;
@@ -394,7 +394,7 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
             && !reason.contains("API failed"),
         "{reason}"
     );
-    let events = cp.store.events(100).unwrap();
+    let events = cp.store().events(100).unwrap();
     assert!(
         events.iter().any(|e| e.reason == "DrainBlocked"
             && e.object_name == node
@@ -408,7 +408,7 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     // Past the 1 s timeout, onTimeout wait: still blocked, still there.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
-    let d = cp.store.drain(&instance).unwrap().unwrap();
+    let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Blocked, "{d:?}");
     assert!(d.timed_out_ms.is_some());
     assert!(admin
@@ -421,11 +421,11 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
         .is_none());
 
     // The pool says force now: the pod is deleted, then the drain ends.
-    let mut p = cp.store.pool(&pool_name).unwrap().unwrap().pool;
+    let mut p = cp.store().pool(&pool_name).unwrap().unwrap().pool;
     p.spec.drain.on_timeout = "force".into();
-    cp.store.update_pool(&p).unwrap();
+    cp.store().update_pool(&p).unwrap();
     assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
-    let d = cp.store.drain(&instance).unwrap().unwrap();
+    let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Forcing, "{d:?}");
     assert_eq!(admin.finish_deletions().await, vec![pod.clone()]);
     assert_eq!(step().await.unwrap(), Progress::Done);

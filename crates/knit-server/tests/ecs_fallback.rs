@@ -37,7 +37,7 @@ fn a_sold_out_type_falls_back_to_the_next_on_ecs() {
         let instances = srv
             .server()
             .control
-            .store
+            .store()
             .instances(Some("workers"))
             .unwrap();
         if let Some(i) = instances.iter().find(|i| i.provider_id.is_some()) {

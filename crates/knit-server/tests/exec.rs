@@ -186,13 +186,13 @@ fn exec_runs_through_the_provider_for_the_admin_only_and_is_audited() {
         .call("POST", "/api/v1/pools", Some(POOL))
         .unwrap();
     let cp = &srv.server().control;
-    cp.store
+    cp.store()
         .add_create_intents(
             "workers",
             &[("workers-aaaaa".into(), "ecs.g7.large".into())],
         )
         .unwrap();
-    cp.store
+    cp.store()
         .set_instance_created("workers-aaaaa", "i-000a", Some("10.213.0.10"))
         .unwrap();
     let join = cp.issue_join_token("workers-aaaaa", "workers").unwrap();

@@ -26,7 +26,7 @@ fn json(text: &str) -> serde_json::Value {
 #[test]
 fn a_body_over_the_limit_gets_413_with_the_limit() {
     let h = harness();
-    let limit = h.server().control.settings.limits.max_body_bytes;
+    let limit = h.server().control.settings().limits.max_body_bytes;
     // 5 MB, as measured: answered, not a dropped connection.
     let big = "x".repeat(5 * 1024 * 1024);
     let (status, body) = h.client().raw("POST", "/api/v1/pools", Some(&big)).unwrap();
@@ -200,10 +200,10 @@ fn quota_exceeded_says_how_to_raise_the_quota() {
 /// A pool, one created instance and its join token.
 fn instance_with_token(h: &TestServer, name: &str, id: &str, ip: &str) -> String {
     let cp = &h.server().control;
-    cp.store
+    cp.store()
         .add_create_intents("workers", &[(name.into(), "ecs.g7.large".into())])
         .unwrap();
-    cp.store.set_instance_created(name, id, Some(ip)).unwrap();
+    cp.store().set_instance_created(name, id, Some(ip)).unwrap();
     cp.issue_join_token(name, "workers").unwrap()
 }
 
@@ -317,7 +317,7 @@ fn a_bootstrap_token_is_never_bound_to_no_node() {
         .unwrap();
     let cp = &h.server().control;
     // Not created yet at the provider: no instance id, so no node name.
-    cp.store
+    cp.store()
         .add_create_intents(
             "workers",
             &[("workers-ccccc".into(), "ecs.g7.large".into())],
@@ -332,7 +332,7 @@ fn a_bootstrap_token_is_never_bound_to_no_node() {
     assert_eq!(status, 409, "{text}");
     assert!(text.contains("node name cannot be computed"), "{text}");
     // Not spent: once the instance is known, the same token works.
-    cp.store
+    cp.store()
         .set_instance_created("workers-ccccc", "i-000c", Some("10.213.0.12"))
         .unwrap();
     let (status, text) = h

@@ -130,7 +130,7 @@ fn instances_are_told_the_providers_gateway_and_the_certificate_names_it() {
         server.addrs
     );
     let expected = format!("https://{GATEWAY}:{port}");
-    assert_eq!(server.control.advertise_url, expected);
+    assert_eq!(server.control.advertise_url(), expected);
     // The serving certificate names the gateway: TLS to it verifies.
     let at_gateway = Client::new(&ClientConfig {
         server: expected.clone(),

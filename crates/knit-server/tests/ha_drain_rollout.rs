@@ -470,12 +470,12 @@ impl Srv {
     fn leads(&self) -> bool {
         self.server
             .as_ref()
-            .is_some_and(|s| s.control.leadership.is_leader())
+            .is_some_and(|s| s.control.leadership().is_leader())
     }
 
     /// Reconcile passes this server has run (as leader).
     fn passes(&self) -> u64 {
-        let text = self.cp().metrics.render(&[]);
+        let text = self.cp().metrics().render(&[]);
         text.lines()
             .find_map(|l| l.strip_prefix("knit_reconcile_duration_seconds_count "))
             .and_then(|n| n.trim().parse().ok())
@@ -857,7 +857,7 @@ fn drain_through_a_leader_change(loss: Loss) {
         .unwrap();
     let cp = w.servers[b].cp();
     let blocked = wait_for("the drain blocked by the budget", 60, || {
-        cp.store
+        cp.store()
             .drains()
             .unwrap()
             .into_iter()
@@ -880,10 +880,10 @@ fn drain_through_a_leader_change(loss: Loss) {
 
     // The leader is lost mid-drain; B takes the lease.
     assert!(w.servers[a].leads(), "A led the drain");
-    let before = cp.store.lease().unwrap().unwrap();
+    let before = cp.store().lease().unwrap().unwrap();
     let (a_id, b_id) = (
-        w.servers[a].cp().leadership.id.clone(),
-        w.servers[b].cp().leadership.id.clone(),
+        w.servers[a].cp().leadership().id.clone(),
+        w.servers[b].cp().leadership().id.clone(),
     );
     assert_eq!(before.holder, a_id);
     match loss {
@@ -891,14 +891,14 @@ fn drain_through_a_leader_change(loss: Loss) {
         // B's store takes the lease whoever holds it, a new epoch.
         Loss::Fence => {
             let now = knit_server::store::now_ms();
-            let taken = cp.store.try_lead(&b_id, now, 5_000, true).unwrap();
+            let taken = cp.store().try_lead(&b_id, now, 5_000, true).unwrap();
             assert!(taken.is_some_and(|l| l.holder == b_id));
         }
     }
     wait_for("server B to take the lead", 60, || {
         w.servers[b].leads().then_some(())
     });
-    let taken = cp.store.lease().unwrap().unwrap();
+    let taken = cp.store().lease().unwrap().unwrap();
     assert_eq!(taken.holder, b_id);
     assert!(taken.epoch > before.epoch, "{before:?} {taken:?}");
     if loss == Loss::Kill {
@@ -913,9 +913,9 @@ fn drain_through_a_leader_change(loss: Loss) {
         });
     }
     // A pass of B on the drain: the blocked passes go on from where A left them.
-    let at_takeover = cp.store.drain(&blocked.instance).unwrap().unwrap();
+    let at_takeover = cp.store().drain(&blocked.instance).unwrap().unwrap();
     let resumed = wait_for("B's pass over the blocked drain", 120, || {
-        cp.store
+        cp.store()
             .drain(&blocked.instance)
             .unwrap()
             .filter(|d| d.blocked_passes > at_takeover.blocked_passes)
@@ -976,7 +976,7 @@ fn drain_through_a_leader_change(loss: Loss) {
         w.cloud.node_of(&left[0].id).as_deref(),
         Some(kept_node.as_str())
     );
-    let events = cp.store.events(500).unwrap();
+    let events = cp.store().events(500).unwrap();
     assert!(
         events
             .iter()
@@ -1046,7 +1046,7 @@ fn a_new_leader_carries_on_a_rollout_without_a_second_surge() {
     assert!(w.cloud.released().is_empty());
     let cp = w.servers[b].cp();
     assert!(
-        cp.store.drains().unwrap().is_empty(),
+        cp.store().drains().unwrap().is_empty(),
         "no old node drained yet"
     );
 
@@ -1065,7 +1065,7 @@ fn a_new_leader_carries_on_a_rollout_without_a_second_surge() {
     // The cloud releases a machine before the next pass forgets its record:
     // wait for knit's records to settle before comparing them.
     wait_for("knit's records of the pool all Running", 60, || {
-        let records = cp.store.instances(Some("web")).unwrap();
+        let records = cp.store().instances(Some("web")).unwrap();
         (records.len() == 3 && records.iter().all(|i| i.state == InstanceState::Running))
             .then_some(())
     });
@@ -1089,7 +1089,7 @@ fn a_new_leader_carries_on_a_rollout_without_a_second_surge() {
     );
     // knit's records match the cloud's: no instance lost or left over.
     let recorded: BTreeSet<String> = cp
-        .store
+        .store()
         .instances(Some("web"))
         .unwrap()
         .into_iter()
@@ -1228,7 +1228,7 @@ fn a_replacement_that_never_joins_stops_the_rollout() {
     assert!(message.contains(&surge.name), "{message}");
     let cp = w.servers[a].cp();
     assert!(
-        cp.store
+        cp.store()
             .events(500)
             .unwrap()
             .iter()
@@ -1250,7 +1250,7 @@ fn a_replacement_that_never_joins_stops_the_rollout() {
     let v = w.pool(a, "web");
     assert_eq!(v["status"]["rollout"]["state"], "Stopped", "{v}");
     assert!(
-        cp.store.drains().unwrap().is_empty(),
+        cp.store().drains().unwrap().is_empty(),
         "an old node was drained"
     );
     let kube = w.kube();
@@ -1345,7 +1345,7 @@ fn a_drain_a_budget_holds_past_its_timeout_stops_the_rollout() {
     let r = &stopped["status"]["rollout"];
     assert_eq!(r["reason"], "ProgressDeadlineExceeded", "{stopped}");
     let cp = w.servers[a].cp();
-    let drains = cp.store.drains().unwrap();
+    let drains = cp.store().drains().unwrap();
     assert_eq!(drains.len(), 1, "{drains:?}");
     let blocked = drains[0].clone();
     assert_eq!(blocked.state, DrainState::Blocked, "{blocked:?}");
@@ -1355,7 +1355,7 @@ fn a_drain_a_budget_holds_past_its_timeout_stops_the_rollout() {
         "{message}"
     );
     assert!(
-        cp.store
+        cp.store()
             .events(500)
             .unwrap()
             .iter()
@@ -1372,7 +1372,7 @@ fn a_drain_a_budget_holds_past_its_timeout_stops_the_rollout() {
         assert_eq!(w.cloud.created("web", NEW_TYPE), 1);
         assert_eq!(w.cloud.machines("web").len(), 3);
         assert!(w.cloud.released().is_empty(), "{:?}", w.cloud.released());
-        assert_eq!(cp.store.drains().unwrap().len(), 1);
+        assert_eq!(cp.store().drains().unwrap().len(), 1);
         assert_eq!(w.kube_do(unschedulable(&kube, &blocked.node)), Some(true));
     };
     held(&w);

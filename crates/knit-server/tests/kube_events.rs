@@ -71,11 +71,11 @@ impl Kubectl {
 /// Waits (at most a minute) until the metrics text holds `line`.
 fn wait_metric(cp: &ControlPlane, line: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !cp.metrics.render(&[]).contains(line) {
+    while !cp.metrics().render(&[]).contains(line) {
         assert!(
             Instant::now() < deadline,
             "{line} in {}",
-            cp.metrics.render(&[])
+            cp.metrics().render(&[])
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -144,7 +144,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
     // Three failures of one phase, then the node initialized; a pool's
     // event is about the pool, as knit's own kind.
     for _ in 0..3 {
-        cp.store
+        cp.store()
             .add_event(
                 EventType::Warning,
                 "Node",
@@ -154,7 +154,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             )
             .unwrap();
     }
-    cp.store
+    cp.store()
         .add_event(
             EventType::Normal,
             "Node",
@@ -163,7 +163,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             "every phase finished",
         )
         .unwrap();
-    cp.store
+    cp.store()
         .add_event(
             EventType::Normal,
             "NodePool",
@@ -259,8 +259,8 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             ..knit_api::NodePoolSpec::default()
         },
     );
-    cp.store.insert_pool(&pool).unwrap();
-    cp.store
+    cp.store().insert_pool(&pool).unwrap();
+    cp.store()
         .add_create_intents(
             "workers",
             &[
@@ -269,11 +269,11 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             ],
         )
         .unwrap();
-    cp.store
+    cp.store()
         .set_instance_created("workers-a", "i-7", None)
         .unwrap();
-    let instance = cp.store.instance("workers-a").unwrap().unwrap();
-    cp.store
+    let instance = cp.store().instance("workers-a").unwrap().unwrap();
+    cp.store()
         .record_phase_event(
             &instance,
             &knit_api::PhaseEvent {
@@ -288,7 +288,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             },
         )
         .unwrap();
-    cp.store
+    cp.store()
         .add_event(
             EventType::Warning,
             "Instance",
@@ -297,7 +297,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
             "quota",
         )
         .unwrap();
-    cp.store
+    cp.store()
         .add_event(
             EventType::Warning,
             "Instance",
@@ -331,13 +331,13 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut attempt = 0;
     while !cp
-        .metrics
+        .metrics()
         .render(&[])
         .contains("knit_kube_events_total{outcome=\"failed\"}")
     {
-        assert!(Instant::now() < deadline, "{}", cp.metrics.render(&[]));
+        assert!(Instant::now() < deadline, "{}", cp.metrics().render(&[]));
         attempt += 1;
-        cp.store
+        cp.store()
             .add_event(
                 EventType::Warning,
                 "Node",
@@ -349,7 +349,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
         std::thread::sleep(Duration::from_millis(300));
     }
     assert!(cp
-        .store
+        .store()
         .events(100)
         .unwrap()
         .iter()

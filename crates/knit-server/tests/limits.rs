@@ -466,18 +466,18 @@ fn a_report_flood_is_rate_limited_and_the_exec_audit_is_kept() {
         .unwrap();
     let cp = &h.server().control;
     // Small numbers, so that the flood is many times what is kept.
-    cp.store.set_event_retention(EventRetention {
+    cp.store().set_event_retention(EventRetention {
         max_count: 20,
         audit_max_count: 100,
         ..EventRetention::default()
     });
-    cp.store
+    cp.store()
         .add_create_intents(
             "workers",
             &[("workers-aaaaa".into(), "ecs.g7.large".into())],
         )
         .unwrap();
-    cp.store
+    cp.store()
         .set_instance_created("workers-aaaaa", "i-000a", Some("10.213.0.10"))
         .unwrap();
     let join = cp.issue_join_token("workers-aaaaa", "workers").unwrap();
@@ -534,8 +534,10 @@ fn a_report_flood_is_rate_limited_and_the_exec_audit_is_kept() {
         metric(&text, "knit_reports_refused_total{reason=\"rate\"}"),
         50.0
     );
-    cp.store.prune_events(knit_server::store::now_ms()).unwrap();
-    let events = cp.store.events(100_000).unwrap();
+    cp.store()
+        .prune_events(knit_server::store::now_ms())
+        .unwrap();
+    let events = cp.store().events(100_000).unwrap();
     let audit: Vec<&str> = events
         .iter()
         .filter(|e| e.reason == "Exec")
@@ -575,23 +577,23 @@ fn a_nodes_timeline_is_bounded() {
         .call("POST", "/api/v1/pools", Some(POOL))
         .unwrap();
     let cp = &h.server().control;
-    cp.store
+    cp.store()
         .add_create_intents(
             "workers",
             &[("workers-aaaaa".into(), "ecs.g7.large".into())],
         )
         .unwrap();
-    cp.store
+    cp.store()
         .set_instance_created("workers-aaaaa", "i-000a", Some("10.213.0.10"))
         .unwrap();
-    let record = cp.store.instance("workers-aaaaa").unwrap().unwrap();
+    let record = cp.store().instance("workers-aaaaa").unwrap().unwrap();
     let n = MAX_TIMELINE_PER_NODE as usize + 25;
     for i in 0..n {
         let event: PhaseEvent =
             serde_json::from_str(&failed("local.i-000a", "i-000a", format!("run {i}"))).unwrap();
-        cp.store.record_phase_event(&record, &event).unwrap();
+        cp.store().record_phase_event(&record, &event).unwrap();
     }
-    let timeline = cp.store.timeline("local.i-000a").unwrap();
+    let timeline = cp.store().timeline("local.i-000a").unwrap();
     assert_eq!(timeline.len(), MAX_TIMELINE_PER_NODE as usize);
     // The newest are kept.
     assert_eq!(

@@ -245,14 +245,14 @@ impl Env {
         edit(&mut spec);
         let pool = NodePool::new(name, spec);
         pool.validate().unwrap();
-        self.cp.store.insert_pool(&pool).unwrap();
+        self.cp.store().insert_pool(&pool).unwrap();
         pool
     }
 
     /// A running instance `name` (provider id `i-<name>`) of `pool`; its
     /// node, also `name`, reports every phase done.
     fn running(&self, pool: &str, name: &str) {
-        let store = &self.cp.store;
+        let store = &self.cp.store();
         store
             .add_create_intents(pool, &[(name.to_string(), "t".to_string())])
             .unwrap();
@@ -272,9 +272,9 @@ impl Env {
     }
 
     fn report_initialized(&self, name: &str) {
-        let instance = self.cp.store.instance(name).unwrap().unwrap();
+        let instance = self.cp.store().instance(name).unwrap().unwrap();
         self.cp
-            .store
+            .store()
             .record_phase_event(
                 &instance,
                 &PhaseEvent {
@@ -314,12 +314,12 @@ impl Env {
     }
 
     fn state(&self, name: &str) -> InstanceState {
-        self.cp.store.instance(name).unwrap().unwrap().state
+        self.cp.store().instance(name).unwrap().unwrap().state
     }
 
     fn deletes(&self) -> Vec<(String, bool)> {
         self.cp
-            .store
+            .store()
             .pending_intents()
             .unwrap()
             .into_iter()
@@ -330,7 +330,7 @@ impl Env {
 
     /// (reason, object, message) of every event, oldest first.
     fn events(&self) -> Vec<(String, String, String)> {
-        let mut all = self.cp.store.events(1000).unwrap();
+        let mut all = self.cp.store().events(1000).unwrap();
         all.sort_by_key(|e| e.id);
         all.into_iter()
             .map(|e| (e.reason, e.object_name, e.message))
@@ -348,7 +348,7 @@ impl Env {
 
 /// Created at real time `t0`; every time below is relative to it.
 fn t0(env: &Env, name: &str) -> i64 {
-    env.cp.store.instance(name).unwrap().unwrap().created_ms
+    env.cp.store().instance(name).unwrap().unwrap().created_ms
 }
 
 #[tokio::test]
@@ -428,7 +428,7 @@ async fn an_instance_failed_by_the_join_timeout_before_the_upgrade_recovers_too(
     env.running("p", "p-b");
     // Failed by an older server: no stored time, only its message.
     env.cp
-        .store
+        .store()
         .set_instance_state(
             "p-a",
             InstanceState::Failed,
@@ -437,7 +437,7 @@ async fn an_instance_failed_by_the_join_timeout_before_the_upgrade_recovers_too(
         .unwrap();
     // A failure of another kind stays.
     env.cp
-        .store
+        .store()
         .set_instance_state(
             "p-b",
             InstanceState::Failed,
@@ -617,7 +617,7 @@ async fn an_added_instance_is_never_released_by_repair() {
     let mut pool = pool;
     pool.spec.replicas = 2;
     env.cp
-        .store
+        .store()
         .enroll_attached(
             &Enrollment {
                 name: "p-mine",
@@ -669,7 +669,7 @@ async fn a_stuck_or_endless_result_file_holds_up_no_other_instance() {
         br#"{"v1": {"errors": []}}"#.to_vec(),
     );
     env.cp.check_user_data().await.unwrap();
-    let node = |n: &str| env.cp.store.node(n).unwrap().unwrap().user_data;
+    let node = |n: &str| env.cp.store().node(n).unwrap().unwrap().user_data;
     assert_eq!(node("p-fine").as_deref(), Some("succeeded"));
     assert_eq!(node("p-fifo"), None);
     assert_eq!(node("p-zero"), None);

@@ -228,7 +228,7 @@ fn revoked_and_expired_tokens_are_refused() {
     let secret = "expired-token-secret-0123456789";
     h.server()
         .control
-        .store
+        .store()
         .add_api_token(
             "tok-expired0001",
             &knit_server::pki::token_hash(secret),

@@ -705,7 +705,8 @@ pub fn serve(
             opts.log_format,
             &format!(
                 "knit server on {} (instances use {})",
-                server.local_url, server.control.advertise_url
+                server.local_url,
+                server.control.advertise_url()
             ),
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

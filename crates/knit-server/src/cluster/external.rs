@@ -13,7 +13,6 @@ use crate::cluster::pods::{self, BudgetFacts, Eviction, PodFacts};
 use crate::cluster::seam::{self, ClusterJoin, JoinMaterial};
 use crate::error::{Result, ServerError};
 use async_trait::async_trait;
-use base64::Engine;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::ByteString;
@@ -29,18 +28,6 @@ pub const NODE_ANNOTATION: &str = "knit.dev/node-name";
 
 fn external_err(e: impl std::fmt::Display) -> ServerError {
     ServerError::Internal(format!("external cluster: {e}"))
-}
-
-/// DER certificate → PEM, the form nodes receive and the pin is computed on.
-fn der_to_pem(der: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        pem.push_str(&String::from_utf8_lossy(line));
-        pem.push('\n');
-    }
-    pem.push_str("-----END CERTIFICATE-----\n");
-    pem
 }
 
 /// Ready condition of a Node → NotReady | Ready | Unknown (as
@@ -88,7 +75,8 @@ impl ExternalJoin {
                     path.display()
                 ))
             })?;
-        let ca_pem = der_to_pem(ca_der);
+        // PEM is the form nodes receive and the pin is computed on.
+        let ca_pem = knit_os::pem::encode("CERTIFICATE", ca_der);
         let ca_pin = knit_cluster::spki_pin(&ca_pem).map_err(external_err)?;
         let endpoint = config
             .cluster_url
@@ -527,6 +515,7 @@ impl ClusterJoin for ExternalJoin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
     use k8s_openapi::api::certificates::v1::{
         CertificateSigningRequest, CertificateSigningRequestSpec,
     };

@@ -174,27 +174,10 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-/// A wall-clock time in UTC (`2026-12-01 04:39:53Z`).
+/// A wall-clock time in UTC (`2026-12-01 04:39:53Z`): RFC 3339 with a
+/// space for the `T`, easier to read in a table.
 pub fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    knit_os::time::rfc3339_ms(ms).replacen('T', " ", 1)
 }
 
 #[cfg(test)]
@@ -210,6 +193,7 @@ mod tests {
     fn times_read_well() {
         assert_eq!(utc(0), "1970-01-01 00:00:00Z");
         assert_eq!(utc(1_796_099_993_000), "2026-12-01 04:39:53Z");
+        assert_eq!(utc(951_782_400_999), "2000-02-29 00:00:00Z");
         assert_eq!(duration(850), "850 ms");
         assert_eq!(duration(12_400), "12.4 s");
         assert_eq!(duration(185_000), "3m 05s");

@@ -67,12 +67,14 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
             })?;
             runtime_bins.push((name.to_string(), path));
         }
-        let out = std::process::Command::new(&runtime_bins[0].1)
-            .arg("--version")
-            .output()
-            .map_err(io("run containerd --version"))?;
+        let out = knit_os::command::run(
+            std::process::Command::new(&runtime_bins[0].1).arg("--version"),
+            VERSION_TIMEOUT,
+            VERSION_OUTPUT_CAP,
+        )?;
         // "containerd github.com/containerd/containerd 1.6.20~ds1 …": the third word.
-        containerd_version = String::from_utf8_lossy(&out.stdout)
+        containerd_version = out
+            .stdout_text()
             .split_whitespace()
             .nth(2)
             .unwrap_or("")
@@ -141,6 +143,9 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
 
 /// The packages the agent's base-packages phase installs on Debian.
 const DEBIAN_BASE_PACKAGES: &[&str] = &["pigz", "zlib1g"];
+/// `containerd --version` prints one line at once.
+const VERSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+const VERSION_OUTPUT_CAP: usize = 64 << 10;
 /// `apt-get update` / download each get this long.
 const APT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 /// apt's and dpkg-scanpackages' output kept (each stream): a repository's

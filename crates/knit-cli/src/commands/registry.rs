@@ -22,6 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+/// `ip addr` answers at once; a host with thousands of addresses writes a
+/// few hundred KiB.
+const IP_TIMEOUT: Duration = Duration::from_secs(10);
+const IP_OUTPUT_CAP: usize = 4 << 20;
+
 /// The local package set's system images with the sizes `--seed` gives them.
 const SEED: &[(&str, u64)] = &[
     ("registry.k8s.io/pause:3.10", 512 << 10),
@@ -131,13 +136,15 @@ fn gateway(subnet: &str) -> Result<Ipv4Addr> {
     })
 }
 
-/// Whether an interface of this host holds `ip` (`ip -4 -o addr`).
+/// Whether an interface of this host holds `ip` (`ip -4 -o addr`); no
+/// answer within the deadline counts as no.
 fn host_has(ip: Ipv4Addr) -> bool {
-    std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("inet {ip}/")))
-        .unwrap_or(false)
+    knit_os::command::run(
+        std::process::Command::new("ip").args(["-4", "-o", "addr", "show"]),
+        IP_TIMEOUT,
+        IP_OUTPUT_CAP,
+    )
+    .is_ok_and(|o| o.stdout_text().contains(&format!("inet {ip}/")))
 }
 
 /// True when `pid` is a docker-registry serving one of this directory's
@@ -490,4 +497,17 @@ fn status(place: &Place, output: Option<&str>) -> Result<ExitCode> {
         _ => println!("Registry:      not running (knit registry up)"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_has_sees_loopback_and_not_an_address_no_host_holds() {
+        // The host's lo holds 127.0.0.1 (tests run in its namespace);
+        // 192.0.2.0/24 is for documentation only.
+        assert!(host_has(Ipv4Addr::LOCALHOST));
+        assert!(!host_has(Ipv4Addr::new(192, 0, 2, 1)));
+    }
 }

@@ -288,14 +288,8 @@ pub fn guard_add(guard: &Guard) -> Result<()> {
 /// elements. Also the guard of a QEMU VM's tap (knit-qemu), so sandboxes
 /// and VMs on one bridge are held to the same rules.
 pub fn guard_rules(guard: &Guard) -> String {
-    let Guard {
-        bridge,
-        port,
-        mac,
-        ip,
-    } = *guard;
-    let t = format!("bridge {}", guard_table(bridge));
-    [
+    let t = format!("bridge {}", guard_table(guard.bridge));
+    let mut lines = vec![
         format!("add table {t}"),
         format!("add set {t} ports {{ type ifname; counter; }}"),
         format!("add set {t} ipv4_from {{ type ifname . ether_addr . ipv4_addr; }}"),
@@ -310,31 +304,39 @@ pub fn guard_rules(guard: &Guard) -> String {
              iifname . ether saddr . arp saddr ether . arp saddr ip @arp_from accept"
         ),
         format!("add rule {t} ports_in iifname @ports drop"),
-        format!("add element {t} ipv4_from {{ \"{port}\" . {mac} . {ip} }}"),
-        format!("add element {t} arp_from {{ \"{port}\" . {mac} . {mac} . {ip} }}"),
-        format!("add element {t} ports {{ \"{port}\" }}"),
-        String::new(),
-    ]
-    .join("\n")
+    ];
+    // The port last: its frames are dropped until it is allowed, never between.
+    lines.extend(
+        guard_elements(guard)
+            .iter()
+            .rev()
+            .map(|(set, element)| format!("add element {t} {set} {{ {element} }}")),
+    );
+    lines.push(String::new());
+    lines.join("\n")
 }
 
 /// The `nft -f` script [`guard_del`] applies: the port's elements, in one
 /// transaction (they were added in one).
 pub fn guard_del_rules(guard: &Guard) -> String {
-    let Guard {
-        bridge,
-        port,
-        mac,
-        ip,
-    } = *guard;
-    let t = format!("bridge {}", guard_table(bridge));
+    let t = format!("bridge {}", guard_table(guard.bridge));
+    let mut lines: Vec<String> = guard_elements(guard)
+        .iter()
+        .map(|(set, element)| format!("delete element {t} {set} {{ {element} }}"))
+        .collect();
+    lines.push(String::new());
+    lines.join("\n")
+}
+
+/// One port's element in each of the guard table's sets: what
+/// [`guard_rules`] adds and [`guard_del_rules`] removes.
+fn guard_elements(guard: &Guard) -> [(&'static str, String); 3] {
+    let Guard { port, mac, ip, .. } = *guard;
     [
-        format!("delete element {t} ports {{ \"{port}\" }}"),
-        format!("delete element {t} ipv4_from {{ \"{port}\" . {mac} . {ip} }}"),
-        format!("delete element {t} arp_from {{ \"{port}\" . {mac} . {mac} . {ip} }}"),
-        String::new(),
+        ("ports", format!("\"{port}\"")),
+        ("ipv4_from", format!("\"{port}\" . {mac} . {ip}")),
+        ("arp_from", format!("\"{port}\" . {mac} . {mac} . {ip}")),
     ]
-    .join("\n")
 }
 
 /// What nft says when a guard (table, set or element) to remove is not there.

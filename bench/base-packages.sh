@@ -37,14 +37,11 @@ SUBNET=10.218.$(( $$ % 200 + 20 )).0/24
 GATEWAY=${SUBNET%.0/24}.1
 export KNIT_CONFIG=$WORK/config
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-PORT=$(free_port)
-CLUSTER_PORT=$(free_port)
-
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+PORT=$(bench_free_port)
+CLUSTER_PORT=$(bench_free_port)
+
 # The server `knit up` started is recorded (bench_track_up) and ended by its
 # PID should `knit down` not stop it; the run fails if anything of it is
 # left running.

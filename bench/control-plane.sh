@@ -50,9 +50,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 cat > "$WORK/pool.yaml" <<'POOL'
 apiVersion: knit.dev/v1alpha1
@@ -95,8 +92,8 @@ run_pass() {
     local pkg=()
     if [ "$cluster" = none ]; then pkg=(--no-runtime); fi
     "$BIN/knit" package build --state-dir "$WORK/server" "${pkg[@]}" >/dev/null
-    "$BIN/knit" up --state-dir "$WORK/server" --listen "0.0.0.0:$(free_port)" --advertise-address "$GATEWAY" \
-        --cluster "$cluster" --cluster-port "$(free_port)" "${LOCAL[@]}" >/dev/null
+    "$BIN/knit" up --state-dir "$WORK/server" --listen "0.0.0.0:$(bench_free_port)" --advertise-address "$GATEWAY" \
+        --cluster "$cluster" --cluster-port "$(bench_free_port)" "${LOCAL[@]}" >/dev/null
     bench_track_up "$KNIT_CONFIG"
     "$BIN/knit" apply -f "$WORK/pool.yaml" >/dev/null
     echo "== local cloud, cluster: $cluster; scale request -> every node done"

@@ -36,11 +36,10 @@ SUBNET=10.217.$(( $$ % 200 + 20 )).0/24
 GATEWAY=${SUBNET%.0/24}.1
 export KNIT_CONFIG=$WORK/config
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-PORT=$(free_port)
-CLUSTER_PORT=$(free_port)
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+PORT=$(bench_free_port)
+CLUSTER_PORT=$(bench_free_port)
 UP=(up --ha 2 --state-dir "$STATE" --listen "127.0.0.1:$PORT,$GATEWAY:$PORT"
     --advertise-address "$GATEWAY" --cluster embedded --cluster-port "$CLUSTER_PORT"
     --console-listen off --parallelism 2
@@ -57,8 +56,6 @@ ours() {
     [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -qF "$STATE"
 }
 
-# shellcheck source=bench/lib.sh
-. bench/lib.sh
 # The run fails if any process naming its work directory (servers,
 # HAProxy, PostgreSQL, the local cloud's) is left running.
 cleanup() {

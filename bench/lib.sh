@@ -16,6 +16,7 @@
 #                          (the run's work directory); return 1 if any
 #   bench_session CMD…     run CMD in the foreground in a session of its own,
 #                          then fail if any process of that session is left
+#   bench_free_port        a TCP port free on loopback now
 #
 # A PID is ours while its start time is the recorded one and its command
 # line holds the recorded word, so a recycled PID is never signalled.
@@ -127,4 +128,8 @@ bench_session() {
     done
     if [ "$left" = 1 ] && [ "$rc" = 0 ]; then rc=1; fi
     return "$rc"
+}
+
+bench_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }

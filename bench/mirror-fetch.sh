@@ -28,13 +28,10 @@ done
 
 WORK=$(mktemp -d -t knit-mirror-bench-XXXXXX)
 export KNIT_CONFIG=$WORK/config
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-PORT=$(free_port)
-CLUSTER_PORT=$(free_port)
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+PORT=$(bench_free_port)
+CLUSTER_PORT=$(bench_free_port)
 cleanup() {
     local rc=$?
     trap - EXIT

@@ -30,14 +30,11 @@ SUBNET=10.218.$(( $$ % 200 + 20 )).0/24
 GATEWAY=${SUBNET%.0/24}.1
 export KNIT_CONFIG=$WORK/config
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-PORT=$(free_port)
-CLUSTER_PORT=$(free_port)
-SAMPLER=
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+PORT=$(bench_free_port)
+CLUSTER_PORT=$(bench_free_port)
+SAMPLER=
 
 # The sampler and the server `knit up` started are recorded and ended by
 # their PIDs (the server by `knit down` first); the run fails if anything

@@ -75,16 +75,13 @@ BRIDGE=${BRIDGE:0:15}
 # Made after the checks above, so that a run refused there leaves nothing.
 WORK=$(mktemp -d -t knit-scale-bench-XXXXXX)
 export KNIT_CONFIG=$WORK/config
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-PORT=$(free_port)
-CLUSTER_PORT=$(free_port)
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+PORT=$(bench_free_port)
+CLUSTER_PORT=$(bench_free_port)
 SAMPLER=
 SERVER=
 
-# shellcheck source=bench/lib.sh
-. bench/lib.sh
 # Every process started here is recorded and ended by its PID; the local
 # cloud is taken down by its state directory; the run fails if anything of
 # it is left (processes, loop devices, mounts, veths, namespaces, cgroups).

@@ -228,12 +228,56 @@ impl Veth<'_> {
             "ip",
             &["link", "set", self.host, "master", self.bridge, "up"],
         )?;
+        pin_neighbour(&Guard {
+            bridge: self.bridge,
+            port: self.host,
+            mac: self.mac,
+            ip: self.ip,
+        })?;
+        // The gateway's entry pinned inside as well (the bridge's MAC is
+        // fixed, see `bridge_mac`): see `pin_neighbour` for why.
         let batch = format!(
-            "link set lo up\naddr add {}/{} dev eth0\nlink set eth0 up\nroute add default via {}\n",
-            self.ip, self.prefix, self.gateway
+            "link set lo up\naddr add {}/{} dev eth0\nlink set eth0 up\nroute add default via {}\n\
+             neigh replace {} lladdr {} dev eth0 nud permanent\n",
+            self.ip,
+            self.prefix,
+            self.gateway,
+            self.gateway,
+            bridge_mac(self.gateway)
         );
         crate::run::run_input("ip", &["-n", self.netns, "-batch", "-"], &batch).map(|_| ())
     }
+}
+
+/// The host's neighbour entry for an instance's address, pinned to its MAC
+/// on the bridge (`nud permanent`), as a cloud's network answers ARP for
+/// its instances itself. Two reasons: the kernel keeps one neighbour table
+/// for every network namespace, and past `net.ipv4.neigh.default.gc_thresh3`
+/// (1,024) dynamic entries, host's and instances' together, it refuses new
+/// ones ("neighbor table overflow"): at 512 instances each with its entry
+/// for the gateway and the host's for it, the 513th reached nothing
+/// (docs/benchmarks.md, "Scale-out on one host"). Permanent entries do not
+/// count toward that limit. And no ARP an instance sends can move the
+/// host's entry for an address to another MAC.
+pub fn pin_neighbour(guard: &Guard) -> Result<()> {
+    let ip = guard.ip.to_string();
+    run(
+        "ip",
+        &[
+            "neigh", "replace", &ip, "lladdr", guard.mac, "dev", guard.bridge, "nud", "permanent",
+        ],
+    )
+    .map(|_| ())
+}
+
+/// Removes what [`pin_neighbour`] made; an entry or bridge already gone is fine.
+pub fn unpin_neighbour(guard: &Guard) -> Result<()> {
+    let ip = guard.ip.to_string();
+    run_absent_ok(
+        "ip",
+        &["neigh", "del", &ip, "dev", guard.bridge],
+        &["No such file", "Cannot find device", "does not exist"],
+    )
 }
 
 /// One port's guard: what the port on `bridge` (an instance's veth host end,
@@ -421,6 +465,7 @@ pub fn guard_tables() -> Vec<String> {
 /// An instance's link and its guard.
 pub fn delete_veth(guard: &Guard) -> Result<()> {
     delete_link(guard.port)?;
+    unpin_neighbour(guard)?;
     guard_del(guard)
 }
 

@@ -48,3 +48,47 @@ fn deleting_or_adding_an_instance_keeps_the_gateway_mac() {
     assert_eq!(mac_of(&t.bridge), fixed, "after an add");
     t.sh(&other.record.id, &meta);
 }
+
+/// The host's neighbour entry for each instance and each instance's for
+/// the gateway are pinned (`PERMANENT`): the kernel's neighbour table is
+/// shared by every network namespace and refuses dynamic entries past
+/// `gc_thresh3` (1,024 here), which at two entries per instance left the
+/// 513th instance unable to reach the host; permanent entries do not count.
+/// The host's entry goes with the instance's link (stop, delete).
+#[test]
+fn neighbour_entries_are_pinned_and_go_with_the_link() {
+    let t = TestCloud::new();
+    let gw = t.gateway();
+    let a = t.create("systemDiskSize: 256Mi\n");
+    let (id, ip, mac) = (&a.record.id, &a.record.private_ip, &a.record.mac);
+    let host_entry = || {
+        let out = std::process::Command::new("ip")
+            .args(["neigh", "show", ip, "dev", &t.bridge])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let entry = host_entry();
+    assert!(
+        entry.contains(mac.as_str()) && entry.contains("PERMANENT"),
+        "host's entry for {ip}: {entry:?}"
+    );
+    let inside = t.sh(id, &format!("ip neigh show {gw}"));
+    let bridge_mac = knit_local::net::bridge_mac(gw.parse().unwrap());
+    assert!(
+        inside.contains(&bridge_mac) && inside.contains("PERMANENT"),
+        "instance's entry for the gateway: {inside:?}"
+    );
+    // Reached without asking ARP first.
+    t.sh(
+        id,
+        &format!("curl -sf --max-time 10 http://{gw}/latest/meta-data/hostname"),
+    );
+
+    t.cloud.stop(id).unwrap();
+    assert_eq!(host_entry(), "", "after stop");
+    t.cloud.start(id).unwrap();
+    assert!(host_entry().contains("PERMANENT"), "after start");
+    t.cloud.delete(id).unwrap();
+    assert_eq!(host_entry(), "", "after delete");
+}

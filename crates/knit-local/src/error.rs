@@ -122,16 +122,35 @@ impl From<knit_os::OsError> for LocalError {
                 status: "not started".into(),
                 stderr: source.to_string(),
             },
-            OsError::TimedOut { command, after } => LocalError::Command {
+            OsError::TimedOut {
                 command,
-                status: format!("timed out after {} s", after.as_secs()),
-                stderr: String::new(),
+                after,
+                stdout,
+                stderr,
+            } => LocalError::Command {
+                command,
+                status: format!("{TIMED_OUT} after {} s: killed", after.as_secs()),
+                stderr: printed_so_far(&stdout, &stderr),
             },
             other => LocalError::Parse {
                 what: other.code().to_string(),
                 message: other.to_string(),
             },
         }
+    }
+}
+
+/// How a [`LocalError::Command`]'s status starts when the command was
+/// killed at its deadline.
+pub const TIMED_OUT: &str = "timed out";
+
+/// What a command killed at its deadline had written: its stderr, then its
+/// stdout (each the end of it, as knit-os kept it).
+fn printed_so_far(stdout: &str, stderr: &str) -> String {
+    match (stderr.trim(), stdout.trim()) {
+        (err, "") => err.to_string(),
+        ("", out) => format!("stdout: {out}"),
+        (err, out) => format!("{err}\nstdout: {out}"),
     }
 }
 

@@ -1,14 +1,15 @@
 //! Commands with a deadline and an output cap: every program knit runs
-//! and waits for is started with stdin closed, its stdout and stderr read
-//! in threads (so a chatty program never blocks on a full pipe) up to a
-//! cap each, and killed (our own child, by its PID, not yet reaped) when
-//! it outlives its deadline. A child started with stdio of its own (a log
-//! file, a long-running service) is waited for with [`wait_while`] and
-//! stopped with [`terminate`] (SIGTERM, a grace, then SIGKILL).
+//! and waits for is started with stdin closed (or fed a given input from a
+//! thread, then closed), its stdout and stderr read in threads (so a
+//! chatty program never blocks on a full pipe) up to a cap each, and
+//! killed (our own child, by its PID, not yet reaped) when it outlives its
+//! deadline. A child started with stdio of its own (a log file, a
+//! long-running service) is waited for with [`wait_while`] and stopped
+//! with [`terminate`] (SIGTERM, a grace, then SIGKILL).
 
 use crate::error::{OsError, Result};
-use std::io::Read;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,11 @@ use std::time::{Duration, Instant};
 /// once, a long-running one costs 20 wake-ups a second.
 const POLL_FIRST: Duration = Duration::from_millis(1);
 const POLL_MAX: Duration = Duration::from_millis(50);
+
+/// Of each stream of a command killed at its deadline, the last this many
+/// bytes are kept in [`OsError::TimedOut`]: enough to see where it hung,
+/// small enough to carry in an error.
+pub const PRINTED_TAIL: usize = 4096;
 
 /// What a command left: its status and its output, each stream cut at the
 /// cap (`*_truncated` says so).
@@ -56,12 +62,34 @@ pub fn display(cmd: &Command) -> String {
 
 /// Runs `cmd` to its end within `timeout`, keeping at most `cap` bytes of
 /// each of stdout and stderr (the rest is read and dropped). Past the
-/// deadline the child is killed and reaped: [`OsError::TimedOut`]. A
-/// non-zero exit is not an error here: the caller reads `status`.
+/// deadline the child is killed and reaped: [`OsError::TimedOut`], with
+/// the end of what it had written. A non-zero exit is not an error here:
+/// the caller reads `status`.
 pub fn run(cmd: &mut Command, timeout: Duration, cap: usize) -> Result<Output> {
+    run_with_input(cmd, &[], timeout, cap)
+}
+
+/// Like [`run`], with `input` written to the command's stdin and stdin
+/// then closed (an empty `input`: stdin closed from the start). The input
+/// is written from a thread of its own, so a command that answers before
+/// it has read everything (its stdout filling while its stdin is full) is
+/// drained meanwhile and never deadlocks with us. A command that ends
+/// without reading all of its input is judged by its status alone, as in
+/// a shell pipe.
+pub fn run_with_input(
+    cmd: &mut Command,
+    input: &[u8],
+    timeout: Duration,
+    cap: usize,
+) -> Result<Output> {
     let shown = display(cmd);
+    let stdin = if input.is_empty() {
+        Stdio::null()
+    } else {
+        Stdio::piped()
+    };
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -73,6 +101,7 @@ pub fn run(cmd: &mut Command, timeout: Duration, cap: usize) -> Result<Output> {
     let (done_tx, done_rx) = mpsc::channel();
     let out = Capture::start(child.stdout.take(), cap, done_tx.clone());
     let err = Capture::start(child.stderr.take(), cap, done_tx);
+    feed(child.stdin.take(), input);
     let waited = wait_while(&mut child, &shown, || Instant::now() < deadline);
     let status = match waited {
         Ok(Some(status)) => status,
@@ -80,23 +109,21 @@ pub fn run(cmd: &mut Command, timeout: Duration, cap: usize) -> Result<Output> {
             // Our own child, not reaped yet: its PID is still ours.
             let _ = child.kill();
             let _ = child.wait();
-            return Err(match other {
-                Err(e) => e,
-                _ => OsError::TimedOut {
-                    command: shown,
-                    after: timeout,
-                },
+            // A wait that failed is the error; else the deadline passed.
+            other?;
+            // Its last writes are in the pipes: a moment for the readers.
+            wait_for_readers(&done_rx, Instant::now());
+            return Err(OsError::TimedOut {
+                command: shown,
+                after: timeout,
+                stdout: printed_tail(&out.take().0),
+                stderr: printed_tail(&err.take().0),
             });
         }
     };
     // The pipes close when the child ends, unless a process it left behind
     // holds them: wait for the readers no longer than the deadline.
-    for _ in 0..2 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if done_rx.recv_timeout(left.max(POLL_MAX)).is_err() {
-            break;
-        }
-    }
+    wait_for_readers(&done_rx, deadline);
     let (stdout, stdout_truncated) = out.take();
     let (stderr, stderr_truncated) = err.take();
     Ok(Output {
@@ -106,6 +133,38 @@ pub fn run(cmd: &mut Command, timeout: Duration, cap: usize) -> Result<Output> {
         stdout_truncated,
         stderr_truncated,
     })
+}
+
+/// Writes `input` to the child's stdin from a thread, then closes it. The
+/// thread ends when all is written or the pipe breaks (the child ended or
+/// was killed without reading it all, and left no process holding it):
+/// nobody waits for it, so a pipe held unread never holds the caller.
+fn feed(stdin: Option<ChildStdin>, input: &[u8]) {
+    if let Some(mut stdin) = stdin {
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            // A broken pipe is the child's choice; its status tells.
+            let _ = stdin.write_all(&input);
+        });
+    }
+}
+
+/// Waits until both stream readers are done, until `until` (at least
+/// [`POLL_MAX`] each, so that the last bytes of an ended child are read).
+fn wait_for_readers(done: &mpsc::Receiver<()>, until: Instant) {
+    for _ in 0..2 {
+        let left = until.saturating_duration_since(Instant::now());
+        if done.recv_timeout(left.max(POLL_MAX)).is_err() {
+            break;
+        }
+    }
+}
+
+/// The last [`PRINTED_TAIL`] bytes of a stream, as text (invalid UTF-8,
+/// a character cut at the start included, replaced): what an error keeps.
+pub fn printed_tail(bytes: &[u8]) -> String {
+    let from = bytes.len().saturating_sub(PRINTED_TAIL);
+    String::from_utf8_lossy(&bytes[from..]).into_owned()
 }
 
 /// Waits for our own child while `keep_waiting()` holds (asked at every
@@ -250,13 +309,32 @@ mod tests {
 
     #[test]
     fn a_command_that_outlives_its_deadline_is_killed_and_reported() {
-        // The child writes its PID first, then sleeps far past the deadline.
+        // The child writes its PID and a line on each stream first, then
+        // sleeps far past the deadline.
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("pid");
-        let script = format!("echo $$ > {}; exec sleep 300", pid_file.display());
+        let script = format!(
+            "echo $$ > {}; echo begun; echo waiting >&2; exec sleep 300",
+            pid_file.display()
+        );
         let err = run(&mut sh(&script), Duration::from_secs(2), 1024).unwrap_err();
         assert_eq!(err.code(), "CommandTimedOut");
         assert!(err.to_string().contains("sleep 300"), "{err}");
+        assert!(
+            err.to_string().ends_with("its stderr so far: waiting"),
+            "{err}"
+        );
+        let OsError::TimedOut {
+            after,
+            stdout,
+            stderr,
+            ..
+        } = err
+        else {
+            panic!("not a timeout: {err}")
+        };
+        assert_eq!(after, Duration::from_secs(2));
+        assert_eq!((stdout.as_str(), stderr.as_str()), ("begun\n", "waiting\n"));
         let pid: i32 = std::fs::read_to_string(&pid_file)
             .unwrap()
             .trim()
@@ -280,6 +358,84 @@ mod tests {
         assert!(out.stdout_truncated);
         assert_eq!(out.stderr_text(), "done\n");
         assert!(!out.stderr_truncated);
+    }
+
+    /// 1 MiB of numbered lines: more than a pipe holds, each part different.
+    fn big_input() -> Vec<u8> {
+        (0..100_000)
+            .flat_map(|i| format!("line {i:06}\n").into_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn input_is_delivered_while_the_output_is_drained() {
+        // cat writes as it reads: its stdout fills long before its stdin
+        // is written, which deadlocks a runner writing before it reads.
+        let input = big_input();
+        let out = run_with_input(
+            &mut Command::new("cat"),
+            &input,
+            Duration::from_secs(60),
+            2 << 20,
+        )
+        .unwrap();
+        assert!(out.success());
+        assert!(!out.stdout_truncated);
+        assert!(out.stdout == input, "{} bytes back", out.stdout.len());
+        // Small input, read to its end: the stream is closed after it.
+        let out =
+            run_with_input(&mut sh("wc -l"), b"a\nb\n", Duration::from_secs(30), 100).unwrap();
+        assert_eq!(out.stdout_text().trim(), "2");
+    }
+
+    #[test]
+    fn a_command_that_never_reads_its_input_is_killed_at_the_deadline() {
+        // Sleeps without reading: the writer blocks on the full pipe until
+        // the kill breaks it; the runner returns all the same.
+        let err = run_with_input(
+            &mut sh("echo waiting >&2; exec sleep 300"),
+            &big_input(),
+            Duration::from_secs(2),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "CommandTimedOut");
+        assert!(
+            err.to_string().contains("its stderr so far: waiting"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn output_of_an_input_over_the_cap_is_cut_and_a_command_may_leave_input_unread() {
+        let out = run_with_input(
+            &mut Command::new("cat"),
+            &big_input(),
+            Duration::from_secs(60),
+            1000,
+        )
+        .unwrap();
+        assert!(out.success());
+        assert_eq!(out.stdout, big_input()[..1000]);
+        assert!(out.stdout_truncated);
+        // Ends at once without reading: the broken pipe is not an error,
+        // its status is the answer.
+        let out =
+            run_with_input(&mut sh("exit 5"), &big_input(), Duration::from_secs(30), 10).unwrap();
+        assert_eq!(out.status.code(), Some(5));
+    }
+
+    #[test]
+    fn an_error_keeps_the_end_of_a_stream() {
+        assert_eq!(printed_tail(b"short"), "short");
+        let long = big_input();
+        let kept = printed_tail(&long);
+        assert_eq!(kept.len(), PRINTED_TAIL);
+        assert!(kept.ends_with("line 099999\n"), "{kept}");
+        // A character cut at the start is replaced, not an error.
+        let mut cut = "é".repeat(PRINTED_TAIL).into_bytes();
+        cut.truncate(PRINTED_TAIL * 2 - 1);
+        assert!(printed_tail(&cut).starts_with('\u{FFFD}'));
     }
 
     /// Starts `script` with a `ready` file it writes once its traps are

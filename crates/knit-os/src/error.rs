@@ -23,9 +23,17 @@ pub enum OsError {
         #[source]
         source: std::io::Error,
     },
-    /// A command outlived its deadline and was killed.
-    #[error("`{command}` still running after {} s: killed", after.as_secs())]
-    TimedOut { command: String, after: Duration },
+    /// A command outlived its deadline and was killed. `stdout` and
+    /// `stderr` are the end of what it had written by then (at most
+    /// [`crate::command::PRINTED_TAIL`] bytes each): where a hung tool
+    /// stopped.
+    #[error("`{command}` still running after {} s: killed{}", after.as_secs(), so_far(stderr))]
+    TimedOut {
+        command: String,
+        after: Duration,
+        stdout: String,
+        stderr: String,
+    },
     /// PEM text that does not hold what it must (`what` names the text:
     /// "the CA bundle", "the client key", ...).
     #[error("{what}: {rule}")]
@@ -36,6 +44,14 @@ pub enum OsError {
     /// A value a shell word cannot carry.
     #[error("shell value {value:?}: {rule}")]
     Quote { value: String, rule: &'static str },
+}
+
+/// A timed-out command's stderr as the end of its message ("" if it wrote none).
+fn so_far(stderr: &str) -> String {
+    match stderr.trim() {
+        "" => String::new(),
+        text => format!("; its stderr so far: {text}"),
+    }
 }
 
 impl OsError {

@@ -68,7 +68,7 @@ impl From<knit_os::OsError> for QemuError {
                 status: "not started".into(),
                 stderr: source.to_string(),
             },
-            OsError::TimedOut { command, after } => QemuError::Timeout {
+            OsError::TimedOut { command, after, .. } => QemuError::Timeout {
                 what: command,
                 secs: after.as_secs(),
             },

@@ -322,7 +322,7 @@ fn resolve(apt: &Path, progress: &mut dyn FnMut(&str)) -> Result<BTreeMap<String
     let opts = apt_options(apt);
     let mut update: Vec<&str> = opts.iter().map(String::as_str).collect();
     update.extend(["-q", "update"]);
-    if let Err(e) = run_timed("apt-get", &update, APT_TIMEOUT) {
+    if let Err(e) = apt_get(&update) {
         let have_lists = std::fs::read_dir(apt.join("lists"))
             .map(|d| {
                 d.filter_map(|e| e.ok())
@@ -347,7 +347,7 @@ fn resolve(apt: &Path, progress: &mut dyn FnMut(&str)) -> Result<BTreeMap<String
         "apt",
     ]);
     install.extend(PACKAGES);
-    let out = run_timed("apt-get", &install, APT_TIMEOUT)?;
+    let out = apt_get(&install)?;
     let resolved = parse_simulation(&out);
     if resolved.is_empty() {
         return Err(LocalError::Command {
@@ -533,7 +533,11 @@ fn mmdebstrap(
         return Err(LocalError::Command {
             command,
             status: if timed_out {
-                format!("timed out after {} s", BUILD_TIMEOUT.as_secs())
+                format!(
+                    "{} after {} s: killed",
+                    crate::error::TIMED_OUT,
+                    BUILD_TIMEOUT.as_secs()
+                )
             } else {
                 status.to_string()
             },
@@ -631,17 +635,9 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// apt's output kept (each stream): the simulation lists every package.
 const APT_OUTPUT_CAP: usize = 16 << 20;
 
-/// Runs a command with a deadline (killed after it): its stdout.
-fn run_timed(program: &str, args: &[&str], timeout: Duration) -> Result<String> {
-    let out = knit_os::command::run(Command::new(program).args(args), timeout, APT_OUTPUT_CAP)?;
-    if !out.success() {
-        return Err(LocalError::Command {
-            command: knit_os::command::display(Command::new(program).args(args)),
-            status: out.status.to_string(),
-            stderr: out.stderr_text().chars().take(4000).collect(),
-        });
-    }
-    Ok(out.stdout_text())
+/// Runs apt-get with its deadline (killed after it) and cap: its stdout.
+fn apt_get(args: &[&str]) -> Result<String> {
+    crate::run::run_within("apt-get", args, "", APT_TIMEOUT, APT_OUTPUT_CAP)
 }
 
 #[cfg(test)]

@@ -595,18 +595,42 @@ impl Cloud {
         // mount namespace: nothing of the host is written, whatever links
         // the instance holds.
         let script = hostname_script(&rec.hostname, &rec.private_ip, old)?;
-        let out = self.exec(&rec.id, &["/bin/sh".into(), "-c".into(), script])?;
-        if !out.status.success() {
+        let command = format!(
+            "sh (rewrite /etc/hostname and /etc/hosts) inside {}",
+            rec.id
+        );
+        let argv = ["/bin/sh".to_string(), "-c".into(), script];
+        let out = self.guest_step(&rec.id, &command, &argv, b"")?;
+        if !out.success() {
             return Err(LocalError::Command {
-                command: format!(
-                    "sh (rewrite /etc/hostname and /etc/hosts) inside {}",
-                    rec.id
-                ),
+                command,
                 status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                stderr: out.stderr_text().trim().to_string(),
             });
         }
         Ok(())
+    }
+
+    /// Runs one of knit's own steps inside the instance: `argv` with
+    /// `input` on stdin, killed past [`GUEST_STEP_TIMEOUT`]. `command`
+    /// names it in errors (not nsenter's long command line).
+    fn guest_step(
+        &self,
+        id: &str,
+        command: &str,
+        argv: &[String],
+        input: &[u8],
+    ) -> Result<knit_os::command::Output> {
+        let mut cmd = self.exec_command(id, argv)?;
+        knit_os::command::run_with_input(&mut cmd, input, GUEST_STEP_TIMEOUT, GUEST_STEP_OUTPUT_CAP)
+            .map_err(|e| match LocalError::from(e) {
+                LocalError::Command { status, stderr, .. } => LocalError::Command {
+                    command: command.to_string(),
+                    status,
+                    stderr,
+                },
+                other => other,
+            })
     }
 
     /// Sets root's password inside a running instance: `chpasswd -c SHA512`
@@ -619,24 +643,27 @@ impl Cloud {
         check_password(password)?;
         self.running(id, "set the root password")?;
         let argv = ["chpasswd".to_string(), "-c".into(), "SHA512".into()];
-        let mut cmd = self.exec_command(id, &argv)?;
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().ctx("cannot run nsenter", "nsenter")?;
-        let written = match child.stdin.take() {
-            Some(mut stdin) => {
-                use std::io::Write;
-                stdin.write_all(format!("root:{password}\n").as_bytes())
-            }
-            None => Err(std::io::Error::other("no stdin pipe")),
-        };
-        let out = child
-            .wait_with_output()
-            .ctx("cannot wait for nsenter", "nsenter")?;
         let command = format!("chpasswd -c SHA512 inside {id}");
-        if !out.status.success() {
-            let mut stderr = String::from_utf8_lossy(&out.stderr)
+        // One line shorter than PIPE_BUF into an empty pipe: chpasswd
+        // gets it whole or not at all, never a cut password.
+        let line = format!("root:{password}\n");
+        let out = self
+            .guest_step(id, &command, &argv, line.as_bytes())
+            .map_err(|e| match e {
+                LocalError::Command {
+                    command,
+                    status,
+                    stderr,
+                } => LocalError::Command {
+                    command,
+                    status,
+                    stderr: stderr.replace(password, "(redacted)"),
+                },
+                other => other,
+            })?;
+        if !out.success() {
+            let mut stderr = out
+                .stderr_text()
                 .replace(password, "(redacted)")
                 .trim()
                 .to_string();
@@ -649,13 +676,6 @@ impl Cloud {
                 command,
                 status: out.status.to_string(),
                 stderr,
-            });
-        }
-        if let Err(e) = written {
-            return Err(LocalError::Command {
-                command,
-                status: "its stdin could not be written".into(),
-                stderr: e.to_string(),
             });
         }
         let rec = {
@@ -723,6 +743,14 @@ fn kill_until_empty(list: impl Fn() -> Vec<i32>, killed: &mut BTreeSet<i32>) {
 
 /// Rounds of [`kill_until_empty`]: 100 × 20 ms, two seconds at most.
 const KILL_ROUNDS: usize = 100;
+
+/// How long a step knit runs inside an instance (its hostname files
+/// rewritten, chpasswd) may take: a few small files; past it the instance
+/// is hung, and the caller is not held with it.
+const GUEST_STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Output kept of such a step, each stream: its error messages.
+const GUEST_STEP_OUTPUT_CAP: usize = 64 << 10;
 
 #[cfg(test)]
 mod tests {

@@ -264,7 +264,15 @@ pub fn pin_neighbour(guard: &Guard) -> Result<()> {
     run(
         "ip",
         &[
-            "neigh", "replace", &ip, "lladdr", guard.mac, "dev", guard.bridge, "nud", "permanent",
+            "neigh",
+            "replace",
+            &ip,
+            "lladdr",
+            guard.mac,
+            "dev",
+            guard.bridge,
+            "nud",
+            "permanent",
         ],
     )
     .map(|_| ())

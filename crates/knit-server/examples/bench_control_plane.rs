@@ -18,11 +18,8 @@ use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
 use knit_client::{Client, ClientConfig};
 use knit_db::testing::TestPostgres;
 use knit_db::Datastore;
-use knit_server::bootstrap::NoCluster;
-use knit_server::control::ControlPlane;
-use knit_server::reconcile::plan;
 use knit_server::store::InstanceRecord;
-use knit_server::{Server, Settings};
+use knit_server::{reconcile_plan, ControlPlane, NoCluster, Server, Settings};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,7 +74,7 @@ fn main() {
     let mut samples = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        let p = plan(NODES - 100, &instances, &Default::default());
+        let p = reconcile_plan(NODES - 100, &instances, &Default::default());
         samples.push(t.elapsed());
         assert_eq!(p.delete.len(), 100);
     }

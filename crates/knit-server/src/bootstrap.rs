@@ -4,7 +4,7 @@
 
 // The seam to the cluster is the cluster's (`cluster/seam.rs`); its names
 // stay reachable here, where the rooms above find them.
-pub use crate::cluster::seam::{ClusterJoin, JoinMaterial, NoCluster};
+pub use crate::cluster::seam::{ClusterJoin, JoinMaterial};
 use crate::store::InstanceRecord;
 use knit_api::{
     BasePackages, Cluster, ClusterAccess, DataDiskConfig, FsType, JoinSettings, KubernetesPackage,

@@ -3,15 +3,15 @@
 //! reconciler (creates, deletes, repair) and the recovery of snapshot
 //! builds whose server is gone. Leadership is a lease in the datastore
 //! (`store::leader`), renewed every third of its time; the leader's work
-//! runs under a [`Fence`] that every write of it checks. On SQLite there is
-//! one server, which takes the lease at once and keeps it.
+//! runs under a [`crate::store::Fence`] that every write of it checks. On
+//! SQLite there is one server, which takes the lease at once and keeps it.
 
 use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::store::{now_ms, Lease, ServerRecord};
 // The fence leader work runs under is the store's, which checks it in
 // every write; here is where leader work is put under it.
-pub use crate::store::fence::{current_fence, fenced, spawn, Fence};
+pub use crate::store::fence::{fenced, spawn};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -15,7 +15,7 @@
 //! its `count` and `lastTimestamp` as kube's event recorder does.
 
 // Written through the cluster seam, which owns how (`cluster/seam.rs`).
-pub use crate::cluster::seam::{upsert, NAMESPACE};
+pub use crate::cluster::seam::NAMESPACE;
 use crate::control::ControlPlane;
 use crate::store::{EventRecord, EventSink};
 use serde_json::{json, Value};
@@ -48,12 +48,6 @@ pub fn involved_object(kind: &str, name: &str) -> Value {
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of milliseconds since the epoch (metav1.Time).
 pub use knit_os::time::rfc3339_ms as rfc3339;
-
-/// The Event object of one stored event about `node`; `None` when its name
-/// would not be a valid object name.
-pub fn event_object(node: &str, e: &EventRecord) -> Option<Value> {
-    event_object_about("Node", node, e)
-}
 
 /// The Event object of one stored event about `kind` `object` (a Node,
 /// an Instance without a node, a NodePool); `None` when its name would not
@@ -185,7 +179,7 @@ mod tests {
 
     #[test]
     fn an_event_is_about_the_node_with_its_count() {
-        let o = event_object("local.i-1", &record("Node", 3)).unwrap();
+        let o = event_object_about("Node", "local.i-1", &record("Node", 3)).unwrap();
         assert_eq!(o["metadata"]["name"], "local.i-1.19adff4591b2a");
         assert_eq!(o["involvedObject"]["kind"], "Node");
         assert_eq!(o["involvedObject"]["uid"], "local.i-1");
@@ -194,7 +188,7 @@ mod tests {
         assert_eq!(o["firstTimestamp"], "2025-12-02T16:45:24Z");
         assert_eq!(o["lastTimestamp"], "2025-12-02T16:46:24Z");
         assert_eq!(o["source"]["component"], "knit");
-        assert!(event_object("x/../y", &record("Node", 1)).is_none());
+        assert!(event_object_about("Node", "x/../y", &record("Node", 1)).is_none());
         assert!(published("Instance") && published("NodePool") && !published("Cluster"));
     }
 

@@ -115,7 +115,7 @@ fn write_repository(repo: &Path, work: &Path) {
         repo.join("Release"),
         format!(
             "Origin: knit\nLabel: knit\nDate: {}\nSHA256:\n {sum} {} Packages\n",
-            knit_server::http::mirror::http_date(
+            knit_os::time::http_date(
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap()

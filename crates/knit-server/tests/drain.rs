@@ -15,12 +15,8 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use knit_api::state::DrainState;
-use knit_server::bootstrap::ClusterJoin;
-use knit_server::cluster::external::ExternalJoin;
-use knit_server::cluster::EmbeddedJoin;
-use knit_server::drain::Progress;
 use knit_server::store::Store;
-use knit_server::{ControlPlane, Settings};
+use knit_server::{ClusterJoin, ControlPlane, DrainProgress, EmbeddedJoin, ExternalJoin, Settings};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -194,7 +190,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
 
     // Pass 1: cordoned; one web pod and the batch pod evicted, the other
     // web pod refused: the budget is named.
-    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(step().await.unwrap(), DrainProgress::Wait(_)));
     let nodes: Api<Node> = Api::all(admin.client.clone());
     let cordoned = nodes.get(&n1).await.unwrap();
     assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
@@ -223,7 +219,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
 
     // Still refused while the budget allows nothing.
     admin.budget_allows(&format!("{tag}-web"), 0).await;
-    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(step().await.unwrap(), DrainProgress::Wait(_)));
     assert_eq!(
         cp.store().drain(&instance).unwrap().unwrap().state,
         DrainState::Blocked
@@ -234,12 +230,12 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
         .pod(&format!("{tag}-web-3"), &n2, web.clone(), json!({}))
         .await;
     admin.budget_allows(&format!("{tag}-web"), 1).await;
-    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(step().await.unwrap(), DrainProgress::Wait(_)));
     let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Draining, "{d:?}");
     assert_eq!(d.budget, None);
     assert_eq!(admin.finish_deletions().await.len(), 1);
-    assert_eq!(step().await.unwrap(), Progress::Done);
+    assert_eq!(step().await.unwrap(), DrainProgress::Done);
     let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Drained);
     assert_eq!(d.evicted, 3);
@@ -260,7 +256,7 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
         "{steps:?}"
     );
     // Done is done: a resumed intent does not drain again.
-    assert_eq!(step().await.unwrap(), Progress::Done);
+    assert_eq!(step().await.unwrap(), DrainProgress::Done);
 
     // onTimeout: force, past a 1 s timeout: the protected pod is deleted.
     let forced_pool = format!("{tag}-f");
@@ -279,18 +275,18 @@ async fn drain_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     admin.budget_allows(&format!("{tag}-web"), 0).await;
     let forced_instance = format!("{tag}-f-a");
     let forced = || cp.drain_step(2, &forced_instance, &n3, &forced_pool);
-    assert!(matches!(forced().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(forced().await.unwrap(), DrainProgress::Wait(_)));
     assert_eq!(
         cp.store().drain(&forced_instance).unwrap().unwrap().state,
         DrainState::Blocked
     );
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert!(matches!(forced().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(forced().await.unwrap(), DrainProgress::Wait(_)));
     let d = cp.store().drain(&forced_instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Forcing, "{d:?}");
     assert!(d.timed_out_ms.is_some());
     assert_eq!(admin.finish_deletions().await, vec![format!("{tag}-web-9")]);
-    assert_eq!(forced().await.unwrap(), Progress::Done);
+    assert_eq!(forced().await.unwrap(), DrainProgress::Done);
     let reasons: Vec<String> = cp
         .store()
         .events(100)
@@ -377,7 +373,7 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     pool(cp, &pool_name, 1, "wait");
     let instance = format!("{tag}-two-a");
     let step = || cp.drain_step(3, &instance, &node, &pool_name);
-    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(step().await.unwrap(), DrainProgress::Wait(_)));
     let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Blocked, "{d:?}");
     let budget = d.budget.clone().unwrap_or_default();
@@ -407,7 +403,7 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
 
     // Past the 1 s timeout, onTimeout wait: still blocked, still there.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(step().await.unwrap(), DrainProgress::Wait(_)));
     let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Blocked, "{d:?}");
     assert!(d.timed_out_ms.is_some());
@@ -424,11 +420,11 @@ async fn two_budgets_story(cp: &ControlPlane, admin: &Admin, tag: &str) {
     let mut p = cp.store().pool(&pool_name).unwrap().unwrap().pool;
     p.spec.drain.on_timeout = "force".into();
     cp.store().update_pool(&p).unwrap();
-    assert!(matches!(step().await.unwrap(), Progress::Wait(_)));
+    assert!(matches!(step().await.unwrap(), DrainProgress::Wait(_)));
     let d = cp.store().drain(&instance).unwrap().unwrap();
     assert_eq!(d.state, DrainState::Forcing, "{d:?}");
     assert_eq!(admin.finish_deletions().await, vec![pod.clone()]);
-    assert_eq!(step().await.unwrap(), Progress::Done);
+    assert_eq!(step().await.unwrap(), DrainProgress::Done);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

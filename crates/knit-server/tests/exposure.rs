@@ -6,7 +6,7 @@ mod support;
 
 use knit_api::state::EventType;
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::control::ConnectionLimits;
+use knit_server::ConnectionLimits;
 use std::io::Read;
 use std::time::Duration;
 use support::TestServer;
@@ -427,7 +427,7 @@ fn a_server_whose_ca_is_gone_refuses_to_start_and_says_how_to_recover() {
         rt.block_on(knit_server::start(
             s,
             None,
-            std::sync::Arc::new(knit_server::bootstrap::NoCluster),
+            std::sync::Arc::new(knit_server::NoCluster),
         ))
     };
     let first = start(settings.clone()).unwrap();

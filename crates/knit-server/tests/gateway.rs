@@ -87,9 +87,8 @@ fn the_advertised_host_is_the_providers_gateway_where_the_server_listens() {
     let settings = Settings::new("/nonexistent".into());
     let gw: IpAddr = "10.219.1.1".parse().unwrap();
     let at = |a: &str| -> SocketAddr { a.parse().unwrap() };
-    let host = |addrs: &[SocketAddr], gateway| {
-        knit_server::server::advertise_host(&settings, addrs, gateway)
-    };
+    let host =
+        |addrs: &[SocketAddr], gateway| knit_server::advertise_host(&settings, addrs, gateway);
     assert_eq!(host(&[at("0.0.0.0:7443")], Some(gw)), "10.219.1.1");
     assert_eq!(
         host(&[at("127.0.0.1:7443"), at("10.219.1.1:7443")], Some(gw)),
@@ -101,7 +100,7 @@ fn the_advertised_host_is_the_providers_gateway_where_the_server_listens() {
     let mut told = Settings::new("/nonexistent".into());
     told.advertise_host = Some("knit.example".into());
     assert_eq!(
-        knit_server::server::advertise_host(&told, &[at("0.0.0.0:7443")], Some(gw)),
+        knit_server::advertise_host(&told, &[at("0.0.0.0:7443")], Some(gw)),
         "knit.example"
     );
     // The local cloud's gateway is its subnet's first host.

@@ -86,7 +86,7 @@ struct Cloud {
     /// Ids of the machines released, in order.
     released: Mutex<Vec<String>>,
     /// The leader lease each release ran under (`ha::current_fence`).
-    released_under: Mutex<HashMap<String, Option<knit_server::ha::Fence>>>,
+    released_under: Mutex<HashMap<String, Option<knit_server::store::Fence>>>,
     /// Per pool: the most machines alive at once.
     peak: Mutex<HashMap<String, usize>>,
     /// The node of each joined machine (by id), as the kubelet named it.
@@ -227,13 +227,13 @@ impl Provider for Cloud {
         }
         if lock(&self.machines).remove(id).is_some() {
             lock(&self.released).push(id.to_string());
-            lock(&self.released_under).insert(id.to_string(), knit_server::ha::current_fence());
+            lock(&self.released_under).insert(id.to_string(), knit_server::store::current_fence());
         }
         Ok(())
     }
     /// cloud-init's result record: every part ran.
     async fn read_file(&self, _id: &str, path: &str) -> Result<Vec<u8>> {
-        if path == knit_server::reconcile::USER_DATA_RESULT {
+        if path == knit_server::USER_DATA_RESULT {
             return Ok(br#"{"v1": {"errors": []}}"#.to_vec());
         }
         refuse("read_file")
@@ -457,7 +457,7 @@ impl Sim {
 struct Srv {
     rt: Option<tokio::runtime::Runtime>,
     server: Option<Server>,
-    join: Arc<knit_server::cluster::EmbeddedJoin>,
+    join: Arc<knit_server::EmbeddedJoin>,
     client: Arc<Client>,
     kubeconfig: PathBuf,
 }
@@ -599,9 +599,8 @@ impl World {
             .block_on(knit_cluster::EmbeddedCluster::start(cfg))
             .unwrap_or_else(|e| panic!("embedded API of server {i}: {e}"));
         let kubeconfig = cluster.admin_kubeconfig_path().to_path_buf();
-        let join = Arc::new(
-            knit_server::cluster::EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap(),
-        );
+        let join =
+            Arc::new(knit_server::EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap());
         let mut settings = Settings::new(state);
         settings.listen = "127.0.0.1:0".parse().unwrap();
         settings.console = None;

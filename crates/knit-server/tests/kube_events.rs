@@ -7,9 +7,8 @@
 //! knit's own store. Skips (saying so) when kubectl is not installed.
 
 use knit_api::state::EventType;
-use knit_server::cluster::EmbeddedJoin;
 use knit_server::store::Store;
-use knit_server::{ControlPlane, Settings};
+use knit_server::{ControlPlane, EmbeddedJoin, Settings};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -124,7 +123,7 @@ fn node_events_reach_kubectl_counted_once_per_repeat() {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let publisher = {
         let _runtime = rt.enter();
-        knit_server::kube_events::start(&cp, rx)
+        knit_server::start_kube_events(&cp, rx)
     };
 
     // The node, as its kubelet registers it.

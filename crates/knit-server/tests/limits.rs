@@ -13,7 +13,7 @@
 mod support;
 
 use knit_api::{NodeConfig, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::control::ConnectionLimits;
+use knit_server::ConnectionLimits;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use std::net::SocketAddr;

@@ -12,10 +12,9 @@
 use async_trait::async_trait;
 use knit_api::state::InstanceState;
 use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
-use knit_server::bootstrap::{ClusterJoin, JoinMaterial};
 use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
 use knit_server::store::{Enrollment, Store};
-use knit_server::{ControlPlane, ServerError, Settings};
+use knit_server::{ClusterJoin, ControlPlane, JoinMaterial, ServerError, Settings};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -110,10 +109,7 @@ impl Provider for Cloud {
             std::future::pending::<()>().await;
         }
         if self.endless.lock().unwrap().iter().any(|h| h == id) {
-            return Ok(vec![
-                0;
-                knit_server::reconcile::USER_DATA_RESULT_MAX_BYTES + 1
-            ]);
+            return Ok(vec![0; knit_server::USER_DATA_RESULT_MAX_BYTES + 1]);
         }
         self.files
             .lock()
@@ -665,7 +661,7 @@ async fn a_stuck_or_endless_result_file_holds_up_no_other_instance() {
     env.cloud.hang.lock().unwrap().push("i-p-fifo".into());
     env.cloud.endless.lock().unwrap().push("i-p-zero".into());
     env.cloud.files.lock().unwrap().insert(
-        format!("i-p-fine:{}", knit_server::reconcile::USER_DATA_RESULT),
+        format!("i-p-fine:{}", knit_server::USER_DATA_RESULT),
         br#"{"v1": {"errors": []}}"#.to_vec(),
     );
     env.cp.check_user_data().await.unwrap();

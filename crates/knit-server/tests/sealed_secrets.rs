@@ -6,8 +6,7 @@
 
 use knit_db::testing::TestPostgres;
 use knit_db::{Datastore, Db, Limits};
-use knit_server::bootstrap::NoCluster;
-use knit_server::{Server, Settings};
+use knit_server::{NoCluster, Server, Settings};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,7 +29,7 @@ fn settings(dir: &Path, name: &str, url: &str, key: Option<&Path>) -> Settings {
     s
 }
 
-async fn start(s: Settings) -> knit_server::error::Result<Server> {
+async fn start(s: Settings) -> knit_server::Result<Server> {
     knit_server::start(s, None, Arc::new(NoCluster)).await
 }
 

@@ -4,10 +4,11 @@
 
 mod support;
 
+use knit_api::routes::Access;
 use knit_api::state::TokenRole;
 use knit_api::views::{TokenCreateRequest, TokenCreated};
 use knit_client::{Client, ClientError};
-use knit_server::http::auth::{route_table, Access};
+use knit_server::route_table;
 use serde_json::Value;
 use support::TestServer;
 
@@ -231,7 +232,7 @@ fn revoked_and_expired_tokens_are_refused() {
         .store()
         .add_api_token(
             "tok-expired0001",
-            &knit_server::pki::token_hash(secret),
+            &knit_server::token_hash(secret),
             TokenRole::Admin,
             "",
             Some(knit_server::store::now_ms() - 1),

@@ -6,7 +6,7 @@
 
 use crate::error::{io, CliError, Result};
 use clap::Subcommand;
-use knit_server::control::Settings;
+use knit_server::Settings;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -116,7 +116,7 @@ pub fn run(action: PackageAction) -> Result<ExitCode> {
     );
     // The images nodes pull, served by the server at /v2/ (it builds them
     // itself when missing: a failure here is a warning).
-    match knit_server::registry::ensure_layout(&state_dir) {
+    match knit_server::ensure_registry_layout(&state_dir) {
         Ok(layout) => {
             for e in &layout.entries {
                 println!(

@@ -7,9 +7,9 @@ use crate::error::{io, CliError, Result};
 use clap::Args;
 use knit_api::state::InstanceState;
 use knit_client::{Client, ClientConfig};
-use knit_server::control::{Settings, DEFAULT_PORT};
 use knit_server::features::{self, Feature};
 use knit_server::provider::ProviderKind;
+use knit_server::{Settings, DEFAULT_PORT};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -522,8 +522,8 @@ fn settings(opts: &ServerOpts) -> Result<Settings> {
 
 /// `--console-listen`: an address, `off`, or (absent) the default port on
 /// loopback, which another server may already hold.
-fn console_settings(opts: &ServerOpts) -> Result<Option<knit_server::control::ConsoleSettings>> {
-    use knit_server::control::{ConsoleSettings, DEFAULT_CONSOLE_PORT};
+fn console_settings(opts: &ServerOpts) -> Result<Option<knit_server::ConsoleSettings>> {
+    use knit_server::{ConsoleSettings, DEFAULT_CONSOLE_PORT};
     let (listen, required) = match opts.console_listen.as_deref().map(str::trim) {
         Some("off") => return Ok(None),
         Some(text) => (
@@ -587,7 +587,7 @@ pub fn init(cli_config: &Option<PathBuf>, opts: &ServerOpts) -> Result<ExitCode>
     let s = settings(opts)?;
     std::fs::create_dir_all(&s.state_dir)
         .map_err(io(format!("create {}", s.state_dir.display())))?;
-    let (ca_cert, token) = knit_server::server::init_state(&s)?;
+    let (ca_cert, token) = knit_server::init_state(&s)?;
     let path = config_path(cli_config)?;
     ClientConfig {
         server: local_url(opts)?,
@@ -685,9 +685,9 @@ pub fn serve(
             "embedded" => Some(Arc::new(start_cluster(&s, &opts, cluster_max).await?)),
             _ => None,
         };
-        let join: Arc<dyn knit_server::bootstrap::ClusterJoin> = match &embedded {
+        let join: Arc<dyn knit_server::ClusterJoin> = match &embedded {
             Some(e) => e.clone(),
-            None => Arc::new(knit_server::bootstrap::NoCluster),
+            None => Arc::new(knit_server::NoCluster),
         };
         let server = knit_server::start(s, provider, join).await?;
         if write_config {
@@ -759,11 +759,11 @@ async fn start_cluster(
     s: &Settings,
     opts: &ServerOpts,
     max_connections: usize,
-) -> Result<knit_server::cluster::EmbeddedJoin> {
+) -> Result<knit_server::EmbeddedJoin> {
     let gateway = gateway(opts)?;
     let listen = cluster_listen(s, gateway, opts.cluster_port);
     let addrs = [listen];
-    let advertise = knit_server::server::advertise_host(s, &addrs, gateway);
+    let advertise = knit_server::advertise_host(s, &addrs, gateway);
     let mut cfg = knit_cluster::ClusterConfig::new(s.state_dir.join("cluster"), listen);
     cfg.advertise_address = Some(advertise);
     cfg.connections = knit_cluster::conn::ListenerLimits {
@@ -773,7 +773,7 @@ async fn start_cluster(
     cfg.http = s.limits.http();
     // Node podCIDRs are cut from the Cluster's `spec.network.podCidr` (the
     // stored document, read at start; the default before one is applied).
-    if let Some(stored) = knit_server::server::stored_cluster(s)? {
+    if let Some(stored) = knit_server::stored_cluster(s)? {
         cfg.pod_cidr = stored.spec.network.pod_cidr;
     }
     // On a shared datastore the embedded API's objects live there too, so
@@ -790,10 +790,7 @@ async fn start_cluster(
             cluster.admin_kubeconfig_path().display()
         ),
     );
-    Ok(knit_server::cluster::EmbeddedJoin::new(
-        cluster,
-        s.join_token_ttl,
-    )?)
+    Ok(knit_server::EmbeddedJoin::new(cluster, s.join_token_ttl)?)
 }
 
 pub fn up(cli_config: &Option<PathBuf>, opts: ServerOpts) -> Result<ExitCode> {

@@ -9,8 +9,8 @@
 //! ([`crate::pki::Pki::client_certificate`], through `knit autoscaler
 //! cloud-config`) gets past the TLS handshake.
 
-pub mod service;
-pub mod template;
+pub(crate) mod service;
+pub(crate) mod template;
 
 // Its settings are the control plane's (`Settings::autoscaler`).
 pub use crate::control::AutoscalerSettings;

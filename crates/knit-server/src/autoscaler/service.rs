@@ -252,15 +252,9 @@ impl pb::cloud_provider_server::CloudProvider for Autoscaler {
         &self,
         _: Request<pb::GetAvailableGpuTypesRequest>,
     ) -> Answer<pb::GetAvailableGpuTypesResponse> {
-        let gpu_types = knit_api::instance_types::all()
-            .iter()
-            .filter_map(|t| t.gpu_type)
-            .map(|model| {
-                (
-                    template::gpu_label_value(model),
-                    prost_types::Any::default(),
-                )
-            })
+        let gpu_types = gpu_types()
+            .into_iter()
+            .map(|value| (value, prost_types::Any::default()))
             .collect();
         Ok(Response::new(pb::GetAvailableGpuTypesResponse {
             gpu_types,
@@ -608,7 +602,7 @@ pub fn options(
     o
 }
 
-/// The distinct GPU label values of the catalog (for tests and docs).
+/// The distinct GPU label values of the catalog.
 pub fn gpu_types() -> BTreeSet<String> {
     knit_api::instance_types::all()
         .iter()

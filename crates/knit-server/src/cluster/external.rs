@@ -725,12 +725,14 @@ mod tests {
                 reason: "Drained".into(),
                 message: "drained".into(),
             };
-            let object = crate::kube_events::event_object("local.i-1", &record).unwrap();
+            let object =
+                crate::kube_events::event_object_about("Node", "local.i-1", &record).unwrap();
             let name = object["metadata"]["name"].as_str().unwrap().to_string();
             join.publish_event(&object).await.unwrap();
             record.count = 4;
             record.last_ms += 60_000;
-            let again = crate::kube_events::event_object("local.i-1", &record).unwrap();
+            let again =
+                crate::kube_events::event_object_about("Node", "local.i-1", &record).unwrap();
             join.publish_event(&again).await.unwrap();
             let events: Api<Event> =
                 Api::namespaced(join.client.clone(), crate::kube_events::NAMESPACE);
@@ -747,7 +749,8 @@ mod tests {
                 .await
                 .unwrap();
             record.count = 5;
-            let lost = crate::kube_events::event_object("local.i-1", &record).unwrap();
+            let lost =
+                crate::kube_events::event_object_about("Node", "local.i-1", &record).unwrap();
             join.publish_event(&lost).await.unwrap();
             assert_eq!(events.get(&name).await.unwrap().count, Some(5));
             cluster.shutdown_handle().shutdown();
@@ -947,7 +950,7 @@ mod tests {
             let cfg =
                 ClusterConfig::new(dir.path().join("cluster"), "127.0.0.1:0".parse().unwrap());
             let cluster = EmbeddedCluster::start(cfg).await.unwrap();
-            let none: Arc<dyn ClusterJoin> = Arc::new(crate::bootstrap::NoCluster);
+            let none: Arc<dyn ClusterJoin> = Arc::new(crate::cluster::seam::NoCluster);
             let ttl = Duration::from_secs(60);
 
             let embedded = knit_api::Cluster::default();
@@ -991,7 +994,7 @@ mod tests {
                 .unwrap();
 
             // Started with no cluster, the server still joins nodes there.
-            let server = crate::start(settings, None, Arc::new(crate::bootstrap::NoCluster))
+            let server = crate::start(settings, None, Arc::new(crate::cluster::seam::NoCluster))
                 .await
                 .unwrap();
             assert!(server.control.cluster.attached());

@@ -99,19 +99,15 @@ pub enum Eviction {
     Gone,
     /// Refused for now, with the API's message: 429 (a
     /// PodDisruptionBudget does not allow it), or 500 for a pod that more
-    /// than one budget selects ([`MULTIPLE_BUDGETS`]).
+    /// than one budget selects (the API says it "has more than one
+    /// PodDisruptionBudget").
     Refused(String),
 }
 
-/// kube-apiserver's message (with status 500) for the eviction of a pod
-/// that more than one PodDisruptionBudget selects: no eviction of it can
-/// succeed while both select it.
-pub const MULTIPLE_BUDGETS: &str =
-    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.";
-
 /// Whether an eviction's error answer is a refusal by the pod's budgets
 /// (the drain waits and names them) rather than a failure of the API: 429,
-/// or 500 with [`MULTIPLE_BUDGETS`].
+/// or 500 for a pod that more than one PodDisruptionBudget selects (no
+/// eviction of it can succeed while both select it).
 pub fn is_budget_refusal(status: u16, message: &str) -> bool {
     status == 429 || (status == 500 && message.contains("more than one PodDisruptionBudget"))
 }
@@ -225,6 +221,11 @@ pub fn eviction_body(namespace: &str, name: &str) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// kube-apiserver's message (with status 500) for the eviction of a pod
+    /// that more than one PodDisruptionBudget selects.
+    const MULTIPLE_BUDGETS: &str =
+        "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.";
 
     #[test]
     fn rfc3339_reads_as_milliseconds_since_the_epoch() {

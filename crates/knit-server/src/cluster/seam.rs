@@ -110,7 +110,7 @@ pub trait ClusterJoin: Send + Sync {
         Ok(NodePatched::NotFound)
     }
 
-    /// Writes one core/v1 Event (`crate::kube_events::event_object`):
+    /// Writes one core/v1 Event (`crate::kube_events::event_object_about`):
     /// created, or its count and last time updated when it exists.
     async fn publish_event(&self, _event: &serde_json::Value) -> Result<()> {
         Ok(())

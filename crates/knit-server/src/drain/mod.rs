@@ -34,7 +34,6 @@ use crate::cluster::pods::{BudgetFacts, Eviction, PodFacts};
 // The default is a setting's (`Settings::drain_skip_wait`).
 use crate::cluster::seam::CLUSTER_CALL_TIMEOUT;
 use crate::control::ControlPlane;
-pub use crate::control::DEFAULT_SKIP_WAIT;
 use crate::error::{Result, ServerError};
 use crate::provider::within;
 use crate::store::{now_ms, DrainRecord};
@@ -59,16 +58,9 @@ pub enum PodClass {
     /// Being deleted: waited for.
     Terminating,
     /// Being deleted for longer than the skip-wait (default
-    /// [`DEFAULT_SKIP_WAIT`]) past its due time on a node that is not Ready
+    /// [`crate::control::DEFAULT_SKIP_WAIT`]) past its due time on a node that is not Ready
     /// (or after a forced delete): no longer blocks.
     Abandoned,
-}
-
-impl PodClass {
-    /// Whether the node is not drained while such a pod is on it.
-    pub fn blocks(self) -> bool {
-        matches!(self, PodClass::Evict | PodClass::Terminating)
-    }
 }
 
 /// Which of the drain's cases a pod is, at `now`; `skip_wait_ms`: how long

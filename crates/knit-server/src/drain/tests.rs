@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::bootstrap::JoinMaterial;
+use crate::control::DEFAULT_SKIP_WAIT;
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
 
@@ -38,8 +39,6 @@ fn mirror_and_daemonset_pods_are_skipped_and_the_rest_evicted() {
         classify(&pod("web-1"), NOW, true, false, SKIP),
         PodClass::Evict
     );
-    assert!(!PodClass::Mirror.blocks() && !PodClass::DaemonSet.blocks());
-    assert!(PodClass::Evict.blocks() && PodClass::Terminating.blocks());
 }
 
 #[test]
@@ -67,7 +66,6 @@ fn a_terminating_pod_blocks_unless_its_node_cannot_confirm_for_60_s() {
         classify(&terminating(NOW - 60_001), NOW, true, true, SKIP),
         PodClass::Abandoned
     );
-    assert!(!PodClass::Abandoned.blocks());
 }
 
 #[test]
@@ -435,7 +433,8 @@ fn control_plane(store: crate::store::Store, api: Arc<FakeApi>) -> Arc<ControlPl
 /// ends it once the budget allows.
 #[test]
 fn a_new_leader_resumes_the_drain_and_the_old_one_is_fenced() {
-    use crate::ha::{fenced, Fence};
+    use crate::ha::fenced;
+    use crate::store::Fence;
     crate::store::testing::on_both_backends(|backend| {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let api = Arc::new(FakeApi::default());

@@ -19,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
 use axum::Router;
 use knit_api::routes::{self, Route};
-use knit_api::state::TokenRole;
 use std::sync::Arc;
 
 /// What a route needs: declared with the API's routes in knit-api.
@@ -115,22 +114,6 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
     ) -> Self {
         self.add(Method::POST, path, access, h)
     }
-    pub fn put<H: Handler<T, S>, T: 'static>(
-        self,
-        path: &'static str,
-        access: Access,
-        h: H,
-    ) -> Self {
-        self.add(Method::PUT, path, access, h)
-    }
-    pub fn delete<H: Handler<T, S>, T: 'static>(
-        self,
-        path: &'static str,
-        access: Access,
-        h: H,
-    ) -> Self {
-        self.add(Method::DELETE, path, access, h)
-    }
 
     /// The router and the declarations of its routes.
     pub fn finish(self) -> (Router<S>, Vec<RouteSpec>) {
@@ -192,7 +175,6 @@ pub enum Declared {
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub token_id: String,
-    pub role: TokenRole,
 }
 
 /// The API's gate: the route's declared access decides, a route without
@@ -232,10 +214,7 @@ pub async fn authorize(
             }
             match api_tokens::authenticate(&cp, token) {
                 Ok(t) => {
-                    request.extensions_mut().insert(Caller {
-                        token_id: t.id,
-                        role: t.role,
-                    });
+                    request.extensions_mut().insert(Caller { token_id: t.id });
                     return next.run(request).await;
                 }
                 Err(ServerError::Unauthorized(why)) => ServerError::Unauthorized(format!(
@@ -249,10 +228,7 @@ pub async fn authorize(
                 .and_then(|t| api_tokens::require(&t, needs, &what).map(|()| t))
             {
                 Ok(t) => {
-                    request.extensions_mut().insert(Caller {
-                        token_id: t.id,
-                        role: t.role,
-                    });
+                    request.extensions_mut().insert(Caller { token_id: t.id });
                     return next.run(request).await;
                 }
                 Err(e) => e,

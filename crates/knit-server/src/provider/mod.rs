@@ -3,7 +3,7 @@
 
 #[cfg(feature = "ecs")]
 pub mod ecs;
-pub mod fallback;
+pub(crate) mod fallback;
 pub mod local;
 #[cfg(feature = "qemu")]
 pub mod qemu;

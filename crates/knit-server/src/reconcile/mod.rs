@@ -13,9 +13,7 @@ pub mod repair;
 pub mod rollout;
 mod user_data;
 
-pub use plan::{plan, scale_in_order, NodeFacts, Plan};
-pub use planning::ROLLOUT_COMPLETE_REASON;
-pub use user_data::user_data_outcome;
+pub use plan::plan;
 
 use crate::control::ControlPlane;
 use crate::store::now_ms;

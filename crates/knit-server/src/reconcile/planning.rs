@@ -647,7 +647,7 @@ mod tests {
         Arc::new(ControlPlane::new(
             store,
             None,
-            Arc::new(crate::bootstrap::NoCluster),
+            Arc::new(crate::cluster::seam::NoCluster),
             crate::control::Settings::new(dir.to_path_buf()),
             String::new(),
             String::new(),

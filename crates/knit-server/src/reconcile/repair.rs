@@ -11,7 +11,7 @@
 //! instance, replace it), waiting `waitAfterActionSeconds` after each, at
 //! most `maxParallel` nodes at a time, and none at all while more than
 //! `maxUnhealthy` of the pool are unhealthy. What to do is decided by the
-//! pure [`decide`]; each step is stored before it is taken, so a restart
+//! pure [`decide_with`]; each step is stored before it is taken, so a restart
 //! resumes at the same step and never takes one twice.
 
 use crate::control::ControlPlane;
@@ -28,7 +28,7 @@ pub const RESTART_SERVICES_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a stop or a start of the instance may take, each.
 pub const REBOOT_STEP_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// What [`decide`] sees of one Running instance of a pool.
+/// What [`decide_with`] sees of one Running instance of a pool.
 #[derive(Debug, Clone)]
 pub struct HealthView<'a> {
     pub instance: &'a str,
@@ -64,21 +64,11 @@ pub fn unhealthy(policy: &RepairSpec, h: &InstanceHealth, now: i64) -> bool {
 }
 
 /// What repair does now for one pool: `pool_size` instances count toward
-/// it, `views` are its Running instances. Pure: the caller stores and acts.
-pub fn decide(
-    policy: &RepairSpec,
-    pool_size: usize,
-    views: &[HealthView<'_>],
-    now: i64,
-) -> Vec<RepairStep> {
-    decide_with(policy, pool_size, views, 0, now)
-}
-
-/// [`decide`] while a rollout takes `taken_out` of the pool's nodes out of
-/// service (old ones being drained and released, ones drained for an
-/// in-place update): they count against `maxUnhealthy` as the unhealthy
-/// ones do, so that repair and rollout together never take more of the
-/// pool than it allows. Pure.
+/// it, `views` are its Running instances, and a rollout takes `taken_out`
+/// of its nodes out of service (old ones being drained and released, ones
+/// drained for an in-place update): they count against `maxUnhealthy` as
+/// the unhealthy ones do, so that repair and rollout together never take
+/// more of the pool than it allows. Pure: the caller stores and acts.
 pub fn decide_with(
     policy: &RepairSpec,
     pool_size: usize,
@@ -427,7 +417,7 @@ impl ControlPlane {
                         ),
                     )?;
                     if action == RepairAction::Replace {
-                        // `decide` never replaces an added instance; checked
+                        // `decide_with` never replaces an added instance; checked
                         // again here because releasing one is irreversible.
                         if record.added {
                             continue;
@@ -623,6 +613,16 @@ mod tests {
     use knit_api::IntOrPercent;
 
     const MIN: i64 = 60_000;
+
+    /// [`decide_with`] with no rollout under way.
+    fn decide(
+        policy: &RepairSpec,
+        pool_size: usize,
+        views: &[HealthView<'_>],
+        now: i64,
+    ) -> Vec<RepairStep> {
+        decide_with(policy, pool_size, views, 0, now)
+    }
 
     fn policy() -> RepairSpec {
         RepairSpec {

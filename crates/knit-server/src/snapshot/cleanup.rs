@@ -222,7 +222,7 @@ mod tests {
         let cp = Arc::new(ControlPlane::new(
             store,
             Some(Arc::new(provider)),
-            Arc::new(crate::bootstrap::NoCluster),
+            Arc::new(crate::cluster::seam::NoCluster),
             crate::control::Settings::new(dir.path().join("server")),
             String::new(),
             String::new(),

@@ -52,7 +52,7 @@ mod build;
 mod cleanup;
 mod recover;
 
-pub use build::{pull_failures, start};
+pub use build::start;
 pub use recover::recover;
 
 use crate::control::ControlPlane;
@@ -453,7 +453,7 @@ mod tests {
         let cp = ControlPlane::new(
             store,
             None,
-            Arc::new(crate::bootstrap::NoCluster),
+            Arc::new(crate::cluster::seam::NoCluster),
             crate::control::Settings::new(dir.path().to_path_buf()),
             String::new(),
             String::new(),

@@ -127,7 +127,8 @@ impl Store {
         })
     }
 
-    /// Takes or renews the leader lease for `holder` until `now + ttl`.
+    /// Takes or renews the leader lease for `holder` until `now + ttl` (for
+    /// good on an `exclusive` datastore, below).
     /// Renewal keeps the epoch; taking it (free, expired, or `exclusive`:
     /// the datastore is ours alone, as SQLite in our state directory is)
     /// raises it, which fences every write made under an older one — also
@@ -144,7 +145,12 @@ impl Store {
                 .query_opt(LEASE_COLUMNS, &[])?
                 .map(|r| lease_row(&r))
                 .transpose()?;
-            let expires = now + ttl_ms;
+            // On a datastore ours alone nobody can take the lease over, so
+            // it does not lapse: a renewal a loaded host delays past the
+            // lease time would otherwise raise the epoch and fail all leader
+            // work in flight (measured at 1,000 nodes joining: seven lapses
+            // in three minutes, thousands of intents failed and retried).
+            let expires = if exclusive { i64::MAX } else { now + ttl_ms };
             let lease = match current {
                 None => {
                     tx.execute(
@@ -288,7 +294,8 @@ pub(super) fn check_fence(tx: &mut Tx<'_>, holder: &str, epoch: i64) -> Result<(
 mod tests {
     use super::super::testing::on_both_backends;
     use super::*;
-    use crate::ha::{fenced, Fence};
+    use crate::ha::fenced;
+    use crate::store::Fence;
     use knit_api::state::EventType;
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -379,6 +386,28 @@ mod tests {
                 .unwrap()
                 .expect("exclusive: taken over");
             assert_eq!(lease.epoch, 2);
+        });
+    }
+
+    #[test]
+    fn an_exclusive_lease_does_not_lapse() {
+        on_both_backends(|backend| {
+            let store = backend.open();
+            let now = now_ms();
+            let lease = store.try_lead("me", now, 400, true).unwrap().unwrap();
+            assert_eq!(lease.expires_ms, i64::MAX);
+            // A renewal an hour late keeps the epoch: the work in flight
+            // under it is not fenced.
+            let later = store
+                .try_lead("me", now + 3_600_000, 400, true)
+                .unwrap()
+                .unwrap();
+            assert_eq!(later.epoch, lease.epoch);
+            // A shared datastore's lease still lapses by its time.
+            let other = backend.open();
+            other.resign("me").unwrap();
+            let shared = other.try_lead("a", now, 400, false).unwrap().unwrap();
+            assert_eq!(shared.expires_ms, now + 400);
         });
     }
 

@@ -22,10 +22,10 @@ use std::str::FromStr;
 use std::sync::Mutex;
 
 mod api_tokens;
-pub mod attach;
+pub(crate) mod attach;
 mod drains;
 mod events;
-pub mod fence;
+pub(crate) mod fence;
 mod instances;
 mod intents;
 mod leader;
@@ -39,8 +39,10 @@ mod tokens;
 
 // The record types at `crate::store::…`, where every caller finds them.
 pub use api_tokens::{ApiTokenRecord, TokenCheck, LAST_USED_GRANULARITY_MS};
+pub use attach::AttachRecord;
 pub use drains::{DrainRecord, DrainStep};
 pub use events::{EventRecord, EventRetention, EventSink, EVENT_AGGREGATION_WINDOW_MS};
+pub use fence::{current_fence, Fence};
 pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
 pub use leader::{Lease, ServerRecord};

@@ -7,10 +7,9 @@
 
 use async_trait::async_trait;
 use knit_client::{Client, ClientConfig};
-use knit_server::bootstrap::NoCluster;
 use knit_server::preflight::{DiskFacts, InstanceFacts, SecurityGroupFacts};
 use knit_server::provider::{InstanceTemplate, Provider, ProviderInstance, ProviderSnapshot};
-use knit_server::{Server, ServerError, Settings};
+use knit_server::{NoCluster, Server, ServerError, Settings};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -48,7 +48,7 @@ pub(super) fn haproxy_config(layout: &Layout, plan: &Plan) -> Result<String> {
         (
             "per_address",
             word(
-                knit_server::control::ConnectionLimits::default()
+                knit_server::ConnectionLimits::default()
                     .max_per_address
                     .to_string(),
             ),

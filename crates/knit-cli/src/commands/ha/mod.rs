@@ -422,7 +422,7 @@ fn plan(opts: &ServerOpts, n: u32) -> Result<Plan> {
                 })?
                 .port(),
         ),
-        None => Some(knit_server::control::DEFAULT_CONSOLE_PORT),
+        None => Some(knit_server::DEFAULT_CONSOLE_PORT),
     };
     Ok(Plan {
         n,

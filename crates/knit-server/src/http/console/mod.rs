@@ -432,7 +432,7 @@ mod role_tests {
         let cp = Arc::new(ControlPlane::new(
             crate::store::Store::open_in_memory().unwrap(),
             None,
-            Arc::new(crate::bootstrap::NoCluster),
+            Arc::new(crate::cluster::seam::NoCluster),
             crate::control::Settings::new(dir.path().join("state")),
             String::new(),
             admin_secret.into(),

@@ -92,6 +92,12 @@ pub fn comm(pid: i32) -> Option<String> {
     Some(text.trim_end_matches('\n').to_string())
 }
 
+/// A process's working directory (/proc/PID/cwd), `None` when there is no
+/// such process or it cannot be read.
+pub fn cwd(pid: i32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/cwd")).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,14 +114,17 @@ mod tests {
 
     #[test]
     fn a_child_is_the_same_process_until_it_ends_and_a_different_start_time_is_not_it() {
+        let dir = tempfile::tempdir().unwrap();
         let mut child = Child(
             Command::new("sleep")
                 .arg("300")
+                .current_dir(dir.path())
                 .stdin(Stdio::null())
                 .spawn()
                 .unwrap(),
         );
         let pid = child.0.id() as i32;
+        assert_eq!(cwd(pid).as_deref(), Some(dir.path()));
         let me = ProcRef::of(pid).expect("the child runs");
         assert!(me.alive());
         let s = stat(pid).unwrap();
@@ -154,6 +163,7 @@ mod tests {
         assert!(!me.alive());
         assert_eq!(stat(pid), None);
         assert_eq!(comm(pid), None);
+        assert_eq!(cwd(pid), None);
     }
 
     #[test]

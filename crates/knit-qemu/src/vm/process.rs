@@ -46,8 +46,7 @@ pub(super) fn pids_naming(dir: &Path) -> Vec<i32> {
                 return false;
             };
             has(&args, &legacy)
-                || (has(&args, &ours)
-                    && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == dir))
+                || (has(&args, &ours) && knit_os::proc::cwd(*pid).is_some_and(|c| c == dir))
         })
         .filter(|pid| knit_os::proc::stat(*pid).is_some_and(|s| s.state != 'Z'))
         .collect()

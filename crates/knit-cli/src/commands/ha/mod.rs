@@ -361,6 +361,15 @@ struct Plan {
     console_port: Option<u16>,
 }
 
+impl Plan {
+    /// The ports HAProxy listens on.
+    fn front_ports(&self) -> Vec<u16> {
+        std::iter::once(self.port)
+            .chain(self.cluster_port)
+            .collect()
+    }
+}
+
 fn plan(opts: &ServerOpts, n: u32) -> Result<Plan> {
     if opts.datastore.trim() != "sqlite" {
         return Err(CliError::Usage(format!(
@@ -498,7 +507,7 @@ fn bring_up(path: &Path, opts: &ServerOpts, plan: &Plan, layout: &Layout) -> Res
                 ))
             })?;
     }
-    let datastore = postgres_up(layout, n)?;
+    let datastore = postgres_up(layout, n, &plan.front_ports())?;
     let key = secrets_key(opts, layout)?;
     for i in 1..=n {
         server_up(layout, opts, plan, i, &datastore, &key)?;

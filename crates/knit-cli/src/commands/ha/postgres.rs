@@ -53,11 +53,28 @@ pub(super) fn postgres_bindir() -> Result<PathBuf> {
     })
 }
 
-pub(super) fn free_loopback_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(io("find a free loopback port"))?
-        .port())
+/// A loopback port free now and none of `taken` (the ports HAProxy is to
+/// listen on, not bound yet: the kernel could hand one of them out).
+pub(super) fn free_loopback_port(taken: &[u16]) -> Result<u16> {
+    port_outside(taken, || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+    })
+}
+
+/// The first port `next` offers that is none of `taken`.
+fn port_outside(taken: &[u16], mut next: impl FnMut() -> std::io::Result<u16>) -> Result<u16> {
+    for _ in 0..64 {
+        let port = next().map_err(io("find a free loopback port"))?;
+        if !taken.contains(&port) {
+            return Ok(port);
+        }
+    }
+    Err(HaError::Postgres(format!(
+        "no free loopback port outside {taken:?} in 64 tries"
+    ))
+    .into())
 }
 
 /// PostgreSQL for the HA set: initdb once (the superuser `knit_admin`, a
@@ -66,7 +83,8 @@ pub(super) fn free_loopback_port() -> Result<u16> {
 /// reused when it already runs. The servers' role `knit` owns database
 /// `knit` and nothing more (no SUPERUSER, CREATEDB, CREATEROLE). Returns
 /// the datastore URL, which names the password file (`passfile=`).
-pub(super) fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
+/// `taken`: the ports HAProxy listens on, which PostgreSQL's must not be.
+pub(super) fn postgres_up(layout: &Layout, n: u32, taken: &[u16]) -> Result<String> {
     let bin = postgres_bindir()?;
     let user = postgres_user()?;
     let dir = layout.postgres_dir();
@@ -148,10 +166,18 @@ pub(super) fn postgres_up(layout: &Layout, n: u32) -> Result<String> {
         }
     }
     let port = match &recorded {
+        Some(r) if taken.contains(&r.postgres_port) => {
+            return Err(HaError::Postgres(format!(
+                "PostgreSQL's port {} (recorded in {}) is also one HAProxy is to listen on ({taken:?}): choose other ports with --listen / --cluster-port",
+                r.postgres_port,
+                layout.recorded_file().display()
+            ))
+            .into());
+        }
         Some(r) => r.postgres_port,
         None => {
             let r = Recorded {
-                postgres_port: free_loopback_port()?,
+                postgres_port: free_loopback_port(taken)?,
             };
             let raw = serde_json::to_vec_pretty(&r).map_err(|e| CliError::Failed(e.to_string()))?;
             knit_os::durable::write(&layout.recorded_file(), &raw, 0o600)?;
@@ -278,4 +304,20 @@ pub(super) fn open_db(url: &str) -> std::result::Result<knit_db::Db, knit_db::Db
         &knit_db::Datastore::Postgres(url.to_string()),
         knit_db::Limits::default(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_never_gets_a_port_haproxy_is_to_listen_on() {
+        // The kernel offers the cluster API's port first (it is free until
+        // HAProxy binds it): the next one is taken instead.
+        let mut offers = [37501, 37501, 40000].into_iter();
+        let port = port_outside(&[35047, 37501], || Ok(offers.next().unwrap_or(0))).unwrap();
+        assert_eq!(port, 40000);
+        let err = port_outside(&[1], || Ok(1)).unwrap_err();
+        assert!(err.to_string().contains("no free loopback port"), "{err}");
+    }
 }

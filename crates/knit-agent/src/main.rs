@@ -116,6 +116,23 @@ enum ControlPlaneCommand {
         #[arg(long, value_name = "BASE64")]
         update: String,
     },
+    /// Preload a node image's root (`--root`): the package tarball
+    /// verified and unpacked as a read-only cache, its binaries installed,
+    /// and the agent the control plane serves beside them (JSON; run by
+    /// `knit image preload`).
+    Preload {
+        /// The package tarball (`kubernetes-<version>-linux-amd64.tar.gz`).
+        #[arg(long, value_name = "FILE")]
+        package: PathBuf,
+        #[arg(long, value_name = "VERSION")]
+        kubernetes_version: String,
+        /// The tarball's expected sha256 (hex).
+        #[arg(long, value_name = "HEX")]
+        sha256: Option<String>,
+        /// The agent binary to preload.
+        #[arg(long, value_name = "FILE")]
+        agent: Option<PathBuf>,
+    },
     /// Leave the pool: undo what `init` changed (as `reset --undo`), then
     /// remove the bootstrap files and this agent (JSON; for the control
     /// plane).
@@ -284,6 +301,18 @@ fn run_for_control_plane(root: &std::path::Path, command: ControlPlaneCommand) -
             }
             answer(result)
         }
+        ControlPlaneCommand::Preload {
+            package,
+            kubernetes_version,
+            sha256,
+            agent,
+        } => answer(knit_agent::package::preload(
+            &Host::without_log(root),
+            &package,
+            &kubernetes_version,
+            sha256.as_deref(),
+            agent.as_deref(),
+        )),
         ControlPlaneCommand::Leave => {
             let result = prepare::leave(&Host::without_log(root));
             let failed = result.as_ref().is_ok_and(|r| !r.failed.is_empty());

@@ -48,6 +48,8 @@ pub use knit_api::agent::CacheManifest;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Cache,
+    /// The package `knit image preload` put into the node image.
+    Preloaded,
     /// A cache made by hand (the seed's `mv pkg/kubernetes`): checked
     /// against the package's own manifest.
     HandMadeCache,
@@ -63,6 +65,7 @@ impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Source::Cache => write!(f, "the data-disk cache"),
+            Source::Preloaded => write!(f, "the node image ({PRELOAD_DIR})"),
             Source::HandMadeCache => write!(f, "the data-disk cache (made by hand)"),
             Source::LocalDir(dir) => write!(f, "{dir}"),
             Source::LocalTarball(path) => write!(f, "{path}"),
@@ -143,7 +146,17 @@ pub fn check_cache(
     if !manifest_path.exists() && dir.join(PACKAGE_MANIFEST).exists() {
         return check_hand_made_cache(&dir, cache_abs, version);
     }
-    let text = fs::read_to_string(&manifest_path).map_err(|e| {
+    let cache = read_cache_manifest(&dir, cache_abs, version)?;
+    verified_cache(dir, cache, Source::Cache)
+}
+
+/// `knit-cache.json` of the cache at `cache_abs`, if it holds `version`.
+fn read_cache_manifest(
+    dir: &Path,
+    cache_abs: &str,
+    version: &str,
+) -> std::result::Result<CacheManifest, String> {
+    let text = fs::read_to_string(dir.join(CACHE_MANIFEST)).map_err(|e| {
         format!(
             "cannot read {cache_abs}/{CACHE_MANIFEST} (and no {PACKAGE_MANIFEST}, so the \
              version cannot be told): {e}"
@@ -157,6 +170,15 @@ pub fn check_cache(
             cache.version
         ));
     }
+    Ok(cache)
+}
+
+/// The cache's package once every file matches its sha256.
+fn verified_cache(
+    dir: PathBuf,
+    cache: CacheManifest,
+    source: Source,
+) -> std::result::Result<Package, String> {
     verify_files(&dir, &cache.files).map_err(|e| format!("cache corrupt: {e}"))?;
     Ok(Package {
         dir,
@@ -166,8 +188,37 @@ pub fn check_cache(
             files: cache.files,
         },
         tarball_sha256: cache.tarball_sha256,
-        source: Source::Cache,
+        source,
     })
+}
+
+/// Where a node image holds a preloaded package (`knit image preload`): a
+/// cache like the data disk's, read-only in the image, its binaries
+/// already installed beside it.
+pub const PRELOAD_DIR: &str = "/opt/knit/kubernetes";
+
+/// The package preloaded in the node image, if it is `version` and, when
+/// the config names the tarball's sha256, made from that tarball (an image
+/// preloaded from another build of the same version is not used).
+pub fn check_preloaded(
+    host: &Host,
+    version: &str,
+    want_sha256: Option<&str>,
+) -> std::result::Result<Package, String> {
+    let dir = host.path(PRELOAD_DIR);
+    if !dir.join(CACHE_MANIFEST).is_file() {
+        return Err(format!("no preloaded package in the image ({PRELOAD_DIR})"));
+    }
+    let cache = read_cache_manifest(&dir, PRELOAD_DIR, version)?;
+    if let Some(want) = want_sha256 {
+        if !cache.tarball_sha256.eq_ignore_ascii_case(want) {
+            return Err(format!(
+                "the image's preloaded package ({PRELOAD_DIR}) was made from a tarball with sha256 {}, this node wants {want}",
+                cache.tarball_sha256
+            ));
+        }
+    }
+    verified_cache(dir, cache, Source::Preloaded)
 }
 
 /// A cache made by hand with the seed's procedure (`tar -xf` the package,
@@ -626,8 +677,22 @@ pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
 /// Installs every `bin/*` file of the package into `/usr/local/bin` and
 /// every `cni/bin/*` into `/opt/cni/bin` (knit-os's durable write: copied
 /// beside it, fsynced, renamed over it, so a running binary is replaced
-/// atomically). Returns node-absolute path → sha256.
+/// atomically). A destination that already holds the file (sha256 equal:
+/// a preloaded image, a rerun) is left as it is and not noted for undo.
+/// Returns node-absolute path → sha256.
 pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<String, String>> {
+    place_binaries(host, package, Undo::Note)
+}
+
+/// Whether what is installed is noted in the undo ledger: not when a node
+/// image is being made (the ledger is each node's own).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    Note,
+    Skip,
+}
+
+fn place_binaries(host: &Host, package: &Package, undo: Undo) -> Result<BTreeMap<String, String>> {
     let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
     let mut installed = BTreeMap::new();
     for (rel, sha) in &package.manifest.files {
@@ -640,18 +705,104 @@ pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<Strin
         if name.contains('/') {
             continue;
         }
-        let dest_dir = host.path(dir);
-        host.ledger().note_dir(dir)?;
-        host.ledger().note_file(&format!("{dir}/{name}"))?;
-        let dest = dest_dir.join(name);
+        let abs = format!("{dir}/{name}");
+        let dest = host.path(&abs);
+        // Reading it (from the image's shared page cache) is far cheaper
+        // than writing it through this machine's disk.
+        if sha256_file(&dest).is_ok_and(|got| got.eq_ignore_ascii_case(sha)) {
+            installed.insert(abs, sha.clone());
+            continue;
+        }
+        if undo == Undo::Note {
+            host.ledger().note_dir(dir)?;
+            host.ledger().note_file(&abs)?;
+        }
         let source = package.dir.join(rel);
         knit_os::durable::write_with(&dest, 0o755, |file| {
             std::io::copy(&mut File::open(&source)?, file).map(|_| ())
         })
         .map_err(|e| fail(format!("install {}: {e}", dest.display())))?;
-        installed.insert(format!("{dir}/{name}"), sha.clone());
+        installed.insert(abs, sha.clone());
     }
     Ok(installed)
+}
+
+/// Where the agent itself is preloaded; the stub runs it when its sha256
+/// is the one the control plane serves.
+pub const PRELOADED_AGENT: &str = "/usr/local/bin/knit-agent";
+
+/// What `preload` put into an image root.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preloaded {
+    pub version: String,
+    pub tarball_sha256: String,
+    /// Node-absolute path → sha256 of every binary installed.
+    pub binaries: BTreeMap<String, String>,
+    pub agent_sha256: Option<String>,
+}
+
+/// Preloads a node image root (`host` rooted there, not a live machine):
+/// the package's tarball verified, unpacked as a cache at [`PRELOAD_DIR`],
+/// its binaries installed where the agent installs them, and `agent` (the
+/// one the control plane serves) at [`PRELOADED_AGENT`]. Nodes on the
+/// image then check and use these instead of downloading and writing
+/// them, and share one copy in the host's page cache.
+pub fn preload(
+    host: &Host,
+    tarball: &Path,
+    version: &str,
+    want_sha256: Option<&str>,
+    agent: Option<&Path>,
+) -> Result<Preloaded> {
+    let got = sha256_file(tarball).context(ErrorCode::FailInstallComponents, || {
+        format!("read {}", tarball.display())
+    })?;
+    if let Some(want) = want_sha256.filter(|w| !w.eq_ignore_ascii_case(&got)) {
+        return Err(AgentError::new(
+            ErrorCode::FailChecksumMismatch,
+            format!(
+                "{}: sha256 is {got}, expected {want}; nothing preloaded",
+                tarball.display()
+            ),
+        ));
+    }
+    let staging = host.path(&cache_staging(PRELOAD_DIR));
+    unpack(tarball, &staging)?;
+    let mut package = read_unpacked(
+        &staging,
+        version,
+        Source::LocalTarball(tarball.display().to_string()),
+        got.clone(),
+    )?;
+    package.dir = write_cache(host, PRELOAD_DIR, &package)?;
+    let binaries = place_binaries(host, &package, Undo::Skip)?;
+    let agent_sha256 = match agent {
+        Some(agent) => {
+            let dest = host.path(PRELOADED_AGENT);
+            knit_os::durable::write_with(&dest, 0o755, |file| {
+                std::io::copy(&mut File::open(agent)?, file).map(|_| ())
+            })
+            .map_err(|e| {
+                AgentError::new(
+                    ErrorCode::FailInstallComponents,
+                    format!("preload {} as {}: {e}", agent.display(), dest.display()),
+                )
+            })?;
+            Some(
+                sha256_file(&dest).context(ErrorCode::FailInstallComponents, || {
+                    format!("read {}", dest.display())
+                })?,
+            )
+        }
+        None => None,
+    };
+    Ok(Preloaded {
+        version: package.manifest.version,
+        tarball_sha256: got,
+        binaries,
+        agent_sha256,
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `kubernetes-components`: get the Kubernetes package (data-disk cache
-//! first, then `kubernetes.dir`, then `kubernetes.url`), verify it, cache it
+//! first, then the one preloaded in the node image, then `kubernetes.dir`,
+//! then `kubernetes.url`), verify it, cache it
 //! on the data disk, install its binaries and render the kubelet's and
 //! containerd's configuration. Starting them is `join`'s work.
 //!
@@ -237,11 +238,27 @@ impl Phase for KubernetesComponents {
                 host.log
                     .line(SCOPE, &format!("check cached kubernetes failed: {reason}"));
                 ctx.journal.package_cache_hit = Some(false);
-                let package = fetch(ctx, &unpack_to)?;
-                if let Source::Download { bytes, .. } = &package.source {
-                    ctx.journal.package_bytes_downloaded += bytes;
+                let want = ctx.config.kubernetes.sha256.as_deref();
+                match package::check_preloaded(host, &version, want) {
+                    Ok(package) => {
+                        host.log.line(
+                            SCOPE,
+                            &format!(
+                                "using kubernetes {version} preloaded in the image ({})",
+                                package::PRELOAD_DIR
+                            ),
+                        );
+                        package
+                    }
+                    Err(why) => {
+                        host.log.line(SCOPE, &why);
+                        let package = fetch(ctx, &unpack_to)?;
+                        if let Source::Download { bytes, .. } = &package.source {
+                            ctx.journal.package_bytes_downloaded += bytes;
+                        }
+                        package
+                    }
                 }
-                package
             }
         };
         if package.source != Source::Cache {

@@ -493,6 +493,107 @@ fn a_pool_without_a_runtime_starts_no_containerd_and_is_ready() {
     );
 }
 
+/// `knit image preload`: the node image with the mirror's package and
+/// agent in it; a node on it runs that agent where it lies and installs
+/// nothing it has to download or write: the stub links the agent, the
+/// components phase takes the preloaded package, every binary is found in
+/// place.
+#[test]
+fn a_preloaded_image_starts_a_node_without_downloading_or_writing_components() {
+    let mut env = Env::builder().cluster(true).parallelism(2).build();
+    let server_dir = env.path("server");
+    env.knit_ok(&[
+        "package",
+        "build",
+        "--no-runtime",
+        "--state-dir",
+        server_dir.to_str().unwrap(),
+    ]);
+    // A images directory of the test's own, its current image the host's.
+    let images = env.path("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let base = std::fs::canonicalize(knit_local::image::images_dir().join("debian-12"))
+        .expect("the node image (knit image build; scripts/setup.sh --tests builds it)");
+    std::os::unix::fs::symlink(&base, images.join("debian-12")).unwrap();
+    let preload = |env: &Env| {
+        env.knit_ok(&[
+            "image",
+            "preload",
+            "--out",
+            images.to_str().unwrap(),
+            "--state-dir",
+            server_dir.to_str().unwrap(),
+        ])
+    };
+    let out = preload(&env);
+    assert!(out.contains("preloaded;"), "{out}");
+    let out = preload(&env);
+    assert!(out.contains("(already made)"), "{out}");
+    let root = images.join("debian-12-preloaded/root");
+    for file in [
+        "usr/local/bin/knit-agent",
+        "usr/local/bin/kubelet",
+        "opt/knit/kubernetes/knit-cache.json",
+    ] {
+        assert!(root.join(file).is_file(), "{file} not preloaded");
+    }
+    // The base image gained nothing.
+    assert!(!base.join("root/usr/local/bin/kubelet").exists());
+
+    env.start_server();
+    let pool = POOL
+        .replace(
+            "  replicas: 0\n",
+            &format!(
+                "  replicas: 0\n  runtime: none\n  image: {}\n",
+                root.display()
+            ),
+        )
+        .replace("  dataDisks: [{sizeGiB: 40, interface: nvme}]\n", "");
+    assert!(pool.contains("image: /"), "{pool}");
+    env.create("pool", &pool);
+    let out = env.scale_wait("workers", 1);
+    assert!(out.contains("1/1 initialized and Ready"), "{out}");
+    let machines = env.cloud().list().unwrap();
+    let id = &machines[0].record.id;
+    let (ok, text) = env.exec(
+        id,
+        "readlink /var/lib/knit/bootstrap/knit-agent; cat /var/log/knit-deploy.log; cat /var/lib/knit/journal.json",
+    );
+    assert!(ok, "{text}");
+    assert_eq!(
+        text.lines().next(),
+        Some("/usr/local/bin/knit-agent"),
+        "the stub runs the preloaded agent: {text}"
+    );
+    assert!(
+        text.contains("preloaded in the image (/opt/knit/kubernetes)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"packageBytesDownloaded\": 0"),
+        "nothing downloaded: {text}"
+    );
+    // Nothing of the package was written on the machine's disk: all the
+    // machine wrote (`df` of an overlay is its upper layer's filesystem)
+    // is less than the kubelet alone.
+    let (ok, text) = env.exec(
+        id,
+        "df -B1 --output=used / | tail -n 1; stat -L -c %s /usr/local/bin/kubelet",
+    );
+    assert!(ok, "{text}");
+    let numbers: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{text}");
+    let (written, kubelet) = (numbers[0], numbers[1]);
+    assert!(
+        written < kubelet,
+        "the machine wrote {written} bytes, the kubelet is {kubelet}: was it copied?"
+    );
+}
+
 #[test]
 fn knit_down_takes_the_whole_local_setup_down() {
     let mut env = Env::builder().cluster(false).parallelism(2).build();

@@ -75,6 +75,9 @@ impl Default for Template {
 // Where the node OS images live (their builder is image.rs).
 /// The name of the current image's link in the images directory.
 pub const NAME: &str = "debian-12";
+/// The link of the current image with a Kubernetes package preloaded
+/// (`knit image preload`); a pool's `image` may name it.
+pub const PRELOADED_NAME: &str = "debian-12-preloaded";
 /// Default images directory; `KNIT_IMAGES_DIR` overrides it.
 pub const DEFAULT_DIR: &str = "/var/lib/knit/images";
 pub const DIR_ENV: &str = "KNIT_IMAGES_DIR";
@@ -90,6 +93,11 @@ pub fn images_dir() -> PathBuf {
 /// the local cloud's default base root.
 pub fn default_root() -> PathBuf {
     images_dir().join(NAME).join("root")
+}
+
+/// The preloaded image's root directory (through its link).
+pub fn preloaded_root() -> PathBuf {
+    images_dir().join(PRELOADED_NAME).join("root")
 }
 
 fn default_instance_type() -> String {

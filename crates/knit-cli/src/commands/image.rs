@@ -6,7 +6,7 @@ use clap::Subcommand;
 use knit_local::image;
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -27,6 +27,22 @@ pub enum ImageAction {
     Show {
         #[arg(long, env = image::DIR_ENV, default_value = image::DEFAULT_DIR)]
         dir: PathBuf,
+    },
+    /// The current image with the server's Kubernetes package and
+    /// knit-agent preloaded (DIR/debian-12-preloaded): pools with `image:
+    /// debian-12-preloaded` neither download nor write them on each node.
+    /// Run again after `knit package build` or `knit image build`.
+    Preload {
+        #[arg(long, env = image::DIR_ENV, default_value = image::DEFAULT_DIR)]
+        out: PathBuf,
+        /// The server's state directory: its package mirror is preloaded.
+        #[arg(long, env = "KNIT_STATE_DIR", default_value = "/var/lib/knit/server")]
+        state_dir: PathBuf,
+        #[arg(long, default_value = knit_api::DEFAULT_KUBERNETES_VERSION)]
+        kubernetes_version: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -54,6 +70,33 @@ pub fn run(action: ImageAction) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        ImageAction::Preload {
+            out,
+            state_dir,
+            kubernetes_version,
+            json,
+        } => {
+            let input = preload_input(&state_dir, kubernetes_version)?;
+            let mut progress = |line: &str| {
+                let mut err = std::io::stderr().lock();
+                let _ = writeln!(err, "{line}");
+            };
+            let built = image::preload(&out, &input, &mut progress)?;
+            if json {
+                print_out(&summary(&built));
+            } else {
+                print_out(&format!(
+                    "image {} {}: root {}\n  Kubernetes {} and knit-agent preloaded{}; pools use it with `image: {}`",
+                    image::PRELOADED_NAME,
+                    built.manifest.key,
+                    built.root.display(),
+                    input.kubernetes_version,
+                    if built.reused { " (already made)" } else { "" },
+                    image::PRELOADED_NAME,
+                ));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         ImageAction::Show { dir } => match image::current(&dir)? {
             Some(built) => {
                 print_out(&summary(&built));
@@ -64,6 +107,32 @@ pub fn run(action: ImageAction) -> Result<ExitCode> {
                 dir.display()
             ))),
         },
+    }
+}
+
+/// The mirror's tarball of `version`, its sha256 (the `.sha256` beside it,
+/// as the server serves it) and the mirror's agent.
+fn preload_input(state_dir: &Path, version: String) -> Result<image::PreloadInput> {
+    let mirror = knit_server::Settings::new(state_dir.to_path_buf()).mirror_dir();
+    let tarball = mirror.join(knit_server::mirror::kubernetes_package(&version));
+    let agent = mirror.join("bin/knit-agent");
+    let sidecar = PathBuf::from(format!("{}.sha256", tarball.display()));
+    let sha = std::fs::read_to_string(&sidecar)
+        .ok()
+        .and_then(|t| t.split_whitespace().next().map(str::to_string))
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    match (sha, agent.is_file()) {
+        (Some(tarball_sha256), true) => Ok(image::PreloadInput {
+            tarball,
+            kubernetes_version: version,
+            tarball_sha256,
+            agent,
+        }),
+        _ => Err(CliError::Failed(format!(
+            "no Kubernetes {version} package in the mirror {} ({} with its .sha256, and bin/knit-agent): run knit package build first",
+            mirror.display(),
+            knit_server::mirror::kubernetes_package(&version)
+        ))),
     }
 }
 
@@ -88,6 +157,7 @@ fn summary(b: &image::Built) -> String {
         "buildSeconds": m.build_seconds,
         "sizeBytes": m.size_bytes,
         "builtAt": m.built_at,
+        "preload": m.preload,
         "reused": b.reused,
     }))
     .unwrap_or_default()

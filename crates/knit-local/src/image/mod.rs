@@ -20,7 +20,12 @@
 
 use crate::error::{IoContext, LocalError, Result};
 // Where images live is the model's (the default base root is read there).
-pub use crate::model::{default_root, images_dir, DEFAULT_DIR, DIR_ENV, NAME};
+pub use crate::model::{
+    default_root, images_dir, preloaded_root, DEFAULT_DIR, DIR_ENV, NAME, PRELOADED_NAME,
+};
+pub use preload::{preload, Preload, PreloadInput};
+
+mod preload;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -89,6 +94,9 @@ pub struct Manifest {
     pub size_bytes: u64,
     /// Unix seconds.
     pub built_at: u64,
+    /// What `knit image preload` added to the image it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preload: Option<Preload>,
 }
 
 /// The result of [`build`].
@@ -188,6 +196,7 @@ pub fn build(out: &Path, progress: &mut dyn FnMut(&str)) -> Result<Built> {
         build_seconds: (started.elapsed().as_millis() as f64) / 1000.0,
         size_bytes,
         built_at: crate::state::now(),
+        preload: None,
     };
     crate::state::write_json(&tmp.join("image.json"), &manifest)?;
 
@@ -211,7 +220,12 @@ pub fn build(out: &Path, progress: &mut dyn FnMut(&str)) -> Result<Built> {
 
 /// The image the `debian-12` link of `images` points to, if one was built.
 pub fn current(images: &Path) -> Result<Option<Built>> {
-    let link = images.join(NAME);
+    linked(images, NAME)
+}
+
+/// The image the link `name` of `images` points to, if there is one.
+pub fn linked(images: &Path, name: &str) -> Result<Option<Built>> {
+    let link = images.join(name);
     let Ok(dir) = std::fs::canonicalize(&link) else {
         return Ok(None);
     };
@@ -617,11 +631,16 @@ fn du(dir: &Path) -> Result<u64> {
 
 /// Points `<out>/debian-12` at `key`, atomically (a new link renamed over).
 fn point_current(out: &Path, key: &str) -> Result<()> {
-    let link = out.join(NAME);
+    point(out, NAME, key)
+}
+
+/// Points `<out>/<name>` at `key`, atomically.
+fn point(out: &Path, name: &str, key: &str) -> Result<()> {
+    let link = out.join(name);
     if std::fs::read_link(&link).is_ok_and(|t| t == Path::new(key)) {
         return Ok(());
     }
-    let tmp = out.join(format!(".{NAME}.link"));
+    let tmp = out.join(format!(".{name}.link"));
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(key, &tmp).ctx("cannot link", &tmp)?;
     std::fs::rename(&tmp, &link).ctx("cannot rename the link into place", &link)?;

@@ -141,11 +141,13 @@ pub fn local_template(t: &InstanceTemplate) -> Template {
 }
 
 /// A pool's `image` as the local cloud's base root: `debian-12` is the
-/// node image (`knit image build`), `host` the host's root (opt-in),
+/// node image (`knit image build`), `debian-12-preloaded` that image with
+/// the package preloaded (`knit image preload`), `host` the host's root (opt-in),
 /// anything else an image directory.
 fn base_root(image: &str) -> std::path::PathBuf {
     match image {
         knit_api::DEFAULT_IMAGE => knit_local::image::default_root(),
+        knit_local::image::PRELOADED_NAME => knit_local::image::preloaded_root(),
         "host" => "/".into(),
         dir => dir.into(),
     }

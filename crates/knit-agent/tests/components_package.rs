@@ -543,3 +543,90 @@ fn a_hand_made_cache_is_checked_and_used() {
         node.log()
     );
 }
+
+/// A node image preloaded as `knit image preload` does (`knit-agent --root
+/// IMAGE preload`): a node on it takes the package from the image when it
+/// was made from the tarball the config names, asks the mirror for
+/// nothing and rewrites no binary in place; an image made from another
+/// tarball is passed over for the download, saying why.
+#[test]
+fn a_preloaded_image_is_used_only_for_the_tarball_the_config_names() {
+    use std::os::unix::fs::MetadataExt;
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    let agent = work.path().join("knit-agent");
+    std::fs::write(&agent, b"#!/bin/sh\n").unwrap();
+    let preload = |node: &Node, tarball: &Path, sha: &str| {
+        let image = knit_agent::host::Host::without_log(node.root());
+        package::preload(&image, tarball, VERSION, Some(sha), Some(&agent)).expect("preload")
+    };
+
+    let node = Node::new();
+    let done = preload(&node, &tarball, &sha);
+    assert_eq!(done.tarball_sha256, sha);
+    assert_eq!(done.agent_sha256, Some(sha256_hex(b"#!/bin/sh\n")));
+    assert_eq!(
+        std::fs::read(node.path(package::PRELOADED_AGENT)).unwrap(),
+        b"#!/bin/sh\n"
+    );
+    // An image holds no node's undo ledger.
+    assert!(!node.path(knit_agent::ledger::LEDGER_DIR).exists());
+    let kubelet = node.path("/usr/local/bin/kubelet");
+    let inode = std::fs::metadata(&kubelet).unwrap().ino();
+    // A wrong digest is refused before anything is unpacked.
+    let other = Node::new();
+    let err = package::preload(
+        &knit_agent::host::Host::without_log(other.root()),
+        &tarball,
+        VERSION,
+        Some(&"0".repeat(64)),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailChecksumMismatch, "{err}");
+    assert!(!other.path(package::PRELOAD_DIR).exists());
+
+    let server = mirror(&tarball, None);
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    config.kubernetes.sha256 = Some(sha.clone());
+    let journal = node.init(&config).expect("init");
+    assert_eq!(server.total(), 0, "the mirror is never asked");
+    assert_eq!(journal.package_bytes_downloaded, 0);
+    assert!(
+        node.log()
+            .contains("using kubernetes 1.31.4 preloaded in the image (/opt/knit/kubernetes)"),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        std::fs::metadata(&kubelet).unwrap().ino(),
+        inode,
+        "the preloaded kubelet is used where it is, not rewritten"
+    );
+
+    // An image preloaded from another build of the version: downloaded.
+    let other_dir = work.path().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let (other_tarball, other_sha) = build_package(
+        &other_dir,
+        VERSION,
+        &[("bin/kubelet", b"#!/bin/sh\necho other\n")],
+    );
+    let node = Node::new();
+    preload(&node, &other_tarball, &other_sha);
+    let journal = node.init(&config).expect("init");
+    assert_eq!(server.count(&tarball_path(VERSION)), 1);
+    assert!(journal.package_bytes_downloaded > 0);
+    assert!(
+        node.log().contains(&format!(
+            "was made from a tarball with sha256 {other_sha}, this node wants {sha}"
+        )),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        std::fs::read(node.path("/usr/local/bin/kubelet")).unwrap(),
+        KUBELET
+    );
+}

@@ -7,7 +7,9 @@
 # `runtime: none` (no containerd configured or started; the kubelet
 # stand-in runs --lightweight), the package without a runtime (`knit
 # package build --no-runtime`: the agent, the kubelet stand-in, CNI
-# plugins), no data disk. One pool,
+# plugins), no data disk, and (PRELOAD=yes) that package and the agent
+# preloaded in the node image (`knit image preload` into the run's own
+# images directory): nodes neither download nor write them. One pool,
 # scaled 0 → N with one `knit scale` (no --wait), then N → 0; the Cluster's
 # nodeQuota raised to N first (the basic edition allows 10).
 #
@@ -27,7 +29,8 @@
 # Knobs (environment): KNIT_BIN=DIR (binaries to use, else the release
 # build), OUT (default target/bench-scale/N), INTERVAL=1, STEADY=60,
 # AFTER=20, IDLE=10, TIMEOUT=900 (each of scale-out and scale-in, s),
-# PARALLELISM=8 (the server's provider calls in flight), CHART=yes.
+# PARALLELISM=8 (the server's provider calls in flight), CHART=yes,
+# PRELOAD=yes (no: every node downloads and installs the package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:?usage: bash bench/scale.sh N}
@@ -38,6 +41,8 @@ AFTER=${AFTER:-20}
 IDLE=${IDLE:-10}
 TIMEOUT=${TIMEOUT:-900}
 PARALLELISM=${PARALLELISM:-8}
+PRELOAD=${PRELOAD:-yes}
+case $PRELOAD in yes | no) ;; *) echo "PRELOAD: $PRELOAD is not yes or no" >&2; exit 2 ;; esac
 OUT=$(realpath -m "${OUT:-target/bench-scale/$N}")
 
 if [ -z "${KNIT_BIN:-}" ]; then
@@ -129,13 +134,24 @@ done
 KUBECONFIG_FILE=$WORK/server/cluster/admin.kubeconfig
 for _ in $(seq 300); do [ -f "$KUBECONFIG_FILE" ] && break; sleep 0.1; done
 
-cat >"$WORK/pool.yaml" <<'POOL'
+IMAGE=debian-12
+if [ "$PRELOAD" = yes ]; then
+    # The run's own images directory: the host's current image, preloaded.
+    mkdir -p "$WORK/images"
+    ln -s "$(realpath "${KNIT_IMAGES_DIR:-/var/lib/knit/images}/debian-12")" "$WORK/images/debian-12"
+    "$BIN/knit" image preload --out "$WORK/images" --state-dir "$WORK/server" >"$WORK/preload.log" 2>&1 ||
+        { cat "$WORK/preload.log" >&2; exit 1; }
+    IMAGE=$WORK/images/debian-12-preloaded/root
+fi
+echo "image: $IMAGE"
+cat >"$WORK/pool.yaml" <<POOL
 apiVersion: knit.dev/v1alpha1
 kind: NodePool
 metadata: {name: scale}
 spec:
   replicas: 0
   runtime: none
+  image: $IMAGE
   systemDisk: {sizeGiB: 20}
   preUserData: touch /var/.skip-yum
 POOL

@@ -197,6 +197,19 @@ fn verified_cache(
 /// already installed beside it.
 pub const PRELOAD_DIR: &str = "/opt/knit/kubernetes";
 
+/// Whether the node image holds a preloaded package at all.
+pub fn has_preloaded(host: &Host) -> bool {
+    host.path(PRELOAD_DIR).join(CACHE_MANIFEST).is_file()
+}
+
+/// Whether the cache at `cache_abs` says it holds `version` made from the
+/// tarball `tarball_sha256` (its manifest only: nothing hashed).
+pub fn cache_holds(host: &Host, cache_abs: &str, version: &str, tarball_sha256: &str) -> bool {
+    !tarball_sha256.is_empty()
+        && read_cache_manifest(&host.path(cache_abs), cache_abs, version)
+            .is_ok_and(|c| c.tarball_sha256.eq_ignore_ascii_case(tarball_sha256))
+}
+
 /// The package preloaded in the node image, if it is `version` and, when
 /// the config names the tarball's sha256, made from that tarball (an image
 /// preloaded from another build of the same version is not used).
@@ -206,9 +219,6 @@ pub fn check_preloaded(
     want_sha256: Option<&str>,
 ) -> std::result::Result<Package, String> {
     let dir = host.path(PRELOAD_DIR);
-    if !dir.join(CACHE_MANIFEST).is_file() {
-        return Err(format!("no preloaded package in the image ({PRELOAD_DIR})"));
-    }
     let cache = read_cache_manifest(&dir, PRELOAD_DIR, version)?;
     if let Some(want) = want_sha256 {
         if !cache.tarball_sha256.eq_ignore_ascii_case(want) {

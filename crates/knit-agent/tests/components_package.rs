@@ -586,11 +586,29 @@ fn a_preloaded_image_is_used_only_for_the_tarball_the_config_names() {
     assert_eq!(err.code, ErrorCode::FailChecksumMismatch, "{err}");
     assert!(!other.path(package::PRELOAD_DIR).exists());
 
+    // A data-disk cache (from a snapshot) of the same tarball: the image's
+    // copy is used, the cache neither read through nor rewritten.
+    let cache = seed_cache(&node, VERSION, &[("bin/kubelet", b"not read")]);
+    let manifest = serde_json::json!({"version": VERSION, "tarballSha256": sha,
+        "files": {"bin/kubelet": sha256_hex(KUBELET)}});
+    std::fs::write(cache.join("knit-cache.json"), manifest.to_string()).unwrap();
+
     let server = mirror(&tarball, None);
     let mut config = base_config();
     config.kubernetes.url = Some(server.url("http"));
     config.kubernetes.sha256 = Some(sha.clone());
     let journal = node.init(&config).expect("init");
+    assert!(
+        node.log().contains(
+            "the data-disk cache /var/lib/container/ack/kubernetes holds the same package: kept"
+        ),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        std::fs::read(cache.join("bin/kubelet")).unwrap(),
+        b"not read"
+    );
     assert_eq!(server.total(), 0, "the mirror is never asked");
     assert_eq!(journal.package_bytes_downloaded, 0);
     assert!(

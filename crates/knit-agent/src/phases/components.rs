@@ -1,5 +1,5 @@
-//! `kubernetes-components`: get the Kubernetes package (data-disk cache
-//! first, then the one preloaded in the node image, then `kubernetes.dir`,
+//! `kubernetes-components`: get the Kubernetes package (the one preloaded
+//! in the node image first, then the data-disk cache, then `kubernetes.dir`,
 //! then `kubernetes.url`), verify it, cache it
 //! on the data disk, install its binaries and render the kubelet's and
 //! containerd's configuration. Starting them is `join`'s work.
@@ -197,71 +197,37 @@ impl Phase for KubernetesComponents {
         } else {
             host.path(&format!("{}/kubernetes-{version}", package::STAGING_DIR))
         };
-        let mut package = match package::check_cache(host, &cache_abs, &version) {
-            Ok(mut package) if package.source == Source::HandMadeCache => {
-                host.log.line(
-                    SCOPE,
-                    &format!(
-                        "using cached kubernetes {version} from {cache_abs}: made by hand (no {}); \
-                         checked against its {}: version {version}, {} files present with matching sha256",
-                        package::CACHE_MANIFEST,
-                        package::PACKAGE_MANIFEST,
-                        package.manifest.files.len()
-                    ),
-                );
-                match package::adopt_hand_made_cache(&package) {
-                    Ok(()) => host.log.line(
+        // The image's preloaded package first: it is already in the host's
+        // page cache and its binaries already in place.
+        let preloaded = if package::has_preloaded(host) {
+            let want = ctx.config.kubernetes.sha256.as_deref();
+            package::check_preloaded(host, &version, want)
+                .inspect(|_| {
+                    host.log.line(
                         SCOPE,
                         &format!(
-                            "wrote {cache_abs}/{} for the hand-made cache",
-                            package::CACHE_MANIFEST
+                            "using kubernetes {version} preloaded in the image ({})",
+                            package::PRELOAD_DIR
                         ),
-                    ),
-                    Err(e) => host.log.line(
-                        SCOPE,
-                        &format!("cannot write {} (continuing): {e}", package::CACHE_MANIFEST),
-                    ),
-                }
-                ctx.journal.package_cache_hit = Some(true);
-                package.source = Source::Cache;
-                package
-            }
-            Ok(package) => {
-                host.log.line(
-                    SCOPE,
-                    &format!("using cached kubernetes {version} from {cache_abs}"),
-                );
-                ctx.journal.package_cache_hit = Some(true);
-                package
-            }
-            Err(reason) => {
-                host.log
-                    .line(SCOPE, &format!("check cached kubernetes failed: {reason}"));
-                ctx.journal.package_cache_hit = Some(false);
-                let want = ctx.config.kubernetes.sha256.as_deref();
-                match package::check_preloaded(host, &version, want) {
-                    Ok(package) => {
-                        host.log.line(
-                            SCOPE,
-                            &format!(
-                                "using kubernetes {version} preloaded in the image ({})",
-                                package::PRELOAD_DIR
-                            ),
-                        );
-                        package
-                    }
-                    Err(why) => {
-                        host.log.line(SCOPE, &why);
-                        let package = fetch(ctx, &unpack_to)?;
-                        if let Source::Download { bytes, .. } = &package.source {
-                            ctx.journal.package_bytes_downloaded += bytes;
-                        }
-                        package
-                    }
-                }
-            }
+                    )
+                })
+                .inspect_err(|why| host.log.line(SCOPE, why))
+                .ok()
+        } else {
+            None
         };
-        if package.source != Source::Cache {
+        let mut package = match preloaded {
+            Some(package) => package,
+            None => cached_or_fetched(ctx, &cache_abs, &unpack_to)?,
+        };
+        let same_in_cache = package.source == Source::Preloaded
+            && package::cache_holds(host, &cache_abs, &version, &package.tarball_sha256);
+        if same_in_cache {
+            host.log.line(
+                SCOPE,
+                &format!("the data-disk cache {cache_abs} holds the same package: kept"),
+            );
+        } else if package.source != Source::Cache {
             if caching {
                 match package::write_cache(host, &cache_abs, &package) {
                     Ok(dir) => {
@@ -290,6 +256,61 @@ impl Phase for KubernetesComponents {
         }
         result
     }
+}
+
+/// The package from the data-disk cache, else fetched (`kubernetes.dir`,
+/// then `kubernetes.url`) and unpacked into `unpack_to`.
+fn cached_or_fetched(ctx: &mut Ctx, cache_abs: &str, unpack_to: &Path) -> Result<Package> {
+    let host = ctx.host;
+    let version = ctx.config.kubernetes.version.clone();
+    Ok(match package::check_cache(host, cache_abs, &version) {
+        Ok(mut package) if package.source == Source::HandMadeCache => {
+            host.log.line(
+                    SCOPE,
+                    &format!(
+                        "using cached kubernetes {version} from {cache_abs}: made by hand (no {}); \
+                         checked against its {}: version {version}, {} files present with matching sha256",
+                        package::CACHE_MANIFEST,
+                        package::PACKAGE_MANIFEST,
+                        package.manifest.files.len()
+                    ),
+                );
+            match package::adopt_hand_made_cache(&package) {
+                Ok(()) => host.log.line(
+                    SCOPE,
+                    &format!(
+                        "wrote {cache_abs}/{} for the hand-made cache",
+                        package::CACHE_MANIFEST
+                    ),
+                ),
+                Err(e) => host.log.line(
+                    SCOPE,
+                    &format!("cannot write {} (continuing): {e}", package::CACHE_MANIFEST),
+                ),
+            }
+            ctx.journal.package_cache_hit = Some(true);
+            package.source = Source::Cache;
+            package
+        }
+        Ok(package) => {
+            host.log.line(
+                SCOPE,
+                &format!("using cached kubernetes {version} from {cache_abs}"),
+            );
+            ctx.journal.package_cache_hit = Some(true);
+            package
+        }
+        Err(reason) => {
+            host.log
+                .line(SCOPE, &format!("check cached kubernetes failed: {reason}"));
+            ctx.journal.package_cache_hit = Some(false);
+            let package = fetch(ctx, unpack_to)?;
+            if let Source::Download { bytes, .. } = &package.source {
+                ctx.journal.package_bytes_downloaded += bytes;
+            }
+            package
+        }
+    })
 }
 
 /// Where the kubelet (stand-in) reads the system images to ensure.

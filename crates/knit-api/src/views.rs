@@ -442,11 +442,15 @@ pub struct NodeCacheView {
     pub images: Option<ImageCacheView>,
 }
 
-/// The Kubernetes package: from the data disk's cache or downloaded.
+/// The Kubernetes package: from the data disk's cache, preloaded in the
+/// node image, or downloaded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct PackageCacheView {
     pub cache_hit: bool,
+    /// Taken from the node image (`knit image preload`): nothing downloaded.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub preloaded: bool,
     pub bytes_downloaded: u64,
 }
 
@@ -1203,6 +1207,7 @@ mod tests {
         view.cache = Some(NodeCacheView {
             package: Some(PackageCacheView {
                 cache_hit: false,
+                preloaded: false,
                 bytes_downloaded: 1024,
             }),
             images: Some(ImageCacheView {

@@ -313,6 +313,9 @@ pub fn cache_lines(n: &NodeView) -> String {
         Some(p) if p.cache_hit => {
             out.push_str("Package:       data-disk cache hit (0 bytes downloaded)\n")
         }
+        Some(p) if p.preloaded => {
+            out.push_str("Package:       preloaded in the node image (0 bytes downloaded)\n")
+        }
         Some(p) => out.push_str(&format!(
             "Package:       cache miss, {} bytes downloaded\n",
             p.bytes_downloaded
@@ -390,5 +393,28 @@ mod tests {
             "hit": 0, "miss": 0, "failed": 3, "bytesPulled": 0
         }}});
         assert!(cache_lines(&node(summary_only)).contains("knit-images.json"));
+    }
+
+    /// Where the package came from: the data-disk cache, the node image,
+    /// or the mirror (with the bytes).
+    #[test]
+    fn the_package_source_is_named() {
+        for (package, said) in [
+            (serde_json::json!({"cacheHit": true}), "data-disk cache hit"),
+            (
+                serde_json::json!({"preloaded": true}),
+                "preloaded in the node image",
+            ),
+            (
+                serde_json::json!({"bytesDownloaded": 7}),
+                "cache miss, 7 bytes downloaded",
+            ),
+        ] {
+            let text = cache_lines(&node(serde_json::json!({"cache": {"package": package}})));
+            assert!(
+                text.starts_with(&format!("Package:       {said}")),
+                "{text}"
+            );
+        }
     }
 }

@@ -379,6 +379,7 @@ pub async fn node_cache(
         .and_then(|t| t.reason.clone())
     {
         let hit = reason.contains("from the data-disk cache");
+        let preloaded = reason.contains("from the node image");
         let bytes = reason
             .split(" bytes)")
             .next()
@@ -387,7 +388,8 @@ pub async fn node_cache(
             .unwrap_or(0);
         out.package = Some(PackageCacheView {
             cache_hit: hit,
-            bytes_downloaded: if hit { 0 } else { bytes },
+            preloaded,
+            bytes_downloaded: if hit || preloaded { 0 } else { bytes },
         });
     }
     let published = tokio::time::timeout(

@@ -209,6 +209,8 @@ fn cache_text(cache: Option<&NodeCacheView>) -> String {
     if let Some(p) = &cache.package {
         parts.push(if p.cache_hit {
             "package: hit".to_string()
+        } else if p.preloaded {
+            "package: preloaded".to_string()
         } else {
             format!("package: miss, {}", html::bytes(p.bytes_downloaded))
         });
@@ -358,6 +360,7 @@ fn cache_report(cache: Option<&NodeCacheView>) -> Markup {
             dt { "Package" }
             @match &cache.package {
                 Some(p) if p.cache_hit => dd { "hit (from the data-disk cache)" },
+                Some(p) if p.preloaded => dd { "preloaded in the node image" },
                 Some(p) => dd { "miss: " (html::bytes(p.bytes_downloaded)) " downloaded" },
                 None => dd { "no report" },
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use rcgen::{CertificateParams, DnType, KeyPair};
-use serde_json::json;
+use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use crate::client::Client;
@@ -121,39 +121,108 @@ pub fn request(client: &Client, node: &str, limit: Duration) -> Result<(String, 
         .to_string();
     tracing::info!(csr = %name, node, "certificate signing request sent; waiting for approval");
     let start = Instant::now();
+    let mut csr = created.body;
     loop {
-        let r = client.get(&format!("{CSR_PATH}/{name}"))?;
-        if !r.ok() {
-            return Err(r.error("reading the certificate signing request"));
-        }
-        let status = &r.body["status"];
-        for c in status["conditions"].as_array().into_iter().flatten() {
-            if c["type"] == "Denied" || c["type"] == "Failed" {
-                return Err(SimError::CsrRejected {
-                    name,
-                    outcome: c["type"].as_str().unwrap_or("").to_lowercase(),
-                    message: c["message"].as_str().unwrap_or("").to_string(),
-                });
-            }
-        }
-        if let Some(cert) = status["certificate"].as_str().filter(|c| !c.is_empty()) {
-            let pem = STANDARD
-                .decode(cert)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| {
-                    SimError::Cert(format!("CSR {name}: certificate is not base64 PEM"))
-                })?;
+        if let Some(pem) = issued(&name, &csr)? {
             tracing::info!(csr = %name, "client certificate issued");
             return Ok((pem, key.serialize_pem()));
         }
-        if start.elapsed() > limit {
+        let left = limit.saturating_sub(start.elapsed());
+        if left.is_zero() {
             return Err(SimError::Cert(format!(
                 "CSR {name} not approved within {limit:?}"
             )));
         }
-        std::thread::sleep(Duration::from_millis(500));
+        // Watched from the version last read, so the approver's and the
+        // signer's writes arrive as they happen instead of a poll later.
+        let rv = csr["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let watched = if rv.is_empty() {
+            // Watching from "now" could miss a write made before it began.
+            Err(None)
+        } else {
+            watch_csr(client, &name, &rv, left).map_err(Some)
+        };
+        match watched {
+            Ok(Some(next)) => {
+                csr = next;
+                continue;
+            }
+            // The watch ended (its timeout, a 410) without news: read it.
+            Ok(None) => {}
+            Err(e) => {
+                if let Some(e) = e {
+                    tracing::warn!(csr = %name, code = e.code(), error = %e, "watching the certificate signing request failed; reading it again");
+                }
+                std::thread::sleep(CSR_POLL.min(left));
+            }
+        }
+        let r = client.get(&format!("{CSR_PATH}/{name}"))?;
+        if !r.ok() {
+            return Err(r.error("reading the certificate signing request"));
+        }
+        csr = r.body;
     }
+}
+
+/// How long after a failed watch the CSR is read again.
+const CSR_POLL: Duration = Duration::from_millis(500);
+/// Longest one watch of the CSR runs before it is read and watched again.
+const CSR_WATCH: Duration = Duration::from_secs(60);
+
+/// The certificate (PEM) when the CSR was issued one; an error when it
+/// was denied or failed; `None` while it is pending.
+fn issued(name: &str, csr: &Value) -> Result<Option<String>, SimError> {
+    let status = &csr["status"];
+    for c in status["conditions"].as_array().into_iter().flatten() {
+        if c["type"] == "Denied" || c["type"] == "Failed" {
+            return Err(SimError::CsrRejected {
+                name: name.to_string(),
+                outcome: c["type"].as_str().unwrap_or("").to_lowercase(),
+                message: c["message"].as_str().unwrap_or("").to_string(),
+            });
+        }
+    }
+    let Some(cert) = status["certificate"].as_str().filter(|c| !c.is_empty()) else {
+        return Ok(None);
+    };
+    STANDARD
+        .decode(cert)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .map(Some)
+        .ok_or_else(|| SimError::Cert(format!("CSR {name}: certificate is not base64 PEM")))
+}
+
+/// Watch the CSR `name` from `rv` until a change decides it (issued,
+/// denied, failed) or the watch ends; the CSR as last seen, `None` when
+/// nothing changed.
+fn watch_csr(
+    client: &Client,
+    name: &str,
+    rv: &str,
+    left: Duration,
+) -> Result<Option<Value>, SimError> {
+    let seconds = CSR_WATCH.min(left).as_secs().max(1);
+    let path = format!(
+        "{CSR_PATH}?fieldSelector=metadata.name%3D{name}&watch=true&resourceVersion={rv}&timeoutSeconds={seconds}"
+    );
+    let mut last = None;
+    client.stream(&path, |ev| match ev["type"].as_str() {
+        Some("ADDED" | "MODIFIED") if ev["object"]["metadata"]["name"] == name => {
+            let object = ev["object"].clone();
+            // Pending: watch on for the next write.
+            let pending = matches!(issued(name, &object), Ok(None));
+            last = Some(object);
+            pending
+        }
+        Some("ADDED" | "MODIFIED" | "BOOKMARK") => true,
+        // DELETED (read again: the GET says it is gone), ERROR (410 Gone).
+        _ => false,
+    })?;
+    Ok(last)
 }
 
 #[cfg(test)]

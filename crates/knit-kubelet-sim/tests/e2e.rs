@@ -199,6 +199,16 @@ async fn node_joins_not_ready_then_ready_follows_containerd_and_lease() {
             sim.log().contains("unknown-flag"),
             "unknown flags are warned about"
         );
+        // The certificate came through the CSR's watch, not the
+        // fallback's read after a failed watch.
+        assert!(
+            sim.log().contains("client certificate issued")
+                && !sim
+                    .log()
+                    .contains("watching the certificate signing request failed"),
+            "{}",
+            sim.log()
+        );
         let (_, csrs) = admin.get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
         let csr = &csrs["items"][0];
         assert_eq!(

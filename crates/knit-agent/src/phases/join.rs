@@ -23,6 +23,11 @@ const SCOPE: &str = PhaseName::Join.as_str();
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_secs(1);
+/// The kubelet usually registers within a second of its start: asked this
+/// often for the first [`FAST_POLL_FOR`], the join ends when it did rather
+/// than up to a [`POLL`] later.
+const FAST_POLL: Duration = Duration::from_millis(100);
+const FAST_POLL_FOR: Duration = Duration::from_secs(10);
 /// Digest of the files a service reads at start (see `with_config_digest`).
 pub const CONFIG_DIGEST_ENV: &str = "KNIT_CONFIG_SHA256";
 
@@ -351,7 +356,8 @@ impl Phase for Join {
                 ctx.node.name
             ),
         );
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         loop {
             let expired = Instant::now() >= deadline;
             match probe(ctx, &endpoint, &ca) {
@@ -377,7 +383,12 @@ impl Phase for Join {
                 }
                 Probe::Unreachable(_) | Probe::Pending(_) => {}
             }
-            std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
+            let poll = if started.elapsed() < FAST_POLL_FOR {
+                FAST_POLL
+            } else {
+                POLL
+            };
+            std::thread::sleep(poll.min(deadline.saturating_duration_since(Instant::now())));
         }
     }
 }

@@ -201,7 +201,9 @@ fn wait_for_socket(host: &Host, socket: &str, timeout: Duration) -> Result<()> {
                     host.host_path(render::CONTAINERD_LOG)
                 )))
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            // A connect to a unix socket is cheap: asked often, the kubelet
+            // starts as soon as containerd answers.
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
 }

@@ -20,6 +20,9 @@ pub const LOG_FILE: &str = "/var/log/chronyd.log";
 /// Written by chronyd once it has read its configuration and started.
 const PID_FILE: &str = "/run/chrony/chronyd.pid";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// chronyd writes its pid file within tens of milliseconds; read at 100 ms,
+/// the phase (on every node's path to Ready) waited 100-200 ms for it.
+const PID_POLL: Duration = Duration::from_millis(10);
 /// Debian's own unit for chronyd (`chronyd.service` is its alias), enabled
 /// when the image was built. On a machine booted by systemd it has already
 /// started chronyd: knit configures and restarts that one. A second chronyd
@@ -216,7 +219,7 @@ fn restart_distro_unit(host: &Host) -> Result<()> {
                 ),
             ));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(PID_POLL);
     }
 }
 
@@ -253,6 +256,6 @@ fn wait_started(host: &Host, offset: u64) -> Result<()> {
                 format!("chronyd could not be started: {why}; see {log}"),
             ));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(PID_POLL);
     }
 }

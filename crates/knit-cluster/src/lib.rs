@@ -170,6 +170,46 @@ pub struct EmbeddedCluster {
     stopped: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
+/// A follower of the Node changes ([`EmbeddedCluster::node_changes`]).
+pub struct NodeChanges {
+    feed: tokio::sync::broadcast::Receiver<Arc<store::Change>>,
+    store: Arc<store::Store>,
+}
+
+/// One [`NodeChanges`] step.
+#[derive(Debug, Clone)]
+pub enum NodeChange {
+    /// A Node was created or changed: its name and the object as stored.
+    Changed(String, Arc<serde_json::Value>),
+    Deleted(String),
+    /// Changes were missed (the follower fell behind, or the store
+    /// restarted its feed): what the follower knows may be stale.
+    Missed,
+}
+
+impl NodeChanges {
+    /// The next Node change, as soon as it is stored.
+    pub async fn next(&mut self) -> NodeChange {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match self.feed.recv().await {
+                Ok(c) if c.resource == "nodes" => {
+                    return match c.kind {
+                        store::EventType::Deleted => NodeChange::Deleted(c.name.clone()),
+                        _ => NodeChange::Changed(c.name.clone(), c.object.clone()),
+                    }
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => return NodeChange::Missed,
+                Err(RecvError::Closed) => {
+                    self.feed = self.store.subscribe();
+                    return NodeChange::Missed;
+                }
+            }
+        }
+    }
+}
+
 impl Drop for EmbeddedCluster {
     fn drop(&mut self) {
         // Its runtime thread serves until told: the owner going is that.
@@ -455,6 +495,15 @@ impl EmbeddedCluster {
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
+    }
+
+    /// The Node changes as the store makes them, for the process embedding
+    /// the cluster (it reports node status as soon as a Node changes).
+    pub fn node_changes(&self) -> NodeChanges {
+        NodeChanges {
+            feed: self.store.subscribe(),
+            store: self.store.clone(),
+        }
     }
 
     /// Stop serving and wait for the server and controllers to end.

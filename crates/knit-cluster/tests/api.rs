@@ -437,3 +437,81 @@ async fn stale_lease_makes_node_unknown_and_tainted_then_recovers() {
     .await;
     cluster.shutdown().await;
 }
+
+async fn next_change(changes: &mut knit_cluster::NodeChanges) -> knit_cluster::NodeChange {
+    tokio::time::timeout(Duration::from_secs(10), changes.next())
+        .await
+        .expect("a Node change within 10 s")
+}
+
+/// The embedding process follows Node changes as they are stored: a new
+/// Node, its status changed, its deletion; other resources are not told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_changes_follow_nodes_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = common::start(dir.path(), Duration::from_secs(40)).await;
+    let mut changes = cluster.node_changes();
+    let admin = Client::admin(&cluster);
+    let a = admin.clone();
+    blocking(move || {
+        let (code, body) = a.post(
+            "/api/v1/namespaces",
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "not-a-node"}}),
+        );
+        assert_eq!(code, 201, "{body}");
+        let (code, body) = a.post("/api/v1/nodes", &node_obj("n1"));
+        assert_eq!(code, 201, "{body}");
+    })
+    .await;
+    let change = next_change(&mut changes).await;
+    // The Namespace made first is not told: the Node is the first change.
+    match change {
+        knit_cluster::NodeChange::Changed(name, node) => {
+            assert_eq!(name, "n1");
+            assert_eq!(node["status"]["conditions"][0]["status"], "False");
+        }
+        other => panic!("expected n1 created, got {other:?}"),
+    }
+    let a = admin.clone();
+    blocking(move || {
+        let (code, body) = a.patch(
+            "/api/v1/nodes/n1/status",
+            "application/merge-patch+json",
+            &json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}),
+        );
+        assert_eq!(code, 200, "{body}");
+    })
+    .await;
+    // The controllers may write the Node too (its pod CIDR): the first
+    // change showing it Ready comes.
+    loop {
+        let change = next_change(&mut changes).await;
+        match change {
+            knit_cluster::NodeChange::Changed(name, node) => {
+                assert_eq!(name, "n1");
+                if node["status"]["conditions"][0]["status"] == "True" {
+                    break;
+                }
+            }
+            other => panic!("expected n1 changed, got {other:?}"),
+        }
+    }
+    let a = admin.clone();
+    blocking(move || {
+        let (code, body) = a.call("DELETE", "/api/v1/nodes/n1", None, None);
+        assert_eq!(code, 200, "{body}");
+    })
+    .await;
+    loop {
+        let change = next_change(&mut changes).await;
+        match change {
+            knit_cluster::NodeChange::Deleted(name) => {
+                assert_eq!(name, "n1");
+                break;
+            }
+            knit_cluster::NodeChange::Changed(name, _) => assert_eq!(name, "n1"),
+            other => panic!("expected n1 deleted, got {other:?}"),
+        }
+    }
+    cluster.shutdown().await;
+}

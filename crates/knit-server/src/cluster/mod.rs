@@ -91,6 +91,41 @@ pub fn node_ready_status(node: &Value) -> String {
     .to_string()
 }
 
+/// Tells `tx` when a Node's Ready status changes (one it saw before: a new
+/// Node registers NotReady, and the periodic pass finds it), until every
+/// receiver is gone.
+async fn follow_readiness(
+    mut changes: knit_cluster::NodeChanges,
+    tx: tokio::sync::watch::Sender<()>,
+) {
+    use knit_cluster::NodeChange;
+    let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    loop {
+        let change = tokio::select! {
+            _ = tx.closed() => return,
+            c = changes.next() => c,
+        };
+        match change {
+            NodeChange::Changed(name, node) => {
+                let status = node_ready_status(&node);
+                if let Some(before) = seen.insert(name, status.clone()) {
+                    if before != status {
+                        tx.send_replace(());
+                    }
+                }
+            }
+            NodeChange::Deleted(name) => {
+                seen.remove(&name);
+            }
+            // What was seen may be stale: a pass reads every status.
+            NodeChange::Missed => {
+                seen.clear();
+                tx.send_replace(());
+            }
+        }
+    }
+}
+
 /// Where the control plane itself reaches the API: loopback when it listens
 /// everywhere, else the one address it listens on (the local cloud's
 /// gateway by default, where 127.0.0.1 is refused).
@@ -340,6 +375,13 @@ impl ClusterJoin for EmbeddedJoin {
         true
     }
 
+    fn readiness_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        let (tx, rx) = tokio::sync::watch::channel(());
+        let changes = self.cluster.node_changes();
+        tokio::spawn(follow_readiness(changes, tx));
+        Some(rx)
+    }
+
     fn api_endpoint(&self) -> Option<String> {
         Some(self.endpoint().to_string())
     }
@@ -484,6 +526,53 @@ mod tests {
             let e = join.remove_node("x/../victim").await.unwrap_err();
             assert_eq!(e.http_status(), 422, "{e}");
             assert!(join.node_statuses().await.unwrap().is_empty());
+            join.stop();
+        });
+    }
+
+    /// The reconciler is told when a registered Node's Ready changes (not
+    /// when a Node appears, nor on a change that keeps it), and the
+    /// follower ends with its receiver.
+    #[test]
+    fn readiness_changes_tell_ready_transitions_only() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let cfg = knit_cluster::ClusterConfig::new(
+                dir.path().join("cluster"),
+                "127.0.0.1:0".parse().unwrap(),
+            );
+            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let join = EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
+            let mut rx = join.readiness_changes().expect("the embedded cluster tells");
+            let told = |rx: &mut tokio::sync::watch::Receiver<()>| {
+                let mut rx = rx.clone();
+                async move {
+                    tokio::time::timeout(Duration::from_millis(500), rx.changed())
+                        .await
+                        .is_ok()
+                }
+            };
+            let status = |ready: &str| {
+                json!({"status": {"conditions": [{"type": "Ready", "status": ready}]}})
+            };
+            let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n-1"},
+                              "status": status("False")["status"]});
+            join.call_with("POST", "/api/v1/nodes".into(), Some(node))
+                .await
+                .unwrap();
+            assert!(!told(&mut rx).await, "a new Node is not a transition");
+            let patch = |s: Value| {
+                join.call_with("PATCH", "/api/v1/nodes/n-1/status".into(), Some(s))
+            };
+            patch(json!({"metadata": {"labels": {"a": "b"}}})).await.unwrap();
+            assert!(!told(&mut rx).await, "still NotReady");
+            patch(status("True")).await.unwrap();
+            assert!(told(&mut rx).await, "NotReady -> Ready");
+            rx.borrow_and_update();
+            patch(status("Unknown")).await.unwrap();
+            assert!(told(&mut rx).await, "Ready -> Unknown");
+            drop(rx);
             join.stop();
         });
     }

@@ -53,6 +53,13 @@ pub trait ClusterJoin: Send + Sync {
     fn api_endpoint(&self) -> Option<String> {
         None
     }
+    /// Told each time a registered Node's Ready status changes, when the
+    /// cluster can tell (the embedded one follows its store): the control
+    /// plane reads the node statuses then, not at its next periodic pass.
+    /// Called from within the runtime; `None`: the periodic pass only.
+    fn readiness_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        None
+    }
     /// Removes the taint with `key` from a node; `false` when the node is
     /// not registered (yet).
     async fn remove_taint(&self, node: &str, key: &str) -> Result<bool>;

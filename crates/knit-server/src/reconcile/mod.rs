@@ -29,6 +29,18 @@ pub const USER_DATA_RESULT_TIMEOUT: std::time::Duration = std::time::Duration::f
 /// before its time was stored is recognized).
 pub const JOIN_TIMEOUT_MESSAGE_START: &str = "not initialized ";
 
+/// Resolves when the cluster tells of a Ready change; never without a
+/// follower (or once it ended).
+async fn readiness_changed(readiness: &mut Option<tokio::sync::watch::Receiver<()>>) {
+    if let Some(rx) = readiness {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+        *readiness = None;
+    }
+    std::future::pending::<()>().await
+}
+
 impl ControlPlane {
     /// The reconcile loop: on the leader, a pass; then sleep until woken or
     /// the interval.
@@ -42,6 +54,9 @@ impl ControlPlane {
         // The epoch of the last pass, to log the first pass of a new lease
         // (bench/ha-failover.sh times a failover up to this line).
         let mut last_epoch = None;
+        // A Node's Ready changed: a pass now records it (the node's status,
+        // `knit scale --wait`) rather than up to an interval later.
+        let mut readiness = self.cluster.readiness_changes();
         loop {
             let _ = crate::pools::versions::publish(&self);
             // Only the leader reconciles; its writes carry its lease.
@@ -56,6 +71,7 @@ impl ControlPlane {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = self.wake.notified() => {}
+                _ = readiness_changed(&mut readiness) => {}
                 _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
             }
         }

@@ -16,6 +16,11 @@
 # Run as root from anywhere:  bash bench/snapshot/run.sh
 # Needs kubectl (Ready is read from the embedded cluster's API).
 # Knobs (environment): NODES=3 MBIT=100 BIG=300M BIG_LAYERS=3
+#   REPEAT=1   scalings of the snapshot pool (0 → NODES, back to 0), each
+#              measured; the table shows the first, the steps all of them
+#   KNIT_BENCH_BIN=DIR  the binaries from DIR, not built here (a before /
+#              after pair run with the same command)
+#   STEPS_RAW=DIR  keep the last scaling's per-node records there
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -24,8 +29,13 @@ MBIT=${MBIT:-100}
 BIG=${BIG:-300M}
 BIG_LAYERS=${BIG_LAYERS:-3}
 
-cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim -p knit-registry
-BIN=$PWD/target/release
+REPEAT=${REPEAT:-1}
+if [ -n "${KNIT_BENCH_BIN:-}" ]; then
+    BIN=$KNIT_BENCH_BIN
+else
+    cargo build --release -q -p knit-cli -p knit-agent -p knit-local -p knit-kubelet-sim -p knit-registry
+    BIN=$PWD/target/release
+fi
 WORK=$(mktemp -d -t knit-snapshot-bench-XXXXXX)
 NET=$(($$ % 200 + 20))
 BRIDGE=ksb$$
@@ -118,6 +128,7 @@ YAML
 measure() {
     local p=$1 t0 ready=0 images=0 now ids done_ids
     t0=$(ms)
+    echo "$t0" >"$WORK/t0-$p"
     knit scale pool "$p" --replicas "$NODES" >/dev/null
     while :; do
         now=$(ms)
@@ -149,6 +160,35 @@ measure() {
     echo "$ready $images $bytes $hits $misses"
 }
 
+# Where the time went for each node of pool $1 in the last measure():
+# milliseconds from the scale request to each step, from the control
+# plane's records (node created, instance created, the agent's phase
+# reports), the kubelet stand-in's log and the CNI config's mtime (the
+# instances share the host's clock).
+steps() {
+    local p=$1 id name
+    : >"$WORK/steps.jsonl"
+    for name in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='$p')"); do
+        # The local cloud's instance ID is the node's provider ID.
+        id=$(knit get nodes -o json | jq_ "[n.get('providerId') for n in d['items'] if n['name']=='$name'][0]")
+        {
+            printf '{"node": "%s", "describe": ' "$name"
+            knit describe node "$name" -o json | tr -d '\n'
+            printf ', "kubelet": %s' "$(local_ exec "$id" cat /var/log/knit/kubelet.log 2>/dev/null | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')"
+            printf ', "cni": "%s"' "$(local_ exec "$id" stat -c %.3Y /etc/cni/net.d/10-flannel.conflist 2>/dev/null || true)"
+            # The user-data stub's steps: started (the CA it writes first),
+            # the agent in place, the node's configuration fetched.
+            printf ', "files": "%s"}\n' "$(local_ exec "$id" stat -c '%n %.3Y' /var/lib/knit/bootstrap/control-plane-ca.pem \
+                /var/lib/knit/bootstrap/knit-agent /var/lib/knit/bootstrap/node-config.yaml 2>/dev/null | tr '\n' ';' || true)"
+        } >>"$WORK/steps.jsonl"
+    done
+    knit get events -o json >"$WORK/events.json"
+    if [ -n "${STEPS_RAW:-}" ]; then
+        mkdir -p "$STEPS_RAW" && cp "$WORK/steps.jsonl" "$WORK/events.json" "$STEPS_RAW/"
+    fi
+    python3 bench/snapshot/steps.py "$(cat "$WORK/t0-$p")" "$WORK/steps.jsonl" "$WORK/events.json"
+}
+
 echo "seeded $image_bytes bytes of images in $seed_ms ms; scaling without a snapshot" >&2
 pool plain "{sizeGiB: 40, interface: nvme}" >"$WORK/plain.yaml"
 knit create -f "$WORK/plain.yaml" >/dev/null
@@ -169,6 +209,14 @@ echo "snapshot $snap built in $build_ms ms; scaling from it" >&2
 pool fast "{snapshotId: $snap, interface: nvme}" >"$WORK/fast.yaml"
 knit create -f "$WORK/fast.yaml" >/dev/null
 read -r b_ready b_images b_bytes b_hits b_misses <<<"$(measure fast)"
+steps fast >"$WORK/steps-fast-1.txt"
+for i in $(seq 2 "$REPEAT"); do
+    knit scale pool fast --replicas 0 --wait --timeout 600 >/dev/null
+    read -r r_ready r_images _ <<<"$(measure fast)"
+    echo "repeat $i: Ready $r_ready ms, images $r_images ms" >&2
+    echo "$r_ready" >>"$WORK/repeat-ready.txt"
+    steps fast >"$WORK/steps-fast-$i.txt"
+done
 b_downloads=$(grep -c 'check cached kubernetes failed' <(for n in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='fast')"); do knit logs node "$n"; done) || true)
 
 knit describe node "$(first_node fast)" >"$WORK/describe-fast.txt"
@@ -186,6 +234,15 @@ echo "| nodes that downloaded the Kubernetes package | $a_downloads | $b_downloa
 echo
 echo "Snapshot build (knit snapshot create, builder from the shaped pool): $build_ms ms; snapshot $snap holds $snap_bytes bytes used."
 sed 's/^/    /' "$WORK/build.txt"
+for f in "$WORK"/steps-fast-*.txt; do
+    echo
+    echo "Steps of pool fast, scaling ${f##*steps-fast-} (ms from the scale request; median of the nodes, max in brackets):"
+    sed 's/^/    /' "$f"
+done
+if [ -s "$WORK/repeat-ready.txt" ]; then
+    echo
+    echo "Ready of the repeats: $(tr '\n' ' ' <"$WORK/repeat-ready.txt")ms"
+fi
 for p in plain fast; do
     echo
     echo "One node of pool $p (knit describe node):"

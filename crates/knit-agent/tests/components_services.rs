@@ -134,6 +134,29 @@ fn supervised_service_gets_limits_output_and_is_not_restarted_by_a_rerun() {
         }
     }
 
+    // The supervisor sleeps in the kernel until a signal comes (no
+    // polling: while it waits there, the kernel shows the signals it
+    // takes as unblocked); the service starts with nothing blocked.
+    let status = |pid: i32, field: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_string()))
+            .unwrap()
+    };
+    assert_eq!(
+        u64::from_str_radix(&status(main, "SigBlk:"), 16).unwrap(),
+        0
+    );
+    wait_for(
+        "the supervisor asleep in sigtimedwait",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(format!("/proc/{supervisor}/wchan"))
+                .is_ok_and(|w| w.contains("sigtimedwait"))
+        },
+    );
+
     // Same definition: nothing restarts.
     services::ensure_running(&node.host, &long).expect("ensure again");
     assert_eq!(node.supervisor_pid("sleeper"), Some(supervisor));

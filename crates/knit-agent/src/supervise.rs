@@ -58,7 +58,7 @@ fn waited_signals() -> SigSet {
 fn next_signal(set: &SigSet, timeout: Option<Duration>) -> Option<Signal> {
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::try_from(t.subsec_nanos()).unwrap_or(0),
+        tv_nsec: libc::c_long::from(t.subsec_nanos()),
     });
     let ts_ptr = ts
         .as_ref()

@@ -17,7 +17,8 @@
 # through the real kubectl, the control plane's CPU (utime+stime of the
 # knit server process, /proc/PID/stat deltas) and RSS, the host's memory,
 # the machines' loop devices and bridge ports. Phases: idle (before the
-# request), out (until all N are Ready), steady (STEADY s at N), in (until
+# request), out (until all N are Ready), steady (STEADY s at N), quiet
+# (QUIET s more at N without the sampler's kubectl), in (until
 # no machine is left), after (AFTER s). Prints time to all Ready, P50/P90
 # of each node's first Ready from the scale request, CPU and RSS per phase,
 # the per-machine host cost at N (census), and what is left on the host
@@ -27,7 +28,7 @@
 # scale_chart example) unless CHART=no.
 #
 # Knobs (environment): KNIT_BIN=DIR (binaries to use, else the release
-# build), OUT (default target/bench-scale/N), INTERVAL=1, STEADY=60,
+# build), OUT (default target/bench-scale/N), INTERVAL=1, STEADY=60, QUIET=30,
 # AFTER=20, IDLE=10, TIMEOUT=900 (each of scale-out and scale-in, s),
 # PARALLELISM=8 (the server's provider calls in flight), CHART=yes,
 # PRELOAD=yes (no: every node downloads and installs the package).
@@ -37,6 +38,7 @@ N=${1:?usage: bash bench/scale.sh N}
 case $N in '' | *[!0-9]*) echo "N: $N is not a number" >&2; exit 2 ;; esac
 INTERVAL=${INTERVAL:-1}
 STEADY=${STEADY:-60}
+QUIET=${QUIET:-30}
 AFTER=${AFTER:-20}
 IDLE=${IDLE:-10}
 TIMEOUT=${TIMEOUT:-900}
@@ -197,6 +199,10 @@ phase steady
 sleep 2
 python3 bench/scale_sampler.py census "$WORK"
 sleep "$STEADY"
+# The control plane at N with nobody asking it anything (the sampler's
+# kubectl lists every Node each interval): what N nodes alone cost.
+phase quiet
+sleep "$QUIET"
 
 # N → 0; done when no instance record, bridge port or loop device is left.
 phase in

@@ -67,6 +67,7 @@ fn scale_bench_of_three_machines_leaves_nothing_behind() {
         .env("CHART", "no")
         .env("IDLE", "2")
         .env("STEADY", "3")
+        .env("QUIET", "2")
         .env("AFTER", "2")
         .env("TIMEOUT", "240")
         .env_remove("KNIT_CONFIG")

@@ -328,11 +328,16 @@ fn snapshot_build_use_stale_and_delete() {
         .as_str()
         .unwrap()
         .to_string();
-    // The stand-in publishes its report shortly after start.
+    // The stand-in publishes its report shortly after start; until then
+    // describe reads the report file it writes first (a node done sooner
+    // than that, `knit scale --wait` returning at once, saw the file).
     let deadline = Instant::now() + Duration::from_secs(120);
     let described = loop {
         let d = env.knit_ok(&["describe", "node", &node]);
-        if d.contains("Images:        cache hit") || Instant::now() > deadline {
+        let published = env.json(&["describe", "node", &node, "-o", "json"])["cache"]["images"]
+            ["source"]
+            == "node annotation";
+        if (published && d.contains("Images:        cache hit")) || Instant::now() > deadline {
             break d;
         }
         std::thread::sleep(Duration::from_millis(500));

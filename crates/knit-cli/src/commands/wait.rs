@@ -146,10 +146,15 @@ fn look(c: &Client, pool: &str) -> Result<Snapshot> {
     })
 }
 
+const POLL: Duration = Duration::from_millis(500);
+const FAST_POLL: Duration = Duration::from_millis(100);
+const FAST_POLL_FOR: Duration = Duration::from_secs(10);
+
 pub fn scale(c: &Client, pool: &str, timeout: Duration) -> Result<ExitCode> {
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(1) } == 1;
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
     let mut shown_lines = 0;
     let mut log = ChangeLog::default();
     let mut stdout = std::io::stdout();
@@ -184,7 +189,14 @@ pub fn scale(c: &Client, pool: &str, timeout: Duration) -> Result<ExitCode> {
                 timeout.as_secs()
             )));
         }
-        std::thread::sleep(Duration::from_millis(500));
+        // A node is usually done within seconds of the request: asked often
+        // at first, the command returns when it is, not up to 500 ms later.
+        let poll = if started.elapsed() < FAST_POLL_FOR {
+            FAST_POLL
+        } else {
+            POLL
+        };
+        std::thread::sleep(poll);
     }
 }
 

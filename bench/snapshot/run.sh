@@ -217,6 +217,14 @@ for i in $(seq 2 "$REPEAT"); do
     echo "$r_ready" >>"$WORK/repeat-ready.txt"
     steps fast >"$WORK/steps-fast-$i.txt"
 done
+# Once more as a user waits: `knit scale --wait` returns when every node is
+# initialized (all agent phases) and Ready as the control plane has it.
+knit scale pool fast --replicas 0 --wait --timeout 600 >/dev/null
+t=$(ms)
+echo "$t" >"$WORK/t0-fast"
+knit scale pool fast --replicas "$NODES" --wait --timeout 600 >/dev/null
+wait_ms=$(($(ms) - t))
+steps fast >"$WORK/steps-fast-wait.txt"
 b_downloads=$(grep -c 'check cached kubernetes failed' <(for n in $(knit get nodes -o json | jq_ "' '.join(n['name'] for n in d['items'] if n['pool']=='fast')"); do knit logs node "$n"; done) || true)
 
 knit describe node "$(first_node fast)" >"$WORK/describe-fast.txt"
@@ -239,6 +247,8 @@ for f in "$WORK"/steps-fast-*.txt; do
     echo "Steps of pool fast, scaling ${f##*steps-fast-} (ms from the scale request; median of the nodes, max in brackets):"
     sed 's/^/    /' "$f"
 done
+echo
+echo "scale request → knit scale --wait returned (initialized and Ready, as the control plane has it): $wait_ms ms"
 if [ -s "$WORK/repeat-ready.txt" ]; then
     echo
     echo "Ready of the repeats: $(tr '\n' ' ' <"$WORK/repeat-ready.txt")ms"

@@ -68,6 +68,10 @@ for n in nodes:
     ]
     put("control plane: NodeReady event", min(noticed) if noticed else None)
     timeline = d.get("timeline") or []
+    # Done for knit (`knit scale --wait`, the pool's count): every agent
+    # phase reported and Ready as the control plane has it.
+    if noticed and timeline:
+        put("knit: initialized and Ready", max(min(noticed), max(t["atMs"] for t in timeline)))
     starts = [t["atMs"] - (t.get("durationMs") or 0) for t in timeline]
     put("agent: first phase started", min(starts) if starts else None)
     for t in timeline:

@@ -254,7 +254,7 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
     let shared: pods::SharedClient = std::sync::Arc::new(std::sync::RwLock::new(client.clone()));
     pods::start(name.clone(), shared.clone())?;
 
-    let images = start_image_ensure(&flags, &cfg)?;
+    let mut images = start_image_ensure(&flags, &cfg)?;
     let mut image_report: Option<images::ImageReport> = None;
 
     let jitter = jitter();
@@ -327,7 +327,18 @@ pub fn run(flags: Flags) -> Result<(), SimError> {
         } else {
             Duration::from_secs(1)
         };
-        std::thread::sleep(wake.saturating_duration_since(Instant::now()).min(step));
+        let pause = wake.saturating_duration_since(Instant::now()).min(step);
+        match &images {
+            // The image report ends the pause: published as it arrives,
+            // not up to a turn (a second once Ready) later.
+            Some(rx) if image_report.is_none() => match rx.recv_timeout(pause) {
+                Ok(report) => image_report = Some(report),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                // Its one report was taken (or the thread ended).
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => images = None,
+            },
+            _ => std::thread::sleep(pause),
+        }
     }
 }
 

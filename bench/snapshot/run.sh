@@ -21,6 +21,9 @@
 #   KNIT_BENCH_BIN=DIR  the binaries from DIR, not built here (a before /
 #              after pair run with the same command)
 #   STEPS_RAW=DIR  keep the last scaling's per-node records there
+#   PRELOAD=no  yes: both pools on the node image with the package and the
+#              agent preloaded (`knit image preload`, the run's own images
+#              directory): nodes download and write neither
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,6 +33,8 @@ BIG=${BIG:-300M}
 BIG_LAYERS=${BIG_LAYERS:-3}
 
 REPEAT=${REPEAT:-1}
+PRELOAD=${PRELOAD:-no}
+case $PRELOAD in yes | no) ;; *) echo "PRELOAD: $PRELOAD is not yes or no" >&2; exit 2 ;; esac
 if [ -n "${KNIT_BENCH_BIN:-}" ]; then
     BIN=$KNIT_BENCH_BIN
 else
@@ -69,6 +74,14 @@ local_() { "$BIN/knit-local" --state-dir "$WORK/local" --bridge "$BRIDGE" --subn
 jq_() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 knit package build --state-dir "$WORK/server" >/dev/null
+IMAGE=debian-12
+if [ "$PRELOAD" = yes ]; then
+    mkdir -p "$WORK/images"
+    ln -s "$(realpath "${KNIT_IMAGES_DIR:-/var/lib/knit/images}/debian-12")" "$WORK/images/debian-12"
+    knit image preload --out "$WORK/images" --state-dir "$WORK/server" >"$WORK/preload.log" 2>&1 ||
+        { cat "$WORK/preload.log" >&2; exit 1; }
+    IMAGE=$WORK/images/debian-12-preloaded/root
+fi
 # The binary itself, not the knit() function: `func &` forks a subshell,
 # and $! would be that subshell, not the server.
 "$BIN/knit" server --write-config --state-dir "$WORK/server" --cluster embedded --cluster-port "$CPORT" \
@@ -106,6 +119,7 @@ kind: NodePool
 metadata: {name: $1}
 spec:
   replicas: 0
+  image: $IMAGE
   systemDisk: {sizeGiB: 20}
   dataDisks: [$2]
   containerd:

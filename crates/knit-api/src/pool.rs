@@ -251,9 +251,10 @@ pub struct NodePoolSpec {
     /// Instance types, in order of preference.
     pub instance_types: Vec<String>,
     /// Base OS image. On the local cloud: `debian-12` (default: the node
-    /// image `knit image build` makes), `host` (the host's root, read only:
-    /// an explicit opt-in, instances see the host's files) or an absolute
-    /// path to an image directory.
+    /// image `knit image build` makes), `debian-12-preloaded` (that image
+    /// with the package and agent preloaded, `knit image preload`), `host`
+    /// (the host's root, read only: an explicit opt-in, instances see the
+    /// host's files) or an absolute path to an image directory.
     pub image: String,
     pub zone: Option<String>,
     /// normal | enterprise.

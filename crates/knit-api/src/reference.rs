@@ -164,7 +164,7 @@ pub const FIELDS: &[(&str, &str, &str, &str)] = &[
     ("nodepool", "spec.scaling.min", "integer", "Fewest nodes of an auto-scaling pool."),
     ("nodepool", "spec.scaling.max", "integer", "Most nodes of an auto-scaling pool."),
     ("nodepool", "spec.instanceTypes", "[]string", "Instance types, in order of preference."),
-    ("nodepool", "spec.image", "string", "Base OS image. On the local cloud: `debian-12` (default: the node image `knit image build` makes), `host` (the host's root, read only: an explicit opt-in, instances see the host's files) or an absolute path to an image directory."),
+    ("nodepool", "spec.image", "string", "Base OS image. On the local cloud: `debian-12` (default: the node image `knit image build` makes), `debian-12-preloaded` (that image with the package and agent preloaded, `knit image preload`), `host` (the host's root, read only: an explicit opt-in, instances see the host's files) or an absolute path to an image directory."),
     ("nodepool", "spec.zone", "string (optional)", "Zone the pool's instances are made in; the provider's default zone when absent. A new zone applies to new machines (replacement)."),
     ("nodepool", "spec.securityGroupType", "string", "normal | enterprise."),
     ("nodepool", "spec.systemDisk", "object", "The instance's system disk."),

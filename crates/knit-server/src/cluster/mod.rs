@@ -471,6 +471,13 @@ fn node_path(node: &str) -> Result<String> {
     Ok(format!("/api/v1/nodes/{node}"))
 }
 
+/// An embedded cluster of a test's own in `dir`, on a free loopback port.
+#[cfg(test)]
+pub(crate) async fn test_cluster(dir: &std::path::Path) -> knit_cluster::EmbeddedCluster {
+    let cfg = knit_cluster::ClusterConfig::new(dir.join("cluster"), "127.0.0.1:0".parse().unwrap());
+    knit_cluster::EmbeddedCluster::start(cfg).await.unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,11 +497,7 @@ mod tests {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let dir = tempfile::tempdir().unwrap();
         rt.block_on(async {
-            let cfg = knit_cluster::ClusterConfig::new(
-                dir.path().join("cluster"),
-                "127.0.0.1:0".parse().unwrap(),
-            );
-            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let cluster = test_cluster(dir.path()).await;
             let join = EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
             let m = join.join_material("p", "local.i-1").await.unwrap().unwrap();
             assert!(knit_api::validate::is_bootstrap_token(&m.bootstrap_token));
@@ -538,11 +541,7 @@ mod tests {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let dir = tempfile::tempdir().unwrap();
         rt.block_on(async {
-            let cfg = knit_cluster::ClusterConfig::new(
-                dir.path().join("cluster"),
-                "127.0.0.1:0".parse().unwrap(),
-            );
-            let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+            let cluster = test_cluster(dir.path()).await;
             let join = EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
             let mut rx = join.readiness_changes().expect("the embedded cluster tells");
             let told = |rx: &mut tokio::sync::watch::Receiver<()>| {

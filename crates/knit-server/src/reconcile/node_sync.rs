@@ -540,11 +540,7 @@ mod tests {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let dir = tempfile::tempdir().unwrap();
         rt.block_on(async {
-            let cfg = knit_cluster::ClusterConfig::new(
-                dir.path().join("cluster"),
-                "127.0.0.1:0".parse().unwrap(),
-            );
-            let cluster = knit_cluster::EmbeddedCluster::start(cfg).await.unwrap();
+            let cluster = crate::cluster::test_cluster(dir.path()).await;
             let external = crate::cluster::external::ExternalJoin::from_kubeconfig(
                 cluster.admin_kubeconfig_path(),
                 Duration::from_secs(600),

@@ -572,11 +572,7 @@ mod tests {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let dir = tempfile::tempdir().unwrap();
         rt.block_on(async {
-            let cfg = knit_cluster::ClusterConfig::new(
-                dir.path().join("cluster"),
-                "127.0.0.1:0".parse().unwrap(),
-            );
-            let cluster = knit_cluster::EmbeddedCluster::start(cfg).await.unwrap();
+            let cluster = crate::cluster::test_cluster(dir.path()).await;
             let join =
                 crate::cluster::EmbeddedJoin::new(cluster, Duration::from_secs(600)).unwrap();
             let node_doc = json!({

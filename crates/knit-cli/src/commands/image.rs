@@ -49,10 +49,6 @@ pub enum ImageAction {
 pub fn run(action: ImageAction) -> Result<ExitCode> {
     match action {
         ImageAction::Build { out, json } => {
-            let mut progress = |line: &str| {
-                let mut err = std::io::stderr().lock();
-                let _ = writeln!(err, "{line}");
-            };
             let built = image::build(&out, &mut progress)?;
             if json {
                 print_out(&summary(&built));
@@ -77,10 +73,6 @@ pub fn run(action: ImageAction) -> Result<ExitCode> {
             json,
         } => {
             let input = preload_input(&state_dir, kubernetes_version)?;
-            let mut progress = |line: &str| {
-                let mut err = std::io::stderr().lock();
-                let _ = writeln!(err, "{line}");
-            };
             let built = image::preload(&out, &input, &mut progress)?;
             if json {
                 print_out(&summary(&built));
@@ -134,6 +126,11 @@ fn preload_input(state_dir: &Path, version: String) -> Result<image::PreloadInpu
             knit_server::mirror::kubernetes_package(&version)
         ))),
     }
+}
+
+/// A long step's progress, a line at a time on stderr.
+fn progress(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// One result on stdout; a closed pipe (`| head`) is not an error.

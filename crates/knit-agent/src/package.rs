@@ -84,19 +84,7 @@ pub struct Package {
     pub source: Source,
 }
 
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
+pub use knit_os::digest::sha256_file;
 
 /// A manifest path must stay inside the package: plain relative components.
 fn safe_relative(rel: &str) -> bool {

@@ -4,11 +4,12 @@
 //! [`durable`] files (temp + fsync + rename + directory fsync), [`proc`]ess
 //! identity that survives PID reuse (the start time in /proc/PID/stat),
 //! [`command`]s with a deadline and an output cap, TLS trust roots from
-//! [`pem`], [`time`] (RFC 3339 and HTTP dates, the clock), and shell
+//! [`pem`], [`time`] (RFC 3339 and HTTP dates, the clock), file [`digest`]s, and shell
 //! [`quote`]-ing. It depends on no knit crate; every knit crate may use it.
 //! Errors are one [`OsError`] with a stable [`OsError::code`].
 
 pub mod command;
+pub mod digest;
 pub mod durable;
 mod error;
 pub mod pem;

@@ -6,7 +6,6 @@ use crate::error::{Result, ServerError};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Images the local package set lists as system images (`images.txt`).
@@ -69,19 +68,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> ServerError {
 }
 
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file = std::fs::File::open(path).map_err(io(format!("open {}", path.display())))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(io(format!("read {}", path.display())))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
+    knit_os::digest::sha256_file(path).map_err(io(format!("read {}", path.display())))
 }
 
 fn write_sha_beside(path: &Path, sum: &str) -> Result<()> {
@@ -488,6 +475,7 @@ pub fn remove_debian_signatures(repo: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     #[test]
     fn the_kubelet_stand_in_is_stamped_with_the_version_it_is_packed_as() {

@@ -171,10 +171,7 @@ fn link_tree(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
-    let mut file = std::fs::File::open(path).ctx("cannot open", path)?;
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut file, &mut hasher).ctx("cannot read", path)?;
-    Ok(hex::encode(hasher.finalize()))
+    knit_os::digest::sha256_file(path).ctx("cannot read", path)
 }
 
 /// Runs the agent's own preload under `root`: the package is verified and

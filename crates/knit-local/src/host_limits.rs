@@ -5,7 +5,8 @@
 //! root processes of the same resource.
 //!
 //! Two such limits are known (docs/benchmarks.md, "Scale-out on one
-//! host"): a bridge's ports (1,023, one per running machine) and inotify
+//! host"): a bridge's ports (1,023, one per running machine; a cloud
+//! spreads its machines over several bridges, [`BridgeLayout`]) and inotify
 //! instances. `fs.inotify.max_user_instances` is per user
 //! and every machine runs as root in the host's user namespace, so each
 //! machine's containerd takes one of root's instances (128 on Debian).
@@ -142,34 +143,142 @@ pub fn check_inotify(
 
 /// Ports one Linux bridge holds: port numbers are 10 bits and 0 is never
 /// given out (the kernel's `BR_MAX_PORTS`); the 1,024th port fails with
-/// EXFULL. Every running machine's veth (and every QEMU VM's tap) is one.
+/// EXFULL. Every running machine's veth (and every QEMU VM's tap) is one,
+/// and so is each end of the links between a cloud's bridges.
 pub const BRIDGE_MAX_PORTS: u64 = 1023;
 
-/// Ports on `bridge` now (0 when it does not exist yet).
-pub fn bridge_ports(bridge: &str) -> u64 {
-    std::fs::read_dir(Path::new("/sys/class/net").join(bridge).join("brif"))
-        .map(|d| d.count() as u64)
-        .unwrap_or(0)
+/// Test knob, not a setting: ports per bridge in place of
+/// [`BRIDGE_MAX_PORTS`] (3 to 1,023), so that a test spreads a handful of
+/// machines over several bridges. Read by [`bridge_port_limit`] only.
+pub const BRIDGE_PORTS_TEST_ENV: &str = "KNIT_LOCAL_TEST_BRIDGE_PORTS";
+
+/// Ports per bridge: [`BRIDGE_MAX_PORTS`], or the test knob
+/// [`BRIDGE_PORTS_TEST_ENV`] when set.
+pub fn bridge_port_limit() -> Result<u64> {
+    let Some(value) = std::env::var_os(BRIDGE_PORTS_TEST_ENV) else {
+        return Ok(BRIDGE_MAX_PORTS);
+    };
+    let text = value.to_string_lossy();
+    match text.parse::<u64>() {
+        Ok(n) if (3..=BRIDGE_MAX_PORTS).contains(&n) => Ok(n),
+        _ => Err(LocalError::invalid(
+            BRIDGE_PORTS_TEST_ENV,
+            format!("{text:?}"),
+            format!("must be a number of ports from 3 to {BRIDGE_MAX_PORTS} (a test knob)"),
+        )),
+    }
 }
 
-/// The decision, pure: may one more machine join `bridge`, which has
-/// `ports_now` ports, while this cloud has `our_machines` machines that
-/// are or will soon be running (each takes a port once it boots)?
-pub fn check_bridge_ports(bridge: &str, ports_now: u64, our_machines: u64) -> Result<()> {
-    let used = ports_now.max(our_machines);
-    if used + 1 > BRIDGE_MAX_PORTS {
-        return Err(LocalError::HostOutOfCapacity {
-            resource: "bridge ports",
-            limit: BRIDGE_MAX_PORTS,
-            used,
-            detail: format!(
-                "bridge {bridge} holds at most {BRIDGE_MAX_PORTS} ports and every running machine \
-                 (and QEMU VM) on it takes one; delete or stop machines of this local cloud, or \
-                 run more in a second one (its own bridge and subnet)"
-            ),
-        });
+/// How one local cloud spreads its machines over bridges: its main bridge
+/// (the gateway's) and up to `overflow` overflow bridges, each linked to
+/// the main one by a veth pair (a star: one L2 domain, at most two bridges
+/// between any two machines). An overflow bridge's link takes one of its
+/// ports and one of the main bridge's, so the main bridge keeps `overflow`
+/// ports free for those links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BridgeLayout {
+    /// Ports per bridge.
+    pub limit: u64,
+    /// Overflow bridges at most: as many as the subnet's addresses can
+    /// fill, and no more than the main bridge has ports to link.
+    pub overflow: u64,
+}
+
+impl BridgeLayout {
+    /// The layout for `limit` ports per bridge and a subnet of `addresses`
+    /// machine addresses: a machine needs an address, so more bridges than
+    /// those can fill would only take ports from the main bridge.
+    pub fn new(limit: u64, addresses: u64) -> BridgeLayout {
+        // k overflow bridges hold (limit - k) + k * (limit - 1) machines.
+        let overflow = if addresses <= limit || limit <= 2 {
+            0
+        } else {
+            (addresses - limit).div_ceil(limit - 2).min(limit - 1)
+        };
+        BridgeLayout { limit, overflow }
+    }
+
+    /// How many bridges at most, the main one included.
+    pub fn bridges(&self) -> usize {
+        self.overflow as usize + 1
+    }
+
+    /// Machine ports of bridge `index` (0: the main bridge).
+    pub fn room(&self, index: usize) -> u64 {
+        if index == 0 {
+            self.limit - self.overflow
+        } else {
+            self.limit - 1
+        }
+    }
+
+    /// Machine ports of all bridges together.
+    pub fn machine_ports(&self) -> u64 {
+        (0..self.bridges()).map(|i| self.room(i)).sum()
+    }
+
+    /// The first bridge with a free machine port, given the machine ports
+    /// in use on each (by index; a bridge not listed uses none).
+    pub fn place(&self, used: &[u64]) -> Option<usize> {
+        (0..self.bridges()).find(|&i| used.get(i).copied().unwrap_or(0) < self.room(i))
+    }
+}
+
+/// Ports on `bridge` now (empty when it does not exist).
+pub fn bridge_ports(bridge: &str) -> Vec<String> {
+    std::fs::read_dir(Path::new("/sys/class/net").join(bridge).join("brif"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The decision, pure: may one more machine join the cloud whose main
+/// bridge is `bridge`, laid out as `layout`, with `used` machine ports in
+/// use on each bridge now (a bridge's ports other than its links, or this
+/// cloud's machines placed on it, whichever is more) and `pending` machines
+/// of this cloud that will take a port but have none placed yet?
+pub fn check_bridge_ports(
+    bridge: &str,
+    layout: &BridgeLayout,
+    used: &[u64],
+    pending: u64,
+) -> Result<()> {
+    let free: u64 = (0..layout.bridges())
+        .map(|i| {
+            layout
+                .room(i)
+                .saturating_sub(used.get(i).copied().unwrap_or(0))
+        })
+        .sum();
+    if free <= pending {
+        return Err(bridge_ports_full(bridge, layout, used, pending));
     }
     Ok(())
+}
+
+/// The refusal of a machine no bridge of the cloud has a port for.
+pub fn bridge_ports_full(
+    bridge: &str,
+    layout: &BridgeLayout,
+    used: &[u64],
+    pending: u64,
+) -> LocalError {
+    let BridgeLayout { limit, overflow } = *layout;
+    LocalError::HostOutOfCapacity {
+        resource: "bridge ports",
+        limit: layout.machine_ports(),
+        used: used.iter().sum::<u64>() + pending,
+        detail: format!(
+            "a Linux bridge holds at most {limit} ports; this local cloud spreads its machines \
+             over bridge {bridge} and up to {overflow} overflow bridges linked to it, and every \
+             running machine (and QEMU VM) takes a port; delete or stop machines of this local \
+             cloud, or give it a larger subnet, or run more in a second one (its own bridge and \
+             subnet)"
+        ),
+    }
 }
 
 /// The host's inotify budget, shared by every cloud in this process: the
@@ -231,17 +340,64 @@ mod tests {
     }
 
     #[test]
-    fn a_bridge_refuses_its_1024th_port_naming_the_limit() {
-        assert!(check_bridge_ports("kb0", 0, 0).is_ok());
-        assert!(check_bridge_ports("kb0", 1021, 900).is_ok());
+    fn one_bridge_holds_a_small_subnet_and_refuses_past_its_ports_naming_the_limit() {
+        // A /24 (253 machine addresses) fits one bridge: no overflow.
+        let one = BridgeLayout::new(BRIDGE_MAX_PORTS, 253);
+        assert_eq!((one.bridges(), one.machine_ports()), (1, 1023));
+        assert!(check_bridge_ports("kb0", &one, &[0], 0).is_ok());
+        assert!(check_bridge_ports("kb0", &one, &[1021], 1).is_ok());
         // Machines being made count before their veth exists.
-        let e = check_bridge_ports("kb0", 10, 1023).unwrap_err();
+        let e = check_bridge_ports("kb0", &one, &[10], 1013).unwrap_err();
         assert_eq!(e.code(), "LocalHostOutOfCapacity");
-        let e = check_bridge_ports("kb0", 1023, 5).unwrap_err().to_string();
+        let e = check_bridge_ports("kb0", &one, &[1023], 0)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("bridge ports") && e.contains("1023") && e.contains("kb0"),
+            e.contains("bridge ports 1023 in use of 1023")
+                && e.contains("at most 1023 ports")
+                && e.contains("kb0"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_large_subnet_spreads_over_overflow_bridges_first_with_room() {
+        // A /16 (65,533 machine addresses): 64 overflow bridges, the main
+        // one keeping a port for each one's link.
+        let big = BridgeLayout::new(BRIDGE_MAX_PORTS, 65_533);
+        assert_eq!(big.overflow, 64);
+        assert_eq!((big.room(0), big.room(1), big.room(64)), (959, 1022, 1022));
+        assert!(big.machine_ports() >= 65_533);
+        assert!(BridgeLayout::new(BRIDGE_MAX_PORTS, 65_533 - 1_022).overflow < 64);
+        // A /21 (2,045): two.
+        assert_eq!(BridgeLayout::new(BRIDGE_MAX_PORTS, 2_045).overflow, 2);
+        // Placement: the first bridge with room, a freed port reused first.
+        assert_eq!(big.place(&[]), Some(0));
+        assert_eq!(big.place(&[959]), Some(1));
+        assert_eq!(big.place(&[959, 1022, 5]), Some(2));
+        assert_eq!(big.place(&[958, 1022, 5]), Some(0));
+    }
+
+    #[test]
+    fn three_ports_per_bridge_carry_five_machines_on_three_bridges_and_no_sixth() {
+        // The test knob's case: the main bridge keeps two ports for links,
+        // each overflow bridge one: 1 + 2 + 2 machines.
+        let small = BridgeLayout::new(3, 253);
+        assert_eq!(small.overflow, 2);
+        assert_eq!((small.room(0), small.room(1), small.room(2)), (1, 2, 2));
+        assert_eq!(small.machine_ports(), 5);
+        assert_eq!(small.place(&[1, 2, 1]), Some(2));
+        assert_eq!(small.place(&[1, 2, 2]), None);
+        assert!(check_bridge_ports("kt0", &small, &[1, 2, 1], 0).is_ok());
+        let e = check_bridge_ports("kt0", &small, &[1, 2, 1], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("bridge ports 5 in use of 5") && e.contains("at most 3 ports"),
+            "{e}"
+        );
+        // Two ports leave nothing to link: one bridge.
+        assert_eq!(BridgeLayout::new(2, 253).bridges(), 1);
     }
 
     #[test]

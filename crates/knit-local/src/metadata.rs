@@ -248,6 +248,7 @@ mod tests {
                 mac: "02:00:0a:d5:00:02".into(),
                 veth: "kv0123456789ab".into(),
                 netns: "knit-i-0123456789ab".into(),
+                bridge: None,
                 system_disk_size: 1 << 30,
                 disks: vec!["d-aaaaaaaaaaaa".into()],
                 init: None,

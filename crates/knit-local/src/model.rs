@@ -556,6 +556,10 @@ pub struct InstanceRecord {
     pub veth: String,
     /// Name under /run/netns.
     pub netns: String,
+    /// The bridge its veth joins (the main one or an overflow bridge of
+    /// the cloud): chosen when it boots, cleared when it halts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<String>,
     pub system_disk_size: u64,
     /// Data disks attached, in attach order.
     pub disks: Vec<String>,
@@ -617,6 +621,10 @@ pub struct NetworkRecord {
     pub gateway: String,
     pub metadata_port: u16,
     pub metadata: Option<ProcRef>,
+    /// Overflow bridges made for machines the main bridge has no port
+    /// for (`net::Overflow`), recorded before they are made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overflow: Vec<String>,
 }
 
 /// Everything `describe` shows: the record plus its disks and live state.

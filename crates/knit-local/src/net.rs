@@ -5,6 +5,7 @@ use crate::error::{LocalError, Result, SysContext};
 use crate::run::{run, run_absent_ok};
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 /// An IPv4 network in CIDR form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,12 @@ impl Subnet {
     pub fn overlaps(&self, other: &Subnet) -> bool {
         let m = mask(self.prefix.min(other.prefix));
         u32::from(self.base) & m == u32::from(other.base) & m
+    }
+
+    /// How many machines the network has addresses for (all but the
+    /// network, gateway and broadcast addresses).
+    pub fn machine_addresses(&self) -> u64 {
+        (1u64 << (32 - self.prefix)).saturating_sub(3)
     }
 
     /// The n-th address of the network (1 = gateway).
@@ -145,6 +152,110 @@ pub fn create_bridge(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<()> 
     Ok(())
 }
 
+/// Overflow bridge `n` of a local cloud (2, 3, …; its main bridge, the
+/// gateway's, is 1) and the veth pair linking it to the main bridge: a
+/// plain bridge without an address, so the cloud stays one L2 domain
+/// whose gateway is the main bridge (`host_limits::BridgeLayout` says
+/// when one is needed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overflow {
+    pub bridge: String,
+    /// The link's end on the main bridge.
+    pub main_end: String,
+    /// The link's end on the overflow bridge.
+    pub own_end: String,
+}
+
+impl Overflow {
+    /// Overflow bridge `n` of `main`: `<main>-<n>`, its link's ends that
+    /// with `a` (on the main bridge) and `b`. When that would pass 15
+    /// characters (an interface name's limit), the main bridge's name is
+    /// cut and 4 hex digits of its hash keep cut names apart.
+    pub fn of(main: &str, n: usize) -> Overflow {
+        let suffix = format!("-{n}");
+        // Room for the suffix and the link ends' one more letter.
+        let room = 15usize.saturating_sub(suffix.len() + 1);
+        let stem = if main.chars().count() <= room {
+            main.to_string()
+        } else {
+            let cut: String = main.chars().take(room.saturating_sub(4)).collect();
+            format!("{cut}{:04x}", fnv1a(main) & 0xffff)
+        };
+        Overflow::named(format!("{stem}{suffix}"))
+    }
+
+    /// The overflow bridge named `bridge` (as [`Overflow::of`] names it).
+    pub fn named(bridge: String) -> Overflow {
+        Overflow {
+            main_end: format!("{bridge}a"),
+            own_end: format!("{bridge}b"),
+            bridge,
+        }
+    }
+
+    /// Makes what is missing of the bridge and its link to `main`, and
+    /// brings both up: a repeat (or a run after a crash half-way) finishes
+    /// the job. One `ip -batch`.
+    pub fn create(&self, main: &str) -> Result<()> {
+        let Overflow {
+            bridge,
+            main_end,
+            own_end,
+        } = self;
+        let mut batch = String::new();
+        if !link_exists(bridge) {
+            // No address of the host's on it: the gateway is the main bridge.
+            batch.push_str(&format!(
+                "link add name {bridge} type bridge\nlink set dev {bridge} addrgenmode none\n"
+            ));
+        }
+        if !link_exists(main_end) {
+            batch.push_str(&format!(
+                "link add name {main_end} type veth peer name {own_end}\n"
+            ));
+        }
+        let linked = master_of(main_end).as_deref() == Some(main)
+            && master_of(own_end).as_deref() == Some(bridge.as_str());
+        if batch.is_empty() && linked && is_up(bridge) {
+            return Ok(());
+        }
+        batch.push_str(&format!(
+            "link set dev {own_end} master {bridge} up\nlink set dev {bridge} up\n\
+             link set dev {main_end} master {main} up\n"
+        ));
+        crate::run::run_input("ip", &["-batch", "-"], &batch).map(|_| ())
+    }
+
+    /// Removes the bridge and its link (either end takes the other); what
+    /// is gone already is fine.
+    pub fn delete(&self) -> Result<()> {
+        delete_link(&self.main_end)?;
+        delete_link(&self.bridge)
+    }
+}
+
+/// 32-bit FNV-1a: a hash that is the same in every build (names made from
+/// it must be found again by the next version).
+fn fnv1a(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The bridge `link` is a port of, if any.
+pub fn master_of(link: &str) -> Option<String> {
+    let target = std::fs::read_link(Path::new("/sys/class/net").join(link).join("master")).ok()?;
+    Some(target.file_name()?.to_string_lossy().into_owned())
+}
+
+/// Whether `link` is administratively up.
+fn is_up(link: &str) -> bool {
+    std::fs::read_to_string(Path::new("/sys/class/net").join(link).join("flags"))
+        .ok()
+        .and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok())
+        .is_some_and(|flags| flags & 1 != 0)
+}
+
 pub fn delete_link(name: &str) -> Result<()> {
     run_absent_ok(
         "ip",
@@ -196,12 +307,16 @@ pub fn netns_del(netns: &str) -> Result<()> {
     Ok(())
 }
 
-/// veth pair: host end on the bridge, `eth0` inside the namespace with its
-/// address and a default route via the gateway.
+/// veth pair: host end on a bridge of the cloud, `eth0` inside the
+/// namespace with its address and a default route via the gateway.
 pub struct Veth<'a> {
     pub host: &'a str,
     pub netns: &'a str,
+    /// The cloud's main bridge (the gateway's): its guard table and the
+    /// host's neighbour entry, wherever the port is.
     pub bridge: &'a str,
+    /// The bridge the host end joins: the main one or an overflow bridge.
+    pub master: &'a str,
     pub mac: &'a str,
     pub ip: Ipv4Addr,
     pub prefix: u8,
@@ -226,7 +341,7 @@ impl Veth<'_> {
         })?;
         run(
             "ip",
-            &["link", "set", self.host, "master", self.bridge, "up"],
+            &["link", "set", self.host, "master", self.master, "up"],
         )?;
         pin_neighbour(&Guard {
             bridge: self.bridge,
@@ -611,6 +726,39 @@ mod tests {
             vec![("kv1".to_string(), 0), ("kv2".to_string(), 7)]
         );
         assert!(parse_guarded_ports("not json").is_empty());
+    }
+
+    #[test]
+    fn overflow_bridges_are_named_from_the_main_one_within_15_characters() {
+        let o = Overflow::of("knit0", 2);
+        assert_eq!(
+            (o.bridge.as_str(), o.main_end.as_str(), o.own_end.as_str()),
+            ("knit0-2", "knit0-2a", "knit0-2b")
+        );
+        assert_eq!(Overflow::named("knit0-2".into()), o);
+        // A long main name is cut; its hash keeps two cut names apart.
+        let a = Overflow::of("a-long-bridge-1", 64);
+        let b = Overflow::of("a-long-bridge-2", 64);
+        for name in [&a.bridge, &a.main_end, &a.own_end, &b.own_end] {
+            assert!(name.len() <= 15, "{name}");
+        }
+        assert!(
+            a.bridge.starts_with("a-long") && a.bridge.ends_with("-64"),
+            "{a:?}"
+        );
+        assert_ne!(a.bridge, b.bridge);
+        // The same in every run and build.
+        assert_eq!(Overflow::of("a-long-bridge-1", 64), a);
+        // FNV-1a's published value for "a".
+        assert_eq!(fnv1a("a"), 0xe40c_292c);
+        assert_eq!(
+            Subnet::parse("10.0.0.0/24").unwrap().machine_addresses(),
+            253
+        );
+        assert_eq!(
+            Subnet::parse("10.0.0.0/16").unwrap().machine_addresses(),
+            65_533
+        );
     }
 
     #[test]

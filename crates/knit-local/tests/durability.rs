@@ -72,6 +72,7 @@ fn a_record_written_is_on_disk_when_the_write_returns() {
         gateway: "10.99.0.1".into(),
         metadata_port: 80,
         metadata: None,
+        overflow: Vec::new(),
     };
     {
         let fs = Ext4::mount(&image, &tmp.path().join("mnt"), true);

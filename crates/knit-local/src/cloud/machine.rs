@@ -45,6 +45,7 @@ impl Cloud {
                 mac: format!("02:00:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]),
                 veth: format!("kv{}", &id[2..]),
                 netns: format!("knit-{id}"),
+                bridge: None,
                 system_disk_size: tpl.system_disk_size.bytes().unwrap_or(0),
                 disks: Vec::new(),
                 init: None,
@@ -95,9 +96,13 @@ impl Cloud {
 
     pub(super) fn boot(&self, rec: &mut InstanceRecord) -> Result<()> {
         let size = crate::bounds::Size::of(&rec.template.instance_type)?;
-        let n = {
+        // Its port's bridge is chosen (and made) under the lock, so that
+        // two boots never take the last port of one bridge.
+        let (n, master) = {
             let _lock = self.state.lock()?;
-            self.ensure_network()?
+            let mut n = self.ensure_network()?;
+            let master = self.place_port(rec, &mut n)?;
+            (n, master)
         };
         let system_disk = loopdev::attach(&self.state.system_disk_file(&rec.id))?;
         let mut disks: Vec<BootDisk> = Vec::new();
@@ -135,6 +140,7 @@ impl Cloud {
             host: &rec.veth,
             netns: &rec.netns,
             bridge: &n.bridge,
+            master: &master,
             mac: &rec.mac,
             ip,
             prefix: self.subnet.prefix,
@@ -319,6 +325,8 @@ impl Cloud {
             Err(_) => net::delete_link(&rec.veth)?,
         }
         net::netns_del(&rec.netns)?;
+        // Its port is free: the bridge may go when empty (`release_bridges`).
+        rec.bridge = None;
         loopdev::detach_file(&self.state.system_disk_file(&rec.id))?;
         for id in &rec.disks {
             loopdev::detach_file(&self.state.disk_file(id))?;
@@ -367,6 +375,7 @@ impl Cloud {
             if let Err(undo) = self.state.put_instance(&rec) {
                 tracing::warn!(id = %rec.id, error = %undo, "cannot record the instance as stopped");
             }
+            self.release_bridges();
             return Err(e);
         }
         self.view(rec)
@@ -385,6 +394,7 @@ impl Cloud {
         self.halt(&mut rec)?;
         rec.state = InstanceState::Stopped;
         self.state.put_instance(&rec)?;
+        self.release_bridges();
         tracing::info!(id = %rec.id, "instance stopped");
         self.view(rec)
     }
@@ -470,6 +480,7 @@ impl Cloud {
             self.remove_with_file(&self.state.disk_dir(d), &self.state.disk_file(d))?;
         }
         state::remove_dir_all(&self.state.instance_dir(id))?;
+        self.release_bridges();
         tracing::info!(id, killed, "instance deleted");
         Ok(killed)
     }

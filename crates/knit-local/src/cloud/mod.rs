@@ -13,6 +13,7 @@ mod network;
 use crate::blockstore::BlockStore;
 use crate::boot::{BootDisk, BootSpec};
 use crate::error::{IoContext, LocalError, Result, SysContext};
+use crate::host_limits::{bridge_ports, bridge_ports_full, BridgeLayout};
 use crate::loopdev;
 use crate::model::*;
 use crate::net::{self, Subnet, Veth};
@@ -77,6 +78,8 @@ pub struct DownReport {
 pub struct Cloud {
     cfg: Config,
     subnet: Subnet,
+    /// Ports per bridge (`host_limits::bridge_port_limit`).
+    port_limit: u64,
     state: StateDir,
     store: BlockStore,
 }
@@ -110,6 +113,7 @@ impl Cloud {
         let cloud = Cloud {
             cfg,
             subnet,
+            port_limit: crate::host_limits::bridge_port_limit()?,
             state,
             store,
         };
@@ -189,19 +193,24 @@ impl Cloud {
 
     /// Refuses a create the host cannot carry (`host_limits`), counting
     /// this cloud's machines that are or will soon be running: each takes a
-    /// port of the bridge, and one holding an inotify instance (a light
-    /// machine runs no containerd and holds none) takes one of root's
-    /// (called under the state lock).
+    /// port of one of the cloud's bridges, and one holding an inotify
+    /// instance (a light machine runs no containerd and holds none) takes
+    /// one of root's (called under the state lock).
     fn check_host_limits(&self, template: &Template) -> Result<()> {
-        use crate::host_limits::{
-            bridge_ports, check_bridge_ports, inotify_holders, inotify_of, InotifyBudget,
-        };
+        use crate::host_limits::{check_bridge_ports, inotify_holders, inotify_of, InotifyBudget};
         let records = self.state.instances()?;
-        let running = records
+        let layout = self.bridge_layout();
+        let used = self.bridge_use(&records, &layout);
+        // Not stopped and not placed yet (being made): each takes a port soon.
+        let pending = records
             .iter()
-            .filter(|r| r.state != InstanceState::Stopped)
+            .filter(|r| {
+                r.state != InstanceState::Stopped
+                    && r.bridge.is_none()
+                    && !net::link_exists(&r.veth)
+            })
             .count() as u64;
-        check_bridge_ports(&self.cfg.bridge, bridge_ports(&self.cfg.bridge), running)?;
+        check_bridge_ports(&self.cfg.bridge, &layout, &used, pending)?;
         if inotify_of(template) == 0 {
             return Ok(());
         }
@@ -319,6 +328,13 @@ impl Cloud {
             if net::link_exists(&n.bridge) {
                 report.links += 1;
                 if let Err(e) = net::delete_link(&n.bridge) {
+                    report.errors.push(e.to_string());
+                }
+            }
+            for name in &n.overflow {
+                let o = net::Overflow::named(name.clone());
+                report.links += usize::from(net::link_exists(&o.bridge));
+                if let Err(e) = o.delete() {
                     report.errors.push(e.to_string());
                 }
             }

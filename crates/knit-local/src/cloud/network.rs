@@ -1,5 +1,6 @@
-//! The local cloud's network: the bridge and its metadata server, a
-//! machine's address and bandwidth.
+//! The local cloud's network: the bridge and its metadata server, the
+//! overflow bridges and which one a machine's port joins, a machine's
+//! address and bandwidth.
 
 use super::*;
 
@@ -43,6 +44,7 @@ impl Cloud {
                     gateway: gateway.to_string(),
                     metadata_port: self.cfg.metadata_port,
                     metadata: None,
+                    overflow: Vec::new(),
                 };
                 self.state.put_network(&n)?;
                 n
@@ -56,6 +58,142 @@ impl Cloud {
             self.state.put_network(&rec)?;
         }
         Ok(rec)
+    }
+
+    // ---- bridges ---------------------------------------------------------
+
+    /// How this cloud's machines spread over bridges.
+    pub(super) fn bridge_layout(&self) -> BridgeLayout {
+        BridgeLayout::new(self.port_limit, self.subnet.machine_addresses())
+    }
+
+    /// Bridge `index` of the layout (0: the main one).
+    fn bridge_name(&self, index: usize) -> String {
+        if index == 0 {
+            self.cfg.bridge.clone()
+        } else {
+            net::Overflow::of(&self.cfg.bridge, index + 1).bridge
+        }
+    }
+
+    /// Machine ports in use on each bridge of the layout: its ports other
+    /// than the links between the cloud's bridges, or the machines of
+    /// `records` placed on it (some not yet joined), whichever is more.
+    pub(super) fn bridge_use(&self, records: &[InstanceRecord], layout: &BridgeLayout) -> Vec<u64> {
+        let links: BTreeSet<String> = (1..layout.bridges())
+            .map(|i| net::Overflow::named(self.bridge_name(i)))
+            .flat_map(|o| [o.main_end, o.own_end])
+            .collect();
+        (0..layout.bridges())
+            .map(|i| {
+                let name = self.bridge_name(i);
+                let ports = bridge_ports(&name)
+                    .iter()
+                    .filter(|p| !links.contains(*p))
+                    .count() as u64;
+                let placed = records
+                    .iter()
+                    .filter(|r| r.bridge.as_deref() == Some(name.as_str()))
+                    .count() as u64;
+                ports.max(placed)
+            })
+            .collect()
+    }
+
+    /// Chooses the bridge `rec`'s port joins (the first with room), makes
+    /// it if it is an overflow bridge not there yet, and records the choice
+    /// (called under the state lock, with the cloud's network `n`).
+    pub(super) fn place_port(
+        &self,
+        rec: &mut InstanceRecord,
+        n: &mut NetworkRecord,
+    ) -> Result<String> {
+        // Deleted meanwhile: nothing is placed (see the end of `boot`).
+        self.state.instance(&rec.id)?;
+        let others: Vec<InstanceRecord> = self
+            .state
+            .instances()?
+            .into_iter()
+            .filter(|r| r.id != rec.id)
+            .collect();
+        let layout = self.bridge_layout();
+        let used = self.bridge_use(&others, &layout);
+        let index = layout
+            .place(&used)
+            .ok_or_else(|| bridge_ports_full(&self.cfg.bridge, &layout, &used, 0))?;
+        let bridge = self.bridge_name(index);
+        if index > 0 {
+            self.ensure_overflow(net::Overflow::named(bridge.clone()), n)?;
+        }
+        rec.bridge = Some(bridge.clone());
+        self.state.put_instance(rec)?;
+        Ok(bridge)
+    }
+
+    /// Overflow bridge `o`, recorded in `n` before it is made; a link of
+    /// that name this cloud did not record is someone else's.
+    fn ensure_overflow(&self, o: net::Overflow, n: &mut NetworkRecord) -> Result<()> {
+        if !n.overflow.contains(&o.bridge) {
+            if let Some(taken) = [&o.bridge, &o.main_end, &o.own_end]
+                .into_iter()
+                .find(|l| net::link_exists(l))
+            {
+                return Err(LocalError::Busy {
+                    what: format!("link {taken}"),
+                    message: format!(
+                        "it exists but is not managed by {}, and this local cloud needs that \
+                         name for an overflow bridge of {}; remove it or pick another bridge name",
+                        self.state.root().display(),
+                        self.cfg.bridge
+                    ),
+                });
+            }
+            n.overflow.push(o.bridge.clone());
+            self.state.put_network(n)?;
+        }
+        o.create(&self.cfg.bridge)
+    }
+
+    /// Removes the overflow bridges no machine is placed on and nothing but
+    /// their link is a port of. After a machine's port went (delete, stop);
+    /// a failure is logged, not returned: the machine's own operation
+    /// succeeded, and `down` removes what is left.
+    pub(super) fn release_bridges(&self) {
+        if let Err(e) = self.try_release_bridges() {
+            tracing::warn!(error = %e, "cannot remove an empty overflow bridge; `down` will");
+        }
+    }
+
+    fn try_release_bridges(&self) -> Result<()> {
+        let _lock = self.state.lock()?;
+        let Some(mut n) = self.state.network()? else {
+            return Ok(());
+        };
+        if n.overflow.is_empty() {
+            return Ok(());
+        }
+        let records = self.state.instances()?;
+        let mut kept = Vec::new();
+        for name in std::mem::take(&mut n.overflow) {
+            let o = net::Overflow::named(name);
+            let placed = records
+                .iter()
+                .any(|r| r.bridge.as_deref() == Some(o.bridge.as_str()));
+            let foreign = bridge_ports(&o.bridge).iter().any(|p| *p != o.own_end);
+            if placed || foreign {
+                kept.push(o.bridge);
+                continue;
+            }
+            if let Err(e) = o.delete() {
+                kept.push(o.bridge);
+                n.overflow = kept;
+                self.state.put_network(&n)?;
+                return Err(e);
+            }
+            tracing::info!(bridge = %o.bridge, "empty overflow bridge removed");
+        }
+        n.overflow = kept;
+        self.state.put_network(&n)
     }
 
     pub(super) fn gateway(&self) -> Result<std::net::Ipv4Addr> {

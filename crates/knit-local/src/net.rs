@@ -204,10 +204,7 @@ impl Overflow {
         } = self;
         let mut batch = String::new();
         if !link_exists(bridge) {
-            // No address of the host's on it: the gateway is the main bridge.
-            batch.push_str(&format!(
-                "link add name {bridge} type bridge\nlink set dev {bridge} addrgenmode none\n"
-            ));
+            batch.push_str(&format!("link add name {bridge} type bridge\n"));
         }
         if !link_exists(main_end) {
             batch.push_str(&format!(
@@ -219,9 +216,13 @@ impl Overflow {
         if batch.is_empty() && linked && is_up(bridge) {
             return Ok(());
         }
+        // No address of the host's on it (the gateway is the main bridge):
+        // none made from here on, and any made before (a bridge left half
+        // made, up without this) removed.
         batch.push_str(&format!(
-            "link set dev {own_end} master {bridge} up\nlink set dev {bridge} up\n\
-             link set dev {main_end} master {main} up\n"
+            "link set dev {bridge} addrgenmode none\n\
+             link set dev {own_end} master {bridge} up\nlink set dev {bridge} up\n\
+             link set dev {main_end} master {main} up\naddr flush dev {bridge}\n"
         ));
         crate::run::run_input("ip", &["-batch", "-"], &batch).map(|_| ())
     }

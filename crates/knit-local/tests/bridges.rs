@@ -261,3 +261,53 @@ fn a_bad_bridge_port_knob_is_refused_naming_it() {
     );
     assert!(!exists(&bridge));
 }
+
+/// Removes the links it names when dropped (success, failure, panic).
+struct Links(Vec<String>);
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for link in &self.0 {
+            let _ = net::delete_link(link);
+        }
+    }
+}
+
+/// Making an overflow bridge finishes what a crash left half-made (here:
+/// the bridge without its link, then the link detached from the main
+/// bridge, as after the main one was made again), a repeat changes
+/// nothing, and removing it takes the bridge and both ends of its link.
+#[test]
+fn an_overflow_bridge_half_made_is_finished_and_removed_whole() {
+    let (main, subnet) = common::unique();
+    let gateway = net::Subnet::parse(&subnet).unwrap().host(1).unwrap();
+    let o = Overflow::of(&main, 2);
+    let _cleanup = Links(vec![main.clone(), o.bridge.clone(), o.main_end.clone()]);
+    net::create_bridge(&main, gateway, 24).unwrap();
+    let made = Command::new("ip")
+        .args(["link", "add", "name", &o.bridge, "type", "bridge"])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    o.create(&main).unwrap();
+    let linked = || (net::master_of(&o.main_end), net::master_of(&o.own_end));
+    assert_eq!(linked(), (Some(main.clone()), Some(o.bridge.clone())));
+    o.create(&main).unwrap();
+    assert_eq!(linked(), (Some(main.clone()), Some(o.bridge.clone())));
+    let detached = Command::new("ip")
+        .args(["link", "set", "dev", &o.main_end, "nomaster"])
+        .status()
+        .unwrap();
+    assert!(detached.success());
+    o.create(&main).unwrap();
+    assert_eq!(linked(), (Some(main.clone()), Some(o.bridge.clone())));
+    // No address of the host's on the overflow bridge.
+    let addrs = host("ip", &["-o", "addr", "show", "dev", &o.bridge]);
+    assert_eq!(addrs.trim(), "", "{addrs}");
+    o.delete().unwrap();
+    for link in [&o.bridge, &o.main_end, &o.own_end] {
+        assert!(!exists(link), "{link} left");
+    }
+    // Gone already: fine.
+    o.delete().unwrap();
+}

@@ -31,14 +31,14 @@ pub fn available(
     nodes: &[NodeRecord],
 ) -> HashSet<String> {
     let attached = cp.cluster.attached();
+    let by_instance = crate::store::nodes_by_instance(nodes);
     instances
         .iter()
         .filter(|i| i.state == InstanceState::Running)
         .filter(|i| {
-            nodes.iter().any(|n| {
-                n.instance == i.name
-                    && n.initialized()
-                    && (!attached || n.status == NodeStatus::Ready)
+            by_instance.get(i.name.as_str()).is_some_and(|mine| {
+                mine.iter()
+                    .any(|n| n.initialized() && (!attached || n.status == NodeStatus::Ready))
             })
         })
         .map(|i| i.name.clone())

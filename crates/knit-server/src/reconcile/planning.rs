@@ -380,6 +380,7 @@ impl ControlPlane {
             .lock()
             .map(|s| s.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
+        let by_instance = crate::store::nodes_by_instance(nodes);
         let available: HashSet<String> = instances
             .iter()
             .filter(|i| i.state == InstanceState::Running && !repairing.contains(&i.name))
@@ -389,10 +390,11 @@ impl ControlPlane {
                     .is_none_or(|h| h.unhealthy_since_ms.is_none())
             })
             .filter(|i| {
-                nodes.iter().any(|n| {
-                    n.instance == i.name
-                        && n.initialized()
-                        && (!attached || n.status == knit_api::state::NodeStatus::Ready)
+                by_instance.get(i.name.as_str()).is_some_and(|mine| {
+                    mine.iter().any(|n| {
+                        n.initialized()
+                            && (!attached || n.status == knit_api::state::NodeStatus::Ready)
+                    })
                 })
             })
             .map(|i| i.name.clone())

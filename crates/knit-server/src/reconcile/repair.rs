@@ -175,10 +175,9 @@ pub fn decide_with(
     steps
 }
 
-/// A node of `instance`: joined (Ready, or initialized without a cluster)
+/// An instance's nodes: joined (Ready, or initialized without a cluster)
 /// and Ready now.
-fn node_state(nodes: &[NodeRecord], instance: &str, attached: bool) -> (bool, bool) {
-    let mine = nodes.iter().filter(|n| n.instance == instance);
+fn node_state(mine: &[&NodeRecord], attached: bool) -> (bool, bool) {
     let mut joined = false;
     let mut ready = false;
     for n in mine {
@@ -242,11 +241,15 @@ impl ControlPlane {
         now: i64,
     ) -> Result<()> {
         let attached = self.cluster.attached();
+        let by_instance = crate::store::nodes_by_instance(nodes);
         for i in instances
             .iter()
             .filter(|i| i.state == InstanceState::Running || i.state == InstanceState::Failed)
         {
-            let (joined, ready) = node_state(nodes, &i.name, attached);
+            let mine = by_instance
+                .get(i.name.as_str())
+                .map_or(&[][..], Vec::as_slice);
+            let (joined, ready) = node_state(mine, attached);
             let before = health.get(&i.name).cloned().unwrap_or(InstanceHealth {
                 instance: i.name.clone(),
                 ..InstanceHealth::default()

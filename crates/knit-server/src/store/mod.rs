@@ -46,7 +46,7 @@ pub use fence::{current_fence, Fence};
 pub use instances::{InstanceHealth, InstanceRecord};
 pub use intents::IntentRecord;
 pub use leader::{Lease, ServerRecord};
-pub use nodes::{NodeRecord, TimelineEntry, MAX_TIMELINE_PER_NODE};
+pub use nodes::{nodes_by_instance, NodeRecord, TimelineEntry, MAX_TIMELINE_PER_NODE};
 pub use pools::{PoolCounts, PoolRecord};
 pub use rollouts::{PoolRevision, RolloutStop, REVISION_HISTORY_LIMIT};
 pub use snapshots::{BuildStep, SnapshotBuildRecord, SnapshotRecord};

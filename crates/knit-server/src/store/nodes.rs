@@ -34,6 +34,19 @@ impl NodeRecord {
     }
 }
 
+/// Each instance's nodes, looked up by instance name: a pass over 1,000
+/// instances scanning all nodes for each was a million string compares.
+pub fn nodes_by_instance(
+    nodes: &[NodeRecord],
+) -> std::collections::HashMap<&str, Vec<&NodeRecord>> {
+    let mut by_instance: std::collections::HashMap<&str, Vec<&NodeRecord>> =
+        std::collections::HashMap::with_capacity(nodes.len());
+    for n in nodes {
+        by_instance.entry(n.instance.as_str()).or_default().push(n);
+    }
+    by_instance
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TimelineEntry {

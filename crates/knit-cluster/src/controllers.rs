@@ -38,6 +38,43 @@ pub struct Controllers {
     pub pod_cidrs: crate::ipam::PodCidrs,
 }
 
+/// The store work a change asks of the controllers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChangeStep {
+    /// A CSR added or changed: approve and sign, or deny.
+    Csr,
+    /// A kube-system Secret: the cluster-info ConfigMap follows the tokens.
+    ClusterInfo,
+    /// A Node registered: its bootstrap tokens retired, a pod CIDR given.
+    NodeAdded,
+    /// A Node without a pod CIDR: one given.
+    PodCidr,
+    /// A namespace being deleted: its objects removed, then itself.
+    FinishNamespace,
+    /// A Node deleted: its Lease and its pods collected.
+    NodeDeleted,
+}
+
+/// What `c` asks of the store, if anything. Pure: the caller only hands its
+/// worker off (block_in_place) when there is work.
+fn change_step(c: &Change) -> Option<ChangeStep> {
+    match (c.resource.as_str(), c.kind) {
+        (CSRS, EventType::Added | EventType::Modified) => Some(ChangeStep::Csr),
+        ("secrets", _) if c.namespace == "kube-system" => Some(ChangeStep::ClusterInfo),
+        ("nodes", EventType::Added) => Some(ChangeStep::NodeAdded),
+        ("nodes", EventType::Modified) if !ipam::has_pod_cidr(&c.object) => {
+            Some(ChangeStep::PodCidr)
+        }
+        ("namespaces", EventType::Added | EventType::Modified)
+            if !c.object["metadata"]["deletionTimestamp"].is_null() =>
+        {
+            Some(ChangeStep::FinishNamespace)
+        }
+        ("nodes", EventType::Deleted) => Some(ChangeStep::NodeDeleted),
+        _ => None,
+    }
+}
+
 impl Controllers {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut feed = self.store.subscribe();
@@ -109,31 +146,13 @@ impl Controllers {
                         if pod_controllers::affects_budgets(&c.resource) {
                             dirty.insert(c.namespace.clone());
                         }
-                        tokio::task::block_in_place(|| match (c.resource.as_str(), c.kind) {
-                        (CSRS, EventType::Added | EventType::Modified) => self.reconcile_csr(&c.name),
-                        ("secrets", _) if c.namespace == "kube-system" => self.sync_cluster_info(),
-                        ("nodes", EventType::Added) => self.retire_tokens_of(&c.name).and_then(|()| {
-                            if ipam::has_pod_cidr(&c.object) {
-                                Ok(())
-                            } else {
-                                ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
-                            }
-                        }),
-                        ("nodes", EventType::Modified)
-                            if !ipam::has_pod_cidr(&c.object) =>
-                        {
-                            ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
+                        // Most changes (a Lease renewed, a pod's status)
+                        // need no store work: no hand-off of this worker
+                        // for them (100 a second at 1,000 nodes).
+                        match change_step(&c) {
+                            Some(step) => tokio::task::block_in_place(|| self.run_step(step, &c)),
+                            None => Ok(()),
                         }
-                        ("namespaces", EventType::Added | EventType::Modified)
-                            if !c.object["metadata"]["deletionTimestamp"].is_null() =>
-                        {
-                            pod_controllers::finish_namespace(&self.store, &c.name)
-                        }
-                        ("nodes", EventType::Deleted) => self
-                            .collect_lease(&c.name)
-                            .and_then(|()| pod_controllers::collect_node_pods(&self.store, &c.name)),
-                        _ => Ok(()),
-                        })
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         view = tokio::task::block_in_place(|| self.resync());
@@ -151,6 +170,26 @@ impl Controllers {
             if let Err(e) = result {
                 tracing::warn!(code = e.code(), error = %e, "controller step failed; retried on the next change or tick");
             }
+        }
+    }
+
+    /// Does the store work of one change (see [`change_step`]).
+    fn run_step(&self, step: ChangeStep, c: &Change) -> Result<(), ClusterError> {
+        match step {
+            ChangeStep::Csr => self.reconcile_csr(&c.name),
+            ChangeStep::ClusterInfo => self.sync_cluster_info(),
+            ChangeStep::NodeAdded => self.retire_tokens_of(&c.name).and_then(|()| {
+                if ipam::has_pod_cidr(&c.object) {
+                    Ok(())
+                } else {
+                    ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
+                }
+            }),
+            ChangeStep::PodCidr => ipam::allocate(&self.store, &self.pod_cidrs, &c.name),
+            ChangeStep::FinishNamespace => pod_controllers::finish_namespace(&self.store, &c.name),
+            ChangeStep::NodeDeleted => self
+                .collect_lease(&c.name)
+                .and_then(|()| pod_controllers::collect_node_pods(&self.store, &c.name)),
         }
     }
 
@@ -783,6 +822,54 @@ fn set_condition_taints(node: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn change(resource: &str, namespace: &str, kind: EventType, object: Value) -> Change {
+        Change {
+            kind,
+            resource: resource.into(),
+            namespace: namespace.into(),
+            name: "n1".into(),
+            rv: 7,
+            object: Arc::new(object),
+            previous: None,
+        }
+    }
+
+    #[test]
+    fn only_changes_with_store_work_get_a_step() {
+        let lease = json!({"spec": {"renewTime": "2026-12-04T09:00:00.000000Z"}});
+        let renewed = change("leases", "kube-node-lease", EventType::Modified, lease);
+        assert_eq!(
+            change_step(&renewed),
+            None,
+            "a Lease renewal needs no store work"
+        );
+        let with_cidr = json!({"spec": {"podCIDR": "10.0.1.0/24"}});
+        let without = json!({"spec": {}});
+        let modified = change("nodes", "", EventType::Modified, with_cidr.clone());
+        assert_eq!(
+            change_step(&modified),
+            None,
+            "a status update of a Node with its CIDR"
+        );
+        let needs_cidr = change("nodes", "", EventType::Modified, without);
+        assert_eq!(change_step(&needs_cidr), Some(ChangeStep::PodCidr));
+        let added = change("nodes", "", EventType::Added, with_cidr.clone());
+        assert_eq!(change_step(&added), Some(ChangeStep::NodeAdded));
+        let deleted = change("nodes", "", EventType::Deleted, with_cidr);
+        assert_eq!(change_step(&deleted), Some(ChangeStep::NodeDeleted));
+        let csr = change(CSRS, "", EventType::Added, json!({}));
+        assert_eq!(change_step(&csr), Some(ChangeStep::Csr));
+        let token = change("secrets", "kube-system", EventType::Added, json!({}));
+        assert_eq!(change_step(&token), Some(ChangeStep::ClusterInfo));
+        let other_secret = change("secrets", "default", EventType::Added, json!({}));
+        assert_eq!(change_step(&other_secret), None);
+        let going = json!({"metadata": {"deletionTimestamp": "2026-12-04T09:00:00Z"}});
+        let ns = change("namespaces", "", EventType::Modified, going);
+        assert_eq!(change_step(&ns), Some(ChangeStep::FinishNamespace));
+        let pod = change("pods", "default", EventType::Modified, json!({}));
+        assert_eq!(change_step(&pod), None);
+    }
 
     #[test]
     fn condition_taints_follow_ready() {

@@ -284,6 +284,12 @@ enum Cmd {
     },
 }
 
+// The server allocates per request (HTTP, JSON, rows): at 1,000 nodes
+// glibc's malloc, consolidating and unlinking free chunks, was about a
+// sixth of its steady CPU (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match with_config_file(Cli::parse_from(&argv), &argv) {

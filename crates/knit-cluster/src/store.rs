@@ -458,6 +458,22 @@ impl Store {
         Ok((items, rv))
     }
 
+    /// [`Store::list`] without its copy: the objects kept in memory are
+    /// shared (a reader that only looks, such as the embedding process
+    /// reading every Node's Ready condition each pass, copies nothing).
+    /// Read from the datastore when nothing is kept.
+    pub fn list_shared(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+    ) -> Result<Vec<Arc<Value>>, ClusterError> {
+        if let Some((kept, _)) = self.core.kept(resource, ns) {
+            return Ok(kept);
+        }
+        let (items, _) = self.list(resource, ns)?;
+        Ok(items.into_iter().map(Arc::new).collect())
+    }
+
     /// The objects of a resource (in one namespace, or all when `ns` is
     /// None) whose list key is `from` or after, sorted by key, as they were
     /// at resourceVersion `at` (the newest when None). A list key is the

@@ -414,14 +414,15 @@ impl ClusterJoin for EmbeddedJoin {
     }
 
     async fn node_statuses(&self) -> Result<Vec<(String, String)>> {
-        let list = self
-            .call("GET", "/api/v1/nodes".to_string())
-            .await?
-            .unwrap_or_default();
-        Ok(list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        // In process, from the cluster's memory: the same Nodes the API's
+        // list answers, without serializing and parsing them every pass.
+        let reader = self.cluster.node_reader();
+        let nodes = tokio::task::spawn_blocking(move || reader.nodes())
+            .await
+            .map_err(cluster_err)?
+            .map_err(cluster_err)?;
+        Ok(nodes
+            .iter()
             .filter_map(|n| {
                 n["metadata"]["name"]
                     .as_str()
@@ -566,11 +567,17 @@ mod tests {
             };
             patch(json!({"metadata": {"labels": {"a": "b"}}})).await.unwrap();
             assert!(!told(&mut rx).await, "still NotReady");
+            // The statuses a pass reads (from the cluster's memory) are
+            // the ones the API has just stored.
+            let statuses = || join.node_statuses();
+            assert_eq!(statuses().await.unwrap(), [("n-1".into(), "NotReady".into())]);
             patch(status("True")).await.unwrap();
             assert!(told(&mut rx).await, "NotReady -> Ready");
+            assert_eq!(statuses().await.unwrap(), [("n-1".into(), "Ready".into())]);
             rx.borrow_and_update();
             patch(status("Unknown")).await.unwrap();
             assert!(told(&mut rx).await, "Ready -> Unknown");
+            assert_eq!(statuses().await.unwrap(), [("n-1".into(), "Unknown".into())]);
             drop(rx);
             join.stop();
         });

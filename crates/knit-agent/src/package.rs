@@ -82,9 +82,75 @@ pub struct Package {
     pub manifest: PackageManifest,
     pub tarball_sha256: String,
     pub source: Source,
+    /// The files this run hashed and found as the manifest says, by
+    /// identity: met again under another name (a preloaded image's
+    /// installed binary is a hard link to its cache file), a file is known
+    /// to hold those bytes without reading it again.
+    pub verified: Verified,
+}
+
+impl Package {
+    /// Whether `path` is the very file this run hashed as the package's
+    /// `rel` (a hard link to it: same device, inode, size and change time).
+    /// A symbolic link is not followed: it is not that file.
+    fn is_verified_file(&self, rel: &str, path: &Path) -> bool {
+        fs::symlink_metadata(path)
+            .is_ok_and(|meta| self.verified.get(rel) == Some(&FileId::of(&meta)))
+    }
 }
 
 pub use knit_os::digest::sha256_file;
+
+/// Manifest path → identity of the file whose bytes were hashed.
+pub type Verified = BTreeMap<String, FileId>;
+
+/// What tells one file from every other: device and inode, with its size
+/// and change time. A write, truncation, chmod or new link moves the change
+/// time (to the kernel clock's tick; no user can set it back), and a removed
+/// file's inode number taken again comes with a new one: the same identity
+/// later in a run is the same file, unchanged since (but for a write in the
+/// same tick: the race any check before use has). Overlayfs (a node's root
+/// over its image) keeps this: a file copied up from a hard-linked lower
+/// file gets its own inode number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl FileId {
+    fn of(meta: &fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+        }
+    }
+}
+
+/// The sha256 of the file at `path` and the identity of the file read,
+/// taken from the open file before reading (a write while it is read moves
+/// the change time: the identity then names no file with those bytes).
+fn hash_file(path: &Path) -> std::io::Result<(String, FileId)> {
+    let mut file = File::open(path)?;
+    let id = FileId::of(&file.metadata()?);
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok((hex::encode(hasher.finalize()), id))
+}
 
 /// A manifest path must stay inside the package: plain relative components.
 fn safe_relative(rel: &str) -> bool {
@@ -94,25 +160,28 @@ fn safe_relative(rel: &str) -> bool {
             .all(|c| matches!(c, Component::Normal(_)))
 }
 
-/// Checks every listed file against its sha256. `Err` is the reason.
+/// Checks every listed file against its sha256; returns the identity of
+/// each file hashed. `Err` is the reason.
 pub fn verify_files(
     dir: &Path,
     files: &BTreeMap<String, String>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Verified, String> {
     if !files.contains_key("bin/kubelet") {
         return Err("the manifest lists no bin/kubelet".to_string());
     }
+    let mut verified = Verified::new();
     for (rel, want) in files {
         if !safe_relative(rel) {
             return Err(format!("manifest path {rel:?} leaves the package"));
         }
         let path = dir.join(rel);
-        let got = sha256_file(&path).map_err(|e| format!("{rel}: {e}"))?;
+        let (got, id) = hash_file(&path).map_err(|e| format!("{rel}: {e}"))?;
         if !got.eq_ignore_ascii_case(want) {
             return Err(format!("{rel}: sha256 {got}, manifest says {want}"));
         }
+        verified.insert(rel.clone(), id);
     }
-    Ok(())
+    Ok(verified)
 }
 
 /// The cache's node-absolute directory for a data-disk mount target.
@@ -167,7 +236,7 @@ fn verified_cache(
     cache: CacheManifest,
     source: Source,
 ) -> std::result::Result<Package, String> {
-    verify_files(&dir, &cache.files).map_err(|e| format!("cache corrupt: {e}"))?;
+    let verified = verify_files(&dir, &cache.files).map_err(|e| format!("cache corrupt: {e}"))?;
     Ok(Package {
         dir,
         manifest: PackageManifest {
@@ -177,6 +246,7 @@ fn verified_cache(
         },
         tarball_sha256: cache.tarball_sha256,
         source,
+        verified,
     })
 }
 
@@ -244,13 +314,14 @@ fn check_hand_made_cache(
             manifest.version
         ));
     }
-    verify_files(dir, &manifest.files)
+    let verified = verify_files(dir, &manifest.files)
         .map_err(|e| format!("hand-made cache (no {CACHE_MANIFEST}) corrupt: {e}"))?;
     Ok(Package {
         dir: dir.to_path_buf(),
         manifest,
         tarball_sha256: String::new(),
         source: Source::HandMadeCache,
+        verified,
     })
 }
 
@@ -282,7 +353,7 @@ fn read_unpacked(
             ),
         ));
     }
-    verify_files(dir, &manifest.files).map_err(|reason| {
+    let verified = verify_files(dir, &manifest.files).map_err(|reason| {
         AgentError::new(
             ErrorCode::FailChecksumMismatch,
             format!("package {source}: {reason}; nothing installed"),
@@ -293,6 +364,7 @@ fn read_unpacked(
         manifest,
         tarball_sha256,
         source,
+        verified,
     })
 }
 
@@ -675,22 +747,31 @@ pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
 /// Installs every `bin/*` file of the package into `/usr/local/bin` and
 /// every `cni/bin/*` into `/opt/cni/bin` (knit-os's durable write: copied
 /// beside it, fsynced, renamed over it, so a running binary is replaced
-/// atomically). A destination that already holds the file (sha256 equal:
-/// a preloaded image, a rerun) is left as it is and not noted for undo.
-/// Returns node-absolute path → sha256.
+/// atomically). A destination that already holds the file is left as it is
+/// and not noted for undo: the very file this run verified (a preloaded
+/// image's binaries are hard links to its cache), or one whose sha256 is
+/// the manifest's (a preloaded image made by hand or before those links, a
+/// rerun). Returns node-absolute path → sha256.
 pub fn install_binaries(host: &Host, package: &Package) -> Result<BTreeMap<String, String>> {
-    place_binaries(host, package, Undo::Note)
+    place_binaries(host, package, Target::Node)
 }
 
-/// Whether what is installed is noted in the undo ledger: not when a node
-/// image is being made (the ledger is each node's own).
+/// Where the binaries are placed.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Undo {
-    Note,
-    Skip,
+enum Target {
+    /// A node: what is written is noted in its undo ledger.
+    Node,
+    /// A node image being made (`preload`): nothing noted (the ledger is
+    /// each node's own), and each binary a hard link to the cache's file,
+    /// so that a node hashes it once, as the cache's.
+    Image,
 }
 
-fn place_binaries(host: &Host, package: &Package, undo: Undo) -> Result<BTreeMap<String, String>> {
+fn place_binaries(
+    host: &Host,
+    package: &Package,
+    target: Target,
+) -> Result<BTreeMap<String, String>> {
     let fail = |what: String| AgentError::new(ErrorCode::FailInstallComponents, what);
     let mut installed = BTreeMap::new();
     for (rel, sha) in &package.manifest.files {
@@ -705,17 +786,35 @@ fn place_binaries(host: &Host, package: &Package, undo: Undo) -> Result<BTreeMap
         }
         let abs = format!("{dir}/{name}");
         let dest = host.path(&abs);
+        let source = package.dir.join(rel);
+        // The file this run hashed as `rel` (a preloaded image's cache file
+        // and its installed binary are one inode): reading it again would
+        // only hash the same bytes twice.
+        if package.is_verified_file(rel, &dest) {
+            installed.insert(abs, sha.clone());
+            continue;
+        }
+        // Only a file this run hashed is linked: its bytes are the manifest's.
+        if target == Target::Image && package.is_verified_file(rel, &source) {
+            match link_binary(&source, &dest) {
+                Ok(true) => {
+                    installed.insert(abs, sha.clone());
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => return Err(fail(format!("link {}: {e}", dest.display()))),
+            }
+        }
         // Reading it (from the image's shared page cache) is far cheaper
         // than writing it through this machine's disk.
         if sha256_file(&dest).is_ok_and(|got| got.eq_ignore_ascii_case(sha)) {
             installed.insert(abs, sha.clone());
             continue;
         }
-        if undo == Undo::Note {
+        if target == Target::Node {
             host.ledger().note_dir(dir)?;
             host.ledger().note_file(&abs)?;
         }
-        let source = package.dir.join(rel);
         knit_os::durable::write_with(&dest, 0o755, |file| {
             std::io::copy(&mut File::open(&source)?, file).map(|_| ())
         })
@@ -723,6 +822,32 @@ fn place_binaries(host: &Host, package: &Package, undo: Undo) -> Result<BTreeMap
         installed.insert(abs, sha.clone());
     }
     Ok(installed)
+}
+
+/// Puts a hard link to `source` at `dest` (made beside it, renamed over
+/// it, the directory flushed). `false` when it cannot be one: `source` has
+/// not the installed mode 0755, or the two are on different filesystems
+/// (the caller copies instead).
+fn link_binary(source: &Path, dest: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::PermissionsExt;
+    if fs::metadata(source)?.permissions().mode() & 0o7777 != 0o755 {
+        return Ok(false);
+    }
+    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
+        return Ok(false);
+    };
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.knit-link", name.to_string_lossy()));
+    let _ = fs::remove_file(&tmp);
+    if fs::hard_link(source, &tmp).is_err() {
+        return Ok(false);
+    }
+    if let Err(e) = fs::rename(&tmp, dest) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    File::open(dir)?.sync_all()?;
+    Ok(true)
 }
 
 /// Where the agent itself is preloaded; the stub runs it when its sha256
@@ -774,7 +899,7 @@ pub fn preload(
         got.clone(),
     )?;
     package.dir = write_cache(host, PRELOAD_DIR, &package)?;
-    let binaries = place_binaries(host, &package, Undo::Skip)?;
+    let binaries = place_binaries(host, &package, Target::Image)?;
     let agent_sha256 = match agent {
         Some(agent) => {
             let dest = host.path(PRELOADED_AGENT);
@@ -822,6 +947,46 @@ mod tests {
         let hex = "a".repeat(64);
         assert_eq!(parse_sidecar(&format!("{hex}  k.tar.gz\n")), Some(hex));
         assert_eq!(parse_sidecar("nothex"), None);
+    }
+
+    /// Only the file that was hashed counts as verified: a hard link to it
+    /// does, a copy with the same bytes, a symbolic link or the file after
+    /// a write do not.
+    #[test]
+    fn a_verified_file_is_known_by_identity_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        fs::create_dir_all(&bin).unwrap();
+        fs::write(bin.join("kubelet"), b"kubelet").unwrap();
+        // Linked before it is verified: a new link moves the change time.
+        fs::hard_link(bin.join("kubelet"), dir.path().join("link")).unwrap();
+        fs::copy(bin.join("kubelet"), dir.path().join("copy")).unwrap();
+        std::os::unix::fs::symlink(bin.join("kubelet"), dir.path().join("symlink")).unwrap();
+        let files = BTreeMap::from([(
+            "bin/kubelet".to_string(),
+            hex::encode(Sha256::digest(b"kubelet")),
+        )]);
+        let package = Package {
+            dir: dir.path().to_path_buf(),
+            manifest: PackageManifest {
+                version: "1".into(),
+                containerd_version: None,
+                files: files.clone(),
+            },
+            tarball_sha256: String::new(),
+            source: Source::Cache,
+            verified: verify_files(dir.path(), &files).unwrap(),
+        };
+        let verified = |name: &str| package.is_verified_file("bin/kubelet", &dir.path().join(name));
+        assert!(verified("bin/kubelet"));
+        assert!(verified("link"));
+        assert!(!verified("copy"));
+        assert!(!verified("symlink"));
+        assert!(!verified("missing"));
+        assert!(!package.is_verified_file("bin/other", &bin.join("kubelet")));
+        fs::write(dir.path().join("link"), b"tampered").unwrap();
+        assert!(!verified("link"));
+        assert!(!verified("bin/kubelet"));
     }
 
     #[test]

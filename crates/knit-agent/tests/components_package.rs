@@ -648,3 +648,83 @@ fn a_preloaded_image_is_used_only_for_the_tarball_the_config_names() {
         KUBELET
     );
 }
+
+/// A preloaded image's binaries are hard links to its cache files: a node
+/// hashes each file once (as the cache's) and still catches a tampered
+/// binary, whichever name was tampered with and how.
+#[test]
+fn a_preloaded_binary_is_hashed_once_and_tampering_is_still_caught() {
+    use std::os::unix::fs::MetadataExt;
+    let work = tempfile::tempdir().unwrap();
+    let (tarball, sha) = build_package(work.path(), VERSION, &package_files());
+    let server = mirror(&tarball, None);
+    let mut config = base_config();
+    config.kubernetes.url = Some(server.url("http"));
+    config.kubernetes.sha256 = Some(sha.clone());
+    let installed = "/usr/local/bin/kubelet";
+    let cached = format!("{}/bin/kubelet", package::PRELOAD_DIR);
+    let preloaded = || {
+        let node = Node::new();
+        let image = knit_agent::host::Host::without_log(node.root());
+        package::preload(&image, &tarball, VERSION, Some(&sha), None).expect("preload");
+        node
+    };
+    let ino = |node: &Node, abs: &str| std::fs::metadata(node.path(abs)).unwrap().ino();
+    // What a node could do: put another file in its place.
+    let replace = |node: &Node, abs: &str, data: &[u8]| {
+        let tmp = node.path(&format!("{abs}.new"));
+        std::fs::write(&tmp, data).unwrap();
+        std::fs::rename(&tmp, node.path(abs)).unwrap();
+    };
+    let preloaded_used = |node: &Node| {
+        node.log()
+            .contains("using kubernetes 1.31.4 preloaded in the image (/opt/knit/kubernetes)")
+    };
+
+    // Untouched: one inode under both names, used where it is.
+    let node = preloaded();
+    let inode = ino(&node, installed);
+    assert_eq!(inode, ino(&node, &cached), "installed as a hard link");
+    node.init(&config).expect("init");
+    assert!(preloaded_used(&node), "{}", node.log());
+    assert_eq!(ino(&node, installed), inode, "not rewritten");
+    assert_eq!(server.total(), 0);
+
+    // The installed binary replaced (the cache intact): no longer the
+    // verified file, so hashed, found wrong and installed from the cache.
+    let node = preloaded();
+    replace(&node, installed, b"#!/bin/sh\necho tampered\n");
+    node.init(&config).expect("init");
+    assert!(preloaded_used(&node), "{}", node.log());
+    assert_eq!(std::fs::read(node.path(installed)).unwrap(), KUBELET);
+    assert_eq!(server.total(), 0);
+
+    // The shared file written in place (both names): the cache's check
+    // fails, the package is downloaded and the binary replaced.
+    let node = preloaded();
+    std::fs::write(node.path(installed), b"#!/bin/sh\necho tampered\n").unwrap();
+    node.init(&config).expect("init");
+    assert!(
+        node.log().contains("cache corrupt: bin/kubelet: sha256"),
+        "{}",
+        node.log()
+    );
+    assert!(!preloaded_used(&node), "{}", node.log());
+    assert_eq!(server.count(&tarball_path(VERSION)), 1);
+    assert_eq!(std::fs::read(node.path(installed)).unwrap(), KUBELET);
+
+    // The cache's file replaced (the installed binary intact): the cache's
+    // check fails, and the installed binary, hashed, is kept as it is.
+    let node = preloaded();
+    let inode = ino(&node, installed);
+    replace(&node, &cached, b"#!/bin/sh\necho tampered\n");
+    node.init(&config).expect("init");
+    assert!(
+        node.log().contains("cache corrupt: bin/kubelet: sha256"),
+        "{}",
+        node.log()
+    );
+    assert_eq!(server.count(&tarball_path(VERSION)), 2);
+    assert_eq!(ino(&node, installed), inode, "kept: its sha256 is right");
+    assert_eq!(std::fs::read(node.path(installed)).unwrap(), KUBELET);
+}

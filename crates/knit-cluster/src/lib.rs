@@ -173,8 +173,8 @@ pub struct EmbeddedCluster {
 /// Every Node as this server keeps it (what `GET /api/v1/nodes` answers),
 /// shared rather than copied ([`EmbeddedCluster::node_reader`]). The
 /// embedding process reads each Node's Ready condition every reconcile
-/// pass; a list through the API (serialized, encrypted, parsed again) was
-/// most of that pass's cost at 1,000 nodes.
+/// pass: 1,000 Nodes listed through the API every 2 s were serialized,
+/// encrypted and parsed again for that.
 #[derive(Clone)]
 pub struct NodeReader {
     store: Arc<store::Store>,

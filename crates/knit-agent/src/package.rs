@@ -140,16 +140,7 @@ impl FileId {
 fn hash_file(path: &Path) -> std::io::Result<(String, FileId)> {
     let mut file = File::open(path)?;
     let id = FileId::of(&file.metadata()?);
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok((hex::encode(hasher.finalize()), id))
+    Ok((knit_os::digest::sha256_read(&mut file)?, id))
 }
 
 /// A manifest path must stay inside the package: plain relative components.

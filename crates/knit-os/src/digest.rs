@@ -8,11 +8,16 @@ use std::path::Path;
 
 /// The lowercase hex sha256 of the file at `path`.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
+    sha256_read(&mut std::fs::File::open(path)?)
+}
+
+/// The lowercase hex sha256 of what `reader` holds to its end (an open
+/// file whose identity the caller took first, say).
+pub fn sha256_read(reader: &mut impl Read) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
-        let n = file.read(&mut buf)?;
+        let n = reader.read(&mut buf)?;
         if n == 0 {
             break;
         }
@@ -35,5 +40,9 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert!(sha256_file(&dir.path().join("missing")).is_err());
+        assert_eq!(
+            sha256_read(&mut &b"abc"[..]).unwrap(),
+            sha256_file(&path).unwrap()
+        );
     }
 }

@@ -434,6 +434,36 @@ impl Store {
         body.map(|b| parse(&b)).transpose()
     }
 
+    /// One object for a reader, no older than resourceVersion `min` (None:
+    /// the newest), from memory when that is enough: always on SQLite
+    /// (where memory is the datastore), on PostgreSQL when this server has
+    /// seen `min` (a kubelet's `resourceVersion=0`, any version, as
+    /// kube-apiserver serves it from its watch cache); otherwise read from
+    /// the datastore.
+    pub fn get_served(
+        &self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        min: Option<u64>,
+    ) -> Result<Option<Arc<Value>>, ClusterError> {
+        {
+            let state = self.core.lock();
+            if let Some(objects) = self.core.serving(&state, min) {
+                return Ok(objects
+                    .get(&(resource.to_string(), ns.to_string(), name.to_string()))
+                    .cloned());
+            }
+        }
+        Ok(self.get(resource, ns, name)?.map(Arc::new))
+    }
+
+    /// Whether [`Store::get_served`] answers a read no older than `min`
+    /// from memory (without waiting on the datastore).
+    pub fn serves_from_memory(&self, min: Option<u64>) -> bool {
+        self.core.serving(&self.core.lock(), min).is_some()
+    }
+
     /// All objects of a resource (in one namespace, or all when `ns` is None),
     /// sorted by namespace and name, with the resourceVersion they are at.
     /// From memory: the objects as of this server's newest resourceVersion
@@ -669,14 +699,8 @@ impl Store {
             Value::String(util::now_rfc3339()),
         );
         meta.remove("deletionTimestamp");
-        self.commit((resource, ns, &name), |tx| {
-            let exists = tx
-                .query_opt(
-                    "SELECT 1 FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                    params![resource, ns, &name],
-                )?
-                .is_some();
-            if exists {
+        self.commit((resource, ns, &name), |_, current| {
+            if current.is_some() {
                 return Err(ApiStatus::already_exists(format!(
                     "{resource} \"{name}\" already exists"
                 ))
@@ -702,21 +726,20 @@ impl Store {
         expected_rv: Option<u64>,
         mut f: impl FnMut(&Value) -> Result<Value, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
-        self.commit((resource, ns, name), |tx| {
-            let current =
-                get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
-            if expected_rv.is_some_and(|e| util::rv_of(&current) != Some(e)) {
+        self.commit((resource, ns, name), |_, current| {
+            let current = current.ok_or_else(|| not_found(resource, name))?;
+            if expected_rv.is_some_and(|e| util::rv_of(current) != Some(e)) {
                 return Err(conflict(resource, name));
             }
-            let mut next = f(&current)?;
-            keep_identity(&current, &mut next);
-            if same_as(&current, &next) {
-                return Ok(Plan::Unchanged(current));
+            let mut next = f(current)?;
+            keep_identity(current, &mut next);
+            if same_as(current, &next) {
+                return Ok(Plan::Unchanged(current.clone()));
             }
             Ok(Plan::Write {
                 kind: EventType::Modified,
                 obj: next,
-                previous: Some(current),
+                previous: Some(current.clone()),
             })
         })
     }
@@ -737,24 +760,23 @@ impl Store {
         // resourceVersion inside the transaction (where no other write can
         // come between): then they are what the datastore holds.
         let kept = self.core.kept(see, None);
-        self.commit((resource, ns, name), |tx| {
-            let current =
-                get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
+        self.commit((resource, ns, name), |tx, current| {
+            let current = current.ok_or_else(|| not_found(resource, name))?;
             let others = match &kept {
                 Some((objects, rv)) if meta_rv(tx)? == *rv => {
                     objects.iter().map(|v| (**v).clone()).collect()
                 }
                 _ => list_in(tx, see, None)?,
             };
-            let mut next = f(&current, &others)?;
-            keep_identity(&current, &mut next);
-            if same_as(&current, &next) {
-                return Ok(Plan::Unchanged(current));
+            let mut next = f(current, &others)?;
+            keep_identity(current, &mut next);
+            if same_as(current, &next) {
+                return Ok(Plan::Unchanged(current.clone()));
             }
             Ok(Plan::Write {
                 kind: EventType::Modified,
                 obj: next,
-                previous: Some(current),
+                previous: Some(current.clone()),
             })
         })
     }
@@ -773,11 +795,12 @@ impl Store {
         keep_identity(base, &mut next);
         const STORED_RV: &str =
             "SELECT rv FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3";
-        let check = |stored: Option<knit_db::Row>| -> Result<(), ApiStatus> {
+        // The stored object's resourceVersion, None when it is gone.
+        let check = |stored: Option<u64>| -> Result<(), ApiStatus> {
             let Some(stored) = stored else {
                 return Err(not_found(resource, name));
             };
-            if util::rv_of(base) != Some(stored.get::<u64>(0)?) {
+            if util::rv_of(base) != Some(stored) {
                 return Err(conflict(resource, name));
             }
             Ok(())
@@ -788,12 +811,16 @@ impl Store {
             let stored = self
                 .core
                 .db
-                .query_once(STORED_RV, params![resource, ns, name])?;
-            check(stored.into_iter().next())?;
+                .query_once(STORED_RV, params![resource, ns, name])?
+                .into_iter()
+                .next()
+                .map(|r| r.get::<u64>(0))
+                .transpose()?;
+            check(stored)?;
             return Ok(base.clone());
         }
-        self.commit((resource, ns, name), |tx| {
-            check(tx.query_opt(STORED_RV, params![resource, ns, name])?)?;
+        self.commit((resource, ns, name), |_, current| {
+            check(current.map(|c| util::rv_of(c).unwrap_or(0)))?;
             Ok(Plan::Write {
                 kind: EventType::Modified,
                 obj: next.clone(),
@@ -815,10 +842,9 @@ impl Store {
         name: &str,
         expected_rv: Option<u64>,
     ) -> Result<Value, ApiStatus> {
-        self.commit((resource, ns, name), |tx| {
-            let current =
-                get_in(tx, resource, ns, name)?.ok_or_else(|| not_found(resource, name))?;
-            if expected_rv.is_some_and(|e| util::rv_of(&current) != Some(e)) {
+        self.commit((resource, ns, name), |_, current| {
+            let current = current.ok_or_else(|| not_found(resource, name))?;
+            if expected_rv.is_some_and(|e| util::rv_of(current) != Some(e)) {
                 return Err(conflict(resource, name));
             }
             // The object as it was before: a list at an earlier
@@ -826,7 +852,7 @@ impl Store {
             Ok(Plan::Write {
                 kind: EventType::Deleted,
                 obj: current.clone(),
-                previous: Some(current),
+                previous: Some(current.clone()),
             })
         })
     }
@@ -837,14 +863,48 @@ impl Store {
     fn commit(
         &self,
         (resource, ns, name): (&str, &str, &str),
-        mut decide: impl FnMut(&mut Tx<'_>) -> Result<Plan, ApiStatus>,
+        mut decide: impl FnMut(&mut Tx<'_>, Option<&Value>) -> Result<Plan, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
         let core = &*self.core;
         let mut state = core.lock();
         let known = state.rv;
-        let write = |tx: &mut Tx<'_>| -> Result<Outcome, ApiStatus> {
-            let (kind, mut obj, previous) = match decide(tx)? {
-                Plan::Unchanged(current) => return Ok(Outcome::Unchanged(current)),
+        // The object as this server knows it at `known` (outer None: not
+        // kept), so that a write need not read it again. On SQLite that is
+        // the datastore (this process writes alone, under this lock). On
+        // PostgreSQL it is what the datastore held at `known`: a write
+        // planned from it is made only if the datastore is still at
+        // `known` (the write statement's own condition), any other plan
+        // from it (a conflict, a no-op) is checked against the stored
+        // resourceVersion, and when another server wrote since, the write
+        // is planned again from the datastore.
+        let remembered: Option<Option<Arc<Value>>> = state.objects.as_ref().map(|objects| {
+            objects
+                .get(&(resource.to_string(), ns.to_string(), name.to_string()))
+                .cloned()
+        });
+        // Ok(None): planned from memory that another server's write made
+        // stale; plan again from the datastore.
+        let mut attempt = |tx: &mut Tx<'_>,
+                           kept: Option<Option<&Value>>|
+         -> Result<Option<Outcome>, ApiStatus> {
+            let read;
+            let (current, from_memory) = match kept {
+                Some(current) => (current, true),
+                None => {
+                    read = get_in(tx, resource, ns, name)?;
+                    (read.as_ref(), false)
+                }
+            };
+            let plan = decide(tx, current);
+            if from_memory
+                && core.shared
+                && !matches!(plan, Ok(Plan::Write { .. }))
+                && meta_rv(tx)? != known
+            {
+                return Ok(None);
+            }
+            let (kind, mut obj, previous) = match plan? {
+                Plan::Unchanged(current) => return Ok(Some(Outcome::Unchanged(current))),
                 Plan::Write {
                     kind,
                     obj,
@@ -919,6 +979,9 @@ impl Store {
                     if tx.execute(sql, p)? == 1 {
                         break;
                     }
+                    if from_memory {
+                        return Ok(None);
+                    }
                     // Another server wrote since this one's last known
                     // change (under the lock now, so the stored value
                     // stays): the next resourceVersion after it.
@@ -948,12 +1011,25 @@ impl Store {
                     params![rv - core.history as u64],
                 )?;
             }
-            Ok(Outcome::Written {
+            Ok(Some(Outcome::Written {
                 rv,
                 kind,
                 obj,
                 previous,
                 revoked,
+            }))
+        };
+        let write = |tx: &mut Tx<'_>| -> Result<Outcome, ApiStatus> {
+            if let Some(kept) = &remembered {
+                if let Some(outcome) = attempt(tx, Some(kept.as_deref()))? {
+                    return Ok(outcome);
+                }
+            }
+            attempt(tx, None)?.ok_or_else(|| {
+                ClusterError::Corrupt(format!(
+                    "{resource} \"{name}\": a write planned from the datastore was not made"
+                ))
+                .into()
             })
         };
         let outcome = if core.shared {
@@ -1092,6 +1168,14 @@ impl Core {
         // A panic while holding the lock leaves the database consistent (each
         // write is one transaction), so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The objects kept in memory if they answer a read no older than
+    /// `min` (None: the newest): always on SQLite, where this process is
+    /// the only writer; on PostgreSQL once this server has seen `min`.
+    fn serving<'s>(&self, state: &'s State, min: Option<u64>) -> Option<&'s Objects> {
+        let fresh = !self.shared || min.is_some_and(|min| state.rv >= min);
+        state.objects.as_ref().filter(|_| fresh)
     }
 
     /// The objects of a resource kept in memory (in one namespace, or all),
@@ -1503,6 +1587,59 @@ mod tests {
         });
     }
 
+    /// Reads served from memory, and writes planned from it, are what the
+    /// datastore holds: after each create, update (by `update` and by
+    /// `replace`) and delete, a get from memory is the stored object; a
+    /// write from memory of a stale base still conflicts.
+    #[test]
+    fn gets_and_writes_from_memory_match_the_datastore() {
+        on_both(|f| {
+            let s = f.open();
+            let shared = matches!(f.datastore, Datastore::Postgres(_));
+            assert_eq!(s.serves_from_memory(None), !shared);
+            assert!(s.serves_from_memory(Some(0)));
+            let check = |name: &str| {
+                let stored = s.get("nodes", "", name).unwrap();
+                for min in [None, Some(0), Some(s.current_rv())] {
+                    let served = s.get_served("nodes", "", name, min).unwrap();
+                    assert_eq!(served.as_deref(), stored.as_ref(), "{name} at {min:?}");
+                }
+                stored
+            };
+            let created = s.create("nodes", "", node("m")).unwrap();
+            assert_eq!(check("m").as_ref(), Some(&created));
+            let updated = s
+                .update("nodes", "", "m", util::rv_of(&created), |cur| {
+                    let mut next = cur.clone();
+                    next["spec"] = json!({"unschedulable": true});
+                    Ok(next)
+                })
+                .unwrap();
+            assert_eq!(check("m").as_ref(), Some(&updated));
+            let mut next = updated.clone();
+            next["metadata"]["labels"] = json!({"k": "v"});
+            let replaced = s.replace("nodes", "", "m", &updated, next).unwrap();
+            assert_eq!(check("m").as_ref(), Some(&replaced));
+            assert_eq!(replaced["spec"]["unschedulable"], json!(true));
+            let err = s
+                .update("nodes", "", "m", util::rv_of(&updated), |cur| {
+                    Ok(cur.clone())
+                })
+                .unwrap_err();
+            assert_eq!(err.code, 409, "{}", err.message);
+            let err = s
+                .replace("nodes", "", "m", &updated, updated.clone())
+                .unwrap_err();
+            assert_eq!(err.code, 409, "{}", err.message);
+            s.delete("nodes", "", "m").unwrap();
+            assert_eq!(check("m"), None);
+            let err = s
+                .update("nodes", "", "m", None, |cur| Ok(cur.clone()))
+                .unwrap_err();
+            assert_eq!(err.code, 404, "{}", err.message);
+        });
+    }
+
     #[test]
     fn resource_versions_grow_and_survive_reopen() {
         on_both(|f| {
@@ -1900,6 +2037,35 @@ mod tests {
         assert_eq!(stored["metadata"]["labels"]["by"], json!("b"));
         let err = a.create("nodes", "", node("z")).unwrap_err();
         assert_eq!(err.code, 409);
+        // Right after B's write, A's newest read is B's object (read from
+        // the datastore whether or not A's follower has it yet), and a write
+        // on A without a precondition keeps B's change (planned again from
+        // the datastore if A's memory was behind).
+        let by_b = b
+            .update("nodes", "", "z", None, |cur| {
+                let mut next = cur.clone();
+                next["metadata"]["annotations"] = json!({"b": "yes"});
+                Ok(next)
+            })
+            .unwrap();
+        let newest = a.get_served("nodes", "", "z", None).unwrap().unwrap();
+        assert_eq!(*newest, by_b);
+        let at_least = a
+            .get_served("nodes", "", "z", util::rv_of(&by_b))
+            .unwrap()
+            .unwrap();
+        assert_eq!(*at_least, by_b);
+        let merged = a
+            .update("nodes", "", "z", None, |cur| {
+                let mut next = cur.clone();
+                next["metadata"]["annotations"]["a"] = json!("yes");
+                Ok(next)
+            })
+            .unwrap();
+        assert_eq!(
+            merged["metadata"]["annotations"],
+            json!({"a": "yes", "b": "yes"})
+        );
 
         // A revocation through B is seen by A.
         let far = util::now().unix_timestamp() + 3600;

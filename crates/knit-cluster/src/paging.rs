@@ -59,7 +59,7 @@ fn invalid(field: &str, message: String) -> ApiStatus {
     )
 }
 
-fn parse_rv(s: &str) -> Result<u64, ApiStatus> {
+pub(crate) fn parse_rv(s: &str) -> Result<u64, ApiStatus> {
     s.parse::<u64>().map_err(|e| {
         ApiStatus::bad_request(format!(
             "invalid resource version: {s:?} is not a resourceVersion ({e})"

@@ -112,6 +112,13 @@ async fn tls_bootstrap_node_authorization_and_errors() {
         assert_eq!(node.post("/api/v1/nodes", &node_obj("n2")).0, 403);
         assert_eq!(admin.post("/api/v1/nodes", &node_obj("n2")).0, 201);
         assert_eq!(node.get("/api/v1/nodes/n2").0, 403);
+        // A kubelet's read of its Node at any version (answered from memory,
+        // in place): authorized as any other read.
+        let (code, own) = node.get("/api/v1/nodes/n1?resourceVersion=0");
+        assert_eq!((code, &own["metadata"]["uid"]), (200, &n1["metadata"]["uid"]), "{own}");
+        assert_eq!(node.get("/api/v1/nodes/n2?resourceVersion=0").0, 403);
+        let (code, st) = admin.get("/api/v1/nodes/n1?resourceVersion=latest");
+        assert_eq!((code, st["reason"].as_str()), (400, Some("BadRequest")), "{st}");
         let (_, listed) = node.get("/api/v1/nodes");
         let names: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|n| n["metadata"]["name"].as_str().unwrap()).collect();
         assert_eq!(names, vec!["n1"]);

@@ -214,7 +214,10 @@ impl NodeAgent {
     /// nodeStatusReportFrequency.
     pub fn sync_status(&mut self, client: &Client) -> Result<(), SimError> {
         let h = self.health();
-        let r = client.get(&format!("/api/v1/nodes/{}", self.name))?;
+        // resourceVersion=0, as kubelet's first try reads its Node: any
+        // version, from the API server's cache (kube-apiserver's watch
+        // cache), not a read of the datastore every 10 s per node.
+        let r = client.get(&format!("/api/v1/nodes/{}?resourceVersion=0", self.name))?;
         if !r.ok() {
             return Err(r.error("reading own node"));
         }

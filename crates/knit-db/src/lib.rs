@@ -336,6 +336,19 @@ impl Tx<'_> {
         }
     }
 
+    /// Runs the transaction's last statement, the number of rows it
+    /// changed; nothing may run in the transaction after it. On PostgreSQL
+    /// the statement and `COMMIT` go in one round trip: when this returns
+    /// the transaction has ended (committed, or rolled back if the
+    /// statement failed). On SQLite the commit follows when the
+    /// transaction's work returns, as after any statement.
+    pub fn execute_then_commit(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        match &mut self.inner {
+            TxInner::Sqlite(tx) => sqlite::execute(tx, sql, params),
+            TxInner::Postgres(conn, db) => db.execute_then_commit(conn, sql, params),
+        }
+    }
+
     /// Every row of a query.
     pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         match &mut self.inner {

@@ -52,6 +52,10 @@ pub struct Conn {
     closed: bool,
     /// Statements of the current transaction that were answered.
     answered: u32,
+    /// The transaction ended with its last statement
+    /// ([`Postgres::execute_then_commit`]): no `COMMIT` or `ROLLBACK`
+    /// follows.
+    ended: bool,
 }
 
 impl Drop for Postgres {
@@ -172,6 +176,7 @@ impl Postgres {
             begin: None,
             closed: false,
             answered: 0,
+            ended: false,
         };
         // The server bounds a statement too: a call we stopped waiting for
         // does not go on holding locks.
@@ -226,6 +231,7 @@ impl Postgres {
 
     fn put(&self, mut conn: Conn) {
         conn.begin = None;
+        conn.ended = false;
         if conn.broken || conn.client.is_closed() {
             self.forget_one();
             return;
@@ -287,8 +293,9 @@ impl Postgres {
             let result = f(&mut Tx {
                 inner: TxInner::Postgres(&mut conn, self),
             });
-            // No statement ran: there is no transaction to end.
-            let idle = conn.begin.take().is_some();
+            // No statement ran, or the last one ended the transaction:
+            // there is no transaction to end.
+            let idle = conn.begin.take().is_some() || conn.ended;
             let again = match result {
                 Ok(value) if idle => {
                     self.put(conn);
@@ -469,6 +476,28 @@ impl Postgres {
         let stmt = self.statement(conn, sql)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
         self.call(conn, |c| async move { c.execute(&stmt, &refs).await })
+    }
+
+    /// `sql` and `COMMIT` sent together (with the transaction's `BEGIN`
+    /// too if `sql` is its first statement): one round trip. Answered in
+    /// order; a failed statement makes the `COMMIT` a rollback. The
+    /// transaction has ended either way.
+    pub fn execute_then_commit(
+        &self,
+        conn: &mut Conn,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<u64, DbError> {
+        let stmt = self.statement(conn, sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+        conn.ended = true;
+        self.call(conn, |c| async move {
+            let (written, committed) =
+                futures::join!(c.execute(&stmt, &refs), c.batch_execute("COMMIT"));
+            let written = written?;
+            committed?;
+            Ok(written)
+        })
     }
 
     pub fn query(&self, conn: &mut Conn, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {

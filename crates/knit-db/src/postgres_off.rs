@@ -68,6 +68,15 @@ impl Postgres {
         match *self {}
     }
 
+    pub fn execute_then_commit(
+        &self,
+        _conn: &mut Conn,
+        _sql: &str,
+        _params: &[Value],
+    ) -> Result<u64, DbError> {
+        match *self {}
+    }
+
     pub fn query(
         &self,
         _conn: &mut Conn,

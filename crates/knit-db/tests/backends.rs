@@ -73,6 +73,38 @@ fn exercise(db: &Db) {
         .unwrap();
     assert_eq!(total, 12);
 
+    // The last statement with its commit (one round trip on PostgreSQL):
+    // written with the statements before it; when it fails, they are
+    // undone with it, and the connection serves the next transaction
+    // (whose first and last statement it is, sent with its BEGIN).
+    let sum = |db: &Db| -> i64 {
+        db.read(|tx| {
+            tx.query_one("SELECT CAST(SUM(n) AS BIGINT) FROM items", &[])?
+                .get(0)
+        })
+        .unwrap()
+    };
+    let changed = db
+        .write(|tx| {
+            tx.execute("UPDATE items SET n = n + 1 WHERE name = ?1", params!["a"])?;
+            tx.execute_then_commit("UPDATE items SET n = n + 1 WHERE name = ?1", params!["b"])
+        })
+        .unwrap();
+    assert_eq!((changed, sum(db)), (1, 14));
+    let failed: Result<u64, DbError> = db.write(|tx| {
+        tx.execute("UPDATE items SET n = 1000", &[])?;
+        tx.execute_then_commit("INSERT INTO items (name) VALUES (?1)", params!["a"])
+    });
+    assert!(failed.unwrap_err().is_unique_violation());
+    assert_eq!(sum(db), 14);
+    for _ in 0..3 {
+        db.write(|tx| {
+            tx.execute_then_commit("UPDATE items SET n = n - 1 WHERE name = ?1", params!["a"])
+        })
+        .unwrap();
+    }
+    assert_eq!(sum(db), 11);
+
     // A newer schema than this code knows is refused, with both versions.
     let err = db
         .migrate("test", &STEPS[..1], |_, _| Ok::<_, DbError>(()))

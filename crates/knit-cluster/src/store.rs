@@ -936,28 +936,11 @@ impl Store {
                     ),
                 ));
             }
-            let mut revoked = Vec::new();
-            if kind == EventType::Deleted {
-                if !core.shared {
-                    tx.execute(
-                        "DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                        params![resource, ns, name],
-                    )?;
-                }
-                if resource == "nodes" {
-                    // A removed node keeps no working credential: its client
-                    // certificates are revoked with the Node, atomically.
-                    tx.execute(
-                        "UPDATE kube_node_certs SET revoked_at = ?2 WHERE node = ?1 AND revoked_at IS NULL",
-                        params![name, util::now().unix_timestamp()],
-                    )?;
-                    for r in tx.query(
-                        "SELECT serial FROM kube_node_certs WHERE node = ?1",
-                        params![name],
-                    )? {
-                        revoked.push(r.get::<String>(0)?);
-                    }
-                }
+            if core.shared && rv.is_multiple_of(TRIM_EVERY) && rv > core.history as u64 {
+                tx.execute(
+                    "DELETE FROM kube_changes WHERE rv <= ?1",
+                    params![rv - core.history as u64],
+                )?;
             }
             if core.shared {
                 let sql = match kind {
@@ -965,6 +948,11 @@ impl Store {
                     _ => SHARED_UPSERT,
                 };
                 let previous = previous.as_ref().map(Value::to_string);
+                // Planned from memory, an object written is the last
+                // statement: it goes with the commit in one round trip
+                // (with the `BEGIN` and the lock too). A deletion has the
+                // node's certificates to revoke after it.
+                let last = from_memory && kind != EventType::Deleted;
                 let mut expected = true;
                 loop {
                     let p = params![
@@ -976,10 +964,16 @@ impl Store {
                         kind.as_str(),
                         previous
                     ];
-                    if tx.execute(sql, p)? == 1 {
+                    let written = if last {
+                        tx.execute_then_commit(sql, p)?
+                    } else {
+                        tx.execute(sql, p)?
+                    };
+                    if written == 1 {
                         break;
                     }
                     if from_memory {
+                        // Nothing written: planned again from the datastore.
                         return Ok(None);
                     }
                     // Another server wrote since this one's last known
@@ -998,18 +992,32 @@ impl Store {
                         .insert("resourceVersion".into(), Value::String(rv.to_string()));
                     body = obj.to_string();
                 }
-            } else if kind != EventType::Deleted {
+            } else if kind == EventType::Deleted {
+                tx.execute(
+                    "DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+                    params![resource, ns, name],
+                )?;
+            } else {
                 tx.execute(
                     "INSERT INTO kube_objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
                      ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body",
                     params![resource, ns, name, rv, body.as_str()],
                 )?;
             }
-            if core.shared && rv.is_multiple_of(TRIM_EVERY) && rv > core.history as u64 {
+            let mut revoked = Vec::new();
+            if kind == EventType::Deleted && resource == "nodes" {
+                // A removed node keeps no working credential: its client
+                // certificates are revoked with the Node, atomically.
                 tx.execute(
-                    "DELETE FROM kube_changes WHERE rv <= ?1",
-                    params![rv - core.history as u64],
+                    "UPDATE kube_node_certs SET revoked_at = ?2 WHERE node = ?1 AND revoked_at IS NULL",
+                    params![name, util::now().unix_timestamp()],
                 )?;
+                for r in tx.query(
+                    "SELECT serial FROM kube_node_certs WHERE node = ?1",
+                    params![name],
+                )? {
+                    revoked.push(r.get::<String>(0)?);
+                }
             }
             Ok(Some(Outcome::Written {
                 rv,
@@ -1019,18 +1027,11 @@ impl Store {
                 revoked,
             }))
         };
-        let write = |tx: &mut Tx<'_>| -> Result<Outcome, ApiStatus> {
-            if let Some(kept) = &remembered {
-                if let Some(outcome) = attempt(tx, Some(kept.as_deref()))? {
-                    return Ok(outcome);
-                }
-            }
-            attempt(tx, None)?.ok_or_else(|| {
-                ClusterError::Corrupt(format!(
-                    "{resource} \"{name}\": a write planned from the datastore was not made"
-                ))
-                .into()
-            })
+        let unmade = || -> ApiStatus {
+            ClusterError::Corrupt(format!(
+                "{resource} \"{name}\": a write planned from the datastore was not made"
+            ))
+            .into()
         };
         let outcome = if core.shared {
             // Every writer on every server takes this lock first, before the
@@ -1038,9 +1039,26 @@ impl Store {
             // statement): writes follow one another without serialization
             // failures, and resourceVersion order is commit order (what the
             // followers rely on).
-            core.db.write_after(WRITE_LOCK, write)?
+            let planned = match &remembered {
+                Some(kept) => core
+                    .db
+                    .write_after(WRITE_LOCK, |tx| attempt(tx, Some(kept.as_deref())))?,
+                None => None,
+            };
+            match planned {
+                Some(outcome) => outcome,
+                // Another server wrote since `known`: planned again from the
+                // datastore, in a transaction of its own (the first one may
+                // have ended with its statement).
+                None => core
+                    .db
+                    .write_after(WRITE_LOCK, |tx| attempt(tx, None)?.ok_or_else(unmade))?,
+            }
         } else {
-            core.db.write(write)?
+            core.db.write(|tx| {
+                let kept = remembered.as_ref().map(|kept| kept.as_deref());
+                attempt(tx, kept)?.ok_or_else(unmade)
+            })?
         };
         let (rv, kind, obj, previous, revoked) = match outcome {
             Outcome::Unchanged(current) => return Ok(current),

@@ -57,12 +57,15 @@ enum ChangeStep {
 
 /// What `c` asks of the store, if anything. Pure: the caller only hands its
 /// worker off (block_in_place) when there is work.
-fn change_step(c: &Change) -> Option<ChangeStep> {
+/// With `cidrs_full` (the pod CIDR range had none left at the last try,
+/// and no Node was deleted since), a Node without one is not tried again
+/// on each of its changes (each try reads every Node).
+fn change_step(c: &Change, cidrs_full: bool) -> Option<ChangeStep> {
     match (c.resource.as_str(), c.kind) {
         (CSRS, EventType::Added | EventType::Modified) => Some(ChangeStep::Csr),
         ("secrets", _) if c.namespace == "kube-system" => Some(ChangeStep::ClusterInfo),
         ("nodes", EventType::Added) => Some(ChangeStep::NodeAdded),
-        ("nodes", EventType::Modified) if !ipam::has_pod_cidr(&c.object) => {
+        ("nodes", EventType::Modified) if !cidrs_full && !ipam::has_pod_cidr(&c.object) => {
             Some(ChangeStep::PodCidr)
         }
         ("namespaces", EventType::Added | EventType::Modified)
@@ -94,6 +97,8 @@ impl Controllers {
         let mut recheck_tick = tokio::time::interval(BUDGET_RECHECK);
         recheck_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut orphans = HashMap::new();
+        // The pod CIDR range had none left (see `change_step`).
+        let mut cidrs_full = false;
         loop {
             let result = tokio::select! {
                 _ = shutdown.changed() => return,
@@ -149,8 +154,13 @@ impl Controllers {
                         // Most changes (a Lease renewed, a pod's status)
                         // need no store work: no hand-off of this worker
                         // for them (100 a second at 1,000 nodes).
-                        match change_step(&c) {
-                            Some(step) => tokio::task::block_in_place(|| self.run_step(step, &c)),
+                        match change_step(&c, cidrs_full) {
+                            Some(step) => tokio::task::block_in_place(|| {
+                                self.run_step(step, &c, cidrs_full)
+                            })
+                            .map(|allocated| {
+                                cidrs_full = self.cidrs_full_after(cidrs_full, step, allocated, &c.name);
+                            }),
                             None => Ok(()),
                         }
                     }
@@ -173,23 +183,61 @@ impl Controllers {
         }
     }
 
-    /// Does the store work of one change (see [`change_step`]).
-    fn run_step(&self, step: ChangeStep, c: &Change) -> Result<(), ClusterError> {
+    /// Does the store work of one change (see [`change_step`]); what a
+    /// pod CIDR allocation found, if one was tried.
+    fn run_step(
+        &self,
+        step: ChangeStep,
+        c: &Change,
+        cidrs_full: bool,
+    ) -> Result<Option<ipam::Allocated>, ClusterError> {
+        let none = |r: Result<(), ClusterError>| r.map(|()| None);
         match step {
-            ChangeStep::Csr => self.reconcile_csr(&c.name),
-            ChangeStep::ClusterInfo => self.sync_cluster_info(),
-            ChangeStep::NodeAdded => self.retire_tokens_of(&c.name).and_then(|()| {
-                if ipam::has_pod_cidr(&c.object) {
-                    Ok(())
+            ChangeStep::Csr => none(self.reconcile_csr(&c.name)),
+            ChangeStep::ClusterInfo => none(self.sync_cluster_info()),
+            ChangeStep::NodeAdded => {
+                self.retire_tokens_of(&c.name)?;
+                if ipam::has_pod_cidr(&c.object) || cidrs_full {
+                    Ok(None)
                 } else {
-                    ipam::allocate(&self.store, &self.pod_cidrs, &c.name)
+                    ipam::allocate(&self.store, &self.pod_cidrs, &c.name).map(Some)
                 }
-            }),
-            ChangeStep::PodCidr => ipam::allocate(&self.store, &self.pod_cidrs, &c.name),
-            ChangeStep::FinishNamespace => pod_controllers::finish_namespace(&self.store, &c.name),
-            ChangeStep::NodeDeleted => self
-                .collect_lease(&c.name)
-                .and_then(|()| pod_controllers::collect_node_pods(&self.store, &c.name)),
+            }
+            ChangeStep::PodCidr => ipam::allocate(&self.store, &self.pod_cidrs, &c.name).map(Some),
+            ChangeStep::FinishNamespace => {
+                none(pod_controllers::finish_namespace(&self.store, &c.name))
+            }
+            ChangeStep::NodeDeleted => none(
+                self.collect_lease(&c.name)
+                    .and_then(|()| pod_controllers::collect_node_pods(&self.store, &c.name)),
+            ),
+        }
+    }
+
+    /// Whether the pod CIDR range is full after `step`: found full by an
+    /// allocation (said once, as kube-controller-manager's
+    /// `CIDRNotAvailable`), free again once a Node is deleted (its CIDR is
+    /// free: the next change of a Node without one tries again).
+    fn cidrs_full_after(
+        &self,
+        full: bool,
+        step: ChangeStep,
+        allocated: Option<ipam::Allocated>,
+        node: &str,
+    ) -> bool {
+        match (step, allocated) {
+            (_, Some(ipam::Allocated::RangeFull)) => {
+                if !full {
+                    tracing::warn!(
+                        node,
+                        range = %self.pod_cidrs,
+                        "CIDRNotAvailable: no pod CIDR left in the range for the node; nodes without one are given one after a node is deleted"
+                    );
+                }
+                true
+            }
+            (ChangeStep::NodeDeleted, _) => false,
+            _ => full,
         }
     }
 
@@ -207,9 +255,13 @@ impl Controllers {
             for ns in self.store.list("namespaces", None)?.0 {
                 pod_controllers::finish_namespace(&self.store, util::name_of(&ns))?;
             }
-            for n in self.store.list("nodes", None)?.0 {
-                if !ipam::has_pod_cidr(&n) {
-                    ipam::allocate(&self.store, &self.pod_cidrs, util::name_of(&n))?;
+            for n in self.store.list_shared("nodes", None)? {
+                if !ipam::has_pod_cidr(&n)
+                    && ipam::allocate(&self.store, &self.pod_cidrs, util::name_of(&n))?
+                        == ipam::Allocated::RangeFull
+                {
+                    tracing::warn!(range = %self.pod_cidrs, "CIDRNotAvailable: no pod CIDR left in the range for the nodes without one");
+                    break;
                 }
             }
             self.sync_cluster_info()
@@ -840,7 +892,7 @@ mod tests {
         let lease = json!({"spec": {"renewTime": "2026-12-04T09:00:00.000000Z"}});
         let renewed = change("leases", "kube-node-lease", EventType::Modified, lease);
         assert_eq!(
-            change_step(&renewed),
+            change_step(&renewed, false),
             None,
             "a Lease renewal needs no store work"
         );
@@ -848,27 +900,33 @@ mod tests {
         let without = json!({"spec": {}});
         let modified = change("nodes", "", EventType::Modified, with_cidr.clone());
         assert_eq!(
-            change_step(&modified),
+            change_step(&modified, false),
             None,
             "a status update of a Node with its CIDR"
         );
         let needs_cidr = change("nodes", "", EventType::Modified, without);
-        assert_eq!(change_step(&needs_cidr), Some(ChangeStep::PodCidr));
+        assert_eq!(change_step(&needs_cidr, false), Some(ChangeStep::PodCidr));
+        assert_eq!(
+            change_step(&needs_cidr, true),
+            None,
+            "not tried on each change while the pod CIDR range is full"
+        );
         let added = change("nodes", "", EventType::Added, with_cidr.clone());
-        assert_eq!(change_step(&added), Some(ChangeStep::NodeAdded));
+        assert_eq!(change_step(&added, false), Some(ChangeStep::NodeAdded));
         let deleted = change("nodes", "", EventType::Deleted, with_cidr);
-        assert_eq!(change_step(&deleted), Some(ChangeStep::NodeDeleted));
+        assert_eq!(change_step(&deleted, false), Some(ChangeStep::NodeDeleted));
+        assert_eq!(change_step(&deleted, true), Some(ChangeStep::NodeDeleted));
         let csr = change(CSRS, "", EventType::Added, json!({}));
-        assert_eq!(change_step(&csr), Some(ChangeStep::Csr));
+        assert_eq!(change_step(&csr, false), Some(ChangeStep::Csr));
         let token = change("secrets", "kube-system", EventType::Added, json!({}));
-        assert_eq!(change_step(&token), Some(ChangeStep::ClusterInfo));
+        assert_eq!(change_step(&token, false), Some(ChangeStep::ClusterInfo));
         let other_secret = change("secrets", "default", EventType::Added, json!({}));
-        assert_eq!(change_step(&other_secret), None);
+        assert_eq!(change_step(&other_secret, false), None);
         let going = json!({"metadata": {"deletionTimestamp": "2026-12-04T09:00:00Z"}});
         let ns = change("namespaces", "", EventType::Modified, going);
-        assert_eq!(change_step(&ns), Some(ChangeStep::FinishNamespace));
+        assert_eq!(change_step(&ns, false), Some(ChangeStep::FinishNamespace));
         let pod = change("pods", "default", EventType::Modified, json!({}));
-        assert_eq!(change_step(&pod), None);
+        assert_eq!(change_step(&pod, false), None);
     }
 
     #[test]

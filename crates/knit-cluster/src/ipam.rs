@@ -33,6 +33,19 @@ fn mask(len: u8) -> u32 {
     }
 }
 
+/// The range and each node's size, as `172.20.0.0/16 (/24 each)`.
+impl std::fmt::Display for PodCidrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} (/{} each)",
+            Ipv4Addr::from(self.base),
+            self.prefix,
+            self.node_prefix
+        )
+    }
+}
+
 impl PodCidrs {
     /// `cidr` such as `172.20.0.0/16`, each node a `/node_mask`.
     pub fn new(cidr: &str, node_mask: u8) -> Result<PodCidrs, ClusterError> {
@@ -63,14 +76,14 @@ impl PodCidrs {
     }
 
     /// The lowest subnet no node holds, if any is left.
-    pub fn next_free(&self, nodes: &[Value]) -> Option<String> {
-        let taken: std::collections::HashSet<String> = nodes
-            .iter()
-            .filter_map(|n| n["spec"]["podCIDR"].as_str().map(str::to_string))
+    pub fn next_free<'a>(&self, nodes: impl IntoIterator<Item = &'a Value>) -> Option<String> {
+        let taken: std::collections::HashSet<&str> = nodes
+            .into_iter()
+            .filter_map(|n| n["spec"]["podCIDR"].as_str())
             .collect();
         (0..self.count())
             .map(|i| self.subnet(i))
-            .find(|c| !taken.contains(c))
+            .find(|c| !taken.contains(c.as_str()))
     }
 }
 
@@ -80,15 +93,26 @@ pub fn has_pod_cidr(node: &Value) -> bool {
         .is_some_and(|c| !c.is_empty())
 }
 
+/// What [`allocate`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocated {
+    /// The node got a pod CIDR (or had one, or is gone).
+    Done,
+    /// Every pod CIDR of the range is taken (kube-controller-manager's
+    /// `CIDRNotAvailable`): the node has none.
+    RangeFull,
+}
+
 /// Give `node` a pod CIDR unless it has one (another server may have just
 /// given it one: the choice is made in the write transaction).
-pub fn allocate(store: &Store, cidrs: &PodCidrs, node: &str) -> Result<(), ClusterError> {
+pub fn allocate(store: &Store, cidrs: &PodCidrs, node: &str) -> Result<Allocated, ClusterError> {
     let mut full = false;
     let result = store.update_seeing("nodes", "", node, "nodes", |cur, all| {
+        full = false;
         if has_pod_cidr(cur) {
             return Ok(cur.clone());
         }
-        let Some(cidr) = cidrs.next_free(all) else {
+        let Some(cidr) = cidrs.next_free(all.iter().map(|n| &**n)) else {
             full = true;
             return Ok(cur.clone());
         };
@@ -99,15 +123,14 @@ pub fn allocate(store: &Store, cidrs: &PodCidrs, node: &str) -> Result<(), Clust
         Ok(next)
     });
     match result {
+        Ok(_) if full => Ok(Allocated::RangeFull),
         Ok(n) => {
-            if full {
-                tracing::warn!(node, "CIDRNotAvailable: no pod CIDR left for the node");
-            } else if let Some(c) = n["spec"]["podCIDR"].as_str() {
+            if let Some(c) = n["spec"]["podCIDR"].as_str() {
                 tracing::debug!(node, pod_cidr = c, "pod CIDR allocated");
             }
-            Ok(())
+            Ok(Allocated::Done)
         }
-        Err(e) if e.code == 404 => Ok(()),
+        Err(e) if e.code == 404 => Ok(Allocated::Done),
         Err(e) => Err(ClusterError::Api(e)),
     }
 }
@@ -129,6 +152,37 @@ pub fn keep_pod_cidr(current: &Value, next: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A full range says so (no CIDR written), and a CIDR freed by a
+    /// deleted Node is given to the next.
+    #[test]
+    fn a_full_range_is_reported_and_a_freed_cidr_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let cidrs = PodCidrs::new("10.9.0.0/23", 24).unwrap();
+        assert_eq!(cidrs.to_string(), "10.9.0.0/23 (/24 each)");
+        for n in ["a", "b", "c"] {
+            store
+                .create(
+                    "nodes",
+                    "",
+                    json!({"kind": "Node", "metadata": {"name": n}}),
+                )
+                .unwrap();
+        }
+        assert_eq!(allocate(&store, &cidrs, "a").unwrap(), Allocated::Done);
+        assert_eq!(allocate(&store, &cidrs, "b").unwrap(), Allocated::Done);
+        let rv = store.current_rv();
+        assert_eq!(allocate(&store, &cidrs, "c").unwrap(), Allocated::RangeFull);
+        assert_eq!(store.current_rv(), rv, "nothing written for a full range");
+        let c = store.get("nodes", "", "c").unwrap().unwrap();
+        assert!(!has_pod_cidr(&c));
+        store.delete("nodes", "", "a").unwrap();
+        assert_eq!(allocate(&store, &cidrs, "c").unwrap(), Allocated::Done);
+        let c = store.get("nodes", "", "c").unwrap().unwrap();
+        assert_eq!(c["spec"]["podCIDR"], json!("10.9.0.0/24"));
+        assert_eq!(allocate(&store, &cidrs, "gone").unwrap(), Allocated::Done);
+    }
 
     #[test]
     fn node_subnets_are_handed_out_lowest_first() {

@@ -754,21 +754,27 @@ impl Store {
         ns: &str,
         name: &str,
         see: &str,
-        mut f: impl FnMut(&Value, &[Value]) -> Result<Value, ApiStatus>,
+        mut f: impl FnMut(&Value, &[Arc<Value>]) -> Result<Value, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
-        // The objects kept in memory, if the datastore is still at their
-        // resourceVersion inside the transaction (where no other write can
-        // come between): then they are what the datastore holds.
+        // The objects kept in memory (shared, not copied), if the datastore
+        // is still at their resourceVersion inside the transaction (where
+        // no other write can come between): then they are what the
+        // datastore holds.
         let kept = self.core.kept(see, None);
         self.commit((resource, ns, name), |tx, current| {
             let current = current.ok_or_else(|| not_found(resource, name))?;
+            let read;
             let others = match &kept {
-                Some((objects, rv)) if meta_rv(tx)? == *rv => {
-                    objects.iter().map(|v| (**v).clone()).collect()
+                Some((objects, rv)) if meta_rv(tx)? == *rv => objects,
+                _ => {
+                    read = list_in(tx, see, None)?
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect::<Vec<_>>();
+                    &read
                 }
-                _ => list_in(tx, see, None)?,
             };
-            let mut next = f(current, &others)?;
+            let mut next = f(current, others)?;
             keep_identity(current, &mut next);
             if same_as(current, &next) {
                 return Ok(Plan::Unchanged(current.clone()));

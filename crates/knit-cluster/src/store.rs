@@ -138,6 +138,8 @@ struct Core {
     /// Changes kept in memory (and in the change log on PostgreSQL).
     history: usize,
     state: Mutex<State>,
+    /// `State::kept`, read without `state`.
+    kept: Arc<RwLock<Kept>>,
     /// Revoked node client certificates: serial (hex) → node name. Read on
     /// every request with a client certificate, so not behind `state`.
     revoked: RwLock<HashMap<String, String>>,
@@ -157,10 +159,20 @@ struct State {
     /// of its resource (1,000 nodes' pod watches are not woken by every
     /// Lease renewal).
     resource_feeds: HashMap<String, broadcast::Sender<Arc<Change>>>,
-    /// Every object at `rv`, kept by the changes as they are pushed: the
-    /// lists the controllers repeat are read here, not from the datastore.
+    /// Every object at `rv`, kept by the changes as they are pushed (the
+    /// same lock as [`Core::kept`]).
+    kept: Arc<RwLock<Kept>>,
+}
+
+/// The objects at one resourceVersion: the lists the controllers repeat
+/// and the gets memory answers are read here, not from the datastore.
+/// Behind a lock of its own, held only to look or to apply one change:
+/// a reader never waits for a write's datastore I/O (which holds `State`),
+/// so an async worker may read it.
+struct Kept {
+    rv: u64,
     /// `None` once this server missed changes (it fell behind the change
-    /// log): lists read the datastore again.
+    /// log): lists and gets read the datastore again.
     objects: Option<Objects>,
 }
 
@@ -362,6 +374,10 @@ impl Store {
         }
         let history_floor = history.front().map_or(rv, |c| c.rv - 1);
         let (feed, _) = broadcast::channel(FEED_CAPACITY);
+        let kept = Arc::new(RwLock::new(Kept {
+            rv,
+            objects: Some(objects),
+        }));
         let core = Arc::new(Core {
             db,
             shared,
@@ -373,8 +389,9 @@ impl Store {
                 history_floor,
                 feed,
                 resource_feeds: HashMap::new(),
-                objects: Some(objects),
+                kept: kept.clone(),
             }),
+            kept,
             revoked: RwLock::new(revoked),
         });
         let stop = if shared {
@@ -439,7 +456,7 @@ impl Store {
     /// (where memory is the datastore), on PostgreSQL when this server has
     /// seen `min` (a kubelet's `resourceVersion=0`, any version, as
     /// kube-apiserver serves it from its watch cache); otherwise read from
-    /// the datastore.
+    /// the datastore. A read from memory never waits for a write's I/O.
     pub fn get_served(
         &self,
         resource: &str,
@@ -448,8 +465,8 @@ impl Store {
         min: Option<u64>,
     ) -> Result<Option<Arc<Value>>, ClusterError> {
         {
-            let state = self.core.lock();
-            if let Some(objects) = self.core.serving(&state, min) {
+            let kept = self.core.read_kept();
+            if let Some(objects) = self.core.serving(&kept, min) {
                 return Ok(objects
                     .get(&(resource.to_string(), ns.to_string(), name.to_string()))
                     .cloned());
@@ -461,7 +478,7 @@ impl Store {
     /// Whether [`Store::get_served`] answers a read no older than `min`
     /// from memory (without waiting on the datastore).
     pub fn serves_from_memory(&self, min: Option<u64>) -> bool {
-        self.core.serving(&self.core.lock(), min).is_some()
+        self.core.serving(&self.core.read_kept(), min).is_some()
     }
 
     /// All objects of a resource (in one namespace, or all when `ns` is None),
@@ -883,11 +900,12 @@ impl Store {
         // from it (a conflict, a no-op) is checked against the stored
         // resourceVersion, and when another server wrote since, the write
         // is planned again from the datastore.
-        let remembered: Option<Option<Arc<Value>>> = state.objects.as_ref().map(|objects| {
-            objects
-                .get(&(resource.to_string(), ns.to_string(), name.to_string()))
-                .cloned()
-        });
+        let remembered: Option<Option<Arc<Value>>> =
+            core.read_kept().objects.as_ref().map(|objects| {
+                objects
+                    .get(&(resource.to_string(), ns.to_string(), name.to_string()))
+                    .cloned()
+            });
         // Ok(None): planned from memory that another server's write made
         // stale; plan again from the datastore.
         let mut attempt = |tx: &mut Tx<'_>,
@@ -1197,16 +1215,22 @@ impl Core {
     /// The objects kept in memory if they answer a read no older than
     /// `min` (None: the newest): always on SQLite, where this process is
     /// the only writer; on PostgreSQL once this server has seen `min`.
-    fn serving<'s>(&self, state: &'s State, min: Option<u64>) -> Option<&'s Objects> {
-        let fresh = !self.shared || min.is_some_and(|min| state.rv >= min);
-        state.objects.as_ref().filter(|_| fresh)
+    fn serving<'s>(&self, kept: &'s Kept, min: Option<u64>) -> Option<&'s Objects> {
+        let fresh = !self.shared || min.is_some_and(|min| kept.rv >= min);
+        kept.objects.as_ref().filter(|_| fresh)
+    }
+
+    fn read_kept(&self) -> std::sync::RwLockReadGuard<'_, Kept> {
+        // Changed one change at a time, each applied whole: a poisoned
+        // lock still holds a consistent map.
+        self.kept.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The objects of a resource kept in memory (in one namespace, or all),
     /// sorted by namespace and name, and their resourceVersion.
     fn kept(&self, resource: &str, ns: Option<&str>) -> Option<(Vec<Arc<Value>>, u64)> {
-        let state = self.lock();
-        let objects = state.objects.as_ref()?;
+        let kept = self.read_kept();
+        let objects = kept.objects.as_ref()?;
         let from = (
             resource.to_string(),
             ns.unwrap_or("").to_string(),
@@ -1217,7 +1241,7 @@ impl Core {
             .take_while(|((r, n, _), _)| r == resource && ns.is_none_or(|ns| ns == n))
             .map(|(_, v)| v.clone())
             .collect();
-        Some((items, state.rv))
+        Some((items, kept.rv))
     }
 
     fn revoke(&self, certs: impl IntoIterator<Item = (String, String)>) {
@@ -1253,7 +1277,11 @@ impl Core {
                     state.history_floor = change.rv - 1;
                     state.feed = broadcast::channel(FEED_CAPACITY).0;
                     state.resource_feeds.clear();
-                    state.objects = None;
+                    state
+                        .kept
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .objects = None;
                 }
                 state.push(Arc::new(change));
             }
@@ -1272,16 +1300,20 @@ impl State {
             }
         }
         self.rv = change.rv;
-        if let Some(objects) = &mut self.objects {
-            let key = (
-                change.resource.clone(),
-                change.namespace.clone(),
-                change.name.clone(),
-            );
-            match change.kind {
-                EventType::Deleted => objects.remove(&key),
-                _ => objects.insert(key, change.object.clone()),
-            };
+        {
+            let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+            kept.rv = change.rv;
+            if let Some(objects) = &mut kept.objects {
+                let key = (
+                    change.resource.clone(),
+                    change.namespace.clone(),
+                    change.name.clone(),
+                );
+                match change.kind {
+                    EventType::Deleted => objects.remove(&key),
+                    _ => objects.insert(key, change.object.clone()),
+                };
+            }
         }
         self.history.push_back(change.clone());
         // No receiver is not an error: nobody watches yet.
@@ -1662,6 +1694,29 @@ mod tests {
                 .unwrap_err();
             assert_eq!(err.code, 404, "{}", err.message);
         });
+    }
+
+    /// A get from memory does not wait for a write in flight (which holds
+    /// the store's lock across its datastore I/O), so that an async worker
+    /// may serve it.
+    #[test]
+    fn gets_from_memory_do_not_wait_for_a_write_in_flight() {
+        let f = Fixture::sqlite();
+        let s = Arc::new(f.open());
+        s.create("nodes", "", node("w")).unwrap();
+        let writing = s.core.lock();
+        let (tx, rx) = mpsc::channel();
+        let reader = s.clone();
+        std::thread::spawn(move || {
+            let served = reader.serves_from_memory(None)
+                && reader
+                    .get_served("nodes", "", "w", None)
+                    .is_ok_and(|o| o.is_some());
+            let _ = tx.send(served);
+        });
+        let answer = rx.recv_timeout(Duration::from_secs(10));
+        drop(writing);
+        assert_eq!(answer, Ok(true), "the get waited for the write's lock");
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub enum DbError {
     },
     #[error("the transaction conflicted with other servers {0} times in a row")]
     Conflict(u32),
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        what: &'static str,
+        source: std::io::Error,
+    },
     /// A PostgreSQL datastore asked of a build without the `postgres`
     /// feature (scripts/up.sh's build).
     #[error(
@@ -50,6 +55,7 @@ impl DbError {
             DbError::NoRow(_) => "DB_NO_ROW",
             DbError::NewerSchema { .. } => "DB_NEWER_SCHEMA",
             DbError::Conflict(_) => "DB_CONFLICT",
+            DbError::Spawn { .. } => "DB_SPAWN",
             DbError::NotBuiltIn { .. } => "DB_NOT_BUILT_IN",
         }
     }

@@ -1,7 +1,8 @@
 //! The embedded backend: one connection, one writer at a time.
 
-use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Transaction, TransactionBehavior};
@@ -10,7 +11,17 @@ use crate::{DbError, Limits, Row, Tx, TxInner, Value};
 
 pub struct Sqlite {
     conn: Mutex<Connection>,
+    /// Ends the checkpointer thread when dropped (a database file only).
+    _checkpointer: Option<mpsc::Sender<()>>,
 }
+
+/// How often the write-ahead log is copied into the database file, by a
+/// thread of its own: a write is an append to the log, never an fsync, so
+/// it may be done where waiting is not allowed (an async worker).
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// Log pages after which a commit checkpoints by itself: only when the
+/// checkpointer falls far behind (SQLite's default is 1,000).
+const INLINE_CHECKPOINT_PAGES: i64 = 16_000;
 
 impl rusqlite::ToSql for Value {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
@@ -37,8 +48,16 @@ impl Sqlite {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(limits.statement_timeout)?;
         conn.set_prepared_statement_cache_capacity(256);
+        let checkpointer = match path {
+            Some(p) => {
+                conn.pragma_update(None, "wal_autocheckpoint", INLINE_CHECKPOINT_PAGES)?;
+                Some(spawn_checkpointer(p.to_path_buf())?)
+            }
+            None => None,
+        };
         Ok(Sqlite {
             conn: Mutex::new(conn),
+            _checkpointer: checkpointer,
         })
     }
 
@@ -117,6 +136,31 @@ impl Sqlite {
     }
 }
 
+/// The thread that checkpoints the log every [`CHECKPOINT_EVERY`] on a
+/// connection of its own (PASSIVE: it never waits for, nor blocks, a
+/// reader or the writer); it ends when the returned sender is dropped.
+fn spawn_checkpointer(path: PathBuf) -> Result<mpsc::Sender<()>, DbError> {
+    let conn = Connection::open(&path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("sqlite-checkpoint".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY)
+            {
+                let done = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                if let Err(e) = done {
+                    tracing::warn!(path = %path.display(), error = %e, "checkpointing the SQLite log failed; retried in a second");
+                }
+            }
+        })
+        .map_err(|source| DbError::Spawn {
+            what: "the SQLite checkpointer thread",
+            source,
+        })?;
+    Ok(stop)
+}
+
 pub fn execute(tx: &Transaction<'_>, sql: &str, params: &[Value]) -> Result<u64, DbError> {
     let mut st = tx.prepare_cached(sql)?;
     Ok(st.execute(rusqlite::params_from_iter(params.iter()))? as u64)
@@ -148,4 +192,44 @@ pub fn query(tx: &Transaction<'_>, sql: &str, params: &[Value]) -> Result<Vec<Ro
         out.push(Row { values });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Commits append to the log; the checkpointer thread, not a commit,
+    /// copies them into the database file.
+    #[test]
+    fn the_log_is_checkpointed_by_a_thread_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let db = Sqlite::open(Some(&path), Limits::default()).unwrap();
+        let inline: i64 = db
+            .lock()
+            .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(inline, INLINE_CHECKPOINT_PAGES);
+        db.run(true, |tx| {
+            tx.execute("CREATE TABLE t (v BLOB)", &[]).map(|_| ())
+        })
+        .unwrap();
+        for _ in 0..64 {
+            db.run(true, |tx| {
+                tx.execute(
+                    "INSERT INTO t (v) VALUES (?1)",
+                    &[Value::Blob(vec![7; 4096])],
+                )
+                .map(|_| ())
+            })
+            .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let db_file = || std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        while db_file() < 64 * 4096 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(db_file() >= 64 * 4096, "the rows reached the database file");
+    }
 }

@@ -18,7 +18,9 @@ use crate::error::ApiStatus;
 use crate::metrics::Metrics;
 use crate::resources::{self, ResourceDef};
 use crate::selector::Selector;
-use crate::store::{Change, EventType, ListedBody, SnapshotError, Store, MAX_OBJECT_BYTES};
+use crate::store::{
+    Change, EventType, ListedBody, SnapshotError, Store, MAX_OBJECT_BYTES, NODE_LEASE_NAMESPACE,
+};
 use crate::table::{self, Include};
 use crate::{admission, paging, patch, pods, tokens, util};
 
@@ -85,7 +87,7 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         // The store (SQLite) and the patch and admission work run on the
         // blocking pool: a slow disk or a large object never holds up the
         // async workers that accept, read and answer every other request.
-        Ok(body) if served_in_place(&st, &method, &path, &query, &parts.headers) => {
+        Ok(body) if served_in_place(&st, &method, &path, &query, &parts.headers, &body) => {
             serve(&st, &method, &path, &query, &parts.headers, &peer, body)
                 .unwrap_or_else(IntoResponse::into_response)
         }
@@ -119,25 +121,43 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 /// A request answered on the async worker that read it, without the
 /// hand-off to the blocking pool and back (four thread wake-ups, most of
-/// what a small request costs): a read of one object that memory serves
-/// (a kubelet's read of its Node every 10 s), by a client certificate's
-/// identity. Anything that may wait on the datastore goes to the pool.
+/// what a small request costs), by a client certificate's identity: a
+/// read of one object that memory serves (a kubelet's read of its Node
+/// every 10 s), and a kubelet's heartbeat (the update of its node Lease)
+/// when the store writes in place. Anything that may wait on the
+/// datastore goes to the pool.
 fn served_in_place(
     st: &AppState,
     method: &Method,
     path: &str,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
+    body: &Bytes,
 ) -> bool {
-    *method == Method::GET
-        && !headers.contains_key(header::AUTHORIZATION)
-        && !is_true(query.get("watch"))
-        && matches!(route(st, path), Ok(Route::Resource(t)) if t.name.is_some() && t.sub.is_none())
-        && match get_min_rv(query) {
-            Ok(min) => st.store.serves_from_memory(min),
-            Err(_) => false,
+    if headers.contains_key(header::AUTHORIZATION) {
+        return false;
+    }
+    let target = match route(st, path) {
+        Ok(Route::Resource(t)) if t.name.is_some() && t.sub.is_none() => t,
+        _ => return false,
+    };
+    match *method {
+        Method::GET => {
+            !is_true(query.get("watch"))
+                && get_min_rv(query).is_ok_and(|min| st.store.serves_from_memory(min))
         }
+        Method::PUT => {
+            target.def.plural == "leases"
+                && target.ns.as_deref() == Some(NODE_LEASE_NAMESPACE)
+                && body.len() <= IN_PLACE_BODY
+                && st.store.writes_in_place()
+        }
+        _ => false,
+    }
 }
+
+/// The largest request body served in place (a node Lease is under 1 KiB).
+const IN_PLACE_BODY: usize = 16 * 1024;
 
 /// A get's `resourceVersion`, as kube-apiserver reads it: unset is the
 /// newest, "0" any (a kubelet's first read of its Node), N no older than N.

@@ -155,7 +155,10 @@ pub fn authorize(id: &Identity, req: &Request<'_>) -> Result<Scope, ApiStatus> {
         }
         let own_object = match plural {
             "nodes" => req.verb != Verb::Delete,
-            "leases" => req.namespace == Some("kube-node-lease") && req.subresource.is_none(),
+            "leases" => {
+                req.namespace == Some(crate::store::NODE_LEASE_NAMESPACE)
+                    && req.subresource.is_none()
+            }
             _ => false,
         };
         if !own_object {

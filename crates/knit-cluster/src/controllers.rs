@@ -13,7 +13,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::error::{ApiStatus, ClusterError};
 use crate::pki::Ca;
-use crate::store::{Change, EventType, Store};
+use crate::store::{Change, EventType, Store, NODE_LEASE_NAMESPACE};
 use crate::{auth, ipam, pod_controllers, tokens, util};
 
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -140,7 +140,10 @@ impl Controllers {
                         tracing::warn!(late_ms = late.as_millis() as u64, "node lifecycle check ran late (the control plane was stalled): every node gets a fresh grace period");
                         view.refresh_all();
                     }
-                    let r = tokio::task::block_in_place(|| self.check_nodes(&view));
+                    let r = tokio::task::block_in_place(|| {
+                        view.observe_leases(&self.store)?;
+                        self.check_nodes(&view)
+                    });
                     last_check = Instant::now();
                     r
                 }
@@ -536,7 +539,7 @@ impl Controllers {
 
     /// Node leases are owned by their Node: delete follows.
     fn collect_lease(&self, node: &str) -> Result<(), ClusterError> {
-        match self.store.delete("leases", "kube-node-lease", node) {
+        match self.store.delete("leases", NODE_LEASE_NAMESPACE, node) {
             Ok(_) => Ok(()),
             Err(e) if e.code == 404 => Ok(()),
             Err(e) => Err(ClusterError::Api(e)),
@@ -577,8 +580,9 @@ impl Controllers {
     }
 }
 
-/// What the node lifecycle check needs, kept up to date from the change
-/// feed so that a check does not re-read and parse every Node and Lease.
+/// What the node lifecycle check needs: the Nodes kept up to date from the
+/// change feed so that a check does not re-read and parse every Node, the
+/// Lease renewals observed on the check's tick (they are not in the feed).
 #[derive(Default)]
 struct NodeView {
     nodes: HashMap<String, NodeFacts>,
@@ -589,7 +593,8 @@ struct NodeView {
 struct Renewal {
     /// The lease's renewTime as the node wrote it.
     renew_time: time::OffsetDateTime,
-    /// When this server saw that renewTime first.
+    /// When this server saw that renewTime first (up to a check's interval
+    /// after it was written: a node gets that much more grace).
     seen: Instant,
 }
 
@@ -626,18 +631,35 @@ impl NodeView {
             v.nodes
                 .insert(util::name_of(&n).to_string(), NodeFacts::of(&n, now));
         }
-        for l in store.list("leases", Some("kube-node-lease"))?.0 {
-            if let Some(t) = renew_time(&l) {
-                v.renewed.insert(
-                    util::name_of(&l).to_string(),
-                    Renewal {
-                        renew_time: t,
-                        seen: now,
-                    },
-                );
-            }
-        }
+        v.observe_leases(store)?;
         Ok(v)
+    }
+
+    /// Reads the node Leases kept in memory: a renewTime not seen before
+    /// is a renewal, seen now (kube-controller-manager's probe time); a
+    /// Lease gone is forgotten.
+    fn observe_leases(&mut self, store: &Store) -> Result<(), ClusterError> {
+        let now = Instant::now();
+        let mut renewed = HashMap::with_capacity(self.renewed.len());
+        for lease in store.list_shared("leases", Some(NODE_LEASE_NAMESPACE))? {
+            let Some(t) = renew_time(&lease) else {
+                continue;
+            };
+            let name = util::name_of(&lease);
+            let seen = match self.renewed.get(name) {
+                Some(r) if r.renew_time == t => r.seen,
+                _ => now,
+            };
+            renewed.insert(
+                name.to_string(),
+                Renewal {
+                    renew_time: t,
+                    seen,
+                },
+            );
+        }
+        self.renewed = renewed;
+        Ok(())
     }
 
     /// Every node's grace period starts again now.
@@ -652,36 +674,18 @@ impl NodeView {
     }
 
     fn apply(&mut self, c: &Change) {
-        let now = Instant::now();
-        match (c.resource.as_str(), c.kind) {
-            ("nodes", EventType::Deleted) => {
-                self.nodes.remove(&c.name);
-            }
-            ("nodes", _) => {
-                let seen = self.nodes.get(&c.name).map_or(now, |f| f.seen);
-                self.nodes
-                    .insert(c.name.clone(), NodeFacts::of(&c.object, seen));
-            }
-            ("leases", kind) if c.namespace == "kube-node-lease" => {
-                match (kind, renew_time(&c.object)) {
-                    (EventType::Deleted, _) | (_, None) => {
-                        self.renewed.remove(&c.name);
-                    }
-                    (_, Some(t)) => {
-                        // Only a new renewTime is a renewal.
-                        let same = self.renewed.get(&c.name).filter(|r| r.renew_time == t);
-                        let seen = same.map_or(now, |r| r.seen);
-                        self.renewed.insert(
-                            c.name.clone(),
-                            Renewal {
-                                renew_time: t,
-                                seen,
-                            },
-                        );
-                    }
-                }
-            }
-            _ => {}
+        if c.resource != "nodes" {
+            return;
+        }
+        if c.kind == EventType::Deleted {
+            self.nodes.remove(&c.name);
+        } else {
+            let seen = self
+                .nodes
+                .get(&c.name)
+                .map_or_else(Instant::now, |f| f.seen);
+            self.nodes
+                .insert(c.name.clone(), NodeFacts::of(&c.object, seen));
         }
     }
 }
@@ -890,7 +894,7 @@ mod tests {
     #[test]
     fn only_changes_with_store_work_get_a_step() {
         let lease = json!({"spec": {"renewTime": "2026-12-04T09:00:00.000000Z"}});
-        let renewed = change("leases", "kube-node-lease", EventType::Modified, lease);
+        let renewed = change("leases", NODE_LEASE_NAMESPACE, EventType::Modified, lease);
         assert_eq!(
             change_step(&renewed, false),
             None,
@@ -927,6 +931,49 @@ mod tests {
         assert_eq!(change_step(&ns, false), Some(ChangeStep::FinishNamespace));
         let pod = change("pods", "default", EventType::Modified, json!({}));
         assert_eq!(change_step(&pod, false), None);
+    }
+
+    #[test]
+    fn lease_renewals_are_observed_on_the_tick_not_fed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let mut feed = store.subscribe();
+        let lease = |t: &str| json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1", "renewTime": t}});
+        store
+            .create(
+                "leases",
+                NODE_LEASE_NAMESPACE,
+                lease("2026-12-04T09:00:00Z"),
+            )
+            .unwrap();
+        assert!(feed.try_recv().is_err(), "a node Lease wakes no controller");
+        let mut view = NodeView::load(&store).unwrap();
+        let first = view.renewed["n1"].seen;
+        std::thread::sleep(Duration::from_millis(5));
+        view.observe_leases(&store).unwrap();
+        assert_eq!(
+            view.renewed["n1"].seen, first,
+            "the same renewTime is no renewal"
+        );
+        store
+            .update("leases", NODE_LEASE_NAMESPACE, "n1", None, |_| {
+                Ok(lease("2026-12-04T09:00:10Z"))
+            })
+            .unwrap();
+        view.observe_leases(&store).unwrap();
+        assert!(
+            view.renewed["n1"].seen > first,
+            "a new renewTime is a renewal"
+        );
+        store.delete("leases", NODE_LEASE_NAMESPACE, "n1").unwrap();
+        view.observe_leases(&store).unwrap();
+        assert!(view.renewed.is_empty(), "a Lease gone is forgotten");
+        store.create("leases", "default", lease("x")).unwrap();
+        assert_eq!(
+            feed.try_recv().unwrap().resource,
+            "leases",
+            "other Leases are fed"
+        );
     }
 
     #[test]

@@ -481,6 +481,15 @@ impl Store {
         self.core.serving(&self.core.read_kept(), min).is_some()
     }
 
+    /// Whether a small write may be done on the caller's async worker now:
+    /// on SQLite (a write is an append to the local write-ahead log, never
+    /// an fsync: checkpoints run on a thread of their own) when no write is
+    /// in flight (the write would wait on it). On PostgreSQL a write waits
+    /// on the network: never.
+    pub fn writes_in_place(&self) -> bool {
+        self.core.db.backend() == Backend::Sqlite && self.core.state.try_lock().is_ok()
+    }
+
     /// All objects of a resource (in one namespace, or all when `ns` is None),
     /// sorted by namespace and name, with the resourceVersion they are at.
     /// From memory: the objects as of this server's newest resourceVersion
@@ -1197,9 +1206,13 @@ impl Store {
         })
     }
 
-    /// Every change, for the built-in controllers. The feed closes when
-    /// this server missed changes (it was further behind the others than
-    /// the change log keeps): subscribe again and list.
+    /// Every change but the node Leases' (`kube-node-lease`), for the
+    /// built-in controllers. The node lifecycle check reads the Leases on
+    /// its own tick, as kube-controller-manager's does: a renewal wakes no
+    /// controller (100 a second at 1,000 nodes). Watches of Leases have
+    /// every change. The feed closes when this server missed changes (it
+    /// was further behind the others than the change log keeps): subscribe
+    /// again and list.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
         self.core.lock().feed.subscribe()
     }
@@ -1324,8 +1337,19 @@ impl State {
                 let _ = f.send(change.clone());
             }
         }
-        let _ = self.feed.send(change);
+        if !is_node_lease(&change) {
+            let _ = self.feed.send(change);
+        }
     }
+}
+
+/// The namespace of the Leases kubelets renew as their heartbeat.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// A node's heartbeat Lease: 100 renewals a second at 1,000 nodes, kept
+/// out of the controllers' feed (see [`Store::subscribe`]).
+fn is_node_lease(c: &Change) -> bool {
+    c.resource == "leases" && c.namespace == NODE_LEASE_NAMESPACE
 }
 
 /// The thread that reads other servers' changes when notified (and every
@@ -2173,8 +2197,8 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..EACH {
                         let name = format!("{who}-{i}");
-                        s.create("leases", "kube-node-lease", node(&name)).unwrap();
-                        s.update("leases", "kube-node-lease", &name, None, |cur| {
+                        s.create("leases", "default", node(&name)).unwrap();
+                        s.update("leases", "default", &name, None, |cur| {
                             let mut next = cur.clone();
                             next["spec"] = json!({"renewTime": i});
                             Ok(next)

@@ -312,12 +312,36 @@ impl Db {
 /// two cores a runtime has two workers, and two requests waiting on a
 /// slow database used to stop the whole server. Elsewhere (a plain thread,
 /// a blocking-pool thread, a current-thread runtime) `f` simply runs.
+/// Inside [`run_in_place`], `f` runs on the calling thread too.
 fn off_the_async_workers<T>(f: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
+    if IN_PLACE.get() {
+        return f();
+    }
     match Handle::try_current() {
         Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
     }
+}
+
+thread_local! {
+    /// Set by [`run_in_place`] for the work it runs.
+    static IN_PLACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with its datastore work done on this thread, even on an async
+/// worker (no `block_in_place` hand-off of the worker, which costs more
+/// than a short statement): for a caller that knows the work cannot wait,
+/// such as an SQLite write when no other write is in flight.
+pub fn run_in_place<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_PLACE.set(self.0);
+        }
+    }
+    let _reset = Reset(IN_PLACE.replace(true));
+    f()
 }
 
 impl Tx<'_> {
@@ -374,5 +398,24 @@ impl Tx<'_> {
             TxInner::Sqlite(tx) => Ok(tx.execute_batch(sql)?),
             TxInner::Postgres(conn, db) => db.batch(conn, &dialect::postgres_ddl(sql)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_holds_for_its_work_only_even_when_it_panics() {
+        assert!(!IN_PLACE.get());
+        run_in_place(|| {
+            assert!(IN_PLACE.get());
+            run_in_place(|| assert!(IN_PLACE.get()));
+            assert!(IN_PLACE.get(), "a nested call keeps the outer one's");
+        });
+        assert!(!IN_PLACE.get());
+        let panicked = std::panic::catch_unwind(|| run_in_place(|| panic!("in place")));
+        assert!(panicked.is_err());
+        assert!(!IN_PLACE.get(), "reset by the panic's unwinding");
     }
 }

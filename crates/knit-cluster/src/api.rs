@@ -87,25 +87,31 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         // The store (SQLite) and the patch and admission work run on the
         // blocking pool: a slow disk or a large object never holds up the
         // async workers that accept, read and answer every other request.
-        Ok(body) if served_in_place(&st, &method, &path, &query, &parts.headers, &body) => {
-            serve(&st, &method, &path, &query, &parts.headers, &peer, body)
-                .unwrap_or_else(IntoResponse::into_response)
-        }
-        Ok(body) => {
-            let (st2, method2, path2, query2) =
-                (st.clone(), method.clone(), path.clone(), query.clone());
-            let headers = parts.headers.clone();
-            let work = tokio::task::spawn_blocking(move || {
-                serve(&st2, &method2, &path2, &query2, &headers, &peer, body)
-                    .unwrap_or_else(IntoResponse::into_response)
-            });
-            match work.await {
-                Ok(r) => r,
-                Err(e) => {
-                    ApiStatus::internal(format!("request handler failed: {e}")).into_response()
+        Ok(body) => match in_place(&st, &method, &path, &query, &parts.headers, &body) {
+            InPlace::Read => serve(&st, &method, &path, &query, &parts.headers, &peer, body)
+                .unwrap_or_else(IntoResponse::into_response),
+            // A write that cannot wait (see `Store::writes_in_place`): its
+            // datastore work without the hand-off of this worker either.
+            InPlace::Write => knit_db::run_in_place(|| {
+                serve(&st, &method, &path, &query, &parts.headers, &peer, body)
+            })
+            .unwrap_or_else(IntoResponse::into_response),
+            InPlace::No => {
+                let (st2, method2, path2, query2) =
+                    (st.clone(), method.clone(), path.clone(), query.clone());
+                let headers = parts.headers.clone();
+                let work = tokio::task::spawn_blocking(move || {
+                    serve(&st2, &method2, &path2, &query2, &headers, &peer, body)
+                        .unwrap_or_else(IntoResponse::into_response)
+                });
+                match work.await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        ApiStatus::internal(format!("request handler failed: {e}")).into_response()
+                    }
                 }
             }
-        }
+        },
         Err(too_large) => too_large,
     };
     let code = response.status().as_u16();
@@ -126,34 +132,46 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
 /// every 10 s), and a kubelet's heartbeat (the update of its node Lease)
 /// when the store writes in place. Anything that may wait on the
 /// datastore goes to the pool.
-fn served_in_place(
+fn in_place(
     st: &AppState,
     method: &Method,
     path: &str,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
     body: &Bytes,
-) -> bool {
+) -> InPlace {
     if headers.contains_key(header::AUTHORIZATION) {
-        return false;
+        return InPlace::No;
     }
     let target = match route(st, path) {
         Ok(Route::Resource(t)) if t.name.is_some() && t.sub.is_none() => t,
-        _ => return false,
+        _ => return InPlace::No,
     };
-    match *method {
-        Method::GET => {
-            !is_true(query.get("watch"))
-                && get_min_rv(query).is_ok_and(|min| st.store.serves_from_memory(min))
-        }
-        Method::PUT => {
-            target.def.plural == "leases"
-                && target.ns.as_deref() == Some(NODE_LEASE_NAMESPACE)
-                && body.len() <= IN_PLACE_BODY
-                && st.store.writes_in_place()
-        }
-        _ => false,
+    let read = *method == Method::GET
+        && !is_true(query.get("watch"))
+        && get_min_rv(query).is_ok_and(|min| st.store.serves_from_memory(min));
+    let heartbeat = *method == Method::PUT
+        && target.def.plural == "leases"
+        && target.ns.as_deref() == Some(NODE_LEASE_NAMESPACE)
+        && body.len() <= IN_PLACE_BODY;
+    if read {
+        InPlace::Read
+    } else if heartbeat && st.store.writes_in_place() {
+        InPlace::Write
+    } else {
+        InPlace::No
     }
+}
+
+/// Where a request is served (see [`in_place`]).
+enum InPlace {
+    /// On the async worker: a read memory answers.
+    Read,
+    /// On the async worker, its datastore work too: a write that cannot
+    /// wait.
+    Write,
+    /// On the blocking pool.
+    No,
 }
 
 /// The largest request body served in place (a node Lease is under 1 KiB).
@@ -866,10 +884,12 @@ impl Ctx<'_> {
             ))
         };
         for _ in 0..ATTEMPTS {
+            // The newest: from memory on SQLite (memory is the datastore),
+            // read from PostgreSQL.
             let current = self
                 .st
                 .store
-                .get(plural, self.ns(), name)?
+                .get_served(plural, self.ns(), name, None)?
                 .ok_or_else(|| self.not_found(name))?;
             if expected.is_some_and(|e| util::rv_of(&current) != Some(e)) {
                 return Err(conflict());

@@ -49,18 +49,25 @@ pub fn available(
 /// replicas, the current hash and where the rollout stands.
 pub fn status(cp: &ControlPlane, record: &PoolRecord) -> Result<PoolStatus> {
     let name = &record.pool.metadata.name;
+    let instances = cp.store.instances(Some(name))?;
+    status_of(cp, record, &instances, &cp.store.nodes()?)
+}
+
+/// [`status`] from the pool's instances and the nodes (of every pool) the
+/// caller read: the reconciler's pass has them already.
+pub fn status_of(
+    cp: &ControlPlane,
+    record: &PoolRecord,
+    instances: &[InstanceRecord],
+    nodes: &[NodeRecord],
+) -> Result<PoolStatus> {
+    let name = &record.pool.metadata.name;
     let spec = &record.pool.spec;
     let current = current_hash(cp, spec)?;
-    let instances = cp.store.instances(Some(name))?;
     let hashes = cp.store.instance_hashes(Some(name))?;
-    let nodes: Vec<NodeRecord> = cp
-        .store
-        .nodes()?
-        .into_iter()
-        .filter(|n| &n.pool == name)
-        .collect();
-    let available = available(cp, &instances, &nodes);
-    let c = rollout_counts(&instances, &hashes, &current, &available);
+    let nodes: Vec<NodeRecord> = nodes.iter().filter(|n| &n.pool == name).cloned().collect();
+    let available = available(cp, instances, &nodes);
+    let c = rollout_counts(instances, &hashes, &current, &available);
     let desired = spec.replicas.max(0) as usize;
     let stop = cp
         .store

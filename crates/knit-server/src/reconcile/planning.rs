@@ -101,7 +101,9 @@ impl ControlPlane {
                 let rp =
                     self.rollout_plan(&record.pool, &instances, &nodes, &facts, &health, now)?;
                 self.apply_rollout(&record.pool, &rp, true)?;
-                self.note_rollout_progress(&record)?;
+                // From what this pass read: what it just changed shows in
+                // the next pass's (a completion is noted a pass later).
+                self.note_rollout_progress(&record, &instances, &nodes)?;
                 self.store
                     .set_observed_generation(&name, record.generation)?;
             }
@@ -293,13 +295,7 @@ impl ControlPlane {
     /// Whether `pool` has more instances than `replicas`: only then does
     /// planning ask the cluster for pods (scale-in's choice).
     fn shrinks(&self, pool: &str, replicas: i64) -> Result<bool> {
-        let active = self
-            .store
-            .instances(Some(pool))?
-            .iter()
-            .filter(|i| counts_toward_pool(&i.state))
-            .count();
-        Ok(active > replicas.max(0) as usize)
+        Ok(more_than(&self.store.instances(Some(pool))?, replicas))
     }
 
     /// Whether some pool has more instances than it wants (or is deleted),
@@ -311,20 +307,16 @@ impl ControlPlane {
             let hashes = self
                 .store
                 .instance_hashes(Some(&record.pool.metadata.name))?;
-            let rolling = self
-                .store
-                .instances(Some(&record.pool.metadata.name))?
+            let instances = self.store.instances(Some(&record.pool.metadata.name))?;
+            let rolling = instances
                 .iter()
                 .any(|i| counts_toward_pool(&i.state) && !up_to_date(i, &hashes, &current));
-            if rolling {
-                return Ok(true);
-            }
             let desired = if record.deleting {
                 0
             } else {
-                record.pool.spec.replicas.max(0) as usize
+                record.pool.spec.replicas
             };
-            if self.shrinks(&record.pool.metadata.name, desired as i64)? {
+            if rolling || more_than(&instances, desired) {
                 return Ok(true);
             }
         }
@@ -495,9 +487,14 @@ impl ControlPlane {
     /// is under way is this process's own: a rollout that completes while
     /// no server runs is not announced (its state, `knit rollout status`,
     /// says so all the same).
-    fn note_rollout_progress(&self, record: &crate::store::PoolRecord) -> Result<()> {
+    fn note_rollout_progress(
+        &self,
+        record: &crate::store::PoolRecord,
+        instances: &[InstanceRecord],
+        nodes: &[NodeRecord],
+    ) -> Result<()> {
         let name = &record.pool.metadata.name;
-        let status = crate::pools::rollout::status(self, record)?;
+        let status = crate::pools::rollout::status_of(self, record, instances, nodes)?;
         let (Some(rollout), Some(current)) = (status.rollout, status.template_hash) else {
             return Ok(());
         };
@@ -634,6 +631,15 @@ impl ControlPlane {
         }
         Ok(())
     }
+}
+
+/// Whether more of `instances` count toward their pool than `replicas`.
+fn more_than(instances: &[InstanceRecord], replicas: i64) -> bool {
+    instances
+        .iter()
+        .filter(|i| counts_toward_pool(&i.state))
+        .count()
+        > replicas.max(0) as usize
 }
 
 #[cfg(test)]

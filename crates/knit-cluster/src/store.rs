@@ -482,8 +482,9 @@ impl Store {
     }
 
     /// Whether a small write may be done on the caller's async worker now:
-    /// on SQLite (a write is an append to the local write-ahead log, never
-    /// an fsync: checkpoints run on a thread of their own) when no write is
+    /// on SQLite (a write is an append to the local write-ahead log, not an
+    /// fsync: checkpoints run on a thread of their own, a commit's only
+    /// when that thread falls far behind) when no write is
     /// in flight (the write would wait on it). On PostgreSQL a write waits
     /// on the network: never.
     pub fn writes_in_place(&self) -> bool {

@@ -146,11 +146,21 @@ fn spawn_checkpointer(path: PathBuf) -> Result<mpsc::Sender<()>, DbError> {
     std::thread::Builder::new()
         .name("sqlite-checkpoint".into())
         .spawn(move || {
+            // Said once per run of failures (a full disk fails every try).
+            let mut failing = false;
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY)
             {
-                let done = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-                if let Err(e) = done {
-                    tracing::warn!(path = %path.display(), error = %e, "checkpointing the SQLite log failed; retried in a second");
+                match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!(path = %path.display(), error = %e, "checkpointing the SQLite log failed; retried every second, said again once it works");
+                    }
+                    Err(_) => {}
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!(path = %path.display(), "checkpointing the SQLite log works again");
+                    }
+                    Ok(()) => {}
                 }
             }
         })

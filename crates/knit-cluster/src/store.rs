@@ -18,7 +18,8 @@
 //!   `LISTEN`s on its own connection and reads the changes other servers
 //!   made into the same history and feed, in resourceVersion order, each
 //!   once; it also reads every [`FOLLOW_FALLBACK`] (a notification lost
-//!   with a connection) and after each reconnect. Preconditions (a
+//!   with a connection; node Lease renewals, which notify nobody) and
+//!   after each reconnect. Preconditions (a
 //!   client's resourceVersion) are checked inside the write transaction.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -41,10 +42,12 @@ const FEED_CAPACITY: usize = 8_192;
 /// Largest stored object, serialized (etcd's default request limit,
 /// 1.5 MiB): however an object is written (create, update, any patch).
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
-/// The channel every write notifies (payload: its resourceVersion).
+/// The channel every write but a node Lease's notifies (payload: its
+/// resourceVersion).
 pub const CHANGES_CHANNEL: &str = "knit_kube_changes";
 /// How often a server sharing PostgreSQL reads the change log without a
-/// notification (one lost with its connection), and waits before it
+/// notification (one lost with its connection; node Lease renewals,
+/// which notify nobody), and waits before it
 /// listens again after the listening connection failed.
 pub const FOLLOW_FALLBACK: Duration = Duration::from_secs(1);
 /// Taken first by every write transaction on PostgreSQL (see `commit`).
@@ -57,6 +60,17 @@ const SHARED_UPSERT: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE
          ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body),
      change AS (INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) SELECT value, ?6, ?1, ?2, ?3, ?5, ?7 FROM next)
      SELECT pg_notify('knit_kube_changes', CAST(value AS TEXT)) FROM next";
+/// A node's heartbeat Lease written on PostgreSQL: [`SHARED_UPSERT`]
+/// without the notification. 100 renewals a second at 1,000 nodes each
+/// woke every server's listening connection, its follower thread and
+/// PostgreSQL's notification queue; the other servers read them with the
+/// next change that notifies, or within [`FOLLOW_FALLBACK`] (the node
+/// lifecycle controller reads Leases only on its tick, seconds apart).
+const SHARED_UPSERT_UNNOTIFIED: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
+     object AS (INSERT INTO kube_objects (resource, namespace, name, rv, body) SELECT ?1, ?2, ?3, value, ?5 FROM next
+         ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body),
+     change AS (INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) SELECT value, ?6, ?1, ?2, ?3, ?5, ?7 FROM next)
+     SELECT value FROM next";
 /// A deletion on PostgreSQL, as [`SHARED_UPSERT`].
 const SHARED_DELETE: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
      gone AS (DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3 AND EXISTS (SELECT 1 FROM next)),
@@ -979,6 +993,7 @@ impl Store {
             if core.shared {
                 let sql = match kind {
                     EventType::Deleted => SHARED_DELETE,
+                    _ if is_node_lease_of(resource, ns) => SHARED_UPSERT_UNNOTIFIED,
                     _ => SHARED_UPSERT,
                 };
                 let previous = previous.as_ref().map(Value::to_string);
@@ -1350,7 +1365,11 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// A node's heartbeat Lease: 100 renewals a second at 1,000 nodes, kept
 /// out of the controllers' feed (see [`Store::subscribe`]).
 fn is_node_lease(c: &Change) -> bool {
-    c.resource == "leases" && c.namespace == NODE_LEASE_NAMESPACE
+    is_node_lease_of(&c.resource, &c.namespace)
+}
+
+fn is_node_lease_of(resource: &str, namespace: &str) -> bool {
+    resource == "leases" && namespace == NODE_LEASE_NAMESPACE
 }
 
 /// The thread that reads other servers' changes when notified (and every
@@ -2180,6 +2199,49 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(a.revoked_node("0b0b").as_deref(), Some("z"));
+    }
+
+    /// A node Lease renewal on PostgreSQL notifies nobody (other writes
+    /// do); another server's watch of Leases still gets it, in order,
+    /// read without a notification.
+    #[test]
+    fn node_lease_renewals_notify_nobody_and_still_reach_other_servers() {
+        let f = Fixture::postgres();
+        let a = f.open();
+        let b = f.open();
+        let db = Db::open(&f.datastore, Limits::default()).unwrap();
+        let mut listener = db.listener(CHANGES_CHANNEL).expect("PostgreSQL listens");
+        assert_eq!(
+            listener.wait(Duration::from_secs(10)).unwrap(),
+            knit_db::Wake::Connected
+        );
+        let mut w = b.watch("leases", Some(NODE_LEASE_NAMESPACE), None).unwrap();
+        let lease = |renew: &str| {
+            json!({"metadata": {"name": "n1", "namespace": NODE_LEASE_NAMESPACE},
+                   "spec": {"holderIdentity": "n1", "renewTime": renew}})
+        };
+        a.create("leases", NODE_LEASE_NAMESPACE, lease("1"))
+            .unwrap();
+        a.update("leases", NODE_LEASE_NAMESPACE, "n1", None, |_| {
+            Ok(lease("2"))
+        })
+        .unwrap();
+        // More than a fallback read's interval: nothing was notified.
+        assert_eq!(
+            listener.wait(FOLLOW_FALLBACK * 2).unwrap(),
+            knit_db::Wake::Quiet
+        );
+        for (kind, renew) in [(EventType::Added, "1"), (EventType::Modified, "2")] {
+            let c = next_change(&mut w.feed).unwrap_or_else(|| panic!("no {kind:?}"));
+            assert_eq!(c.kind, kind);
+            assert_eq!(c.object["spec"]["renewTime"], json!(renew));
+        }
+        // Any other write still notifies.
+        a.create("nodes", "", node("n1")).unwrap();
+        assert!(matches!(
+            listener.wait(Duration::from_secs(10)).unwrap(),
+            knit_db::Wake::Notified(_)
+        ));
     }
 
     /// Both servers write at once: each one's controllers' feed has every

@@ -118,8 +118,23 @@ fn raise_fd_limit() {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The server's async workers: `KNIT_BENCH_WORKERS` (2, one per core
+    // here, as `knit server` starts them on this host).
+    let workers = match std::env::var("KNIT_BENCH_WORKERS") {
+        Ok(n) => n
+            .parse::<usize>()
+            .map_err(|e| format!("KNIT_BENCH_WORKERS={n}: {e}"))?,
+        Err(_) => 2,
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let sim = PathBuf::from(
         args.get(1)

@@ -1,10 +1,13 @@
-//! The shared backend: PostgreSQL through tokio-postgres, whose connections
-//! run on a small runtime of their own. Callers block on their statements
-//! (as they do on SQLite's), each bounded by the statement timeout, so the
-//! store stays synchronous and works from any thread.
+//! The shared backend: PostgreSQL through tokio-postgres. Callers block on
+//! their statements (as they do on SQLite's), each bounded by the
+//! statement timeout, so the store stays synchronous and works from any
+//! thread. A pooled connection's I/O is driven by the thread that runs a
+//! statement on it (see [`Driven`]); the listening connection runs on a
+//! small runtime of its own.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,7 @@ pub struct Postgres {
     /// `None` with sslmode=disable.
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     target: String,
+    /// The listening connections' runtime.
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     pool: Mutex<PoolState>,
@@ -38,6 +42,7 @@ struct PoolState {
 
 pub struct Conn {
     client: Client,
+    io: Driven,
     statements: HashMap<String, Statement>,
     /// A statement failed with a serialization conflict or a deadlock:
     /// the transaction is worth running again.
@@ -123,14 +128,6 @@ impl Postgres {
         Ok(db)
     }
 
-    /// Waits for `fut` on the connection runtime, at most the statement timeout.
-    fn block<F: Future>(&self, fut: F) -> Result<F::Output, DbError> {
-        let _enter = self.handle.enter();
-        let limit = self.limits.statement_timeout;
-        futures::executor::block_on(async { tokio::time::timeout(limit, fut).await })
-            .map_err(|_| DbError::Timeout(limit))
-    }
-
     fn connect(&self) -> Result<Conn, DbError> {
         let no_answer = |_| DbError::Connect {
             target: self.target.clone(),
@@ -149,27 +146,30 @@ impl Postgres {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
             }
         };
-        // The two connections differ in type: each driven where it is made.
+        let mut io = Driven::new()?;
+        let limit = self.limits.statement_timeout;
+        // The two connections differ in type: each boxed where it is made.
         let client = match &self.tls {
             None => {
-                let (client, connection) = self
-                    .block(self.config.connect(NoTls))
+                let (client, connection) = io
+                    .run(limit, self.config.connect(NoTls))
                     .map_err(no_answer)?
                     .map_err(refused)?;
-                self.handle.spawn(async move { ended(connection.await) });
+                io.connection = Some(Box::pin(async move { ended(connection.await) }));
                 client
             }
             Some(tls) => {
-                let (client, connection) = self
-                    .block(self.config.connect(tls.clone()))
+                let (client, connection) = io
+                    .run(limit, self.config.connect(tls.clone()))
                     .map_err(no_answer)?
                     .map_err(refused)?;
-                self.handle.spawn(async move { ended(connection.await) });
+                io.connection = Some(Box::pin(async move { ended(connection.await) }));
                 client
             }
         };
         let mut conn = Conn {
             client,
+            io,
             statements: HashMap::new(),
             conflicted: false,
             broken: false,
@@ -227,6 +227,21 @@ impl Postgres {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         pool.open = pool.open.saturating_sub(1);
         self.returned.notify_one();
+    }
+
+    /// Drops every idle connection (outside the pool's lock: each one's
+    /// runtime is shut down as it goes).
+    fn forget_idle(&self) {
+        let idle = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let idle = std::mem::take(&mut pool.idle);
+            pool.open = pool.open.saturating_sub(idle.len());
+            idle
+        };
+        if !idle.is_empty() {
+            self.returned.notify_all();
+        }
+        drop(idle);
     }
 
     fn put(&self, mut conn: Conn) {
@@ -321,6 +336,12 @@ impl Postgres {
                     // statement did nothing: the work is run again on
                     // another connection, once.
                     let stale = conn.closed && conn.answered == 0 && attempt == 1;
+                    if stale {
+                        // Nobody reads an idle connection: those idle beside
+                        // it were likely closed too (a restarted server
+                        // closes them all), and would each fail a retry.
+                        self.forget_idle();
+                    }
                     if !idle && !conn.closed {
                         let _ = self.batch(&mut conn, "ROLLBACK");
                     }
@@ -425,14 +446,17 @@ impl Postgres {
     /// One call on the connection: a timeout breaks it, a conflict marks it.
     fn call<'c, T, F, Fut>(&self, conn: &'c mut Conn, f: F) -> Result<T, DbError>
     where
-        F: FnOnce(&'c Client) -> Fut,
-        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+        F: FnOnce(&'c Client) -> Fut + Send,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>> + Send,
+        T: Send,
     {
+        let limit = self.limits.statement_timeout;
         let client: &'c Client = &conn.client;
+        let io = &mut conn.io;
         let outcome = match conn.begin.take() {
-            None => self.block(f(client)),
-            Some(begin) => self
-                .block(async {
+            None => io.run(limit, f(client)),
+            Some(begin) => io
+                .run(limit, async {
                     // Sent in this order, answered in this order.
                     futures::join!(client.batch_execute(&begin), f(client))
                 })
@@ -453,13 +477,18 @@ impl Postgres {
             }
             Ok(Err(e)) => {
                 let err = pg_error(&e);
+                // The server ended the session (shut down, or a crash
+                // elsewhere): what an idle connection reads first when
+                // its statement is sent after that.
+                let mut ended_by_server = false;
                 if let Some(code) = e.code() {
                     let code = code.code();
                     if code == "40001" || code == "40P01" {
                         conn.conflicted = true;
                     }
+                    ended_by_server = code == "57P01" || code == "57P02";
                 }
-                if e.is_closed() {
+                if e.is_closed() || ended_by_server {
                     conn.broken = true;
                     conn.closed = true;
                 }
@@ -509,6 +538,98 @@ impl Postgres {
 
     pub fn batch(&self, conn: &mut Conn, sql: &str) -> Result<(), DbError> {
         self.call(conn, |c| c.batch_execute(sql))
+    }
+}
+
+/// A pooled connection's I/O, driven by the thread that runs a statement
+/// on it: its socket is registered with a current-thread runtime of its
+/// own, which has no thread — the caller sends the statement, waits in
+/// epoll for the answer and reads it. A shared runtime's thread did this
+/// before: every round trip was handed to that thread and back, two
+/// thread wake-ups per statement. While the connection sits in the pool
+/// nobody reads it: a server that closed it is noticed by the next
+/// statement (see [`Postgres::run_with`]).
+struct Driven {
+    /// The connection's own work (its `Connection` future); `None` before
+    /// it is made and after it ended.
+    connection: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// `None` only while being dropped.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Driven {
+    fn new() -> Result<Driven, DbError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DbError::Postgres(format!("start a connection's runtime: {e}")))?;
+        Ok(Driven {
+            connection: None,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Runs `fut` to its end, at most `limit`, driving the connection
+    /// meanwhile, on this thread.
+    fn run<F>(&mut self, limit: Duration, fut: F) -> Result<F::Output, DbError>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        let Driven {
+            connection,
+            runtime,
+        } = self;
+        let Some(runtime) = runtime.as_ref() else {
+            return Err(DbError::Postgres("the connection's runtime is gone".into()));
+        };
+        let work = async {
+            tokio::pin!(fut);
+            loop {
+                let Some(io) = connection.as_mut() else {
+                    // Ended: the statement's future fails (closed) or ends.
+                    return fut.await;
+                };
+                tokio::select! {
+                    biased;
+                    out = &mut fut => return out,
+                    () = io.as_mut() => *connection = None,
+                }
+            }
+        };
+        let timed = async { tokio::time::timeout(limit, work).await };
+        on_this_thread(|| runtime.block_on(timed)).map_err(|_| DbError::Timeout(limit))
+    }
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // The socket leaves its runtime's reactor while it is there.
+            let enter = runtime.enter();
+            self.connection = None;
+            drop(enter);
+            // Not a blocking shutdown: a pool may be dropped on an async thread.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Runs `f`, which blocks on a connection's runtime, where that is
+/// allowed: an async worker of a multi-thread runtime first hands its
+/// other tasks to another thread (`block_in_place`; a no-op where the
+/// caller did already, or off the workers); a thread that drives a
+/// current-thread runtime (a `#[tokio::test]`, say) may not block on
+/// another runtime at all, so `f` runs on a thread of its own there.
+fn on_this_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Err(_) => f(),
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        Ok(_) => std::thread::scope(|s| match s.spawn(f).join() {
+            Ok(out) => out,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }),
     }
 }
 

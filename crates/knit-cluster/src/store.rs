@@ -52,25 +52,32 @@ pub const CHANGES_CHANNEL: &str = "knit_kube_changes";
 pub const FOLLOW_FALLBACK: Duration = Duration::from_secs(1);
 /// Taken first by every write transaction on PostgreSQL (see `commit`).
 const WRITE_LOCK: &str = "LOCK TABLE kube_meta IN SHARE ROW EXCLUSIVE MODE";
-/// A write on PostgreSQL, in one statement: the resourceVersion ?4 (only if
-/// the stored one is ?4 - 1, else nothing is written and no row returned),
-/// the object, its change log entry and the notification (sent at commit).
-const SHARED_UPSERT: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
+/// The object and its change log entry written on PostgreSQL with the
+/// resourceVersion ?4 (only if the stored one is ?4 - 1, else nothing is
+/// written and no row returned), in one statement ending with `$last`.
+macro_rules! shared_upsert {
+    ($last:literal) => {
+        concat!(
+            "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
      object AS (INSERT INTO kube_objects (resource, namespace, name, rv, body) SELECT ?1, ?2, ?3, value, ?5 FROM next
          ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body),
      change AS (INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) SELECT value, ?6, ?1, ?2, ?3, ?5, ?7 FROM next)
-     SELECT pg_notify('knit_kube_changes', CAST(value AS TEXT)) FROM next";
+     ",
+            $last
+        )
+    };
+}
+/// A write on PostgreSQL, in one statement: the object, its change log
+/// entry and the notification (sent at commit).
+const SHARED_UPSERT: &str =
+    shared_upsert!("SELECT pg_notify('knit_kube_changes', CAST(value AS TEXT)) FROM next");
 /// A node's heartbeat Lease written on PostgreSQL: [`SHARED_UPSERT`]
 /// without the notification. 100 renewals a second at 1,000 nodes each
 /// woke every server's listening connection, its follower thread and
 /// PostgreSQL's notification queue; the other servers read them with the
 /// next change that notifies, or within [`FOLLOW_FALLBACK`] (the node
 /// lifecycle controller reads Leases only on its tick, seconds apart).
-const SHARED_UPSERT_UNNOTIFIED: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
-     object AS (INSERT INTO kube_objects (resource, namespace, name, rv, body) SELECT ?1, ?2, ?3, value, ?5 FROM next
-         ON CONFLICT (resource, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body),
-     change AS (INSERT INTO kube_changes (rv, kind, resource, namespace, name, object, previous) SELECT value, ?6, ?1, ?2, ?3, ?5, ?7 FROM next)
-     SELECT value FROM next";
+const SHARED_UPSERT_UNNOTIFIED: &str = shared_upsert!("SELECT value FROM next");
 /// A deletion on PostgreSQL, as [`SHARED_UPSERT`].
 const SHARED_DELETE: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE key = 'rv' AND value = ?4 - 1 RETURNING value),
      gone AS (DELETE FROM kube_objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3 AND EXISTS (SELECT 1 FROM next)),

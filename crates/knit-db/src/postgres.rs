@@ -621,6 +621,9 @@ impl Drop for Driven {
 /// caller did already, or off the workers); a thread that drives a
 /// current-thread runtime (a `#[tokio::test]`, say) may not block on
 /// another runtime at all, so `f` runs on a thread of its own there.
+/// (`crate::off_the_async_workers`, around every `Db` call, runs such a
+/// thread's work in place: right for SQLite, not for a runtime's
+/// `block_on`.)
 fn on_this_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current().map(|h| h.runtime_flavor()) {

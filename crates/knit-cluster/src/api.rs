@@ -778,7 +778,7 @@ impl Ctx<'_> {
         let name = util::name_of(&obj).to_string();
         self.authorize(Verb::Create, Some(&name))?;
         if self.t.def.namespaced {
-            let Some(ns) = self.st.store.get("namespaces", "", self.ns())? else {
+            let Some(ns) = self.st.store.get_seen("namespaces", "", self.ns())? else {
                 return Err(ApiStatus::not_found(format!(
                     "namespaces \"{}\" not found",
                     self.ns()
@@ -883,24 +883,34 @@ impl Ctx<'_> {
                 "Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
             ))
         };
+        // First the object as this server has it in memory, at whatever
+        // version it has seen (kube-apiserver starts from its watch
+        // cache's copy too): the write is made only if the datastore still
+        // holds that version. On PostgreSQL another server may have written
+        // it since: on a conflict, or when memory lacks the object or holds
+        // another version than the client's, read the newest and go on
+        // from there. On SQLite memory is the datastore: the same read.
+        let mut min = Some(0);
         for _ in 0..ATTEMPTS {
-            // The newest: from memory on SQLite (memory is the datastore),
-            // read from PostgreSQL.
-            let current = self
-                .st
-                .store
-                .get_served(plural, self.ns(), name, None)?
-                .ok_or_else(|| self.not_found(name))?;
-            if expected.is_some_and(|e| util::rv_of(&current) != Some(e)) {
-                return Err(conflict());
-            }
+            let maybe_stale = min.is_some_and(|_| !self.st.store.serves_from_memory(None));
+            let current = self.st.store.get_served(plural, self.ns(), name, min)?;
+            let current = match current {
+                Some(c) if expected.is_none_or(|e| util::rv_of(&c) == Some(e)) => c,
+                _ if maybe_stale => {
+                    min = None;
+                    continue;
+                }
+                None => return Err(self.not_found(name)),
+                Some(_) => return Err(conflict()),
+            };
             let next = compute(&current)?;
             match self
                 .st
                 .store
                 .replace(plural, self.ns(), name, &current, next)
             {
-                Err(e) if e.code == 409 && expected.is_none() => continue,
+                Err(e) if e.code == 409 && expected.is_none() => min = None,
+                Err(e) if e.code == 404 && maybe_stale => min = None,
                 Err(e) if e.code == 404 => return Err(self.not_found(name)),
                 other => return other,
             }

@@ -496,6 +496,22 @@ impl Store {
         Ok(self.get(resource, ns, name)?.map(Arc::new))
     }
 
+    /// One object as this server has it in memory, at whatever version it
+    /// has seen (kube-apiserver's admission reads namespaces from its
+    /// informer cache so); read from the datastore when memory lacks it
+    /// and another server may have just created it.
+    pub fn get_seen(
+        &self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Value>>, ClusterError> {
+        match self.get_served(resource, ns, name, Some(0))? {
+            None if !self.serves_from_memory(None) => self.get_served(resource, ns, name, None),
+            seen => Ok(seen),
+        }
+    }
+
     /// Whether [`Store::get_served`] answers a read no older than `min`
     /// from memory (without waiting on the datastore).
     pub fn serves_from_memory(&self, min: Option<u64>) -> bool {

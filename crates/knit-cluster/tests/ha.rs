@@ -29,14 +29,11 @@ fn rv_of(v: &Value) -> u64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_servers_on_one_postgres_serve_the_same_cluster() {
-    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
-    let url = pg.create_database("cluster_ha").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
-    // One CA for both (as `knit up --ha` copies it): made by a first start
-    // on A's directory alone, without the database.
+/// Two servers on the database at `url`, with one CA (as `knit up --ha`
+/// copies it: made by a first start on A's directory alone, without the
+/// database), started at once.
+async fn two_servers(dir: &std::path::Path, url: &str) -> (EmbeddedCluster, EmbeddedCluster) {
+    let (dir_a, dir_b) = (dir.join("a"), dir.join("b"));
     drop(
         EmbeddedCluster::start(ClusterConfig::new(&dir_a, "127.0.0.1:0".parse().unwrap()))
             .await
@@ -46,12 +43,20 @@ async fn two_servers_on_one_postgres_serve_the_same_cluster() {
     for f in ["ca.crt", "ca.key"] {
         std::fs::copy(dir_a.join("pki").join(f), dir_b.join("pki").join(f)).unwrap();
     }
-    // Both start at once on the empty database (both create the namespaces).
     let (a, b) = tokio::join!(
-        EmbeddedCluster::start(config(&dir_a, &url)),
-        EmbeddedCluster::start(config(&dir_b, &url))
+        EmbeddedCluster::start(config(&dir_a, url)),
+        EmbeddedCluster::start(config(&dir_b, url))
     );
-    let (a, b) = (a.unwrap(), b.unwrap());
+    (a.unwrap(), b.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_postgres_serve_the_same_cluster() {
+    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
+    let url = pg.create_database("cluster_ha").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Both start at once on the empty database (both create the namespaces).
+    let (a, b) = two_servers(dir.path(), &url).await;
     assert_eq!(a.ca_pem(), b.ca_pem());
     let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
 
@@ -125,6 +130,84 @@ async fn two_servers_on_one_postgres_serve_the_same_cluster() {
     b.shutdown().await;
 }
 
+/// A write through one server just after another server's write of the
+/// same object: the first server's memory may lag (a node Lease renewal
+/// announces nothing), and an update starts from memory. It is made on
+/// the newest version all the same (nothing of the other write lost), a
+/// client's resourceVersion that memory has not seen yet is no conflict,
+/// and an older one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_through_a_server_whose_memory_lags_starts_from_the_newest() {
+    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
+    let url = pg.create_database("cluster_ha_lag").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_servers(dir.path(), &url).await;
+    let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
+    blocking(move || {
+        const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+        let lease = format!("{LEASES}/lagging");
+        let (code, created) = admin_a.post(
+            LEASES,
+            &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "lagging"},
+                    "spec": {"holderIdentity": "lagging", "leaseDurationSeconds": 40}}),
+        );
+        assert_eq!(code, 201, "{created}");
+        // Through B at once, with A's resourceVersion.
+        let mut next = created.clone();
+        next["spec"]["leaseDurationSeconds"] = json!(41);
+        let (code, by_b) = admin_b.put(&lease, &next);
+        assert_eq!(code, 200, "{by_b}");
+        assert!(rv_of(&by_b) > rv_of(&created));
+        for round in 0..5 {
+            // A changes one field, B at once another, without a version:
+            // B's change is made on top of A's.
+            let holder = format!("a-{round}");
+            let (code, by_a) = admin_a.patch(
+                &lease,
+                "application/merge-patch+json",
+                &json!({"spec": {"holderIdentity": holder}}),
+            );
+            assert_eq!(code, 200, "{by_a}");
+            let (code, by_b) = admin_b.patch(
+                &lease,
+                "application/merge-patch+json",
+                &json!({"spec": {"leaseTransitions": round}}),
+            );
+            assert_eq!(code, 200, "{by_b}");
+            assert_eq!(by_b["spec"]["holderIdentity"], holder.as_str(), "{by_b}");
+            assert_eq!(by_b["spec"]["leaseTransitions"], round, "{by_b}");
+            assert!(rv_of(&by_b) > rv_of(&by_a));
+            // A's newest version through B: no conflict; then the version
+            // before it: 409.
+            let (code, by_a) = admin_a.patch(
+                &lease,
+                "application/merge-patch+json",
+                &json!({"spec": {"leaseDurationSeconds": 40 + round}}),
+            );
+            assert_eq!(code, 200, "{by_a}");
+            let mut next = by_a.clone();
+            next["spec"]["renewTime"] = json!(format!("2026-12-04T00:00:0{round}.000000Z"));
+            let (code, put) = admin_b.put(&lease, &next);
+            assert_eq!(code, 200, "{put}");
+            let (code, stale) = admin_b.put(&lease, &next);
+            assert_eq!(code, 409, "{stale}");
+        }
+        let (code, gone) = admin_b.call("DELETE", &lease, None, None);
+        assert_eq!(code, 200, "{gone}");
+        // Through A at once: a patch of a deleted object is 404.
+        let (code, missing) = admin_a.patch(
+            &lease,
+            "application/merge-patch+json",
+            &json!({"spec": {"leaseTransitions": 9}}),
+        );
+        assert_eq!(code, 404, "{missing}");
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// Two servers on one database, both running the controllers: every Node
 /// gets its own pod CIDR whichever server allocates it, and evictions
 /// through both servers together take a budget's one disruption once.
@@ -133,21 +216,7 @@ async fn two_servers_share_pod_cidrs_and_disruption_budgets() {
     let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
     let url = pg.create_database("cluster_ha_pods").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
-    drop(
-        EmbeddedCluster::start(ClusterConfig::new(&dir_a, "127.0.0.1:0".parse().unwrap()))
-            .await
-            .unwrap(),
-    );
-    std::fs::create_dir_all(dir_b.join("pki")).unwrap();
-    for f in ["ca.crt", "ca.key"] {
-        std::fs::copy(dir_a.join("pki").join(f), dir_b.join("pki").join(f)).unwrap();
-    }
-    let (a, b) = tokio::join!(
-        EmbeddedCluster::start(config(&dir_a, &url)),
-        EmbeddedCluster::start(config(&dir_b, &url))
-    );
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, b) = two_servers(dir.path(), &url).await;
     let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
     blocking(move || {
         const PODS: &str = "/api/v1/namespaces/default/pods";

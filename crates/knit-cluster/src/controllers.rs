@@ -278,7 +278,9 @@ impl Controllers {
     // ---- CSR approver and signer ----
 
     pub fn reconcile_csr(&self, name: &str) -> Result<(), ClusterError> {
-        let Some(csr) = self.store.get(CSRS, "", name)? else {
+        // As this server has it (at least the change that woke this
+        // pass): every write below checks the stored object again.
+        let Some(csr) = self.store.get_seen(CSRS, "", name)? else {
             return Ok(());
         };
         let signer = csr["spec"]["signerName"].as_str().unwrap_or("");
@@ -307,6 +309,9 @@ impl Controllers {
         } else {
             None
         };
+        // Approved by this pass: recorded with the certificate, in one
+        // write (one round trip on PostgreSQL, one change for watchers).
+        let mut approved_now = None;
         if !has("Approved") {
             if signer != KUBELET_CLIENT_SIGNER {
                 return Ok(()); // an admin approves these by hand
@@ -316,13 +321,17 @@ impl Controllers {
                 Decision::Deny(why) => {
                     return self.add_condition(name, "Denied", "KnitDenied", &why)
                 }
-                Decision::Approve(why) => {
-                    self.add_condition(name, "Approved", "AutoApproved", &why)?
-                }
+                Decision::Approve(why) => approved_now = Some(why),
             }
         }
+        let fail = |why: &str| -> Result<(), ClusterError> {
+            if let Some(approved) = &approved_now {
+                self.add_condition(name, "Approved", "AutoApproved", approved)?;
+            }
+            self.add_condition(name, "Failed", "SignerValidationFailure", why)
+        };
         if let Some(problem) = subject_problem {
-            return self.add_condition(name, "Failed", "SignerValidationFailure", &problem);
+            return fail(&problem);
         }
         let mut ttl = self.cert_ttl;
         if let Some(s) = csr["spec"]["expirationSeconds"].as_u64() {
@@ -330,14 +339,7 @@ impl Controllers {
         }
         let cert = match self.ca.sign_client_csr(&pem, ttl) {
             Ok(c) => c,
-            Err(e) => {
-                return self.add_condition(
-                    name,
-                    "Failed",
-                    "SignerValidationFailure",
-                    &e.to_string(),
-                )
-            }
+            Err(e) => return fail(&e.to_string()),
         };
         // Recorded before it is handed out: deleting the Node revokes it.
         if let Some(c) = crate::pki::pem_cert_identity(&cert) {
@@ -345,6 +347,7 @@ impl Controllers {
                 self.store.record_node_cert(&c.serial, node, c.not_after)?;
             }
         }
+        let now = util::now_rfc3339();
         self.store
             .update(CSRS, "", name, None, |cur| {
                 // Another server sharing the datastore may have signed it
@@ -355,12 +358,24 @@ impl Controllers {
                 {
                     return Ok(cur.clone());
                 }
-                let mut next = cur.clone();
+                let mut next = match &approved_now {
+                    Some(why) => with_condition(cur, "Approved", "AutoApproved", why, &now)
+                        .unwrap_or_else(|| cur.clone()),
+                    None => cur.clone(),
+                };
                 util::field_mut(&mut next, "status")
                     .insert("certificate".into(), json!(STANDARD.encode(&cert)));
                 Ok(next)
             })
             .map_err(ClusterError::Api)?;
+        if let Some(why) = &approved_now {
+            tracing::info!(
+                csr = name,
+                condition = "Approved",
+                message = why,
+                "CSR decision"
+            );
+        }
         tracing::info!(csr = name, signer, "issued certificate");
         Ok(())
     }
@@ -438,21 +453,7 @@ impl Controllers {
         let now = util::now_rfc3339();
         self.store
             .update(CSRS, "", name, None, |cur| {
-                let mut next = cur.clone();
-                let status = util::field_mut(&mut next, "status");
-                let conds = status.entry("conditions").or_insert_with(|| json!([]));
-                if let Some(list) = conds.as_array_mut() {
-                    // Added once, whichever server sharing the datastore
-                    // decided first.
-                    if list.iter().any(|c| c["type"] == kind) {
-                        return Ok(cur.clone());
-                    }
-                    list.push(json!({
-                        "type": kind, "status": "True", "reason": reason, "message": message,
-                        "lastUpdateTime": now, "lastTransitionTime": now,
-                    }));
-                }
-                Ok(next)
+                Ok(with_condition(cur, kind, reason, message, &now).unwrap_or_else(|| cur.clone()))
             })
             .map_err(ClusterError::Api)?;
         tracing::info!(csr = name, condition = kind, message, "CSR decision");
@@ -738,6 +739,30 @@ enum Decision {
     Approve(String),
     Deny(String),
     Pending,
+}
+
+/// `csr` with a condition of type `kind` added (status True), or None when
+/// it has one of that type already: added once, whichever server sharing
+/// the datastore decided first.
+fn with_condition(
+    csr: &Value,
+    kind: &str,
+    reason: &str,
+    message: &str,
+    now: &str,
+) -> Option<Value> {
+    let mut next = csr.clone();
+    let status = util::field_mut(&mut next, "status");
+    let conds = status.entry("conditions").or_insert_with(|| json!([]));
+    let list = conds.as_array_mut()?;
+    if list.iter().any(|c| c["type"] == kind) {
+        return None;
+    }
+    list.push(json!({
+        "type": kind, "status": "True", "reason": reason, "message": message,
+        "lastUpdateTime": now, "lastTransitionTime": now,
+    }));
+    Some(next)
 }
 
 fn util_cn(csr: &Value) -> String {

@@ -395,10 +395,12 @@ impl Controllers {
             if let Some(p) = subject_problem {
                 return Decision::Deny(p.to_string());
             }
+            // As this server has it: the CSR's creator was authenticated
+            // with the token read from the datastore.
             let secret =
                 match self
                     .store
-                    .get("secrets", "kube-system", &tokens::secret_name(token_id))
+                    .get_seen("secrets", "kube-system", &tokens::secret_name(token_id))
                 {
                     Ok(Some(s)) => s,
                     Ok(None) => {
@@ -515,7 +517,9 @@ impl Controllers {
             // A token whose node has registered is spent (a missed change,
             // or a Node registered through another server).
             let joined = match tokens::bound_node(&s) {
-                Some(node) => self.store.get("nodes", "", node)?.is_some(),
+                // Memory is enough: a Node it has not seen yet, the next
+                // sweep sees.
+                Some(node) => self.store.get_served("nodes", "", node, Some(0))?.is_some(),
                 None => false,
             };
             if expired || joined {

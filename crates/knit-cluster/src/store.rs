@@ -434,8 +434,9 @@ impl Store {
         node: &str,
         not_after: i64,
     ) -> Result<(), ClusterError> {
+        // One round trip on PostgreSQL: the statement goes with the commit.
         self.core.db.write(|tx| -> Result<(), ClusterError> {
-            tx.execute(
+            tx.execute_then_commit(
                 "INSERT INTO kube_node_certs (serial, node, not_after) VALUES (?1, ?2, ?3) ON CONFLICT (serial) DO NOTHING",
                 params![serial, node, not_after],
             )?;

@@ -29,10 +29,42 @@ fn rv_of(v: &Value) -> u64 {
         .unwrap()
 }
 
-/// Two servers on the database at `url`, with one CA (as `knit up --ha`
-/// copies it: made by a first start on A's directory alone, without the
-/// database), started at once.
-async fn two_servers(dir: &std::path::Path, url: &str) -> (EmbeddedCluster, EmbeddedCluster) {
+/// Two servers on a database of their own on a PostgreSQL server of
+/// their own, with one CA (as `knit up --ha` copies it: made by a first
+/// start on A's directory alone, without the database), started at once.
+struct TwoServers {
+    a: EmbeddedCluster,
+    b: EmbeddedCluster,
+    _dir: tempfile::TempDir,
+    _pg: TestPostgres,
+}
+
+impl TwoServers {
+    async fn start(database: &str) -> TwoServers {
+        let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
+        let url = pg.create_database(database).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = start_two(dir.path(), &url).await;
+        TwoServers {
+            a,
+            b,
+            _dir: dir,
+            _pg: pg,
+        }
+    }
+
+    fn admins(&self) -> (Client, Client) {
+        (Client::admin(&self.a), Client::admin(&self.b))
+    }
+
+    /// Both servers ended before their database.
+    async fn shutdown(self) {
+        self.a.shutdown().await;
+        self.b.shutdown().await;
+    }
+}
+
+async fn start_two(dir: &std::path::Path, url: &str) -> (EmbeddedCluster, EmbeddedCluster) {
     let (dir_a, dir_b) = (dir.join("a"), dir.join("b"));
     drop(
         EmbeddedCluster::start(ClusterConfig::new(&dir_a, "127.0.0.1:0".parse().unwrap()))
@@ -52,13 +84,10 @@ async fn two_servers(dir: &std::path::Path, url: &str) -> (EmbeddedCluster, Embe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_on_one_postgres_serve_the_same_cluster() {
-    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
-    let url = pg.create_database("cluster_ha").unwrap();
-    let dir = tempfile::tempdir().unwrap();
     // Both start at once on the empty database (both create the namespaces).
-    let (a, b) = two_servers(dir.path(), &url).await;
-    assert_eq!(a.ca_pem(), b.ca_pem());
-    let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
+    let ha = TwoServers::start("cluster_ha").await;
+    assert_eq!(ha.a.ca_pem(), ha.b.ca_pem());
+    let (admin_a, admin_b) = ha.admins();
 
     blocking(move || {
         let (code, list) = admin_b.get(CMS);
@@ -126,8 +155,7 @@ async fn two_servers_on_one_postgres_serve_the_same_cluster() {
         assert_eq!(from_a[2]["object"], events[2]["object"]);
     })
     .await;
-    a.shutdown().await;
-    b.shutdown().await;
+    ha.shutdown().await;
 }
 
 /// A write through one server just after another server's write of the
@@ -138,11 +166,8 @@ async fn two_servers_on_one_postgres_serve_the_same_cluster() {
 /// and an older one is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_through_a_server_whose_memory_lags_starts_from_the_newest() {
-    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
-    let url = pg.create_database("cluster_ha_lag").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_servers(dir.path(), &url).await;
-    let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
+    let ha = TwoServers::start("cluster_ha_lag").await;
+    let (admin_a, admin_b) = ha.admins();
     blocking(move || {
         const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
         let lease = format!("{LEASES}/lagging");
@@ -204,8 +229,7 @@ async fn an_update_through_a_server_whose_memory_lags_starts_from_the_newest() {
         assert_eq!(code, 404, "{missing}");
     })
     .await;
-    a.shutdown().await;
-    b.shutdown().await;
+    ha.shutdown().await;
 }
 
 /// Two servers on one database, both running the controllers: every Node
@@ -213,11 +237,8 @@ async fn an_update_through_a_server_whose_memory_lags_starts_from_the_newest() {
 /// through both servers together take a budget's one disruption once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_share_pod_cidrs_and_disruption_budgets() {
-    let pg = TestPostgres::start().expect("a PostgreSQL server for the test");
-    let url = pg.create_database("cluster_ha_pods").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_servers(dir.path(), &url).await;
-    let (admin_a, admin_b) = (Client::admin(&a), Client::admin(&b));
+    let ha = TwoServers::start("cluster_ha_pods").await;
+    let (admin_a, admin_b) = ha.admins();
     blocking(move || {
         const PODS: &str = "/api/v1/namespaces/default/pods";
         const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
@@ -292,6 +313,5 @@ async fn two_servers_share_pod_cidrs_and_disruption_budgets() {
         assert_eq!(p["status"]["disruptionsAllowed"], 0, "{p}");
     })
     .await;
-    a.shutdown().await;
-    b.shutdown().await;
+    ha.shutdown().await;
 }

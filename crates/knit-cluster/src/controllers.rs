@@ -23,8 +23,10 @@ pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 const CSRS: &str = "certificatesigningrequests";
 /// How often expired tokens are removed and cluster-info re-signed.
 const TOKEN_SWEEP: Duration = Duration::from_secs(30);
-/// Budget status work is batched over this long after a change.
-const BUDGET_BATCH: Duration = Duration::from_millis(200);
+/// Budget status work, and cluster-info's signatures, are batched over
+/// this long after a change: a burst of changes is one pass (1,000 tokens
+/// minted for a scale-out were 1,000 passes, each signing every token).
+const BATCH: Duration = Duration::from_millis(200);
 /// Every budget is computed again this often (evictions whose pod was not
 /// deleted expire), and pods bound to missing nodes are looked for.
 const BUDGET_RECHECK: Duration = Duration::from_secs(10);
@@ -43,8 +45,6 @@ pub struct Controllers {
 enum ChangeStep {
     /// A CSR added or changed: approve and sign, or deny.
     Csr,
-    /// A kube-system Secret: the cluster-info ConfigMap follows the tokens.
-    ClusterInfo,
     /// A Node registered: its bootstrap tokens retired, a pod CIDR given.
     NodeAdded,
     /// A Node without a pod CIDR: one given.
@@ -63,7 +63,6 @@ enum ChangeStep {
 fn change_step(c: &Change, cidrs_full: bool) -> Option<ChangeStep> {
     match (c.resource.as_str(), c.kind) {
         (CSRS, EventType::Added | EventType::Modified) => Some(ChangeStep::Csr),
-        ("secrets", _) if c.namespace == "kube-system" => Some(ChangeStep::ClusterInfo),
         ("nodes", EventType::Added) => Some(ChangeStep::NodeAdded),
         ("nodes", EventType::Modified) if !cidrs_full && !ipam::has_pod_cidr(&c.object) => {
             Some(ChangeStep::PodCidr)
@@ -76,6 +75,12 @@ fn change_step(c: &Change, cidrs_full: bool) -> Option<ChangeStep> {
         ("nodes", EventType::Deleted) => Some(ChangeStep::NodeDeleted),
         _ => None,
     }
+}
+
+/// Whether `c` may change which tokens sign cluster-info (a kube-system
+/// Secret): its signatures are made again in the next batch.
+fn touches_cluster_info(c: &Change) -> bool {
+    c.resource == "secrets" && c.namespace == "kube-system"
 }
 
 impl Controllers {
@@ -92,8 +97,12 @@ impl Controllers {
         // Namespaces whose budgets need their status computed again,
         // batched: a burst of pod changes is one pass.
         let mut dirty: HashSet<String> = HashSet::new();
-        let mut budget_tick = tokio::time::interval(BUDGET_BATCH);
+        let mut budget_tick = tokio::time::interval(BATCH);
         budget_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A token was added or removed since cluster-info was last signed.
+        let mut unsigned = false;
+        let mut sign_tick = tokio::time::interval(BATCH);
+        sign_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut recheck_tick = tokio::time::interval(BUDGET_RECHECK);
         recheck_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut orphans = HashMap::new();
@@ -119,6 +128,12 @@ impl Controllers {
                         }
                         Ok(())
                     })
+                }
+                _ = sign_tick.tick(), if unsigned => {
+                    let r = tokio::task::block_in_place(|| self.sync_cluster_info());
+                    // Failed: tried again in the next batch.
+                    unsigned = r.is_err();
+                    r
                 }
                 _ = recheck_tick.tick() => tokio::task::block_in_place(|| {
                     dirty.extend(pod_controllers::budget_namespaces(&self.store)?);
@@ -154,6 +169,7 @@ impl Controllers {
                         if pod_controllers::affects_budgets(&c.resource) {
                             dirty.insert(c.namespace.clone());
                         }
+                        unsigned |= touches_cluster_info(&c);
                         // Most changes (a Lease renewed, a pod's status)
                         // need no store work: no hand-off of this worker
                         // for them (100 a second at 1,000 nodes).
@@ -197,7 +213,6 @@ impl Controllers {
         let none = |r: Result<(), ClusterError>| r.map(|()| None);
         match step {
             ChangeStep::Csr => none(self.reconcile_csr(&c.name)),
-            ChangeStep::ClusterInfo => none(self.sync_cluster_info()),
             ChangeStep::NodeAdded => {
                 self.retire_tokens_of(&c.name)?;
                 if ipam::has_pod_cidr(&c.object) || cidrs_full {
@@ -695,6 +710,32 @@ impl NodeView {
     }
 }
 
+/// Adds `token`'s signature to cluster-info, so that its holder can
+/// discover the cluster at once: one entry written, not every token signed
+/// again (the controllers' next batch makes the whole set, the token's
+/// Secret being a change). Without a cluster-info yet, the whole is made.
+pub fn sign_cluster_info_for(
+    store: &Store,
+    ca: &Ca,
+    endpoint: &str,
+    token: &tokens::BootstrapToken,
+) -> Result<(), ClusterError> {
+    let kubeconfig = tokens::cluster_info_kubeconfig(endpoint, ca.cert_pem());
+    let jws = tokens::jws_detached(&kubeconfig, &token.id, &token.secret);
+    let signed = store.update("configmaps", "kube-public", "cluster-info", None, |cur| {
+        let mut next = cur.clone();
+        let data = util::field_mut(&mut next, "data");
+        data.insert("kubeconfig".into(), json!(kubeconfig));
+        data.insert(format!("jws-kubeconfig-{}", token.id), json!(jws));
+        Ok(next)
+    });
+    match signed {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 404 => sync_cluster_info(store, ca, endpoint),
+        Err(e) => Err(ClusterError::Api(e)),
+    }
+}
+
 /// Rewrite `kube-public/cluster-info`: the kubeconfig and one JWS per
 /// signing-enabled token.
 pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), ClusterError> {
@@ -952,9 +993,15 @@ mod tests {
         let csr = change(CSRS, "", EventType::Added, json!({}));
         assert_eq!(change_step(&csr, false), Some(ChangeStep::Csr));
         let token = change("secrets", "kube-system", EventType::Added, json!({}));
-        assert_eq!(change_step(&token, false), Some(ChangeStep::ClusterInfo));
+        assert_eq!(
+            change_step(&token, false),
+            None,
+            "a token's cluster-info signature is made in a batch"
+        );
+        assert!(touches_cluster_info(&token));
         let other_secret = change("secrets", "default", EventType::Added, json!({}));
         assert_eq!(change_step(&other_secret, false), None);
+        assert!(!touches_cluster_info(&other_secret));
         let going = json!({"metadata": {"deletionTimestamp": "2026-12-04T09:00:00Z"}});
         let ns = change("namespaces", "", EventType::Modified, going);
         assert_eq!(change_step(&ns, false), Some(ChangeStep::FinishNamespace));

@@ -483,7 +483,7 @@ impl EmbeddedCluster {
             tokens::token_secret(&token, extra_groups),
         )?;
         // Signed now, so the holder can discover the cluster at once.
-        controllers::sync_cluster_info(&self.store, &self.ca, &self.endpoint)?;
+        controllers::sign_cluster_info_for(&self.store, &self.ca, &self.endpoint, &token)?;
         Ok(token)
     }
 

@@ -235,6 +235,20 @@ async fn bootstrap_tokens_are_bound_once_and_end_when_their_node_joins() {
         let secret =
             |id: &str| format!("/api/v1/namespaces/kube-system/secrets/bootstrap-token-{id}");
         assert_eq!(admin.get(&secret(&gone.id)).0, 404);
+        // cluster-info is signed for the tokens there are (made again in
+        // the controllers' next batch after a token is added or removed).
+        let anon = Client::new(&ep, &ca, Who::Anonymous);
+        let signed_for = |id: &str| {
+            let (code, ci) = anon.get("/api/v1/namespaces/kube-public/configmaps/cluster-info");
+            assert_eq!(code, 200, "{ci}");
+            ci["data"][format!("jws-kubeconfig-{id}")].is_string()
+        };
+        assert!(signed_for(&unbound.id));
+        wait_for(
+            "the revoked token's signature removed",
+            Duration::from_secs(20),
+            || (!signed_for(&gone.id)).then_some(()),
+        );
         let (code, st) = Client::new(&ep, &ca, Who::Token(&gone.token()))
             .get("/apis/certificates.k8s.io/v1/certificatesigningrequests");
         assert_eq!(code, 401, "a revoked token: {st}");
@@ -301,6 +315,11 @@ async fn bootstrap_tokens_are_bound_once_and_end_when_their_node_joins() {
             "the joined node's token deleted",
             Duration::from_secs(20),
             || (admin.get(&secret(&unbound.id)).0 == 404).then_some(()),
+        );
+        wait_for(
+            "the spent token's signature removed",
+            Duration::from_secs(20),
+            || (!signed_for(&unbound.id)).then_some(()),
         );
         let (pem3, _) = csr("system:node:m1", &["system:nodes"]);
         let (code, st) = boot.post(CSRS, &csr_object(&pem3, KUBELET));

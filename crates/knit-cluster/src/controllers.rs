@@ -363,14 +363,16 @@ impl Controllers {
             }
         }
         let now = util::now_rfc3339();
+        // Whether this pass's certificate was written (not another's kept).
+        let mut ours = false;
         self.store
             .update(CSRS, "", name, None, |cur| {
                 // Another server sharing the datastore may have signed it
                 // first: its certificate stays (the kubelet may hold it).
-                if cur["status"]["certificate"]
+                ours = cur["status"]["certificate"]
                     .as_str()
-                    .is_some_and(|c| !c.is_empty())
-                {
+                    .is_none_or(str::is_empty);
+                if !ours {
                     return Ok(cur.clone());
                 }
                 let mut next = match &approved_now {
@@ -383,6 +385,13 @@ impl Controllers {
                 Ok(next)
             })
             .map_err(ClusterError::Api)?;
+        if !ours {
+            tracing::debug!(
+                csr = name,
+                "another server issued its certificate first: that one is kept"
+            );
+            return Ok(());
+        }
         if let Some(why) = &approved_now {
             tracing::info!(
                 csr = name,

@@ -81,6 +81,12 @@ pub fn shim_main(spec_path: &Path) -> i32 {
         }
         Ok(ForkResult::Child) => pid1(&spec),
         Ok(ForkResult::Parent { child }) => {
+            // A test's stand-in for a shim descheduled right after fork.
+            crate::pause::delay_if_set(
+                "KNIT_LOCAL_DELAY_AT",
+                "shim-pid",
+                std::time::Duration::from_millis(1500),
+            );
             say(&format!("pid {child}"));
             stdout_to_stderr();
             let status = loop {

@@ -27,6 +27,14 @@ pub fn hold_if_set(env: &str, point: &str, announce: &str) {
     }
 }
 
+/// When `env` names `point`: sleeps `for_how_long`, so a test can widen a
+/// race window; returns at once otherwise.
+pub fn delay_if_set(env: &str, point: &str, for_how_long: Duration) {
+    if is_set(env, point) {
+        std::thread::sleep(for_how_long);
+    }
+}
+
 /// The local cloud's crash-test points: `KNIT_LOCAL_PAUSE_AFTER=step`
 /// stops here until killed.
 pub(crate) fn checkpoint(step: &str) {

@@ -452,6 +452,23 @@ fn a_client_token_makes_one_instance() {
 
 /// PID 1 killed from outside (a host crash, an OOM kill): the record still
 /// says running, `alive` says otherwise, and start brings it back intact.
+/// PID 1 may say `ready` before the shim, descheduled after fork, names
+/// it: the boot still records PID 1, so commands run in the instance (on
+/// a loaded CI host the instance once ran with no init on record, and every
+/// exec in it was refused as "its init is gone").
+#[test]
+fn an_init_named_after_it_said_ready_is_recorded() {
+    // nextest runs each test in its own process: only this test's boots
+    // see the variable.
+    std::env::set_var("KNIT_LOCAL_DELAY_AT", "shim-pid");
+    let t = TestCloud::new();
+    let inst = t.create("systemDiskSize: 256Mi\n");
+    let id = inst.record.id.clone();
+    let init = inst.record.init.expect("PID 1 on record");
+    assert!(init.alive());
+    assert_eq!(t.sh(&id, "echo ok"), "ok\n");
+}
+
 #[test]
 fn an_instance_whose_init_died_can_be_started_again() {
     let t = TestCloud::new();

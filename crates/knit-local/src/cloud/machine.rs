@@ -241,27 +241,12 @@ impl Cloud {
             id: rec.id.clone(),
             message: format!("{message} (console: {})", console.display()),
         };
-        let mut init = None;
-        loop {
-            let left = BOOT_TIMEOUT.saturating_sub(started.elapsed());
-            match rx.recv_timeout(left) {
-                Ok(Some(line)) => {
-                    if let Some(pid) = line
-                        .strip_prefix("pid ")
-                        .and_then(|p| p.trim().parse().ok())
-                    {
-                        init = ProcRef::of(pid);
-                    } else if line == "ready" {
-                        break;
-                    } else if let Some(msg) = line.strip_prefix("error ") {
-                        return Err(fail(msg.to_string()));
-                    }
-                }
-                Ok(None) => return Err(fail("init exited before it was ready".into())),
-                Err(_) => return Err(fail(format!("not ready after {}s", BOOT_TIMEOUT.as_secs()))),
-            }
-        }
-        rec.init = init;
+        let pid =
+            init_handshake(|| rx.recv_timeout(BOOT_TIMEOUT.saturating_sub(started.elapsed())))
+                .map_err(&fail)?;
+        let init = ProcRef::of(pid)
+            .ok_or_else(|| fail(format!("init (pid {pid}) ended right after it was ready")))?;
+        rec.init = Some(init);
         rec.state = InstanceState::Running;
         rec.boots += 1;
         rec.last_boot_ms = Some(started.elapsed().as_millis() as u64);
@@ -734,6 +719,38 @@ pub(super) fn hostname_script(name: &str, ip: &str, old: &str) -> Result<String>
         .map_err(|e| LocalError::invalid("hostname", format!("{name:?}"), e.rule))
 }
 
+/// Reads the boot shim's handshake (`crate::boot`): the `pid N` line of
+/// the shim and the `ready` line of PID 1 come from two processes on one
+/// pipe, in either order (PID 1 may finish its setup before the shim, just
+/// back from fork, has written its line), so both are awaited. `next`
+/// gives the next line, `None` at the end of the pipe, `Err` once the boot
+/// timeout has passed. Returns PID 1's host pid, or the failure's message.
+fn init_handshake(
+    mut next: impl FnMut() -> std::result::Result<Option<String>, mpsc::RecvTimeoutError>,
+) -> std::result::Result<i32, String> {
+    let (mut pid, mut ready) = (None, false);
+    while pid.is_none() || !ready {
+        match next() {
+            Ok(Some(line)) => {
+                if let Some(p) = line
+                    .strip_prefix("pid ")
+                    .and_then(|p| p.trim().parse().ok())
+                {
+                    pid = Some(p);
+                } else if line == "ready" {
+                    ready = true;
+                } else if let Some(msg) = line.strip_prefix("error ") {
+                    return Err(msg.to_string());
+                }
+            }
+            Ok(None) if ready => return Err("the boot shim ended without naming PID 1".into()),
+            Ok(None) => return Err("init exited before it was ready".into()),
+            Err(_) => return Err(format!("not ready after {}s", BOOT_TIMEOUT.as_secs())),
+        }
+    }
+    pid.ok_or_else(|| "no PID 1".into())
+}
+
 /// SIGKILLs every process `list` names until it names none (a process can
 /// fork while its siblings die, so one pass is not enough), for at most
 /// [`KILL_ROUNDS`] rounds; each pid killed goes into `killed`.
@@ -782,6 +799,37 @@ mod tests {
         }
         let e = hostname_script("a\0b", "10.0.0.1", "old").unwrap_err();
         assert!(e.to_string().contains("NUL"), "{e}");
+    }
+
+    /// The shim's `pid N` and PID 1's `ready` are taken in either order:
+    /// PID 1 can say `ready` before the shim, descheduled after fork, names
+    /// it (a loaded host; the instance then ran with no init on record and
+    /// every exec in it was refused as "its init is gone").
+    #[test]
+    fn the_init_handshake_takes_pid_and_ready_in_either_order() {
+        let feed = |lines: &[&str]| {
+            let mut it = lines
+                .iter()
+                .map(|l| Some(l.to_string()))
+                .collect::<Vec<_>>()
+                .into_iter();
+            init_handshake(move || Ok(it.next().flatten()))
+        };
+        assert_eq!(feed(&["pid 42", "ready"]), Ok(42));
+        assert_eq!(feed(&["ready", "pid 42"]), Ok(42));
+        assert_eq!(feed(&["noise", "ready", "more", "pid 7"]), Ok(7));
+        let ended = feed(&["ready"]).unwrap_err();
+        assert!(ended.contains("without naming PID 1"), "{ended}");
+        assert_eq!(
+            feed(&["pid 42"]),
+            Err("init exited before it was ready".to_string())
+        );
+        assert_eq!(
+            feed(&["pid 42", "error mount failed"]),
+            Err("mount failed".to_string())
+        );
+        let late = init_handshake(|| Err(mpsc::RecvTimeoutError::Timeout)).unwrap_err();
+        assert!(late.starts_with("not ready after"), "{late}");
     }
 
     /// Every process the list names is killed, then the list comes back

@@ -913,6 +913,14 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
+        // A failed assertion says what the test saw; the server's side of
+        // it is in its log, which goes with the directory.
+        if std::thread::panicking() {
+            let log = self.server_log_tail();
+            if !log.is_empty() {
+                eprintln!("server log (tail):\n{log}");
+            }
+        }
         // Our children first, reaped; then the rest, as on SIGTERM.
         self.kill_server();
         if let Some(mut reg) = self.registry.take() {

@@ -5,8 +5,9 @@
 //! Runs in a freshly exec'd, single-threaded helper process (`knit-local
 //! __boot`), already in the instance's network, UTS and IPC namespaces and
 //! with a new PID namespace pending for its children (set up by the host in
-//! `pre_exec`). Protocol on stdout: `pid N` (PID 1 as seen by the host),
-//! then `ready` or `error MESSAGE`.
+//! `pre_exec`). Protocol on stdout: the shim's `pid N` (PID 1 as seen by
+//! the host) and PID 1's `ready` or `error MESSAGE`; two processes write
+//! them, so they come in either order.
 
 use crate::error::{IoContext, Result, SysContext};
 use crate::loopdev::LoopDev;

@@ -150,7 +150,7 @@ impl ShutdownHandle {
 /// short (a Lease update, a Node read; the datastore's waits are handed
 /// off through the blocking pool or `block_in_place`), and with two, each
 /// of a kubelet's requests woke the idle worker only for it to park again
-/// — 1,000 heartbeating nodes cost 17–21 % less CPU on one worker, with
+/// — 1,000 heartbeating nodes cost 10–21 % less CPU on one worker, with
 /// the same join and list latencies (docs/benchmarks.md).
 const API_WORKERS: usize = 1;
 /// Threads for store work (SQLite, patches) at most; more requests wait.

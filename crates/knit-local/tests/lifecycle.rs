@@ -450,8 +450,6 @@ fn a_client_token_makes_one_instance() {
     assert!(bad.contains("clientToken"), "{bad}");
 }
 
-/// PID 1 killed from outside (a host crash, an OOM kill): the record still
-/// says running, `alive` says otherwise, and start brings it back intact.
 /// PID 1 may say `ready` before the shim, descheduled after fork, names
 /// it: the boot still records PID 1, so commands run in the instance (on
 /// a loaded CI host the instance once ran with no init on record, and every
@@ -469,6 +467,8 @@ fn an_init_named_after_it_said_ready_is_recorded() {
     assert_eq!(t.sh(&id, "echo ok"), "ok\n");
 }
 
+/// PID 1 killed from outside (a host crash, an OOM kill): the record still
+/// says running, `alive` says otherwise, and start brings it back intact.
 #[test]
 fn an_instance_whose_init_died_can_be_started_again() {
     let t = TestCloud::new();

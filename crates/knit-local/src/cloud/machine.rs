@@ -729,7 +729,10 @@ fn init_handshake(
     mut next: impl FnMut() -> std::result::Result<Option<String>, mpsc::RecvTimeoutError>,
 ) -> std::result::Result<i32, String> {
     let (mut pid, mut ready) = (None, false);
-    while pid.is_none() || !ready {
+    loop {
+        if let (Some(pid), true) = (pid, ready) {
+            return Ok(pid);
+        }
         match next() {
             Ok(Some(line)) => {
                 if let Some(p) = line
@@ -748,7 +751,6 @@ fn init_handshake(
             Err(_) => return Err(format!("not ready after {}s", BOOT_TIMEOUT.as_secs())),
         }
     }
-    pid.ok_or_else(|| "no PID 1".into())
 }
 
 /// SIGKILLs every process `list` names until it names none (a process can
@@ -808,12 +810,8 @@ mod tests {
     #[test]
     fn the_init_handshake_takes_pid_and_ready_in_either_order() {
         let feed = |lines: &[&str]| {
-            let mut it = lines
-                .iter()
-                .map(|l| Some(l.to_string()))
-                .collect::<Vec<_>>()
-                .into_iter();
-            init_handshake(move || Ok(it.next().flatten()))
+            let mut it = lines.iter().map(|l| l.to_string());
+            init_handshake(move || Ok(it.next()))
         };
         assert_eq!(feed(&["pid 42", "ready"]), Ok(42));
         assert_eq!(feed(&["ready", "pid 42"]), Ok(42));

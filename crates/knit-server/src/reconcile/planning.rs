@@ -304,19 +304,21 @@ impl ControlPlane {
         let version = self.cluster_doc()?.spec.kubernetes_version;
         for record in self.store.pools()? {
             let current = knit_api::update::pool_template_hash(&record.pool.spec, &version);
-            let hashes = self
+            let counts = self
                 .store
-                .instance_hashes(Some(&record.pool.metadata.name))?;
-            let instances = self.store.instances(Some(&record.pool.metadata.name))?;
-            let rolling = instances
+                .instance_template_counts(&record.pool.metadata.name, &current)?;
+            let (counted, out_of_date) = counts
                 .iter()
-                .any(|i| counts_toward_pool(&i.state) && !up_to_date(i, &hashes, &current));
+                .filter(|(state, _)| counts_toward_pool(state))
+                .fold((0, 0), |(n, old), (_, c)| {
+                    (n + c.instances, old + c.out_of_date)
+                });
             let desired = if record.deleting {
                 0
             } else {
-                record.pool.spec.replicas
+                record.pool.spec.replicas.max(0)
             };
-            if rolling || more_than(&instances, desired) {
+            if out_of_date > 0 || counted > desired {
                 return Ok(true);
             }
         }

@@ -48,7 +48,7 @@ pub use intents::IntentRecord;
 pub use leader::{Lease, ServerRecord};
 pub use nodes::{nodes_by_instance, NodeRecord, TimelineEntry, MAX_TIMELINE_PER_NODE};
 pub use pools::{PoolCounts, PoolRecord};
-pub use rollouts::{PoolRevision, RolloutStop, REVISION_HISTORY_LIMIT};
+pub use rollouts::{PoolRevision, RolloutStop, TemplateCount, REVISION_HISTORY_LIMIT};
 pub use snapshots::{BuildStep, SnapshotBuildRecord, SnapshotRecord};
 pub use tokens::{Enrollment, JoinTokenRecord, Redeem};
 

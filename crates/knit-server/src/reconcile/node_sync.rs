@@ -353,12 +353,6 @@ impl ControlPlane {
             .map(|p| (p.pool.metadata.name.clone(), p))
             .collect();
         let cluster = self.cluster_doc()?;
-        let instance_types: HashMap<String, String> = self
-            .store
-            .instances(None)?
-            .into_iter()
-            .map(|i| (i.name, i.instance_type))
-            .collect();
         let zone = self.provider.as_ref().and_then(|p| p.default_zone());
 
         let mut fingerprint = 0xcbf2_9ce4_8422_2325_u64;
@@ -376,6 +370,13 @@ impl ControlPlane {
         if !due(&state_dir, fingerprint, now) {
             return Ok(());
         }
+        // Read only when due: every instance, for its type.
+        let instance_types: HashMap<String, String> = self
+            .store
+            .instances(None)?
+            .into_iter()
+            .map(|i| (i.name, i.instance_type))
+            .collect();
 
         let metas: HashMap<String, NodeMeta> = crate::provider::within(
             "cluster",

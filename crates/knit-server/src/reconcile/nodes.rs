@@ -21,16 +21,16 @@ impl ControlPlane {
         if statuses.is_empty() {
             return Ok(());
         }
-        for node in self.store.nodes()? {
+        for (name, recorded) in self.store.node_statuses()? {
             // The cluster gives the three words of knit_api::state::NodeStatus; another is no news.
             let Some(status) = statuses
-                .get(&node.name)
+                .get(&name)
                 .and_then(|s| s.parse::<knit_api::state::NodeStatus>().ok())
             else {
                 continue;
             };
-            if status != node.status {
-                self.store.set_node_status(&node.name, status)?;
+            if status != recorded {
+                self.store.set_node_status(&name, status)?;
                 let kind = if status == knit_api::state::NodeStatus::Ready {
                     EventType::Normal
                 } else {
@@ -39,9 +39,9 @@ impl ControlPlane {
                 self.store.add_event(
                     kind,
                     "Node",
-                    &node.name,
+                    &name,
                     &format!("Node{status}"),
-                    &format!("{} -> {status}", node.status),
+                    &format!("{recorded} -> {status}"),
                 )?;
             }
         }

@@ -338,19 +338,24 @@ impl ControlPlane {
         let mut jobs = Vec::new();
         let mut paused_noted = false;
         // The nodes a rollout takes out now: out-of-date ones being
-        // removed, and ones updated in place.
-        let current = crate::pools::rollout::current_hash(self, &pool.spec)?;
-        let hashes = self.store.instance_hashes(Some(&pool.metadata.name))?;
-        let updating = crate::reconcile::in_place::updating();
-        let taken_out = instances
-            .iter()
-            .filter(|i| {
-                (i.state == InstanceState::Deleting
-                    && !crate::pool_state::up_to_date(i, &hashes, &current))
-                    || (crate::pool_state::counts_toward_pool(&i.state)
-                        && updating.contains(&i.name))
-            })
-            .count();
+        // removed, and ones updated in place. Only asked with a node
+        // unhealthy (without one nothing is decided), not every pass.
+        let taken_out = if views.iter().any(|v| unhealthy(policy, v.health, now)) {
+            let current = crate::pools::rollout::current_hash(self, &pool.spec)?;
+            let hashes = self.store.instance_hashes(Some(&pool.metadata.name))?;
+            let updating = crate::reconcile::in_place::updating();
+            instances
+                .iter()
+                .filter(|i| {
+                    (i.state == InstanceState::Deleting
+                        && !crate::pool_state::up_to_date(i, &hashes, &current))
+                        || (crate::pool_state::counts_toward_pool(&i.state)
+                            && updating.contains(&i.name))
+                })
+                .count()
+        } else {
+            0
+        };
         for step in decide_with(policy, pool_size, &views, taken_out, now) {
             match step {
                 RepairStep::Hold {

@@ -198,9 +198,9 @@ impl ControlPlane {
         let mut reads = tokio::task::JoinSet::new();
         let candidates: Vec<NodeRecord> = self
             .store
-            .nodes()?
+            .nodes_without_user_data()?
             .into_iter()
-            .filter(|n| n.user_data.is_none() && n.initialized())
+            .filter(|n| n.initialized())
             .filter(|n| unreadable_due(&n.name, now))
             .take(20)
             .collect();

@@ -156,7 +156,31 @@ impl Store {
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY created_ms");
+        self.nodes_where("TRUE")
+    }
+
+    /// The nodes whose user-data outcome is not recorded yet: the
+    /// reconciler looks for these every pass, and once every node has one
+    /// (the steady state) the answer is empty without a row read.
+    pub fn nodes_without_user_data(&self) -> Result<Vec<NodeRecord>> {
+        self.nodes_where("user_data IS NULL")
+    }
+
+    /// Each node's name and recorded status: what the reconciler compares
+    /// with the cluster's every pass, without the rest of every row.
+    pub fn node_statuses(&self) -> Result<Vec<(String, NodeStatus)>> {
+        self.read(|tx| {
+            tx.query("SELECT name, status FROM nodes", &[])?
+                .iter()
+                .map(|r| Ok((r.get(0)?, word(r, 1)?)))
+                .collect()
+        })
+    }
+
+    /// The nodes `condition` (SQL over the nodes table, never user input)
+    /// holds for, oldest first.
+    fn nodes_where(&self, condition: &str) -> Result<Vec<NodeRecord>> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE {condition} ORDER BY created_ms");
         let mut rows = self.read(|tx| {
             tx.query(&sql, &[])?
                 .iter()
@@ -210,5 +234,58 @@ impl Store {
             })
             .collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use knit_api::state::NodeStatus;
+    use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
+
+    #[test]
+    fn statuses_and_nodes_awaiting_user_data_come_from_their_own_reads() {
+        crate::store::testing::each_store(|store| {
+            store
+                .insert_pool(&NodePool::new("p", NodePoolSpec::default()))
+                .unwrap();
+            let made: Vec<(String, String)> = ["p-a", "p-b"]
+                .iter()
+                .map(|n| (n.to_string(), "t".to_string()))
+                .collect();
+            store.add_create_intents("p", &made).unwrap();
+            for (instance, node) in [("p-a", "na"), ("p-b", "nb")] {
+                let record = store.instance(instance).unwrap().unwrap();
+                let done = PhaseEvent {
+                    node: node.into(),
+                    instance_id: instance.into(),
+                    phase: PhaseName::LAST,
+                    outcome: PhaseOutcome::Done,
+                    reason: None,
+                    error_code: None,
+                    at_ms: 1,
+                    duration_ms: Some(1),
+                };
+                store.record_phase_event(&record, &done).unwrap();
+            }
+            store.set_node_status("na", NodeStatus::Ready).unwrap();
+            store.set_node_user_data("nb", "succeeded").unwrap();
+            let mut statuses = store.node_statuses().unwrap();
+            statuses.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(
+                statuses,
+                vec![
+                    ("na".to_string(), NodeStatus::Ready),
+                    ("nb".to_string(), NodeStatus::NotReady)
+                ]
+            );
+            let waiting: Vec<String> = store
+                .nodes_without_user_data()
+                .unwrap()
+                .into_iter()
+                .map(|n| n.name)
+                .collect();
+            assert_eq!(waiting, vec!["na".to_string()]);
+            assert_eq!(store.nodes().unwrap().len(), 2);
+        });
     }
 }

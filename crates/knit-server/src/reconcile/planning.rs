@@ -23,6 +23,15 @@ pub const ROLLOUT_COMPLETE_REASON: &str = "RolloutComplete";
 static ROLLING: std::sync::LazyLock<std::sync::Mutex<HashMap<String, String>>> =
     std::sync::LazyLock::new(Default::default);
 
+/// Whether this process saw `pool`'s rollout under way (and has not yet
+/// said it completed).
+fn rollout_seen(pool: &str) -> bool {
+    ROLLING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(pool)
+}
+
 /// Pods a drain would evict (not mirror, not DaemonSet, not already
 /// being deleted), counted by node.
 pub fn evictable_by_node(pods: &[PodFacts]) -> HashMap<String, usize> {
@@ -98,14 +107,20 @@ impl ControlPlane {
                 let p = plan(desired, &instances, &facts);
                 self.apply_plan(&record.pool, &p, true)?;
             } else {
-                let rp =
+                let (rp, outdated) =
                     self.rollout_plan(&record.pool, &instances, &nodes, &facts, &health, now)?;
                 self.apply_rollout(&record.pool, &rp, true)?;
                 // From what this pass read: what it just changed shows in
                 // the next pass's (a completion is noted a pass later).
-                self.note_rollout_progress(&record, &instances, &nodes)?;
-                self.store
-                    .set_observed_generation(&name, record.generation)?;
+                // Only while a rollout is under way or was seen so: the
+                // status it needs reads the pool's nodes and revisions.
+                if outdated || rollout_seen(&name) {
+                    self.note_rollout_progress(&record, &instances, &nodes)?;
+                }
+                if record.observed_generation != record.generation {
+                    self.store
+                        .set_observed_generation(&name, record.generation)?;
+                }
             }
             if record.deleting && instances.iter().all(|i| i.state == InstanceState::Detached) {
                 self.store.remove_pool(&name)?;
@@ -281,7 +296,7 @@ impl ControlPlane {
         let instances = self.store.instances(Some(pool_name))?;
         let nodes = self.store.nodes()?;
         let health = self.store.instance_health()?;
-        let rp = self.rollout_plan(&pool, &instances, &nodes, &facts, &health, now_ms())?;
+        let (rp, _) = self.rollout_plan(&pool, &instances, &nodes, &facts, &health, now_ms())?;
         self.apply_rollout(&pool, &rp, release)?;
         // In-place updates wait for the reconciler's pass (it starts them).
         self.wake.notify_one();
@@ -352,7 +367,8 @@ impl ControlPlane {
     /// get, whether a rollout may go on (strategy, `spec.paused`, a stop
     /// by its progress deadline, recorded here when a replacement failed),
     /// which instances are available (Ready and initialized, no repair
-    /// under way: rollouts and repair share the unavailable budget).
+    /// under way: rollouts and repair share the unavailable budget); and
+    /// whether some instance counting toward the pool is out of date.
     fn rollout_plan(
         &self,
         pool: &knit_api::NodePool,
@@ -361,7 +377,7 @@ impl ControlPlane {
         facts: &HashMap<String, NodeFacts>,
         health: &HashMap<String, InstanceHealth>,
         now: i64,
-    ) -> Result<RolloutPlan> {
+    ) -> Result<(RolloutPlan, bool)> {
         let name = &pool.metadata.name;
         let spec = &pool.spec;
         let desired = spec.replicas.max(0) as usize;
@@ -480,7 +496,7 @@ impl ControlPlane {
                 &current,
             )?;
         }
-        Ok(plan)
+        Ok((plan, outdated))
     }
 
     /// Says when a pool's rollout is complete: an event (`RolloutComplete`)

@@ -21,7 +21,9 @@
 # (QUIET s more at N without the sampler's kubectl), in (until
 # no machine is left), after (AFTER s). Prints time to all Ready, P50/P90
 # of each node's first Ready from the scale request, CPU and RSS per phase,
-# the per-machine host cost at N (census), and what is left on the host
+# the per-machine host cost at N (census), what the embedded API was
+# asked in the quiet phase (per verb, resource and code, from its own
+# request counters), and what is left on the host
 # after scale-in and after the server and the local cloud are taken down:
 # anything left fails the run. Writes OUT/samples.csv and OUT/nodes.csv,
 # and OUT/ready.png (Ready nodes over time, crates/knit-bench's
@@ -114,6 +116,12 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 
 ms() { date +%s%3N; }
+# The time and the embedded API's metrics, into $WORK/metrics-$1.txt
+# (empty when the API does not answer: the report says so).
+api_counters() {
+    { ms; kubectl --kubeconfig "$KUBECONFIG_FILE" --request-timeout=30s get --raw /metrics; } \
+        >"$WORK/metrics-$1.txt" 2>/dev/null || : >"$WORK/metrics-$1.txt"
+}
 phase() { echo "$1" >"$WORK/phase"; }
 # The sampler's last line, field $1 (1-based: 3 instances, 4 nodes, 5 ready, 6 bridge ports, 7 loops).
 last() { tail -n 1 "$WORK/samples.csv" | cut -d, -f"$1"; }
@@ -200,9 +208,12 @@ sleep 2
 python3 bench/scale_sampler.py census "$WORK"
 sleep "$STEADY"
 # The control plane at N with nobody asking it anything (the sampler's
-# kubectl lists every Node each interval): what N nodes alone cost.
+# kubectl lists every Node each interval): what N nodes alone cost, and
+# what they ask (the embedded API's request counters at both ends).
 phase quiet
+api_counters start
 sleep "$QUIET"
+api_counters end
 
 # N → 0; done when no instance record, bridge port or loop device is left.
 phase in
@@ -222,6 +233,7 @@ SAMPLER=
 
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 bench/scale_sampler.py report "$WORK" "$OUT" "$N" "$t0" "$ready_at" "$t_in"
+python3 bench/scale_sampler.py requests "$WORK"
 left_ok=0
 python3 bench/scale_sampler.py left "$WORK" "$BRIDGE" || left_ok=1
 if [ "${CHART:-yes}" = yes ]; then

@@ -16,9 +16,14 @@
       veths, network namespaces, guard tables, cgroups; exit 1 if anything.
   scale_sampler.py report WORK OUT N T0_MS T_READY_WAIT_END_MS T_IN_MS
       the CSV with times from the scale request, and the summary.
+  scale_sampler.py requests WORK
+      what the embedded API was asked in the quiet phase, per second, from
+      its request counters scraped at both ends (WORK/metrics-start.txt,
+      WORK/metrics-end.txt: the time in ms, then the metrics).
 """
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -313,11 +318,42 @@ def report(work, out_dir, n, t0, t_ready_end, t_in):
     print(f"samples: {os.path.join(out_dir, 'samples.csv')}, nodes: {os.path.join(out_dir, 'nodes.csv')}")
 
 
+REQUESTS = re.compile(r'^knit_cluster_requests_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.eE+]+)$')
+
+
+def request_counts(path):
+    """The time (ms) and each request counter of one metrics scrape, or None."""
+    lines = read(path, "").splitlines()
+    if len(lines) < 2:
+        return None
+    counts = {}
+    for line in lines[1:]:
+        m = REQUESTS.match(line.strip())
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
+            key = f"{labels.get('verb', '?')} {labels.get('resource', '?')} {labels.get('code', '?')}"
+            counts[key] = float(m["value"])
+    return int(lines[0]), counts
+
+
+def requests(work):
+    """What the embedded API was asked in the quiet phase, per second."""
+    start = request_counts(os.path.join(work, "metrics-start.txt"))
+    end = request_counts(os.path.join(work, "metrics-end.txt"))
+    if not start or not end or end[0] <= start[0]:
+        print("API requests in the quiet phase: not read (the API's metrics did not answer)")
+        return
+    secs = (end[0] - start[0]) / 1000
+    rates = sorted(((v - start[1].get(k, 0)) / secs, k) for k, v in end[1].items())
+    asked = [f"{k}: {r:.2f}/s" for r, k in reversed(rates) if r > 0]
+    print(f"API requests in the quiet phase ({secs:.1f} s, verb resource code): {'; '.join(asked) or 'none'}")
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "left":
         left(args[0], args[1], len(args) > 2)
-    elif mode in ("sample", "census", "report"):
+    elif mode in ("sample", "census", "report", "requests"):
         globals()[mode](*args)
     else:
-        sys.exit(f"unknown mode {mode!r}: sample, census, left or report")
+        sys.exit(f"unknown mode {mode!r}: sample, census, left, report or requests")

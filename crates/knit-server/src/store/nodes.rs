@@ -161,7 +161,7 @@ impl Store {
 
     /// The nodes whose user-data outcome is not recorded yet: the
     /// reconciler looks for these every pass, and once every node has one
-    /// (the steady state) the answer is empty without a row read.
+    /// (the steady state) the answer is empty: no row is decoded.
     pub fn nodes_without_user_data(&self) -> Result<Vec<NodeRecord>> {
         self.nodes_where("user_data IS NULL")
     }
@@ -240,19 +240,12 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use knit_api::state::NodeStatus;
-    use knit_api::{NodePool, NodePoolSpec, PhaseEvent, PhaseName, PhaseOutcome};
+    use knit_api::{PhaseEvent, PhaseName, PhaseOutcome};
 
     #[test]
     fn statuses_and_nodes_awaiting_user_data_come_from_their_own_reads() {
         crate::store::testing::each_store(|store| {
-            store
-                .insert_pool(&NodePool::new("p", NodePoolSpec::default()))
-                .unwrap();
-            let made: Vec<(String, String)> = ["p-a", "p-b"]
-                .iter()
-                .map(|n| (n.to_string(), "t".to_string()))
-                .collect();
-            store.add_create_intents("p", &made).unwrap();
+            crate::store::testing::pool_with_instances(store, "p", &["p-a", "p-b"]);
             for (instance, node) in [("p-a", "na"), ("p-b", "nb")] {
                 let record = store.instance(instance).unwrap().unwrap();
                 let done = PhaseEvent {

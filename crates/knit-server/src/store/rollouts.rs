@@ -381,20 +381,8 @@ mod tests {
     #[test]
     fn template_counts_count_by_state_and_never_an_added_instance_as_old() {
         crate::store::testing::each_store(|store| {
-            store
-                .insert_pool(&NodePool::new("p", NodePoolSpec::default()))
-                .unwrap();
-            store
-                .insert_pool(&NodePool::new("q", NodePoolSpec::default()))
-                .unwrap();
-            let made: Vec<(String, String)> = ["p-a", "p-b", "p-c"]
-                .iter()
-                .map(|n| (n.to_string(), "t".to_string()))
-                .collect();
-            store.add_create_intents("p", &made).unwrap();
-            store
-                .add_create_intents("q", &[("q-a".into(), "t".into())])
-                .unwrap();
+            crate::store::testing::pool_with_instances(store, "p", &["p-a", "p-b", "p-c"]);
+            crate::store::testing::pool_with_instances(store, "q", &["q-a"]);
             let current = store.instance_hashes(Some("p")).unwrap()["p-a"]
                 .clone()
                 .unwrap();

@@ -60,6 +60,24 @@ pub(crate) fn each_store(test: impl Fn(&Store)) {
     on_both_backends(|backend| test(&backend.open()));
 }
 
+/// A pool `pool` with default spec and one pending instance per name (of
+/// type "t"), each with its create intent.
+pub(crate) fn pool_with_instances(store: &Store, pool: &str, names: &[&str]) {
+    store
+        .insert_pool(&knit_api::NodePool::new(
+            pool,
+            knit_api::NodePoolSpec::default(),
+        ))
+        .expect("insert the pool");
+    let made: Vec<(String, String)> = names
+        .iter()
+        .map(|n| (n.to_string(), "t".to_string()))
+        .collect();
+    store
+        .add_create_intents(pool, &made)
+        .expect("create intents");
+}
+
 impl Store {
     /// The database itself, for tests that write or read raw SQL.
     pub(crate) fn db(&self) -> &Db {

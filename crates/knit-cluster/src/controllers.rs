@@ -751,7 +751,7 @@ pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), C
     let kubeconfig = tokens::cluster_info_kubeconfig(endpoint, ca.cert_pem());
     let mut data = serde_json::Map::new();
     data.insert("kubeconfig".into(), json!(kubeconfig));
-    let (secrets, _) = store.list("secrets", Some("kube-system"))?;
+    let (secrets, listed_at) = store.list("secrets", Some("kube-system"))?;
     for s in &secrets {
         if tokens::check_usable(s, "usage-bootstrap-signing").is_err() {
             continue;
@@ -775,6 +775,20 @@ pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), C
     match store.update("configmaps", "kube-public", "cluster-info", None, |cur| {
         let mut next = cur.clone();
         next["data"] = data.clone();
+        // Written since the Secrets were listed: a token made meanwhile
+        // signed it (`sign_cluster_info_for`), and its holder may be
+        // reading it now. Its signature stays; the batch its Secret
+        // starts makes the whole set again.
+        if util::rv_of(cur).is_some_and(|rv| rv > listed_at) {
+            if let (Some(kept), Some(new)) = (cur["data"].as_object(), next["data"].as_object_mut())
+            {
+                for (key, jws) in kept {
+                    if key.starts_with("jws-kubeconfig-") {
+                        new.entry(key.clone()).or_insert_with(|| jws.clone());
+                    }
+                }
+            }
+        }
         Ok(next)
     }) {
         Ok(_) => Ok(()),

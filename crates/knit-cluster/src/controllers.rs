@@ -773,23 +773,7 @@ pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), C
         "data": data,
     });
     match store.update("configmaps", "kube-public", "cluster-info", None, |cur| {
-        let mut next = cur.clone();
-        next["data"] = data.clone();
-        // Written since the Secrets were listed: a token made meanwhile
-        // signed it (`sign_cluster_info_for`), and its holder may be
-        // reading it now. Its signature stays; the batch its Secret
-        // starts makes the whole set again.
-        if util::rv_of(cur).is_some_and(|rv| rv > listed_at) {
-            if let (Some(kept), Some(new)) = (cur["data"].as_object(), next["data"].as_object_mut())
-            {
-                for (key, jws) in kept {
-                    if key.starts_with("jws-kubeconfig-") {
-                        new.entry(key.clone()).or_insert_with(|| jws.clone());
-                    }
-                }
-            }
-        }
-        Ok(next)
+        Ok(next_cluster_info(cur, &data, listed_at))
     }) {
         Ok(_) => Ok(()),
         Err(e) if e.code == 404 => match store.create("configmaps", "kube-public", cm) {
@@ -801,6 +785,27 @@ pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), C
         },
         Err(e) => Err(ClusterError::Api(e)),
     }
+}
+
+/// cluster-info `cur` with the `data` signed from the token Secrets
+/// listed at `listed_at`.
+fn next_cluster_info(cur: &Value, data: &Value, listed_at: u64) -> Value {
+    let mut next = cur.clone();
+    next["data"] = data.clone();
+    // Written since the Secrets were listed: a token made meanwhile signed
+    // it (`sign_cluster_info_for`), and its holder may be reading it now.
+    // Its signature stays; the batch its Secret starts makes the whole set
+    // again.
+    if util::rv_of(cur).is_some_and(|rv| rv > listed_at) {
+        if let (Some(kept), Some(new)) = (cur["data"].as_object(), next["data"].as_object_mut()) {
+            for (key, jws) in kept {
+                if key.starts_with("jws-kubeconfig-") {
+                    new.entry(key.clone()).or_insert_with(|| jws.clone());
+                }
+            }
+        }
+    }
+    next
 }
 
 enum Decision {
@@ -982,6 +987,34 @@ mod tests {
             object: Arc::new(object),
             previous: None,
         }
+    }
+
+    /// A signature written after the token Secrets were listed (a token
+    /// made meanwhile) stays; one written before them is replaced by the
+    /// set signed from the list.
+    #[test]
+    fn cluster_info_keeps_a_signature_newer_than_the_list() {
+        let info = |rv: u64, data: Value| {
+            json!({"metadata": {"name": "cluster-info", "namespace": "kube-public",
+                                "resourceVersion": rv.to_string()}, "data": data})
+        };
+        let signed = json!({"kubeconfig": "k", "jws-kubeconfig-aaaaaa": "a2"});
+        let cur = info(
+            12,
+            json!({"kubeconfig": "k", "jws-kubeconfig-aaaaaa": "a1",
+                                  "jws-kubeconfig-bbbbbb": "b1", "other": "x"}),
+        );
+        let next = next_cluster_info(&cur, &signed, 10);
+        assert_eq!(
+            next["data"],
+            json!({"kubeconfig": "k", "jws-kubeconfig-aaaaaa": "a2", "jws-kubeconfig-bbbbbb": "b1"}),
+            "the new token's signature stays, the listed ones are signed anew"
+        );
+        let next = next_cluster_info(&cur, &signed, 12);
+        assert_eq!(
+            next["data"], signed,
+            "written before the list: the list's set alone (a retired token's signature goes)"
+        );
     }
 
     #[test]

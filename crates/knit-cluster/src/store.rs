@@ -24,8 +24,8 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 use knit_db::{params, Backend, Datastore, Db, DbError, Limits, Tx};
 use serde_json::{json, Value};
@@ -85,6 +85,11 @@ const SHARED_DELETE: &str = "WITH next AS (UPDATE kube_meta SET value = ?4 WHERE
      SELECT pg_notify('knit_kube_changes', CAST(value AS TEXT)) FROM next";
 /// Changes read from the change log per query.
 const FOLLOW_BATCH: usize = 1_000;
+/// How long a node Lease renewal on PostgreSQL waits for other writes to
+/// share its transaction (group commit, [`Batches`]). A kubelet renews
+/// every 10 s and gives up after 10 s; a few milliseconds are nothing to
+/// it, and at 1,000 nodes they gather about three renewals a transaction.
+const LEASE_BATCH_WAIT: Duration = Duration::from_millis(20);
 /// The change log is trimmed to the history window every this many writes.
 const TRIM_EVERY: u64 = 256;
 
@@ -159,6 +164,12 @@ struct Core {
     /// Changes kept in memory (and in the change log on PostgreSQL).
     history: usize,
     state: Mutex<State>,
+    /// Signalled when a batch of writes ends (see [`Batches`]).
+    batch_ended: Condvar,
+    /// Signalled when a write that should not wait is queued, or a writer
+    /// waits to write alone: a batch of Lease renewals waiting for more
+    /// goes at once.
+    batch_hurried: Condvar,
     /// `State::kept`, read without `state`.
     kept: Arc<RwLock<Kept>>,
     /// Revoked node client certificates: serial (hex) → node name. Read on
@@ -183,6 +194,70 @@ struct State {
     /// Every object at `rv`, kept by the changes as they are pushed (the
     /// same lock as [`Core::kept`]).
     kept: Arc<RwLock<Kept>>,
+    /// PostgreSQL: writes planned, not yet committed.
+    batches: Batches,
+}
+
+/// Group commit on PostgreSQL. A write planned from memory does not hold
+/// `State` through its round trip: it is planned under the lock from the
+/// objects as every write planned before it leaves them, at the next
+/// resourceVersion after theirs, and queued. Whoever finds no batch in
+/// flight sends all those queued as one transaction (the statements in
+/// one round trip, then the commit), without the lock; the writes queued
+/// meanwhile go in the next. A batch is all or nothing: each statement
+/// is made only if the stored resourceVersion is the one before its own,
+/// and if one is not (another server wrote), the batch is rolled back and
+/// each of its writes, and each planned after them, is planned again
+/// alone from the datastore.
+#[derive(Default)]
+struct Batches {
+    /// A batch is being written (by a writer not holding `State`).
+    in_flight: bool,
+    /// Writers waiting to write alone: no write joins a batch meanwhile
+    /// (the batches would never end under load).
+    alone: usize,
+    /// Planned while it is: the next batch.
+    open: Vec<Queued>,
+    /// The resourceVersion of the last write planned (in flight or open).
+    planned_upto: Option<u64>,
+    /// The objects as the planned writes leave them, with the version of
+    /// the last write of each.
+    planned: HashMap<(String, String, String), (u64, Arc<Value>)>,
+    /// Ended writes: ticket → the object written, or None (planned again
+    /// alone).
+    ended: HashMap<u64, Option<Value>>,
+    next_ticket: u64,
+    /// Writes made in batches of more than one (tests see that they are).
+    #[cfg(test)]
+    grouped: u64,
+}
+
+impl Batches {
+    fn busy(&self) -> bool {
+        self.in_flight || !self.open.is_empty()
+    }
+
+    /// The next batch is node Lease renewals only, and nobody waits to
+    /// write alone: it may wait for more ([`LEASE_BATCH_WAIT`]).
+    fn only_renewals(&self) -> bool {
+        self.alone == 0
+            && !self.open.is_empty()
+            && self
+                .open
+                .iter()
+                .all(|q| is_node_lease_of(&q.key.0, &q.key.1))
+    }
+}
+
+/// A write planned for a batch.
+struct Queued {
+    ticket: u64,
+    key: (String, String, String),
+    rv: u64,
+    kind: EventType,
+    obj: Value,
+    body: String,
+    previous: Option<Value>,
 }
 
 /// The objects at one resourceVersion: the lists the controllers repeat
@@ -265,6 +340,56 @@ enum Outcome {
         revoked: Vec<String>,
     },
     Unchanged(Value),
+}
+
+fn too_large(resource: &str, name: &str, bytes: usize) -> ApiStatus {
+    ApiStatus::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "RequestEntityTooLarge",
+        format!(
+            "{resource} \"{name}\" would be {bytes} bytes; the limit for a stored object is {MAX_OBJECT_BYTES} bytes (1.5 MiB)"
+        ),
+    )
+}
+
+/// Ends a batch whose writer panicked: its writes, and those planned
+/// after them, are made alone.
+struct Unwinding<'c> {
+    core: &'c Core,
+    /// Empty once the batch was written (nothing to do).
+    tickets: Vec<u64>,
+}
+
+impl Drop for Unwinding<'_> {
+    fn drop(&mut self) {
+        if self.tickets.is_empty() {
+            return;
+        }
+        let mut state = self.core.lock();
+        let batches = &mut state.batches;
+        batches.in_flight = false;
+        let open: Vec<u64> = batches.open.drain(..).map(|q| q.ticket).collect();
+        for ticket in self.tickets.drain(..).chain(open) {
+            batches.ended.insert(ticket, None);
+        }
+        batches.planned.clear();
+        batches.planned_upto = None;
+        self.core.batch_ended.notify_all();
+    }
+}
+
+/// Why a batch was not written.
+enum BatchFailed {
+    /// The stored resourceVersion was not the one a write was planned
+    /// after: another server wrote.
+    Moved,
+    Db(DbError),
+}
+
+impl From<DbError> for BatchFailed {
+    fn from(e: DbError) -> Self {
+        BatchFailed::Db(e)
+    }
 }
 
 fn conflict(resource: &str, name: &str) -> ApiStatus {
@@ -411,7 +536,10 @@ impl Store {
                 feed,
                 resource_feeds: HashMap::new(),
                 kept: kept.clone(),
+                batches: Batches::default(),
             }),
+            batch_ended: Condvar::new(),
+            batch_hurried: Condvar::new(),
             kept,
             revoked: RwLock::new(revoked),
         });
@@ -764,7 +892,7 @@ impl Store {
             Value::String(util::now_rfc3339()),
         );
         meta.remove("deletionTimestamp");
-        self.commit((resource, ns, &name), |_, current| {
+        self.commit((resource, ns, &name), false, |_, current| {
             if current.is_some() {
                 return Err(ApiStatus::already_exists(format!(
                     "{resource} \"{name}\" already exists"
@@ -791,7 +919,7 @@ impl Store {
         expected_rv: Option<u64>,
         mut f: impl FnMut(&Value) -> Result<Value, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
-        self.commit((resource, ns, name), |_, current| {
+        self.commit((resource, ns, name), false, |_, current| {
             let current = current.ok_or_else(|| not_found(resource, name))?;
             if expected_rv.is_some_and(|e| util::rv_of(current) != Some(e)) {
                 return Err(conflict(resource, name));
@@ -821,13 +949,23 @@ impl Store {
         see: &str,
         mut f: impl FnMut(&Value, &[Arc<Value>]) -> Result<Value, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
-        // The objects kept in memory (shared, not copied), if the datastore
-        // is still at their resourceVersion inside the transaction (where
-        // no other write can come between): then they are what the
-        // datastore holds.
-        let kept = self.core.kept(see, None);
-        self.commit((resource, ns, name), |tx, current| {
+        self.commit((resource, ns, name), true, |tx, current| {
+            let Some(tx) = tx else {
+                return Err(ClusterError::Corrupt(format!(
+                    "{resource} \"{name}\": a write that reads in its transaction was planned without one"
+                ))
+                .into());
+            };
             let current = current.ok_or_else(|| not_found(resource, name))?;
+            // The objects kept in memory (shared, not copied), if the
+            // datastore is still at their resourceVersion inside the
+            // transaction (where no other write can come between): then
+            // they are what the datastore holds. Taken here, after the
+            // batches in flight and under the store's lock, they are at
+            // the version the write is planned at; taken before, any write
+            // in between (a Lease renewal) meant reading every object from
+            // the datastore instead.
+            let kept = self.core.kept(see, None);
             let read;
             let others = match &kept {
                 Some((objects, rv)) if meta_rv(tx)? == *rv => objects,
@@ -890,7 +1028,7 @@ impl Store {
             check(stored)?;
             return Ok(base.clone());
         }
-        self.commit((resource, ns, name), |_, current| {
+        self.commit((resource, ns, name), false, |_, current| {
             check(current.map(|c| util::rv_of(c).unwrap_or(0)))?;
             Ok(Plan::Write {
                 kind: EventType::Modified,
@@ -913,7 +1051,7 @@ impl Store {
         name: &str,
         expected_rv: Option<u64>,
     ) -> Result<Value, ApiStatus> {
-        self.commit((resource, ns, name), |_, current| {
+        self.commit((resource, ns, name), false, |_, current| {
             let current = current.ok_or_else(|| not_found(resource, name))?;
             if expected_rv.is_some_and(|e| util::rv_of(current) != Some(e)) {
                 return Err(conflict(resource, name));
@@ -931,13 +1069,35 @@ impl Store {
     /// Runs `decide` and the write it asks for in one write transaction,
     /// which assigns the next resourceVersion; then adds the change to the
     /// history and feed.
+    /// `decide` is given the transaction when `reads_in_tx` (it reads
+    /// there); otherwise it may be given none (a write planned for a batch).
     fn commit(
         &self,
         (resource, ns, name): (&str, &str, &str),
-        mut decide: impl FnMut(&mut Tx<'_>, Option<&Value>) -> Result<Plan, ApiStatus>,
+        reads_in_tx: bool,
+        mut decide: impl FnMut(Option<&mut Tx<'_>>, Option<&Value>) -> Result<Plan, ApiStatus>,
     ) -> Result<Value, ApiStatus> {
         let core = &*self.core;
+        if core.shared && !reads_in_tx {
+            if let Some(written) = self.commit_batched((resource, ns, name), &mut decide)? {
+                return Ok(written);
+            }
+        }
         let mut state = core.lock();
+        if core.shared {
+            // Alone: after the batches in flight and queued, so that
+            // `known` is what the datastore holds unless another server
+            // wrote.
+            state.batches.alone += 1;
+            core.batch_hurried.notify_one();
+            while state.batches.busy() {
+                state = core
+                    .batch_ended
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            state.batches.alone -= 1;
+        }
         let known = state.rv;
         // The object as this server knows it at `known` (outer None: not
         // kept), so that a write need not read it again. On SQLite that is
@@ -967,7 +1127,7 @@ impl Store {
                     (read.as_ref(), false)
                 }
             };
-            let plan = decide(tx, current);
+            let plan = decide(Some(&mut *tx), current);
             if from_memory
                 && core.shared
                 && !matches!(plan, Ok(Plan::Write { .. }))
@@ -999,14 +1159,7 @@ impl Store {
                 .insert("resourceVersion".into(), Value::String(rv.to_string()));
             let mut body = obj.to_string();
             if kind != EventType::Deleted && body.len() > MAX_OBJECT_BYTES {
-                return Err(ApiStatus::new(
-                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestEntityTooLarge",
-                    format!(
-                        "{resource} \"{name}\" would be {} bytes; the limit for a stored object is {MAX_OBJECT_BYTES} bytes (1.5 MiB)",
-                        body.len()
-                    ),
-                ));
+                return Err(too_large(resource, name, body.len()));
             }
             if core.shared && rv.is_multiple_of(TRIM_EVERY) && rv > core.history as u64 {
                 tx.execute(
@@ -1169,6 +1322,233 @@ impl Store {
             }));
         }
         Ok(obj)
+    }
+
+    /// PostgreSQL: the write planned from memory (as the writes planned
+    /// before it leave the object) and made in a batch (see [`Batches`]).
+    /// None when it is to be made alone: memory lacks the objects, the
+    /// plan is no write, an error or a deletion (a Node's certificates are
+    /// revoked in its transaction), or its batch was not written.
+    fn commit_batched(
+        &self,
+        (resource, ns, name): (&str, &str, &str),
+        decide: &mut impl FnMut(Option<&mut Tx<'_>>, Option<&Value>) -> Result<Plan, ApiStatus>,
+    ) -> Result<Option<Value>, ApiStatus> {
+        let core = &*self.core;
+        let key = (resource.to_string(), ns.to_string(), name.to_string());
+        let mut state = core.lock();
+        if state.batches.alone > 0 {
+            return Ok(None);
+        }
+        let base = match state.batches.planned.get(&key) {
+            Some((_, planned)) => Some(planned.clone()),
+            None => match &core.read_kept().objects {
+                Some(objects) => objects.get(&key).cloned(),
+                None => return Ok(None),
+            },
+        };
+        let Ok(Plan::Write {
+            kind,
+            mut obj,
+            previous,
+        }) = decide(None, base.as_deref())
+        else {
+            return Ok(None);
+        };
+        if kind == EventType::Deleted {
+            return Ok(None);
+        }
+        let rv = state.batches.planned_upto.unwrap_or(state.rv) + 1;
+        util::meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        let body = obj.to_string();
+        if body.len() > MAX_OBJECT_BYTES {
+            return Err(too_large(resource, name, body.len()));
+        }
+        let batches = &mut state.batches;
+        let ticket = batches.next_ticket;
+        batches.next_ticket += 1;
+        batches.planned_upto = Some(rv);
+        batches
+            .planned
+            .insert(key.clone(), (rv, Arc::new(obj.clone())));
+        batches.open.push(Queued {
+            ticket,
+            key,
+            rv,
+            kind,
+            obj,
+            body,
+            previous,
+        });
+        if !is_node_lease_of(resource, ns) {
+            core.batch_hurried.notify_one();
+        }
+        loop {
+            if let Some(ended) = state.batches.ended.remove(&ticket) {
+                return Ok(ended);
+            }
+            if !state.batches.in_flight && !state.batches.open.is_empty() {
+                state = self.write_batch(state);
+                continue;
+            }
+            state = core
+                .batch_ended
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Writes the queued batch as one transaction, `State` not held
+    /// meanwhile; then adds its changes, or has its writes (and those
+    /// planned after them) planned again alone.
+    fn write_batch<'s>(&'s self, mut state: MutexGuard<'s, State>) -> MutexGuard<'s, State> {
+        let core = &*self.core;
+        state.batches.in_flight = true;
+        // Node Lease renewals wait a moment for others to share their
+        // transaction: at 1,000 nodes 100 come a second, one at a time, and
+        // each transaction costs PostgreSQL more than its row. Writes
+        // queued meanwhile join this batch; any other write, or a writer
+        // waiting to write alone, ends the wait (they are wanted now).
+        let until = Instant::now() + LEASE_BATCH_WAIT;
+        while state.batches.only_renewals() {
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            state = match core.batch_hurried.wait_timeout(state, left) {
+                Ok((state, _)) => state,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        let batch = std::mem::take(&mut state.batches.open);
+        drop(state);
+        // Should writing panic, the writers waiting are not left waiting.
+        let mut unwinding = Unwinding {
+            core,
+            tickets: batch.iter().map(|q| q.ticket).collect(),
+        };
+        let written = self.write_queued(&batch);
+        unwinding.tickets.clear();
+        drop(unwinding);
+        let mut state = core.lock();
+        state.batches.in_flight = false;
+        match written {
+            Ok(true) => {
+                #[cfg(test)]
+                if batch.len() > 1 {
+                    state.batches.grouped += batch.len() as u64;
+                }
+                for q in batch {
+                    if q.rv > state.rv + 1 {
+                        // Other servers' changes committed before: theirs first.
+                        if let Err(e) = core.pull(&mut state, Some(q.rv - 1)) {
+                            tracing::warn!(code = e.code(), error = %e, rv = q.rv, "reading other servers' changes failed; the follower adds them and this one");
+                        }
+                    }
+                    // Not when the follower read it from the change log first.
+                    if q.rv == state.rv + 1 {
+                        state.push(Arc::new(Change {
+                            kind: q.kind,
+                            resource: q.key.0.clone(),
+                            namespace: q.key.1.clone(),
+                            name: q.key.2.clone(),
+                            rv: q.rv,
+                            object: Arc::new(q.obj.clone()),
+                            previous: q.previous.map(Arc::new),
+                        }));
+                    }
+                    let batches = &mut state.batches;
+                    if batches
+                        .planned
+                        .get(&q.key)
+                        .is_some_and(|(rv, _)| *rv == q.rv)
+                    {
+                        batches.planned.remove(&q.key);
+                    }
+                    batches.ended.insert(q.ticket, Some(q.obj));
+                }
+                if state.batches.open.is_empty() {
+                    state.batches.planned_upto = None;
+                }
+            }
+            outcome => {
+                if let Err(e) = outcome {
+                    tracing::debug!(code = e.reason, error = %e.message, "a batch of writes failed; each is made alone");
+                }
+                let batches = &mut state.batches;
+                let open = std::mem::take(&mut batches.open);
+                for q in batch.iter().chain(&open) {
+                    batches.ended.insert(q.ticket, None);
+                }
+                batches.planned.clear();
+                batches.planned_upto = None;
+            }
+        }
+        core.batch_ended.notify_all();
+        state
+    }
+
+    /// One transaction: every write of `batch` (true), or none (false:
+    /// another server wrote since they were planned).
+    fn write_queued(&self, batch: &[Queued]) -> Result<bool, ApiStatus> {
+        let core = &*self.core;
+        let previous: Vec<Option<String>> = batch
+            .iter()
+            .map(|q| q.previous.as_ref().map(Value::to_string))
+            .collect();
+        let params: Vec<Vec<knit_db::Value>> = batch
+            .iter()
+            .zip(&previous)
+            .map(|(q, previous)| {
+                params![
+                    q.key.0,
+                    q.key.1,
+                    q.key.2,
+                    q.rv,
+                    q.body.as_str(),
+                    q.kind.as_str(),
+                    previous
+                ]
+                .to_vec()
+            })
+            .collect();
+        let mut statements: Vec<(&str, &[knit_db::Value])> = batch
+            .iter()
+            .zip(&params)
+            .map(|(q, params)| {
+                let sql = if is_node_lease_of(&q.key.0, &q.key.1) {
+                    SHARED_UPSERT_UNNOTIFIED
+                } else {
+                    SHARED_UPSERT
+                };
+                (sql, params.as_slice())
+            })
+            .collect();
+        let trims: Vec<Vec<knit_db::Value>> = batch
+            .iter()
+            .filter(|q| q.rv.is_multiple_of(TRIM_EVERY) && q.rv > core.history as u64)
+            .map(|q| params![q.rv - core.history as u64].to_vec())
+            .collect();
+        for trim in &trims {
+            statements.push(("DELETE FROM kube_changes WHERE rv <= ?1", trim.as_slice()));
+        }
+        let outcome = core.db.write_after(WRITE_LOCK, |tx| {
+            if let [(sql, params)] = statements.as_slice() {
+                // One write: with the commit in one round trip (nothing is
+                // written if its resourceVersion is not the next).
+                return Ok(tx.execute_then_commit(sql, params)? == 1);
+            }
+            let written = tx.execute_all(&statements)?;
+            if written[..batch.len()].iter().all(|&n| n == 1) {
+                Ok(true)
+            } else {
+                Err(BatchFailed::Moved)
+            }
+        });
+        match outcome {
+            Ok(all) => Ok(all),
+            Err(BatchFailed::Moved) => Ok(false),
+            Err(BatchFailed::Db(e)) => Err(ClusterError::from(e).into()),
+        }
     }
 
     /// Start a watch of `resource` atomically with respect to writes: no
@@ -2268,8 +2648,130 @@ mod tests {
         ));
     }
 
+    /// Node Lease renewals made side by side on one server share
+    /// transactions (each waits a moment for others); every renewal is
+    /// kept, and another server reads them all, in order, unnotified.
+    #[test]
+    fn node_lease_renewals_side_by_side_share_transactions() {
+        const NODES: usize = 8;
+        const RENEWALS: usize = 5;
+        let f = Fixture::postgres();
+        let a = Arc::new(f.open());
+        let b = f.open();
+        let lease = |n: usize, renew: usize| {
+            json!({"metadata": {"name": format!("n{n}"), "namespace": NODE_LEASE_NAMESPACE},
+                   "spec": {"holderIdentity": format!("n{n}"), "renewTime": renew}})
+        };
+        for n in 0..NODES {
+            a.create("leases", NODE_LEASE_NAMESPACE, lease(n, 0))
+                .unwrap();
+        }
+        let start = a.current_rv();
+        // Lease renewals stay off the controllers' feed: a watch sees them.
+        let mut w = b.watch("leases", Some(NODE_LEASE_NAMESPACE), None).unwrap();
+        let renewers: Vec<_> = (0..NODES)
+            .map(|n| {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    for i in 1..=RENEWALS {
+                        a.update(
+                            "leases",
+                            NODE_LEASE_NAMESPACE,
+                            &format!("n{n}"),
+                            None,
+                            |_| Ok(lease(n, i)),
+                        )
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for r in renewers {
+            r.join().unwrap();
+        }
+        assert_eq!(a.current_rv(), start + (NODES * RENEWALS) as u64);
+        assert!(
+            a.core.lock().batches.grouped > 0,
+            "renewals side by side share transactions"
+        );
+        let mut rv = start;
+        while rv < start + (NODES * RENEWALS) as u64 {
+            let c = next_change(&mut w.feed).expect("every renewal reaches the other server");
+            if c.rv <= start {
+                continue;
+            }
+            assert_eq!(c.rv, rv + 1, "in order, none twice, no gap");
+            rv = c.rv;
+        }
+        for n in 0..NODES {
+            for s in [&*a, &b] {
+                let got = s
+                    .get("leases", NODE_LEASE_NAMESPACE, &format!("n{n}"))
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(got["spec"]["renewTime"], json!(RENEWALS), "{got}");
+            }
+        }
+    }
+
     /// Both servers write at once: each one's controllers' feed has every
     /// change, in resourceVersion order with no gap and none twice.
+    #[test]
+    fn writers_side_by_side_on_two_servers_lose_no_update_and_share_batches() {
+        const THREADS: usize = 4;
+        const EACH: usize = 25;
+        let f = Fixture::postgres();
+        let a = Arc::new(f.open());
+        let b = Arc::new(f.open());
+        let counter = json!({"metadata": {"name": "counter"}, "data": {"n": 0}});
+        a.create("configmaps", "default", counter).unwrap();
+        let start = a.current_rv();
+        let caught_up = std::time::Instant::now();
+        while b.current_rv() < start {
+            assert!(
+                caught_up.elapsed() < Duration::from_secs(10),
+                "b reads a's change"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut feeds = [a.subscribe(), b.subscribe()];
+        let writers: Vec<_> = (0..THREADS * 2)
+            .map(|t| {
+                let s = if t % 2 == 0 { a.clone() } else { b.clone() };
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        s.update("configmaps", "default", "counter", None, |cur| {
+                            let mut next = cur.clone();
+                            next["data"]["n"] = json!(cur["data"]["n"].as_u64().unwrap() + 1);
+                            Ok(next)
+                        })
+                        .unwrap();
+                        s.create("leases", "default", node(&format!("w{t}-{i}")))
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let total = THREADS * 2 * EACH;
+        for s in [&a, &b] {
+            let n = s.get("configmaps", "default", "counter").unwrap().unwrap();
+            assert_eq!(n["data"]["n"], json!(total), "no increment lost: {n}");
+        }
+        for feed in &mut feeds {
+            let mut rv = start;
+            for _ in 0..total * 2 {
+                let c = next_change(feed).expect("every change reaches both servers");
+                assert_eq!(c.rv, rv + 1, "in order, none twice, no gap");
+                rv = c.rv;
+            }
+        }
+        let grouped = a.core.lock().batches.grouped + b.core.lock().batches.grouped;
+        assert!(grouped > 0, "writers side by side share batches");
+    }
+
     #[test]
     fn concurrent_writes_on_two_servers_reach_both_feeds_in_order() {
         const EACH: usize = 40;

@@ -373,6 +373,18 @@ impl Tx<'_> {
         }
     }
 
+    /// Runs `statements` in order; the rows each changed. On PostgreSQL
+    /// they are sent together, one round trip for all (pipelined).
+    pub fn execute_all(&mut self, statements: &[(&str, &[Value])]) -> Result<Vec<u64>, DbError> {
+        match &mut self.inner {
+            TxInner::Sqlite(tx) => statements
+                .iter()
+                .map(|(sql, params)| sqlite::execute(tx, sql, params))
+                .collect(),
+            TxInner::Postgres(conn, db) => db.execute_all(conn, statements),
+        }
+    }
+
     /// Every row of a query.
     pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         match &mut self.inner {

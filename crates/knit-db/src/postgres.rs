@@ -507,6 +507,33 @@ impl Postgres {
         self.call(conn, |c| async move { c.execute(&stmt, &refs).await })
     }
 
+    /// Every statement sent at once (with the transaction's `BEGIN` too if
+    /// they are its first): one round trip, answered in order.
+    pub fn execute_all(
+        &self,
+        conn: &mut Conn,
+        statements: &[(&str, &[Value])],
+    ) -> Result<Vec<u64>, DbError> {
+        let prepared = statements
+            .iter()
+            .map(|(sql, _)| self.statement(conn, sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<Vec<&(dyn ToSql + Sync)>> = statements
+            .iter()
+            .map(|(_, params)| params.iter().map(|p| p as _).collect())
+            .collect();
+        self.call(conn, |c| async move {
+            let sent = prepared
+                .iter()
+                .zip(&refs)
+                .map(|(stmt, params)| c.execute(stmt, params));
+            futures::future::join_all(sent)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<u64>, _>>()
+        })
+    }
+
     /// `sql` and `COMMIT` sent together (with the transaction's `BEGIN`
     /// too if `sql` is its first statement): one round trip. Answered in
     /// order; a failed statement makes the `COMMIT` a rollback. The

@@ -68,6 +68,14 @@ impl Postgres {
         match *self {}
     }
 
+    pub fn execute_all(
+        &self,
+        _conn: &mut Conn,
+        _statements: &[(&str, &[Value])],
+    ) -> Result<Vec<u64>, DbError> {
+        match *self {}
+    }
+
     pub fn execute_then_commit(
         &self,
         _conn: &mut Conn,

@@ -104,6 +104,8 @@ impl Drop for Env {
             eprintln!("down: {e}");
         }
         let _ = knit_local::net::delete_link(&self.bridge);
+        // The VMs' guards share one table per bridge, which outlives them.
+        let _ = knit_local::net::guard_table_del(&self.bridge);
     }
 }
 

@@ -2714,8 +2714,9 @@ mod tests {
         }
     }
 
-    /// Both servers write at once: each one's controllers' feed has every
-    /// change, in resourceVersion order with no gap and none twice.
+    /// Writers side by side on two servers increment one counter: no
+    /// increment is lost, both feeds have every change in order, and
+    /// writes on one server share batches.
     #[test]
     fn writers_side_by_side_on_two_servers_lose_no_update_and_share_batches() {
         const THREADS: usize = 4;
@@ -2772,6 +2773,8 @@ mod tests {
         assert!(grouped > 0, "writers side by side share batches");
     }
 
+    /// Both servers write at once: each one's controllers' feed has every
+    /// change, in resourceVersion order with no gap and none twice.
     #[test]
     fn concurrent_writes_on_two_servers_reach_both_feeds_in_order() {
         const EACH: usize = 40;

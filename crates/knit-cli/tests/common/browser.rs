@@ -108,9 +108,11 @@ impl Driver {
         // one kill ends both, and nothing else. Chromium's configuration
         // goes to the profile directory (not the user's): its crash
         // reporter, which leaves the group and ends by itself once Chromium
-        // is gone, then names that directory too.
+        // is gone, then names that directory too. Its temporary files
+        // (singleton socket, scoped dirs) too: killed, it removes none.
         let child = Command::new(CHROMEDRIVER)
             .env("XDG_CONFIG_HOME", profile.path())
+            .env("TMPDIR", profile.path())
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             .stdin(Stdio::null())

@@ -175,7 +175,12 @@ pub fn build(out: &Path, progress: &mut dyn FnMut(&str)) -> Result<Built> {
         PACKAGES.len(),
         tmp.display()
     ));
-    mmdebstrap(&tmp.join("root"), &sources, &lock, progress)?;
+    // mmdebstrap's own temporary files (its gpg home) inside the build:
+    // killed, it removes none, and the build directory goes as a whole.
+    let scratch = tmp.join("scratch");
+    std::fs::create_dir(&scratch).ctx("cannot create", &scratch)?;
+    mmdebstrap(&tmp.join("root"), &scratch, &sources, &lock, progress)?;
+    crate::state::remove_dir_all(&scratch)?;
 
     progress("[3/4] kernel, initramfs, manifest");
     let (kernel_version, kernel, initrd) = boot_files(&tmp)?;
@@ -455,6 +460,7 @@ fn remove_unfinished(out: &Path) -> Result<()> {
 /// while any of its processes live.
 fn mmdebstrap(
     root: &Path,
+    scratch: &Path,
     sources: &[PathBuf],
     lock: &BuildLock,
     progress: &mut dyn FnMut(&str),
@@ -482,6 +488,7 @@ fn mmdebstrap(
     let mut cmd = Command::new("unshare");
     cmd.args(&args)
         .env("DEBIAN_FRONTEND", "noninteractive")
+        .env("TMPDIR", scratch)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

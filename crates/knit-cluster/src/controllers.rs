@@ -273,7 +273,7 @@ impl Controllers {
             for ns in self.store.list("namespaces", None)?.0 {
                 pod_controllers::finish_namespace(&self.store, util::name_of(&ns))?;
             }
-            for n in self.store.list_shared("nodes", None)? {
+            for n in self.store.list_shared("nodes", None)?.0 {
                 if !ipam::has_pod_cidr(&n)
                     && ipam::allocate(&self.store, &self.pod_cidrs, util::name_of(&n))?
                         == ipam::Allocated::RangeFull
@@ -530,7 +530,7 @@ impl Controllers {
     }
 
     fn sweep_tokens(&self) -> Result<(), ClusterError> {
-        let (secrets, _) = self.store.list("secrets", Some("kube-system"))?;
+        let (secrets, _) = self.store.list_shared("secrets", Some("kube-system"))?;
         for s in secrets {
             if s["type"].as_str() != Some(tokens::SECRET_TYPE) {
                 continue;
@@ -670,7 +670,7 @@ impl NodeView {
     fn observe_leases(&mut self, store: &Store) -> Result<(), ClusterError> {
         let now = Instant::now();
         let mut renewed = HashMap::with_capacity(self.renewed.len());
-        for lease in store.list_shared("leases", Some(NODE_LEASE_NAMESPACE))? {
+        for lease in store.list_shared("leases", Some(NODE_LEASE_NAMESPACE))?.0 {
             let Some(t) = renew_time(&lease) else {
                 continue;
             };
@@ -751,7 +751,7 @@ pub fn sync_cluster_info(store: &Store, ca: &Ca, endpoint: &str) -> Result<(), C
     let kubeconfig = tokens::cluster_info_kubeconfig(endpoint, ca.cert_pem());
     let mut data = serde_json::Map::new();
     data.insert("kubeconfig".into(), json!(kubeconfig));
-    let (secrets, listed_at) = store.list("secrets", Some("kube-system"))?;
+    let (secrets, listed_at) = store.list_shared("secrets", Some("kube-system"))?;
     for s in &secrets {
         if tokens::check_usable(s, "usage-bootstrap-signing").is_err() {
             continue;

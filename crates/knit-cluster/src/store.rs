@@ -689,12 +689,12 @@ impl Store {
         &self,
         resource: &str,
         ns: Option<&str>,
-    ) -> Result<Vec<Arc<Value>>, ClusterError> {
-        if let Some((kept, _)) = self.core.kept(resource, ns) {
+    ) -> Result<(Vec<Arc<Value>>, u64), ClusterError> {
+        if let Some(kept) = self.core.kept(resource, ns) {
             return Ok(kept);
         }
-        let (items, _) = self.list(resource, ns)?;
-        Ok(items.into_iter().map(Arc::new).collect())
+        let (items, rv) = self.list(resource, ns)?;
+        Ok((items.into_iter().map(Arc::new).collect(), rv))
     }
 
     /// The objects of a resource (in one namespace, or all when `ns` is

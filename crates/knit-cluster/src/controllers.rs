@@ -27,6 +27,12 @@ const TOKEN_SWEEP: Duration = Duration::from_secs(30);
 /// this long after a change: a burst of changes is one pass (1,000 tokens
 /// minted for a scale-out were 1,000 passes, each signing every token).
 const BATCH: Duration = Duration::from_millis(200);
+/// A removed token's signature is taken out of cluster-info within this
+/// long: 1,000 nodes registering retire their tokens one by one, and each
+/// batch signed every token left and wrote the whole ConfigMap again (on
+/// PostgreSQL three copies of it). The token itself is gone at once; its
+/// signature only lets its holder check the CA a little longer.
+const RETIRED_SIGNATURES_WITHIN: Duration = Duration::from_secs(2);
 /// Every budget is computed again this often (evictions whose pod was not
 /// deleted expire), and pods bound to missing nodes are looked for.
 const BUDGET_RECHECK: Duration = Duration::from_secs(10);
@@ -77,10 +83,26 @@ fn change_step(c: &Change, cidrs_full: bool) -> Option<ChangeStep> {
     }
 }
 
-/// Whether `c` may change which tokens sign cluster-info (a kube-system
-/// Secret): its signatures are made again in the next batch.
-fn touches_cluster_info(c: &Change) -> bool {
-    c.resource == "secrets" && c.namespace == "kube-system"
+/// How soon cluster-info is signed again after `c`, if `c` may change
+/// which tokens sign it (a kube-system Secret added, changed or removed):
+/// in the next batch, or for a removal within
+/// [`RETIRED_SIGNATURES_WITHIN`]. A token bound to its node (only its
+/// annotations changed) signs as before.
+fn cluster_info_due(c: &Change) -> Option<Duration> {
+    if c.resource != "secrets" || c.namespace != "kube-system" {
+        return None;
+    }
+    let same_data = |p: &Value| p["type"] == c.object["type"] && p["data"] == c.object["data"];
+    match c.kind {
+        EventType::Deleted => Some(RETIRED_SIGNATURES_WITHIN),
+        EventType::Modified if c.previous.as_deref().is_some_and(same_data) => None,
+        EventType::Added | EventType::Modified => Some(BATCH),
+    }
+}
+
+/// A deadline that never comes, for a timer branch that is off.
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400)
 }
 
 impl Controllers {
@@ -99,10 +121,9 @@ impl Controllers {
         let mut dirty: HashSet<String> = HashSet::new();
         let mut budget_tick = tokio::time::interval(BATCH);
         budget_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // A token was added or removed since cluster-info was last signed.
-        let mut unsigned = false;
-        let mut sign_tick = tokio::time::interval(BATCH);
-        sign_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A token was added or removed since cluster-info was last signed:
+        // when to sign it again.
+        let mut sign_at: Option<tokio::time::Instant> = None;
         let mut recheck_tick = tokio::time::interval(BUDGET_RECHECK);
         recheck_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut orphans = HashMap::new();
@@ -129,10 +150,10 @@ impl Controllers {
                         Ok(())
                     })
                 }
-                _ = sign_tick.tick(), if unsigned => {
+                _ = tokio::time::sleep_until(sign_at.unwrap_or_else(far_future)), if sign_at.is_some() => {
                     let r = tokio::task::block_in_place(|| self.sync_cluster_info());
                     // Failed: tried again in the next batch.
-                    unsigned = r.is_err();
+                    sign_at = r.is_err().then(|| tokio::time::Instant::now() + BATCH);
                     r
                 }
                 _ = recheck_tick.tick() => tokio::task::block_in_place(|| {
@@ -169,7 +190,10 @@ impl Controllers {
                         if pod_controllers::affects_budgets(&c.resource) {
                             dirty.insert(c.namespace.clone());
                         }
-                        unsigned |= touches_cluster_info(&c);
+                        if let Some(due) = cluster_info_due(&c) {
+                            let at = tokio::time::Instant::now() + due;
+                            sign_at = Some(sign_at.map_or(at, |t| t.min(at)));
+                        }
                         // Most changes (a Lease renewed, a pod's status)
                         // need no store work: no hand-off of this worker
                         // for them (100 a second at 1,000 nodes).
@@ -1054,15 +1078,40 @@ mod tests {
             None,
             "a token's cluster-info signature is made in a batch"
         );
-        assert!(touches_cluster_info(&token));
+        assert_eq!(cluster_info_due(&token), Some(BATCH));
         let other_secret = change("secrets", "default", EventType::Added, json!({}));
         assert_eq!(change_step(&other_secret, false), None);
-        assert!(!touches_cluster_info(&other_secret));
+        assert_eq!(cluster_info_due(&other_secret), None);
         let going = json!({"metadata": {"deletionTimestamp": "2026-12-04T09:00:00Z"}});
         let ns = change("namespaces", "", EventType::Modified, going);
         assert_eq!(change_step(&ns, false), Some(ChangeStep::FinishNamespace));
         let pod = change("pods", "default", EventType::Modified, json!({}));
         assert_eq!(change_step(&pod, false), None);
+    }
+
+    /// A token added or changed is signed in the next batch, a removed
+    /// one unsigned within a longer wait, and binding a token to its node
+    /// (an annotation) signs nothing again.
+    #[test]
+    fn cluster_info_is_signed_again_only_when_a_tokens_data_changes() {
+        let data = json!({"type": tokens::SECRET_TYPE, "data": {"token-id": "YWJjZGVm"}});
+        let mut bound = data.clone();
+        bound["metadata"] = json!({"annotations": {tokens::NODE_ANNOTATION: "n1"}});
+        let modified = |previous: Option<&Value>, object: &Value| Change {
+            previous: previous.cloned().map(Arc::new),
+            ..change("secrets", "kube-system", EventType::Modified, object.clone())
+        };
+        assert_eq!(cluster_info_due(&modified(Some(&data), &bound)), None);
+        let mut expiring = bound.clone();
+        expiring["data"]["expiration"] = json!("MjAyNi0xMi0wNVQwMDowMDowMFo=");
+        assert_eq!(cluster_info_due(&modified(Some(&bound), &expiring)), Some(BATCH));
+        assert_eq!(
+            cluster_info_due(&modified(None, &bound)),
+            Some(BATCH),
+            "without the object before, it may have changed"
+        );
+        let removed = change("secrets", "kube-system", EventType::Deleted, bound);
+        assert_eq!(cluster_info_due(&removed), Some(RETIRED_SIGNATURES_WITHIN));
     }
 
     #[test]

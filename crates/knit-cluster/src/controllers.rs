@@ -1099,12 +1099,20 @@ mod tests {
         bound["metadata"] = json!({"annotations": {tokens::NODE_ANNOTATION: "n1"}});
         let modified = |previous: Option<&Value>, object: &Value| Change {
             previous: previous.cloned().map(Arc::new),
-            ..change("secrets", "kube-system", EventType::Modified, object.clone())
+            ..change(
+                "secrets",
+                "kube-system",
+                EventType::Modified,
+                object.clone(),
+            )
         };
         assert_eq!(cluster_info_due(&modified(Some(&data), &bound)), None);
         let mut expiring = bound.clone();
         expiring["data"]["expiration"] = json!("MjAyNi0xMi0wNVQwMDowMDowMFo=");
-        assert_eq!(cluster_info_due(&modified(Some(&bound), &expiring)), Some(BATCH));
+        assert_eq!(
+            cluster_info_due(&modified(Some(&bound), &expiring)),
+            Some(BATCH)
+        );
         assert_eq!(
             cluster_info_due(&modified(None, &bound)),
             Some(BATCH),

@@ -471,6 +471,33 @@ impl EmbeddedCluster {
         ttl: Duration,
         extra_groups: &[String],
     ) -> Result<BootstrapToken, ClusterError> {
+        let token = self.mint_bootstrap_token(node_name, ttl, extra_groups)?;
+        // Signed now, so the holder can discover the cluster at once.
+        controllers::sign_cluster_info_for(&self.store, &self.ca, &self.endpoint, &token)?;
+        Ok(token)
+    }
+
+    /// [`EmbeddedCluster::create_bootstrap_token`] for a node given the
+    /// cluster's CA with its token (knit's NodeConfig carries it), which
+    /// never discovers the CA from cluster-info: the token's signature
+    /// there is made in the controllers' next batch (within 200 ms), not at
+    /// once. At once, each token rewrote the whole ConfigMap, one signature
+    /// per token: a scale-out of N wrote it N times, each bigger.
+    pub fn create_bootstrap_token_signed_in_batch(
+        &self,
+        node_name: Option<&str>,
+        ttl: Duration,
+    ) -> Result<BootstrapToken, ClusterError> {
+        self.mint_bootstrap_token(node_name, ttl, &[])
+    }
+
+    /// A new bootstrap token's Secret, checked and stored.
+    fn mint_bootstrap_token(
+        &self,
+        node_name: Option<&str>,
+        ttl: Duration,
+        extra_groups: &[String],
+    ) -> Result<BootstrapToken, ClusterError> {
         if let Some(bad) = extra_groups.iter().find(|g| !tokens::valid_extra_group(g)) {
             return Err(ClusterError::Config(format!(
                 "extra group {bad:?} must match system:bootstrappers:[a-z0-9:-]+"
@@ -487,8 +514,6 @@ impl EmbeddedCluster {
             "kube-system",
             tokens::token_secret(&token, extra_groups),
         )?;
-        // Signed now, so the holder can discover the cluster at once.
-        controllers::sign_cluster_info_for(&self.store, &self.ca, &self.endpoint, &token)?;
         Ok(token)
     }
 

@@ -265,10 +265,12 @@ fn pod_path(namespace: &str, name: &str) -> Result<String> {
 impl ClusterJoin for EmbeddedJoin {
     async fn join_material(&self, _pool: &str, node_name: &str) -> Result<Option<JoinMaterial>> {
         // Bound to the node name: the CSR approver signs only for that node.
+        // The node is given the CA below and discovers nothing: its token
+        // signs cluster-info in the cluster's next batch.
         let bound = knit_api::validate::is_dns_subdomain(node_name).then_some(node_name);
         let token = self
             .cluster
-            .create_bootstrap_token(bound, self.token_ttl, &[])
+            .create_bootstrap_token_signed_in_batch(bound, self.token_ttl)
             .map_err(cluster_err)?;
         Ok(Some(JoinMaterial {
             endpoint: self.cluster.endpoint().to_string(),

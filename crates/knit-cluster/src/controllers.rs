@@ -100,11 +100,6 @@ fn cluster_info_due(c: &Change) -> Option<Duration> {
     }
 }
 
-/// A deadline that never comes, for a timer branch that is off.
-fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(86_400)
-}
-
 impl Controllers {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut feed = self.store.subscribe();
@@ -122,8 +117,10 @@ impl Controllers {
         let mut budget_tick = tokio::time::interval(BATCH);
         budget_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A token was added or removed since cluster-info was last signed:
-        // when to sign it again.
+        // when to sign it again (the timer is armed only then).
         let mut sign_at: Option<tokio::time::Instant> = None;
+        let sign_timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(sign_timer);
         let mut recheck_tick = tokio::time::interval(BUDGET_RECHECK);
         recheck_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut orphans = HashMap::new();
@@ -150,10 +147,13 @@ impl Controllers {
                         Ok(())
                     })
                 }
-                _ = tokio::time::sleep_until(sign_at.unwrap_or_else(far_future)), if sign_at.is_some() => {
+                _ = &mut sign_timer, if sign_at.is_some() => {
                     let r = tokio::task::block_in_place(|| self.sync_cluster_info());
                     // Failed: tried again in the next batch.
                     sign_at = r.is_err().then(|| tokio::time::Instant::now() + BATCH);
+                    if let Some(at) = sign_at {
+                        sign_timer.as_mut().reset(at);
+                    }
                     r
                 }
                 _ = recheck_tick.tick() => tokio::task::block_in_place(|| {
@@ -192,7 +192,10 @@ impl Controllers {
                         }
                         if let Some(due) = cluster_info_due(&c) {
                             let at = tokio::time::Instant::now() + due;
-                            sign_at = Some(sign_at.map_or(at, |t| t.min(at)));
+                            if sign_at.is_none_or(|t| at < t) {
+                                sign_at = Some(at);
+                                sign_timer.as_mut().reset(at);
+                            }
                         }
                         // Most changes (a Lease renewed, a pod's status)
                         // need no store work: no hand-off of this worker

@@ -1863,6 +1863,10 @@ fn meta_rv(tx: &mut Tx<'_>) -> Result<u64, ClusterError> {
         .unwrap_or(0))
 }
 
+/// A row when this PostgreSQL server can compress with lz4.
+const HAS_LZ4: &str =
+    "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals)";
+
 /// On PostgreSQL, the object bodies (stored, and twice in the change log)
 /// are compressed with lz4 instead of pglz where the server has it
 /// (PostgreSQL 14 and later, built with lz4): a big object written often
@@ -1873,12 +1877,7 @@ fn compress_bodies_with_lz4(tx: &mut Tx<'_>) -> Result<(), ClusterError> {
     if tx.backend() != Backend::Postgres {
         return Ok(());
     }
-    let lz4 = tx
-        .query_opt(
-            "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals)",
-            &[],
-        )?
-        .is_some();
+    let lz4 = tx.query_opt(HAS_LZ4, &[])?.is_some();
     if lz4 {
         tx.batch(
             "ALTER TABLE kube_objects ALTER COLUMN body SET COMPRESSION lz4;
@@ -2525,10 +2524,7 @@ mod tests {
         let (has_lz4, methods) = db
             .read(|tx| -> Result<_, ClusterError> {
                 let has_lz4 = tx
-                    .query_opt(
-                        "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals)",
-                        &[],
-                    )?
+                    .query_opt(HAS_LZ4, &[])?
                     .is_some();
                 let mut methods = vec![];
                 for sql in [

@@ -91,9 +91,9 @@ pub fn node_ready_status(node: &Value) -> String {
     .to_string()
 }
 
-/// Tells `tx` when a Node's Ready status changes (one it saw before: a new
-/// Node registers NotReady, and the periodic pass finds it), until every
-/// receiver is gone.
+/// Tells `tx` when a Node's Ready status changes or a Node goes (one it
+/// saw before: a new Node registers NotReady, and the periodic pass finds
+/// it), until every receiver is gone.
 async fn follow_readiness(
     mut changes: knit_cluster::NodeChanges,
     tx: tokio::sync::watch::Sender<()>,
@@ -115,7 +115,9 @@ async fn follow_readiness(
                 }
             }
             NodeChange::Deleted(name) => {
-                seen.remove(&name);
+                if seen.remove(&name).is_some() {
+                    tx.send_replace(());
+                }
             }
             // What was seen may be stale: a pass reads every status.
             NodeChange::Missed => {
@@ -536,11 +538,11 @@ mod tests {
         });
     }
 
-    /// The reconciler is told when a registered Node's Ready changes (not
-    /// when a Node appears, nor on a change that keeps it), and the
-    /// follower ends with its receiver.
+    /// The reconciler is told when a registered Node's Ready changes or
+    /// the Node is deleted (not when a Node appears, nor on a change that
+    /// keeps it), and the follower ends with its receiver.
     #[test]
-    fn readiness_changes_tell_ready_transitions_only() {
+    fn readiness_changes_tell_ready_transitions_and_deletions_only() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let dir = tempfile::tempdir().unwrap();
         rt.block_on(async {
@@ -580,6 +582,13 @@ mod tests {
             patch(status("Unknown")).await.unwrap();
             assert!(told(&mut rx).await, "Ready -> Unknown");
             assert_eq!(statuses().await.unwrap(), [("n-1".into(), "Unknown".into())]);
+            rx.borrow_and_update();
+            // A settled reconciler waits longer between passes: a Node
+            // deleted must wake it as a Ready change does.
+            join.call_with("DELETE", "/api/v1/nodes/n-1".into(), None)
+                .await
+                .unwrap();
+            assert!(told(&mut rx).await, "deleted");
             drop(rx);
             join.stop();
         });

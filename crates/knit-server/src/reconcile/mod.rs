@@ -29,6 +29,24 @@ pub const USER_DATA_RESULT_TIMEOUT: std::time::Duration = std::time::Duration::f
 /// before its time was stored is recognized).
 pub const JOIN_TIMEOUT_MESSAGE_START: &str = "not initialized ";
 
+/// How soon the reconciler looks again after a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// Something is under way or waiting on time (a create, a join timeout,
+    /// a repair, a rollout, a user-data result): the next pass after the
+    /// reconcile interval.
+    Busy,
+    /// Every pool settled, no intent, repair or user-data read pending:
+    /// nothing changes without an event that wakes the loop (an API
+    /// change, a Node's Ready change or deletion, an intent ending), so the
+    /// next unprompted pass waits [`QUIET_FACTOR`] intervals. At 1,000 Ready
+    /// nodes a pass reads every instance, node and health record.
+    Settled,
+}
+
+/// A settled control plane's passes come this many intervals apart.
+const QUIET_FACTOR: u32 = 5;
+
 /// Resolves when the cluster tells of a Ready change; never without a
 /// follower (or once it ended).
 async fn readiness_changed(readiness: &mut Option<tokio::sync::watch::Receiver<()>>) {
@@ -60,28 +78,41 @@ impl ControlPlane {
         loop {
             let _ = crate::pools::versions::publish(&self);
             // Only the leader reconciles; its writes carry its lease.
+            let mut pace = Pace::Busy;
             if let Some(fence) = self.leadership.fence() {
                 let epoch = fence.epoch;
-                crate::ha::fenced(fence, self.clone().reconcile_pass()).await;
+                pace = crate::ha::fenced(fence, self.clone().reconcile_pass()).await;
                 if last_epoch != Some(epoch) {
                     last_epoch = Some(epoch);
                     tracing::info!(epoch, "first reconcile pass as leader");
                 }
             }
+            // Without the cluster's Ready changes, only a pass finds them.
+            let next = match (pace, readiness.is_some()) {
+                (Pace::Settled, true) => self.settings.reconcile_interval * QUIET_FACTOR,
+                _ => self.settings.reconcile_interval,
+            };
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = self.wake.notified() => {}
                 _ = readiness_changed(&mut readiness) => {}
-                _ = tokio::time::sleep(self.settings.reconcile_interval) => {}
+                _ = tokio::time::sleep(next) => {}
             }
         }
     }
 
-    /// One pass: plan, repair, dispatch, node statuses, user-data results.
-    async fn reconcile_pass(self: Arc<Self>) {
-        if let Err(e) = self.plan_all().await {
-            tracing::error!(error = %e, "planning failed");
-        }
+    /// One pass: plan, repair, dispatch, node statuses, user-data results;
+    /// then whether anything is left under way.
+    async fn reconcile_pass(self: Arc<Self>) -> Pace {
+        let mut settled = match self.plan_all().await {
+            Ok(()) => self
+                .pools_settled
+                .load(std::sync::atomic::Ordering::Relaxed),
+            Err(e) => {
+                tracing::error!(error = %e, "planning failed");
+                false
+            }
+        };
         // In-place updates the rollout chose run in their own tasks.
         self.start_in_place_updates();
         // Repair actions run in their own tasks: not waited for here.
@@ -97,8 +128,20 @@ impl ControlPlane {
         if let Err(e) = self.sync_node_labels().await {
             tracing::warn!(error = %e, "updating node labels and taints in place failed");
         }
-        if let Err(e) = self.check_user_data().await {
-            tracing::warn!(error = %e, "checking user-data results failed");
+        match self.check_user_data().await {
+            Ok(pending) => settled &= !pending,
+            Err(e) => {
+                tracing::warn!(error = %e, "checking user-data results failed");
+                settled = false;
+            }
+        }
+        // Intents waiting (a retry's backoff) or running, repairs running.
+        settled &= self.in_flight.lock().is_ok_and(|s| s.is_empty())
+            && self.store.pending_intents().is_ok_and(|i| i.is_empty());
+        if settled {
+            Pace::Settled
+        } else {
+            Pace::Busy
         }
     }
 }

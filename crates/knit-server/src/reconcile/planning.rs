@@ -63,6 +63,31 @@ fn node_facts(
 }
 use super::JOIN_TIMEOUT_MESSAGE_START;
 
+/// A pool with nothing for the planner to do until something changes: its
+/// size reached, every instance Running with its node Ready (or detached),
+/// none of them unhealthy, failed to join or being repaired.
+fn pool_settled(
+    desired: usize,
+    instances: &[InstanceRecord],
+    facts: &HashMap<String, NodeFacts>,
+    health: &HashMap<String, InstanceHealth>,
+) -> bool {
+    let live: Vec<&InstanceRecord> = instances
+        .iter()
+        .filter(|i| i.state != InstanceState::Detached)
+        .collect();
+    live.len() == desired
+        && live.iter().all(|i| {
+            i.state == InstanceState::Running
+                && facts.get(&i.name).is_some_and(|f| f.ready)
+                && health.get(&i.name).is_none_or(|h| {
+                    h.unhealthy_since_ms.is_none()
+                        && h.join_failed_ms.is_none()
+                        && h.repair_action.is_none()
+                })
+        })
+}
+
 /// `<pool>-<5 random chars>`: unique, short, a valid hostname label.
 fn new_instance_name(pool: &str) -> Result<String> {
     Ok(format!("{pool}-{}", pki::random_lower_alnum(5)?))
@@ -91,6 +116,7 @@ impl ControlPlane {
         let nodes = self.store.nodes()?;
         let facts = node_facts(&nodes, pods.as_ref());
         let mut health = self.store.instance_health()?;
+        let mut settled = true;
         for record in self.store.pools()? {
             let name = record.pool.metadata.name.clone();
             let desired = if record.deleting {
@@ -117,11 +143,15 @@ impl ControlPlane {
                 if outdated || rollout_seen(&name) {
                     self.note_rollout_progress(&record, &instances, &nodes)?;
                 }
+                settled &= !outdated
+                    && !rollout_seen(&name)
+                    && pool_settled(desired, &instances, &facts, &health);
                 if record.observed_generation != record.generation {
                     self.store
                         .set_observed_generation(&name, record.generation)?;
                 }
             }
+            settled &= !record.deleting;
             if record.deleting && instances.iter().all(|i| i.state == InstanceState::Detached) {
                 self.store.remove_pool(&name)?;
                 self.store.add_event(
@@ -133,6 +163,8 @@ impl ControlPlane {
                 )?;
             }
         }
+        self.pools_settled
+            .store(settled, std::sync::atomic::Ordering::Relaxed);
         self.metrics
             .reconcile_duration(started.elapsed().as_secs_f64());
         Ok(())
@@ -662,11 +694,92 @@ fn more_than(instances: &[InstanceRecord], replicas: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{plan, Plan};
+    use super::super::plan::{plan, NodeFacts, Plan};
     use crate::control::ControlPlane;
     use knit_api::state::InstanceState;
     use std::collections::HashMap;
     use std::sync::Arc;
+
+    /// Settled only at its size with every instance Running, Ready and
+    /// healthy: anything short of that keeps the reconciler at its
+    /// interval (a join timeout or a repair waits on time, not on events).
+    #[test]
+    fn a_pool_is_settled_only_at_its_size_with_every_node_ready_and_healthy() {
+        let instance = |name: &str, state: InstanceState| crate::store::InstanceRecord {
+            name: name.into(),
+            pool: "p".into(),
+            provider_id: Some(name.into()),
+            state,
+            ip: None,
+            instance_type: "t".into(),
+            report_token_hash: None,
+            last_error: None,
+            last_error_kind: None,
+            created_ms: 0,
+            updated_ms: 0,
+            added: false,
+        };
+        let ready = |names: &[&str]| -> HashMap<String, NodeFacts> {
+            names
+                .iter()
+                .map(|n| {
+                    let facts = NodeFacts {
+                        ready: true,
+                        evictable_pods: None,
+                    };
+                    (n.to_string(), facts)
+                })
+                .collect()
+        };
+        let none = HashMap::new();
+        let two = [
+            instance("p-a", InstanceState::Running),
+            instance("p-b", InstanceState::Running),
+        ];
+        assert!(super::pool_settled(2, &two, &ready(&["p-a", "p-b"]), &none));
+        let mut with_detached = two.to_vec();
+        with_detached.push(instance("p-old", InstanceState::Detached));
+        assert!(
+            super::pool_settled(2, &with_detached, &ready(&["p-a", "p-b"]), &none),
+            "a detached instance is history"
+        );
+        assert!(
+            !super::pool_settled(3, &two, &ready(&["p-a", "p-b"]), &none),
+            "short of its size"
+        );
+        assert!(
+            !super::pool_settled(1, &two, &ready(&["p-a", "p-b"]), &none),
+            "over its size"
+        );
+        assert!(
+            !super::pool_settled(2, &two, &ready(&["p-a"]), &none),
+            "a node not Ready"
+        );
+        let creating = [
+            instance("p-a", InstanceState::Running),
+            instance("p-b", InstanceState::Creating),
+        ];
+        assert!(!super::pool_settled(
+            2,
+            &creating,
+            &ready(&["p-a", "p-b"]),
+            &none
+        ));
+        let unhealthy = HashMap::from([(
+            "p-b".to_string(),
+            crate::store::InstanceHealth {
+                instance: "p-b".into(),
+                unhealthy_since_ms: Some(1),
+                ..Default::default()
+            },
+        )]);
+        assert!(!super::pool_settled(
+            2,
+            &two,
+            &ready(&["p-a", "p-b"]),
+            &unhealthy
+        ));
+    }
 
     fn control_plane(dir: &std::path::Path) -> Arc<ControlPlane> {
         let store = crate::store::Store::open(&dir.join("k.db")).unwrap();

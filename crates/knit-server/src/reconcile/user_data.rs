@@ -190,17 +190,22 @@ impl ControlPlane {
     /// the instance through the provider, all at once, each bounded in time
     /// and size, so one instance (a FIFO, /dev/zero, a hung disk) holds up
     /// no other; it is skipped with an event and tried again later.
-    pub async fn check_user_data(&self) -> Result<()> {
+    /// True while some initialized node's outcome is still to be read.
+    pub async fn check_user_data(&self) -> Result<bool> {
         let Some(provider) = &self.provider else {
-            return Ok(());
+            return Ok(false);
         };
         let now = now_ms();
         let mut reads = tokio::task::JoinSet::new();
-        let candidates: Vec<NodeRecord> = self
+        let waiting: Vec<NodeRecord> = self
             .store
             .nodes_without_user_data()?
             .into_iter()
             .filter(|n| n.initialized())
+            .collect();
+        let pending = !waiting.is_empty();
+        let candidates: Vec<NodeRecord> = waiting
+            .into_iter()
             .filter(|n| unreadable_due(&n.name, now))
             .take(20)
             .collect();
@@ -259,7 +264,7 @@ impl ControlPlane {
             };
             self.record_user_data(&node, &pool, &result).await?;
         }
-        Ok(())
+        Ok(pending)
     }
 
     async fn record_user_data(

@@ -53,9 +53,10 @@ pub trait ClusterJoin: Send + Sync {
     fn api_endpoint(&self) -> Option<String> {
         None
     }
-    /// Told each time a registered Node's Ready status changes, when the
-    /// cluster can tell (the embedded one follows its store): the control
-    /// plane reads the node statuses then, not at its next periodic pass.
+    /// Told each time a registered Node's Ready status changes or it is
+    /// deleted, when the cluster can tell (the embedded one follows its
+    /// store): the control plane reads the node statuses then, not at its
+    /// next periodic pass (five intervals apart when all is settled).
     /// Called from within the runtime; `None`: the periodic pass only.
     fn readiness_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
         None

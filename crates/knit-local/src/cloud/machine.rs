@@ -223,8 +223,9 @@ impl Cloud {
         drop(netns);
         rec.shim = ProcRef::of(child.id() as i32);
         let stdout = child.stdout.take();
-        // Reap the shim whenever it ends, success or not: no zombies in a long-lived caller.
-        std::thread::spawn(move || child.wait());
+        // Reap the shim whenever it ends, success or not: no zombies in a
+        // long-lived caller (one thread reaps every machine's).
+        knit_os::reap::when_done(child);
         let (tx, rx) = mpsc::channel::<Option<String>>();
         std::thread::spawn(move || {
             if let Some(out) = stdout {

@@ -262,7 +262,7 @@ impl Cloud {
             id: "metadata".into(),
             message: "metadata server vanished".into(),
         })?;
-        std::thread::spawn(move || child.wait());
+        knit_os::reap::when_done(child);
         Ok(r)
     }
 

@@ -1,14 +1,15 @@
 //! The metadata endpoint: ECS-like paths served on the bridge's gateway
 //! address; the caller is identified by its source IP.
 
-use crate::model::{DiskRecord, Instance, InstanceState};
+use crate::model::{DiskRecord, Instance, InstanceRecord, InstanceState};
 use crate::state::StateDir;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Flat map of every leaf path (under `latest/`) to its value.
@@ -153,6 +154,36 @@ pub fn lookup(doc: &BTreeMap<String, String>, path: &str) -> Option<String> {
 #[derive(Clone)]
 struct Ctx {
     state: StateDir,
+    /// Which instance had each address at the last read of them all: a
+    /// request reads its instance's one record, not every record (each a
+    /// file: a thousand per request at 1,000 machines).
+    by_ip: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Ctx {
+    /// The booted instance whose address is `ip`: the one the map names,
+    /// checked against its record as read now; else every record read and
+    /// the map made again (an address moves only with its instance gone).
+    fn instance_at(&self, ip: &str) -> Option<InstanceRecord> {
+        let serves = |r: &InstanceRecord| r.private_ip == ip && r.state != InstanceState::Creating;
+        let known = self
+            .by_ip
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(ip)
+            .cloned();
+        if let Some(r) = known.and_then(|id| self.state.instance(&id).ok()) {
+            if serves(&r) {
+                return Some(r);
+            }
+        }
+        let records = self.state.instances().ok()?;
+        *self.by_ip.lock().unwrap_or_else(|p| p.into_inner()) = records
+            .iter()
+            .map(|r| (r.private_ip.clone(), r.id.clone()))
+            .collect();
+        records.into_iter().find(serves)
+    }
 }
 
 async fn handle(
@@ -162,10 +193,7 @@ async fn handle(
 ) -> impl IntoResponse {
     let ip = peer.ip().to_string();
     let found = tokio::task::spawn_blocking(move || -> Option<(Instance, Option<String>)> {
-        let recs = ctx.state.instances().ok()?;
-        let r = recs
-            .into_iter()
-            .find(|r| r.private_ip == ip && r.state != InstanceState::Creating)?;
+        let r = ctx.instance_at(&ip)?;
         let disks = r
             .disks
             .iter()
@@ -211,9 +239,10 @@ pub fn serve(state_dir: PathBuf, listen: SocketAddr) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(Ctx { state });
+        let app = axum::Router::new().fallback(handle).with_state(Ctx {
+            state,
+            by_ip: Arc::default(),
+        });
         let watch = state_dir.join("network.json");
         let gone = async move {
             while watch.exists() {
@@ -272,6 +301,36 @@ mod tests {
             }],
             alive: true,
         }
+    }
+
+    /// A request is answered for the instance that has the address now:
+    /// one remembered from an earlier read is checked against its record,
+    /// so an address that moved to a new instance (the old one deleted)
+    /// is never answered for the old one; one being created is refused.
+    #[test]
+    fn an_address_is_answered_for_the_instance_that_has_it_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let ctx = Ctx {
+            state: state.clone(),
+            by_ip: Arc::default(),
+        };
+        let first = instance().record;
+        state.put_instance(&first).unwrap();
+        assert_eq!(ctx.instance_at("10.213.0.2").unwrap().id, first.id);
+        assert!(ctx.instance_at("10.213.0.9").is_none(), "nobody's address");
+        std::fs::remove_dir_all(state.instance_dir(&first.id)).unwrap();
+        let mut second = first.clone();
+        second.id = "i-ba9876543210".into();
+        second.state = InstanceState::Creating;
+        state.put_instance(&second).unwrap();
+        assert!(
+            ctx.instance_at("10.213.0.2").is_none(),
+            "still being created"
+        );
+        second.state = InstanceState::Running;
+        state.put_instance(&second).unwrap();
+        assert_eq!(ctx.instance_at("10.213.0.2").unwrap().id, second.id);
     }
 
     #[test]

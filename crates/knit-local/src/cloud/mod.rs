@@ -195,12 +195,11 @@ impl Cloud {
     /// this cloud's machines that are or will soon be running: each takes a
     /// port of one of the cloud's bridges, and one holding an inotify
     /// instance (a light machine runs no containerd and holds none) takes
-    /// one of root's (called under the state lock).
-    fn check_host_limits(&self, template: &Template) -> Result<()> {
+    /// one of root's (`records`: every instance, read under the state lock).
+    fn check_host_limits(&self, records: &[InstanceRecord], template: &Template) -> Result<()> {
         use crate::host_limits::{check_bridge_ports, inotify_holders, inotify_of, InotifyBudget};
-        let records = self.state.instances()?;
         let layout = self.bridge_layout();
-        let used = self.bridge_use(&records, &layout);
+        let used = self.bridge_use(records, &layout);
         // Not stopped and not placed yet (being made): each takes a port soon.
         let pending = records
             .iter()
@@ -219,14 +218,12 @@ impl Cloud {
     }
 
     /// Refuses a create of `instance_type` when its capacity is used up
-    /// (called under the state lock).
-    fn check_capacity(&self, instance_type: &str) -> Result<()> {
+    /// (`records`: every instance, read under the state lock).
+    fn check_capacity(&self, records: &[InstanceRecord], instance_type: &str) -> Result<()> {
         let Some(capacity) = self.capacity()?.get(instance_type).copied() else {
             return Ok(());
         };
-        let used = self
-            .state
-            .instances()?
+        let used = records
             .iter()
             .filter(|r| r.template.instance_type == instance_type)
             .count() as u64;

@@ -267,13 +267,13 @@ impl Cloud {
     }
 
     /// The requested address if it is usable, else the next free one.
-    pub(super) fn pick_ip(&self, want: Option<&str>) -> Result<std::net::Ipv4Addr> {
-        let used: BTreeSet<String> = self
-            .state
-            .instances()?
-            .into_iter()
-            .map(|r| r.private_ip)
-            .collect();
+    /// (`records`: every instance, read under the state lock).
+    pub(super) fn pick_ip(
+        &self,
+        records: &[InstanceRecord],
+        want: Option<&str>,
+    ) -> Result<std::net::Ipv4Addr> {
+        let used: BTreeSet<&str> = records.iter().map(|r| r.private_ip.as_str()).collect();
         if let Some(want) = want {
             let ok = (2..)
                 .map_while(|n| self.subnet.host(n))
@@ -301,7 +301,7 @@ impl Cloud {
         }
         (2..)
             .map_while(|n| self.subnet.host(n))
-            .find(|ip| !used.contains(&ip.to_string()))
+            .find(|ip| !used.contains(ip.to_string().as_str()))
             .ok_or_else(|| LocalError::Busy {
                 what: format!("subnet {}", self.subnet),
                 message: "no free address left".into(),

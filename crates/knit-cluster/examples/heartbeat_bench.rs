@@ -29,13 +29,8 @@ use base64::Engine;
 use knit_cluster::{ClusterConfig, EmbeddedCluster};
 use knit_db::testing::TestPostgres;
 
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
+mod common;
+use common::{cpu_seconds, raise_fd_limit};
 
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -101,17 +96,6 @@ fn postgres_cpu_seconds(postmaster: u32) -> f64 {
         }
     }
     ticks as f64 / clock_ticks()
-}
-
-fn raise_fd_limit() {
-    // SAFETY: get/setrlimit on our own process.
-    unsafe {
-        let mut l: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
-        }
-    }
 }
 
 // The allocator the `knit` binary serves the API with.

@@ -32,6 +32,9 @@ use knit_cluster::conn::HttpLimits;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use tower::ServiceExt;
 
+mod common;
+use common::{cpu_seconds, raise_fd_limit};
+
 // The allocator the `knit` binary serves the API with.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -40,25 +43,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const PERIOD: Duration = Duration::from_secs(10);
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
-
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn raise_fd_limit() {
-    // SAFETY: get/setrlimit on our own process.
-    unsafe {
-        let mut l: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
-        }
-    }
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, Error> {
     match std::env::var(name) {

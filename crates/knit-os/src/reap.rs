@@ -12,11 +12,11 @@ use nix::libc;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Child;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// The reaper thread's inbox and the eventfd that wakes it.
 struct Reaper {
-    inbox: Mutex<Sender<(Child, OwnedFd)>>,
+    inbox: Sender<(Child, OwnedFd)>,
     wake: OwnedFd,
 }
 
@@ -31,12 +31,7 @@ pub fn when_done(child: Child) {
     let Some(reaper) = REAPER.get_or_init(start).as_ref() else {
         return wait_in_thread(child);
     };
-    let sent = reaper
-        .inbox
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send((child, pidfd));
-    match sent {
+    match reaper.inbox.send((child, pidfd)) {
         Ok(()) => {
             let one = 1u64.to_ne_bytes();
             // SAFETY: writes 8 bytes from a live buffer to our eventfd.
@@ -77,10 +72,7 @@ fn start() -> Option<Reaper> {
         .name("knit-reaper".into())
         .spawn(move || run(rx, thread_wake))
         .ok()?;
-    Some(Reaper {
-        inbox: Mutex::new(tx),
-        wake,
-    })
+    Some(Reaper { inbox: tx, wake })
 }
 
 /// Waits on the eventfd and every child's pidfd; a pidfd turns readable

@@ -218,10 +218,6 @@ pub struct ControlPlane {
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) plan_lock: tokio::sync::Mutex<()>,
     pub(crate) in_flight: std::sync::Mutex<HashSet<String>>,
-    /// The last planning pass found every pool at its size, every instance
-    /// Running with its node Ready, no rollout and no repair under way (see
-    /// `reconcile::Pace`).
-    pub(crate) pools_settled: std::sync::atomic::AtomicBool,
     pub(crate) parallelism: Arc<tokio::sync::Semaphore>,
     /// This server among others on the datastore, and its leader lease.
     pub(crate) leadership: Leadership,
@@ -259,7 +255,6 @@ impl ControlPlane {
             wake: tokio::sync::Notify::new(),
             plan_lock: tokio::sync::Mutex::new(()),
             in_flight: std::sync::Mutex::new(HashSet::new()),
-            pools_settled: std::sync::atomic::AtomicBool::new(false),
             parallelism,
             leadership: Leadership::new(),
             token_uses: std::sync::Mutex::new(std::collections::HashMap::new()),

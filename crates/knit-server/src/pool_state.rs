@@ -85,18 +85,8 @@ mod tests {
 
     fn instance(name: &str, state: InstanceState, added: bool) -> InstanceRecord {
         InstanceRecord {
-            name: name.into(),
-            pool: "p".into(),
-            provider_id: None,
-            state,
-            ip: None,
-            instance_type: "t".into(),
-            report_token_hash: None,
-            last_error: None,
-            last_error_kind: None,
-            created_ms: 0,
-            updated_ms: 0,
             added,
+            ..InstanceRecord::example(name, state)
         }
     }
 

@@ -23,13 +23,15 @@ fn backoff_ms(attempts: i64) -> i64 {
 
 impl ControlPlane {
     /// Starts every pending intent that is due, at most `parallelism` at a
-    /// time, never two for the same instance.
-    pub fn dispatch(self: &Arc<Self>) -> Result<()> {
+    /// time, never two for the same instance. True while any intent is
+    /// pending (started now, running or waiting for its retry).
+    pub fn dispatch(self: &Arc<Self>) -> Result<bool> {
         let Some(_provider) = &self.provider else {
-            return Ok(());
+            return Ok(false);
         };
         let now = now_ms();
         let intents = self.store.pending_intents()?;
+        let pending = !intents.is_empty();
         for intent in intents {
             if intent.next_attempt_ms > now {
                 continue;
@@ -61,7 +63,7 @@ impl ControlPlane {
                 cp.wake.notify_one();
             });
         }
-        Ok(())
+        Ok(pending)
     }
 
     /// An intent whose run failed before it set its own retry (an error

@@ -105,9 +105,7 @@ impl ControlPlane {
     /// then whether anything is left under way.
     async fn reconcile_pass(self: Arc<Self>) -> Pace {
         let mut settled = match self.plan_all().await {
-            Ok(()) => self
-                .pools_settled
-                .load(std::sync::atomic::Ordering::Relaxed),
+            Ok(settled) => settled,
             Err(e) => {
                 tracing::error!(error = %e, "planning failed");
                 false
@@ -119,8 +117,12 @@ impl ControlPlane {
         if let Err(e) = self.repair_all_at(now_ms()).await {
             tracing::error!(error = %e, "node repair failed");
         }
-        if let Err(e) = self.dispatch() {
-            tracing::error!(error = %e, "dispatch failed");
+        match self.dispatch() {
+            Ok(pending) => settled &= !pending,
+            Err(e) => {
+                tracing::error!(error = %e, "dispatch failed");
+                settled = false;
+            }
         }
         if let Err(e) = self.sync_node_statuses().await {
             tracing::warn!(error = %e, "reading node statuses from the cluster failed");
@@ -135,9 +137,8 @@ impl ControlPlane {
                 settled = false;
             }
         }
-        // Intents waiting (a retry's backoff) or running, repairs running.
-        settled &= self.in_flight.lock().is_ok_and(|s| s.is_empty())
-            && self.store.pending_intents().is_ok_and(|i| i.is_empty());
+        // Intents or repairs running.
+        settled &= self.in_flight.lock().is_ok_and(|s| s.is_empty());
         if settled {
             Pace::Settled
         } else {

@@ -85,18 +85,9 @@ mod tests {
 
     fn inst(name: &str, st: InstanceState, created_ms: i64) -> InstanceRecord {
         InstanceRecord {
-            name: name.into(),
-            pool: "p".into(),
-            provider_id: None,
-            state: st,
-            ip: None,
-            instance_type: "t".into(),
-            report_token_hash: None,
-            last_error: None,
-            last_error_kind: None,
             created_ms,
             updated_ms: created_ms,
-            added: false,
+            ..InstanceRecord::example(name, st)
         }
     }
 

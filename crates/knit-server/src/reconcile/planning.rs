@@ -95,14 +95,16 @@ fn new_instance_name(pool: &str) -> Result<String> {
 
 impl ControlPlane {
     /// Plans every pool and writes the resulting intents. Serialized with the
-    /// API's own planning so two planners never double-count.
-    pub async fn plan_all(&self) -> Result<()> {
+    /// API's own planning so two planners never double-count. True when
+    /// every pool is settled (see `pool_settled`): nothing for the planner
+    /// to do until something changes.
+    pub async fn plan_all(&self) -> Result<bool> {
         self.plan_all_at(now_ms()).await
     }
 
     /// [`ControlPlane::plan_all`] as if the time were `now` (ms): the join
     /// timeout and the node health it records are judged at `now`.
-    pub async fn plan_all_at(&self, now: i64) -> Result<()> {
+    pub async fn plan_all_at(&self, now: i64) -> Result<bool> {
         let started = Instant::now();
         // Asked of the cluster before the plan lock (no lock across I/O),
         // and only when some pool has more instances than it wants.
@@ -163,11 +165,9 @@ impl ControlPlane {
                 )?;
             }
         }
-        self.pools_settled
-            .store(settled, std::sync::atomic::Ordering::Relaxed);
         self.metrics
             .reconcile_duration(started.elapsed().as_secs_f64());
-        Ok(())
+        Ok(settled)
     }
 
     /// A running instance whose node is not initialized (or Ready) within the
@@ -705,20 +705,7 @@ mod tests {
     /// interval (a join timeout or a repair waits on time, not on events).
     #[test]
     fn a_pool_is_settled_only_at_its_size_with_every_node_ready_and_healthy() {
-        let instance = |name: &str, state: InstanceState| crate::store::InstanceRecord {
-            name: name.into(),
-            pool: "p".into(),
-            provider_id: Some(name.into()),
-            state,
-            ip: None,
-            instance_type: "t".into(),
-            report_token_hash: None,
-            last_error: None,
-            last_error_kind: None,
-            created_ms: 0,
-            updated_ms: 0,
-            added: false,
-        };
+        let instance = crate::store::InstanceRecord::example;
         let ready = |names: &[&str]| -> HashMap<String, NodeFacts> {
             names
                 .iter()
@@ -919,7 +906,9 @@ mod tests {
         let held = cp.plan_lock.lock().await;
         let reconciler = tokio::spawn({
             let cp = Arc::clone(&cp);
-            async move { cp.plan_all().await.unwrap() }
+            async move {
+                cp.plan_all().await.unwrap();
+            }
         });
         // Queued on the lock first (tokio's mutex is fair: first come,
         // first served).

@@ -32,6 +32,27 @@ pub struct InstanceRecord {
     pub added: bool,
 }
 
+#[cfg(test)]
+impl InstanceRecord {
+    /// An instance of pool `p` with type `t`, for the pure functions' tests.
+    pub(crate) fn example(name: &str, state: InstanceState) -> InstanceRecord {
+        InstanceRecord {
+            name: name.into(),
+            pool: "p".into(),
+            provider_id: None,
+            state,
+            ip: None,
+            instance_type: "t".into(),
+            report_token_hash: None,
+            last_error: None,
+            last_error_kind: None,
+            created_ms: 0,
+            updated_ms: 0,
+            added: false,
+        }
+    }
+}
+
 const INSTANCE_COLUMNS: &str =
     "name, pool, provider_id, state, ip, instance_type, report_token_hash, last_error, created_ms, updated_ms, added, last_error_kind";
 
